@@ -1,0 +1,53 @@
+"""The ``attnkit`` command: parses arguments and calls the library. Each subcommand lives in
+its own module with ``add_parser(subparsers)`` that registers it and sets ``func``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from attnkit import __version__
+
+# Subcommand modules, in the order `attnkit --help` lists them.
+COMMAND_MODULES = [
+    "attnkit.cli.explain",
+]
+
+
+class CommandError(Exception):
+    """A user-facing error: printed as ``attnkit: error: ...`` with exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnkit",
+        description="Attention, computed, explained and inspected.",
+    )
+    parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except CommandError as err:
+        print(f"attnkit: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnkit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""``attention(q, k, v)``: the one entry point for dot-product attention.
+
+Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q`` query
+length, ``s_k`` key length, ``d`` head dim, ``d_v`` value head dim.
+
+Two paths compute the same thing:
+
+- the **fused** path, ``F.scaled_dot_product_attention``, taken when nobody asked for the
+  weights and SDPA can express the mask exactly (no mask, or causal with ``s_q == s_k`` or a
+  single query);
+- the **reference** path, which materialises the scores ``[b, h, s_q, s_k]``, never
+  produces NaN on fully masked rows, and can hand back the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal, overload
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit.functional import masks as masks_mod
+from attnkit.functional.records import AttentionResult
+from attnkit.functional.scores import dot_scores
+from attnkit.functional.softmax import masked_softmax
+
+ScoreFn = Callable[[Tensor, Tensor], Tensor]
+Score = Literal["scaled_dot", "dot"] | ScoreFn
+MaskLike = masks_mod.Mask | Tensor
+
+
+@overload
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, *, mask: MaskLike | None = ..., bias: Tensor | None = ...,
+    causal: bool = ..., scale: float | None = ..., score: Score = ..., dropout_p: float = ...,
+    return_weights: Literal[False] = ...,
+) -> Tensor: ...
+@overload
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, *, mask: MaskLike | None = ..., bias: Tensor | None = ...,
+    causal: bool = ..., scale: float | None = ..., score: Score = ..., dropout_p: float = ...,
+    return_weights: Literal[True],
+) -> AttentionResult: ...
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: MaskLike | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    score: Score = "scaled_dot",
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+) -> Tensor | AttentionResult:
+    """softmax(score(q, k) + bias, masked) @ v.
+
+    Args:
+        q: queries ``[b, h, s_q, d]``, or ``[s_q, d]`` for a single head.
+        k: keys ``[b, h_kv, s_k, d]`` (``h`` divisible by ``h_kv``: grouped-query
+            attention, no copy of k/v per query head), or ``[s_k, d]``.
+        v: values ``[b, h_kv, s_k, d_v]``, or ``[s_k, d_v]``.
+        mask: where each query may attend (``True`` = may attend): a
+            :class:`attnkit.masks.Mask`, or a bool tensor broadcastable to
+            ``[b, h, s_q, s_k]``.
+        bias: additive float score bias broadcastable to ``[b, h, s_q, s_k]`` (ALiBi,
+            relative positions); ``-inf`` entries act as masked.
+        causal: also apply a causal mask, aligned bottom-right: query ``i`` may attend to
+            keys ``<= i + s_k - s_q``, which stays right when decoding with a cache.
+        scale: multiplies the scores; default ``1/sqrt(d)`` for ``"scaled_dot"`` and
+            ``1`` for ``"dot"`` and callables.
+        score: ``"scaled_dot"`` (Transformer), ``"dot"`` (Luong dot, unscaled), or a
+            callable ``(q, k) -> scores [b, h, s_q, s_k]`` such as a partial of
+            :func:`attnkit.functional.scores.general_scores`.
+        dropout_p: dropout on the weights; pass 0 at evaluation time.
+        return_weights: return an :class:`AttentionResult` with the weights.
+
+    Returns:
+        ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``), or an :class:`AttentionResult` whose
+        ``weights`` are ``[b, h, s_q, s_k]`` (or ``[s_q, s_k]``). Queries with nothing to
+        attend to get zeros.
+
+    Raises:
+        TypeError: non-float or mismatched dtypes, a float mask, an unknown score.
+        ValueError: shapes that do not fit together, ``h`` not divisible by ``h_kv``,
+            tensors on different devices, a mask of the wrong shape, ``dropout_p``
+            outside ``[0, 1)``.
+    """
+    single = _check_inputs(q, k, v)
+    if single:
+        q, k, v = q[None, None], k[None, None], v[None, None]  # [1, 1, s, d]
+    b, h, s_q, d = q.shape
+    s_k = k.shape[2]
+    _check_options(score, dropout_p, scale)
+    allowed = _allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
+    if bias is not None:
+        _check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
+
+    if not return_weights and _sdpa_can_serve(score, bias, mask, causal, s_q, s_k):
+        out = _sdpa(q, k, v, causal=causal and s_q == s_k and s_q > 1, scale=_scale(score, scale, d), dropout_p=dropout_p)
+        return out[0, 0] if single else out
+
+    result = reference_attention(
+        q, k, v, allowed=allowed, bias=bias, scale=_scale(score, scale, d), score=score, dropout_p=dropout_p
+    )
+    if single:
+        result = AttentionResult(result.output[0, 0], result.weights[0, 0], result.lse[0, 0])
+    return result if return_weights else result.output
+
+
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    allowed: Tensor | None,
+    bias: Tensor | None,
+    scale: float,
+    score: Score,
+    dropout_p: float = 0.0,
+) -> AttentionResult:
+    """Dense attention that materialises ``[b, h, s_q, s_k]``: exact, NaN-free, and the
+    only path that can hand back the weights. Inputs are assumed validated.
+
+    Returns:
+        :class:`AttentionResult` with output ``[b, h, s_q, d_v]``, weights and lse.
+    """
+    b, h, s_q, _ = q.shape
+    h_kv, s_k, d_v = v.shape[1], v.shape[2], v.shape[3]
+    scores = dot_scores(q, k) if isinstance(score, str) else score(q, k)  # [b, h, s_q, s_k]
+    if not isinstance(score, str) and scores.shape != (b, h, s_q, s_k):
+        raise ValueError(f"score callable must return [b, h, s_q, s_k] = {[b, h, s_q, s_k]}, got {list(scores.shape)}")
+    if scale != 1.0:
+        scores = scores * scale
+    if bias is not None:
+        scores = scores + bias
+    weights, lse = masked_softmax(scores, allowed)  # [b, h, s_q, s_k], [b, h, s_q]
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = dropped.view(b, h_kv, h // h_kv, s_q, s_k) @ v.unsqueeze(2)  # [b, h_kv, g, s_q, d_v]
+    return AttentionResult(out.reshape(b, h, s_q, d_v), weights, lse)
+
+
+def _sdpa_can_serve(score: Score, bias: Tensor | None, mask: MaskLike | None, causal: bool, s_q: int, s_k: int) -> bool:
+    if not isinstance(score, str) or bias is not None or mask is not None or s_k == 0:
+        return False
+    # SDPA's is_causal is aligned top-left; it equals our bottom-right causal only when the
+    # lengths match. A single query may see every key, so it needs no mask at all.
+    return not causal or s_q == s_k or s_q == 1
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, dropout_p: float) -> Tensor:
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, scale=scale, dropout_p=dropout_p, enable_gqa=gqa
+    )  # [b, h, s_q, d_v]
+
+
+def _scale(score: Score, scale: float | None, d: int) -> float:
+    if scale is not None:
+        return float(scale)
+    return 1.0 / math.sqrt(d) if score == "scaled_dot" else 1.0
+
+
+def _allowed(
+    mask: MaskLike | None, *, causal: bool, b: int, h: int, s_q: int, s_k: int, device: torch.device
+) -> Tensor | None:
+    """The mask and the causal flag as one bool tensor broadcastable to ``[b, h, s_q, s_k]``."""
+    allowed: Tensor | None = None
+    if isinstance(mask, masks_mod.Mask):
+        _check_mask_sizes(mask, b=b, h=h)
+        allowed = mask.to_dense(s_q, s_k, device=device)  # [b|1, h|1, s_q, s_k]
+    elif isinstance(mask, Tensor):
+        allowed = _check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
+    elif mask is not None:
+        raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
+    if causal:
+        causal_allowed = masks_mod.causal().to_dense(s_q, s_k, device=device)  # [1, 1, s_q, s_k]
+        allowed = causal_allowed if allowed is None else allowed & causal_allowed
+    return allowed
+
+
+def _check_mask_sizes(mask: masks_mod.Mask, *, b: int, h: int) -> None:
+    if mask.batch_size is not None and mask.batch_size not in (1, b):
+        raise ValueError(f"mask {mask.name} is for batch size {mask.batch_size}, got batch size {b}")
+    if mask.num_heads is not None and mask.num_heads not in (1, h):
+        raise ValueError(f"mask {mask.name} is for {mask.num_heads} heads, got {h} query heads")
+
+
+def _check_mask_tensor(mask: Tensor, *, b: int, h: int, s_q: int, s_k: int, device: torch.device) -> Tensor:
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"mask must be a bool tensor (True = may attend), got dtype {mask.dtype}; "
+            "pass additive float scores as bias="
+        )
+    if mask.device != device:
+        raise ValueError(f"mask is on {mask.device} but q is on {device}")
+    if not _broadcasts(mask.shape, (b, h, s_q, s_k)):
+        raise ValueError(
+            f"mask of shape {list(mask.shape)} does not broadcast to [b, h, s_q, s_k] = {[b, h, s_q, s_k]}"
+        )
+    return mask
+
+
+def _check_bias(bias: Tensor, q: Tensor, *, b: int, h: int, s_q: int, s_k: int) -> None:
+    if not bias.is_floating_point():
+        raise TypeError(f"bias must be a float tensor, got dtype {bias.dtype}; pass boolean masks as mask=")
+    if bias.device != q.device:
+        raise ValueError(f"bias is on {bias.device} but q is on {q.device}")
+    if not _broadcasts(bias.shape, (b, h, s_q, s_k)):
+        raise ValueError(
+            f"bias of shape {list(bias.shape)} does not broadcast to [b, h, s_q, s_k] = {[b, h, s_q, s_k]}"
+        )
+
+
+def _broadcasts(shape: torch.Size, target: tuple[int, ...]) -> bool:
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+
+
+def _check_options(score: Score, dropout_p: float, scale: float | None) -> None:
+    if not (callable(score) or score in ("scaled_dot", "dot")):
+        raise TypeError(f'score must be "scaled_dot", "dot" or a callable (q, k) -> scores, got {score!r}')
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise TypeError(f"scale must be a finite number or None, got {scale!r}")
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Validate q, k, v; return True when they are 2-D (single head, no batch)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must have the same dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on the same device, got q {q.device}, k {k.device}, v {v.device}")
+    if not (q.ndim == k.ndim == v.ndim) or q.ndim not in (2, 4):
+        raise ValueError(
+            "q, k and v must all be [b, h, s, d] or all be [s, d], got "
+            f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head dim, got q {list(q.shape)} and k {list(k.shape)}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"k and v must agree on every dim but the last, got k {list(k.shape)} and v {list(v.shape)}"
+        )
+    if q.ndim == 4:
+        if q.shape[0] != k.shape[0]:
+            raise ValueError(f"q and k must have the same batch size, got q {list(q.shape)} and k {list(k.shape)}")
+        h, h_kv = q.shape[1], k.shape[1]
+        if h_kv == 0 or h % h_kv != 0:
+            raise ValueError(
+                f"query heads must be a multiple of key/value heads, got h={h} (q {list(q.shape)}) "
+                f"and h_kv={h_kv} (k {list(k.shape)})"
+            )
+    return q.ndim == 2

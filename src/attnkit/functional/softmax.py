@@ -1,0 +1,39 @@
+"""Softmax that is safe on rows with nothing to attend to."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor | None = None, dim: int = -1) -> tuple[Tensor, Tensor]:
+    """Softmax over ``dim`` of the entries that are allowed and finite.
+
+    A row where nothing is allowed (or every score is ``-inf``) gets weights of zero — never
+    NaN, in the forward pass or in the gradient.
+
+    Args:
+        scores: float tensor, e.g. ``[b, h, s_q, s_k]``.
+        allowed: bool tensor broadcastable to ``scores``, ``True`` = may attend; ``None``
+            allows everything.
+        dim: the key dimension.
+
+    Returns:
+        ``(weights, lse)``: weights shaped like ``scores``; ``lse``, the log-sum-exp over
+        ``dim`` with that dimension removed, ``-inf`` on empty rows.
+    """
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    row_max = scores.amax(dim=dim, keepdim=True)
+    row_has_any = torch.isfinite(row_max)
+    # Shifting by a constant does not change softmax; detach it so no gradient flows
+    # through the max, and use 0 on empty rows so that exp(-inf - 0) = 0, not NaN.
+    shift = torch.where(row_has_any, row_max, torch.zeros_like(row_max)).detach()
+    exp = torch.exp(scores - shift)
+    total = exp.sum(dim=dim, keepdim=True)
+    # Divide and take the log of 1, not 0, on empty rows: a where() around log(0) would
+    # still send NaN back through the unselected branch.
+    safe_total = torch.where(total > 0, total, torch.ones_like(total))
+    weights = exp / safe_total
+    lse = torch.where(row_has_any, torch.log(safe_total) + shift, torch.full_like(total, float("-inf")))
+    return weights, lse.squeeze(dim)

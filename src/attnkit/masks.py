@@ -1,0 +1,29 @@
+"""``attnkit.masks``: composable attention masks (``True`` = may attend).
+
+The implementation lives in :mod:`attnkit.functional.masks`; this module is its public name.
+"""
+
+from attnkit.functional.masks import (
+    Mask,
+    causal,
+    fixed,
+    from_dense,
+    from_hf_padding,
+    from_torch_mha,
+    full,
+    global_tokens,
+    index_grid,
+    padding,
+    random,
+    sliding_window,
+    strided,
+    to_block_mask,
+    to_sdpa,
+    to_torch_mha,
+)
+
+__all__ = [
+    "Mask", "causal", "fixed", "from_dense", "from_hf_padding", "from_torch_mha", "full",
+    "global_tokens", "index_grid", "padding", "random", "sliding_window", "strided",
+    "to_block_mask", "to_sdpa", "to_torch_mha",
+]
