@@ -98,14 +98,14 @@ def attention(
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
     _check_options(score, dropout_p, scale)
-    allowed = _allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
-    if bias is not None:
-        _check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
-
     if not return_weights and _sdpa_can_serve(score, bias, mask, causal, s_q, s_k):
         out = _sdpa(q, k, v, causal=causal and s_q == s_k and s_q > 1, scale=_scale(score, scale, d), dropout_p=dropout_p)
         return out[0, 0] if single else out
 
+    # Only the paths below need the mask as a tensor; building it is O(s_q * s_k).
+    allowed = _allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
+    if bias is not None:
+        _check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
     result = reference_attention(
         q, k, v, allowed=allowed, bias=bias, scale=_scale(score, scale, d), score=score, dropout_p=dropout_p
     )

@@ -22,6 +22,8 @@ def masked_softmax(scores: Tensor, allowed: Tensor | None = None, dim: int = -1)
         ``(weights, lse)``: weights shaped like ``scores``; ``lse``, the log-sum-exp over
         ``dim`` with that dimension removed, ``-inf`` on empty rows.
     """
+    if scores.shape[dim] == 0:  # no keys at all: every row is empty
+        return scores, torch.full_like(scores.sum(dim), float("-inf"))
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     row_max = scores.amax(dim=dim, keepdim=True)

@@ -1,0 +1,63 @@
+"""Plain-text tables that stay aligned in a terminal, wide (East-Asian) characters included."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+
+
+def display_width(text: str) -> int:
+    """Columns ``text`` takes in a terminal: wide and full-width characters take two,
+    combining marks none."""
+    width = 0
+    for ch in text:
+        if unicodedata.combining(ch):
+            continue
+        width += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+    return width
+
+
+def pad(text: str, width: int, align: str = "<") -> str:
+    """Pad ``text`` to ``width`` display columns, left (``<``) or right (``>``) aligned."""
+    fill = " " * max(0, width - display_width(text))
+    return text + fill if align == "<" else fill + text
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
+    """Render rows as an aligned table with a header rule.
+
+    Args:
+        headers: column titles.
+        rows: cells, already formatted as strings.
+        align: one ``<`` or ``>`` per column; default: first column left, others right.
+    """
+    align = align or "<" + ">" * (len(headers) - 1)
+    widths = [display_width(h) for h in headers]
+    for row in rows:
+        widths = [max(w, display_width(cell)) for w, cell in zip(widths, row)]
+    lines = [
+        "  ".join(pad(h, w, a) for h, w, a in zip(headers, widths, align)).rstrip(),
+        "  ".join("-" * w for w in widths),
+    ]
+    lines += ["  ".join(pad(c, w, a) for c, w, a in zip(row, widths, align)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def table_width(table: str) -> int:
+    return max(display_width(line) for line in table.splitlines())
+
+
+def fmt(x: float) -> str:
+    """A number to four decimals, the notes' precision."""
+    return "-inf" if x == float("-inf") else f"{x:.4f}"
+
+
+def fmt_compact(x: float) -> str:
+    """An input number as short as it can be written exactly to four decimals (1, 0.1)."""
+    text = f"{x:.4f}".rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def fmt_vector(values: Sequence[float], compact: bool = False) -> str:
+    f = fmt_compact if compact else fmt
+    return "[" + ", ".join(f(v) for v in values) + "]"
