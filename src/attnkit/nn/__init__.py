@@ -1,0 +1,54 @@
+"""``attnkit.nn``: attention modules and Transformers, thin layers over
+:mod:`attnkit.functional`.
+
+Layout is batch-first, ``[b, s, e]`` for token sequences and ``[b, h, s, d]`` inside
+attention; masks say ``True`` = may attend. Modules never store attention weights: pass
+``return_weights=True`` to get a typed record (:mod:`attnkit.nn.records`).
+
+- Attention: :class:`MultiHeadAttention` (self/cross, GQA, KV cache),
+  :class:`AdditiveAttention`, :class:`LuongAttention`.
+- Positional encodings: :class:`SinusoidalPositionalEncoding`,
+  :class:`LearnedPositionalEmbedding`, :class:`RotaryEmbedding`, :class:`ALiBi`,
+  :class:`RelativePositionBias`.
+- Building blocks: :class:`RMSNorm`, :class:`FeedForward`, :class:`KVCache`.
+- Transformers: :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`,
+  :class:`Decoder`, :class:`Transformer`, :class:`DecoderLM`.
+"""
+
+from attnkit.nn.attention import KERNELS, MultiHeadAttention
+from attnkit.nn.feedforward import FeedForward
+from attnkit.nn.kv_cache import DecoderCache, KVCache
+from attnkit.nn.layers import DecoderLayer, EncoderLayer
+from attnkit.nn.lm import DecoderLM
+from attnkit.nn.norms import RMSNorm, make_norm
+from attnkit.nn.positional import (
+    ALiBi,
+    AttentionPositional,
+    LearnedPositionalEmbedding,
+    RelativePositionBias,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_slopes,
+    relative_position_bucket,
+)
+from attnkit.nn.records import (
+    AttentionContext,
+    LayerOutput,
+    LayerWeights,
+    LMOutput,
+    MultiHeadOutput,
+    StackOutput,
+    TransformerOutput,
+)
+from attnkit.nn.rnn_attention import AdditiveAttention, AttentionScore, LuongAttention
+from attnkit.nn.torch_compat import mask_from_torch
+from attnkit.nn.transformer import Decoder, Encoder, Transformer
+
+__all__ = [
+    "KERNELS", "ALiBi", "AdditiveAttention", "AttentionContext", "AttentionPositional", "AttentionScore",
+    "Decoder", "DecoderCache", "DecoderLM", "DecoderLayer", "Encoder", "EncoderLayer", "FeedForward",
+    "KVCache", "LMOutput", "LayerOutput", "LayerWeights", "LearnedPositionalEmbedding", "LuongAttention",
+    "MultiHeadAttention", "MultiHeadOutput", "RMSNorm", "RelativePositionBias", "RotaryEmbedding",
+    "SinusoidalPositionalEncoding", "StackOutput", "Transformer", "TransformerOutput", "alibi_slopes",
+    "make_norm", "mask_from_torch", "relative_position_bucket",
+]

@@ -1,0 +1,350 @@
+"""Multi-head attention: learned projections around :func:`attnkit.functional.attention`.
+
+Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q`` query
+length, ``s_k`` key length, ``d`` head dim, ``e`` model dim, ``e_k`` / ``e_v`` the dims of
+the key / value inputs of cross-attention.
+
+``e`` is split into ``h`` heads of ``d = e / h``: each head attends in its own ``d``-dim
+subspace, the heads' outputs are concatenated back to ``e`` and mixed by the output
+projection. For a fixed ``e`` the parameter count and FLOPs do not depend on ``h``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.functional import AttentionResult, attention
+from attnkit.functional.masks import Mask
+from attnkit.nn.kv_cache import KVCache
+from attnkit.nn.positional import AttentionPositional
+from attnkit.nn.records import MultiHeadOutput
+from attnkit.nn.rnn_attention import AttentionScore
+
+Kernel = Callable[..., Tensor | AttentionResult]
+
+# Attention kernels by name. Each takes ``(q, k, v, *, mask, bias, causal, score, dropout_p,
+# return_weights)`` like attnkit.functional.attention; MultiHeadAttention calls whichever
+# its ``kernel=`` names, in one place (``_attend``), so adding a kernel is adding an entry.
+KERNELS: dict[str, Kernel] = {"dense": attention}
+
+Score = Literal["scaled_dot", "dot"] | AttentionScore
+Context = Tensor | tuple[Tensor, Tensor]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with grouped-query heads, positional encodings and a KV cache.
+
+    ``MultiHead(x) = Concat(head_1, …, head_h) W_O`` with
+    ``head_i = Attention(x W_Q^i, c W_K^i, c W_V^i)``, where the context ``c`` is ``x``
+    itself (self-attention) or another sequence (cross-attention).
+
+    Args:
+        embed_dim: model dim ``e`` of the queries and the output.
+        num_heads: query heads ``h``; must divide ``embed_dim``.
+        num_kv_heads: key/value heads ``h_kv`` (default ``h``); fewer gives grouped-query
+            attention, ``1`` multi-query attention. Must divide ``num_heads``.
+        kdim: dim ``e_k`` of the key input of cross-attention (default ``e``).
+        vdim: dim ``e_v`` of the value input of cross-attention (default ``e``).
+        bias: give the four projections a bias.
+        dropout: dropout on the attention weights while training.
+        score: ``"scaled_dot"`` (``q·k/√d``), ``"dot"`` (unscaled, as T5), or an
+            :class:`attnkit.nn.AttentionScore` module (additive or Luong attention) whose
+            query and key dims are the head dim ``d``.
+        positional: an :class:`attnkit.nn.AttentionPositional` (rotary, ALiBi, relative
+            bias) applied in self-attention; absolute encodings are added to the
+            embeddings instead.
+        kernel: which attention kernel computes the heads, by name in :data:`KERNELS`.
+
+    Raises:
+        ValueError: non-positive sizes, ``embed_dim`` not divisible by ``num_heads``,
+            ``num_heads`` not divisible by ``num_kv_heads``, ``dropout`` outside ``[0, 1)``,
+            a score or positional encoding built for other sizes, an unknown kernel.
+        TypeError: a score or positional encoding of the wrong type.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        score: Score = "scaled_dot",
+        positional: AttentionPositional | None = None,
+        kernel: str = "dense",
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        kdim = embed_dim if kdim is None else kdim
+        vdim = embed_dim if vdim is None else vdim
+        _check_sizes(embed_dim, num_heads, num_kv_heads, kdim, vdim)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.kdim, self.vdim = kdim, vdim
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.kernel = kernel
+        self.score = _check_score(score, self.head_dim)
+        self.positional = _check_positional(positional, num_heads, self.head_dim)
+        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(kdim, num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(vdim, num_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Context | None = None,
+        *,
+        mask: Mask | Tensor | None = None,
+        causal: bool = False,
+        positions: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | MultiHeadOutput:
+        """Attend from ``x`` to itself (``context=None``) or to ``context``.
+
+        Args:
+            x: queries' input ``[b, s_q, e]``.
+            context: ``[b, s_k, e_k]`` used for keys and values (``e_k = e_v``), or a pair
+                ``(key_input [b, s_k, e_k], value_input [b, s_k, e_v])``; ``None`` for
+                self-attention.
+            mask: where each query may attend (``True`` = may attend): an
+                :class:`attnkit.masks.Mask` or a bool tensor broadcastable to
+                ``[b, h, s_q, s_k]``, ``s_k`` counting cached keys.
+            causal: also apply a causal mask (aligned bottom-right, so it stays right when
+                decoding with a cache).
+            positions: integer positions of the queries ``[s_q]`` or ``[b, s_q]`` for a
+                rotary encoding (default: continuing after the cached ones). Attention
+                without a positional encoding ignores them.
+            kv_cache: a :class:`attnkit.nn.KVCache`. Self-attention appends the new keys
+                and values and attends to all cached ones. Cross-attention fills it on the
+                first call and reuses it afterwards without projecting ``context`` again.
+            return_weights: also return the weights ``[b, h, s_q, s_k]``.
+
+        Returns:
+            ``[b, s_q, e]``, or a :class:`attnkit.nn.MultiHeadOutput` with the weights.
+
+        Raises:
+            ValueError: shapes that do not fit the module or each other, a positional
+                encoding in cross-attention, ``positions`` with a bias encoding (which
+                uses row/column positions), a mask of the wrong shape.
+            TypeError: non-float inputs, a ``kv_cache`` that is not a ``KVCache``.
+        """
+        key_input, value_input = self._check_forward(x, context, positions, kv_cache)
+        b, s_q, _ = x.shape
+        q = self._split_heads(self.q_proj(x), self.num_heads)  # [b, h, s_q, d]
+        if context is None:
+            k = self._split_heads(self.k_proj(x), self.num_kv_heads)  # [b, h_kv, s_q, d]
+            v = self._split_heads(self.v_proj(x), self.num_kv_heads)  # [b, h_kv, s_q, d]
+            if self.positional is not None:
+                if positions is None:
+                    past = 0 if kv_cache is None else len(kv_cache)
+                    positions = torch.arange(past, past + s_q, device=x.device)
+                q = self.positional.rotate(q, positions)
+                k = self.positional.rotate(k, positions)
+            if kv_cache is not None:
+                k, v = kv_cache.append(k, v)  # [b, h_kv, s_k, d], s_k = cached + s_q
+        elif kv_cache is not None and len(kv_cache) > 0:
+            # Cross-attention keys and values depend only on the context: reuse them.
+            k, v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
+        else:
+            k = self._split_heads(self.k_proj(key_input), self.num_kv_heads)  # [b, h_kv, s_k, d]
+            v = self._split_heads(self.v_proj(value_input), self.num_kv_heads)  # [b, h_kv, s_k, d]
+            if kv_cache is not None:
+                kv_cache.append(k, v)
+        bias = None
+        if self.positional is not None:
+            bias = self.positional.score_bias(s_q, k.shape[2], device=q.device, dtype=q.dtype)  # [1, h, s_q, s_k]
+        result = self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
+        heads = result.output if return_weights else result  # [b, h, s_q, d]
+        output = self.out_proj(heads.transpose(1, 2).reshape(b, s_q, self.num_heads * self.head_dim))  # [b, s_q, e]
+        return MultiHeadOutput(output, result.weights) if return_weights else output
+
+    def _attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
+        return_weights: bool,
+    ) -> Tensor | AttentionResult:
+        """Every head at once, by the constructor's kernel: the one place attention runs."""
+        score = self.score.scores if isinstance(self.score, AttentionScore) else self.score
+        return KERNELS[self.kernel](
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            score=score,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=return_weights,
+        )
+
+    @staticmethod
+    def _split_heads(t: Tensor, heads: int) -> Tensor:
+        """``[b, s, heads * d]`` → ``[b, heads, s, d]``."""
+        b, s, _ = t.shape
+        return t.view(b, s, heads, -1).transpose(1, 2)
+
+    def _check_forward(
+        self, x: Tensor, context: Context | None, positions: Tensor | None, kv_cache: KVCache | None
+    ) -> tuple[Tensor, Tensor]:
+        """Validate the inputs; return the key and value inputs (``x`` for self-attention)."""
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+            raise TypeError(f"x must be a floating-point tensor, got {got}")
+        if x.ndim != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"x must be [b, s_q, e] with e = {self.embed_dim}, got {list(x.shape)}")
+        if kv_cache is not None and not isinstance(kv_cache, KVCache):
+            raise TypeError(f"kv_cache must be an attnkit.nn.KVCache, got {type(kv_cache).__name__}")
+        if positions is not None and self.positional is not None and not self.positional.takes_positions:
+            raise ValueError(
+                f"positions= cannot move {type(self.positional).__name__}, which biases scores by "
+                "row/column distance; drop positions= or use a rotary encoding"
+            )
+        if context is None:
+            if self.kdim != self.embed_dim or self.vdim != self.embed_dim:
+                raise ValueError(
+                    f"self-attention needs kdim == vdim == embed_dim, but this module has embed_dim="
+                    f"{self.embed_dim}, kdim={self.kdim}, vdim={self.vdim}; pass context="
+                )
+            return x, x
+        if self.positional is not None:
+            raise ValueError(
+                f"{type(self.positional).__name__} applies to self-attention only; "
+                "build the cross-attention without positional="
+            )
+        key_input, value_input = context if isinstance(context, tuple) else (context, context)
+        for name, t, dim in (("key input", key_input, self.kdim), ("value input", value_input, self.vdim)):
+            if not isinstance(t, Tensor) or t.ndim != 3 or t.shape[-1] != dim or t.shape[0] != x.shape[0]:
+                got = list(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(
+                    f"context {name} must be [b, s_k, {dim}] with b = {x.shape[0]} (the batch of x), got {got}"
+                )
+        if key_input.shape[1] != value_input.shape[1]:
+            raise ValueError(
+                f"key and value inputs must have the same length, got {list(key_input.shape)} and "
+                f"{list(value_input.shape)}"
+            )
+        return key_input, value_input
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
+        """An equivalent module with a copy of the weights of ``torch.nn.MultiheadAttention``.
+
+        The result is always batch-first (``[b, s, e]``): for a module built with
+        ``batch_first=False``, transpose its ``[s, b, e]`` inputs. Convert its
+        ``attn_mask`` / ``key_padding_mask`` with :func:`attnkit.nn.mask_from_torch`.
+
+        Args:
+            m: the torch module.
+
+        Returns:
+            A :class:`MultiHeadAttention` on the same device and dtype.
+
+        Raises:
+            TypeError: ``m`` is not an ``nn.MultiheadAttention``.
+            ValueError: ``m`` uses ``add_bias_kv`` or ``add_zero_attn``, which have no
+                counterpart here.
+        """
+        if not isinstance(m, nn.MultiheadAttention):
+            raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(m).__name__}")
+        if m.bias_k is not None or m.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn are not supported")
+        bias = m.in_proj_bias is not None
+        new = cls(m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim, bias=bias, dropout=m.dropout)
+        if m.in_proj_weight is not None:  # one packed [3e, e] matrix when kdim == vdim == e
+            weights = m.in_proj_weight.chunk(3)
+        else:
+            weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
+        projections = (new.q_proj, new.k_proj, new.v_proj)
+        with torch.no_grad():
+            for proj, weight in zip(projections, weights):
+                proj.weight.copy_(weight)
+            new.out_proj.weight.copy_(m.out_proj.weight)
+            if bias:
+                for proj, b in zip(projections, m.in_proj_bias.chunk(3)):
+                    proj.bias.copy_(b)
+                new.out_proj.bias.copy_(m.out_proj.bias)
+        return new.to(device=m.out_proj.weight.device, dtype=m.out_proj.weight.dtype)
+
+    def extra_repr(self) -> str:
+        parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}"]
+        if self.num_kv_heads != self.num_heads:
+            parts.append(f"num_kv_heads={self.num_kv_heads}")
+        if isinstance(self.score, str):
+            parts.append(f"score={self.score!r}")
+        if self.kernel != "dense":
+            parts.append(f"kernel={self.kernel!r}")
+        return ", ".join(parts)
+
+
+def _check_sizes(embed_dim: int, num_heads: int, num_kv_heads: int, kdim: int, vdim: int) -> None:
+    for name, value in (
+        ("embed_dim", embed_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+        ("kdim", kdim), ("vdim", vdim),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if embed_dim % num_heads:
+        raise ValueError(
+            f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim} and num_heads={num_heads}"
+        )
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads must be divisible by num_kv_heads, got num_heads={num_heads} and num_kv_heads={num_kv_heads}"
+        )
+
+
+def _check_score(score: Score, head_dim: int) -> Score:
+    if isinstance(score, AttentionScore):
+        if (score.query_dim, score.key_dim) != (head_dim, head_dim):
+            raise ValueError(
+                f"score module must compare head-dim vectors, query_dim = key_dim = {head_dim}, got "
+                f"query_dim={score.query_dim}, key_dim={score.key_dim}"
+            )
+        return score
+    if score not in ("scaled_dot", "dot"):
+        raise TypeError(f'score must be "scaled_dot", "dot" or an AttentionScore module, got {score!r}')
+    return score
+
+
+def _check_positional(
+    positional: AttentionPositional | None, num_heads: int, head_dim: int
+) -> AttentionPositional | None:
+    if positional is None:
+        return None
+    if not isinstance(positional, AttentionPositional):
+        raise TypeError(
+            f"positional must be an AttentionPositional (RotaryEmbedding, ALiBi, RelativePositionBias), got "
+            f"{type(positional).__name__}; absolute encodings are added to the embeddings, not given to attention"
+        )
+    if positional.num_heads is not None and positional.num_heads != num_heads:
+        raise ValueError(
+            f"{type(positional).__name__} was built for {positional.num_heads} heads, "
+            f"but this attention has {num_heads}"
+        )
+    if positional.head_dim is not None and positional.head_dim != head_dim:
+        raise ValueError(
+            f"{type(positional).__name__} was built for head_dim {positional.head_dim}, but this attention has "
+            f"head_dim {head_dim} (embed_dim / num_heads)"
+        )
+    return positional

@@ -1,0 +1,239 @@
+"""A decoder-only language model (GPT, LLaMA): token embedding, a stack of causal
+decoder layers, and a head that predicts the next token.
+
+Shape letters: ``b`` batch, ``s`` sequence length, ``n`` generated tokens, ``e`` model dim,
+``v`` vocabulary size.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.nn.feedforward import Activation
+from attnkit.nn.kv_cache import DecoderCache
+from attnkit.nn.layers import DecoderLayer, MaskLike
+from attnkit.nn.norms import NormKind, make_norm
+from attnkit.nn.positional import (
+    ALiBi,
+    AttentionPositional,
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+)
+from attnkit.nn.records import LMOutput
+from attnkit.nn.transformer import Decoder
+
+PositionalKind = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
+POSITIONAL_KINDS: tuple[str, ...] = ("learned", "sinusoidal", "rotary", "alibi", "none")
+
+
+class DecoderLM(nn.Module):
+    """A GPT-style language model over :class:`attnkit.nn.DecoderLayer` blocks without
+    cross-attention.
+
+    With ``positional="rotary", norm="rms", activation="swiglu", norm_first=True,
+    bias=False`` it is the LLaMA architecture; with the defaults, GPT-2's.
+
+    Args:
+        vocab_size: ``v``.
+        embed_dim: ``e``.
+        num_heads: query heads.
+        num_layers: depth.
+        ff_dim: feed-forward hidden dim.
+        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
+        positional: ``"learned"`` or ``"sinusoidal"`` (added to the token embeddings),
+            ``"rotary"`` or ``"alibi"`` (inside attention, one module shared by every
+            layer), or ``"none"``.
+        max_length: positions of the ``"learned"`` table.
+        rope_theta: base of the rotary frequencies.
+        activation: ``"relu"``, ``"gelu"`` or ``"swiglu"``.
+        norm: ``"layer"`` or ``"rms"``.
+        norm_eps: the norms' epsilon.
+        norm_first: pre-norm layers, followed by a final norm.
+        bias: biases in projections, feed-forward and LayerNorm (the head never has one).
+        dropout: dropout on embeddings and inside the layers.
+        tie_embeddings: the output head shares the token embedding matrix.
+        kernel: the attention kernel.
+
+    Raises:
+        ValueError: an unknown positional kind, inconsistent sizes or options.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        num_heads: int,
+        num_layers: int,
+        ff_dim: int,
+        *,
+        num_kv_heads: int | None = None,
+        positional: PositionalKind = "learned",
+        max_length: int = 1024,
+        rope_theta: float = 10000.0,
+        activation: Activation = "gelu",
+        norm: NormKind = "layer",
+        norm_eps: float = 1e-5,
+        norm_first: bool = True,
+        bias: bool = True,
+        dropout: float = 0.0,
+        tie_embeddings: bool = True,
+        kernel: str = "dense",
+    ) -> None:
+        super().__init__()
+        if positional not in POSITIONAL_KINDS:
+            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
+        if vocab_size < 1 or num_layers < 1:
+            raise ValueError(f"vocab_size and num_layers must be >= 1, got {vocab_size} and {num_layers}")
+        if embed_dim % num_heads:
+            raise ValueError(
+                f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim} and num_heads={num_heads}"
+            )
+        self.vocab_size = vocab_size
+        self.token_embedding = nn.Embedding(vocab_size, embed_dim)
+        self.position: LearnedPositionalEmbedding | SinusoidalPositionalEncoding | None = None
+        in_attention: AttentionPositional | None = None
+        if positional == "learned":
+            self.position = LearnedPositionalEmbedding(max_length, embed_dim)
+        elif positional == "sinusoidal":
+            self.position = SinusoidalPositionalEncoding(embed_dim)
+        elif positional == "rotary":
+            in_attention = RotaryEmbedding(embed_dim // num_heads, theta=rope_theta)
+        elif positional == "alibi":
+            in_attention = ALiBi(num_heads)
+        self.dropout = nn.Dropout(dropout)
+        layers = [
+            DecoderLayer(
+                embed_dim, num_heads, ff_dim, num_kv_heads=num_kv_heads, cross_attention=False, dropout=dropout,
+                activation=activation, norm=norm, norm_eps=norm_eps, norm_first=norm_first, bias=bias,
+                positional=in_attention, kernel=kernel,
+            )
+            for _ in range(num_layers)
+        ]
+        # Pre-norm leaves the residual stream unnormalised after the last layer.
+        final_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if norm_first else None
+        self.decoder = Decoder(layers, final_norm=final_norm)
+        self.lm_head = nn.Linear(embed_dim, vocab_size, bias=False)
+        if tie_embeddings:
+            self.lm_head.weight = self.token_embedding.weight
+
+    def new_cache(self) -> DecoderCache:
+        """An empty cache for incremental decoding with :meth:`forward`."""
+        return self.decoder.new_cache()
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        mask: MaskLike | None = None,
+        positions: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | LMOutput:
+        """Next-token logits at every position.
+
+        Args:
+            tokens: integer token ids ``[b, s]``; with a cache, only the new ones.
+            mask: extra self-attention mask on top of the causal one (``True`` = may
+                attend), broadcastable to ``[b, h, s, s_k]`` with ``s_k`` counting cached
+                tokens; e.g. padding ``[b, 1, 1, s_k]``.
+            positions: token positions ``[s]`` or ``[b, s]`` (default: continuing after the
+                cache), for absolute and rotary encodings.
+            cache: from :meth:`new_cache`, updated in place.
+            return_weights: also return every layer's weights.
+
+        Returns:
+            Logits ``[b, s, v]``, or a :class:`attnkit.nn.LMOutput`.
+
+        Raises:
+            TypeError: non-integer tokens.
+            ValueError: tokens not ``[b, s]``.
+        """
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
+        x = self.token_embedding(tokens)  # [b, s, e]
+        if self.position is not None:
+            past = 0 if cache is None else len(cache)
+            start = torch.arange(past, past + tokens.shape[1], device=tokens.device)
+            x = self.position(x, start if positions is None else positions)
+        decoded = self.decoder(
+            self.dropout(x), mask=mask, causal=True, positions=positions, cache=cache, return_weights=return_weights
+        )
+        if return_weights:
+            return LMOutput(self.lm_head(decoded.output), decoded.weights)  # [b, s, v]
+        return self.lm_head(decoded)  # [b, s, v]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        eos_token_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue ``tokens`` with a KV cache: one forward over the prompt, then one
+        forward of one token per step. Runs in evaluation mode (no dropout) and restores
+        the previous mode afterwards.
+
+        Args:
+            tokens: prompt ids ``[b, s]`` (all rows the same length).
+            max_new_tokens: ``n``, the most tokens to add.
+            temperature: ``0`` picks the most likely token (greedy); above 0 samples from
+                ``softmax(logits / temperature)``.
+            top_k: when sampling, only from the ``top_k`` most likely tokens.
+            eos_token_id: a row that produced it keeps producing it; generation stops
+                early once every row has.
+            generator: random generator for sampling.
+
+        Returns:
+            ``[b, s + n']`` with ``n' <= n`` (fewer only when every row ended).
+
+        Raises:
+            ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``.
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        was_training = self.training
+        self.eval()
+        try:
+            cache = self.new_cache()
+            out = [tokens]
+            finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+            step_input = tokens
+            for _ in range(max_new_tokens):
+                logits = self(step_input, cache=cache)[:, -1]  # [b, v]
+                next_token = self._pick(logits, temperature, top_k, generator)  # [b]
+                if eos_token_id is not None:
+                    next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
+                    finished |= next_token == eos_token_id
+                step_input = next_token[:, None]  # [b, 1]
+                out.append(step_input)
+                if finished.all():
+                    break
+            return torch.cat(out, dim=1)  # [b, s + n']
+        finally:
+            self.train(was_training)
+
+    @staticmethod
+    def _pick(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+        """Choose the next token from ``[b, v]`` logits."""
+        if temperature == 0:
+            return logits.argmax(-1)
+        logits = logits.float() / temperature
+        if top_k is not None and top_k < logits.shape[-1]:
+            kth = logits.topk(top_k, dim=-1).values[:, -1:]  # [b, 1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]

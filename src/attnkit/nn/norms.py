@@ -1,0 +1,82 @@
+"""Normalisation layers: torch's ``LayerNorm`` and an ``RMSNorm`` that matches LLaMA.
+
+Shape letters: ``e`` model (embedding) dim; ``...`` any leading dims.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+NormKind = Literal["layer", "rms"]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation (Zhang & Sennrich, 2019), as in LLaMA:
+    ``x / sqrt(mean(x²) + eps) * weight``, with no centring and no bias.
+
+    The statistic is computed in float32 and the result cast back before the weight is
+    applied, as LLaMA checkpoints expect: in half precision the mean of squares would
+    otherwise lose most of its digits.
+
+    Args:
+        dim: size ``e`` of the last dimension.
+        eps: added to the mean of squares.
+
+    Raises:
+        ValueError: ``dim < 1`` or ``eps < 0``.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalise the last dimension.
+
+        Args:
+            x: ``[..., e]``.
+
+        Returns:
+            ``[..., e]``, in the dtype of ``x`` (promoted with the weight's).
+
+        Raises:
+            ValueError: the last dimension is not ``e``.
+        """
+        if x.shape[-1] != self.weight.shape[0]:
+            raise ValueError(f"expected last dim {self.weight.shape[0]}, got input of shape {list(x.shape)}")
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def make_norm(kind: NormKind, dim: int, eps: float, *, bias: bool = True) -> nn.Module:
+    """Build the normalisation a layer asks for by name.
+
+    Args:
+        kind: ``"layer"`` (``torch.nn.LayerNorm``) or ``"rms"`` (:class:`RMSNorm`).
+        dim: the model dim ``e``.
+        eps: the norm's epsilon.
+        bias: give a LayerNorm its additive bias (RMSNorm never has one).
+
+    Returns:
+        The module.
+
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    if kind == "layer":
+        return nn.LayerNorm(dim, eps=eps, bias=bias)
+    if kind == "rms":
+        return RMSNorm(dim, eps=eps)
+    raise ValueError(f'norm must be "layer" or "rms", got {kind!r}')

@@ -1,0 +1,446 @@
+"""Positional encodings: the ways a Transformer learns where each token is.
+
+Shape letters: ``b`` batch, ``h`` heads, ``s`` sequence length, ``s_q`` query length,
+``s_k`` key length, ``d`` head dim, ``e`` model dim.
+
+Attention by itself is blind to order (permuting the tokens permutes the output), so
+position has to come in from somewhere. Two families:
+
+- **Absolute, added to the embeddings** before the first layer:
+  :class:`SinusoidalPositionalEncoding` (the paper's fixed sin/cos table) and
+  :class:`LearnedPositionalEmbedding` (BERT, GPT-2).
+- **Inside attention**, subclasses of :class:`AttentionPositional` handed to
+  :class:`attnkit.nn.MultiHeadAttention` as ``positional=``: :class:`RotaryEmbedding`
+  rotates queries and keys (LLaMA), :class:`ALiBi` and :class:`RelativePositionBias` (T5)
+  add a bias to the scores. These depend only on the distance between query and key.
+
+Positions of queries are absolute: with ``s_q < s_k`` (decoding with a KV cache) query row
+``i`` sits at position ``i + s_k - s_q``, as in :mod:`attnkit.masks`.
+
+Non-weight tensors (frequency tables, slopes) are buffers with ``persistent=False``: they
+are rebuilt from the constructor's arguments and never appear in a ``state_dict``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _check_positions(positions: Tensor, seq_len: int, what: str) -> None:
+    """``positions`` must be integer ``[s]`` or ``[b, s]`` with ``s == seq_len``.
+
+    Values are not checked here: that would synchronise with the device on every call, and
+    sines and rotations are defined for any integer.
+    """
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+    if positions.ndim not in (1, 2) or positions.shape[-1] != seq_len:
+        raise ValueError(
+            f"positions must be [s] or [b, s] with s = {seq_len} (the length of {what}), "
+            f"got shape {list(positions.shape)}"
+        )
+
+
+def _check_tokens(x: Tensor, embed_dim: int) -> None:
+    if x.ndim != 3 or x.shape[-1] != embed_dim:
+        raise ValueError(f"expected x of shape [b, s, e] with e = {embed_dim}, got {list(x.shape)}")
+
+
+# ---------------------------------------------------------------------------------------
+# Absolute encodings, added to the token embeddings.
+# ---------------------------------------------------------------------------------------
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """The fixed encoding of "Attention Is All You Need":
+    ``PE(pos, 2i) = sin(pos / base^(2i/e))`` and ``PE(pos, 2i+1) = cos(pos / base^(2i/e))``.
+
+    Low dimensions turn fast (dimension 0 has period 2π), high ones slowly (period up to
+    ``2π·base``), so nearby positions get similar vectors and far ones different vectors.
+    Nothing is learned, and any position can be encoded, longer than any seen in training.
+
+    Args:
+        embed_dim: ``e``, even.
+        base: the ``10000`` of the formula.
+
+    Raises:
+        ValueError: ``embed_dim`` odd or < 2, ``base <= 1``.
+    """
+
+    def __init__(self, embed_dim: int, *, base: float = 10000.0) -> None:
+        super().__init__()
+        if embed_dim < 2 or embed_dim % 2:
+            raise ValueError(f"embed_dim must be even and >= 2 (sin/cos pairs), got {embed_dim}")
+        if base <= 1:
+            raise ValueError(f"base must be > 1, got {base}")
+        self.embed_dim = embed_dim
+        self.base = base
+        two_i = torch.arange(0, embed_dim, 2, dtype=torch.float32)  # [e/2]
+        # Kept as a buffer so it follows .to(device); computed from the arguments, so it
+        # stays out of the state_dict.
+        self.register_buffer("denominators", base ** (two_i / embed_dim), persistent=False)
+
+    def encodings(self, positions: Tensor) -> Tensor:
+        """The encoding of each position.
+
+        Args:
+            positions: integer ``[s]`` or ``[b, s]``.
+
+        Returns:
+            float32 ``[s, e]`` or ``[b, s, e]``; entry ``2i`` is the sine, ``2i+1`` the cosine.
+        """
+        _check_positions(positions, positions.shape[-1], "positions")
+        angles = positions.to(self.denominators.dtype).unsqueeze(-1) / self.denominators  # [..., s, e/2]
+        # Interleave: [sin_0, cos_0, sin_1, cos_1, ...].
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # [..., s, e]
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Add the encodings to token embeddings.
+
+        Args:
+            x: ``[b, s, e]``.
+            positions: integer ``[s]`` or ``[b, s]``; default ``0 .. s-1``.
+
+        Returns:
+            ``x + PE``, ``[b, s, e]``, in the dtype of ``x``.
+
+        Raises:
+            ValueError: ``x`` is not ``[b, s, e]``, or ``positions`` does not fit it.
+        """
+        _check_tokens(x, self.embed_dim)
+        if positions is None:
+            positions = torch.arange(x.shape[1], device=x.device)
+        _check_positions(positions, x.shape[1], "x")
+        return x + self.encodings(positions).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.embed_dim}, base={self.base}"
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """One learned vector per position, up to ``max_length`` (BERT, GPT-2).
+
+    Args:
+        max_length: number of positions that have a vector.
+        embed_dim: ``e``.
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+
+    def __init__(self, max_length: int, embed_dim: int) -> None:
+        super().__init__()
+        if max_length < 1 or embed_dim < 1:
+            raise ValueError(f"max_length and embed_dim must be >= 1, got {max_length} and {embed_dim}")
+        self.max_length = max_length
+        self.embed_dim = embed_dim
+        # BERT and GPT-2 initialise position vectors with std 0.02.
+        self.weight = nn.Parameter(torch.randn(max_length, embed_dim) * 0.02)
+
+    def encodings(self, positions: Tensor) -> Tensor:
+        """The learned vector of each position.
+
+        Args:
+            positions: integer ``[s]`` or ``[b, s]``.
+
+        Returns:
+            ``[s, e]`` or ``[b, s, e]``.
+
+        Raises:
+            ValueError: a position outside ``[0, max_length)``.
+        """
+        _check_positions(positions, positions.shape[-1], "positions")
+        if positions.numel() and (positions.min() < 0 or positions.max() >= self.max_length):
+            raise ValueError(
+                f"positions must be in [0, {self.max_length}) for this learned embedding, got "
+                f"[{positions.min().item()}, {positions.max().item()}]"
+            )
+        return F.embedding(positions, self.weight)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Add the position vectors to token embeddings.
+
+        Args:
+            x: ``[b, s, e]``.
+            positions: integer ``[s]`` or ``[b, s]``; default ``0 .. s-1``.
+
+        Returns:
+            ``[b, s, e]``.
+
+        Raises:
+            ValueError: shapes do not fit, or a position is beyond ``max_length``.
+        """
+        _check_tokens(x, self.embed_dim)
+        if positions is None:
+            positions = torch.arange(x.shape[1], device=x.device)
+        _check_positions(positions, x.shape[1], "x")
+        return x + self.encodings(positions)
+
+    def extra_repr(self) -> str:
+        return f"{self.max_length}, {self.embed_dim}"
+
+
+# ---------------------------------------------------------------------------------------
+# Encodings that act inside attention.
+# ---------------------------------------------------------------------------------------
+
+
+class AttentionPositional(nn.Module):
+    """Base of the positional encodings that :class:`attnkit.nn.MultiHeadAttention`
+    applies itself. Each subclass overrides one hook; the other stays a no-op.
+
+    Attributes:
+        num_heads: the number of query heads the encoding was built for, or ``None`` when
+            it works with any number.
+        head_dim: the head dim it was built for, or ``None`` when it works with any.
+        takes_positions: whether :meth:`rotate` uses explicit token positions (rotary);
+            bias encodings use the row/column index, aligned bottom-right like masks.
+    """
+
+    num_heads: int | None = None
+    head_dim: int | None = None
+    takes_positions: ClassVar[bool] = False
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Transform queries or keys ``[b, h, s, d]`` at ``positions`` (``[s]`` or ``[b, s]``)."""
+        return x
+
+    def score_bias(self, s_q: int, s_k: int, *, device: torch.device, dtype: torch.dtype) -> Tensor | None:
+        """An additive score bias ``[1, h, s_q, s_k]``, or ``None``."""
+        return None
+
+
+class RotaryEmbedding(AttentionPositional):
+    """Rotary position embedding, RoPE (Su et al., 2021), in the half-split layout of
+    LLaMA checkpoints.
+
+    Dimension ``j`` of the first half and ``j + d/2`` of the second form a pair, rotated by
+    the angle ``pos · θ^(-2j/d)``. Rotating both q (at position m) and k (at n) makes
+    ``q·k`` depend on ``m - n`` only: absolute positions in, relative attention out.
+
+    Args:
+        head_dim: ``d``, even; the dimension of one query/key head.
+        theta: the base of the frequencies (10000 in the paper, 1e5 in SmolLM2).
+
+    Raises:
+        ValueError: ``head_dim`` odd or < 2, ``theta <= 1``.
+    """
+
+    takes_positions: ClassVar[bool] = True
+
+    def __init__(self, head_dim: int, *, theta: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim < 2 or head_dim % 2:
+            raise ValueError(f"head_dim must be even and >= 2 (rotation pairs), got {head_dim}")
+        if theta <= 1:
+            raise ValueError(f"theta must be > 1, got {theta}")
+        self.head_dim = head_dim
+        self.theta = theta
+        # The same expression as Hugging Face's LLaMA, so that the float32 frequencies are
+        # bit-identical to the ones the checkpoints were trained with.
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [d/2]
+        self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
+
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Cosines and sines of every angle, float32.
+
+        Args:
+            positions: integer ``[s]`` or ``[b, s]``.
+
+        Returns:
+            ``(cos, sin)``, each ``[s, d]`` or ``[b, s, d]`` (the ``d/2`` angles repeated
+            for both halves).
+        """
+        angles = positions.float().unsqueeze(-1) * self.inv_freq  # [..., s, d/2]
+        angles = torch.cat((angles, angles), dim=-1)  # [..., s, d]
+        return angles.cos(), angles.sin()
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate queries or keys.
+
+        Args:
+            x: ``[b, h, s, d]``.
+            positions: integer ``[s]`` or ``[b, s]``.
+
+        Returns:
+            ``[b, h, s, d]``, the dtype of ``x``.
+
+        Raises:
+            ValueError: ``x`` has the wrong head dim, or ``positions`` does not fit it.
+        """
+        if x.ndim != 4 or x.shape[-1] != self.head_dim:
+            raise ValueError(f"expected x [b, h, s, d] with d = {self.head_dim}, got {list(x.shape)}")
+        _check_positions(positions, x.shape[2], "x")
+        cos, sin = self.cos_sin(positions)
+        if positions.ndim == 2:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [b, 1, s, d]: the same for every head
+        half = self.head_dim // 2
+        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [b, h, s, d]
+        return x * cos.to(x.dtype) + rotated_half * sin.to(x.dtype)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """:meth:`rotate` with positions ``0 .. s-1`` by default."""
+        if positions is None:
+            positions = torch.arange(x.shape[-2], device=x.device)
+        return self.rotate(x, positions)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, theta={self.theta}"
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """The head slopes of ALiBi (Press et al., 2022).
+
+    For ``n`` a power of two: the geometric sequence starting at and with ratio
+    ``2^(-8/n)`` (for 8 heads: 1/2, 1/4, ..., 1/256). Otherwise the slopes of the nearest
+    smaller power of two ``m``, followed by every other slope of ``2m``.
+
+    Raises:
+        ValueError: ``num_heads < 1``.
+    """
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+class ALiBi(AttentionPositional):
+    """Attention with Linear Biases: head ``h`` adds ``-slope_h · |i - j|`` to the score of
+    query position ``i`` and key position ``j``. No position enters the embeddings.
+
+    For causal attention this is the paper's bias exactly (``j <= i``); the absolute value
+    extends it symmetrically for bidirectional attention.
+
+    Args:
+        num_heads: number of query heads ``h``.
+
+    Raises:
+        ValueError: ``num_heads < 1``.
+    """
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
+
+    def score_bias(self, s_q: int, s_k: int, *, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The bias ``[1, h, s_q, s_k]``; query row ``i`` is at position ``i + s_k - s_q``."""
+        q_pos = torch.arange(s_q, device=device).unsqueeze(1) + (s_k - s_q)  # [s_q, 1]
+        k_pos = torch.arange(s_k, device=device).unsqueeze(0)  # [1, s_k]
+        distance = (q_pos - k_pos).abs().to(dtype)  # [s_q, s_k]
+        return -self.slopes.to(device=device, dtype=dtype).view(1, -1, 1, 1) * distance  # [1, h, s_q, s_k]
+
+    def forward(self, s_q: int, s_k: int) -> Tensor:
+        """:meth:`score_bias` on the slopes' device, float32."""
+        return self.score_bias(s_q, s_k, device=self.slopes.device, dtype=torch.float32)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+def relative_position_bucket(
+    relative_position: Tensor, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> Tensor:
+    """T5's bucket of each relative position ``key - query``.
+
+    Half the buckets (of each direction, when ``bidirectional``) hold the small distances
+    exactly; the rest cover distances up to ``max_distance`` on a log scale, and everything
+    farther shares the last bucket. Unidirectional buckets only tell apart keys in the past
+    (future keys all land in bucket 0, which a causal mask hides anyway).
+
+    Args:
+        relative_position: integer tensor of ``key_pos - query_pos``, any shape.
+        bidirectional: give positive and negative offsets separate buckets.
+        num_buckets: total number of buckets.
+        max_distance: distance from which everything shares the last bucket.
+
+    Returns:
+        Long tensor of bucket indices in ``[0, num_buckets)``, the shape of the input.
+    """
+    buckets = torch.zeros_like(relative_position, dtype=torch.long)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    # Clamp before the log: the small distances take the exact branch of where(), but log(0)
+    # would still be evaluated for them.
+    log_ratio = torch.log(distance.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + log_ratio * (num_buckets - max_exact)).long().clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < max_exact, distance, large)
+
+
+class RelativePositionBias(AttentionPositional):
+    """T5's learned relative position bias: one learned scalar per head and bucket of
+    ``key - query`` offset, added to the scores.
+
+    T5 computes it once in the first layer and shares it with every layer; do the same by
+    passing one instance to every layer's attention. T5 also leaves the scores unscaled:
+    use it with ``score="dot"``.
+
+    Args:
+        num_heads: number of query heads ``h``.
+        num_buckets: number of buckets (T5: 32).
+        max_distance: distance from which offsets share a bucket (T5: 128).
+        bidirectional: ``True`` for an encoder, ``False`` for a causal decoder.
+
+    Raises:
+        ValueError: sizes that leave no exact bucket, or ``max_distance`` not beyond them.
+    """
+
+    def __init__(
+        self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+    ) -> None:
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+        if exact < 1:
+            raise ValueError(
+                f"num_buckets must be >= {4 if bidirectional else 2} "
+                f"(bidirectional={bidirectional}), got {num_buckets}"
+            )
+        if max_distance <= exact:
+            raise ValueError(f"max_distance must be > {exact} (the exact buckets), got {max_distance}")
+        self.num_heads = num_heads
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
+        self.weight = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.02)  # [buckets, h]
+
+    def score_bias(self, s_q: int, s_k: int, *, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The bias ``[1, h, s_q, s_k]``; query row ``i`` is at position ``i + s_k - s_q``."""
+        q_pos = torch.arange(s_q, device=device).unsqueeze(1) + (s_k - s_q)  # [s_q, 1]
+        k_pos = torch.arange(s_k, device=device).unsqueeze(0)  # [1, s_k]
+        buckets = relative_position_bucket(
+            k_pos - q_pos,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )  # [s_q, s_k]
+        bias = F.embedding(buckets, self.weight)  # [s_q, s_k, h]
+        return bias.permute(2, 0, 1).unsqueeze(0).to(dtype)  # [1, h, s_q, s_k]
+
+    def forward(self, s_q: int, s_k: int) -> Tensor:
+        """:meth:`score_bias` in the weight's device and dtype."""
+        return self.score_bias(s_q, s_k, device=self.weight.device, dtype=self.weight.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
+            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+        )

@@ -1,0 +1,113 @@
+"""Typed records that modules hand back when asked for attention weights.
+
+Shape letters: ``b`` batch, ``h`` query heads, ``s_q`` query length, ``s_k`` key length,
+``e`` model dim, ``d_v`` value dim, ``v`` vocabulary size.
+
+Weights are returned, never stored on a module: every forward that takes
+``return_weights=True`` returns one of these instead of a bare tensor. All weights are
+post-softmax and before dropout, zero on rows that could attend to nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class AttentionContext:
+    """What RNN-era attention (:class:`attnkit.nn.AdditiveAttention`,
+    :class:`attnkit.nn.LuongAttention`) computed.
+
+    Attributes:
+        context: the context vector(s), ``[b, d_v]`` for one query per batch entry, or
+            ``[b, s_q, d_v]``.
+        weights: ``[b, s_k]`` or ``[b, s_q, s_k]``.
+    """
+
+    context: Tensor
+    weights: Tensor
+
+
+@dataclass(frozen=True)
+class MultiHeadOutput:
+    """The result of :class:`attnkit.nn.MultiHeadAttention` with its weights.
+
+    Attributes:
+        output: ``[b, s_q, e]``.
+        weights: per head, ``[b, h, s_q, s_k]``.
+    """
+
+    output: Tensor
+    weights: Tensor
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """The attention weights of one Transformer layer.
+
+    Attributes:
+        self_attention: ``[b, h, s_q, s_k]``.
+        cross_attention: ``[b, h, s_q, s_src]``, or ``None`` for a layer without
+            cross-attention (encoder layers, decoder-only models).
+    """
+
+    self_attention: Tensor
+    cross_attention: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LayerOutput:
+    """The result of one Transformer layer with its weights.
+
+    Attributes:
+        output: ``[b, s, e]``.
+        weights: the layer's :class:`LayerWeights`.
+    """
+
+    output: Tensor
+    weights: LayerWeights
+
+
+@dataclass(frozen=True)
+class StackOutput:
+    """The result of a stack of layers (:class:`attnkit.nn.Encoder`,
+    :class:`attnkit.nn.Decoder`) with the weights of every layer.
+
+    Attributes:
+        output: ``[b, s, e]``.
+        weights: one :class:`LayerWeights` per layer, first layer first.
+    """
+
+    output: Tensor
+    weights: list[LayerWeights]
+
+
+@dataclass(frozen=True)
+class TransformerOutput:
+    """The result of an encoder–decoder :class:`attnkit.nn.Transformer` with its weights.
+
+    Attributes:
+        output: the decoder's output ``[b, s_tgt, e]``.
+        encoder_weights: one :class:`LayerWeights` per encoder layer.
+        decoder_weights: one :class:`LayerWeights` per decoder layer, each with
+            ``cross_attention`` ``[b, h, s_tgt, s_src]``.
+    """
+
+    output: Tensor
+    encoder_weights: list[LayerWeights]
+    decoder_weights: list[LayerWeights]
+
+
+@dataclass(frozen=True)
+class LMOutput:
+    """The result of :class:`attnkit.nn.DecoderLM` with its weights.
+
+    Attributes:
+        logits: ``[b, s, v]``.
+        weights: one :class:`LayerWeights` per layer.
+    """
+
+    logits: Tensor
+    weights: list[LayerWeights]

@@ -1,0 +1,364 @@
+"""Stacks of layers and the encoder–decoder Transformer of "Attention Is All You Need".
+
+Shape letters: ``b`` batch, ``h`` heads, ``s_src`` source length, ``s_tgt`` target
+length, ``s`` any sequence length, ``e`` model dim.
+
+The modules take embedded sequences ``[b, s, e]`` (as ``torch.nn.Transformer`` does):
+token embeddings and absolute positional encodings are the caller's, so that one stack
+serves translation, toy tasks and checkpoints with their own embedding schemes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+from torch import Tensor, nn
+
+from attnkit.nn.feedforward import Activation
+from attnkit.nn.kv_cache import DecoderCache
+from attnkit.nn.layers import DecoderLayer, EncoderLayer, MaskLike
+from attnkit.nn.norms import NormKind, make_norm
+from attnkit.nn.records import LayerOutput, StackOutput, TransformerOutput
+
+
+def _layer_list(layers: Iterable[nn.Module], kind: type[nn.Module]) -> nn.ModuleList:
+    layer_list = nn.ModuleList(layers)
+    if len(layer_list) == 0:
+        raise ValueError(f"a stack needs at least one {kind.__name__}")
+    for i, layer in enumerate(layer_list):
+        if not isinstance(layer, kind):
+            raise TypeError(f"layer {i} must be a {kind.__name__}, got {type(layer).__name__}")
+    return layer_list
+
+
+class Encoder(nn.Module):
+    """A stack of :class:`attnkit.nn.EncoderLayer`, optionally followed by a final norm
+    (needed after pre-norm layers).
+
+    Args:
+        layers: the layers, applied in order.
+        final_norm: a norm applied to the last layer's output, or ``None``.
+
+    Raises:
+        ValueError: no layers.
+        TypeError: a layer that is not an ``EncoderLayer``.
+    """
+
+    def __init__(self, layers: Iterable[EncoderLayer], *, final_norm: nn.Module | None = None) -> None:
+        super().__init__()
+        self.layers = _layer_list(layers, EncoderLayer)
+        self.final_norm = final_norm
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: MaskLike | None = None,
+        positions: Tensor | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | StackOutput:
+        """Run every layer in order, then the final norm.
+
+        Args:
+            x: ``[b, s, e]``.
+            mask: self-attention mask of every layer (``True`` = may attend), broadcastable
+                to ``[b, h, s, s]``; source padding is ``[b, 1, 1, s]``.
+            positions: token positions for a rotary encoding, ``[s]`` or ``[b, s]``.
+            return_weights: also return every layer's weights.
+
+        Returns:
+            ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
+        """
+        weights = []
+        for layer in self.layers:
+            out = layer(x, mask=mask, positions=positions, return_weights=return_weights)
+            if isinstance(out, LayerOutput):
+                x = out.output
+                weights.append(out.weights)
+            else:
+                x = out
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return StackOutput(x, weights) if return_weights else x
+
+    @classmethod
+    def from_torch(cls, m: nn.TransformerEncoder) -> Encoder:
+        """An equivalent stack with a copy of the weights of ``nn.TransformerEncoder``.
+
+        Raises:
+            TypeError: ``m`` is not an ``nn.TransformerEncoder``.
+        """
+        if not isinstance(m, nn.TransformerEncoder):
+            raise TypeError(f"expected torch.nn.TransformerEncoder, got {type(m).__name__}")
+        return cls([EncoderLayer.from_torch(layer) for layer in m.layers], final_norm=copy.deepcopy(m.norm))
+
+
+class Decoder(nn.Module):
+    """A stack of :class:`attnkit.nn.DecoderLayer`, optionally followed by a final norm.
+
+    Args:
+        layers: the layers, applied in order; all with cross-attention or all without.
+        final_norm: a norm applied to the last layer's output, or ``None``.
+
+    Raises:
+        ValueError: no layers, or a mix of layers with and without cross-attention.
+        TypeError: a layer that is not a ``DecoderLayer``.
+    """
+
+    def __init__(self, layers: Iterable[DecoderLayer], *, final_norm: nn.Module | None = None) -> None:
+        super().__init__()
+        self.layers = _layer_list(layers, DecoderLayer)
+        if len({layer.cross_attn is None for layer in self.layers}) > 1:
+            raise ValueError("either every decoder layer has cross-attention or none has")
+        self.final_norm = final_norm
+
+    def new_cache(self) -> DecoderCache:
+        """An empty :class:`attnkit.nn.DecoderCache` for this stack."""
+        return DecoderCache(len(self.layers))
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: MaskLike | None = None,
+        memory_mask: MaskLike | None = None,
+        causal: bool = True,
+        positions: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | StackOutput:
+        """Run every layer in order, then the final norm.
+
+        Args:
+            x: ``[b, s, e]``; with a cache, only the tokens not yet decoded.
+            memory: encoder output ``[b, s_src, e]`` (``None`` for decoder-only stacks).
+            mask: self-attention mask (``True`` = may attend), broadcastable to
+                ``[b, h, s, s_k]`` where ``s_k`` counts cached positions.
+            memory_mask: cross-attention mask, broadcastable to ``[b, h, s, s_src]``.
+            causal: causal self-attention (the default; a decoder must not see ahead).
+            positions: token positions for a rotary encoding, ``[s]`` or ``[b, s]``.
+            cache: a :class:`attnkit.nn.DecoderCache` from :meth:`new_cache`, updated in
+                place.
+            return_weights: also return every layer's weights.
+
+        Returns:
+            ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
+
+        Raises:
+            TypeError: a cache that is not a ``DecoderCache``.
+            ValueError: a cache for another number of layers (and the layers' errors).
+        """
+        if cache is not None:
+            if not isinstance(cache, DecoderCache):
+                raise TypeError(f"cache must be an attnkit.nn.DecoderCache, got {type(cache).__name__}")
+            if len(cache.self_attention) != len(self.layers):
+                raise ValueError(
+                    f"cache has {len(cache.self_attention)} layers, this decoder has {len(self.layers)}; "
+                    "make it with new_cache()"
+                )
+        weights = []
+        for i, layer in enumerate(self.layers):
+            out = layer(
+                x, memory, mask=mask, memory_mask=memory_mask, causal=causal, positions=positions,
+                self_cache=None if cache is None else cache.self_attention[i],
+                cross_cache=None if cache is None else cache.cross_attention[i],
+                return_weights=return_weights,
+            )
+            if isinstance(out, LayerOutput):
+                x = out.output
+                weights.append(out.weights)
+            else:
+                x = out
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return StackOutput(x, weights) if return_weights else x
+
+    @classmethod
+    def from_torch(cls, m: nn.TransformerDecoder) -> Decoder:
+        """An equivalent stack with a copy of the weights of ``nn.TransformerDecoder``.
+
+        Raises:
+            TypeError: ``m`` is not an ``nn.TransformerDecoder``.
+        """
+        if not isinstance(m, nn.TransformerDecoder):
+            raise TypeError(f"expected torch.nn.TransformerDecoder, got {type(m).__name__}")
+        return cls([DecoderLayer.from_torch(layer) for layer in m.layers], final_norm=copy.deepcopy(m.norm))
+
+
+class Transformer(nn.Module):
+    """The encoder–decoder Transformer. Defaults are the paper's base model: ``e = 512``,
+    8 heads, 6 + 6 layers, feed-forward 2048, dropout 0.1, ReLU, post-norm.
+
+    Args:
+        embed_dim: model dim ``e``.
+        num_heads: attention heads.
+        num_encoder_layers: encoder depth.
+        num_decoder_layers: decoder depth.
+        ff_dim: feed-forward hidden dim.
+        dropout: dropout everywhere (see :class:`attnkit.nn.EncoderLayer`).
+        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
+        activation: ``"relu"``, ``"gelu"`` or ``"swiglu"``.
+        norm: ``"layer"`` or ``"rms"``.
+        norm_eps: the norms' epsilon.
+        norm_first: pre-norm layers.
+        bias: biases in projections, feed-forward and LayerNorm.
+        final_norm: a norm after each stack; default ``norm_first`` (pre-norm needs one,
+            the paper's post-norm has none; ``torch.nn.Transformer`` always has one).
+        kernel: the attention kernel of every attention module.
+
+    Raises:
+        ValueError: inconsistent sizes or unknown options.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int = 512,
+        num_heads: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        ff_dim: int = 2048,
+        dropout: float = 0.1,
+        *,
+        num_kv_heads: int | None = None,
+        activation: Activation = "relu",
+        norm: NormKind = "layer",
+        norm_eps: float = 1e-5,
+        norm_first: bool = False,
+        bias: bool = True,
+        final_norm: bool | None = None,
+        kernel: str = "dense",
+    ) -> None:
+        super().__init__()
+        if num_encoder_layers < 1 or num_decoder_layers < 1:
+            raise ValueError(
+                f"num_encoder_layers and num_decoder_layers must be >= 1, got {num_encoder_layers} and "
+                f"{num_decoder_layers}"
+            )
+        layer_options = dict(
+            num_kv_heads=num_kv_heads, dropout=dropout, activation=activation, norm=norm, norm_eps=norm_eps,
+            norm_first=norm_first, bias=bias, kernel=kernel,
+        )
+        final_norm = norm_first if final_norm is None else final_norm
+        self.encoder = Encoder(
+            [EncoderLayer(embed_dim, num_heads, ff_dim, **layer_options) for _ in range(num_encoder_layers)],
+            final_norm=make_norm(norm, embed_dim, norm_eps, bias=bias) if final_norm else None,
+        )
+        self.decoder = Decoder(
+            [DecoderLayer(embed_dim, num_heads, ff_dim, **layer_options) for _ in range(num_decoder_layers)],
+            final_norm=make_norm(norm, embed_dim, norm_eps, bias=bias) if final_norm else None,
+        )
+
+    def encode(
+        self, src: Tensor, *, src_mask: MaskLike | None = None, return_weights: bool = False
+    ) -> Tensor | StackOutput:
+        """Run the encoder.
+
+        Args:
+            src: embedded source ``[b, s_src, e]``.
+            src_mask: encoder self-attention mask (``True`` = may attend), e.g. source
+                padding ``[b, 1, 1, s_src]``.
+            return_weights: also return the encoder layers' weights.
+
+        Returns:
+            The memory ``[b, s_src, e]``, or a :class:`attnkit.nn.StackOutput`.
+        """
+        return self.encoder(src, mask=src_mask, return_weights=return_weights)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        *,
+        tgt_mask: MaskLike | None = None,
+        memory_mask: MaskLike | None = None,
+        causal: bool = True,
+        cache: DecoderCache | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | StackOutput:
+        """Run the decoder against an encoded source; with a cache, step by step.
+
+        Args:
+            tgt: embedded target ``[b, s_tgt, e]`` (only the new tokens with a cache).
+            memory: :meth:`encode`'s output ``[b, s_src, e]``.
+            tgt_mask: extra decoder self-attention mask, e.g. target padding.
+            memory_mask: cross-attention mask, e.g. source padding ``[b, 1, 1, s_src]``.
+            causal: causal decoder self-attention.
+            cache: from :meth:`new_cache`.
+            return_weights: also return the decoder layers' weights.
+
+        Returns:
+            ``[b, s_tgt, e]``, or a :class:`attnkit.nn.StackOutput`.
+        """
+        return self.decoder(
+            tgt, memory, mask=tgt_mask, memory_mask=memory_mask, causal=causal, cache=cache,
+            return_weights=return_weights,
+        )
+
+    def new_cache(self) -> DecoderCache:
+        """An empty cache for incremental :meth:`decode`."""
+        return self.decoder.new_cache()
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        *,
+        src_mask: MaskLike | None = None,
+        tgt_mask: MaskLike | None = None,
+        memory_mask: MaskLike | None = None,
+        causal: bool = True,
+        return_weights: bool = False,
+    ) -> Tensor | TransformerOutput:
+        """Encode ``src`` and decode ``tgt`` against it (teacher forcing).
+
+        Args:
+            src: embedded source ``[b, s_src, e]``.
+            tgt: embedded target ``[b, s_tgt, e]``.
+            src_mask: encoder self-attention mask, broadcastable to ``[b, h, s_src, s_src]``.
+            tgt_mask: decoder self-attention mask, broadcastable to ``[b, h, s_tgt, s_tgt]``,
+                on top of the causal mask.
+            memory_mask: cross-attention mask, broadcastable to ``[b, h, s_tgt, s_src]``;
+                pass the source padding here too.
+            causal: causal decoder self-attention.
+            return_weights: also return every layer's weights.
+
+        Returns:
+            ``[b, s_tgt, e]``, or a :class:`attnkit.nn.TransformerOutput`.
+        """
+        encoded = self.encode(src, src_mask=src_mask, return_weights=return_weights)
+        memory = encoded.output if return_weights else encoded
+        decoded = self.decode(
+            tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, causal=causal, return_weights=return_weights
+        )
+        if return_weights:
+            return TransformerOutput(decoded.output, encoded.weights, decoded.weights)
+        return decoded
+
+    @classmethod
+    def from_torch(cls, m: nn.Transformer) -> Transformer:
+        """An equivalent model with a copy of the weights of ``torch.nn.Transformer``.
+
+        The result is batch-first; for ``batch_first=False`` transpose the inputs. Give the
+        torch masks with :func:`attnkit.nn.mask_from_torch`; note that torch's decoder is
+        only causal when given a causal ``tgt_mask``, while ``causal=True`` is the default
+        here.
+
+        Raises:
+            TypeError: ``m`` is not an ``nn.Transformer``.
+            ValueError: a layer activation other than ReLU or GELU.
+        """
+        if not isinstance(m, nn.Transformer):
+            raise TypeError(f"expected torch.nn.Transformer, got {type(m).__name__}")
+        encoder, decoder = Encoder.from_torch(m.encoder), Decoder.from_torch(m.decoder)
+        first = encoder.layers[0]
+        new = cls(
+            first.self_attn.embed_dim, first.self_attn.num_heads, len(encoder.layers), len(decoder.layers),
+            first.ff.up_proj.out_features,
+        )
+        # The converted stacks carry torch's whole configuration (sizes, activation, norms,
+        # bias) along with the weights; they replace the freshly built ones.
+        new.encoder, new.decoder = encoder, decoder
+        return new
+
