@@ -5,7 +5,9 @@ The implementation lives in :mod:`attnkit.functional.masks`; this module is its 
 
 from attnkit.functional.masks import (
     Mask,
+    Span,
     causal,
+    document,
     fixed,
     from_dense,
     from_hf_padding,
@@ -23,7 +25,7 @@ from attnkit.functional.masks import (
 )
 
 __all__ = [
-    "Mask", "causal", "fixed", "from_dense", "from_hf_padding", "from_torch_mha", "full",
+    "Mask", "Span", "causal", "document", "fixed", "from_dense", "from_hf_padding", "from_torch_mha", "full",
     "global_tokens", "index_grid", "padding", "random", "sliding_window", "strided",
     "to_block_mask", "to_sdpa", "to_torch_mha",
 ]

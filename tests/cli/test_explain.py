@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -131,3 +133,35 @@ def test_missing_input_file(capsys, tmp_path):
 def test_console_script_runs():
     result = subprocess.run([sys.executable, "-m", "attnkit.cli", "explain"], capture_output=True, text=True, check=True)
     assert "0.3522" in result.stdout
+
+
+def columns(line: str) -> list[tuple[int, int]]:
+    """The display-column ``(start, end)`` of each cell of a table line: text separated by
+    two or more spaces, wide characters counting two columns."""
+    spans = []
+    for match in re.finditer(r"\S+(?: \S+)*", line):
+        start = display_width(line[:match.start()])
+        spans.append((start, start + display_width(match.group())))
+    return spans
+
+
+def test_every_table_stays_aligned_with_wide_and_combining_characters(capsys, tmp_path):
+    # Hangul and full-width letters take two columns, a combining accent none.
+    tokens = ["어제", "pizza", "ｆｕｌｌ", "cafe\u0301", "🍕", "배(1/3)"]
+    eye = [[1.0 if i == j else 0.0 for j in range(3)] for i in range(len(tokens))]
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps({"tokens": tokens, "q": eye, "k": eye, "v": eye}, ensure_ascii=False), encoding="utf-8")
+    code, out, _ = run(capsys, "--input", str(path), "--query", "all")
+    assert code == 0
+    lines = out.splitlines()
+    rules = [i for i, line in enumerate(lines) if re.fullmatch(r"-+( +-+)*", line)]
+    assert len(rules) > 10
+    for r in rules:
+        rule = columns(lines[r])
+        body = [lines[r - 1]] + list(itertools.takewhile(str.strip, lines[r + 1:]))
+        for line in body:
+            for start, end in columns(line):
+                # Each cell starts where its column starts (left-aligned) or ends where it
+                # ends (right-aligned), within the table's width.
+                assert any(start == s or end == e for s, e in rule), (lines[r], line)
+                assert end <= rule[-1][1] or start == rule[-1][0], (lines[r], line)

@@ -111,3 +111,48 @@ def test_errors() -> None:
         model.generate(torch.zeros(1, 1, dtype=torch.long), -1)
     with pytest.raises(ValueError, match="temperature"):
         model.generate(torch.zeros(1, 1, dtype=torch.long), 1, temperature=-1.0)
+
+
+def test_weights_of_chosen_layers_only() -> None:
+    model = _tiny(**LLAMA_LIKE)
+    tokens = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(6))
+    everything = model(tokens, return_weights=True)
+    chosen = model(tokens, return_weights=[1])
+    assert isinstance(chosen, LMOutput) and chosen.weights[0] is None
+    assert_close(chosen.weights[1].self_attention, everything.weights[1].self_attention)
+    assert_close(chosen.logits, everything.logits)
+    none_asked = model(tokens, return_weights=[])
+    assert isinstance(none_asked, LMOutput) and none_asked.weights == [None, None]
+    with pytest.raises(ValueError, match=r"layer indices must be in \[0, 2\), got \[2\]"):
+        model(tokens, return_weights=[2])
+    with pytest.raises(TypeError, match="layer indices must be ints"):
+        model(tokens, return_weights=[True])
+
+
+def test_hidden_states_are_what_the_head_reads() -> None:
+    model = _tiny(**LLAMA_LIKE)
+    tokens = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(7))
+    hidden = model.hidden_states(tokens)
+    assert hidden.shape == (2, 5, E)
+    assert_close(model.lm_head(hidden), model(tokens))
+    record = model.hidden_states(tokens, return_weights=[0])
+    assert_close(record.output, hidden)
+    assert record.weights[1] is None
+
+
+def test_preallocated_cache_equals_growing_cache() -> None:
+    model = _tiny(**LLAMA_LIKE)
+    tokens = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_cache(capacity=9)
+        steps = [model(tokens[:, :4], cache=cache)] + [model(tokens[:, i : i + 1], cache=cache) for i in range(4, 9)]
+        assert_close(torch.cat(steps, dim=1), full)
+        layer_cache = cache.self_attention[0]
+        assert len(layer_cache) == 9 and layer_cache.keys.shape == (2, 2, 9, E // H) and "capacity=9" in repr(layer_cache)
+        with pytest.raises(ValueError, match="10 positions overflow this cache's capacity of 9"):
+            model(tokens[:, :1], cache=cache)
+    with pytest.raises(ValueError, match="preallocated KVCache is for inference"):
+        model(tokens, cache=model.new_cache(capacity=9))
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        model.new_cache(capacity=0)

@@ -89,6 +89,20 @@ def test_rotary_dot_product_depends_only_on_position_difference() -> None:
     assert score(3, 1) != pytest.approx(score(1, 3), abs=1e-3)
 
 
+def test_rotary_tables_give_bit_identical_rotations() -> None:
+    torch.manual_seed(2)
+    tabled, computed = RotaryEmbedding(64, theta=1e5, max_positions=16).to("cpu"), RotaryEmbedding(64, theta=1e5)
+    x = torch.randn(2, 3, 5, 64)
+    for start in (0, 7, 11, 40):  # 11 + 5 reaches past the table: computed on the fly
+        expected = computed.rotate(x, torch.arange(start, start + 5))
+        assert torch.equal(tabled.rotate_from(x, start), expected)
+        assert torch.equal(computed.rotate_from(x, start), expected)
+    assert torch.equal(tabled(x), computed(x))
+    assert not any("table" in name for name in tabled.state_dict())
+    with pytest.raises(ValueError, match="max_positions must be >= 1"):
+        RotaryEmbedding(8, max_positions=0)
+
+
 def test_rotary_is_the_half_split_rotation() -> None:
     torch.manual_seed(1)
     d, theta = 8, 100000.0

@@ -191,6 +191,21 @@ def test_decoder_only_stack_with_rotary_gqa_rms_swiglu_caches() -> None:
     assert set(decoder.state_dict()) == {name for name, _ in decoder.named_parameters()}
 
 
+def test_encoder_returns_the_weights_of_chosen_layers_only() -> None:
+    torch.manual_seed(6)
+    encoder = Encoder([EncoderLayer(E, H, FF, dropout=0.0) for _ in range(3)]).eval()
+    x = torch.randn(2, 5, E)
+    full = encoder(x, return_weights=True)
+    chosen = encoder(x, return_weights=(2, 0))
+    assert chosen.weights[1] is None
+    for i in (0, 2):
+        assert_close(chosen.weights[i].self_attention, full.weights[i].self_attention)
+    assert_close(chosen.output, full.output)
+    assert isinstance(encoder(x, return_weights=[]), StackOutput)
+    with pytest.raises(ValueError, match=r"layer indices must be in \[0, 3\), got \[-1\]"):
+        encoder(x, return_weights=[-1])
+
+
 def test_errors() -> None:
     with pytest.raises(ValueError, match="at least one EncoderLayer"):
         Encoder([])

@@ -12,6 +12,13 @@ from attnkit import __version__
 # Subcommand modules, in the order `attnkit --help` lists them.
 COMMAND_MODULES = [
     "attnkit.cli.explain",
+    "attnkit.cli.pe",
+    "attnkit.cli.train",
+    "attnkit.cli.inspect",
+    "attnkit.cli.heads",
+    "attnkit.cli.generate",
+    "attnkit.cli.models",
+    "attnkit.cli.serve",
 ]
 
 

@@ -3,11 +3,15 @@
 Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q`` query
 length, ``s_k`` key length, ``d`` head dim, ``d_v`` value head dim.
 
-Two paths compute the same thing:
+Three paths compute the same thing:
 
 - the **fused** path, ``F.scaled_dot_product_attention``, taken when nobody asked for the
   weights and SDPA can express the mask exactly (no mask, or causal with ``s_q == s_k`` or a
   single query);
+- the **tiled** path (:mod:`attnkit.functional.tiled`), taken for every other call that
+  needs no weights, no dropout and no score callable: a mask (``Mask`` or bool tensor), a
+  bias, or causal with ``s_q != s_k``. Exact, ``O(s · block)`` memory, and it skips the
+  key blocks a mask leaves empty;
 - the **reference** path, which materialises the scores ``[b, h, s_q, s_k]``, never
   produces NaN on fully masked rows, and can hand back the weights.
 """
@@ -102,6 +106,14 @@ def attention(
         out = _sdpa(q, k, v, causal=causal and s_q == s_k and s_q > 1, scale=_scale(score, scale, d), dropout_p=dropout_p)
         return out[0, 0] if single else out
 
+    if not return_weights and _tiled_can_serve(score, dropout_p, s_k):
+        # Masks, biases and offset causal: exact attention over key blocks, skipping the
+        # blocks the mask leaves empty, in O(s · block) memory (attnkit.functional.tiled).
+        from attnkit.functional.tiled import tiled_core
+
+        out, _ = tiled_core(q, k, v, mask=mask, bias=bias, causal=causal, scale=_scale(score, scale, d))
+        return out[0, 0] if single else out
+
     # Only the paths below need the mask as a tensor; building it is O(s_q * s_k).
     allowed = _allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
     if bias is not None:
@@ -152,6 +164,11 @@ def _sdpa_can_serve(score: Score, bias: Tensor | None, mask: MaskLike | None, ca
     # SDPA's is_causal is aligned top-left; it equals our bottom-right causal only when the
     # lengths match. A single query may see every key, so it needs no mask at all.
     return not causal or s_q == s_k or s_q == 1
+
+
+def _tiled_can_serve(score: Score, dropout_p: float, s_k: int) -> bool:
+    # Callable scores need the whole [s_q, s_k] at once; dropout needs the weights.
+    return isinstance(score, str) and dropout_p == 0.0 and s_k > 0
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, dropout_p: float) -> Tensor:

@@ -13,6 +13,11 @@ The index arguments are integer tensors that broadcast against each other; a mas
 must use only elementwise tensor operations so that it evaluates densely
 (:meth:`Mask.to_dense`), per block (sparse kernels) and under FlexAttention's ``vmap``.
 
+A mask may also carry a *block test* (:attr:`Mask.blocks`): given the spans of positions of a
+block of queries and a block of keys, it says whether the block may hold an allowed pair and
+whether every pair in it is allowed, without evaluating the pairs. Block-sparse kernels use it
+to skip empty blocks; it composes with ``&``, ``|`` and ``~`` like the masks themselves.
+
 Adapters to and from other conventions live at the bottom of this file, each named for the
 convention it speaks.
 """
@@ -20,12 +25,34 @@ convention it speaks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 MaskFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+class Span(NamedTuple):
+    """Where the positions of one block of queries (or keys) lie, for block tests.
+
+    Every position ``p`` of the block has ``lo <= p <= hi``; where ``residue >= 0`` (and
+    ``period > 0``) also ``p % period == residue``. ``lo``, ``hi`` and ``residue`` are
+    integer tensors that broadcast like the index grid (one entry per block).
+    """
+
+    lo: Tensor
+    hi: Tensor
+    period: int = 0
+    residue: Tensor | None = None
+
+
+# blocks(b, h, q_span, kv_span) -> (some, every), bool tensors broadcastable to
+# [b, h, n_q_blocks, n_kv_blocks]. Conservative: `some` False means no pair of the block is
+# allowed; `every` True means every pair is. Either may err only towards "don't know"
+# (some True, every False), which costs speed, never correctness.
+BlockFn = Callable[[Tensor, Tensor, Span, Span], tuple[Tensor, Tensor]]
 
 # Multipliers of the hash behind random(): large odd constants, so nearby (q, kv) pairs
 # land far apart and the pattern looks uniform.
@@ -48,6 +75,8 @@ class Mask:
             for every head.
         shape: ``(s_q, s_k)`` for a mask that only exists for one size (``from_dense``),
             else ``None``.
+        blocks: optional block test ``blocks(b, h, q_span, kv_span) -> (some, every)``
+            (see :class:`Span`); ``None`` when the mask can only be evaluated pair by pair.
     """
 
     fn: MaskFn
@@ -55,6 +84,7 @@ class Mask:
     batch_size: int | None = None
     num_heads: int | None = None
     shape: tuple[int, int] | None = None
+    blocks: BlockFn | None = field(default=None, compare=False, repr=False)
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return self.fn(b, h, q_idx, kv_idx)
@@ -69,13 +99,14 @@ class Mask:
         return _combine(self, other, "|", torch.logical_or)
 
     def __invert__(self) -> Mask:
-        fn = self.fn
+        fn, blocks = self.fn, self.blocks
         return Mask(
             lambda b, h, q, kv: ~_as_bool(fn(b, h, q, kv)),
             f"~({self.name})",
             self.batch_size,
             self.num_heads,
             self.shape,
+            None if blocks is None else _invert_blocks(blocks),
         )
 
     def to_dense(
@@ -155,13 +186,44 @@ def _combine(left: Mask, right: Mask, symbol: str, op: Callable[[Tensor, Tensor]
     if left.shape is not None and right.shape is not None and left.shape != right.shape:
         raise ValueError(f"cannot combine masks of sizes {left.shape} and {right.shape}")
     lf, rf = left.fn, right.fn
+    blocks = None
+    if left.blocks is not None and right.blocks is not None:
+        blocks = _combine_blocks(left.blocks, right.blocks, op)
     return Mask(
         lambda b, h, q, kv: op(_as_bool(lf(b, h, q, kv)), _as_bool(rf(b, h, q, kv))),
         f"({left.name} {symbol} {right.name})",
         _merge_size("batch_size", left.batch_size, right.batch_size),
         _merge_size("num_heads", left.num_heads, right.num_heads),
         left.shape or right.shape,
+        blocks,
     )
+
+
+def _combine_blocks(left: BlockFn, right: BlockFn, op: Callable[[Tensor, Tensor], Tensor]) -> BlockFn:
+    # For & and | the bounds combine with the same operator and stay conservative:
+    # some(a & b) <= some(a) & some(b); every(a | b) >= every(a) | every(b).
+    def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
+        some_l, every_l = left(b, h, q, kv)
+        some_r, every_r = right(b, h, q, kv)
+        return op(some_l, some_r), op(every_l, every_r)
+
+    return blocks
+
+
+def _invert_blocks(inner: BlockFn) -> BlockFn:
+    def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
+        some, every = inner(b, h, q, kv)
+        return ~every, ~some
+
+    return blocks
+
+
+def _constant_blocks(value: bool) -> BlockFn:
+    def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
+        t = torch.full(torch.broadcast_shapes(q.lo.shape, kv.lo.shape), value, dtype=torch.bool, device=q.lo.device)
+        return t, t
+
+    return blocks
 
 
 # ---------------------------------------------------------------------------------------
@@ -171,12 +233,12 @@ def _combine(left: Mask, right: Mask, symbol: str, op: Callable[[Tensor, Tensor]
 
 def full() -> Mask:
     """Every query may attend to every key (bidirectional attention)."""
-    return Mask(lambda b, h, q, kv: torch.ones_like(q - kv, dtype=torch.bool), "full")
+    return Mask(lambda b, h, q, kv: torch.ones_like(q - kv, dtype=torch.bool), "full", blocks=_constant_blocks(True))
 
 
 def causal() -> Mask:
     """Query at position ``i`` may attend to keys ``<= i`` (aligned bottom-right)."""
-    return Mask(lambda b, h, q, kv: kv <= q, "causal")
+    return Mask(lambda b, h, q, kv: kv <= q, "causal", blocks=lambda b, h, q, kv: (kv.lo <= q.hi, kv.hi <= q.lo))
 
 
 def sliding_window(left: int, right: int = 0) -> Mask:
@@ -193,6 +255,10 @@ def sliding_window(left: int, right: int = 0) -> Mask:
     return Mask(
         lambda b, h, q, kv: (kv >= q - left) & (kv <= q + right),
         f"sliding_window(left={left}, right={right})",
+        blocks=lambda b, h, q, kv: (
+            (kv.lo <= q.hi + right) & (kv.hi >= q.lo - left),
+            (kv.lo >= q.hi - left) & (kv.hi <= q.lo + right),
+        ),
     )
 
 
@@ -213,7 +279,11 @@ def padding(lengths: Sequence[int] | Tensor) -> Mask:
     def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
         return kv < lengths_t.to(b.device)[b]
 
-    return Mask(fn, f"padding({lengths_t.tolist()})", batch_size=lengths_t.numel())
+    def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
+        length = lengths_t.to(b.device)[b]
+        return kv.lo < length, kv.hi < length
+
+    return Mask(fn, f"padding({lengths_t.tolist()})", batch_size=lengths_t.numel(), blocks=blocks)
 
 
 def strided(stride: int) -> Mask:
@@ -226,7 +296,22 @@ def strided(stride: int) -> Mask:
         ValueError: ``stride < 1``.
     """
     _check_int("stride", stride, minimum=1)
-    return Mask(lambda b, h, q, kv: torch.remainder(q - kv, stride) == 0, f"strided({stride})")
+
+    def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
+        lo, hi = q.lo - kv.hi, q.hi - kv.lo  # every difference q - kv lies in [lo, hi]
+        some = torch.div(hi, stride, rounding_mode="floor") * stride >= lo
+        every = ((lo == hi) & (torch.remainder(lo, stride) == 0)) | (stride == 1)
+        residues_known = (
+            q.residue is not None and kv.residue is not None and q.period > 0 and kv.period > 0
+            and q.period % stride == 0 and kv.period % stride == 0
+        )
+        if residues_known:  # blocks of tokens that share their position mod stride
+            known = (q.residue >= 0) & (kv.residue >= 0)
+            same = torch.remainder(q.residue - kv.residue, stride) == 0
+            some, every = torch.where(known, same, some), torch.where(known, same, every)
+        return some, every
+
+    return Mask(lambda b, h, q, kv: torch.remainder(q - kv, stride) == 0, f"strided({stride})", blocks=blocks)
 
 
 def fixed(block: int, summary: int) -> Mask:
@@ -240,10 +325,22 @@ def fixed(block: int, summary: int) -> Mask:
     _check_int("summary", summary, minimum=0)
     if summary > block:
         raise ValueError(f"summary must be <= block, got summary={summary}, block={block}")
+
+    def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
+        q_first, q_last = torch.div(q.lo, block, rounding_mode="floor"), torch.div(q.hi, block, rounding_mode="floor")
+        kv_first, kv_last = torch.div(kv.lo, block, rounding_mode="floor"), torch.div(kv.hi, block, rounding_mode="floor")
+        # A key span that crosses a block boundary holds the last token of a block.
+        holds_summary = ((kv_last > kv_first) | (torch.remainder(kv.hi, block) >= block - summary)) & (summary > 0)
+        some = ((q_first <= kv_last) & (kv_first <= q_last)) | holds_summary
+        one_block = (q_first == q_last) & (kv_first == kv_last) & (q_first == kv_first)
+        all_summary = (kv_first == kv_last) & (torch.remainder(kv.lo, block) >= block - summary)
+        return some, one_block | all_summary
+
     return Mask(
         lambda b, h, q, kv: (torch.div(q, block, rounding_mode="floor") == torch.div(kv, block, rounding_mode="floor"))
         | (torch.remainder(kv, block) >= block - summary),
         f"fixed(block={block}, summary={summary})",
+        blocks=blocks,
     )
 
 
@@ -289,7 +386,82 @@ def global_tokens(indices: Sequence[int] | Tensor) -> Mask:
         kv_is_global = (kv.unsqueeze(-1) == g).any(-1)
         return q_is_global | kv_is_global
 
-    return Mask(fn, f"global_tokens({idx.tolist()})")
+    sorted_unique = torch.unique(idx)
+
+    def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
+        g = sorted_unique.to(q.lo.device)
+
+        def count(span: Span) -> Tensor:  # global tokens inside [lo, hi]
+            return torch.searchsorted(g, span.hi.contiguous(), right=True) - torch.searchsorted(g, span.lo.contiguous())
+
+        q_count, kv_count = count(q), count(kv)
+        some = (q_count > 0) | (kv_count > 0)
+        every = (q_count == q.hi - q.lo + 1) | (kv_count == kv.hi - kv.lo + 1)
+        return some, every
+
+    return Mask(fn, f"global_tokens({idx.tolist()})", blocks=blocks)
+
+
+def document(ids: Sequence[int] | Tensor) -> Mask:
+    """Packed sequences: a token attends only to tokens of its own document.
+
+    Args:
+        ids: document id of the token at each absolute position, ``[n]`` (the same for
+            every batch entry) or ``[b, n]``; ``n`` must cover every key position. When the
+            ids never decrease along the sequence (documents laid end to end), the mask
+            carries an exact block test, so block-sparse kernels skip pairs of blocks from
+            different documents without evaluating them.
+
+    Raises:
+        TypeError: ``ids`` are not integers.
+        ValueError: ``ids`` is not 1-D or 2-D, or is empty.
+    """
+    ids_t = torch.as_tensor(ids)
+    if ids_t.is_floating_point() or ids_t.dtype == torch.bool:
+        raise TypeError(f"document ids must be integers, got dtype {ids_t.dtype}")
+    if ids_t.ndim not in (1, 2) or ids_t.shape[-1] == 0:
+        raise ValueError(f"document ids must be a non-empty [n] or [b, n] tensor, got shape {list(ids_t.shape)}")
+    ids_t = ids_t.long()
+    per_batch = ids_t.ndim == 2
+    table = ids_t if per_batch else ids_t.unsqueeze(0)  # [b|1, n]
+
+    n = table.shape[-1]
+
+    low = int(table.min())
+
+    def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
+        # A position outside [0, n) belongs to no document (two ids no token has, so that
+        # it matches nothing) and attends to nothing.
+        t = table.to(q.device)
+        row = b if per_batch else torch.zeros_like(b)
+        q_doc = torch.where((q >= 0) & (q < n), t[row, q.clamp(0, n - 1)], low - 1)
+        kv_doc = torch.where((kv >= 0) & (kv < n), t[row, kv.clamp(0, n - 1)], low - 2)
+        return q_doc == kv_doc
+
+    blocks = None
+    if bool((table[:, 1:] >= table[:, :-1]).all()):
+
+        def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
+            t = table.to(q.lo.device)
+            row = b if per_batch else torch.zeros_like(b)
+
+            def ids(span: Span) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                first, last = t[row, span.lo.clamp(0, n - 1)], t[row, span.hi.clamp(0, n - 1)]
+                return first, last, (span.hi >= 0) & (span.lo < n), (span.lo >= 0) & (span.hi < n)
+
+            q_first, q_last, q_some_inside, q_all_inside = ids(q)
+            kv_first, kv_last, kv_some_inside, kv_all_inside = ids(kv)
+            some = q_some_inside & kv_some_inside & (q_first <= kv_last) & (kv_first <= q_last)
+            every = q_all_inside & kv_all_inside & (q_first == q_last) & (kv_first == kv_last) & (q_first == kv_first)
+            return some, every
+
+    n_docs = int(torch.unique(ids_t).numel())
+    return Mask(
+        fn,
+        f"document({ids_t.shape[-1]} tokens, {n_docs} documents)",
+        batch_size=ids_t.shape[0] if per_batch else None,
+        blocks=blocks,
+    )
 
 
 def from_dense(allowed: Tensor) -> Mask:

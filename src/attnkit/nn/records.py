@@ -77,11 +77,12 @@ class StackOutput:
 
     Attributes:
         output: ``[b, s, e]``.
-        weights: one :class:`LayerWeights` per layer, first layer first.
+        weights: one :class:`LayerWeights` per layer, first layer first; ``None`` for a
+            layer whose weights were not asked for.
     """
 
     output: Tensor
-    weights: list[LayerWeights]
+    weights: list[LayerWeights | None]
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,9 @@ class LMOutput:
 
     Attributes:
         logits: ``[b, s, v]``.
-        weights: one :class:`LayerWeights` per layer.
+        weights: one :class:`LayerWeights` per layer; ``None`` for a layer whose weights
+            were not asked for.
     """
 
     logits: Tensor
-    weights: list[LayerWeights]
+    weights: list[LayerWeights | None]

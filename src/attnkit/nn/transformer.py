@@ -11,7 +11,7 @@ serves translation, toy tasks and checkpoints with their own embedding schemes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from torch import Tensor, nn
 
@@ -19,7 +19,40 @@ from attnkit.nn.feedforward import Activation
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, MaskLike
 from attnkit.nn.norms import NormKind, make_norm
-from attnkit.nn.records import LayerOutput, StackOutput, TransformerOutput
+from attnkit.nn.records import LayerOutput, LayerWeights, StackOutput, TransformerOutput
+
+
+# ``return_weights`` of a stack: every layer (``True``), none (``False``), or the indices of
+# the layers whose weights to compute. Asking for a few layers keeps the others on the fused
+# path, which never materialises the ``[b, h, s, s]`` weights.
+LayerSelection = bool | Collection[int]
+
+
+def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozenset[int] | None:
+    """The layers whose weights a stack returns.
+
+    Args:
+        return_weights: ``True`` (all), ``False`` (none) or a collection of layer indices.
+        num_layers: the depth of the stack.
+
+    Returns:
+        ``None`` when no record is wanted (the stack returns a bare tensor), otherwise the
+        set of indices (possibly empty).
+
+    Raises:
+        TypeError: an index that is not an int.
+        ValueError: an index outside ``[0, num_layers)``.
+    """
+    if isinstance(return_weights, bool):
+        return frozenset(range(num_layers)) if return_weights else None
+    indices = list(return_weights)
+    for i in indices:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"layer indices must be ints, got {i!r} in {indices}")
+    outside = [i for i in indices if not 0 <= i < num_layers]
+    if outside:
+        raise ValueError(f"layer indices must be in [0, {num_layers}), got {outside}")
+    return frozenset(indices)
 
 
 def _layer_list(layers: Iterable[nn.Module], kind: type[nn.Module]) -> nn.ModuleList:
@@ -56,7 +89,7 @@ class Encoder(nn.Module):
         *,
         mask: MaskLike | None = None,
         positions: Tensor | None = None,
-        return_weights: bool = False,
+        return_weights: LayerSelection = False,
     ) -> Tensor | StackOutput:
         """Run every layer in order, then the final norm.
 
@@ -65,22 +98,29 @@ class Encoder(nn.Module):
             mask: self-attention mask of every layer (``True`` = may attend), broadcastable
                 to ``[b, h, s, s]``; source padding is ``[b, 1, 1, s]``.
             positions: token positions for a rotary encoding, ``[s]`` or ``[b, s]``.
-            return_weights: also return every layer's weights.
+            return_weights: also return the weights of every layer (``True``) or of the
+                layers with these indices.
 
         Returns:
-            ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
+            ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput` (``None`` in place of the
+            layers not asked for).
+
+        Raises:
+            ValueError: a layer index out of range (and the layers' errors).
         """
-        weights = []
-        for layer in self.layers:
-            out = layer(x, mask=mask, positions=positions, return_weights=return_weights)
+        wanted = selected_layers(return_weights, len(self.layers))
+        weights: list[LayerWeights | None] = []
+        for i, layer in enumerate(self.layers):
+            out = layer(x, mask=mask, positions=positions, return_weights=wanted is not None and i in wanted)
             if isinstance(out, LayerOutput):
                 x = out.output
                 weights.append(out.weights)
             else:
                 x = out
+                weights.append(None)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return StackOutput(x, weights) if return_weights else x
+        return x if wanted is None else StackOutput(x, weights)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerEncoder) -> Encoder:
@@ -113,9 +153,10 @@ class Decoder(nn.Module):
             raise ValueError("either every decoder layer has cross-attention or none has")
         self.final_norm = final_norm
 
-    def new_cache(self) -> DecoderCache:
-        """An empty :class:`attnkit.nn.DecoderCache` for this stack."""
-        return DecoderCache(len(self.layers))
+    def new_cache(self, *, capacity: int | None = None) -> DecoderCache:
+        """An empty :class:`attnkit.nn.DecoderCache` for this stack, its self-attention
+        caches preallocated for ``capacity`` positions when given (inference)."""
+        return DecoderCache(len(self.layers), capacity=capacity)
 
     def forward(
         self,
@@ -127,7 +168,7 @@ class Decoder(nn.Module):
         causal: bool = True,
         positions: Tensor | None = None,
         cache: DecoderCache | None = None,
-        return_weights: bool = False,
+        return_weights: LayerSelection = False,
     ) -> Tensor | StackOutput:
         """Run every layer in order, then the final norm.
 
@@ -141,14 +182,17 @@ class Decoder(nn.Module):
             positions: token positions for a rotary encoding, ``[s]`` or ``[b, s]``.
             cache: a :class:`attnkit.nn.DecoderCache` from :meth:`new_cache`, updated in
                 place.
-            return_weights: also return every layer's weights.
+            return_weights: also return the weights of every layer (``True``) or of the
+                layers with these indices.
 
         Returns:
-            ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
+            ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput` (``None`` in place of the
+            layers not asked for).
 
         Raises:
             TypeError: a cache that is not a ``DecoderCache``.
-            ValueError: a cache for another number of layers (and the layers' errors).
+            ValueError: a cache for another number of layers, a layer index out of range
+                (and the layers' errors).
         """
         if cache is not None:
             if not isinstance(cache, DecoderCache):
@@ -158,22 +202,24 @@ class Decoder(nn.Module):
                     f"cache has {len(cache.self_attention)} layers, this decoder has {len(self.layers)}; "
                     "make it with new_cache()"
                 )
-        weights = []
+        wanted = selected_layers(return_weights, len(self.layers))
+        weights: list[LayerWeights | None] = []
         for i, layer in enumerate(self.layers):
             out = layer(
                 x, memory, mask=mask, memory_mask=memory_mask, causal=causal, positions=positions,
                 self_cache=None if cache is None else cache.self_attention[i],
                 cross_cache=None if cache is None else cache.cross_attention[i],
-                return_weights=return_weights,
+                return_weights=wanted is not None and i in wanted,
             )
             if isinstance(out, LayerOutput):
                 x = out.output
                 weights.append(out.weights)
             else:
                 x = out
+                weights.append(None)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return StackOutput(x, weights) if return_weights else x
+        return x if wanted is None else StackOutput(x, weights)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerDecoder) -> Decoder:

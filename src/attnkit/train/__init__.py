@@ -1,0 +1,19 @@
+"""``attnkit.train``: toy tasks, small Transformers trained on them from scratch,
+checkpoints that survive being killed, and the evaluation that shows what attention
+learned (``attnkit train``).
+
+- :mod:`attnkit.train.tasks`: ``copy``, ``reverse``, ``sort``, ``addition``.
+- :mod:`attnkit.train.model`: :class:`Seq2SeqTransformer`, :class:`DecoderOnlyTransformer`.
+- :mod:`attnkit.train.loop`: :class:`TrainConfig` and :func:`run`.
+- :mod:`attnkit.train.checkpoint`: atomic checkpoint files.
+"""
+
+from attnkit.train.checkpoint import load_checkpoint, save_checkpoint
+from attnkit.train.loop import Evaluation, RunResult, TrainConfig, evaluate, run
+from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer, build_model
+from attnkit.train.tasks import TASKS, Batch, Task, make_task
+
+__all__ = [
+    "TASKS", "AttentionMaps", "Batch", "DecoderOnlyTransformer", "Evaluation", "RunResult", "Seq2SeqTransformer",
+    "Task", "TrainConfig", "build_model", "evaluate", "load_checkpoint", "make_task", "run", "save_checkpoint",
+]

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnkit.viz.fonts import font_context
+
 # Above this many tokens the numbers no longer fit in the cells.
 MAX_ANNOTATED_TOKENS = 24
 
@@ -57,6 +59,9 @@ def draw_heatmap(
         annotate: write each value in its cell; default when both sides have at most
             ``MAX_ANNOTATED_TOKENS`` tokens.
 
+    Labels in any script are drawn with a font that has their glyphs
+    (:func:`attnkit.viz.fonts.font_context`, which warns when none is installed).
+
     Returns:
         The path written.
 
@@ -74,25 +79,27 @@ def draw_heatmap(
     values = weights.detach().to(torch.float32).cpu().numpy()
     annotate = max(s_q, s_k) <= MAX_ANNOTATED_TOKENS if annotate is None else annotate
     size = min(4 + 0.45 * s_k, 40), min(3 + 0.4 * s_q, 40)
-    fig, ax = plt.subplots(figsize=size)
-    try:
-        image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=max(float(values.max()), 1e-12), aspect="auto")
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-        ax.set_xticks(range(s_k), labels=list(key_labels), rotation=45, ha="right", rotation_mode="anchor")
-        ax.set_yticks(range(s_q), labels=list(query_labels))
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        if annotate:
-            threshold = values.max() / 2
-            for i in range(s_q):
-                for j in range(s_k):
-                    colour = "white" if values[i, j] > threshold else "black"
-                    ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", color=colour, fontsize=8)
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    finally:
-        plt.close(fig)
+    path = Path(path)
+    # Text is laid out when the figure is saved, so the fonts must hold until then.
+    with font_context([title, xlabel, ylabel, *query_labels, *key_labels]):
+        fig, ax = plt.subplots(figsize=size)
+        try:
+            image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=max(float(values.max()), 1e-12), aspect="auto")
+            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+            ax.set_xticks(range(s_k), labels=list(key_labels), rotation=45, ha="right", rotation_mode="anchor")
+            ax.set_yticks(range(s_q), labels=list(query_labels))
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.set_title(title)
+            if annotate:
+                threshold = values.max() / 2
+                for i in range(s_q):
+                    for j in range(s_k):
+                        colour = "white" if values[i, j] > threshold else "black"
+                        ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", color=colour, fontsize=8)
+            fig.tight_layout()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=120)
+        finally:
+            plt.close(fig)
     return path

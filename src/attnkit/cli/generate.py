@@ -1,0 +1,46 @@
+"""``attnkit generate``: stream a continuation from attnkit's own SmolLM2 implementation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from attnkit.cli import CommandError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="continue a prompt with SmolLM2 (our LLaMA implementation, KV cache)",
+        description=(
+            "Continue PROMPT token by token and print each piece as soon as it is decoded. "
+            "The model runs on attnkit's modules with a KV cache: the prompt is read once, then "
+            "every step feeds one token. Greedy by default; --temperature above 0 samples."
+        ),
+    )
+    parser.add_argument("prompt", metavar="PROMPT", help="the text to continue (no chat template is applied)")
+    parser.add_argument("--model", default="smollm2", help="a LLaMA-family model name or folder (default: smollm2)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="the most tokens to add (default: 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                        help="0 = greedy (default); above 0 samples from softmax(logits / T)")
+    parser.add_argument("--top-k", type=int, default=None, metavar="K", help="sample only from the K most likely tokens")
+    parser.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling, for reproducible output")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnkit.models import ModelNotFound, load
+
+    try:
+        model = load(args.model)
+        pieces = model.generate(
+            args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+            seed=args.seed,
+        )
+    except (ModelNotFound, ValueError) as err:
+        raise CommandError(str(err)) from None
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,121 @@
+"""``attnkit heads``: what each head of a real model does — per-head statistics over one or
+many texts, as a table, layers × heads pictures and JSON."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnkit.cli import CommandError
+from attnkit.cli.inspect import (
+    add_level_argument,
+    add_model_argument,
+    add_output_arguments,
+    file_stem,
+    load_model,
+    parse_formats,
+    write_json,
+)
+from attnkit.inspect.survey import DESCRIPTIONS, INDUCTION_PERIOD, HeadSurvey, survey_heads
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "heads",
+        help="per-head statistics of a real model",
+        description=(
+            "Per-head statistics of a real model over one text or a file of texts (one per "
+            "line): entropy, mean attention distance, mass on the previous token, on the "
+            "first token (attention sink) and on the token itself, averaged over the texts, "
+            f"and an induction score on {INDUCTION_PERIOD} random tokens repeated twice. "
+            "With --from and --to, ranks the heads by how much one token attends to another "
+            '(e.g. --from it --to animal), or one word to another with --level word. Prints the top heads and a layers × heads grid, '
+            "and writes one layers × heads picture per statistic and the numbers as JSON."
+        ),
+    )
+    parser.add_argument("text", nargs="?", metavar="TEXT", help="the text to run")
+    parser.add_argument("--file", metavar="FILE", help="texts to run, one per line (blank lines skipped)")
+    add_model_argument(parser)
+    parser.add_argument("--from", dest="source", metavar="TOKEN",
+                        help="the attending token (or word, with --level word), matched with the text it "
+                             "stands for, ignoring case")
+    parser.add_argument("--to", dest="target", metavar="TOKEN", help="the attended token (or word)")
+    add_level_argument(parser, help="--from and --to name tokens, or words of the text, whose attention is the "
+                                    "sum over the key word's tokens averaged over the query word's (default: token)")
+    parser.add_argument("--top", type=int, default=5, metavar="N", help="heads listed per statistic (default: 5)")
+    parser.add_argument("--stat", choices=list(DESCRIPTIONS), metavar="NAME",
+                        help=f"print this statistic's layers × heads values instead of the role grid: "
+                             f"{', '.join(DESCRIPTIONS)}")
+    add_output_arguments(parser, default_formats="png,json")
+    parser.set_defaults(func=run)
+
+
+def read_texts(text: str | None, file: str | None) -> list[str]:
+    """The texts to survey: TEXT, or the non-blank lines of FILE.
+
+    Raises:
+        CommandError: both or neither given, an unreadable file, or no text in it.
+    """
+    if (text is None) == (file is None):
+        raise CommandError("give either a TEXT or --file FILE")
+    if text is not None:
+        if not text.strip():
+            raise CommandError("the text is empty")
+        return [text]
+    try:
+        lines = Path(file).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise CommandError(f"cannot read --file {file}: {err}") from None
+    texts = [line for line in lines if line.strip()]
+    if not texts:
+        raise CommandError(f"--file {file} has no text")
+    return texts
+
+
+def write_survey(survey: HeadSurvey, out: Path, formats: list[str]) -> list[Path]:
+    """Write one layers × heads picture per statistic (and for the token pair) and the JSON.
+
+    Returns:
+        The paths written.
+    """
+    stem = f"{file_stem(survey.model)}_heads"
+    written = []
+    pictures = [f for f in formats if f != "json"]
+    if pictures:
+        from attnkit.viz.head_grid import draw_head_grid
+
+        grids = [(name, values, DESCRIPTIONS[name]) for name, values in survey.statistics.items()]
+        if survey.pair is not None:
+            pair = survey.pair
+            name = file_stem(f"{pair.source}-{pair.target}")
+            grids.append((name, pair.mass, f"attention of {pair.source!r} on {pair.target!r}"))
+        for name, values, label in grids:
+            for fmt in pictures:
+                written.append(draw_head_grid(
+                    values, out / f"{stem}_{name}.{fmt}", title=f"{label} — {survey.model}", label=label,
+                ))
+    if "json" in formats:
+        written.append(write_json(survey.to_dict(), out / f"{stem}.json"))
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnkit.viz.attention_text import render_survey
+
+    formats = parse_formats(args.format)
+    texts = read_texts(args.text, args.file)
+    if args.top < 1:
+        raise CommandError(f"--top must be at least 1, got {args.top}")
+    if (args.source is None) != (args.target is None):
+        raise CommandError("--from and --to go together: the token that attends and the token attended to")
+    model = load_model(args.model)
+    try:
+        survey = survey_heads(model, texts, source=args.source, target=args.target, level=args.level)
+        print(render_survey(survey, top=args.top, stat=args.stat), end="", flush=True)
+        written = write_survey(survey, Path(args.out), formats)
+    except (ValueError, ImportError) as err:
+        raise CommandError(str(err)) from None
+    print()
+    for path in written:
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,135 @@
+"""``attnkit train``: train a small Transformer on a toy task and see what its attention
+learned."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+import torch
+
+from attnkit.cli import CommandError
+from attnkit.train.loop import TrainConfig, run, saved_config
+from attnkit.train.tasks import TASKS
+
+# Options that map one to one onto TrainConfig fields. Their argparse default is None so
+# that, with --resume, only the options actually typed are compared with the checkpoint.
+_DEFAULTS = TrainConfig(task="reverse")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a small Transformer on a toy task (copy, reverse, sort, addition)",
+        description=(
+            "Train a small Transformer from scratch on a toy task generated on the fly, evaluate it on "
+            "held-out examples (exact match of greedy decoding) and write DIR/metrics.json, DIR/checkpoint.pt "
+            "and the attention heatmap of one held-out example. copy/reverse/sort use an encoder-decoder and "
+            "draw its cross-attention; addition uses a decoder-only model and draws its self-attention. For "
+            "copy and reverse, the fraction of each head's attention on the diagonal / anti-diagonal is reported."
+        ),
+    )
+    parser.add_argument("--task", choices=list(TASKS), help="the toy task (required unless --resume)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory (created if needed)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run whose checkpoint is in DIR; options not given are taken from it")
+    data = parser.add_argument_group("task size")
+    _option(data, "--length", int, "input length of copy/reverse/sort")
+    _option(data, "--symbols", int, "distinct symbols of copy/reverse/sort")
+    _option(data, "--digits", int, "digits per operand of addition")
+    model = parser.add_argument_group("model")
+    _option(model, "--layers", int, "encoder layers and as many decoder layers (decoder layers for addition)")
+    _option(model, "--d-model", int, "model dim")
+    _option(model, "--heads", int, "attention heads (must divide --d-model)")
+    _option(model, "--ff", int, "feed-forward hidden dim")
+    _option(model, "--dropout", float, "dropout rate")
+    training = parser.add_argument_group("training")
+    _option(training, "--steps", int, "optimizer steps")
+    _option(training, "--batch-size", int, "examples per step")
+    _option(training, "--lr", float, "peak learning rate (AdamW)")
+    _option(training, "--warmup", int, "linear warm-up steps before the cosine decay")
+    _option(training, "--weight-decay", float, "AdamW weight decay")
+    _option(training, "--label-smoothing", float, "label smoothing of the loss")
+    _option(training, "--clip", float, "gradient-norm clipping")
+    _option(training, "--seed", int, "seed of the weights and of the training and held-out examples")
+    _option(training, "--eval-size", int, "held-out examples in the final evaluation")
+    _option(training, "--checkpoint-every", int, "steps between checkpoints")
+    _option(training, "--device", str, 'torch device, e.g. "cpu", "cuda"')
+    training.add_argument("--stop-after", type=int, metavar="STEP",
+                          help="stop with a checkpoint after this step (continue later with --resume)")
+    training.add_argument("--threads", type=int, default=1,
+                          help="CPU threads of torch (default: 1; see docs/training.md for the measurements)")
+    training.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run_command)
+
+
+def _option(group: argparse._ArgumentGroup, flag: str, kind: type, text: str) -> None:
+    default = getattr(_DEFAULTS, flag[2:].replace("-", "_"))
+    group.add_argument(flag, type=kind, default=None, help=f"{text} (default: {default})")
+
+
+def _given_options(args: argparse.Namespace) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    return {name: value for name, value in vars(args).items() if name in names and value is not None}
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if args.threads < 1:
+        raise CommandError(f"--threads must be >= 1, got {args.threads}")
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _train(args)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _train(args: argparse.Namespace) -> int:
+    given = _given_options(args)
+    try:
+        if args.resume:
+            config = dataclasses.replace(saved_config(args.out), **given)
+        elif args.task is None:
+            raise CommandError("--task is required (unless --resume continues a run)")
+        else:
+            config = TrainConfig(**given)
+        task = config.validate()
+        kind = "decoder-only" if task.decoder_only else "encoder-decoder"
+        layers = f"{config.layers}" if task.decoder_only else f"{config.layers}+{config.layers}"
+        print(
+            f"{config.task}: {kind}, {layers} layers, d_model {config.d_model}, {config.heads} heads, ff "
+            f"{config.ff}; {config.steps} steps of {config.batch_size} on {config.device} "
+            f"({args.threads} thread{'s' if args.threads > 1 else ''})"
+        )
+        result = run(config, args.out, resume=args.resume, stop_after=args.stop_after, progress=not args.no_progress)
+    except (ValueError, ImportError) as err:
+        raise CommandError(str(err)) from None
+    if not result.finished:
+        print(f"stopped after step {result.step} of {config.steps}; checkpoint: {result.files[0]}")
+        print(f"continue with: attnkit train --out {args.out} --resume")
+        return 0
+    _print_summary(result.metrics)
+    for path in result.files:
+        print(f"wrote {path}")
+    return 0
+
+
+def _print_summary(metrics: dict[str, Any]) -> None:
+    held_out = metrics["held_out"]
+    train = metrics["train"]
+    print(f"parameters: {metrics['model']['parameters']:,}")
+    print(f"training loss: {train['first_loss']:.4f} → {train['final_loss']:.4f} in {metrics['steps']} steps, "
+          f"{metrics['time']['train_seconds']:.1f} s")
+    print(f"held-out exact match: {held_out['exact_match']:.2%} of {held_out['examples']} "
+          f"(token accuracy {held_out['token_accuracy']:.2%})")
+    example = metrics["example"]
+    print(f"example: {' '.join(example['input'])}  →  {' '.join(example['prediction'])}")
+    alignment = metrics.get("alignment")
+    if alignment:
+        print(f"{alignment['pattern']} alignment (fraction of query positions whose most-attended input lies on it):")
+        for layer, fractions in enumerate(alignment["fractions"]):
+            heads = "  ".join(f"head {h}: {f:.2f}" for h, f in enumerate(fractions))
+            print(f"  layer {layer}: {heads}")
+        best = alignment["best"]
+        print(f"best head: layer {best['layer']}, head {best['head']} ({best['fraction']:.2%})")

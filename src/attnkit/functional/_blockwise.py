@@ -1,0 +1,165 @@
+"""Exact attention of one batch of query blocks against one batch of key blocks, forward and
+backward, returning the log-sum-exp so that partial results over different key blocks merge
+exactly (the online softmax of FlashAttention). Every memory-bounded kernel here (tiled,
+local, sparse) is a schedule of calls to these two functions.
+
+Shape letters: ``n`` independent problems (batch × heads × blocks, flattened or not), ``m``
+query rows, ``l`` keys, ``d`` head dim, ``d_v`` value dim. All tensors are 4-D
+``[n0, n1, rows, dim]``; ``bias`` is an additive float tensor broadcastable to
+``[n0, n1, m, l]`` whose ``-inf`` entries mask pairs out.
+
+Two engines compute the same thing:
+
+- **fused**: on CPU, PyTorch's flash-attention kernel
+  (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward), which never
+  materialises the ``[m, l]`` scores and already returns the log-sum-exp;
+- **eager**: plain tensor operations, for every other device, for ``d != d_v``, and for the
+  gradient of ``bias``; callers keep ``m * l`` small.
+
+A row with no allowed key gets a zero output and ``lse = -inf``; its gradients are zero.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Engine = Literal["auto", "fused", "eager"]
+
+_FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_NEG_INF = float("-inf")
+
+
+def _fused_op(name: str):
+    return getattr(torch.ops.aten, name, None)
+
+
+_FUSED_FORWARD = _fused_op("_scaled_dot_product_flash_attention_for_cpu")
+_FUSED_BACKWARD = _fused_op("_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def use_fused(q: Tensor, v: Tensor, engine: Engine = "auto") -> bool:
+    """Whether the fused CPU kernel can serve these inputs under ``engine``."""
+    if engine == "eager":
+        return False
+    ok = (
+        _FUSED_FORWARD is not None
+        and q.device.type == "cpu"
+        and q.shape[-1] == v.shape[-1]
+        and q.dtype in _FUSED_DTYPES
+    )
+    if engine == "fused" and not ok:
+        raise ValueError(f"the fused engine needs CPU tensors with d == d_v, got {q.device} d={q.shape[-1]} d_v={v.shape[-1]}")
+    return ok
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of log-sum-exp values for inputs of ``dtype`` (float32 for half types)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def block_forward(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, engine: Engine = "auto", alive: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """``softmax(q kᵀ · scale + bias) v`` and its log-sum-exp.
+
+    Args:
+        q: ``[n0, n1, m, d]``; k: ``[n0, n1, l, d]``; v: ``[n0, n1, l, d_v]``.
+        bias: ``None`` or a float tensor broadcastable to ``[n0, n1, m, l]`` in q's dtype.
+        alive: optional bool ``[.., m]`` broadcastable to ``[n0, n1, m]``: rows with at least
+            one finite bias entry, when the caller knows it more cheaply than from ``bias``.
+
+    Returns:
+        ``(out [n0, n1, m, d_v], lse [n0, n1, m])``.
+    """
+    if use_fused(q, v, engine):
+        out, lse = _FUSED_FORWARD(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+        if bias is not None:
+            # The fused kernel reports lse = 0 on rows with nothing allowed; make it -inf.
+            if alive is None:
+                alive = (bias > _NEG_INF).any(-1)  # [.., m]
+            lse = torch.where(alive, lse, torch.full((), _NEG_INF, dtype=lse.dtype, device=lse.device))
+        return out, lse
+    return _eager_forward(q, k, v, bias, scale)
+
+
+def block_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    bias: Tensor | None,
+    scale: float,
+    *,
+    need_dbias: bool = False,
+    engine: Engine = "auto",
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Gradients of one block call, given the rows' *final* ``out`` and ``lse``.
+
+    Because the weights are recomputed as ``exp(score - lse)`` with the rows' global
+    log-sum-exp, and ``D = rowsum(dout * out)`` uses the global output, the gradients of
+    every key block of a row can be computed separately and summed (FlashAttention-2).
+
+    Returns:
+        ``(dq, dk, dv, dbias)``, where ``dbias`` is the score gradient ``[n0, n1, m, l]``
+        when ``need_dbias`` and ``None`` otherwise.
+    """
+    # exp(score - (+inf)) = 0: rows that attended to nothing get no gradient.
+    lse = torch.where(torch.isfinite(lse), lse, torch.full((), float("inf"), dtype=lse.dtype, device=lse.device))
+    if not need_dbias and use_fused(q, v, engine):
+        dq, dk, dv = _FUSED_BACKWARD(dout, q, k, v, out, lse, 0.0, False, attn_mask=bias, scale=scale)
+        return dq, dk, dv, None
+    return _eager_backward(dout, q, k, v, out, lse, bias, scale, need_dbias)
+
+
+def merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Combine two partial results over disjoint key sets of the same rows."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    w_a = torch.exp(lse_a - safe).unsqueeze(-1).to(out_a.dtype)
+    w_b = torch.exp(lse_b - safe).unsqueeze(-1).to(out_b.dtype)
+    return out_a * w_a + out_b * w_b, lse
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _scores(q: Tensor, k: Tensor, bias: Tensor | None, scale: float) -> Tensor:
+    ct = _compute_dtype(q.dtype)
+    scores = (q.to(ct) * scale) @ k.to(ct).transpose(-1, -2)  # [n0, n1, m, l]
+    if bias is not None:
+        scores.add_(bias.to(ct))
+    return scores
+
+
+def _eager_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+    ct = _compute_dtype(q.dtype)
+    scores = _scores(q, k, bias, scale)  # [n0, n1, m, l]
+    row_max = scores.amax(-1, keepdim=True) if scores.shape[-1] else scores.new_full((*scores.shape[:-1], 1), _NEG_INF)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    probs = scores.sub_(row_max).exp_()  # unnormalised, in place
+    total = probs.sum(-1, keepdim=True)
+    safe_total = torch.where(total > 0, total, torch.ones_like(total))
+    out = (probs @ v.to(ct)) / safe_total  # [n0, n1, m, d_v]
+    lse = torch.where(total > 0, row_max + torch.log(safe_total), torch.full_like(total, _NEG_INF))
+    return out.to(q.dtype), lse.squeeze(-1).to(lse_dtype(q.dtype))
+
+
+def _eager_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, bias: Tensor | None, scale: float, need_dbias: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    ct = _compute_dtype(q.dtype)
+    dout_c, v_c, k_c = dout.to(ct), v.to(ct), k.to(ct)
+    probs = _scores(q, k, bias, scale).sub_(lse.to(ct).unsqueeze(-1)).exp_()  # [n0, n1, m, l]
+    dv = probs.transpose(-1, -2) @ dout_c  # [n0, n1, l, d_v]
+    dprobs = dout_c @ v_c.transpose(-1, -2)  # [n0, n1, m, l]
+    delta = (dout_c * out.to(ct)).sum(-1, keepdim=True)  # [n0, n1, m, 1]
+    dscores = probs.mul_(dprobs.sub_(delta))  # [n0, n1, m, l]
+    dq = (dscores @ k_c) * scale
+    dk = dscores.transpose(-1, -2) @ (q.to(ct) * scale)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), (dscores if need_dbias else None)

@@ -1,0 +1,337 @@
+"""Linear attention: replace ``softmax(q kᵀ)`` by a kernel ``φ(q) φ(k)ᵀ`` and reorder the
+product, ``φ(Q) (φ(K)ᵀ V)``, so time and memory are O(s · m · d_v) instead of O(s²).
+
+For query ``i``::
+
+    out_i = Σ_j φ(q_i)·φ(k_j) v_j  /  Σ_j φ(q_i)·φ(k_j)
+
+over all keys ``j`` (bidirectional) or ``j <= i + s_k - s_q`` (causal, bottom-right as
+everywhere in attnkit). Feature maps ``φ``:
+
+- ``"elu"``: ``elu(x) + 1`` (Katharopoulos et al., 2020);
+- ``"relu"``: ``relu(x)``;
+- ``"favor"``: FAVOR+ positive orthogonal random features (Choromanski et al., 2021),
+  ``φ(x) = exp(ω x − |x|²/2) / sqrt(m)`` on ``x · d^(-1/4)``, whose dot products estimate
+  ``exp(q·k / sqrt(d))`` — softmax attention, approximately;
+- any callable ``[..., d] -> [..., m]`` with non-negative output.
+
+The causal form is computed by chunks: inside a chunk of ``chunk_size`` tokens the masked
+``[C, C]`` products are explicit, across chunks a prefix sum of the per-chunk states
+``φ(K_c)ᵀ V_c`` carries the past. :func:`linear_attention_step` decodes one token at a time
+with a constant-size :class:`LinearAttentionState`.
+
+Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads (grouped queries
+share one state per key/value head), ``s_q``/``s_k`` lengths, ``d`` head dim, ``d_v`` value
+dim, ``m`` features, ``C`` chunk size, ``n_c`` chunks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+FeatureMap = Literal["elu", "relu", "favor"] | Callable[[Tensor], Tensor]
+_NAMED = ("elu", "relu", "favor")
+# Tokens per segment of the causal scan: the chunk-level prefix sums are taken a segment
+# at a time, carrying the state across, so temporaries stay bounded for long sequences.
+_SEGMENT = 8192
+
+
+def favor_projection(
+    d: int, num_features: int | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """FAVOR+ projection ``ω`` ``[m, d]``: blocks of orthogonal rows (QR of a Gaussian),
+    rescaled to the norms of Gaussian vectors, deterministic in ``seed``.
+
+    Args:
+        d: head dim.
+        num_features: ``m``, default ``2 * d``.
+
+    Raises:
+        ValueError: ``d`` or ``num_features`` below 1.
+    """
+    m = 2 * d if num_features is None else num_features
+    if d < 1 or m < 1:
+        raise ValueError(f"d and num_features must be >= 1, got d={d}, num_features={m}")
+    g = torch.Generator().manual_seed(seed)
+    blocks = []
+    for _ in range(-(-m // d)):
+        gauss = torch.randn(d, d, generator=g, dtype=torch.float64)
+        q_mat, _ = torch.linalg.qr(gauss)
+        blocks.append(q_mat.T)
+    omega = torch.cat(blocks)[:m]  # orthonormal rows, [m, d]
+    norms = torch.randn(m, d, generator=g, dtype=torch.float64).norm(dim=1, keepdim=True)
+    return (omega * norms).to(dtype=dtype, device=device)
+
+
+def feature_map_fn(
+    feature_map: FeatureMap, *, d: int, projection: Tensor | None = None, seed: int = 0,
+    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+) -> tuple[Callable[[Tensor, bool], tuple[Tensor, Tensor | None]], int]:
+    """The feature map as ``phi(x, is_query) -> (features, log_shift)`` and its size ``m``.
+
+    ``log_shift`` (FAVOR+ only) is the stabiliser taken out of the exponent: per row for
+    queries (it cancels in the ratio), one per ``(b, head)`` for keys (it is common to every
+    key, so it cancels too). ``None`` for the other maps.
+
+    Raises:
+        TypeError: an unknown name. ValueError: a projection that does not fit ``d``.
+    """
+    if callable(feature_map) and not isinstance(feature_map, str):
+        fn = feature_map
+        m = fn(torch.zeros(1, d, dtype=dtype, device=device)).shape[-1]
+        return (lambda x, is_query: (fn(x), None)), m
+    if feature_map == "elu":
+        return (lambda x, is_query: (F.elu(x).add_(1), None)), d
+    if feature_map == "relu":
+        return (lambda x, is_query: (F.relu(x), None)), d
+    if feature_map == "favor":
+        omega = favor_projection(d, seed=seed, dtype=dtype, device=device) if projection is None else projection
+        if omega.ndim != 2 or omega.shape[1] != d:
+            raise ValueError(f"projection must be [num_features, d] = [m, {d}], got {list(omega.shape)}")
+        omega = omega.to(dtype=dtype, device=device)
+        m = omega.shape[0]
+
+        def favor(x: Tensor, is_query: bool) -> tuple[Tensor, Tensor]:
+            x = x * d ** -0.25
+            logits = x @ omega.T - 0.5 * x.square().sum(-1, keepdim=True)  # [..., s, m]
+            if is_query:
+                shift = logits.amax(-1, keepdim=True).detach()  # per row
+            else:
+                shift = logits.amax(dim=(-2, -1), keepdim=True).detach() if logits.shape[-2] else torch.zeros_like(logits[..., :1, :1])
+            return torch.exp(logits - shift) / math.sqrt(m), shift
+        return favor, m
+    raise TypeError(f'feature_map must be "elu", "relu", "favor" or a callable, got {feature_map!r}')
+
+
+def linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    feature_map: FeatureMap = "elu",
+    causal: bool = False,
+    projection: Tensor | None = None,
+    seed: int = 0,
+    chunk_size: int = 64,
+    eps: float | None = None,
+) -> Tensor:
+    """Linear attention ``φ(q)(φ(K)ᵀV) / φ(q)·Σφ(K)`` in O(s · m · d_v).
+
+    Args:
+        q: ``[b, h, s_q, d]`` (or ``[s_q, d]``).
+        k: ``[b, h_kv, s_k, d]`` (or ``[s_k, d]``), ``h`` divisible by ``h_kv``.
+        v: ``[b, h_kv, s_k, d_v]`` (or ``[s_k, d_v]``).
+        feature_map: ``"elu"``, ``"relu"``, ``"favor"`` or a callable ``[..., d] -> [..., m]``.
+        causal: query ``i`` sees keys ``<= i + s_k - s_q``.
+        projection: FAVOR+ ``ω`` ``[m, d]`` (see :func:`favor_projection`); default: drawn
+            from ``seed`` with ``m = 2d``. Pass your own to redraw features during training.
+        seed: seed of the default FAVOR+ projection.
+        chunk_size: tokens per chunk of the causal scan.
+        eps: ``None`` (default): the exact ratio, and a zero output for a query whose
+            features meet no key (nothing visible, or all-zero ``relu`` features); a float:
+            divide by ``normaliser + eps`` instead (the smoothing of Katharopoulos et al.).
+
+    Returns:
+        ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``).
+
+    Raises:
+        TypeError, ValueError: bad tensors (as :func:`attnkit.attention`), an unknown feature
+            map, a bad projection, ``chunk_size < 1``.
+    """
+    att = importlib.import_module("attnkit.functional.attention")
+    single = att._check_inputs(q, k, v)
+    if single:
+        q, k, v = q[None, None], k[None, None], v[None, None]
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    b, h, s_q, d = q.shape
+    h_kv, s_k, d_v = k.shape[1], k.shape[2], v.shape[-1]
+    g = h // h_kv
+    phi, m = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=q.dtype, device=q.device)
+    fq, _ = phi(q, True)  # [b, h, s_q, m]
+    fk, _ = phi(k, False)  # [b, h_kv, s_k, m]
+    fq = fq.view(b, h_kv, g, s_q, m)  # [b, h_kv, g, s_q, m]
+    # Values with a column of ones: one product gives the numerator and the normaliser.
+    v1 = torch.cat([v, v.new_ones(b, h_kv, s_k, 1)], dim=-1)  # [b, h_kv, s_k, d_v + 1]
+    if not causal:
+        state = fk.transpose(-1, -2) @ v1  # [b, h_kv, m, d_v + 1]
+        out1 = fq @ state.unsqueeze(2)  # [b, h_kv, g, s_q, d_v + 1]
+    else:
+        out1 = _causal(fq, fk, v1, s_q, s_k, chunk_size)
+    out = _divide(out1[..., :d_v], out1[..., d_v:], eps)
+    out = out.reshape(b, h, s_q, d_v)
+    return out[0, 0] if single else out
+
+
+def _divide(num: Tensor, den: Tensor, eps: float | None) -> Tensor:
+    """``num / den``, or ``num / (den + eps)``. With non-negative features ``den == 0``
+    forces ``num == 0``, so dividing by 1 there gives the zero output, NaN-free forward and
+    backward."""
+    if eps is not None:
+        return num / (den + eps)
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def _causal(fq: Tensor, fk: Tensor, v1: Tensor, s_q: int, s_k: int, chunk: int) -> Tensor:
+    """Causal ``[φ(q)·Σφ(k)v, φ(q)·Σφ(k)]`` by chunks: ``fq [b, h_kv, g, s_q, m]``,
+    ``fk [b, h_kv, s_k, m]``, ``v1 [b, h_kv, s_k, e]`` (values and a ones column)."""
+    b, h_kv, g, _, m = fq.shape
+    e = v1.shape[-1]
+    offset = s_k - s_q
+    state = fk.new_zeros(b, h_kv, m, e)
+    if offset > 0:  # keys before the first query: every query sees them
+        state = state + fk[:, :, :offset].transpose(-1, -2) @ v1[:, :, :offset]
+        fk, v1 = fk[:, :, offset:], v1[:, :, offset:]
+    blind = max(0, -offset)  # queries before the first key see nothing
+    aligned = s_q - blind  # queries aligned one-to-one with the remaining keys
+    outs = [fq.new_zeros(b, h_kv, g, blind, e)] if blind else []
+    fq = fq[:, :, :, blind:]
+    for s0 in range(0, aligned, _SEGMENT):
+        s1 = min(aligned, s0 + _SEGMENT)
+        o, state = _causal_segment(fq[:, :, :, s0:s1], fk[:, :, s0:s1], v1[:, :, s0:s1], state, chunk)
+        outs.append(o)
+    if not outs:
+        return fq.new_zeros(b, h_kv, g, 0, e)
+    return torch.cat(outs, dim=3) if len(outs) != 1 else outs[0]
+
+
+def _causal_segment(fq: Tensor, fk: Tensor, v1: Tensor, state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+    """One segment of aligned queries and keys, given the state of everything before it.
+    The ``g`` query heads of a key/value head are folded into the rows of each chunk, so
+    every product is a plain batched matmul (no broadcast copies)."""
+    b, h_kv, g, n, m = fq.shape
+    e = v1.shape[-1]
+    c = min(chunk, n)
+    n_c = -(-n // c)
+    pad = n_c * c - n
+    if pad:  # zero features: padded keys add nothing, padded queries are dropped
+        fq, fk, v1 = F.pad(fq, (0, 0, 0, pad)), F.pad(fk, (0, 0, 0, pad)), F.pad(v1, (0, 0, 0, pad))
+    fq_c = fq.view(b, h_kv, g, n_c, c, m).transpose(2, 3).reshape(b, h_kv, n_c, g * c, m)
+    fk_c = fk.view(b, h_kv, n_c, c, m)
+    v_c = v1.view(b, h_kv, n_c, c, e)
+    states = fk_c.transpose(-1, -2) @ v_c  # [b, h_kv, n_c, m, e]
+    # State before each chunk: what came before the segment plus the earlier chunks.
+    # (In place where autograd allows: none of these ops saves its output for backward.)
+    before = torch.cumsum(states, 2).sub_(states).add_(state.unsqueeze(2))  # [b, h_kv, n_c, m, e]
+    scores = fq_c @ fk_c.transpose(-1, -2)  # [b, h_kv, n_c, g*c, c]
+    future = ~torch.ones(c, c, dtype=torch.bool, device=fq.device).tril().repeat(g, 1)  # [g*c, c]
+    scores.masked_fill_(future, 0)
+    out = (fq_c @ before).add_(scores @ v_c)  # [b, h_kv, n_c, g*c, e]
+    out = out.view(b, h_kv, n_c, g, c, e).transpose(2, 3).reshape(b, h_kv, g, n_c * c, e)[:, :, :, :n]
+    return out, state + states.sum(2)
+
+
+# ---------------------------------------------------------------------------------------
+# Recurrent decoding: one token at a time with a constant-size state.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinearAttentionState:
+    """Everything causal linear attention needs to know about the past, whatever its length.
+
+    Attributes:
+        kv: ``Σ_j φ(k_j) v_jᵀ``, ``[b, h_kv, m, d_v]``.
+        z: ``Σ_j φ(k_j)``, ``[b, h_kv, m]``.
+        log_shift: ``[b, h_kv]``: ``kv`` and ``z`` are stored divided by
+            ``exp(log_shift)`` (FAVOR+ keeps its exponentials in range this way; 0 for the
+            other maps).
+        length: how many keys it has absorbed.
+    """
+
+    kv: Tensor
+    z: Tensor
+    log_shift: Tensor
+    length: int = 0
+
+    @staticmethod
+    def empty(b: int, h_kv: int, m: int, d_v: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> LinearAttentionState:
+        """A state that has seen no key."""
+        return LinearAttentionState(
+            torch.zeros(b, h_kv, m, d_v, dtype=dtype, device=device),
+            torch.zeros(b, h_kv, m, dtype=dtype, device=device),
+            torch.zeros(b, h_kv, dtype=dtype, device=device),
+            0,
+        )
+
+    def absorb(self, fk: Tensor, v: Tensor, log_shift: Tensor | None) -> LinearAttentionState:
+        """The state after keys with features ``fk [b, h_kv, n, m]`` (already divided by
+        ``exp(log_shift [b, h_kv, 1, 1])``) and values ``v [b, h_kv, n, d_v]``."""
+        if log_shift is None:
+            return LinearAttentionState(self.kv + fk.transpose(-1, -2) @ v, self.z + fk.sum(-2), self.log_shift, self.length + fk.shape[-2])
+        new_shift = torch.maximum(self.log_shift, log_shift.view(self.log_shift.shape))
+        old_scale = torch.exp(self.log_shift - new_shift)  # [b, h_kv]
+        new_scale = torch.exp(log_shift.view(self.log_shift.shape) - new_shift)
+        fk = fk * new_scale[..., None, None]
+        kv = self.kv * old_scale[..., None, None] + fk.transpose(-1, -2) @ v
+        z = self.z * old_scale[..., None] + fk.sum(-2)
+        return LinearAttentionState(kv, z, new_shift, self.length + fk.shape[-2])
+
+
+def linear_attention_state(
+    k: Tensor, v: Tensor, *, feature_map: FeatureMap = "elu", projection: Tensor | None = None, seed: int = 0,
+    state: LinearAttentionState | None = None,
+) -> LinearAttentionState:
+    """Absorb keys ``[b, h_kv, s, d]`` and values ``[b, h_kv, s, d_v]`` (a prompt) into a
+    state, starting from ``state`` or from nothing."""
+    b, h_kv, _, d = k.shape
+    phi, m = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=k.dtype, device=k.device)
+    if state is None:
+        state = LinearAttentionState.empty(b, h_kv, m, v.shape[-1], dtype=k.dtype, device=k.device)
+    fk, shift = phi(k, False)
+    return state.absorb(fk, v, shift)
+
+
+def linear_attention_step(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    state: LinearAttentionState | None = None,
+    *,
+    feature_map: FeatureMap = "elu",
+    projection: Tensor | None = None,
+    seed: int = 0,
+    eps: float | None = None,
+) -> tuple[Tensor, LinearAttentionState]:
+    """Decode one token: absorb its key and value, then attend with its query.
+
+    Equals the last row of ``linear_attention(..., causal=True)`` over every token so far,
+    in O(m · d_v) time and memory whatever the length.
+
+    Args:
+        q: ``[b, h, 1, d]``; k: ``[b, h_kv, 1, d]``; v: ``[b, h_kv, 1, d_v]``.
+        state: the state after the previous tokens (``None``: the first token).
+
+    Returns:
+        ``(out [b, h, 1, d_v], new state)``.
+
+    Raises:
+        ValueError: not one token, or shapes that do not fit the state.
+    """
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or q.shape[2] != 1 or k.shape[2] != 1 or v.shape[2] != 1:
+        raise ValueError(
+            f"linear_attention_step takes one token: q [b, h, 1, d], k [b, h_kv, 1, d], v [b, h_kv, 1, d_v], "
+            f"got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
+        )
+    b, h, _, d = q.shape
+    h_kv = k.shape[1]
+    if h % h_kv:
+        raise ValueError(f"query heads must be a multiple of key/value heads, got h={h} and h_kv={h_kv}")
+    state = linear_attention_state(k, v, feature_map=feature_map, projection=projection, seed=seed, state=state)
+    if state.kv.shape[:2] != (b, h_kv):
+        raise ValueError(f"state is for [b, h_kv] = {list(state.kv.shape[:2])}, got {[b, h_kv]}")
+    phi, _ = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=q.dtype, device=q.device)
+    fq, _ = phi(q, True)  # [b, h, 1, m]
+    fq = fq.view(b, h_kv, h // h_kv, 1, -1)
+    num = fq @ state.kv.unsqueeze(2)  # [b, h_kv, g, 1, d_v]
+    den = fq @ state.z[:, :, None, :, None]  # [b, h_kv, g, 1, 1]
+    return _divide(num, den, eps).reshape(b, h, 1, -1), state

@@ -1,0 +1,523 @@
+"""Memory-efficient exact attention: online softmax over key blocks, any mask, any bias.
+
+``tiled_attention`` computes exactly ``softmax(q kᵀ · scale + bias, masked) v`` without
+ever holding the ``[s_q, s_k]`` scores of a head. Queries are taken ``block_q`` rows at a
+time; for each query block, the key blocks are classified once from the mask:
+
+- **empty**: no pair allowed; skipped, never computed;
+- **full**: every pair allowed; computed without evaluating the mask;
+- **partial**: the mask is evaluated on that block only (positions as index tensors).
+
+A :class:`~attnkit.masks.Mask` with a block test (:attr:`Mask.blocks`: causal, windows,
+documents, padding, global tokens, strided, fixed, and their ``&``/``|``/``~``) is
+classified from the block boundaries alone; a mask without one is evaluated densely, one
+query block at a time, to classify. Runs of neighbouring key blocks of the same kind go to
+one call of the block engine (:mod:`attnkit.functional._blockwise`), and the partial
+results of a query block are merged through their log-sum-exp.
+
+The backward pass is a custom ``autograd.Function`` that recomputes each block from
+``q``, ``k``, ``v``, the output and the log-sum-exp (FlashAttention-2), so memory stays
+``O(s · block)`` beyond the inputs, outputs and gradients, forward and backward.
+
+Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``g = h / h_kv``,
+``s_q``/``s_k`` lengths, ``d``/``d_v`` head dims, ``m`` rows of a query block, ``l`` keys of
+a run. Grouped-query attention folds the ``g`` query heads that share a key/value head into
+the rows of one problem, so k and v are never copied per head.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from attnkit.functional import masks as masks_mod
+from attnkit.functional._blockwise import Engine, block_backward, block_forward, lse_dtype, merge, use_fused
+from attnkit.functional.records import AttentionResult
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def _attention_module():
+    # attention.py imports this module lazily; its validators are reused here so that both
+    # entry points raise the same errors. (The package attribute ``attention`` is the
+    # function, hence import_module.)
+    return importlib.import_module("attnkit.functional.attention")
+# Largest number of keys per engine call for calls that materialise [rows, keys] floats
+# (a mask/bias block, or every eager call): bounds the working set.
+_MAX_KEYS_MATERIALISED = 1024
+
+
+@dataclass
+class TiledPlan:
+    """Which key blocks each query block visits, and how (built once, reused by backward).
+
+    Attributes:
+        runs: for query block ``i``, a list of ``(k0, k1, partial)``: keys ``k0:k1`` in one
+            engine call, evaluating the mask there when ``partial``.
+        status: ``[n_q_blocks, n_k_blocks]`` int8, ``EMPTY``/``PARTIAL``/``FULL``.
+    """
+
+    b: int
+    h: int
+    h_kv: int
+    s_q: int
+    s_k: int
+    block_q: int
+    block_k: int
+    scale: float
+    q_pos: Tensor  # [s_q] absolute position of each query row
+    kv_pos: Tensor  # [s_k] absolute position of each key
+    mask: masks_mod.Mask | None
+    dense: Tensor | None  # bool [b|1, h|1, s_q|1, s_k|1]
+    bias_shape: tuple[int, int, int, int] | None
+    status: Tensor
+    runs: list[list[tuple[int, int, bool]]]
+    engine: Engine
+
+    @property
+    def kept_fraction(self) -> float:
+        """Fraction of (query block, key block) pairs computed."""
+        return float((self.status != EMPTY).float().mean()) if self.status.numel() else 0.0
+
+
+def tiled_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: masks_mod.Mask | Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    block_size: int | tuple[int, int] = (256, 128),
+    return_lse: bool = False,
+) -> Tensor | AttentionResult:
+    """Exact attention in O(s · block) memory, skipping key blocks the mask leaves empty.
+
+    Args:
+        q: ``[b, h, s_q, d]`` (or ``[s_q, d]``).
+        k: ``[b, h_kv, s_k, d]`` (or ``[s_k, d]``), ``h`` divisible by ``h_kv``.
+        v: ``[b, h_kv, s_k, d_v]`` (or ``[s_k, d_v]``).
+        mask: a :class:`~attnkit.masks.Mask` (positions absolute: query row ``i`` is at
+            ``i + s_k - s_q``) or a bool tensor broadcastable to ``[b, h, s_q, s_k]``;
+            ``True`` = may attend.
+        bias: additive float scores broadcastable to ``[b, h, s_q, s_k]``; ``-inf`` masks.
+            It may require grad.
+        causal: also apply the bottom-right causal mask.
+        scale: score scale, default ``1/sqrt(d)``.
+        block_size: ``(block_q, block_k)`` query rows per step and key-block granularity of
+            skipping, or one int for both.
+        return_lse: return an :class:`AttentionResult` with ``lse`` ``[b, h, s_q]``
+            (``-inf`` on rows with nothing to attend to) and ``weights=None``; feed it to
+            :func:`attnkit.functional.weights_on_demand` to inspect weights later.
+
+    Returns:
+        ``[b, h, s_q, d_v]`` (zeros on fully masked rows), or an :class:`AttentionResult`.
+
+    Raises:
+        TypeError, ValueError: as :func:`attnkit.attention` for bad inputs, masks and
+            biases; ``ValueError`` for a block size below 1.
+    """
+    att = _attention_module()
+
+    single = att._check_inputs(q, k, v)
+    if single:
+        q, k, v = q[None, None], k[None, None], v[None, None]
+    b, h, s_q, d = q.shape
+    s_k = k.shape[2]
+    att._check_options("scaled_dot", 0.0, scale)
+    out, lse = tiled_core(
+        q, k, v, mask=mask, bias=bias, causal=causal, scale=1.0 / math.sqrt(d) if scale is None else float(scale),
+        block_size=block_size,
+    )
+    if single:
+        out, lse = out[0, 0], lse[0, 0]
+    return AttentionResult(out, None, lse) if return_lse else out
+
+
+def tiled_core(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: masks_mod.Mask | Tensor | None,
+    bias: Tensor | None,
+    causal: bool,
+    scale: float,
+    block_size: int | tuple[int, int] = (256, 128),
+    q_pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
+    period: int = 0,
+    engine: Engine = "auto",
+) -> tuple[Tensor, Tensor]:
+    """The kernel behind :func:`tiled_attention` on validated 4-D inputs.
+
+    ``q_pos``/``kv_pos`` give each query row's and key's absolute position (default:
+    ``arange(s_q) + s_k - s_q`` and ``arange(s_k)``); a permuted layout passes permuted
+    positions, and ``period`` > 0 tells the block tests that a block whose positions share
+    their residue mod ``period`` is single-residue (see :class:`attnkit.masks.Span`).
+
+    Returns:
+        ``(out [b, h, s_q, d_v], lse [b, h, s_q])``.
+    """
+    plan = make_plan(
+        q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, block_size=block_size,
+        q_pos=q_pos, kv_pos=kv_pos, period=period, engine=engine,
+    )
+    bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias4)):
+        return _TiledFunction.apply(q, k, v, bias4, plan)
+    return _forward(plan, q, k, v, bias4)
+
+
+def make_plan(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: masks_mod.Mask | Tensor | None,
+    bias: Tensor | None,
+    causal: bool,
+    scale: float,
+    block_size: int | tuple[int, int] = (256, 128),
+    q_pos: Tensor | None = None,
+    kv_pos: Tensor | None = None,
+    period: int = 0,
+    engine: Engine = "auto",
+) -> TiledPlan:
+    """Validate the mask and bias, classify every (query block, key block) pair, and group
+    the kept key blocks of each query block into runs."""
+    att = _attention_module()
+
+    b, h, s_q, _ = q.shape
+    h_kv, s_k = k.shape[1], k.shape[2]
+    block_q, block_k = (block_size, block_size) if isinstance(block_size, int) else block_size
+    for name, value in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    device = q.device
+    mask_obj: masks_mod.Mask | None = None
+    dense: Tensor | None = None
+    if isinstance(mask, masks_mod.Mask):
+        att._check_mask_sizes(mask, b=b, h=h)
+        if mask.shape is not None and mask.shape != (s_q, s_k):
+            raise ValueError(f"mask {mask.name} is defined for (s_q, s_k) = {mask.shape}, got ({s_q}, {s_k})")
+        mask_obj = mask
+    elif isinstance(mask, Tensor):
+        dense = att._check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
+        dense = dense.reshape((1,) * (4 - dense.ndim) + tuple(dense.shape))
+    elif mask is not None:
+        raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
+    if causal:
+        mask_obj = masks_mod.causal() if mask_obj is None else masks_mod.causal() & mask_obj
+    bias_shape = None
+    if bias is not None:
+        att._check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
+        bias_shape = tuple((1,) * (4 - bias.ndim) + tuple(bias.shape))
+    if q_pos is None:
+        q_pos = torch.arange(s_q, device=device) + (s_k - s_q)
+    if kv_pos is None:
+        kv_pos = torch.arange(s_k, device=device)
+
+    status = classify_blocks(mask_obj, dense, q_pos, kv_pos, block_q, block_k, period=period)
+    plan = TiledPlan(
+        b=b, h=h, h_kv=h_kv, s_q=s_q, s_k=s_k, block_q=block_q, block_k=block_k, scale=scale,
+        q_pos=q_pos, kv_pos=kv_pos, mask=mask_obj, dense=dense, bias_shape=bias_shape, status=status,
+        runs=[], engine=engine,
+    )
+    # Calls that build a [rows, keys] bias block, and every eager call, are cut short.
+    materialise_all = not use_fused(q, v, engine) or bias is not None
+    plan.runs = _runs(status, block_k, s_k, materialise_all=materialise_all)
+    return plan
+
+
+def spans(pos: Tensor, block: int, period: int = 0) -> masks_mod.Span:
+    """The :class:`~attnkit.masks.Span` of each block of ``block`` consecutive entries of
+    ``pos`` (the last block may be shorter): ``lo``/``hi`` ``[n_blocks]``."""
+    n = pos.numel()
+    n_blocks = -(-n // block)
+    padded = torch.cat([pos, pos[-1:].expand(n_blocks * block - n)]) if n_blocks * block > n else pos
+    grid = padded.view(n_blocks, block)
+    lo, hi = grid.amin(1), grid.amax(1)
+    residue = None
+    if period > 0:
+        res = torch.remainder(grid, period)
+        residue = torch.where((res == res[:, :1]).all(1), res[:, 0], torch.full_like(res[:, 0], -1))
+    return masks_mod.Span(lo, hi, period, residue)
+
+
+def classify_blocks(
+    mask: masks_mod.Mask | None,
+    dense: Tensor | None,
+    q_pos: Tensor,
+    kv_pos: Tensor,
+    block_q: int,
+    block_k: int,
+    *,
+    period: int = 0,
+) -> Tensor:
+    """``[n_q_blocks, n_k_blocks]`` int8 of ``EMPTY``/``PARTIAL``/``FULL``, taken over every
+    batch entry and head (a block kept for one of them is computed for all)."""
+    s_q, s_k = q_pos.numel(), kv_pos.numel()
+    nq, nk = -(-s_q // block_q), -(-s_k // block_k)
+    device = q_pos.device
+    status = torch.full((nq, nk), FULL, dtype=torch.int8, device=device)
+    if nq == 0 or nk == 0:
+        return status
+    if mask is not None:
+        n_b, n_h = mask.batch_size or 1, mask.num_heads or 1
+        b_idx = torch.arange(n_b, device=device).view(n_b, 1, 1, 1)
+        h_idx = torch.arange(n_h, device=device).view(1, n_h, 1, 1)
+        if mask.blocks is not None:
+            qs, ks = spans(q_pos, block_q, period), spans(kv_pos, block_k, period)
+            q_span = masks_mod.Span(
+                qs.lo.view(1, 1, nq, 1), qs.hi.view(1, 1, nq, 1), qs.period,
+                None if qs.residue is None else qs.residue.view(1, 1, nq, 1),
+            )
+            k_span = masks_mod.Span(
+                ks.lo.view(1, 1, 1, nk), ks.hi.view(1, 1, 1, nk), ks.period,
+                None if ks.residue is None else ks.residue.view(1, 1, 1, nk),
+            )
+            some, every = mask.blocks(b_idx, h_idx, q_span, k_span)
+            shape = (n_b, n_h, nq, nk)
+            some = torch.as_tensor(some, device=device).expand(shape).any(1).any(0)
+            every = torch.as_tensor(every, device=device).expand(shape).all(1).all(0)
+        else:
+            some, every = _dense_block_bounds(mask, b_idx, h_idx, q_pos, kv_pos, block_q, block_k)
+        status = _status(some, every)
+    if dense is not None:
+        status = torch.minimum(status, _tensor_block_status(dense, block_q, block_k, nq, nk))
+    return status
+
+
+def _status(some: Tensor, every: Tensor) -> Tensor:
+    return torch.where(~some, EMPTY, torch.where(every, FULL, PARTIAL)).to(torch.int8)
+
+
+def _dense_block_bounds(
+    mask: masks_mod.Mask, b_idx: Tensor, h_idx: Tensor, q_pos: Tensor, kv_pos: Tensor, block_q: int, block_k: int
+) -> tuple[Tensor, Tensor]:
+    """Evaluate a mask with no block test pair by pair, one query block at a time."""
+    s_q, s_k = q_pos.numel(), kv_pos.numel()
+    nq, nk = -(-s_q // block_q), -(-s_k // block_k)
+    pad = nk * block_k - s_k
+    somes, everies = [], []
+    for i in range(nq):
+        rows = q_pos[i * block_q:(i + 1) * block_q]
+        allowed = masks_mod._as_bool(mask.fn(b_idx, h_idx, rows.view(1, 1, -1, 1), kv_pos.view(1, 1, 1, -1)))
+        allowed = allowed.expand(*allowed.shape[:2], rows.numel(), s_k)  # [b|1, h|1, m, s_k]
+        some = allowed.any(2).any(1).any(0)  # [s_k]
+        every = allowed.all(2).all(1).all(0)
+        if pad:
+            some = torch.cat([some, some.new_zeros(pad)])
+            every = torch.cat([every, every.new_ones(pad)])
+        somes.append(some.view(nk, block_k).any(1))
+        everies.append(every.view(nk, block_k).all(1))
+    return torch.stack(somes), torch.stack(everies)
+
+
+def _tensor_block_status(dense: Tensor, block_q: int, block_k: int, nq: int, nk: int) -> Tensor:
+    """Block status of a bool tensor ``[b|1, h|1, s_q|1, s_k|1]``."""
+    t = dense.any(1, keepdim=True).any(0, keepdim=True)[0, 0]  # may-attend somewhere
+    a = dense.all(1, keepdim=True).all(0, keepdim=True)[0, 0]
+
+    def reduce(x: Tensor, fill: bool, op) -> Tensor:
+        rows, cols = x.shape
+        if rows > 1:
+            x = torch.cat([x, x.new_full((nq * block_q - rows, cols), fill)]) if nq * block_q > rows else x
+            x = op(x.view(nq, block_q, cols), 1)
+        if cols > 1:
+            r = x.shape[0]
+            x = torch.cat([x, x.new_full((r, nk * block_k - cols), fill)], 1) if nk * block_k > cols else x
+            x = op(x.view(r, nk, block_k), 2)
+        return x.expand(nq, nk)
+
+    some = reduce(t, False, lambda x, dim: x.any(dim))
+    every = reduce(a, True, lambda x, dim: x.all(dim))
+    return _status(some, every)
+
+
+def _runs(status: Tensor, block_k: int, s_k: int, *, materialise_all: bool) -> list[list[tuple[int, int, bool]]]:
+    """Group kept key blocks into runs of neighbours of the same kind, cut so that calls
+    which materialise ``[rows, keys]`` stay within ``_MAX_KEYS_MATERIALISED`` keys."""
+    nq, nk = status.shape
+    if nq == 0:
+        return []
+    st = status.to(torch.int16).cpu()
+    edge = torch.ones(nq, nk, dtype=torch.bool)
+    edge[:, 1:] = st[:, 1:] != st[:, :-1]
+    starts = edge.nonzero().tolist()  # [(row, col)] where a run of equal status begins
+    runs: list[list[tuple[int, int, bool]]] = [[] for _ in range(nq)]
+    for idx, (row, col) in enumerate(starts):
+        end = starts[idx + 1][1] if idx + 1 < len(starts) and starts[idx + 1][0] == row else nk
+        kind = int(st[row, col])
+        if kind == EMPTY:
+            continue
+        partial = kind == PARTIAL
+        k0, k1 = col * block_k, min(end * block_k, s_k)
+        step = _MAX_KEYS_MATERIALISED if (partial or materialise_all) else k1 - k0
+        step = max(block_k, step // block_k * block_k)
+        for c0 in range(k0, k1, step):
+            runs[row].append((c0, min(c0 + step, k1), partial))
+    return runs
+
+
+# ---------------------------------------------------------------------------------------
+# Forward and backward over the plan.
+# ---------------------------------------------------------------------------------------
+
+
+def _block_bias(
+    plan: TiledPlan, bias4: Tensor | None, r0: int, r1: int, c0: int, c1: int, partial: bool, dtype: torch.dtype
+) -> tuple[Tensor | None, Tensor | None]:
+    """Additive float bias of one call in grouped layout ``[b|1, h_kv|1, g*m, l]`` (or None),
+    and, when known cheaply, which of its rows allow some key ``[b|1, h_kv|1, g*m]``."""
+    if not partial and bias4 is None:
+        return None, None
+    m, n_keys, g = r1 - r0, c1 - c0, plan.h // plan.h_kv
+    device = plan.q_pos.device
+    allowed = None
+    if partial:
+        if plan.mask is not None:
+            n_b, n_h = plan.mask.batch_size or 1, plan.mask.num_heads or 1
+            allowed = masks_mod._as_bool(
+                plan.mask.fn(
+                    torch.arange(n_b, device=device).view(n_b, 1, 1, 1),
+                    torch.arange(n_h, device=device).view(1, n_h, 1, 1),
+                    plan.q_pos[r0:r1].view(1, 1, m, 1),
+                    plan.kv_pos[c0:c1].view(1, 1, 1, n_keys),
+                )
+            )
+        if plan.dense is not None:
+            d = plan.dense
+            d = d[:, :, r0:r1] if d.shape[2] > 1 else d
+            d = d[:, :, :, c0:c1] if d.shape[3] > 1 else d
+            allowed = d if allowed is None else allowed & d
+    neg_inf = torch.full((), float("-inf"), dtype=dtype, device=device)
+    alive = None
+    if bias4 is None:
+        alive = allowed.any(-1)  # [..., m|1]
+        while alive.ndim < 3:
+            alive = alive.unsqueeze(0)
+    if bias4 is not None:
+        bb = bias4[:, :, r0:r1] if bias4.shape[2] > 1 else bias4
+        bb = bb[:, :, :, c0:c1] if bb.shape[3] > 1 else bb
+        bb = bb.to(dtype)
+        out = bb if allowed is None else torch.where(allowed, bb, neg_inf)
+    else:
+        assert allowed is not None
+        out = torch.where(allowed, torch.zeros((), dtype=dtype, device=device), neg_inf)
+    while out.ndim < 4:
+        out = out.unsqueeze(0)
+    n0, n1 = out.shape[0], out.shape[1]
+    out = out.expand(n0, n1, m, n_keys)
+    if alive is not None:
+        alive = _group_rows(alive.expand(alive.shape[0], alive.shape[1], m), plan.h_kv, g)
+    return _group_rows(out, plan.h_kv, g), alive
+
+
+def _group_rows(x: Tensor, h_kv: int, g: int) -> Tensor:
+    """``[n0, 1|h, m, ...]`` to the grouped layout ``[n0, 1|h_kv, g*m, ...]``."""
+    n0, n1, m = x.shape[:3]
+    rest = tuple(x.shape[3:])
+    if n1 == 1:
+        # Same for every head: repeat over the g heads folded into the rows.
+        return x.unsqueeze(2).expand(n0, 1, g, m, *rest).reshape(n0, 1, g * m, *rest) if g > 1 else x
+    return x.reshape(n0, h_kv, g * m, *rest)
+
+
+def _rows(x: Tensor, plan: TiledPlan, r0: int, r1: int) -> Tensor:
+    """Rows ``r0:r1`` of ``[b, h, s, e]`` in grouped layout ``[b, h_kv, g*m, e]``."""
+    b, _, s, e = x.shape
+    g = plan.h // plan.h_kv
+    return x.view(b, plan.h_kv, g, s, e)[:, :, :, r0:r1].reshape(b, plan.h_kv, g * (r1 - r0), e)
+
+
+def _forward(plan: TiledPlan, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | None) -> tuple[Tensor, Tensor]:
+    b, h, h_kv, s_q = plan.b, plan.h, plan.h_kv, plan.s_q
+    g, d_v = h // h_kv, v.shape[-1]
+    out = q.new_zeros(b, h, s_q, d_v)
+    lse = torch.full((b, h, s_q), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
+    out_g, lse_g = out.view(b, h_kv, g, s_q, d_v), lse.view(b, h_kv, g, s_q)
+    for i, runs in enumerate(plan.runs):
+        if not runs:
+            continue
+        r0, r1 = i * plan.block_q, min(s_q, (i + 1) * plan.block_q)
+        m = r1 - r0
+        q_i = _rows(q, plan, r0, r1)  # [b, h_kv, g*m, d]
+        acc_o = acc_l = None
+        for c0, c1, partial in runs:
+            bias_blk, alive = _block_bias(plan, bias4, r0, r1, c0, c1, partial, q.dtype)
+            o, l_ = block_forward(q_i, k[:, :, c0:c1], v[:, :, c0:c1], bias_blk, plan.scale, plan.engine, alive)
+            acc_o, acc_l = (o, l_) if acc_o is None else merge(acc_o, acc_l, o, l_)
+        out_g[:, :, :, r0:r1] = acc_o.view(b, h_kv, g, m, d_v)
+        lse_g[:, :, :, r0:r1] = acc_l.view(b, h_kv, g, m)
+    return out, lse
+
+
+def _backward(
+    plan: TiledPlan, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | None, out: Tensor, lse: Tensor,
+    need_dbias: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    b, h, h_kv = plan.b, plan.h, plan.h_kv
+    g = h // h_kv
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    dbias = torch.zeros(bias4.shape, dtype=torch.float64 if bias4.dtype == torch.float64 else torch.float32, device=q.device) if need_dbias else None
+    dq_g = dq.view(b, h_kv, g, plan.s_q, q.shape[-1])
+    for i, runs in enumerate(plan.runs):
+        if not runs:
+            continue
+        r0, r1 = i * plan.block_q, min(plan.s_q, (i + 1) * plan.block_q)
+        m = r1 - r0
+        q_i, do_i, o_i = _rows(q, plan, r0, r1), _rows(dout, plan, r0, r1), _rows(out, plan, r0, r1)
+        lse_i = lse.view(b, h_kv, g, plan.s_q)[:, :, :, r0:r1].reshape(b, h_kv, g * m)
+        dq_i = None
+        for c0, c1, partial in runs:
+            bias_blk, _ = _block_bias(plan, bias4, r0, r1, c0, c1, partial, q.dtype)
+            dq_p, dk_p, dv_p, ds = block_backward(
+                do_i, q_i, k[:, :, c0:c1], v[:, :, c0:c1], o_i, lse_i, bias_blk, plan.scale,
+                need_dbias=need_dbias, engine=plan.engine,
+            )
+            dq_i = dq_p if dq_i is None else dq_i.add_(dq_p)
+            dk[:, :, c0:c1] += dk_p
+            dv[:, :, c0:c1] += dv_p
+            if need_dbias:
+                _accumulate_dbias(dbias, ds.reshape(b, h, m, c1 - c0), r0, r1, c0, c1)
+        dq_g[:, :, :, r0:r1] = dq_i.view(b, h_kv, g, m, q.shape[-1])
+    return dq, dk, dv, (None if dbias is None else dbias.to(bias4.dtype))
+
+
+def _accumulate_dbias(dbias: Tensor, ds: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
+    """Add the score gradient of one call ``[b, h, m, l]`` into ``dbias`` (bias's shape),
+    summing over the dims along which the bias is broadcast."""
+    for dim in range(4):
+        if dbias.shape[dim] == 1 and ds.shape[dim] != 1:
+            ds = ds.sum(dim, keepdim=True)
+    target = dbias[:, :, r0:r1] if dbias.shape[2] > 1 else dbias
+    target = target[:, :, :, c0:c1] if dbias.shape[3] > 1 else target
+    target += ds.to(dbias.dtype)
+
+
+class _TiledFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | None, plan: TiledPlan):  # type: ignore[override]
+        out, lse = _forward(plan, q, k, v, bias4)
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, v, bias4, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout: Tensor, _dlse: Tensor):  # type: ignore[override]
+        q, k, v, bias4, out, lse = ctx.saved_tensors
+        need_dbias = bias4 is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, dbias = _backward(ctx.plan, dout.contiguous(), q, k, v, bias4, out, lse, need_dbias)
+        return dq, dk, dv, dbias, None

@@ -1,0 +1,178 @@
+"""Attention weights on demand: recompute exact weights for chosen heads, query rows and
+keys from ``q``, ``k`` and the log-sum-exp, a chunk of rows at a time.
+
+The memory-efficient kernels (:func:`~attnkit.functional.tiled_attention`,
+:func:`~attnkit.functional.local_attention`, :func:`~attnkit.functional.sparse_attention`)
+never hold the ``[s_q, s_k]`` weights; with ``return_lse=True`` they return the log-sum-exp
+of every row, and any weight is then ``exp(q·k · scale + bias − lse)`` — one dot product,
+no softmax over the row. So inspecting head 3, rows 1000–1010 of a 32K-token sequence costs
+``11 × 32K`` floats, not ``32K × 32K`` per head.
+
+Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q``/``s_k``
+lengths, ``d`` head dim; ``n_h``, ``n_r``, ``n_k`` the chosen heads, rows and keys.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from attnkit.functional import masks as masks_mod
+
+Index = slice | Sequence[int] | Tensor | None
+
+
+def weights_on_demand(
+    q: Tensor,
+    k: Tensor,
+    lse: Tensor | None = None,
+    *,
+    heads: Index = None,
+    rows: Index = None,
+    keys: Index = None,
+    mask: masks_mod.Mask | Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    chunk_size: int = 256,
+) -> Tensor:
+    """Exact attention weights ``[b, n_h, n_r, n_k]`` for the chosen heads, rows and keys.
+
+    Args:
+        q: ``[b, h, s_q, d]``; k: ``[b, h_kv, s_k, d]``.
+        lse: the log-sum-exp ``[b, h, s_q]`` of the attention call being inspected (e.g.
+            ``tiled_attention(..., return_lse=True).lse``). ``None``: computed here over all
+            keys of the chosen rows (exact, but it reads every key).
+        heads, rows, keys: which query heads, query rows and keys (a slice, indices or a
+            1-D tensor); ``None`` = all.
+        mask, bias, causal, scale: as given to the attention call (they must match it).
+        chunk_size: query rows per step.
+
+    Returns:
+        float tensor ``[b, n_h, n_r, n_k]``; rows with nothing to attend to are zeros.
+
+    Raises:
+        ValueError, TypeError: shapes or options that do not fit.
+    """
+    parts = [w for _, w in iter_weights_on_demand(
+        q, k, lse, heads=heads, rows=rows, keys=keys, mask=mask, bias=bias, causal=causal, scale=scale, chunk_size=chunk_size,
+    )]
+    if not parts:
+        b = q.shape[0]
+        n_h = _indices(heads, q.shape[1], "heads", q.device).numel()
+        n_k = _indices(keys, k.shape[2], "keys", q.device).numel()
+        return q.new_zeros(b, n_h, 0, n_k)
+    return torch.cat(parts, dim=2)
+
+
+def iter_weights_on_demand(
+    q: Tensor,
+    k: Tensor,
+    lse: Tensor | None = None,
+    *,
+    heads: Index = None,
+    rows: Index = None,
+    keys: Index = None,
+    mask: masks_mod.Mask | Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    chunk_size: int = 256,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Like :func:`weights_on_demand`, one chunk of rows at a time: yields
+    ``(row_indices [r], weights [b, n_h, r, n_k])`` so that a caller can reduce or save each
+    chunk and keep memory at ``chunk_size × n_k`` per head."""
+    att = importlib.import_module("attnkit.functional.attention")
+    if q.ndim != 4 or k.ndim != 4:
+        raise ValueError(f"q and k must be [b, h, s, d], got q {list(q.shape)} and k {list(k.shape)}")
+    att._check_inputs(q, k, k)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    b, h, s_q, d = q.shape
+    h_kv, s_k = k.shape[1], k.shape[2]
+    g = h // h_kv
+    if lse is not None and tuple(lse.shape) != (b, h, s_q):
+        raise ValueError(f"lse must be [b, h, s_q] = {[b, h, s_q]}, got {list(lse.shape)}")
+    att._check_options("scaled_dot", 0.0, scale)
+    scale_f = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    head_idx = _indices(heads, h, "heads", q.device)
+    row_idx = _indices(rows, s_q, "rows", q.device)
+    key_idx = _indices(keys, s_k, "keys", q.device)
+    all_keys = torch.arange(s_k, device=q.device)
+    if isinstance(mask, masks_mod.Mask):
+        att._check_mask_sizes(mask, b=b, h=h)
+        if mask.shape is not None and mask.shape != (s_q, s_k):
+            raise ValueError(f"mask {mask.name} is defined for (s_q, s_k) = {mask.shape}, got ({s_q}, {s_k})")
+    elif isinstance(mask, Tensor):
+        mask = att._check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
+        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    elif mask is not None:
+        raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
+    if bias is not None:
+        att._check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
+        bias = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
+    k_heads = k.index_select(1, torch.div(head_idx, g, rounding_mode="floor"))  # [b, n_h, s_k, d]
+
+    def scores_for(r: Tensor, cols: Tensor) -> Tensor:
+        q_r = q.index_select(1, head_idx).index_select(2, r)  # [b, n_h, n_r, d]
+        s = (q_r * scale_f) @ k_heads.index_select(2, cols).transpose(-1, -2)  # [b, n_h, n_r, n_c]
+        if bias is not None:
+            s = s + _take(bias, head_idx, r, cols)
+        allowed = _allowed(mask, causal, head_idx, r, cols, s_q, s_k)
+        if allowed is not None:
+            s = s.masked_fill(~allowed, float("-inf"))
+        return s
+
+    for start in range(0, row_idx.numel(), chunk_size):
+        r = row_idx[start:start + chunk_size]
+        if lse is not None:
+            lse_r = lse.index_select(1, head_idx).index_select(2, r).to(q.dtype)  # [b, n_h, n_r]
+        else:
+            full = scores_for(r, all_keys)
+            lse_r = torch.logsumexp(full, dim=-1)
+        s = scores_for(r, key_idx)
+        finite = torch.isfinite(lse_r).unsqueeze(-1)
+        safe = torch.where(finite, lse_r.unsqueeze(-1), torch.zeros_like(lse_r).unsqueeze(-1))
+        yield r, torch.where(finite, torch.exp(s - safe), torch.zeros_like(s))
+
+
+def _indices(index: Index, n: int, what: str, device: torch.device) -> Tensor:
+    if index is None:
+        return torch.arange(n, device=device)
+    if isinstance(index, slice):
+        return torch.arange(n, device=device)[index]
+    t = torch.as_tensor(index, device=device)
+    if t.ndim != 1 or t.is_floating_point() or t.dtype == torch.bool:
+        raise ValueError(f"{what} must be a slice or 1-D integer indices, got {index!r}")
+    t = t.long()
+    if t.numel() and (t.min() < -n or t.max() >= n):
+        raise ValueError(f"{what} must be in [0, {n}), got {t.tolist()}")
+    return torch.remainder(t, n)
+
+
+def _take(x: Tensor, heads: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    """Entries of a 4-D tensor broadcastable to [b, h, s_q, s_k] at the chosen heads/rows/cols."""
+    x = x.index_select(1, heads) if x.shape[1] > 1 else x
+    x = x.index_select(2, rows) if x.shape[2] > 1 else x
+    return x.index_select(3, cols) if x.shape[3] > 1 else x
+
+
+def _allowed(mask, causal: bool, heads: Tensor, rows: Tensor, cols: Tensor, s_q: int, s_k: int) -> Tensor | None:
+    q_pos = (rows + (s_k - s_q)).view(1, 1, -1, 1)
+    kv_pos = cols.view(1, 1, 1, -1)
+    allowed = None
+    if isinstance(mask, masks_mod.Mask):
+        n_b = mask.batch_size or 1
+        b_idx = torch.arange(n_b, device=rows.device).view(n_b, 1, 1, 1)
+        h_idx = heads.view(1, -1, 1, 1) if mask.num_heads else torch.zeros(1, 1, 1, 1, dtype=torch.long, device=rows.device)
+        allowed = masks_mod._as_bool(mask.fn(b_idx, h_idx, q_pos, kv_pos))
+    elif isinstance(mask, Tensor):
+        allowed = _take(mask, heads, rows, cols)
+    if causal:
+        c = kv_pos <= q_pos
+        allowed = c if allowed is None else allowed & c
+    return allowed

@@ -1,0 +1,379 @@
+"""One layer's attention map on a text, from an :mod:`attnkit.models` model: the notes'
+practical example ("The cat sat on the mat.", last layer, head 0) as a library call,
+between tokens or between words, with labels as the tokens read in the text.
+
+Shape letters: ``h`` selected heads, ``s`` tokens, ``n`` tokens or words.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from attnkit.inspect.tokens import ReadableToken, decode_tokens, readable_tokens, special_token_ids, token_scheme
+from attnkit.inspect.words import Word, aggregate, word_groups
+
+if TYPE_CHECKING:
+    from attnkit.models import Model, ModelRun
+
+# The sentence of the notes' practical example.
+EXAMPLE_TEXT = "The cat sat on the mat."
+
+# What the rows and columns of a map stand for: tokens, or words of the text.
+LEVELS = ("token", "word")
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """The attention of some heads of one layer on one text, between tokens or words.
+
+    Attributes:
+        model: the model's name.
+        text: the input text.
+        tokens: the tokenizer's token strings (``"Ġcat"``, ``"[CLS]"``).
+        labels: the rows' and columns' labels, as they read in the text: one per token
+            (``"cat"``, ``"배(1/3)"``) or, for a word map, one per word (``"고파서"``).
+        layer: the layer, counted from 0.
+        num_layers: how many layers the model has.
+        heads: the heads, counted from 0.
+        weights: ``[h, n, n]`` float32, queries as rows and keys as columns; ``n`` is the
+            number of tokens, or of words for a word map.
+        readable: each token as it reads in the text
+            (:class:`~attnkit.inspect.tokens.ReadableToken`).
+        words: for a word map, the groups of tokens the rows and columns stand for;
+            ``None`` for a token map.
+        causal: whether the model is causal (the viewer greys out the masked cells).
+
+    In Jupyter, the map shows as the interactive viewer (:meth:`_repr_html_`).
+    """
+
+    model: str
+    text: str
+    tokens: list[str]
+    labels: list[str]
+    layer: int
+    num_layers: int
+    heads: list[int]
+    weights: Tensor
+    readable: list[ReadableToken] = field(default_factory=list)
+    words: list[Word] | None = None
+    causal: bool = False
+
+    @property
+    def level(self) -> str:
+        """``"word"`` for a word map, ``"token"`` for a token map."""
+        return "token" if self.words is None else "word"
+
+    def by_words(self, groups: Sequence[Word] | None = None) -> AttentionMap:
+        """This token map as a word map (:func:`attnkit.inspect.words.aggregate`).
+
+        Args:
+            groups: the token groups to use (default: the words of the text,
+                :func:`attnkit.inspect.words.word_groups`).
+
+        Returns:
+            An :class:`AttentionMap` with ``words`` set and ``weights`` ``[h, w, w]``.
+
+        Raises:
+            ValueError: already a word map, no readable tokens to group, or groups that do
+                not hold every token exactly once.
+        """
+        if self.words is not None:
+            raise ValueError("this map is already between words")
+        if groups is None:
+            if len(self.readable) != len(self.tokens):
+                raise ValueError("this map has no readable tokens to group into words; pass the groups")
+            groups = word_groups(self.text, self.readable)
+        groups = list(groups)
+        return replace(
+            self, labels=[g.label for g in groups], weights=aggregate(self.weights, groups), words=groups
+        )
+
+    def to_dict(self, digits: int = 6) -> dict[str, Any]:
+        """A JSON-ready dict; weights rounded to ``digits`` decimals and nested as
+        ``weights[head][query][key]``, in the order of ``heads``.
+
+        ``tokens`` are the tokenizer's strings and ``token_info`` what each stands for
+        (``text``, ``span``, ``partial``, ...: :meth:`ReadableToken.to_dict`); ``labels``
+        name the rows and columns of ``weights``: tokens, or for ``level`` ``"word"`` the
+        ``words`` (``text``, ``span``, ``tokens`` — their token indices).
+        """
+        data = {
+            "model": self.model,
+            "text": self.text,
+            "level": self.level,
+            "tokens": self.tokens,
+            "token_info": [t.to_dict() for t in self.readable],
+            "labels": self.labels,
+            "layer": self.layer,
+            "num_layers": self.num_layers,
+            "heads": self.heads,
+            "weights": [[[round(w, digits) for w in row] for row in head] for head in self.weights.tolist()],
+        }
+        if self.words is not None:
+            data["words"] = [w.to_dict() for w in self.words]
+        return data
+
+    def _repr_html_(self) -> str:
+        """The interactive viewer of this map (head, model and matrix views), inline in a
+        Jupyter notebook, without a server."""
+        return notebook_html(
+            self.model, self.labels, {self.layer: self.weights}, causal=self.causal, heads=self.heads, text=self.text
+        )
+
+
+@dataclass(frozen=True)
+class ReadableRun:
+    """A model run's attention with readable labels, between tokens or words.
+
+    Attributes:
+        text: the text that ran (rebuilt from the tokens when the run had only ids).
+        tokens: each token as it reads (:class:`~attnkit.inspect.tokens.ReadableToken`).
+        words: the word groups for ``level`` ``"word"``, else ``None``.
+        labels: one label per row and column of the maps: tokens or words.
+        attentions: layer → ``[1, h, n, n]`` weights, ``n`` tokens or words.
+    """
+
+    text: str
+    tokens: list[ReadableToken]
+    words: list[Word] | None
+    labels: list[str]
+    attentions: dict[int, Tensor]
+
+
+@dataclass(frozen=True)
+class AttentionView:
+    """The attention of many layers and heads on one text, with readable labels: what
+    :func:`view` returns, shown inline in Jupyter as the interactive viewer.
+
+    Attributes:
+        model: the model's name.
+        causal: whether the model is causal.
+        heads: the heads, counted from 0, in the order of dimension 1 of every map.
+        run: the labels and maps (:class:`ReadableRun`), between tokens or words.
+    """
+
+    model: str
+    causal: bool
+    heads: list[int]
+    run: ReadableRun
+
+    def _repr_html_(self) -> str:
+        """The interactive viewer, inline in a Jupyter notebook, without a server."""
+        return notebook_html(
+            self.model, self.run.labels, self.run.attentions, causal=self.causal, heads=self.heads, text=self.run.text
+        )
+
+
+def notebook_html(
+    model: str,
+    labels: Sequence[str],
+    attentions: Mapping[int, Tensor],
+    *,
+    causal: bool,
+    heads: Sequence[int],
+    text: str,
+    height: int = 720,
+) -> str:
+    """The self-contained viewer page (:func:`attnkit.viz.viewer.render_html`) in an
+    ``<iframe srcdoc>``, the form notebooks display inline.
+
+    The page keeps its own content-security policy and runs in a sandbox that allows its
+    script and nothing else; escaping it into one attribute keeps it whole inside the
+    notebook's HTML.
+
+    Args:
+        model: the model's name.
+        labels: one label per row and column of the maps.
+        attentions: layer → ``[h, n, n]`` or ``[1, h, n, n]`` weights.
+        causal: whether the model is causal.
+        heads: the heads the ``h`` rows stand for.
+        text: the input text.
+        height: the frame's height in CSS pixels.
+
+    Returns:
+        One ``<iframe>`` element.
+
+    Raises:
+        ImportError: the viewer's dependencies are missing.
+    """
+    # The viewer is presentation (attnkit.viz); imported only when a notebook asks for it.
+    from attnkit.viz.viewer import ViewerData, render_html
+
+    data = ViewerData.from_run(model, labels, attentions, causal=causal, heads=heads, text=text)
+    page = html.escape(render_html(data), quote=True)
+    return (
+        f'<iframe srcdoc="{page}" sandbox="allow-scripts" title="attnkit attention viewer: {html.escape(model)}" '
+        f'style="width: 100%; height: {int(height)}px; border: 0"></iframe>'
+    )
+
+
+def resolve_layer(layer: int, num_layers: int) -> int:
+    """A layer index, negative ones counted from the end (``-1`` = last), as ``0 .. n-1``.
+
+    Raises:
+        ValueError: outside ``-n .. n-1``; the message gives the valid range.
+    """
+    if not -num_layers <= layer < num_layers:
+        raise ValueError(
+            f"layer {layer} is out of range: this model has {num_layers} layers, "
+            f"0..{num_layers - 1} (or -{num_layers}..-1 from the end)"
+        )
+    return layer % num_layers
+
+
+def resolve_heads(head: int | str | None, num_heads: int) -> list[int]:
+    """The heads that ``head`` names: one index (negative from the end), or ``"all"``/``None``.
+
+    Raises:
+        ValueError: an index outside ``-h .. h-1`` or a string other than ``"all"``.
+    """
+    if head is None or head == "all":
+        return list(range(num_heads))
+    if isinstance(head, str):
+        try:
+            head = int(head)
+        except ValueError:
+            raise ValueError(f'head must be a number or "all", got {head!r}') from None
+    if not -num_heads <= head < num_heads:
+        raise ValueError(f"head {head} is out of range: this model has {num_heads} heads per layer, 0..{num_heads - 1}")
+    return [head % num_heads]
+
+
+def token_labels(text: str, tokens: Sequence[str], offsets: Sequence[tuple[int, int]]) -> list[str]:
+    """How each token reads in the text (:attr:`ReadableToken.label`): its span, stripped of
+    surrounding spaces, a token holding part of a character marked ``(k/n)``.
+
+    Special tokens (an empty span, like ``[CLS]``) keep their token string, and tokens made
+    only of white space are shown as ``␣`` or ``\\n``.
+
+    Args:
+        text: the tokenized text.
+        tokens: the token strings.
+        offsets: each token's ``(start, end)`` character span in ``text``.
+
+    Returns:
+        One label per token.
+    """
+    return [t.label for t in readable_tokens(text, tokens, offsets)]
+
+
+def readable_run(model: Model, run: ModelRun, text: str | None = None, *, level: str = "token") -> ReadableRun:
+    """A run's attention with labels people can read, between tokens or words.
+
+    Args:
+        model: the model that ran (its tokenizer tells special tokens and how tokens spell
+            text).
+        run: its :class:`attnkit.models.ModelRun` (``tokens``, ``offsets``, ``attentions``
+            and ``ids`` are read).
+        text: the text that ran; without it (or without the run's offsets) the text is
+            rebuilt from the token strings (:func:`attnkit.inspect.tokens.decode_tokens`).
+        level: ``"token"``, or ``"word"`` to aggregate the maps into word maps.
+
+    Returns:
+        :class:`ReadableRun`.
+
+    Raises:
+        ValueError: an unknown ``level``.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    # Read through getattr, so that stand-ins without a tokenizer or ids work too: their
+    # tokens are then plain text, special where they stand for no text.
+    backend = getattr(getattr(model, "tokenizer", None), "backend", None)
+    ids = getattr(run, "ids", None)
+    special_ids = special_token_ids(backend)
+    special = None if ids is None else [i in special_ids for i in ids.reshape(-1).tolist()]
+    if text is None or run.offsets is None:
+        text, spans = decode_tokens(run.tokens, scheme=token_scheme(backend), special=special)
+        tokens = readable_tokens(text, run.tokens, spans, special=special)
+    else:
+        tokens = readable_tokens(text, run.tokens, run.offsets, special=special)
+    if level == "token":
+        return ReadableRun(text, tokens, None, [t.label for t in tokens], dict(run.attentions))
+    words = word_groups(text, tokens)
+    attentions = {layer: aggregate(w, words) for layer, w in run.attentions.items()}  # [1, h, w, w]
+    return ReadableRun(text, tokens, words, [w.label for w in words], attentions)
+
+
+def attention_map(
+    model: Model, text: str, *, layer: int = -1, head: int | str | None = 0, level: str = "token"
+) -> AttentionMap:
+    """Run ``model`` on ``text`` and keep the attention of one layer.
+
+    Args:
+        model: an :mod:`attnkit.models` model.
+        text: the input.
+        layer: the layer; negative counts from the end (default: the last).
+        head: a head index, or ``"all"``/``None`` for every head of the layer.
+        level: ``"token"``, or ``"word"`` for the attention between the words of the text
+            (:meth:`AttentionMap.by_words`).
+
+    Returns:
+        :class:`AttentionMap`.
+
+    Raises:
+        ValueError: an empty text, a text longer than the model's context, a layer or
+            head out of range (the message gives the valid range), or an unknown level.
+    """
+    if not text.strip():
+        raise ValueError("the text is empty")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    layer = resolve_layer(layer, model.num_layers)
+    heads = resolve_heads(head, model.num_heads)
+    run = model.run(text, attention=[layer], heads=heads)
+    weights = run.attentions[layer][0].float()  # [h, s, s]
+    readable = readable_run(model, run, text)
+    amap = AttentionMap(
+        model=model.name,
+        causal=bool(model.causal),
+        text=text,
+        tokens=list(run.tokens),
+        labels=readable.labels,
+        layer=layer,
+        num_layers=model.num_layers,
+        heads=list(run.heads),
+        weights=weights,
+        readable=readable.tokens,
+    )
+    return amap.by_words() if level == "word" else amap
+
+
+def view(
+    model: Model,
+    text: str,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    level: str = "token",
+) -> AttentionView:
+    """Run ``model`` on ``text`` and keep the attention of many layers and heads, to explore
+    in the interactive viewer — in Jupyter, just display the result.
+
+    Args:
+        model: an :mod:`attnkit.models` model.
+        text: the input.
+        layers: layer indices, negative ones from the end (default: all).
+        heads: head indices, negative ones from the end (default: all).
+        level: ``"token"``, or ``"word"`` for the attention between the words of the text.
+
+    Returns:
+        :class:`AttentionView`.
+
+    Raises:
+        ValueError: an empty text, a text longer than the model's context, a layer or head
+            out of range, or an unknown level.
+    """
+    if not text.strip():
+        raise ValueError("the text is empty")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    layer_list = True if layers is None else [resolve_layer(layer, model.num_layers) for layer in layers]
+    head_list = None if heads is None else [h for head in heads for h in resolve_heads(head, model.num_heads)]
+    run = model.run(text, attention=layer_list, heads=head_list)
+    return AttentionView(model.name, bool(model.causal), list(run.heads), readable_run(model, run, text, level=level))

@@ -1,0 +1,263 @@
+"""Per-head statistics of a real model over one or many texts (``attnkit heads``).
+
+The text statistics of :mod:`attnkit.inspect.heads` are computed on each text and averaged
+over the texts; the induction score is computed once, on a fixed-seed sequence of random
+tokens repeated twice, run through the model itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from attnkit.inspect import heads as H
+from attnkit.inspect.maps import LEVELS, readable_run
+from attnkit.inspect.words import aggregate, word_groups
+
+if TYPE_CHECKING:
+    from attnkit.models import Model
+
+# Length of the random segment the induction score repeats (as in Olsson et al., 2022).
+INDUCTION_PERIOD = 50
+INDUCTION_SEED = 0
+
+# What each statistic measures, for tables, pictures and JSON.
+DESCRIPTIONS = {
+    "entropy": "entropy of the attention (bits)",
+    "distance": "mean distance to the attended keys (tokens)",
+    "previous": "mass on the previous token",
+    "first": "mass on the first token (attention sink)",
+    "self": "mass on the token itself",
+    "induction": "induction score on repeated random tokens",
+}
+
+
+@dataclass(frozen=True)
+class TokenPair:
+    """How much one token attends to another, per head.
+
+    Attributes:
+        source: the attending token, as asked (``"it"``).
+        target: the attended token (``"animal"``).
+        mass: ``[layers, heads]`` weight of ``source`` on ``target``, averaged over texts.
+        texts: how many texts contain both tokens (the others are skipped).
+        uniform: the mass a head spreading evenly over the keys ``source`` can see would
+            put on ``target`` — the baseline to compare ``mass`` with.
+        level: ``"token"`` (``source`` and ``target`` are tokens) or ``"word"`` (words of
+            the text, their attention aggregated by
+            :func:`attnkit.inspect.words.aggregate`).
+    """
+
+    source: str
+    target: str
+    mass: Tensor
+    texts: int
+    uniform: float
+    level: str = "token"
+
+
+@dataclass(frozen=True)
+class HeadSurvey:
+    """Per-head statistics of one model.
+
+    Attributes:
+        model: the model's name.
+        num_layers: layers of the model.
+        num_heads: query heads per layer.
+        texts: how many texts the text statistics average over.
+        tokens: tokens over all texts.
+        statistics: each name of :data:`DESCRIPTIONS` → ``[layers, heads]``.
+        induction_period: length of the repeated random segment.
+        induction_seed: seed of the random segment.
+        pair: the ``--from``/``--to`` result, when asked.
+    """
+
+    model: str
+    num_layers: int
+    num_heads: int
+    texts: int
+    tokens: int
+    statistics: dict[str, Tensor]
+    induction_period: int
+    induction_seed: int
+    pair: TokenPair | None = None
+
+    def to_dict(self, digits: int = 6) -> dict[str, Any]:
+        """A JSON-ready dict; each statistic as ``[layer][head]`` rounded to ``digits``."""
+
+        def grid(values: Tensor) -> list[list[float]]:
+            return [[round(v, digits) for v in row] for row in values.tolist()]
+
+        data: dict[str, Any] = {
+            "model": self.model,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "texts": self.texts,
+            "tokens": self.tokens,
+            "induction": {"period": self.induction_period, "seed": self.induction_seed},
+            "statistics": {
+                name: {"description": DESCRIPTIONS[name], "values": grid(values)}
+                for name, values in self.statistics.items()
+            },
+        }
+        if self.pair is not None:
+            data["pair"] = {
+                "from": self.pair.source,
+                "to": self.pair.target,
+                "level": self.pair.level,
+                "texts": self.pair.texts,
+                "uniform": round(self.pair.uniform, digits),
+                "values": grid(self.pair.mass),
+            }
+        return data
+
+
+def survey_heads(
+    model: Model,
+    texts: Sequence[str],
+    *,
+    source: str | None = None,
+    target: str | None = None,
+    level: str = "token",
+    period: int = INDUCTION_PERIOD,
+    seed: int = INDUCTION_SEED,
+) -> HeadSurvey:
+    """Per-head statistics of ``model`` over ``texts``, and optionally how much token (or
+    word) ``source`` attends to token (or word) ``target``.
+
+    Args:
+        model: an :mod:`attnkit.models` model.
+        texts: one or more texts, each run on its own.
+        source: the attending token or word of the pair (``"it"``, ``"고파서"``), matched
+            with the text it stands for, ignoring case and surrounding spaces
+            (:func:`attnkit.inspect.heads.find_token`).
+        target: the attended token or word (``"animal"``); given together with ``source``.
+        level: ``"token"``, or ``"word"`` to match and measure the pair between the words
+            of the texts (:func:`attnkit.inspect.words.word_groups`).
+        period: length of the random segment of the induction score.
+        seed: its seed.
+
+    Returns:
+        :class:`HeadSurvey`.
+
+    Raises:
+        ValueError: no texts, an empty text or one of a single token, a text longer than
+            the model's context, only one of ``source``/``target``, an unknown level, or no
+            text containing both (the message lists the tokens or words).
+    """
+    if not texts:
+        raise ValueError("give at least one text")
+    if (source is None) != (target is None):
+        raise ValueError("give both the token that attends (source) and the token attended to (target)")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    totals: dict[str, Tensor] = {}
+    pair_total, pair_texts, uniform_total, misses = None, 0, 0.0, []
+    n_tokens = 0
+    for number, text in enumerate(texts, 1):
+        if not text.strip():
+            raise ValueError(f"text {number} is empty")
+        run = model.run(text)
+        weights = _stack(run.attentions)  # [layers, heads, s, s]
+        if weights.shape[-1] < 2:
+            raise ValueError(f"text {number} ({text!r}) is a single token; statistics need at least 2")
+        n_tokens += weights.shape[-1]
+        for name, values in H.head_statistics(weights).items():
+            totals[name] = values if name not in totals else totals[name] + values
+        if source is None:
+            continue
+        readable = readable_run(model, run, text)
+        # The same grouping applies to the weights and to the even-spread baseline.
+        groups = word_groups(readable.text, readable.tokens) if level == "word" else None
+        units = [w.text for w in groups] if groups is not None else [t.text for t in readable.tokens]
+        try:
+            queries, keys = H.find_token(units, source, what=level), H.find_token(units, target, what=level)
+        except ValueError as err:
+            misses.append(f"text {number}: {err}" if len(texts) > 1 else str(err))
+            continue
+        pair_weights = weights
+        uniform = _uniform_weights(weights.shape[-1], causal=model.causal)[None, None]  # [1, 1, s, s]
+        if groups is not None:
+            pair_weights, uniform = aggregate(weights, groups), aggregate(uniform, groups)  # [..., w, w]
+        mass = H.token_mass(pair_weights, queries, keys)
+        pair_total = mass if pair_total is None else pair_total + mass
+        pair_texts += 1
+        uniform_total += float(H.token_mass(uniform, queries, keys))
+    pair = None
+    if source is not None:
+        if pair_total is None:
+            raise ValueError(misses[0] if len(misses) == 1 else f"no text contains both {source!r} and {target!r}; {misses[0]}")
+        pair = TokenPair(source, target, pair_total / pair_texts, pair_texts, uniform_total / pair_texts, level)
+    statistics = {name: total / len(texts) for name, total in totals.items()}
+    statistics["induction"] = induction_scores(model, period=period, seed=seed)
+    return HeadSurvey(
+        model=model.name,
+        num_layers=model.num_layers,
+        num_heads=model.num_heads,
+        texts=len(texts),
+        tokens=n_tokens,
+        statistics=statistics,
+        induction_period=period,
+        induction_seed=seed,
+        pair=pair,
+    )
+
+
+def induction_scores(model: Model, *, period: int = INDUCTION_PERIOD, seed: int = INDUCTION_SEED) -> Tensor:
+    """The induction score of every head on ``period`` random tokens repeated twice,
+    between the special tokens the tokenizer adds to any text (``[CLS]`` … ``[SEP]``).
+
+    The random tokens are drawn from the whole vocabulary but its added tokens
+    (``<|im_start|>``, ``[MASK]``, ...).
+
+    Returns:
+        ``[layers, heads]``.
+
+    Raises:
+        ValueError: the sequence would not fit in the model's context.
+    """
+    probe = model.tokenize("a")
+    first = probe.special.index(False)
+    last = len(probe.special) - probe.special[::-1].index(False)
+    prefix, suffix = probe.ids[0, :first], probe.ids[0, last:]  # what the tokenizer adds around any text
+    added = model.tokenizer.backend.get_added_tokens_decoder()
+    segment = random_token_ids(model.tokenizer.vocab_size, period, seed=seed, exclude=added)  # [period]
+    ids = torch.cat([prefix, segment, segment, suffix])[None]  # [1, s]
+    if ids.shape[1] > model.max_length:
+        raise ValueError(f"an induction period of {period} needs {ids.shape[1]} tokens; {model.name} takes {model.max_length}")
+    run = model.run(ids)
+    return H.induction_score(_stack(run.attentions), start=len(prefix), period=period)
+
+
+def random_token_ids(vocab_size: int, n: int, *, seed: int, exclude: Iterable[int] = ()) -> Tensor:
+    """``n`` distinct token ids drawn uniformly from ``0 .. vocab_size-1`` but ``exclude``;
+    the same for the same seed.
+
+    Returns:
+        ``[n]`` int64.
+
+    Raises:
+        ValueError: fewer than ``n`` ids to draw from.
+    """
+    excluded = set(exclude)
+    candidates = torch.tensor([i for i in range(vocab_size) if i not in excluded], dtype=torch.long)
+    if n > len(candidates):
+        raise ValueError(f"cannot draw {n} distinct tokens from a vocabulary of {len(candidates)} ordinary tokens")
+    generator = torch.Generator().manual_seed(seed)
+    return candidates[torch.randperm(len(candidates), generator=generator)[:n]]
+
+
+def _stack(attentions: dict[int, Tensor]) -> Tensor:
+    """A run's per-layer ``[1, heads, s, s]`` as ``[layers, heads, s, s]``."""
+    return torch.cat([attentions[layer] for layer in sorted(attentions)]).float()
+
+
+def _uniform_weights(s: int, *, causal: bool) -> Tensor:
+    """``[s, s]``: each query spreading its attention evenly over the keys it may see (all
+    of them, or those up to itself when causal)."""
+    visible = torch.ones(s, s).tril() if causal else torch.ones(s, s)
+    return visible / visible.sum(-1, keepdim=True)

@@ -1,0 +1,213 @@
+"""BERT-family checkpoints (MiniLM and friends) on :class:`attnkit.nn.Encoder`.
+
+Shape letters: ``b`` batch, ``s`` sequence length, ``e`` model dim.
+
+A BERT layer is a post-norm :class:`attnkit.nn.EncoderLayer` with exact GELU and
+biases everywhere. In front of the stack, BERT sums three embeddings (token, learned
+position, segment) and normalises them. Keys map from Hugging Face's ``BertModel``:
+
+=====================================================  ==========================================
+Hugging Face                                           attnkit
+=====================================================  ==========================================
+``embeddings.word_embeddings``                         ``token_embedding``
+``embeddings.position_embeddings``                     ``position``
+``embeddings.token_type_embeddings``                   ``token_type_embedding``
+``embeddings.LayerNorm``                               ``embedding_norm``
+``encoder.layer.N.attention.self.{query,key,value}``   ``encoder.layers.N.self_attn.{q,k,v}_proj``
+``encoder.layer.N.attention.output.dense``             ``encoder.layers.N.self_attn.out_proj``
+``encoder.layer.N.attention.output.LayerNorm``         ``encoder.layers.N.self_attn_norm``
+``encoder.layer.N.intermediate.dense``                 ``encoder.layers.N.ff.up_proj``
+``encoder.layer.N.output.dense``                       ``encoder.layers.N.ff.down_proj``
+``encoder.layer.N.output.LayerNorm``                   ``encoder.layers.N.ff_norm``
+=====================================================  ==========================================
+
+The pooler (a tanh layer over ``[CLS]`` trained for next-sentence prediction) and
+task heads are not part of the encoder and are left out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.models.checkpoint import without_init
+from attnkit.nn import Encoder, EncoderLayer, LayerSelection, LearnedPositionalEmbedding, StackOutput
+from attnkit.nn.layers import MaskLike
+
+_LAYER_KEYS = {
+    "attention.self.query": "self_attn.q_proj",
+    "attention.self.key": "self_attn.k_proj",
+    "attention.self.value": "self_attn.v_proj",
+    "attention.output.dense": "self_attn.out_proj",
+    "attention.output.LayerNorm": "self_attn_norm",
+    "intermediate.dense": "ff.up_proj",
+    "output.dense": "ff.down_proj",
+    "output.LayerNorm": "ff_norm",
+}
+_EMBEDDING_KEYS = {
+    "embeddings.word_embeddings": "token_embedding",
+    "embeddings.position_embeddings": "position",
+    "embeddings.token_type_embeddings": "token_type_embedding",
+    "embeddings.LayerNorm": "embedding_norm",
+}
+_LAYER_KEY = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)")
+# Old checkpoints name LayerNorm parameters gamma/beta.
+_NORM_NAMES = {"gamma": "weight", "beta": "bias"}
+# Not part of the encoder: the position ids buffer, the pooler, pre-training heads.
+_IGNORED = re.compile(r"embeddings\.position_ids|pooler\..*|cls\..*")
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """The sizes of a BERT-family checkpoint, read from its ``config.json``.
+
+    Attributes:
+        vocab_size: number of token ids.
+        hidden_size: model dim ``e``.
+        num_layers: depth.
+        num_heads: attention heads.
+        intermediate_size: feed-forward hidden dim.
+        max_length: learned positions (``max_position_embeddings``).
+        type_vocab_size: number of segment ids.
+        layer_norm_eps: every LayerNorm's epsilon.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_length: int
+    type_vocab_size: int
+    layer_norm_eps: float
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> BertConfig:
+        """Read a Hugging Face ``BertConfig`` dict.
+
+        Raises:
+            ValueError: a missing size, or a feature attnkit does not implement (an
+                activation other than exact GELU, relative position embeddings).
+        """
+        try:
+            out = cls(
+                vocab_size=int(config["vocab_size"]),
+                hidden_size=int(config["hidden_size"]),
+                num_layers=int(config["num_hidden_layers"]),
+                num_heads=int(config["num_attention_heads"]),
+                intermediate_size=int(config["intermediate_size"]),
+                max_length=int(config.get("max_position_embeddings", 512)),
+                type_vocab_size=int(config.get("type_vocab_size", 2)),
+                layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+            )
+        except KeyError as err:
+            raise ValueError(f"config.json lacks {err.args[0]!r}, which a BERT model needs") from None
+        unsupported = []
+        if config.get("hidden_act", "gelu") != "gelu":
+            unsupported.append(f"hidden_act={config['hidden_act']!r}")
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            unsupported.append(f"position_embedding_type={config['position_embedding_type']!r}")
+        if out.hidden_size % out.num_heads:
+            unsupported.append(f"hidden_size={out.hidden_size} with {out.num_heads} heads")
+        if unsupported:
+            raise ValueError(f"unsupported BERT configuration: {', '.join(unsupported)}")
+        return out
+
+
+class BertModel(nn.Module):
+    """A BERT encoder: embeddings, then a stack of post-norm encoder layers.
+
+    Args:
+        config: the sizes.
+        dropout: dropout on the embeddings and inside the layers (0 for inference).
+    """
+
+    def __init__(self, config: BertConfig, *, dropout: float = 0.0) -> None:
+        super().__init__()
+        e = config.hidden_size
+        self.token_embedding = nn.Embedding(config.vocab_size, e)
+        self.position = LearnedPositionalEmbedding(config.max_length, e)
+        self.token_type_embedding = nn.Embedding(config.type_vocab_size, e)
+        self.embedding_norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = Encoder(
+            EncoderLayer(
+                e, config.num_heads, config.intermediate_size, dropout=dropout, activation="gelu", norm="layer",
+                norm_eps=config.layer_norm_eps, norm_first=False, bias=True,
+            )
+            for _ in range(config.num_layers)
+        )
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        token_types: Tensor | None = None,
+        mask: MaskLike | None = None,
+        return_weights: LayerSelection = False,
+    ) -> Tensor | StackOutput:
+        """Contextual embeddings of every token.
+
+        Args:
+            tokens: integer ids ``[b, s]``.
+            token_types: segment ids ``[b, s]`` (default all 0, a single sentence).
+            mask: where each token may attend (``True`` = may), e.g. key padding
+                ``[b, 1, 1, s]``.
+            return_weights: also return the weights of every layer (``True``) or of the
+                layers with these indices.
+
+        Returns:
+            The last layer's output ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
+
+        Raises:
+            TypeError: non-integer tokens.
+            ValueError: tokens not ``[b, s]`` or longer than the learned positions.
+        """
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
+        if token_types is None:
+            token_types = torch.zeros_like(tokens)
+        # Summed in Hugging Face's order (token + segment, then position): float addition
+        # is not associative, and parity is checked to 1e-5.
+        x = self.token_embedding(tokens) + self.token_type_embedding(token_types)  # [b, s, e]
+        x = self.dropout(self.embedding_norm(self.position(x)))  # [b, s, e]
+        return self.encoder(x, mask=mask, return_weights=return_weights)
+
+
+def build(config: BertConfig) -> BertModel:
+    """A :class:`BertModel` with uninitialised weights, to be replaced by the checkpoint's."""
+    with without_init():
+        return BertModel(config)
+
+
+def state_dict_from_hf(tensors: dict[str, Tensor], config: BertConfig) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename a Hugging Face BERT state dict (with or without the ``bert.`` prefix of
+    task models) to :class:`BertModel` keys.
+
+    Returns:
+        ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place in
+        the model (the pooler and pre-training heads are dropped, not unknown).
+    """
+    state: dict[str, Tensor] = {}
+    unknown = []
+    for key, value in tensors.items():
+        bare = key.removeprefix("bert.")
+        parts = bare.rsplit(".", 1)
+        if len(parts) == 2 and parts[1] in _NORM_NAMES:
+            bare = f"{parts[0]}.{_NORM_NAMES[parts[1]]}"
+        match = _LAYER_KEY.fullmatch(bare)
+        stem, _, leaf = bare.rpartition(".")
+        if match and match.group(2) in _LAYER_KEYS:
+            state[f"encoder.layers.{match.group(1)}.{_LAYER_KEYS[match.group(2)]}.{match.group(3)}"] = value
+        elif stem in _EMBEDDING_KEYS:
+            state[f"{_EMBEDDING_KEYS[stem]}.{leaf}"] = value
+        elif not _IGNORED.fullmatch(bare):
+            unknown.append(key)
+    return state, unknown
+

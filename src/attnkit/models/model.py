@@ -1,0 +1,442 @@
+"""``load`` a checkpoint onto attnkit modules, and the :class:`Model` that runs it.
+
+Shape letters: ``s`` number of tokens, ``h`` query heads, ``h_sel`` selected heads,
+``e`` model dim, ``v`` vocabulary size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import operator
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.models import bert, llama
+from attnkit.models.checkpoint import (
+    load_tensors,
+    read_config,
+    read_manifest,
+    resolve,
+    verify_manifest,
+    weight_files,
+)
+from attnkit.models.registry import Family
+from attnkit.models.tokenizer import TokenizedText, Tokenizer
+from attnkit.nn import StackOutput, pack_projections, pick_next_token
+
+# The attention weights one run may hand back, in bytes: all 30 layers of SmolLM2 on 2000
+# tokens would be 4.3 GB. Past this, ask for fewer layers or a shorter text.
+ATTENTION_MEMORY_LIMIT = 2 * 2**30
+
+_MODEL_TYPES: dict[str, Family] = {"llama": "llama", "bert": "bert"}
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """What one forward pass of :meth:`Model.run` produced.
+
+    Attributes:
+        ids: token ids ``[1, s]``.
+        tokens: the ``s`` token strings (see :class:`attnkit.models.TokenizedText`).
+        offsets: each token's ``(start, end)`` character span in the text; ``None`` when
+            the run was given ids rather than text.
+        logits: next-token logits ``[1, s, v]`` (LLaMA), or ``None`` (BERT).
+        hidden_states: the last layer's output ``[1, s, e]`` (after the final norm for
+            LLaMA, what the head reads).
+        attentions: layer index → weights ``[1, h_sel, s, s]`` float32 of the selected
+            heads, for the layers asked for; rows are queries, columns keys.
+        heads: the selected head indices, in the order of dimension 1 of every map.
+    """
+
+    ids: Tensor
+    tokens: list[str]
+    offsets: list[tuple[int, int]] | None
+    logits: Tensor | None
+    hidden_states: Tensor
+    attentions: dict[int, Tensor]
+    heads: list[int]
+
+
+class Model:
+    """A real checkpoint on attnkit modules, with its tokenizer. Get one with :func:`load`.
+
+    Attributes:
+        name: ``"smollm2"``, ``"minilm"``, or the folder name of a local checkpoint.
+        family: ``"llama"`` (causal decoder) or ``"bert"`` (bidirectional encoder).
+        path: the checkpoint folder.
+        config: the family's config (:class:`attnkit.models.llama.LlamaConfig` or
+            :class:`attnkit.models.bert.BertConfig`).
+        num_layers: depth.
+        num_heads: query heads per layer.
+        num_kv_heads: key/value heads per layer (fewer than ``num_heads`` with GQA).
+        max_length: the most tokens one text may have (the model's context).
+        causal: whether a token attends only to itself and earlier tokens.
+        module: the network, an :class:`attnkit.nn.DecoderLM` or
+            :class:`attnkit.models.bert.BertModel`, in evaluation mode.
+        tokenizer: the :class:`attnkit.models.Tokenizer`.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        family: Family,
+        path: Path,
+        config: llama.LlamaConfig | bert.BertConfig,
+        module: nn.Module,
+        tokenizer: Tokenizer,
+    ) -> None:
+        self.name = name
+        self.family = family
+        self.path = path
+        self.config = config
+        self.module = module
+        self.tokenizer = tokenizer
+        self.num_layers = config.num_layers
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads if isinstance(config, llama.LlamaConfig) else config.num_heads
+        self.max_length = config.max_length
+        self.causal = family == "llama"
+
+    def __repr__(self) -> str:
+        return (
+            f"Model({self.name!r}, family={self.family!r}, layers={self.num_layers}, heads={self.num_heads}, "
+            f"kv_heads={self.num_kv_heads}, max_length={self.max_length})"
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are."""
+        return next(self.module.parameters()).device
+
+    def tokenize(self, text: str) -> TokenizedText:
+        """Split a text into the model's tokens (with ``[CLS]``/``[SEP]`` for BERT).
+
+        Args:
+            text: a non-empty string.
+
+        Returns:
+            A :class:`attnkit.models.TokenizedText` with ids ``[1, s]``.
+
+        Raises:
+            TypeError: ``text`` is not a string.
+            ValueError: an empty text, or one longer than :attr:`max_length` tokens.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        encoded = self.tokenizer.encode(text)
+        if not text or all(encoded.special):
+            raise ValueError(f"text is empty: {self.name} needs at least one token, got {text!r}")
+        self._check_length(len(encoded))
+        return encoded
+
+    def run(
+        self,
+        text_or_ids: str | Tensor | Sequence[int],
+        *,
+        attention: bool | Sequence[int] = True,
+        heads: Sequence[int] | None = None,
+    ) -> ModelRun:
+        """One forward pass: logits (LLaMA) or hidden states, and attention weights.
+
+        Layers whose weights are not asked for run on the fused kernel, which never
+        materialises the ``[h, s, s]`` weights.
+
+        Args:
+            text_or_ids: a text, or token ids ``[s]`` / ``[1, s]``.
+            attention: ``True`` for every layer's weights, ``False`` for none, or a list of
+                layer indices (negative ones count from the end: ``-1`` is the last layer).
+            heads: the heads to keep (negative ones count from the end); default all.
+
+        Returns:
+            A :class:`ModelRun`.
+
+        Raises:
+            TypeError: ids that are not integers.
+            ValueError: an empty or too long input, ids outside the vocabulary, a layer or
+                head out of range, or weights that would exceed
+                :data:`ATTENTION_MEMORY_LIMIT` bytes.
+        """
+        ids, tokens, offsets = self._input(text_or_ids)
+        layers = self._layers(attention)
+        head_list = _indices(heads, self.num_heads, "head", f"{self.name} has {self.num_heads} heads per layer")
+        s = ids.shape[1]
+        needed = len(layers) * self.num_heads * s * s * 4
+        if needed > ATTENTION_MEMORY_LIMIT:
+            raise ValueError(
+                f"the attention weights of {len(layers)} layers on {s} tokens take {needed / 2**30:.1f} GiB, over "
+                f"the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or a shorter text"
+            )
+        select_heads = head_list != list(range(self.num_heads))
+        request = layers if layers else False
+        # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
+        # that callers may use in any mode.
+        with torch.no_grad():
+            tokens_in = ids.to(self.device)
+            if self.causal:
+                out = self.module.hidden_states(tokens_in, return_weights=request)
+            else:
+                out = self.module(tokens_in, return_weights=request)
+            hidden = out.output if isinstance(out, StackOutput) else out  # [1, s, e]
+            logits = self.module.lm_head(hidden) if self.causal else None  # [1, s, v]
+            attentions = {}
+            for i in layers:
+                weights = out.weights[i].self_attention  # [1, h, s, s]
+                if select_heads:
+                    weights = weights[:, head_list]  # [1, h_sel, s, s]
+                attentions[i] = weights.float()
+        return ModelRun(
+            ids=ids, tokens=tokens, offsets=offsets, logits=None if logits is None else logits.float(),
+            hidden_states=hidden.float(), attentions=attentions, heads=head_list,
+        )
+
+    def generate_ids(
+        self,
+        prompt: str | Tensor | Sequence[int],
+        *,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+    ) -> Iterator[int]:
+        """Continue a prompt token by token with a KV cache (LLaMA only).
+
+        The prompt runs once (its logits computed for the last position only), then each
+        step runs one token against the cache. Generation stops after ``max_new_tokens``,
+        at an end-of-sequence token (not yielded), or when the context is full.
+
+        Args:
+            prompt: a text, or token ids ``[s]`` / ``[1, s]``.
+            max_new_tokens: the most tokens to produce.
+            temperature: ``0`` is greedy (the most likely token); above 0 samples from
+                ``softmax(logits / temperature)``.
+            top_k: when sampling, only from the ``top_k`` most likely tokens.
+            seed: seed of the sampling generator, for reproducible samples.
+
+        Yields:
+            Token ids.
+
+        Raises:
+            ValueError: a BERT model, an empty or too long prompt, ``max_new_tokens < 0``,
+                ``temperature < 0``, ``top_k < 1``.
+        """
+        if not self.causal:
+            raise ValueError(f"{self.name} is a bidirectional encoder ({self.family}); it cannot generate text")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        ids, _, _ = self._input(prompt)
+        return self._generate(ids, min(max_new_tokens, self.max_length - ids.shape[1]), temperature, top_k, seed)
+
+    def _generate(
+        self, ids: Tensor, budget: int, temperature: float, top_k: int | None, seed: int | None
+    ) -> Iterator[int]:
+        generator = None
+        if temperature > 0 and seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        cache = self.module.new_cache(capacity=ids.shape[1] + budget)
+        step_input = ids.to(self.device)  # [1, s], then [1, 1]
+        for _ in range(budget):
+            # Each step opens its own inference_mode: a mode left open across a yield would
+            # leak into the caller's code between steps.
+            with torch.inference_mode():
+                hidden = self.module.hidden_states(step_input, cache=cache)[:, -1]  # [1, e]
+                logits = self.module.lm_head(hidden)  # [1, v]
+                token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [1]
+            token_id = int(token)
+            if token_id in self.tokenizer.eos_token_ids:
+                return
+            yield token_id
+            step_input = token.view(1, 1)
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+    ) -> Iterator[str]:
+        """Continue a prompt, streaming the text as it is produced (LLaMA only).
+
+        Args:
+            prompt: the text to continue (as is; no chat template is applied).
+            max_new_tokens: the most tokens to produce.
+            temperature: ``0`` is greedy; above 0 samples.
+            top_k: when sampling, only from the ``top_k`` most likely tokens.
+            seed: seed of the sampling generator.
+
+        Returns:
+            An iterator of text pieces that join to the continuation.
+
+        Raises:
+            ValueError: as :meth:`generate_ids`, raised at the call, before any token.
+        """
+        ids = self.generate_ids(
+            prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed
+        )
+        return self.tokenizer.stream(ids)
+
+    def _input(self, text_or_ids: str | Tensor | Sequence[int]) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]:
+        """``(ids [1, s], tokens, offsets)`` of a text or of ids, validated."""
+        if isinstance(text_or_ids, str):
+            encoded = self.tokenize(text_or_ids)
+            return encoded.ids, encoded.tokens, encoded.offsets
+        ids = text_or_ids if isinstance(text_or_ids, Tensor) else torch.tensor(list(text_or_ids))
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+            raise TypeError(f"token ids must be integers, got dtype {ids.dtype}")
+        if ids.ndim == 1:
+            ids = ids.unsqueeze(0)
+        if ids.ndim != 2 or ids.shape[0] != 1:
+            raise ValueError(f"token ids must be [s] or [1, s], got {list(ids.shape)}")
+        if ids.shape[1] == 0:
+            raise ValueError(f"no token ids: {self.name} needs at least one token")
+        self._check_length(ids.shape[1])
+        vocab = self.module.token_embedding.num_embeddings
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"token ids must be in [0, {vocab}), got [{int(ids.min())}, {int(ids.max())}]")
+        ids = ids.long().cpu()
+        return ids, [self.tokenizer.id_to_token(i) for i in ids[0].tolist()], None
+
+    def _check_length(self, n: int) -> None:
+        if n > self.max_length:
+            raise ValueError(f"text is {n} tokens long; {self.name} reads at most {self.max_length} tokens")
+
+    def _layers(self, attention: bool | Sequence[int]) -> list[int]:
+        if isinstance(attention, bool):
+            return list(range(self.num_layers)) if attention else []
+        context = f"{self.name} has {self.num_layers} layers"
+        return sorted(set(_indices(attention, self.num_layers, "layer", context, allow_empty=True)))
+
+
+def load(
+    name_or_path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> Model:
+    """Load a fetched model by name, or a local Hugging Face folder, onto attnkit modules.
+
+    The folder must hold ``config.json`` (``model_type`` ``llama`` or ``bert``),
+    safetensors weights and ``tokenizer.json``. Each safetensors header is checked against
+    its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
+    fetch time. Weights are memory-mapped and become the parameters without random
+    initialisation; the attention and SwiGLU projections are then packed
+    (:func:`attnkit.nn.pack_projections`).
+
+    Args:
+        name_or_path: ``"smollm2"``, ``"minilm"``, or a folder.
+        dtype: floating dtype of the weights.
+        device: where to put them.
+
+    Returns:
+        A :class:`Model` in evaluation mode.
+
+    Raises:
+        ModelNotFound: a known model not fetched yet (the message names
+            ``attnkit models fetch NAME``), or neither a known name nor a folder.
+        ValueError: a corrupt, truncated or unsupported checkpoint, weights that do not fit
+            the configuration.
+        TypeError: a non-floating ``dtype``.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    name, folder = resolve(name_or_path)
+    manifest = read_manifest(folder)
+    if manifest is not None:
+        verify_manifest(folder, manifest, name)
+    hf_config = read_config(folder)
+    model_type = hf_config.get("model_type")
+    if model_type not in _MODEL_TYPES:
+        raise ValueError(
+            f"{folder}: model_type {model_type!r} is not supported; attnkit loads {', '.join(_MODEL_TYPES)} checkpoints"
+        )
+    family = _MODEL_TYPES[model_type]
+    tensors = load_tensors(weight_files(folder), dtype=dtype)
+    eos: tuple[int, ...] = ()
+    if family == "llama":
+        config: llama.LlamaConfig | bert.BertConfig = llama.LlamaConfig.from_hf(hf_config)
+        module: nn.Module = llama.build(config)
+        state, unknown = llama.state_dict_from_hf(tensors, config)
+        _assign(module, state, unknown, folder)
+        llama.finish(module, config)
+        eos = tuple(dict.fromkeys(config.eos_token_ids + _generation_eos(folder)))
+    else:
+        config = bert.BertConfig.from_hf(hf_config)
+        module = bert.build(config)
+        state, unknown = bert.state_dict_from_hf(tensors, config)
+        _assign(module, state, unknown, folder)
+    module = module.to(device).eval()
+    # One matrix product for q/k/v and for SwiGLU's gate/up at inference: the same results,
+    # fewer calls per decoding step (attnkit.nn.packing).
+    pack_projections(module)
+    tokenizer = Tokenizer.from_file(folder / "tokenizer.json", eos_token_ids=eos)
+    return Model(name=name, family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+
+
+def _assign(module: nn.Module, state: dict[str, Tensor], unknown: list[str], folder: Path) -> None:
+    """Make checkpoint tensors a module's parameters (no copies), after checking that they
+    are exactly the ones it needs."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    if missing or unknown:
+        raise ValueError(
+            f"{folder}: the weights do not fit the configuration: missing {_few(missing)}, unexpected {_few(unknown)}"
+        )
+    wrong = [
+        f"{key} is {list(state[key].shape)}, expected {list(t.shape)}"
+        for key, t in expected.items()
+        if state[key].shape != t.shape
+    ]
+    if wrong:
+        raise ValueError(f"{folder}: weights of the wrong shape: {_few(wrong)}")
+    module.load_state_dict(state, strict=True, assign=True)
+
+
+def _generation_eos(folder: Path) -> tuple[int, ...]:
+    """End-of-sequence ids of ``generation_config.json``, which `transformers` uses when
+    generating (it may list more than ``config.json``)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        value: Any = json.loads(path.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise ValueError(f"{path} is not a valid JSON object") from None
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    return tuple(int(v) for v in values)
+
+
+def _indices(
+    values: Sequence[int] | None, n: int, what: str, context: str, *, allow_empty: bool = False
+) -> list[int]:
+    """Normalise indices (negative ones count from the end), keeping their order."""
+    if values is None:
+        return list(range(n))
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            raise TypeError(f"{what} indices must be ints, got {v!r}")
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{what} indices must be ints, got {v!r}") from None
+        if not -n <= v < n:
+            raise ValueError(f"{what} {v} is out of range: {context} (0 to {n - 1}, or -{n} to -1 from the end)")
+        out.append(v % n)
+    if not out and not allow_empty:
+        raise ValueError(f"no {what}s selected; give at least one {what} index")
+    return out
+
+
+def _few(items: list[str], limit: int = 5) -> str:
+    shown = ", ".join(itertools.islice(items, limit))
+    return f"[{shown}{', ...' if len(items) > limit else ''}]" if items else "[]"

@@ -1,0 +1,147 @@
+"""Tokenizers read from ``tokenizer.json`` with the ``tokenizers`` library (no
+``transformers`` import at load time).
+
+Shape letters: ``s`` number of tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TokenizedText:
+    """A text split into tokens.
+
+    Attributes:
+        ids: token ids, ``[1, s]`` int64.
+        tokens: the ``s`` token strings as the tokenizer has them (byte-level BPE writes a
+            leading space as ``Ġ``, WordPiece a continuation as ``##``), special tokens
+            (``[CLS]``, ``[SEP]``) included.
+        offsets: the ``(start, end)`` character span of each token in the text; ``(0, 0)``
+            for special tokens.
+        special: whether each token is a special token added by the tokenizer.
+    """
+
+    ids: Tensor
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    special: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Tokenizer:
+    """A checkpoint's tokenizer.
+
+    Args:
+        backend: a ``tokenizers.Tokenizer``. Truncation and padding are switched off: a text
+            that does not fit the model is an error, not a silently shortened input.
+        eos_token_ids: the ids that end a generation.
+
+    Attributes:
+        backend: the ``tokenizers.Tokenizer``.
+        eos_token_ids: the ids that end a generation.
+    """
+
+    def __init__(self, backend: object, *, eos_token_ids: Iterable[int] = ()) -> None:
+        backend.no_truncation()
+        backend.no_padding()
+        self.backend = backend
+        self.eos_token_ids = frozenset(eos_token_ids)
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, eos_token_ids: Iterable[int] = ()) -> Tokenizer:
+        """Read a ``tokenizer.json``.
+
+        Raises:
+            ValueError: a missing or unreadable file.
+        """
+        from tokenizers import Tokenizer as Backend
+
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"{path.parent} has no tokenizer.json")
+        try:
+            backend = Backend.from_file(str(path))
+        except Exception as err:  # tokenizers raises its own untyped Exception subclasses
+            raise ValueError(f"{path} is not a valid tokenizer file: {err}") from None
+        return cls(backend, eos_token_ids=eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> TokenizedText:
+        """Split ``text`` into tokens, with the special tokens the model expects.
+
+        Args:
+            text: any string.
+
+        Returns:
+            A :class:`TokenizedText`.
+        """
+        enc = self.backend.encode(text, add_special_tokens=True)
+        return TokenizedText(
+            ids=torch.tensor([enc.ids], dtype=torch.long),  # [1, s]
+            tokens=list(enc.tokens),
+            offsets=[tuple(o) for o in enc.offsets],
+            special=[bool(m) for m in enc.special_tokens_mask],
+        )
+
+    def decode(self, ids: Iterable[int] | Tensor, *, skip_special_tokens: bool = False) -> str:
+        """The text of token ids.
+
+        Args:
+            ids: token ids, a list or a 1-D tensor.
+            skip_special_tokens: leave out special tokens.
+        """
+        if isinstance(ids, Tensor):
+            ids = ids.reshape(-1).tolist()
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The token string of one id (as in :attr:`TokenizedText.tokens`).
+
+        Raises:
+            ValueError: an id outside the vocabulary.
+        """
+        token = self.backend.id_to_token(int(token_id))
+        if token is None:
+            raise ValueError(f"token id {token_id} is outside the vocabulary of {self.vocab_size}")
+        return token
+
+    def stream(self, ids: Iterable[int]) -> Iterator[str]:
+        """Decode ids one by one into text pieces as soon as they are printable.
+
+        Byte-level tokenizers may split one character over several tokens, so a piece is
+        released only once the text no longer ends in a partial character (U+FFFD). Each
+        step decodes a short window (from the token before the last released piece) rather
+        than everything so far, which keeps long generations linear; the window starts one
+        token early because some decoders treat a sequence's first token specially.
+
+        Args:
+            ids: an iterable of token ids (e.g. a generator producing them).
+
+        Yields:
+            Text pieces that join to ``decode(all ids)``.
+        """
+        seen: list[int] = []
+        window_start = released = 0  # decode from window_start; ids before `released` are out
+        for token_id in ids:
+            seen.append(int(token_id))
+            done = self.decode(seen[window_start:released])
+            text = self.decode(seen[window_start:])
+            if len(text) > len(done) and not text.endswith("\ufffd"):
+                yield text[len(done) :]
+                window_start, released = released, len(seen)
+        if released < len(seen):
+            done = self.decode(seen[window_start:released])
+            yield self.decode(seen[window_start:])[len(done) :]

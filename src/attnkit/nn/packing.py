@@ -1,0 +1,108 @@
+"""Packed projections: several ``nn.Linear`` that read the same input, their weights stored
+as row blocks of one matrix, so that inference runs one matrix product instead of several.
+
+Shape letters: ``e`` input dim, ``n_i`` output dim of the ``i``-th linear, ``n = Σ n_i``.
+
+Why: when decoding one token at a time, each projection is a small matrix-vector product
+whose cost is mostly the call itself and, on a multi-threaded CPU, the synchronisation of
+its parallel region. Attention's query/key/value projections become one product, and so do
+SwiGLU's gate and up projections. The result is bit-identical: each output row of a
+matrix product depends only on its own weight row.
+
+The linears keep their parameters (same names, same ``state_dict``), which become views of
+the packed matrix: in-place updates (``load_state_dict``, optimisers) reach both. The
+packed product stands in for the linears only while no gradient is recorded and while the
+parameters are still those views; replacing a parameter, or converting the module with
+``.to(dtype)``, silently returns to the separate products.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class PackedLinears:
+    """The packed weights of several linears with the same input dim.
+
+    Args:
+        linears: the ``nn.Linear`` modules, in the order their outputs are concatenated;
+            all with a bias or all without.
+
+    Raises:
+        ValueError: no linears, different input dims, devices or dtypes, or a mix of
+            linears with and without a bias.
+
+    Attributes:
+        weight: ``[n, e]``.
+        bias: ``[n]`` or ``None``.
+        sizes: ``(n_1, n_2, ...)``.
+    """
+
+    def __init__(self, linears: Sequence[nn.Linear]) -> None:
+        if not linears:
+            raise ValueError("nothing to pack")
+        first = linears[0].weight
+        if any(
+            lin.in_features != linears[0].in_features or lin.weight.dtype != first.dtype
+            or lin.weight.device != first.device
+            for lin in linears
+        ):
+            raise ValueError("packed linears must share input dim, dtype and device")
+        if len({lin.bias is None for lin in linears}) > 1:
+            raise ValueError("packed linears must all have a bias or all have none")
+        with torch.no_grad():
+            self.weight = torch.cat([lin.weight for lin in linears])  # [n, e]
+            self.bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])  # [n]
+        self.sizes = tuple(lin.out_features for lin in linears)
+        self._linears = tuple(linears)
+        start = 0
+        for lin, size in zip(linears, self.sizes):
+            lin.weight = nn.Parameter(self.weight[start : start + size], requires_grad=lin.weight.requires_grad)
+            if self.bias is not None:
+                lin.bias = nn.Parameter(self.bias[start : start + size], requires_grad=lin.bias.requires_grad)
+            start += size
+        self._pointers = self._current_pointers()
+
+    def usable(self) -> bool:
+        """Whether the packed product may stand in for the linears now: no gradient is
+        being recorded and every parameter is still the view made at packing time."""
+        return not torch.is_grad_enabled() and self._current_pointers() == self._pointers
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """All the linears' outputs side by side: ``[..., e]`` → ``[..., n]``."""
+        return F.linear(x, self.weight, self.bias)
+
+    def _current_pointers(self) -> tuple[int, ...]:
+        params = [lin.weight for lin in self._linears]
+        if self.bias is not None:
+            params += [lin.bias for lin in self._linears]
+        return tuple(p.data_ptr() for p in params)
+
+
+def pack_projections(module: nn.Module) -> int:
+    """Pack the projections of every :class:`attnkit.nn.MultiHeadAttention` that can
+    project self-attention (key and value dims equal to the model dim) and of every gated
+    :class:`attnkit.nn.FeedForward` inside ``module``, for faster inference.
+
+    Args:
+        module: any module, e.g. a :class:`attnkit.nn.DecoderLM`.
+
+    Returns:
+        How many submodules were packed.
+    """
+    from attnkit.nn.attention import MultiHeadAttention
+    from attnkit.nn.feedforward import FeedForward
+
+    packed = 0
+    for sub in module.modules():
+        if isinstance(sub, MultiHeadAttention) and sub.kdim == sub.vdim == sub.embed_dim:
+            sub.pack_projections()
+            packed += 1
+        elif isinstance(sub, FeedForward) and sub.gate_proj is not None:
+            sub.pack_projections()
+            packed += 1
+    return packed

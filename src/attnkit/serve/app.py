@@ -1,0 +1,383 @@
+"""The viewer as a local web app: one page (``GET /``), the attention of any text
+(``POST /api/attention``) and what the server offers (``GET /api/info``), over models loaded
+once when the app is created. The API is documented in ``docs/viewer.md`` and, as OpenAPI,
+at ``/openapi.json``.
+
+FastAPI and uvicorn are optional dependencies (``pip install 'attnkit[serve]'``).
+
+Every input is checked before the model runs, and every refusal is a 4xx with a JSON body
+``{"detail": "what was wrong"}`` (400 for a body that is not JSON, 413 for one over the size
+limit, 422 for anything else: empty text, too many tokens, unknown model, ...). The only
+file the app serves is its own page, whose script and style are inline, and every response
+carries a content-security policy that forbids other origins.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    import uvicorn
+    from fastapi import FastAPI, HTTPException
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
+    from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+except ImportError as err:  # pragma: no cover - depends on the installed extras
+    raise ImportError(f"attnkit serve needs FastAPI and uvicorn ({err}): pip install 'attnkit[serve]'") from None
+
+from attnkit import __version__
+from attnkit.viz.viewer import content_security_policy, render_html, viewer_data_from_run
+
+DEFAULT_MAX_TOKENS = 1024
+# Weights in one response, layers x heads x tokens^2: 2^25 is about 67 MB of uint16 before
+# compression, e.g. every layer and head of SmolLM2 on 350 tokens, or 32 maps of 1,024.
+DEFAULT_MAX_WEIGHTS = 2**25
+DEFAULT_MAX_CHARS = 50_000
+DEFAULT_MAX_BODY_BYTES = 256 * 1024
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+# ---------------------------------------------------------------- API schema (for OpenAPI)
+
+
+class AttentionRequest(BaseModel):
+    """Body of ``POST /api/attention``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: StrictStr = Field(description="Not blank; at most max_chars characters and max_tokens tokens.")
+    model: StrictStr | None = Field(None, description="A name from GET /api/info (default: the server's first model).")
+    layers: list[StrictInt] | None = Field(None, description="Layer indices, from 0 (default: all).")
+    heads: list[StrictInt] | None = Field(None, description="Head indices, from 0 (default: all).")
+
+
+class ErrorBody(BaseModel):
+    """Body of every 4xx response."""
+
+    detail: str = Field(description="What was wrong with the request, in words.")
+
+
+class ModelInfo(BaseModel):
+    name: str = Field(description='The value for "model" in a request.')
+    family: str
+    kind: str = Field(description='"causal" or "bidirectional".')
+    layers: int = Field(description="Number of layers; valid indices are 0 .. layers - 1.")
+    heads: int = Field(description="Query heads per layer; valid indices are 0 .. heads - 1.")
+    max_tokens: int = Field(description="Longest text accepted for this model, in its tokens.")
+
+
+class InfoBody(BaseModel):
+    """Body of ``GET /api/info``."""
+
+    version: str
+    models: list[ModelInfo]
+    default_model: str
+    max_chars: int
+    max_weights: int = Field(description="Most weights (layers x heads x tokens^2) in one response.")
+    max_body_bytes: int
+
+
+class WeightsBody(BaseModel):
+    shape: list[int] = Field(description="[layers, heads, s_q, s_k]")
+    dtype: str = Field(description='"uint16"')
+    byteorder: str = Field(description='"little"')
+    scale: float = Field(description="weight = stored integer * scale (1 / 65535)")
+    compression: str = Field(description='"zlib"')
+    encoding: str = Field(description='"base64"')
+    data: list[str] = Field(description="One string per layer: [heads, s_q, s_k] row-major.")
+
+
+class SectionBody(BaseModel):
+    causal: bool
+    query_tokens: list[str]
+    key_tokens: list[str]
+    layers: list[int]
+    heads: list[int]
+    weights: WeightsBody
+
+
+class ViewerDataBody(BaseModel):
+    """Body of a successful ``POST /api/attention``: the viewer's data (``docs/viewer.md``)."""
+
+    format: str = Field(description='"attnkit-viewer"')
+    version: int
+    model: str
+    kind: str = Field(description='"causal", "bidirectional" or "encoder-decoder"')
+    text: str
+    sections: dict[str, SectionBody] = Field(description='"self" for these models')
+
+
+# ---------------------------------------------------------------- the app
+
+
+@dataclass
+class ServedModel:
+    """A model the app serves, and the one thread that runs it.
+
+    One request at a time, because one run already uses every core and queueing keeps
+    memory to one run's worth; and always the same thread, because PyTorch's per-thread
+    state (its OpenMP team, allocator caches) then stays warm: on a busy two-core machine a
+    SmolLM2 request took 3 s when each ran on whichever worker thread was free, 0.3 s here.
+    """
+
+    name: str
+    model: Any
+    max_tokens: int
+    runner: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="attnkit-model"), repr=False
+    )
+
+    def info(self) -> ModelInfo:
+        """What ``GET /api/info`` says about this model."""
+        return ModelInfo(
+            name=self.name, family=str(getattr(self.model, "family", "")),
+            kind="causal" if self.model.causal else "bidirectional",
+            layers=self.model.num_layers, heads=self.model.num_heads, max_tokens=self.max_tokens,
+        )
+
+
+def _error(status: int, detail: str) -> HTTPException:
+    return HTTPException(status_code=status, detail=detail)
+
+
+def _indices(values: list[int] | None, count: int, what: str, model: str) -> list[int]:
+    """Requested layer or head indices, checked, deduplicated and sorted (all when None)."""
+    if values is None:
+        return list(range(count))
+    if not values:
+        raise _error(422, f"{what}s must not be an empty list; leave it out for all {count} {what}s")
+    bad = [v for v in values if not 0 <= v < count]
+    if bad:
+        raise _error(422, f"{what} {bad[0]} is out of range: {model} has {count} {what}s, 0..{count - 1}")
+    return sorted(set(values))
+
+
+def _validation_message(errors: Sequence[dict[str, Any]]) -> tuple[int, str]:
+    """A status and one readable sentence for pydantic's list of errors."""
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        reason = first.get("ctx", {}).get("error", "not JSON")
+        return 400, f"the request body is not valid JSON ({reason})"
+    parts = []
+    for e in errors:
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+    return 422, "invalid request: " + "; ".join(parts)
+
+
+class _Guard:
+    """Pure ASGI middleware: refuses bodies over ``max_body_bytes`` with 413 (by the
+    declared length, or while reading a body sent without one) and adds the security
+    headers to every response."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + self.headers
+            await send(message)
+
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            response = JSONResponse({"detail": self._too_large_detail()}, status_code=413)
+            await response(scope, receive, send_with_headers)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    # FastAPI passes an HTTPException raised while reading the body through
+                    # to its handler, which answers it like any other.
+                    raise _error(413, self._too_large_detail())
+            return message
+
+        await self.app(scope, limited_receive, send_with_headers)
+
+    def _too_large_detail(self) -> str:
+        return f"the request body is larger than this server's limit of {self.max_body_bytes} bytes"
+
+
+def create_app(
+    models: Sequence[str] = ("smollm2",),
+    *,
+    loader: Callable[[str], Any] | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_weights: int = DEFAULT_MAX_WEIGHTS,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    allowed_hosts: Sequence[str] | None = None,
+) -> FastAPI:
+    """The web app, with each model loaded now, once.
+
+    Args:
+        models: names or paths to load, each with ``loader``; requests pick one by this
+            string, and the first is the default.
+        loader: ``name -> model`` (default :func:`attnkit.models.load`). A model needs
+            ``num_layers``, ``num_heads``, ``max_length``, ``causal``, ``tokenize(text)``
+            (returning something with ``tokens``) and ``run(text, attention=layers,
+            heads=heads)`` returning a run with ``tokens``, ``offsets``, ``attentions``
+            (layer → ``[1, h, s, s]``) and ``heads``.
+        max_tokens: the longest text, in tokens (lowered to a model's ``max_length``).
+        max_weights: the most weights in one response, ``layers * heads * tokens**2``.
+        max_chars: the longest text in characters, checked before tokenizing.
+        max_body_bytes: the largest request body.
+        allowed_hosts: accepted ``Host`` header names (e.g. ``["127.0.0.1",
+            "localhost"]``), which defeats DNS rebinding against a local server; ``None``
+            accepts any.
+
+    Returns:
+        A FastAPI app, to run with uvicorn (or :func:`background`).
+
+    Raises:
+        ValueError: no models, a repeated name, or a limit below 1.
+        Exception: whatever ``loader`` raises for a model it cannot load.
+    """
+    if not models or len(set(models)) != len(models):
+        raise ValueError(f"models must be one or more distinct names, got {list(models)}")
+    for name, value in (("max_tokens", max_tokens), ("max_weights", max_weights), ("max_chars", max_chars),
+                        ("max_body_bytes", max_body_bytes)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if loader is None:
+        from attnkit.models import load as loader
+    served = {
+        name: ServedModel(name, model, min(max_tokens, int(model.max_length)))
+        for name, model in ((name, loader(name)) for name in models)
+    }
+    default = next(iter(served))
+    info = InfoBody(
+        version=__version__, models=[s.info() for s in served.values()], default_model=default,
+        max_chars=max_chars, max_weights=max_weights, max_body_bytes=max_body_bytes,
+    )
+    page = render_html(None, app=True)
+    security = [
+        (b"content-security-policy", (content_security_policy(app=True) + "; frame-ancestors 'none'").encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+        (b"cross-origin-resource-policy", b"same-origin"),
+        (b"x-frame-options", b"DENY"),
+        (b"cache-control", b"no-store"),
+    ]
+
+    # Swagger UI and ReDoc load their script from a CDN, which the policy forbids;
+    # the schema itself stays at /openapi.json.
+    app = FastAPI(
+        title="attnkit serve", version=__version__, docs_url=None, redoc_url=None,
+        description="Attention weights of a text, for the attnkit viewer. Schema: docs/viewer.md.",
+    )
+    app.state.models = served
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Any, exc: RequestValidationError) -> JSONResponse:
+        status, detail = _validation_message(exc.errors())
+        return JSONResponse({"detail": detail}, status_code=status)
+
+    errors = {code: {"model": ErrorBody} for code in (400, 413, 422)}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def index() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @app.get("/api/info", response_model=InfoBody)
+    def api_info() -> InfoBody:
+        """The models this server has loaded, their layers and heads, and its limits."""
+        return info
+
+    @app.post("/api/attention", response_class=Response, responses={200: {"model": ViewerDataBody}, **errors})
+    def api_attention(request: AttentionRequest) -> Response:
+        """Run a model on a text and return the attention weights of the chosen layers and
+        heads in the viewer's format."""
+        started = time.perf_counter()
+        name = request.model or default
+        if name not in served:
+            raise _error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
+        s = served[name]
+        text = request.text
+        if not text.strip():
+            raise _error(422, "the text is empty: give some words to look at")
+        if len(text) > max_chars:
+            raise _error(422, f"the text is {len(text)} characters, more than this server's limit of {max_chars}")
+        layers = _indices(request.layers, s.model.num_layers, "layer", name)
+        heads = _indices(request.heads, s.model.num_heads, "head", name)
+        try:
+            count = len(s.model.tokenize(text).tokens)
+        except ValueError as err:
+            raise _error(422, str(err)) from None
+        if count > s.max_tokens:
+            raise _error(422, f"the text is {count} tokens, more than the limit of {s.max_tokens} for {name}")
+        weights = len(layers) * len(heads) * count * count
+        if weights > max_weights:
+            per_layer = len(heads) * count * count
+            raise _error(
+                422,
+                f"{len(layers)} layers x {len(heads)} heads x {count}^2 tokens is {weights} weights, more than this "
+                f"server's limit of {max_weights}: ask for at most {max(1, max_weights // per_layer)} layers "
+                "or fewer heads",
+            )
+        try:
+            run = s.runner.submit(s.model.run, text, attention=layers, heads=heads).result()
+        except ValueError as err:
+            raise _error(422, str(err)) from None
+        data = viewer_data_from_run(s.model, run, name=name, text=text)
+        timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
+        return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
+
+    # Each middleware added wraps those before it: the guard is outermost, so that even a
+    # refusal by the host check carries the security headers.
+    if allowed_hosts is not None:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+    app.add_middleware(_Guard, max_body_bytes=max_body_bytes, headers=security)
+    return app
+
+
+@contextmanager
+def background(app: Any, host: str = "127.0.0.1", port: int = 0, *, timeout: float = 30.0) -> Iterator[str]:
+    """Run ``app`` with uvicorn in a background thread for the duration of a ``with``.
+
+    Args:
+        app: an ASGI app, e.g. from :func:`create_app`.
+        host: the address to bind.
+        port: the port; ``0`` picks a free one.
+        timeout: seconds to wait for the server to start and to stop.
+
+    Yields:
+        The base URL, e.g. ``"http://127.0.0.1:54321"``.
+
+    Raises:
+        RuntimeError: the server did not start in time.
+    """
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, name="attnkit-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the server did not start on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout)

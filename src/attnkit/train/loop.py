@@ -1,0 +1,630 @@
+"""Training a small Transformer on a toy task: the loop, checkpoints, resuming, and the
+final evaluation on held-out examples.
+
+Shape letters: ``b`` batch, ``s_out`` target length, ``v`` vocabulary size, ``L`` layers,
+``h`` heads.
+
+The loop is AdamW with a linear warm-up followed by a cosine decay to zero, optional label
+smoothing, and gradient clipping. Everything random comes from the seed: the weights from
+``torch.manual_seed(seed)``, the training examples from their own generator, the held-out
+examples from another. A checkpoint stores every piece of state that the next step
+depends on (weights, optimizer moments, schedule, both RNG states, the loss history), so a
+run that is stopped and resumed computes exactly the same numbers as one that is not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer, build_model
+from attnkit.train.tasks import TASKS, Task, make_task
+
+CHECKPOINT_FORMAT = 1
+METRICS_NAME = "metrics.json"
+# The held-out stream is seeded apart from the training one (which uses the seed itself).
+HELD_OUT_SEED_OFFSET = 0x5EED_0FF
+# The loss curve in metrics.json has about this many points, each a mean over its steps.
+LOSS_CURVE_POINTS = 100
+# Examples decoded at once during evaluation, and whose attention weights are kept at once.
+EVAL_BATCH = 500
+ATTENTION_BATCH = 100
+
+Model = Seq2SeqTransformer | DecoderOnlyTransformer
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run.
+
+    Attributes:
+        task: one of :data:`attnkit.train.tasks.TASKS`.
+        length: input length of ``copy``, ``reverse``, ``sort``.
+        symbols: number of symbols of ``copy``, ``reverse``, ``sort``.
+        digits: digits per operand of ``addition``.
+        layers: encoder layers and as many decoder layers (decoder layers for
+            ``addition``).
+        d_model: model dim, even.
+        heads: attention heads; must divide ``d_model``.
+        ff: feed-forward hidden dim.
+        dropout: dropout rate (the tasks have unlimited data, so 0 by default).
+        steps: optimizer steps.
+        batch_size: examples per step.
+        lr: peak learning rate.
+        warmup: steps of linear warm-up before the cosine decay.
+        weight_decay: AdamW's decoupled weight decay.
+        label_smoothing: of the cross-entropy loss.
+        clip: maximum gradient norm.
+        seed: seeds weights, training and held-out examples.
+        eval_size: held-out examples of the final evaluation.
+        checkpoint_every: steps between checkpoints.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
+    """
+
+    task: str
+    length: int = 16
+    symbols: int = 32
+    digits: int = 3
+    layers: int = 2
+    d_model: int = 128
+    heads: int = 4
+    ff: int = 256
+    dropout: float = 0.0
+    steps: int = 2000
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup: int = 200
+    weight_decay: float = 0.01
+    label_smoothing: float = 0.0
+    clip: float = 1.0
+    seed: int = 0
+    eval_size: int = 1000
+    checkpoint_every: int = 500
+    device: str = "cpu"
+
+    # Fields a resumed run may change: they do not enter the training computation.
+    # (Another device gives other rounding, but moving a run is worth allowing.)
+    RESUMABLE_CHANGES: ClassVar[tuple[str, ...]] = ("device", "eval_size", "checkpoint_every")
+
+    def validate(self) -> Task:
+        """Check every option and build the task.
+
+        Returns:
+            The task the config describes.
+
+        Raises:
+            ValueError: the first invalid option, with what was expected and what was got.
+        """
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
+        at_least_one = ("layers", "heads", "ff", "steps", "batch_size", "eval_size", "checkpoint_every")
+        for name in at_least_one:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model < 2 or self.d_model % 2:
+            raise ValueError(f"d_model must be even and >= 2 (sinusoidal encoding), got {self.d_model}")
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model must be divisible by heads, got d_model={self.d_model} and heads={self.heads}")
+        for name in ("dropout", "label_smoothing"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("lr", "clip"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.warmup < 0 or self.weight_decay < 0:
+            raise ValueError(f"warmup and weight_decay must be >= 0, got {self.warmup} and {self.weight_decay}")
+        return make_task(self.task, length=self.length, symbols=self.symbols, digits=self.digits)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, for checkpoints and ``metrics.json``."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: unknown or missing fields.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(data) - names or "task" not in data:
+            raise ValueError(f"not a training config: fields {sorted(data)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Greedy decoding of held-out examples.
+
+    Attributes:
+        exact_match: the fraction of examples whose every output token (EOS included) is
+            right.
+        token_accuracy: the fraction of right output tokens.
+        inputs: ``[n, s_in]`` on the CPU.
+        targets: ``[n, s_out]``.
+        predictions: ``[n, s_out]``.
+    """
+
+    exact_match: float
+    token_accuracy: float
+    inputs: Tensor
+    targets: Tensor
+    predictions: Tensor
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What :func:`run` did.
+
+    Attributes:
+        config: the run's config.
+        step: the optimizer steps done so far.
+        finished: all ``config.steps`` are done and the run was evaluated.
+        metrics: the content of ``metrics.json`` when finished, else ``None``.
+        files: the files written, checkpoint first.
+    """
+
+    config: TrainConfig
+    step: int
+    finished: bool
+    metrics: dict[str, Any] | None
+    files: list[Path]
+
+
+def lr_factor(step: int, *, warmup: int, steps: int) -> float:
+    """The learning rate of step ``step`` (0-based) as a fraction of the peak: linear
+    warm-up over ``warmup`` steps, then a cosine decay that reaches 0 after ``steps``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device called ``name``, checked to be usable.
+
+    Raises:
+        ValueError: an unknown device, or CUDA asked for where there is none.
+    """
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {name!r}: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but this torch build sees no CUDA GPU")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as err:
+        raise ValueError(f"device {name!r} is not usable: {err}") from None
+    return device
+
+
+def prepare_output_dir(path: str | Path) -> Path:
+    """Create ``path`` if needed and check that files can be written into it.
+
+    Raises:
+        ValueError: it cannot be created or written to.
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write to output directory {path}: {err.strerror or err}") from None
+    return path
+
+
+def saved_config(out_dir: str | Path) -> TrainConfig:
+    """The config of the run whose checkpoint is in ``out_dir``.
+
+    Raises:
+        ValueError: no checkpoint there, or not one of ours.
+    """
+    return TrainConfig.from_dict(_load_run_checkpoint(Path(out_dir))["config"])
+
+
+def _load_run_checkpoint(out_dir: Path) -> dict[str, Any]:
+    path = out_dir / CHECKPOINT_NAME
+    try:
+        state = load_checkpoint(path)
+    except FileNotFoundError:
+        raise ValueError(f"nothing to resume: no {CHECKPOINT_NAME} in {out_dir}") from None
+    if state.get("format") != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
+        raise ValueError(f"{path} is not an attnkit training checkpoint (format {CHECKPOINT_FORMAT})")
+    return state
+
+
+def check_resumable(saved: TrainConfig, asked: TrainConfig) -> None:
+    """A run can resume from a checkpoint only with the same training config.
+
+    Raises:
+        ValueError: the configs differ in a field outside
+            :attr:`TrainConfig.RESUMABLE_CHANGES`; the message lists each difference.
+    """
+    differences = [
+        f"{f.name}: checkpoint {getattr(saved, f.name)!r}, asked {getattr(asked, f.name)!r}"
+        for f in dataclasses.fields(TrainConfig)
+        if f.name not in TrainConfig.RESUMABLE_CHANGES and getattr(saved, f.name) != getattr(asked, f.name)
+    ]
+    if differences:
+        raise ValueError(
+            "the checkpoint was trained with another config (" + "; ".join(differences) + "); resume with the "
+            "checkpoint's options, or train into a new output directory"
+        )
+
+
+def held_out_generator(seed: int) -> torch.Generator:
+    """The generator of the held-out examples of a run seeded with ``seed``."""
+    return torch.Generator().manual_seed(seed + HELD_OUT_SEED_OFFSET)
+
+
+def build_for_config(config: TrainConfig, task: Task) -> Model:
+    """The run's model, freshly initialised from ``torch.manual_seed(config.seed)``."""
+    torch.manual_seed(config.seed)
+    return build_model(
+        task.vocab_size, decoder_only=task.decoder_only, d_model=config.d_model, heads=config.heads,
+        layers=config.layers, ff=config.ff, dropout=config.dropout,
+    )
+
+
+def run(
+    config: TrainConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Train (or continue training), evaluate on held-out examples and write the results.
+
+    Writes ``checkpoint.pt`` every ``config.checkpoint_every`` steps and at the end; when
+    every step is done, also ``metrics.json`` and an attention heatmap of one held-out
+    example (``cross_attention.png``, or ``self_attention.png`` for decoder-only tasks).
+
+    Args:
+        config: the run.
+        out_dir: where to write; created if needed.
+        resume: continue from the checkpoint in ``out_dir``, which must have been written
+            with the same config (up to :attr:`TrainConfig.RESUMABLE_CHANGES`).
+        stop_after: stop (with a checkpoint) once this many steps are done, as if the run
+            had been killed there; continue later with ``resume=True``.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        A :class:`RunResult`.
+
+    Raises:
+        ValueError: invalid options, an output directory that cannot be written, a
+            checkpoint already there without ``resume``, or none (or an incompatible one)
+            with it.
+        ImportError: tqdm or matplotlib missing.
+    """
+    task = config.validate()
+    device = resolve_device(config.device)
+    if stop_after is not None and stop_after < 1:
+        raise ValueError(f"stop_after must be >= 1, got {stop_after}")
+    out = prepare_output_dir(out_dir)
+    state = None
+    if resume:
+        state = _load_run_checkpoint(out)
+        check_resumable(TrainConfig.from_dict(state["config"]), config)
+    elif (out / CHECKPOINT_NAME).exists():
+        raise ValueError(
+            f"{out} already holds a {CHECKPOINT_NAME}; resume it, or train into a new output directory"
+        )
+
+    model = build_for_config(config, task).to(device)
+    trainer = _Trainer(config, task, model, device)
+    if state is not None:
+        trainer.load_state(state)
+    checkpoint_path = out / CHECKPOINT_NAME
+    last = config.steps if stop_after is None else min(stop_after, config.steps)
+    trainer.train_until(last, checkpoint_path, progress=progress)
+    if trainer.step < config.steps:
+        return RunResult(config, trainer.step, False, None, [checkpoint_path])
+
+    eval_start = time.perf_counter()
+    evaluation = evaluate(model, task, size=config.eval_size, seed=config.seed, device=device)
+    maps, fractions = _inspect_attention(model, task, evaluation, device)
+    alignment = alignment_report(task, fractions)
+    heatmap = _draw_example(task, maps, evaluation, alignment, out)
+    eval_seconds = time.perf_counter() - eval_start
+
+    metrics = _metrics(config, task, model, trainer, evaluation, alignment, heatmap, eval_seconds, device)
+    metrics_path = out / METRICS_NAME
+    metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
+    return RunResult(config, trainer.step, True, metrics, [checkpoint_path, metrics_path, heatmap])
+
+
+class _Trainer:
+    """The mutable state of a run: model, optimizer, schedule, RNGs and loss history."""
+
+    def __init__(self, config: TrainConfig, task: Task, model: Model, device: torch.device) -> None:
+        self.config = config
+        self.task = task
+        self.model = model
+        self.device = device
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay
+        )
+        # A function, not a callable object: LambdaLR's state_dict would pickle an
+        # object's attributes, and a checkpoint must hold plain data only.
+        def factor(step: int) -> float:
+            return lr_factor(step, warmup=config.warmup, steps=config.steps)
+
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        self.data = torch.Generator().manual_seed(config.seed)
+        self.step = 0
+        # Per-step records stay on the device: reading them every step would wait for
+        # the GPU each time.
+        self.losses = torch.zeros(config.steps, device=device)
+        self.accuracies = torch.zeros(config.steps, device=device)
+        self.seconds = 0.0
+
+    def state(self) -> dict[str, Any]:
+        """Everything the next step depends on, as plain data."""
+        rng = {"torch": torch.get_rng_state(), "data": self.data.get_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.config.to_dict(),
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng,
+            "losses": self.losses[: self.step].cpu(),
+            "accuracies": self.accuracies[: self.step].cpu(),
+            "seconds": self.seconds,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state` (read back from a checkpoint)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.data.set_state(state["rng"]["data"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if self.device.type == "cuda" and "cuda" in state["rng"]:
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        self.step = int(state["step"])
+        self.losses[: self.step] = state["losses"].to(self.device)
+        self.accuracies[: self.step] = state["accuracies"].to(self.device)
+        self.seconds = float(state["seconds"])
+
+    def train_step(self) -> None:
+        """One optimizer step on a fresh batch; records its loss and token accuracy."""
+        batch = self.task.sample(self.config.batch_size, self.data).to(self.device)
+        logits = self.model(batch.inputs, batch.targets)  # [b, s_out, v]
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), batch.targets.flatten(), label_smoothing=self.config.label_smoothing
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.losses[self.step] = loss.detach()
+        self.accuracies[self.step] = (logits.detach().argmax(-1) == batch.targets).float().mean()
+        self.step += 1
+
+    def train_until(self, last: int, checkpoint_path: Path, *, progress: bool) -> None:
+        """Train up to step ``last``, with checkpoints on the way and at the end."""
+        if self.step >= last:
+            return
+        bar = _progress_bar(total=self.config.steps, initial=self.step, desc=self.task.name, disable=not progress)
+        self.model.train()
+        started = time.perf_counter()
+        try:
+            while self.step < last:
+                self.train_step()
+                if self.step % 10 == 0 or self.step == last:
+                    recent = slice(max(0, self.step - 10), self.step)
+                    bar.set_postfix(
+                        loss=f"{self.losses[recent].mean().item():.4f}",
+                        acc=f"{self.accuracies[recent].mean().item():.3f}",
+                        refresh=False,
+                    )
+                bar.update(1)
+                if self.step % self.config.checkpoint_every == 0 or self.step == last:
+                    self.seconds += time.perf_counter() - started
+                    started = time.perf_counter()
+                    save_checkpoint(self.state(), checkpoint_path)
+        finally:
+            bar.close()
+
+    def loss_curve(self) -> list[dict[str, float]]:
+        """Mean loss and token accuracy over consecutive spans of steps."""
+        span = max(1, self.step // LOSS_CURVE_POINTS)
+        losses, accuracies = self.losses[: self.step].cpu(), self.accuracies[: self.step].cpu()
+        return [
+            {
+                "step": min(start + span, self.step),
+                "loss": round(losses[start : start + span].mean().item(), 6),
+                "token_accuracy": round(accuracies[start : start + span].mean().item(), 6),
+            }
+            for start in range(0, self.step, span)
+        ]
+
+
+def _progress_bar(**kwargs: Any):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        raise ImportError("the training progress bar needs tqdm: pip install 'attnkit[train]'") from None
+    return tqdm(unit="step", dynamic_ncols=True, **kwargs)
+
+
+@torch.no_grad()
+def evaluate(model: Model, task: Task, *, size: int, seed: int, device: torch.device | str) -> Evaluation:
+    """Greedy decoding of ``size`` held-out examples, scored against the answers.
+
+    Args:
+        model: a trained model for ``task``.
+        task: the task.
+        size: how many held-out examples.
+        seed: the run's seed; the examples come from :func:`held_out_generator`.
+        device: where the model is.
+
+    Returns:
+        An :class:`Evaluation`.
+    """
+    batch = task.sample(size, held_out_generator(seed), held_out=True)
+    predictions = torch.cat(
+        [model.generate(chunk.to(device), task.target_length).cpu() for chunk in batch.inputs.split(EVAL_BATCH)]
+    )  # [n, s_out]
+    right = predictions == batch.targets  # [n, s_out]
+    return Evaluation(
+        exact_match=right.all(dim=1).float().mean().item(),
+        token_accuracy=right.float().mean().item(),
+        inputs=batch.inputs,
+        targets=batch.targets,
+        predictions=predictions,
+    )
+
+
+def _inspect_attention(
+    model: Model, task: Task, evaluation: Evaluation, device: torch.device
+) -> tuple[AttentionMaps, Tensor | None]:
+    """The attention of the model while it produced its held-out predictions (teacher
+    forcing on its own output computes what greedy decoding computed).
+
+    Returns:
+        The maps of the first example only (weights ``[L, 1, h, s_out, s_k]``, on the CPU),
+        and for tasks with an alignment each head's alignment fraction over every example
+        (``[L, h]``), else ``None``. Examples go through in chunks: the full weights of
+        every example at once could be far larger than the model.
+    """
+    aligned = task.aligned_keys()
+    first: AttentionMaps | None = None
+    total: Tensor | None = None
+    chunks = zip(evaluation.inputs.split(ATTENTION_BATCH), evaluation.predictions.split(ATTENTION_BATCH))
+    for inputs, predictions in chunks:
+        maps = model.attention_maps(inputs.to(device), predictions.to(device))
+        if first is None:
+            first = AttentionMaps(maps.kind, maps.weights[:, :1].cpu(), maps.keys[:1].cpu())
+        if aligned is not None:
+            part = alignment_fractions(maps.weights, aligned).cpu() * inputs.shape[0]  # [L, h]
+            total = part if total is None else total + part
+    assert first is not None  # eval_size >= 1
+    return first, None if total is None else total / evaluation.inputs.shape[0]
+
+
+def alignment_fractions(weights: Tensor, aligned_keys: Tensor) -> Tensor:
+    """For each head, the fraction of query positions whose most-attended key is the
+    expected one.
+
+    Args:
+        weights: ``[L, n, h, s_q, s_k]`` attention weights.
+        aligned_keys: ``[s]`` with ``s <= s_q``: the expected key of query ``i``;
+            queries from ``s`` on are not counted.
+
+    Returns:
+        ``[L, h]`` fractions in ``[0, 1]``.
+    """
+    rows = aligned_keys.shape[0]
+    argmax = weights[..., :rows, :].argmax(dim=-1)  # [L, n, h, s]
+    return (argmax == aligned_keys.to(argmax.device)).float().mean(dim=(1, 3))  # [L, h]
+
+
+def alignment_report(task: Task, fractions: Tensor | None) -> dict[str, Any] | None:
+    """The ``alignment`` entry of ``metrics.json``: how much each head attends along the
+    task's alignment (diagonal for ``copy``, anti-diagonal for ``reverse``).
+
+    Args:
+        task: the task.
+        fractions: ``[L, h]`` from :func:`alignment_fractions`, or ``None``.
+
+    Returns:
+        ``{"pattern", "fractions" ([layer][head]), "best": {"layer", "head", "fraction"}}``,
+        layers and heads counted from 0; ``None`` without fractions.
+    """
+    if fractions is None:
+        return None
+    best = int(fractions.argmax())
+    layer, head = divmod(best, fractions.shape[1])
+    return {
+        "pattern": task.alignment,
+        "fractions": [[round(f, 4) for f in row] for row in fractions.tolist()],
+        "best": {"layer": layer, "head": head, "fraction": round(fractions[layer, head].item(), 4)},
+    }
+
+
+def _draw_example(
+    task: Task, maps: AttentionMaps, evaluation: Evaluation, alignment: dict[str, Any] | None, out: Path
+) -> Path:
+    """Heatmap of the first held-out example: the best-aligned head when the task has an
+    alignment, else the last layer averaged over heads."""
+    from attnkit.viz.heatmap import draw_heatmap
+
+    what = "Cross-attention" if maps.kind == "cross" else "Self-attention"
+    if alignment is not None:
+        layer, head = alignment["best"]["layer"], alignment["best"]["head"]
+        weights = maps.weights[layer, 0, head]  # [s_out, s_k]
+        title = f"{task.name}: {what.lower()}, layer {layer} head {head} ({alignment['pattern']})"
+    else:
+        layer = maps.weights.shape[0] - 1
+        weights = maps.weights[layer, 0].mean(dim=0)  # [s_out, s_k]
+        title = f"{task.name}: {what.lower()}, layer {layer}, mean of heads"
+    return draw_heatmap(
+        weights,
+        task.tokens(evaluation.predictions[0]),
+        task.tokens(maps.keys[0]),
+        out / f"{maps.kind}_attention.png",
+        title=title,
+        xlabel="Input token (key)",
+        ylabel="Output token (query that produced it)",
+    )
+
+
+def _metrics(
+    config: TrainConfig,
+    task: Task,
+    model: Model,
+    trainer: _Trainer,
+    evaluation: Evaluation,
+    alignment: dict[str, Any] | None,
+    heatmap: Path,
+    eval_seconds: float,
+    device: torch.device,
+) -> dict[str, Any]:
+    curve = trainer.loss_curve()
+    metrics: dict[str, Any] = {
+        "task": task.name,
+        "config": config.to_dict(),
+        "model": {
+            "kind": "decoder-only" if task.decoder_only else "encoder-decoder",
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+        "steps": trainer.step,
+        "train": {"first_loss": curve[0]["loss"], "final_loss": curve[-1]["loss"], "loss_curve": curve},
+        "held_out": {
+            "examples": config.eval_size,
+            "exact_match": round(evaluation.exact_match, 6),
+            "token_accuracy": round(evaluation.token_accuracy, 6),
+        },
+        "example": {
+            "input": task.tokens(evaluation.inputs[0]),
+            "target": task.tokens(evaluation.targets[0]),
+            "prediction": task.tokens(evaluation.predictions[0]),
+            "heatmap": heatmap.name,
+        },
+        "time": {"train_seconds": round(trainer.seconds, 3), "evaluation_seconds": round(eval_seconds, 3)},
+        "environment": {"device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__},
+    }
+    if alignment is not None:
+        metrics["alignment"] = alignment
+    return metrics

@@ -1,0 +1,185 @@
+"""Terminal views of real models' attention: where each token of a map attends
+(``attnkit inspect``) and per-head statistics (``attnkit heads``), within 100 columns."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from attnkit.inspect.heads import rank_heads
+from attnkit.inspect.maps import AttentionMap
+from attnkit.inspect.survey import DESCRIPTIONS, HeadSurvey
+from attnkit.viz.terminal import display_width, format_table
+
+# Every line fits in this many columns.
+WIDTH = 100
+
+# Labels longer than this are cut with "…" so that rows stay within 100 columns.
+MAX_LABEL = 14
+
+# The compact role grid of `attnkit heads`: a head gets the first letter whose statistic
+# reaches its threshold. Most heads of a language model park most of their attention on the
+# first token, so that role comes last and needs a majority.
+ROLES = (
+    ("I", "induction", 0.3),
+    ("P", "previous", 0.3),
+    ("S", "self", 0.3),
+    ("F", "first", 0.5),
+)
+
+
+def short(label: str) -> str:
+    """``label`` cut to :data:`MAX_LABEL` display columns (wide characters count two)."""
+    if display_width(label) <= MAX_LABEL:
+        return label
+    while display_width(label) > MAX_LABEL - 1:
+        label = label[:-1]
+    return label + "…"
+
+
+def numbered(labels: Sequence[str]) -> list[str]:
+    """Labels made unambiguous as in the notes: a label that occurs more than once gets its
+    occurrence number as a subscript (``the₁``, ``the₂``)."""
+    counts = Counter(labels)
+    seen: Counter[str] = Counter()
+    out = []
+    for label in labels:
+        seen[label] += 1
+        out.append(label + _subscript(seen[label]) if counts[label] > 1 else label)
+    return out
+
+
+def render_map(amap: AttentionMap, *, top: int = 3) -> str:
+    """The tokens (or words) as they read in the text and, for each head, the keys each
+    query attends to most.
+
+    Args:
+        amap: the map to show, between tokens or words.
+        top: keys shown per query (those with weight 0, hidden by a causal mask, never are).
+
+    Returns:
+        Text ending in a newline, within :data:`WIDTH` columns.
+    """
+    n = len(amap.labels)
+    heads = f"head {amap.heads[0]}" if len(amap.heads) == 1 else f"heads {amap.heads[0]}..{amap.heads[-1]}"
+    size = f"{len(amap.tokens)} tokens" if amap.words is None else f"{n} words ({len(amap.tokens)} tokens)"
+    lines = [f"{amap.model} · layer {amap.layer} (0..{amap.num_layers - 1}) · {heads} · {size}"]
+    token_labels = [t.label for t in amap.readable] if amap.readable else list(amap.labels)
+    if amap.words is not None:
+        lines += wrap_items("words: ", [f"{w.label} ({len(w.token_indices)})" for w in amap.words])
+    lines += wrap_items("tokens: ", token_labels)
+    labels = [short(label) for label in numbered(amap.labels)]
+    # Between tokens a query and its keys are tokens; between words they are words.
+    keys_of, query, keys = ("keys", "query", "keys") if amap.words is None else ("words", "query word", "key words")
+    for position, head in enumerate(amap.heads):
+        weights = amap.weights[position]  # [n, n]
+        rows = []
+        for i in range(n):
+            values, indices = weights[i].topk(min(top, n))
+            cells = [f"{labels[k]} {v:.2f}" for v, k in zip(values.tolist(), indices.tolist()) if v > 0]
+            rows.append([str(i), labels[i], "  ".join(cells)])
+        lines += ["", f"Layer {amap.layer}, head {head}: the {keys_of} each {query} attends to most"]
+        lines.append(format_table(["#", query, f"top {top} {keys} (weight)"], rows, align="><<"))
+    return "\n".join(lines) + "\n"
+
+
+def wrap_items(prefix: str, items: Sequence[str], width: int = WIDTH) -> list[str]:
+    """``prefix`` and the items separated by `` | ``, wrapped into lines of at most
+    ``width`` display columns (wide characters count two), continuation lines indented.
+
+    Returns:
+        The lines, at least one.
+    """
+    indent = " " * display_width(prefix)
+    lines, line = [], prefix
+    for k, item in enumerate(items):
+        piece = item if k == 0 else " | " + item
+        if k and display_width(line + piece) > width:
+            lines.append(line + " |")
+            line = indent + item
+        else:
+            line += piece
+    return [*lines, line]
+
+
+def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) -> str:
+    """Per-head statistics as text: the top heads of each statistic, the ``--from``/``--to``
+    ranking when asked, and a layers × heads grid — of roles, or of one statistic's values.
+
+    Args:
+        survey: what :func:`attnkit.inspect.survey.survey_heads` returned.
+        top: heads listed per statistic.
+        stat: a name of :data:`attnkit.inspect.survey.DESCRIPTIONS` to print as a grid of
+            numbers instead of the role grid.
+
+    Returns:
+        Text ending in a newline.
+
+    Raises:
+        ValueError: an unknown ``stat``.
+    """
+    if stat is not None and stat not in survey.statistics:
+        raise ValueError(f"unknown statistic {stat!r}; choose from {', '.join(survey.statistics)}")
+    texts = f"{survey.texts} text" + ("s" if survey.texts != 1 else "")
+    lines = [
+        f"{survey.model} · {survey.num_layers} layers × {survey.num_heads} heads · {texts}, {survey.tokens} tokens"
+        f" · induction on {survey.induction_period} random tokens × 2 (seed {survey.induction_seed})",
+        "",
+        f"Top {top} heads per statistic (L layer, H head)",
+    ]
+    rows = []
+    for name, values in survey.statistics.items():
+        best = "  ".join(f"L{layer}H{head} {value:.2f}" for layer, head, value in rank_heads(values, top=top))
+        rows.append([name, f"{values.mean():.2f}", best])
+    lines.append(format_table(["statistic", "mean", "highest"], rows, align="<><"))
+    width = max(map(len, DESCRIPTIONS))
+    lines += [f"  {name:<{width}}  {text}" for name, text in DESCRIPTIONS.items()]
+    if survey.pair is not None:
+        pair = survey.pair
+        texts = f"{pair.texts} text" + ("s" if pair.texts != 1 else "")
+        intro = f"How much {pair.source!r} attends to {pair.target!r} (" + ("words, " if pair.level == "word" else "")
+        tail = f"all-head mean {pair.mass.mean():.2f}, even spread would give {pair.uniform:.2f})"
+        line = f"{intro}{texts}; {tail}"
+        # Long words (wide Hangul counts two columns) push the line past the width: break it.
+        lines += ["", line] if display_width(line) <= WIDTH else ["", f"{intro}{texts};", f"  {tail}"]
+        ranked = rank_heads(pair.mass, top=max(top, 10))
+        lines.append(format_table(
+            ["rank", "layer", "head", "weight"],
+            [[str(r), str(layer), str(head), f"{value:.2f}"] for r, (layer, head, value) in enumerate(ranked, 1)],
+        ))
+    lines.append("")
+    lines += _value_grid(survey, stat) if stat is not None else _role_grid(survey)
+    return "\n".join(lines) + "\n"
+
+
+def head_roles(survey: HeadSurvey) -> list[list[str]]:
+    """One letter per head from :data:`ROLES`, ``"·"`` when none applies: ``[layer][head]``."""
+    grid = []
+    for layer in range(survey.num_layers):
+        row = []
+        for head in range(survey.num_heads):
+            letters = [letter for letter, name, threshold in ROLES if survey.statistics[name][layer, head] >= threshold]
+            row.append(letters[0] if letters else "·")
+        grid.append(row)
+    return grid
+
+
+def _role_grid(survey: HeadSurvey) -> list[str]:
+    legend = ", ".join(f"{letter} {name} ≥ {threshold}" for letter, name, threshold in ROLES)
+    lines = [f"Head roles ({legend}; · none)"]
+    rows = [[str(layer), *row] for layer, row in enumerate(head_roles(survey))]
+    lines.append(format_table(["layer", *map(str, range(survey.num_heads))], rows, align=">" * (survey.num_heads + 1)))
+    return lines
+
+
+def _value_grid(survey: HeadSurvey, stat: str) -> list[str]:
+    values = survey.statistics[stat]
+    rows = [[str(layer), *(f"{v:.2f}" for v in row)] for layer, row in enumerate(values.tolist())]
+    return [
+        f"{stat}: {DESCRIPTIONS[stat]}, layers × heads",
+        format_table(["layer", *map(str, range(survey.num_heads))], rows, align=">" * (survey.num_heads + 1)),
+    ]
+
+
+def _subscript(n: int) -> str:
+    return str(n).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))

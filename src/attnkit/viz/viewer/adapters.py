@@ -1,0 +1,115 @@
+"""Build :class:`~attnkit.viz.viewer.ViewerData` from what models hand back: a run of an
+``attnkit.models`` model, or the weight records of ``attnkit.nn`` stacks
+(:class:`attnkit.nn.LMOutput`, :class:`attnkit.nn.TransformerOutput`).
+
+The model is only read through the attributes named here, so anything that has them (a
+test double, a model of another family) works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor
+
+from attnkit.inspect.maps import token_labels
+from attnkit.nn.records import LayerWeights, LMOutput, TransformerOutput
+from attnkit.viz.viewer.data import ViewerData
+
+
+def model_name(model: Any) -> str:
+    """A model's display name: its ``name`` attribute, else its ``family``, else its class."""
+    return str(getattr(model, "name", None) or getattr(model, "family", None) or type(model).__name__)
+
+
+def viewer_data_from_run(model: Any, run: Any, *, name: str | None = None, text: str = "") -> ViewerData:
+    """Viewer data from one ``attnkit.models`` run with attention.
+
+    Args:
+        model: the model that ran; its ``causal`` attribute tells decoder from encoder.
+        run: its ``ModelRun``: ``tokens`` (``s`` strings), ``offsets`` (each token's
+            character span, or ``None`` for a run on ids), ``attentions`` (layer → ``[1, h, s, s]``) and ``heads`` (the
+            head indices the ``h`` rows stand for, or ``None`` for all).
+        name: the model's display name (default :func:`model_name`).
+        text: the text that ran; when given (and the run has offsets), tokens are shown as
+            they read in it (``"cat"`` rather than ``"Ġcat"``, as ``attnkit inspect``
+            labels them).
+
+    Returns:
+        Data of kind ``"causal"`` or ``"bidirectional"``.
+
+    Raises:
+        ValueError: the run has no attention (it ran with ``attention=False``), or see
+            :meth:`ViewerData.from_run`.
+    """
+    if not run.attentions:
+        raise ValueError("the run has no attention weights: run the model with attention=True or a list of layers")
+    heads = getattr(run, "heads", None)
+    offsets = getattr(run, "offsets", None)
+    tokens = token_labels(text, run.tokens, offsets) if text and offsets is not None else list(run.tokens)
+    return ViewerData.from_run(
+        name or model_name(model), tokens, run.attentions, causal=bool(model.causal),
+        heads=None if heads is None else list(heads), text=text,
+    )
+
+
+def _by_layer(weights: Sequence[LayerWeights], index: int, cross: bool) -> dict[int, Tensor]:
+    """Layer → ``[h, s_q, s_k]`` of batch entry ``index`` from a list of layer records."""
+    out = {}
+    for layer, record in enumerate(weights):
+        w = record.cross_attention if cross else record.self_attention
+        if w is not None:
+            out[layer] = w[index]  # [h, s_q, s_k]
+    return out
+
+
+def viewer_data_from_lm_output(
+    model: str, tokens: Sequence[str], output: LMOutput, *, index: int = 0, text: str = ""
+) -> ViewerData:
+    """Viewer data from :class:`attnkit.nn.DecoderLM` called with ``return_weights=True``.
+
+    Args:
+        model: the display name.
+        tokens: the ``s`` token strings of batch entry ``index``.
+        output: the model's :class:`attnkit.nn.LMOutput`.
+        index: which batch entry to show.
+        text: the input text.
+
+    Returns:
+        Data of kind ``"causal"``.
+    """
+    return ViewerData.from_run(model, tokens, _by_layer(output.weights, index, cross=False), causal=True, text=text)
+
+
+def viewer_data_from_transformer_output(
+    model: str,
+    source_tokens: Sequence[str],
+    target_tokens: Sequence[str],
+    output: TransformerOutput,
+    *,
+    index: int = 0,
+    text: str = "",
+) -> ViewerData:
+    """Viewer data from an encoder–decoder :class:`attnkit.nn.Transformer` called with
+    ``return_weights=True`` (as the sequence-to-sequence models of ``attnkit train`` are).
+
+    Args:
+        model: the display name.
+        source_tokens: the encoder's ``s_src`` token strings.
+        target_tokens: the decoder's ``s_tgt`` token strings (what it read, e.g. ``<s>``
+            followed by the target without its last token).
+        output: the :class:`attnkit.nn.TransformerOutput`.
+        index: which batch entry to show.
+        text: the input text.
+
+    Returns:
+        Data of kind ``"encoder-decoder"`` with encoder, decoder and cross sections.
+    """
+    return ViewerData.encoder_decoder(
+        model, source_tokens, target_tokens,
+        encoder=_by_layer(output.encoder_weights, index, cross=False),
+        decoder=_by_layer(output.decoder_weights, index, cross=False),
+        cross=_by_layer(output.decoder_weights, index, cross=True),
+        text=text,
+    )

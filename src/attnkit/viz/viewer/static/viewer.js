@@ -1,0 +1,919 @@
+/* attnkit attention viewer: head, model and matrix views of attention weights.
+ *
+ * Plain JavaScript without dependencies, inlined into one HTML page. The data is the JSON
+ * in <script type="application/json" id="attnkit-data"> (an exported file) or, in app mode
+ * (body[data-mode="app"]), what POST api/attention returns. Its schema and the weight
+ * encoding (uint16 of w * 65535, little-endian, zlib, base64, one string per layer) are in
+ * docs/viewer.md.
+ *
+ * body[data-state] is "loading" while a view is being drawn and "ready" once it is, so that
+ * tests and scripts know when to look; "empty" in app mode before the first request,
+ * "error" after a failure.
+ */
+(function () {
+  'use strict';
+
+  const $ = (id) => document.getElementById(id);
+  const body = document.body;
+  const dpr = window.devicePixelRatio || 1;
+
+  const ROW = 20; // head view: CSS px per token row (matches --ak-row)
+  const THUMB = 64; // model view: largest side of a thumbnail, in cells and CSS px
+  const ALPHA_BUCKETS = 8; // head view: lines are batched into this many opacities
+  const MIN_ALPHA = 0.02; // head view: fainter lines are invisible and not drawn
+  const ALL_LINES_MIN = 0.001; // head view, "all" lines: weights below this are skipped
+  const MAX_LABEL = 150; // matrix view: widest token label, CSS px
+
+  // matplotlib's "Blues" (the source notes' colour map): nine anchors, interpolated to 256.
+  const BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
+    [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
+  const LUT = (() => {
+    const lut = new Uint8ClampedArray(256 * 3);
+    for (let n = 0; n < 256; n++) {
+      const x = (n / 255) * (BLUES.length - 1);
+      const a = Math.floor(x);
+      const b = Math.min(a + 1, BLUES.length - 1);
+      const f = x - a;
+      for (let c = 0; c < 3; c++) lut[n * 3 + c] = Math.round(BLUES[a][c] * (1 - f) + BLUES[b][c] * f);
+    }
+    return lut;
+  })();
+  const MASKED = [226, 226, 226]; // causal cells a query may not attend to
+  const PALETTE = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf',
+    '#bcbd22', '#7f7f7f', '#393b79', '#637939'];
+  const headColour = (n) => (n < PALETTE.length ? PALETTE[n] : 'hsl(' + ((n * 137.508) % 360).toFixed(1) + ', 65%, 42%)');
+
+  const SCALES = {
+    linear: { title: 'Colour: attention weight', ticks: [[0, '0'], [0.25, '0.25'], [0.5, '0.5'], [0.75, '0.75'], [1, '1']] },
+    sqrt: { title: 'Colour: attention weight (square-root scale)',
+      ticks: [[0, '0'], [0.1, '0.01'], [Math.sqrt(0.05), '0.05'], [0.5, '0.25'], [1, '1']] },
+    row: { title: "Colour: share of the row's largest weight", ticks: [[0, '0%'], [0.5, '50%'], [1, '100%']] },
+  };
+
+  const state = {
+    data: null, // the parsed JSON
+    section: '', // section name
+    layer: 0, // index into the section's layers
+    head: 0, // index into the section's heads
+    view: 'head',
+    scale: 'linear',
+    topk: 5, // head view lines per query; 0 = all
+    headsOn: [], // head view: shown or not, per head index
+    activeQ: -1, // head view: isolated query token
+    activeK: -1, // head view: isolated key token
+    cursor: null, // matrix view keyboard cell {i, j}
+  };
+  let generation = 0; // bumped by every render; stale asynchronous work sees it and stops
+  let decoded = new Map(); // "section/layer" -> Promise<Uint16Array [h * s_q * s_k]>
+
+  // ---------------------------------------------------------------- data
+
+  const sec = () => state.data.sections[state.section];
+  const dims = (s) => ({ L: s.weights.shape[0], h: s.weights.shape[1], sq: s.weights.shape[2], sk: s.weights.shape[3] });
+  const shown = (t) => (t === '' ? '\u2205' : t.replace(/\n/g, '\u21b5').replace(/\t/g, '\u2192'));
+
+  async function decodeLayer(section, li) {
+    const w = section.weights;
+    const d = dims(section);
+    const text = atob(w.data[li]);
+    const packed = new Uint8Array(text.length);
+    for (let n = 0; n < text.length; n++) packed[n] = text.charCodeAt(n);
+    const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream('deflate'));
+    const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
+    const count = d.h * d.sq * d.sk;
+    if (bytes.length !== 2 * count) {
+      throw new Error('layer ' + section.layers[li] + ': expected ' + 2 * count + ' bytes of weights, got ' + bytes.length);
+    }
+    const out = new Uint16Array(count);
+    for (let n = 0; n < count; n++) out[n] = bytes[2 * n] | (bytes[2 * n + 1] << 8);
+    return out;
+  }
+
+  function layerData(li) {
+    const key = state.section + '/' + li;
+    if (!decoded.has(key)) decoded.set(key, decodeLayer(sec(), li));
+    return decoded.get(key);
+  }
+
+  // Colour intensity in [0, 1] of every cell of one [s_q, s_k] map under the current scale.
+  function intensities(q16, offset, sq, sk, unit) {
+    const out = new Float32Array(sq * sk);
+    for (let i = 0; i < sq; i++) {
+      const row = offset + i * sk;
+      let norm = unit;
+      if (state.scale === 'row') {
+        let m = 0;
+        for (let j = 0; j < sk; j++) if (q16[row + j] > m) m = q16[row + j];
+        norm = m > 0 ? 1 / m : 0;
+      }
+      for (let j = 0; j < sk; j++) {
+        const v = q16[row + j] * norm;
+        out[i * sk + j] = state.scale === 'sqrt' ? Math.sqrt(v) : v;
+      }
+    }
+    return out;
+  }
+
+  // Opacity of a head-view line for weight w (quantised) in a row whose largest is rowMax.
+  function alphaOf(q, rowMax, unit) {
+    if (state.scale === 'row') return rowMax > 0 ? q / rowMax : 0;
+    return state.scale === 'sqrt' ? Math.sqrt(q * unit) : q * unit;
+  }
+
+  // ---------------------------------------------------------------- loading
+
+  function load(json) {
+    if (!json || json.format !== 'attnkit-viewer' || json.version !== 1) {
+      throw new Error('this is not attnkit viewer data (expected format "attnkit-viewer", version 1)');
+    }
+    state.data = json;
+    decoded = new Map();
+    const names = Object.keys(json.sections);
+    const select = $('ak-section');
+    select.textContent = '';
+    const labels = { self: 'self-attention', encoder: 'encoder self-attention', decoder: 'decoder self-attention (causal)',
+      cross: 'cross-attention (decoder to encoder)' };
+    for (const name of names) select.add(new Option(labels[name] || name, name));
+    $('ak-section-field').hidden = names.length < 2;
+    let longest = 0;
+    for (const name of names) longest = Math.max(longest, ...json.sections[name].weights.shape.slice(2));
+    state.scale = longest <= 64 ? 'linear' : 'sqrt';
+    state.topk = longest <= 32 ? 0 : 5;
+    $('ak-scale').value = state.scale;
+    $('ak-topk').value = String(state.topk);
+    const kinds = { causal: 'causal self-attention', bidirectional: 'bidirectional self-attention',
+      'encoder-decoder': 'encoder\u2013decoder' };
+    const counts = names.map((n) => json.sections[n].query_tokens.length);
+    const tokens = json.kind === 'encoder-decoder' && json.sections.cross
+      ? json.sections.cross.key_tokens.length + ' source and ' + json.sections.cross.query_tokens.length + ' target tokens'
+      : Math.max(...counts) + ' tokens';
+    $('ak-summary').textContent = json.model + ' \u00b7 ' + (kinds[json.kind] || json.kind) + ' \u00b7 ' + tokens;
+    $('ak-text-shown').textContent = json.text ? 'Text: \u201c' + json.text + '\u201d' : '';
+    document.title = 'Attention: ' + json.model;
+    $('ak-title').textContent = 'Attention: ' + json.model;
+    $('ak-main').hidden = false;
+    setSection(names[0], true);
+  }
+
+  function setSection(name, lastLayer) {
+    const previous = state.data.sections[state.section];
+    const oldLayer = previous ? previous.layers[state.layer] : undefined;
+    const oldHead = previous ? previous.heads[state.head] : undefined;
+    state.section = name;
+    $('ak-section').value = name;
+    const s = sec();
+    // Keep the same model layer and head when the new section has them.
+    state.layer = lastLayer || !s.layers.includes(oldLayer) ? s.layers.length - 1 : s.layers.indexOf(oldLayer);
+    state.head = s.heads.includes(oldHead) ? s.heads.indexOf(oldHead) : 0;
+    state.headsOn = s.heads.map(() => true);
+    state.activeQ = state.activeK = -1;
+    state.cursor = null;
+    fillSelect($('ak-layer'), s.layers, 'layer', state.layer);
+    fillSelect($('ak-head'), s.heads, 'head', state.head);
+    buildTokenColumns();
+    buildHeadToggles();
+    buildGrid();
+    render();
+  }
+
+  function fillSelect(select, values, word, selected) {
+    select.textContent = '';
+    values.forEach((v, n) => select.add(new Option(word + ' ' + v, String(n))));
+    select.value = String(selected);
+  }
+
+  // ---------------------------------------------------------------- rendering
+
+  async function render() {
+    const gen = ++generation;
+    body.dataset.state = 'loading';
+    drawLegend();
+    try {
+      if (state.view === 'head') await renderHead(gen);
+      else if (state.view === 'model') await renderModel(gen);
+      else await renderMatrix(gen);
+      if (gen === generation) body.dataset.state = 'ready';
+    } catch (err) {
+      if (gen === generation) fail(err);
+    }
+  }
+
+  function fail(err) {
+    body.dataset.state = 'error';
+    const box = $('ak-error');
+    box.textContent = 'The viewer could not draw this data: ' + (err && err.message ? err.message : err);
+    box.hidden = false;
+  }
+
+  function drawLegend() {
+    const scale = SCALES[state.scale];
+    const bar = $('ak-legend-bar');
+    const ctx = bar.getContext('2d');
+    const img = ctx.createImageData(bar.width, bar.height);
+    for (let x = 0; x < bar.width; x++) {
+      const n = Math.round((255 * x) / (bar.width - 1));
+      for (let y = 0; y < bar.height; y++) {
+        const p = (y * bar.width + x) * 4;
+        img.data[p] = LUT[n * 3];
+        img.data[p + 1] = LUT[n * 3 + 1];
+        img.data[p + 2] = LUT[n * 3 + 2];
+        img.data[p + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+    $('ak-legend-title').textContent = scale.title;
+    const ticks = $('ak-legend-ticks');
+    ticks.textContent = '';
+    for (const [pos, label] of scale.ticks) {
+      const span = document.createElement('span');
+      span.textContent = label;
+      span.style.left = pos * 100 + '%';
+      ticks.appendChild(span);
+    }
+    const notes = [];
+    if (state.view === 'head') notes.push('Head view: a line\u2019s opacity follows this scale, its colour is the head.');
+    if (state.data && sec().causal && state.view !== 'head') notes.push('Grey: masked, a token may not attend to later tokens.');
+    $('ak-legend-note').textContent = notes.join(' ');
+  }
+
+  // ---------------------------------------------------------------- head view
+
+  let lines = null; // {key, q16, heads: [{off, keys, q, rowMax}]}: each query's strongest keys
+
+  function buildTokenColumns() {
+    const s = sec();
+    for (const [el, tokens, side] of [[$('ak-queries'), s.query_tokens, 'q'], [$('ak-keys'), s.key_tokens, 'k']]) {
+      el.textContent = '';
+      el.removeAttribute('aria-activedescendant');
+      const frag = document.createDocumentFragment();
+      tokens.forEach((t, n) => {
+        const div = document.createElement('div');
+        div.className = 'ak-token';
+        div.id = 'ak-' + side + '-' + n;
+        div.setAttribute('role', 'option');
+        div.setAttribute('aria-selected', 'false');
+        div.dataset.index = String(n);
+        div.textContent = shown(t);
+        div.title = (side === 'q' ? 'query #' : 'key #') + n + ': ' + t;
+        frag.appendChild(div);
+      });
+      el.appendChild(frag);
+    }
+    $('ak-head-inner').style.height = Math.max(s.query_tokens.length, s.key_tokens.length) * ROW + 'px';
+    lines = null;
+  }
+
+  function buildHeadToggles() {
+    const box = $('ak-head-toggles');
+    box.textContent = '';
+    sec().heads.forEach((head, n) => {
+      const label = document.createElement('label');
+      label.className = 'ak-head-toggle';
+      const input = document.createElement('input');
+      input.type = 'checkbox';
+      input.checked = state.headsOn[n];
+      input.dataset.index = String(n);
+      input.id = 'ak-toggle-' + n;
+      const swatch = document.createElement('span');
+      swatch.className = 'ak-swatch';
+      swatch.style.background = headColour(head);
+      label.append(input, swatch, 'head ' + head);
+      box.appendChild(label);
+    });
+  }
+
+  // For every head, the strongest `k` keys of each query (all above ALL_LINES_MIN when
+  // k = 0), as compressed rows: query i's lines are off[i] .. off[i + 1].
+  function strongestKeys(q16, d, k, unit) {
+    const floor = Math.ceil(ALL_LINES_MIN / unit);
+    const heads = [];
+    for (let h = 0; h < d.h; h++) {
+      const off = new Int32Array(d.sq + 1);
+      const rowMax = new Float32Array(d.sq);
+      const keys = [];
+      const qs = [];
+      const topJ = new Int32Array(Math.max(k, 1));
+      const topQ = new Int32Array(Math.max(k, 1));
+      for (let i = 0; i < d.sq; i++) {
+        const row = (h * d.sq + i) * d.sk;
+        let m = 0;
+        let count = 0;
+        for (let j = 0; j < d.sk; j++) {
+          const q = q16[row + j];
+          if (q > m) m = q;
+          if (q === 0) continue;
+          if (k === 0) {
+            if (q >= floor) { keys.push(j); qs.push(q); }
+            continue;
+          }
+          if (count === k && q <= topQ[k - 1]) continue;
+          // Insert into the short descending list.
+          let p = count < k ? count++ : k - 1;
+          while (p > 0 && topQ[p - 1] < q) { topQ[p] = topQ[p - 1]; topJ[p] = topJ[p - 1]; p--; }
+          topQ[p] = q;
+          topJ[p] = j;
+        }
+        for (let n = 0; n < count; n++) { keys.push(topJ[n]); qs.push(topQ[n]); }
+        rowMax[i] = m;
+        off[i + 1] = keys.length;
+      }
+      heads.push({ off, keys: Int32Array.from(keys), q: Uint16Array.from(qs), rowMax });
+    }
+    return heads;
+  }
+
+  async function renderHead(gen) {
+    const s = sec();
+    const d = dims(s);
+    const q16 = await layerData(state.layer);
+    if (gen !== generation) return;
+    const key = state.section + '/' + state.layer + '/' + state.topk;
+    if (!lines || lines.key !== key) {
+      lines = { key, q16, heads: strongestKeys(q16, d, state.topk, s.weights.scale) };
+    }
+    sizeLinesCanvas();
+    drawLines();
+  }
+
+  function sizeLinesCanvas() {
+    const canvas = $('ak-lines');
+    const scroll = $('ak-head-scroll');
+    const inner = $('ak-head-inner');
+    const w = canvas.parentElement.clientWidth;
+    const h = Math.min(scroll.clientHeight, inner.offsetHeight);
+    canvas.style.height = h + 'px';
+    canvas.width = Math.max(1, Math.round(w * dpr));
+    canvas.height = Math.max(1, Math.round(h * dpr));
+  }
+
+  function drawLines() {
+    if (!lines || !state.data) return;
+    const s = sec();
+    const d = dims(s);
+    const unit = s.weights.scale;
+    const canvas = $('ak-lines');
+    const ctx = canvas.getContext('2d');
+    const W = canvas.width / dpr;
+    const H = canvas.height / dpr;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, W, H);
+    // The canvas sticks to the top of the scroll box, so content y maps to y - scrollTop.
+    const top = $('ak-head-scroll').scrollTop;
+    const y = (n) => n * ROW + ROW / 2 - top;
+    // Lines of the queries in view and one screen above and below; lines of far-away
+    // queries appear when they are scrolled to (this is what keeps 1,000+ tokens fast).
+    const first = Math.max(0, Math.floor((top - H) / ROW));
+    const last = Math.min(d.sq - 1, Math.ceil((top + 2 * H) / ROW));
+    ctx.lineWidth = Math.max(d.sq, d.sk) <= 50 ? 2 : 1.25;
+    s.heads.forEach((head, h) => {
+      if (!state.headsOn[h]) return;
+      const hl = lines.heads[h];
+      const buckets = Array.from({ length: ALPHA_BUCKETS }, () => new Path2D());
+      const add = (i, j, q) => {
+        const a = alphaOf(q, hl.rowMax[i], unit);
+        if (a < MIN_ALPHA) return;
+        const b = Math.min(ALPHA_BUCKETS - 1, Math.floor(a * ALPHA_BUCKETS));
+        buckets[b].moveTo(0, y(i));
+        buckets[b].lineTo(W, y(j));
+      };
+      const base = h * d.sq * d.sk;
+      if (state.activeQ >= 0) {
+        const row = base + state.activeQ * d.sk;
+        for (let j = 0; j < d.sk; j++) add(state.activeQ, j, lines.q16[row + j]);
+      } else if (state.activeK >= 0) {
+        for (let i = 0; i < d.sq; i++) add(i, state.activeK, lines.q16[base + i * d.sk + state.activeK]);
+      } else {
+        for (let i = first; i <= last; i++) {
+          for (let n = hl.off[i]; n < hl.off[i + 1]; n++) add(i, hl.keys[n], hl.q[n]);
+        }
+      }
+      ctx.strokeStyle = headColour(head);
+      buckets.forEach((path, b) => {
+        ctx.globalAlpha = (b + 0.5) / ALPHA_BUCKETS;
+        ctx.stroke(path);
+      });
+    });
+    ctx.globalAlpha = 1;
+  }
+
+  function setActive(side, n, fromKeyboard) {
+    for (const el of document.querySelectorAll('.ak-token.ak-active')) {
+      el.classList.remove('ak-active');
+      el.setAttribute('aria-selected', 'false');
+    }
+    state.activeQ = side === 'q' ? n : -1;
+    state.activeK = side === 'k' ? n : -1;
+    if (n >= 0) {
+      const el = $('ak-' + side + '-' + n);
+      el.classList.add('ak-active');
+      el.setAttribute('aria-selected', 'true');
+      $(side === 'q' ? 'ak-queries' : 'ak-keys').setAttribute('aria-activedescendant', el.id);
+      if (fromKeyboard) el.scrollIntoView({ block: 'nearest' });
+    }
+    drawLines();
+  }
+
+  function tokenColumnEvents(el, side) {
+    const count = () => (side === 'q' ? sec().query_tokens.length : sec().key_tokens.length);
+    const current = () => (side === 'q' ? state.activeQ : state.activeK);
+    el.addEventListener('mouseover', (e) => {
+      const t = e.target.closest('.ak-token');
+      if (t) setActive(side, Number(t.dataset.index), false);
+    });
+    el.addEventListener('mouseleave', () => {
+      if (document.activeElement !== el) setActive(side, -1, false);
+    });
+    el.addEventListener('focus', () => {
+      if (current() < 0) setActive(side, Math.min(count() - 1, Math.floor($('ak-head-scroll').scrollTop / ROW)), true);
+    });
+    el.addEventListener('blur', () => setActive(side, -1, false));
+    el.addEventListener('keydown', (e) => {
+      const n = current();
+      const moves = { ArrowDown: n + 1, ArrowUp: n - 1, PageDown: n + 10, PageUp: n - 10, Home: 0, End: count() - 1 };
+      if (e.key === 'Escape') {
+        setActive(side, -1, false);
+      } else if (e.key in moves) {
+        e.preventDefault();
+        setActive(side, Math.max(0, Math.min(count() - 1, moves[e.key])), true);
+      }
+    });
+  }
+
+  // ---------------------------------------------------------------- model view
+
+  let grid = null; // {section, thumbs: [[button]], drawn: scale the thumbnails were drawn with}
+
+  function buildGrid() {
+    const s = sec();
+    const d = dims(s);
+    const box = $('ak-grid');
+    box.textContent = '';
+    box.style.gridTemplateColumns = 'auto repeat(' + d.h + ', auto)';
+    const side = d.h > 12 ? 48 : THUMB;
+    const corner = document.createElement('span');
+    box.appendChild(corner);
+    for (const head of s.heads) {
+      const label = document.createElement('span');
+      label.className = 'ak-grid-label';
+      label.textContent = 'head ' + head;
+      box.appendChild(label);
+    }
+    const thumbs = [];
+    s.layers.forEach((layer, li) => {
+      const label = document.createElement('span');
+      label.className = 'ak-grid-label';
+      label.textContent = 'layer ' + layer;
+      box.appendChild(label);
+      thumbs.push(s.heads.map((head, hi) => {
+        const button = document.createElement('button');
+        button.type = 'button';
+        button.className = 'ak-thumb';
+        button.dataset.layer = String(li);
+        button.dataset.head = String(hi);
+        button.setAttribute('aria-label', 'layer ' + layer + ', head ' + head + ': open in the matrix view');
+        button.title = 'layer ' + layer + ', head ' + head;
+        const canvas = document.createElement('canvas');
+        canvas.width = Math.min(d.sk, THUMB);
+        canvas.height = Math.min(d.sq, THUMB);
+        const k = side / Math.max(canvas.width, canvas.height);
+        canvas.style.width = Math.round(canvas.width * k) + 'px';
+        canvas.style.height = Math.round(canvas.height * k) + 'px';
+        button.appendChild(canvas);
+        box.appendChild(button);
+        return button;
+      }));
+    });
+    grid = { section: state.section, thumbs, drawn: '' };
+  }
+
+  // Shrink one map to its thumbnail, keeping each block's largest intensity so that thin
+  // patterns (a diagonal, one column) survive the shrinking.
+  function drawThumb(canvas, q16, offset, d, causal, unit) {
+    const tw = canvas.width;
+    const th = canvas.height;
+    const values = intensities(q16, offset, d.sq, d.sk, unit);
+    const pooled = new Float32Array(tw * th);
+    const colBlock = new Int32Array(d.sk);
+    for (let j = 0; j < d.sk; j++) colBlock[j] = Math.floor((j * tw) / d.sk);
+    for (let i = 0; i < d.sq; i++) {
+      const r = Math.floor((i * th) / d.sq) * tw;
+      for (let j = 0; j < d.sk; j++) {
+        const v = values[i * d.sk + j];
+        const p = r + colBlock[j];
+        if (v > pooled[p]) pooled[p] = v;
+      }
+    }
+    const ctx = canvas.getContext('2d');
+    const img = ctx.createImageData(tw, th);
+    for (let r = 0; r < th; r++) {
+      const lastQuery = Math.ceil(((r + 1) * d.sq) / th) - 1;
+      for (let c = 0; c < tw; c++) {
+        const firstKey = Math.ceil((c * d.sk) / tw);
+        const rgb = causal && firstKey > lastQuery ? MASKED : null;
+        const n = Math.round(pooled[r * tw + c] * 255) * 3;
+        const p = (r * tw + c) * 4;
+        img.data[p] = rgb ? rgb[0] : LUT[n];
+        img.data[p + 1] = rgb ? rgb[1] : LUT[n + 1];
+        img.data[p + 2] = rgb ? rgb[2] : LUT[n + 2];
+        img.data[p + 3] = 255;
+      }
+    }
+    ctx.putImageData(img, 0, 0);
+  }
+
+  async function renderModel(gen) {
+    const s = sec();
+    const d = dims(s);
+    grid.thumbs.flat().forEach((b) => b.classList.toggle('ak-current',
+      Number(b.dataset.layer) === state.layer && Number(b.dataset.head) === state.head));
+    if (grid.drawn === state.scale) return;
+    for (let li = 0; li < d.L; li++) {
+      const q16 = await layerData(li);
+      if (gen !== generation) return;
+      for (let h = 0; h < d.h; h++) {
+        drawThumb(grid.thumbs[li][h].firstChild, q16, h * d.sq * d.sk, d, s.causal, s.weights.scale);
+      }
+      // Let the page handle input between layers while a large model is drawn.
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      if (gen !== generation) return;
+    }
+    grid.drawn = state.scale;
+  }
+
+  // ---------------------------------------------------------------- matrix view
+
+  let matrix = null; // geometry and data of the map on screen, for hovering and keys
+
+  async function renderMatrix(gen) {
+    const s = sec();
+    const d = dims(s);
+    const q16 = await layerData(state.layer);
+    if (gen !== generation) return;
+    const unit = s.weights.scale;
+    const offset = state.head * d.sq * d.sk;
+    const values = intensities(q16, offset, d.sq, d.sk, unit);
+    const canvas = $('ak-matrix');
+    const ctx = canvas.getContext('2d');
+    const avail = Math.max(240, $('ak-matrix-wrap').clientWidth - 8);
+    // Labels take room only when cells are tall enough to read them.
+    ctx.font = '12px ui-monospace, "DejaVu Sans Mono", monospace';
+    const widest = (tokens) => Math.min(MAX_LABEL, Math.max(...tokens.map((t) => ctx.measureText(shown(t)).width)));
+    const labelQ = widest(s.query_tokens) + 10;
+    const labelK = widest(s.key_tokens) + 10;
+    const cell = Math.max(1, Math.min(36, Math.floor((avail - labelQ) / d.sk)));
+    const labels = cell >= 9;
+    const left = labels ? labelQ : 0;
+    const top = labels ? labelK : 0;
+    const W = left + d.sk * cell;
+    const H = top + d.sq * cell;
+
+    // The map itself: one pixel per cell, scaled up without smoothing.
+    const pixels = document.createElement('canvas');
+    pixels.width = d.sk;
+    pixels.height = d.sq;
+    const pctx = pixels.getContext('2d');
+    const img = pctx.createImageData(d.sk, d.sq);
+    for (let i = 0; i < d.sq; i++) {
+      for (let j = 0; j < d.sk; j++) {
+        const p = (i * d.sk + j) * 4;
+        if (s.causal && j > i) {
+          img.data[p] = MASKED[0]; img.data[p + 1] = MASKED[1]; img.data[p + 2] = MASKED[2];
+        } else {
+          const n = Math.round(values[i * d.sk + j] * 255) * 3;
+          img.data[p] = LUT[n]; img.data[p + 1] = LUT[n + 1]; img.data[p + 2] = LUT[n + 2];
+        }
+        img.data[p + 3] = 255;
+      }
+    }
+    pctx.putImageData(img, 0, 0);
+
+    // Everything but the cursor goes to an off-screen base, redrawn under each cursor move.
+    const base = document.createElement('canvas');
+    base.width = Math.round(W * dpr);
+    base.height = Math.round(H * dpr);
+    const bctx = base.getContext('2d');
+    bctx.scale(dpr, dpr);
+    bctx.fillStyle = '#ffffff';
+    bctx.fillRect(0, 0, W, H);
+    bctx.imageSmoothingEnabled = false;
+    bctx.drawImage(pixels, left, top, d.sk * cell, d.sq * cell);
+    if (labels) {
+      const size = Math.min(12, cell - 1);
+      bctx.font = size + 'px ui-monospace, "DejaVu Sans Mono", monospace';
+      bctx.fillStyle = '#1b1f24';
+      bctx.textBaseline = 'middle';
+      bctx.textAlign = 'right';
+      s.query_tokens.forEach((t, i) => bctx.fillText(shown(t), left - 5, top + i * cell + cell / 2, MAX_LABEL));
+      bctx.textAlign = 'left';
+      s.key_tokens.forEach((t, j) => {
+        bctx.save();
+        bctx.translate(left + j * cell + cell / 2, top - 5);
+        bctx.rotate(-Math.PI / 2);
+        bctx.fillText(shown(t), 0, 0, MAX_LABEL);
+        bctx.restore();
+      });
+    }
+    if (cell >= 30) {
+      // Values written in the cells, as in the notes' heatmaps.
+      bctx.font = '11px system-ui, "DejaVu Sans", sans-serif';
+      bctx.textAlign = 'center';
+      bctx.textBaseline = 'middle';
+      for (let i = 0; i < d.sq; i++) {
+        for (let j = 0; j < d.sk; j++) {
+          if (s.causal && j > i) continue;
+          bctx.fillStyle = values[i * d.sk + j] > 0.55 ? '#ffffff' : '#1b1f24';
+          bctx.fillText((q16[offset + i * d.sk + j] * unit).toFixed(2), left + j * cell + cell / 2, top + i * cell + cell / 2);
+        }
+      }
+    }
+
+    canvas.width = base.width;
+    canvas.height = base.height;
+    canvas.style.width = W + 'px';
+    canvas.style.height = H + 'px';
+    // Geometry in CSS px, for tools that point at cells.
+    canvas.dataset.cell = String(cell);
+    canvas.dataset.left = String(left);
+    canvas.dataset.top = String(top);
+    canvas.setAttribute('aria-label', 'Attention matrix of ' + state.section + ' layer ' + s.layers[state.layer] +
+      ', head ' + s.heads[state.head] + ': ' + d.sq + ' query rows by ' + d.sk + ' key columns. Use the arrow keys to read cells.');
+    matrix = { base, q16, offset, d, cell, left, top, unit };
+    if (state.cursor) {
+      state.cursor.i = Math.min(state.cursor.i, d.sq - 1);
+      state.cursor.j = Math.min(state.cursor.j, d.sk - 1);
+    }
+    paintMatrix();
+    if (document.activeElement === canvas && state.cursor) showCursorTip();
+  }
+
+  function paintMatrix() {
+    const canvas = $('ak-matrix');
+    const ctx = canvas.getContext('2d');
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.drawImage(matrix.base, 0, 0);
+    if (state.cursor) {
+      const { cell, left, top } = matrix;
+      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+      ctx.lineWidth = 2;
+      ctx.strokeStyle = '#d9480f';
+      const pad = Math.max(2, cell / 2);
+      ctx.strokeRect(left + state.cursor.j * cell - pad / 2, top + state.cursor.i * cell - pad / 2, cell + pad, cell + pad);
+    }
+  }
+
+  function describeCell(i, j) {
+    const s = sec();
+    const w = matrix.q16[matrix.offset + i * matrix.d.sk + j] * matrix.unit;
+    return {
+      query: shown(s.query_tokens[i]) + '  #' + i,
+      key: shown(s.key_tokens[j]) + '  #' + j,
+      weight: w.toFixed(5),
+      note: s.causal && j > i ? '(masked)' : '',
+    };
+  }
+
+  function showTip(i, j, x, y) {
+    const tip = $('ak-tooltip');
+    const c = describeCell(i, j);
+    tip.querySelector('.ak-tt-query').textContent = c.query;
+    tip.querySelector('.ak-tt-key').textContent = c.key;
+    tip.querySelector('.ak-tt-weight').textContent = c.weight;
+    tip.querySelector('.ak-tt-note').textContent = c.note;
+    tip.dataset.i = String(i);
+    tip.dataset.j = String(j);
+    tip.hidden = false;
+    const w = tip.offsetWidth;
+    const h = tip.offsetHeight;
+    tip.style.left = Math.max(4, Math.min(x + 14, window.innerWidth - w - 4)) + 'px';
+    tip.style.top = Math.max(4, y + 14 + h > window.innerHeight ? y - h - 10 : y + 14) + 'px';
+    return c;
+  }
+
+  function hideTip() {
+    $('ak-tooltip').hidden = true;
+  }
+
+  function cellAt(e) {
+    const rect = $('ak-matrix').getBoundingClientRect();
+    const j = Math.floor((e.clientX - rect.left - matrix.left) / matrix.cell);
+    const i = Math.floor((e.clientY - rect.top - matrix.top) / matrix.cell);
+    return i >= 0 && j >= 0 && i < matrix.d.sq && j < matrix.d.sk ? { i, j } : null;
+  }
+
+  function showCursorTip() {
+    const rect = $('ak-matrix').getBoundingClientRect();
+    const { i, j } = state.cursor;
+    const c = showTip(i, j, rect.left + matrix.left + (j + 1) * matrix.cell, rect.top + matrix.top + (i + 1) * matrix.cell);
+    $('ak-matrix-live').textContent = 'query ' + c.query + ', key ' + c.key + ', weight ' + c.weight + ' ' + c.note;
+  }
+
+  function matrixEvents() {
+    const canvas = $('ak-matrix');
+    canvas.addEventListener('mousemove', (e) => {
+      if (!matrix) return;
+      const cell = cellAt(e);
+      if (cell) showTip(cell.i, cell.j, e.clientX, e.clientY);
+      else hideTip();
+    });
+    canvas.addEventListener('mouseleave', hideTip);
+    canvas.addEventListener('focus', () => {
+      if (!matrix) return;
+      if (!state.cursor) state.cursor = { i: 0, j: 0 };
+      paintMatrix();
+      showCursorTip();
+    });
+    canvas.addEventListener('blur', () => {
+      state.cursor = null;
+      hideTip();
+      if (matrix) paintMatrix();
+    });
+    canvas.addEventListener('keydown', (e) => {
+      if (!matrix || !state.cursor) return;
+      const { i, j } = state.cursor;
+      const moves = {
+        ArrowDown: [i + 1, j], ArrowUp: [i - 1, j], ArrowRight: [i, j + 1], ArrowLeft: [i, j - 1],
+        PageDown: [i + 10, j], PageUp: [i - 10, j], Home: [i, 0], End: [i, matrix.d.sk - 1],
+      };
+      if (e.key === 'Escape') {
+        hideTip();
+        return;
+      }
+      if (!(e.key in moves)) return;
+      e.preventDefault();
+      const [ni, nj] = moves[e.key];
+      state.cursor = { i: Math.max(0, Math.min(matrix.d.sq - 1, ni)), j: Math.max(0, Math.min(matrix.d.sk - 1, nj)) };
+      paintMatrix();
+      showCursorTip();
+    });
+  }
+
+  // ---------------------------------------------------------------- views and controls
+
+  function setView(view, focusTab) {
+    state.view = view;
+    for (const tab of document.querySelectorAll('[role="tab"]')) {
+      const on = tab.dataset.view === view;
+      tab.setAttribute('aria-selected', String(on));
+      tab.tabIndex = on ? 0 : -1;
+      if (on && focusTab) tab.focus();
+    }
+    $('ak-head-view').hidden = view !== 'head';
+    $('ak-model-view').hidden = view !== 'model';
+    $('ak-matrix-view').hidden = view !== 'matrix';
+    $('ak-head-field').hidden = view !== 'matrix';
+    $('ak-topk-field').hidden = view !== 'head';
+    $('ak-layer-field').hidden = view === 'model';
+    hideTip();
+    if (state.data) render();
+  }
+
+  function controls() {
+    const tabs = Array.from(document.querySelectorAll('[role="tab"]'));
+    for (const tab of tabs) {
+      tab.addEventListener('click', () => setView(tab.dataset.view, false));
+      tab.addEventListener('keydown', (e) => {
+        const step = { ArrowRight: 1, ArrowLeft: -1 }[e.key];
+        if (!step) return;
+        e.preventDefault();
+        const next = tabs[(tabs.indexOf(tab) + step + tabs.length) % tabs.length];
+        setView(next.dataset.view, true);
+      });
+    }
+    $('ak-section').addEventListener('change', (e) => setSection(e.target.value, false));
+    $('ak-layer').addEventListener('change', (e) => { state.layer = Number(e.target.value); state.cursor = null; render(); });
+    $('ak-head').addEventListener('change', (e) => { state.head = Number(e.target.value); render(); });
+    $('ak-topk').addEventListener('change', (e) => { state.topk = Number(e.target.value); render(); });
+    $('ak-scale').addEventListener('change', (e) => { state.scale = e.target.value; render(); });
+    $('ak-head-toggles').addEventListener('change', (e) => {
+      state.headsOn[Number(e.target.dataset.index)] = e.target.checked;
+      drawLines();
+    });
+    const setAll = (on) => {
+      state.headsOn = state.headsOn.map(() => on);
+      for (const box of document.querySelectorAll('#ak-head-toggles input')) box.checked = on;
+      drawLines();
+    };
+    $('ak-heads-all').addEventListener('click', () => setAll(true));
+    $('ak-heads-none').addEventListener('click', () => setAll(false));
+    $('ak-grid').addEventListener('click', (e) => {
+      const b = e.target.closest('.ak-thumb');
+      if (!b) return;
+      state.layer = Number(b.dataset.layer);
+      state.head = Number(b.dataset.head);
+      $('ak-layer').value = b.dataset.layer;
+      $('ak-head').value = b.dataset.head;
+      setView('matrix', false);
+      $('ak-matrix').focus({ preventScroll: true });
+    });
+    tokenColumnEvents($('ak-queries'), 'q');
+    tokenColumnEvents($('ak-keys'), 'k');
+    $('ak-head-scroll').addEventListener('scroll', () => requestAnimationFrame(drawLines), { passive: true });
+    matrixEvents();
+    let resizing = 0;
+    window.addEventListener('resize', () => {
+      clearTimeout(resizing);
+      resizing = setTimeout(() => { if (state.data && state.view !== 'model') render(); }, 150);
+    });
+  }
+
+  // ---------------------------------------------------------------- app mode
+
+  let info = null;
+
+  function status(message, error) {
+    const el = $('ak-status');
+    el.textContent = message;
+    el.classList.toggle('ak-error', Boolean(error));
+    el.setAttribute('role', error ? 'alert' : 'status');
+  }
+
+  function fillRequestPickers() {
+    const m = info.models.find((x) => x.name === $('ak-model').value);
+    const layers = $('ak-req-layer');
+    layers.textContent = '';
+    layers.add(new Option('last layer (' + (m.layers - 1) + ')', String(m.layers - 1)));
+    layers.add(new Option('all ' + m.layers + ' layers', 'all'));
+    for (let n = 0; n < m.layers; n++) layers.add(new Option('layer ' + n, String(n)));
+    const heads = $('ak-req-head');
+    heads.textContent = '';
+    heads.add(new Option('all ' + m.heads + ' heads', 'all'));
+    for (let n = 0; n < m.heads; n++) heads.add(new Option('head ' + n, String(n)));
+  }
+
+  async function submit(e) {
+    e.preventDefault();
+    const text = $('ak-text').value;
+    if (!text.trim()) {
+      status('Type a text first.', true);
+      $('ak-text').focus();
+      return;
+    }
+    const payload = { text, model: $('ak-model').value };
+    const layer = $('ak-req-layer').value;
+    const head = $('ak-req-head').value;
+    if (layer !== 'all') payload.layers = [Number(layer)];
+    if (head !== 'all') payload.heads = [Number(head)];
+    const button = $('ak-run');
+    button.disabled = true;
+    body.dataset.state = 'loading';
+    status('Computing attention\u2026', false);
+    const started = performance.now();
+    try {
+      const response = await fetch('api/attention', {
+        method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(payload),
+      });
+      const json = await response.json().catch(() => null);
+      if (!response.ok) {
+        const detail = json && typeof json.detail === 'string' ? json.detail : response.statusText;
+        status('Error ' + response.status + ': ' + detail, true);
+        body.dataset.state = 'error';
+        return;
+      }
+      const seconds = ((performance.now() - started) / 1000).toFixed(2);
+      const first = Object.values(json.sections)[0];
+      status(first.query_tokens.length + ' tokens in ' + seconds + ' s.', false);
+      $('ak-error').hidden = true;
+      load(json);
+    } catch (err) {
+      status('Request failed: ' + (err && err.message ? err.message : err), true);
+      body.dataset.state = 'error';
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  async function startApp() {
+    $('ak-app').hidden = false;
+    body.dataset.state = 'empty';
+    try {
+      const response = await fetch('api/info');
+      info = await response.json();
+    } catch (err) {
+      status('Could not reach the server: ' + (err && err.message ? err.message : err), true);
+      body.dataset.state = 'error';
+      return;
+    }
+    const select = $('ak-model');
+    for (const m of info.models) select.add(new Option(m.name + ' (' + m.layers + ' layers, ' + m.heads + ' heads)', m.name));
+    select.value = info.default_model;
+    select.addEventListener('change', fillRequestPickers);
+    fillRequestPickers();
+    $('ak-text').maxLength = info.max_chars;
+    $('ak-app').addEventListener('submit', submit);
+    status('Type a text and choose Show attention (at most ' + info.max_tokens + ' tokens).', false);
+  }
+
+  // ---------------------------------------------------------------- start
+
+  controls();
+  setView('head', false);
+  if (body.dataset.mode === 'app') {
+    startApp();
+  } else {
+    try {
+      load(JSON.parse($('attnkit-data').textContent));
+    } catch (err) {
+      fail(err);
+    }
+  }
+})();

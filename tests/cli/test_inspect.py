@@ -1,0 +1,154 @@
+"""`attnkit inspect` on the real models: the notes' example, files, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from attnkit import models
+from attnkit.cli import main
+from attnkit.viz.terminal import display_width
+
+EXAMPLE_TOKENS = ["The", "Ġcat", "Ġsat", "Ġon", "Ġthe", "Ġmat", "."]
+
+
+def run(capsys, *argv):
+    code = main(["inspect", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_is_the_notes_example(capsys, tmp_path, smollm2_path):
+    code, out, err = run(capsys, "--out", str(tmp_path))
+    assert code == 0, err
+    assert "tokens: The | cat | sat | on | the | mat | .\n" in out
+    assert "Layer 29, head 0" in out
+    lines = out.splitlines()
+    # One row per query token; the first can only attend to itself.
+    header = next(i for i, line in enumerate(lines) if line.startswith("#  query"))
+    assert lines[header + 2].split() == ["0", "The", "The", "1.00"]
+    assert lines[header + 8].split()[:2] == ["6", "."]
+    assert max(display_width(line) for line in lines) <= 100
+    png, doc = tmp_path / "smollm2_layer29_head0.png", tmp_path / "smollm2_layer29_head0.json"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in out
+    data = json.loads(doc.read_text())
+    assert data["model"] == "smollm2" and data["layer"] == 29 and data["heads"] == [0]
+    assert data["tokens"] == EXAMPLE_TOKENS and data["labels"] == ["The", "cat", "sat", "on", "the", "mat", "."]
+    assert data["level"] == "token" and "words" not in data
+    assert data["token_info"][1] == {
+        "token": "Ġcat", "text": " cat", "span": [3, 7], "partial": False, "part": None, "special": False, "label": "cat",
+    }
+    weights = torch.tensor(data["weights"])  # [1, 7, 7]
+    assert weights.shape == (1, 7, 7)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 7), atol=1e-5, rtol=0)
+    assert weights[0].triu(1).abs().max() == 0  # causal: nothing on later tokens
+    # The file holds the model's own weights.
+    expected = models.load("smollm2").run("The cat sat on the mat.", attention=[29], heads=[0]).attentions[29][0]
+    torch.testing.assert_close(weights, expected, atol=1e-6, rtol=0)
+
+
+def test_minilm_all_heads_as_svg(capsys, tmp_path, minilm_path):
+    code, out, err = run(capsys, "The animal was tired.", "--model", "minilm",
+                         "--layer", "-2", "--head", "all", "--format", "svg,json", "--top", "2", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "minilm · layer 4 (0..5) · heads 0..11 · 7 tokens" in out
+    assert out.count("the keys each query attends to most") == 12
+    assert sorted(p.name for p in tmp_path.glob("*.svg")) == sorted(f"minilm_layer4_head{h}.svg" for h in range(12))
+    svg = (tmp_path / "minilm_layer4_head3.svg").read_text()
+    assert "Layer 4, head 3 — minilm" in svg and ">animal<" in svg
+    data = json.loads((tmp_path / "minilm_layer4_all-heads.json").read_text())
+    assert data["heads"] == list(range(12)) and data["tokens"][0] == "[CLS]" and data["tokens"][-1] == "[SEP]"
+    weights = torch.tensor(data["weights"])  # [12, 7, 7]
+    assert weights[:, 0].triu(1).sum() > 0  # bidirectional: the first token sees later ones
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--layer", "30"], r"layer 30 is out of range: this model has 30 layers, 0\.\.29"),
+        (["--layer", "-31"], r"0\.\.29 \(or -30\.\.-1 from the end\)"),
+        (["--head", "9"], r"head 9 is out of range: this model has 9 heads per layer, 0\.\.8"),
+        (["--head", "some"], 'head must be a number or "all"'),
+        (["word " * 9000], r"text is \d+ tokens long; smollm2 reads at most 8192 tokens"),
+    ],
+)
+def test_bad_layer_head_or_length_is_a_clear_error(capsys, tmp_path, smollm2_path, argv, message):
+    code, out, err = run(capsys, *argv, "--out", str(tmp_path))
+    assert code == 2 and out == ""
+    assert err.startswith("attnkit: error: ") and re.search(message, err), err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["  "], "the text is empty"),
+        (["hi", "--format", "gif"], "--format takes a comma-separated list of png, svg, json, got 'gif'"),
+        (["hi", "--top", "0"], "--top must be at least 1"),
+        (["hi", "--model", "gpt-17"], "no model named 'gpt-17'"),
+    ],
+)
+def test_bad_input_fails_before_running_a_model(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and message in err and out == ""
+
+
+def test_a_missing_model_says_how_to_fetch_it(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNKIT_HOME", str(tmp_path / "empty"))
+    code, _, err = run(capsys, "hi", "--out", str(tmp_path))
+    assert code == 2 and "attnkit models fetch smollm2" in err
+
+
+KOREAN = "어제 밤에 배가 고파서 피자를 먹었다"
+EOJEOL = ["어제", "밤에", "배가", "고파서", "피자를", "먹었다"]
+
+
+def test_korean_word_level_end_to_end(capsys, tmp_path, smollm2_path):
+    from attnkit.viz.fonts import choose_fonts, font_covers
+
+    code, out, err = run(capsys, KOREAN, "--level", "word", "--format", "png,svg,json", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "smollm2 · layer 29 (0..29) · head 0 · 6 words (44 tokens)" in out
+    assert "words: 어제 (6) | 밤에 (6) | 배가 (6) | 고파서 (9) | 피자를 (9) | 먹었다 (8)" in out
+    assert "tokens: 어(1/3) | 어(2/3) | 어(3/3) | 제(1/3)" in out
+    rows = [line.split() for line in out.split("top 3 key words (weight)")[1].splitlines()[2:8]]
+    assert [row[1] for row in rows] == EOJEOL
+    assert max(display_width(line) for line in out.splitlines()) <= 100
+    stem = tmp_path / "smollm2_layer29_head0_words"
+    png, svg, doc = (stem.with_suffix(s) for s in (".png", ".svg", ".json"))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg_text = svg.read_text(encoding="utf-8")
+    assert all(f">{word}<" in svg_text for word in EOJEOL)
+    data = json.loads(doc.read_text(encoding="utf-8"))
+    assert data["level"] == "word" and data["labels"] == EOJEOL
+    assert [w["text"] for w in data["words"]] == EOJEOL and data["words"][3] == {
+        "text": "고파서", "span": [9, 12], "tokens": list(range(18, 27)),
+    }
+    assert len(data["tokens"]) == len(data["token_info"]) == 44
+    assert data["token_info"][6] == {
+        "token": "Ġë", "text": " 밤", "span": [2, 4], "partial": True, "part": [1, 3], "special": False, "label": "밤(1/3)",
+    }
+    weights = torch.tensor(data["weights"])  # [1, 6, 6]
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 6), atol=1e-5, rtol=0)
+    # No label anywhere is the replacement character of a cut UTF-8 sequence.
+    assert not any("\ufffd" in text for text in (out, svg_text, doc.read_text(encoding="utf-8")))
+    # The picture's fonts have a glyph for every label character: Hangul, not empty boxes.
+    labels = "".join(EOJEOL)
+    choice = choose_fonts([labels])
+    assert not choice.missing, "install a font with Hangul, e.g. apt-get install fonts-noto-cjk"
+    assert any(font_covers(family, labels) for family in choice.families)
+
+
+def test_minilm_korean_tokens_read_as_the_text(capsys, tmp_path, minilm_path):
+    code, out, err = run(capsys, KOREAN, "--model", "minilm", "--format", "svg,json", "--top", "1", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "tokens: [CLS] | 어(1/2) | 어(2/2) |" in out and "먹었다 | [SEP]\n" in out
+    data = json.loads((tmp_path / "minilm_layer5_head0.json").read_text(encoding="utf-8"))
+    assert data["level"] == "token" and data["tokens"][-2] == "[UNK]" and data["labels"][-2] == "먹었다"
+    assert data["token_info"][-2]["span"] == [17, 20] and data["token_info"][0]["span"] is None
+    svg = (tmp_path / "minilm_layer5_head0.svg").read_text(encoding="utf-8")
+    assert ">먹었다<" in svg and ">어(1/2)<" in svg
+    assert not any("\ufffd" in text for text in (out, svg, json.dumps(data, ensure_ascii=False)))

@@ -1,0 +1,30 @@
+"""Fixtures shared across the test suite.
+
+Real checkpoints are fetched once into the attnkit cache (``$ATTNKIT_HOME`` or
+``~/.cache/attnkit``) the first time a test asks for them, the way a user would with
+``attnkit models fetch``; every later run is offline. Tests that do not ask never fetch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def _fetch(name: str) -> Path:
+    from attnkit import models
+
+    return models.fetch(name, progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The folder of SmolLM2-135M-Instruct, fetched on first use; ``models.load("smollm2")`` works."""
+    return _fetch("smollm2")
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """The folder of all-MiniLM-L6-v2, fetched on first use; ``models.load("minilm")`` works."""
+    return _fetch("minilm")

@@ -1,0 +1,46 @@
+"""Notebook display: an attention map shows as the interactive viewer inline, without a
+server — checked in a real headless Chromium, inside the frame a notebook would render."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import torch
+
+from attnkit.inspect.maps import AttentionMap
+from tests.browser import READY, browser, page  # noqa: F401 (pytest fixtures)
+
+WORDS = ["어제", "밤에", "배가", "고파서", "피자를", "먹었다"]
+
+
+def word_map() -> AttentionMap:
+    weights = torch.ones(6, 6).tril()
+    weights = torch.stack([weights / weights.sum(-1, keepdim=True), torch.eye(6)])  # [2, 6, 6]
+    return AttentionMap(
+        model="smollm2", text=" ".join(WORDS), tokens=["x"] * 44, labels=WORDS, layer=11, num_layers=30,
+        heads=[2, 5], weights=weights, causal=True,
+    )
+
+
+def test_repr_html_is_one_frame_holding_the_whole_viewer():
+    frame = word_map()._repr_html_()
+    assert frame.startswith("<iframe srcdoc=") and frame.endswith("</iframe>") and frame.count("<iframe") == 1
+    assert 'sandbox="allow-scripts"' in frame
+    page_source = html.unescape(re.search(r'srcdoc="([^"]*)"', frame).group(1))
+    data = json.loads(re.search(r'<script type="application/json" id="attnkit-data">(.*?)</script>', page_source, re.S).group(1))
+    section = data["sections"]["self"]
+    assert data["kind"] == "causal" and section["query_tokens"] == WORDS
+    assert section["layers"] == [11] and section["heads"] == [2, 5]
+    assert "\ufffd" not in page_source
+
+
+def test_the_frame_runs_in_a_browser(page):  # noqa: F811 (the fixture)
+    # What Jupyter does with _repr_html_: put it into the notebook's page.
+    page.set_content(f"<!DOCTYPE html><html><body>{word_map()._repr_html_()}</body></html>")
+    frame = page.frame_locator("iframe")
+    frame.locator(READY).wait_for()
+    text = frame.locator("body").inner_text()
+    assert "smollm2" in text and "고파서" in text
+    assert not [url for url in page.requests if not url.startswith(("about:", "data:"))]

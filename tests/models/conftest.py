@@ -1,0 +1,45 @@
+"""Models shared by the tests of attnkit.models: ours and the Hugging Face references on the
+same weights, each loaded once per session (from the cache the root conftest fills)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# The references must never reach for the network: everything is in the attnkit cache.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path: Path):
+    """Our SmolLM2 (attnkit.nn modules)."""
+    from attnkit import models
+
+    return models.load("smollm2")
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_path: Path):
+    """Our MiniLM (attnkit.nn modules)."""
+    from attnkit import models
+
+    return models.load("minilm")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_path: Path):
+    """``(model, tokenizer)`` of transformers' LlamaForCausalLM with eager attention, the
+    implementation whose ``output_attentions`` are the reference weights."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_path, attn_implementation="eager").eval()
+    return model, transformers.AutoTokenizer.from_pretrained(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def hf_minilm(minilm_path: Path):
+    """``(model, tokenizer)`` of transformers' BertModel with eager attention."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModel.from_pretrained(minilm_path, attn_implementation="eager").eval()
+    return model, transformers.AutoTokenizer.from_pretrained(minilm_path)

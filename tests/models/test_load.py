@@ -1,0 +1,163 @@
+"""attnkit.models.load: names, folders, and every way a checkpoint can be wrong."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from attnkit import models
+from attnkit.models.checkpoint import check_safetensors
+
+SMALL_FILES = ("config.json", "tokenizer.json")
+
+
+def _copy_minilm(minilm_path: Path, dest: Path, *, weights: bool = True, manifest: bool = False) -> Path:
+    dest.mkdir()
+    names = [*SMALL_FILES, *(["model.safetensors"] if weights else [])]
+    if manifest:  # the manifest lists every file of the folder
+        names = [p.name for p in minilm_path.iterdir()]
+    for name in names:
+        shutil.copy2(minilm_path / name, dest / name)
+    return dest
+
+
+def test_unknown_name_says_what_exists():
+    with pytest.raises(models.ModelNotFound, match=r"no model named 'gpt-9'.*smollm2, minilm.*attnkit models fetch NAME"):
+        models.load("gpt-9")
+    assert issubclass(models.ModelNotFound, FileNotFoundError)
+
+
+def test_missing_model_says_how_to_fetch_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNKIT_HOME", str(tmp_path))
+    assert models.home() == tmp_path
+    assert models.available() == []
+    with pytest.raises(models.ModelNotFound, match=r"run `attnkit models fetch smollm2` first"):
+        models.load("smollm2")
+
+
+def test_a_folder_loads_like_the_named_model(minilm_path, tmp_path, minilm):
+    folder = _copy_minilm(minilm_path, tmp_path / "my-minilm")
+    copy = models.load(folder)
+    assert copy.name == "my-minilm" and copy.family == "bert" and not copy.causal
+    assert (copy.num_layers, copy.num_heads, copy.num_kv_heads, copy.max_length) == (6, 12, 12, 512)
+    text = "same weights, same output"
+    assert torch.equal(copy.run(text).hidden_states, minilm.run(text).hidden_states)
+
+
+def test_loading_takes_the_weights_without_copying_or_initialising(smollm2):
+    module = smollm2.module
+    assert module.lm_head.weight is module.token_embedding.weight  # tied again after assignment
+    assert not module.training
+    parameters = sum(p.numel() for p in module.parameters())
+    assert parameters == 134_515_008  # SmolLM2-135M, the tied head counted once
+    assert smollm2.device == torch.device("cpu")
+
+
+def test_dtype_and_device_options(minilm_path, tmp_path):
+    half = models.load(_copy_minilm(minilm_path, tmp_path / "m"), dtype=torch.bfloat16)
+    assert half.module.token_embedding.weight.dtype == torch.bfloat16
+    run = half.run("low precision still runs", attention=[0])
+    assert run.hidden_states.dtype == torch.float32 and run.attentions[0].dtype == torch.float32
+    with pytest.raises(TypeError, match="floating torch.dtype"):
+        models.load(tmp_path / "m", dtype=torch.int8)
+
+
+def test_truncated_safetensors_is_a_clear_error(minilm_path, tmp_path):
+    folder = _copy_minilm(minilm_path, tmp_path / "cut", weights=False)
+    data = (minilm_path / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"model.safetensors is truncated: its tensors need 90868376 bytes, the file has 45434188"):
+        models.load(folder)
+    (folder / "model.safetensors").write_bytes(data[:100])
+    with pytest.raises(ValueError, match="truncated or not a safetensors file"):
+        models.load(folder)
+
+
+def test_corrupt_safetensors_is_a_clear_error(minilm_path, tmp_path):
+    folder = _copy_minilm(minilm_path, tmp_path / "bad", weights=False)
+    (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    with pytest.raises(ValueError, match="header is not valid JSON"):
+        models.load(folder)
+    path = tmp_path / "odd.safetensors"
+    save_file({"a": torch.zeros(4), "b": torch.ones(2, 2)}, path)
+    assert set(check_safetensors(path)) == {"a", "b"}
+    raw = bytearray(path.read_bytes())
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + header_len])
+    header["a"]["shape"] = [5]  # 5 floats in a 16-byte range
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(header_len)
+    path.write_bytes(bytes(raw[:8]) + text + bytes(raw[8 + header_len :]))
+    with pytest.raises(ValueError, match=r"tensor 'a' \(F32 \[5\]\) has byte range"):
+        check_safetensors(path)
+
+
+def test_changed_file_of_a_fetched_model_fails_its_hash(minilm_path, tmp_path):
+    folder = _copy_minilm(minilm_path, tmp_path / "m", manifest=True)
+    models.load(folder)  # copy2 keeps the modification times: nothing needs re-hashing
+    manifest = json.loads((folder / models.registry.MANIFEST).read_text())
+    assert manifest["files"]["model.safetensors"]["sha256"].startswith("53aa5117")
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF  # same size, same valid header, one flipped byte in the last tensor
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="SHA-256 differs from the one recorded at fetch time"):
+        models.load(folder)
+    (folder / "model.safetensors").write_bytes(bytes(data[:-10]))
+    with pytest.raises(ValueError, match="is truncated or changed: 90868366 bytes, expected 90868376"):
+        models.load(folder)
+
+
+def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
+    folder = _copy_minilm(minilm_path, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+
+    def write(**changes):
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+    write(model_type="gpt2")
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported; attnkit loads llama, bert"):
+        models.load(folder)
+    write(hidden_act="relu")
+    with pytest.raises(ValueError, match="unsupported BERT configuration: hidden_act='relu'"):
+        models.load(folder)
+    write(num_hidden_layers=7)
+    with pytest.raises(ValueError, match=r"do not fit the configuration: missing \[encoder.layers.6"):
+        models.load(folder)
+    write(intermediate_size=1024)
+    with pytest.raises(ValueError, match=r"weights of the wrong shape: .*up_proj.weight is \[1536, 384\], expected \[1024, 384\]"):
+        models.load(folder)
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must hold a JSON object"):
+        models.load(folder)
+    (folder / "config.json").unlink()
+    with pytest.raises(ValueError, match="has no config.json"):
+        models.load(folder)
+
+
+def test_llama_config_checks():
+    from attnkit.models.llama import LlamaConfig
+
+    base = {"vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 16, "rope_theta": 500.0, "eos_token_id": [3, 4]}
+    config = LlamaConfig.from_hf(base)
+    assert config.rope_theta == 500.0 and config.num_kv_heads == 2 and config.eos_token_ids == (3, 4)
+    assert LlamaConfig.from_hf({**base, "rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}}).rope_theta == 1e5
+    with pytest.raises(ValueError, match="rope_type='llama3'"):
+        LlamaConfig.from_hf({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    with pytest.raises(ValueError, match="attention_bias"):
+        LlamaConfig.from_hf({**base, "attention_bias": True})
+    with pytest.raises(ValueError, match="lacks 'intermediate_size'"):
+        LlamaConfig.from_hf({k: v for k, v in base.items() if k != "intermediate_size"})
+
+
+def test_pickled_weights_are_refused(minilm_path, tmp_path):
+    folder = _copy_minilm(minilm_path, tmp_path / "m", weights=False)
+    (folder / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(ValueError, match="pickled weights are never loaded"):
+        models.load(folder)
+    with pytest.raises(ValueError, match="is a file"):
+        models.load(folder / "config.json")
