@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# The notes' practical example: fetch SmolLM2 once (offline afterwards), then show where
+# each token of "The cat sat on the mat." attends in the last layer's first head.
 demo: $(STAMP)
-	$(BIN)/attnkit explain
+	$(BIN)/attnkit models fetch smollm2
+	$(BIN)/attnkit inspect "The cat sat on the mat."
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -10,6 +10,8 @@ import torch
 
 from attnkit import models
 from attnkit.cli import main
+from attnkit.inspect.maps import EXAMPLE_TEXT
+from attnkit.viz.viewer import ViewerData
 from attnkit.viz.terminal import display_width
 
 EXAMPLE_TOKENS = ["The", "Ġcat", "Ġsat", "Ġon", "Ġthe", "Ġmat", "."]
@@ -86,7 +88,7 @@ def test_bad_layer_head_or_length_is_a_clear_error(capsys, tmp_path, smollm2_pat
     "argv, message",
     [
         (["  "], "the text is empty"),
-        (["hi", "--format", "gif"], "--format takes a comma-separated list of png, svg, json, got 'gif'"),
+        (["hi", "--format", "gif"], "--format takes a comma-separated list of png, svg, json, html, got 'gif'"),
         (["hi", "--top", "0"], "--top must be at least 1"),
         (["hi", "--model", "gpt-17"], "no model named 'gpt-17'"),
     ],
@@ -152,3 +154,44 @@ def test_minilm_korean_tokens_read_as_the_text(capsys, tmp_path, minilm_path):
     svg = (tmp_path / "minilm_layer5_head0.svg").read_text(encoding="utf-8")
     assert ">먹었다<" in svg and ">어(1/2)<" in svg
     assert not any("\ufffd" in text for text in (out, svg, json.dumps(data, ensure_ascii=False)))
+
+
+def embedded_viewer_data(page: str) -> ViewerData:
+    """The data a viewer page embeds, decoded and checked by :meth:`ViewerData.from_json`."""
+    match = re.search(r'<script type="application/json" id="attnkit-data">(.*?)</script>', page, re.S)
+    assert match, "the page has no embedded attnkit-data"
+    return ViewerData.from_json(match.group(1))
+
+
+def test_html_is_the_viewer_of_every_layer_and_head(capsys, tmp_path, smollm2_path):
+    code, out, err = run(capsys, "--format", "html", "--out", str(tmp_path))
+    assert code == 0, err
+    path = tmp_path / "smollm2_viewer.html"
+    assert f"wrote {path}" in out and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    page = path.read_text(encoding="utf-8")
+    # Self-contained: nothing to fetch from any host.
+    assert not re.search(r"\b(?:https?|wss?|ftp):|//[a-z0-9.-]+\.[a-z]{2,}/", page, re.I)
+    data = embedded_viewer_data(page)
+    section = data.sections["self"]
+    assert data.model == "smollm2" and data.kind == "causal" and data.text == EXAMPLE_TEXT
+    # Every layer and head, not only the printed layer 29, head 0.
+    assert section.layers == tuple(range(30)) and section.heads == tuple(range(9))
+    assert section.query_tokens == section.key_tokens == ("The", "cat", "sat", "on", "the", "mat", ".")
+    expected = models.load("smollm2").run(EXAMPLE_TEXT, attention=[3], heads=[5]).attentions[3][0, 0]
+    torch.testing.assert_close(section.map(3, 5), expected.float(), atol=1e-5, rtol=0)
+
+
+def test_html_between_words(capsys, tmp_path, smollm2_path):
+    code, out, err = run(capsys, KOREAN, "--level", "word", "--format", "html,json", "--out", str(tmp_path))
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "smollm2_layer29_head0_words.json", "smollm2_viewer_words.html",
+    ]
+    data = embedded_viewer_data((tmp_path / "smollm2_viewer_words.html").read_text(encoding="utf-8"))
+    section = data.sections["self"]
+    assert section.query_tokens == section.key_tokens == tuple(EOJEOL) and data.text == KOREAN
+    assert section.layers == tuple(range(30)) and section.heads == tuple(range(9))
+    torch.testing.assert_close(section.weights.sum(-1), torch.ones(30, 9, 6), atol=1e-4, rtol=0)
+    # The page's word map of layer 29, head 0 is the one the JSON file holds.
+    doc = json.loads((tmp_path / "smollm2_layer29_head0_words.json").read_text(encoding="utf-8"))
+    torch.testing.assert_close(section.map(29, 0), torch.tensor(doc["weights"][0]), atol=1e-4, rtol=0)

@@ -50,6 +50,13 @@ def test_stop_after_then_resume_equals_a_straight_run(capsys, tmp_path) -> None:
     assert a.pop("time") and b.pop("time") and a == b
 
 
+def test_addition_defaults_to_more_steps(capsys, tmp_path) -> None:
+    code, out, err = train(capsys, "--task", "addition", "--out", str(tmp_path), "--stop-after", "1", "--no-progress")
+    assert code == 0, err
+    assert "addition: decoder-only, 2 layers, d_model 128, 4 heads, ff 256; 8000 steps of 64" in out
+    assert "stopped after step 1 of 8000" in out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from attnkit.cli import main
@@ -86,6 +87,8 @@ def test_attention_matches_the_model(client):
         ({"text": 7}, 422, "invalid request: text: Input should be a valid string"),
         ({}, 422, "invalid request: text: Field required"),
         ({"text": "a", "colour": "red"}, 422, "colour: Extra inputs are not permitted"),
+        ({"text": "a", "level": "sentence"}, 422, "invalid request: level: Input should be 'token' or 'word'"),
+        ({"text": "a", "level": None}, 422, "invalid request: level: Input should be 'token' or 'word'"),
         ([1, 2], 422, "invalid request"),
     ],
 )
@@ -155,6 +158,27 @@ def test_cli_reports_what_it_cannot_serve(capsys, monkeypatch, tmp_path):
     assert "--port must be 0..65535" in capsys.readouterr().err
     assert main(["serve", "--model", "a", "--model", "a"]) == 2
     assert "names a model twice" in capsys.readouterr().err
+
+
+def test_word_level_on_a_real_model(minilm_path):
+    """``"level": "word"`` turns MiniLM's "didn", "'", "t" into one row and column "didn't";
+    each word's row is its tokens' rows averaged, summed over each key word's tokens."""
+    client = TestClient(create_app(["minilm"]))
+    text = "The animal didn't cross the road."
+    body = {"text": text, "layers": [1, 5], "heads": [0, 7]}
+    tokens = ViewerData.from_json(client.post("/api/attention", json=body).text).sections["self"]
+    assert tokens.query_tokens == ("[CLS]", "The", "animal", "didn", "'", "t", "cross", "the", "road", ".", "[SEP]")
+    response = client.post("/api/attention", json={**body, "level": "word"})
+    assert response.status_code == 200, response.text[:300]
+    words = ViewerData.from_json(response.text).sections["self"]
+    assert words.query_tokens == words.key_tokens == (
+        "[CLS]", "The", "animal", "didn't", "cross", "the", "road", ".", "[SEP]"
+    )
+    assert words.layers == (1, 5) and words.heads == (0, 7)
+    torch.testing.assert_close(words.weights.sum(-1), torch.ones(2, 2, 9), atol=1e-4, rtol=0)
+    token_map = tokens.map(5, 7)  # [11, 11]; "didn't" is tokens 3..5, word 3
+    assert words.map(5, 7)[3, 2].item() == pytest.approx(token_map[3:6, 2].mean().item(), abs=1e-4)
+    assert words.map(5, 7)[2, 3].item() == pytest.approx(token_map[2, 3:6].sum().item(), abs=1e-4)
 
 
 def test_api_over_real_http(client):

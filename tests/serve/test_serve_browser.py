@@ -98,7 +98,8 @@ def test_policy_blocks_other_origins(server, page):
 
 
 def test_real_model_through_serve(page, minilm_path):
-    """MiniLM loaded by the default loader: what the page shows is what the model computes."""
+    """MiniLM loaded by the default loader: what the page shows is what the model computes,
+    between tokens and between words."""
     from attnkit import models
 
     text = "The animal didn't cross the road because it was too tired."
@@ -118,5 +119,20 @@ def test_real_model_through_serve(page, minilm_path):
         tip = viewer.hover_cell(it, animal)
         from_api = api(url, {"text": text, "layers": [2], "heads": [7]}).sections["self"]
         assert tip.weight == pytest.approx(from_api.map(2, 7)[it, animal].item(), abs=1e-5)
+
+        # Between words: "didn", "'", "t" become one label, and the tooltip reads the word map.
+        page.get_by_label("Between", exact=True).select_option(label="words")
+        page.get_by_role("button", name="Show attention").click()
+        viewer.wait()
+        words = page.locator("#ak-queries .ak-token").all_text_contents()
+        assert words == ["[CLS]", "The", "animal", "didn't", "cross", "the", "road", "because", "it", "was", "too",
+                         "tired", ".", "[SEP]"]
+        assert page.text_content("#ak-status").startswith("14 words in ")
+        viewer.view("matrix")
+        viewer.select("Head", "head 7")
+        word_tip = viewer.hover_cell(words.index("didn't"), words.index("animal"))
+        assert word_tip.query == "didn't"
+        by_words = api(url, {"text": text, "layers": [2], "heads": [7], "level": "word"}).sections["self"]
+        assert word_tip.weight == pytest.approx(by_words.map(2, 7)[3, 2].item(), abs=1e-5)
     direct = models.load("minilm").run(text, attention=[2], heads=[7]).attentions[2]
     assert tip.weight == pytest.approx(direct[0, 0, it, animal].item(), abs=1e-3)

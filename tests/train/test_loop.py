@@ -86,6 +86,11 @@ def test_alignment_fractions_count_argmax_on_the_expected_key() -> None:
     assert alignment_fractions(torch.eye(4)[None, None, None], torch.tensor([3, 2, 1])).tolist() == [[0.0]]
 
 
+def test_task_defaults() -> None:
+    assert TrainConfig.for_task("addition").steps == 8000 and TrainConfig.for_task("reverse").steps == 2000
+    assert TrainConfig.for_task("addition", steps=5, lr=0.1) == TrainConfig(task="addition", steps=5, lr=0.1)
+
+
 def test_schedule_warms_up_then_decays_to_zero() -> None:
     factors = [lr_factor(s, warmup=10, steps=110) for s in range(110)]
     assert factors[0] == pytest.approx(0.1) and factors[9] == 1.0 and factors[10] == 1.0

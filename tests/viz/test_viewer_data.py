@@ -127,6 +127,30 @@ def test_from_model_run_uses_labels_heads_and_model_attributes():
         viewer_data_from_run(model, SimpleNamespace(tokens=["a"], offsets=[(0, 1)], attentions={}, heads=None))
 
 
+def test_from_model_run_between_words_keeps_rows_summing_to_one():
+    """Sub-word tokens ("s" + "at") become one word whose row is their rows' average and
+    whose column is the sum of theirs; the JSON still decodes to rows that sum to 1."""
+    text = "The cat sat."
+    model = SimpleNamespace(name="fake", causal=True)
+    run = SimpleNamespace(
+        tokens=["The", "Ġcat", "Ġs", "at", "."], offsets=[(0, 3), (3, 7), (7, 9), (9, 11), (11, 12)],
+        attentions={0: softmax_maps(3, 5, 5, causal=True)[None], 2: softmax_maps(3, 5, 5, causal=True, seed=1)[None]},
+        heads=None,
+    )
+    data = ViewerData.from_json(viewer_data_from_run(model, run, text=text, level="word").to_json())
+    s = data.sections["self"]
+    assert s.query_tokens == s.key_tokens == ("The", "cat", "sat", ".")
+    assert s.layers == (0, 2) and s.heads == (0, 1, 2) and data.text == text
+    torch.testing.assert_close(s.weights.sum(-1), torch.ones(2, 3, 4), atol=4 * SCALE, rtol=0)
+    token_map = run.attentions[2][0, 1]  # [s, s] of head 1
+    sat_to_cat = token_map[2:4, 1].mean()
+    sat_to_sat = token_map[2:4, 2:4].sum(-1).mean()
+    assert s.map(2, 1)[2, 1].item() == pytest.approx(sat_to_cat.item(), abs=SCALE)
+    assert s.map(2, 1)[2, 2].item() == pytest.approx(sat_to_sat.item(), abs=SCALE)
+    with pytest.raises(ValueError, match="level must be one of token, word, got 'sentence'"):
+        viewer_data_from_run(model, run, text=text, level="sentence")
+
+
 @pytest.mark.parametrize(
     ("change", "error", "match"),
     [

@@ -1,5 +1,6 @@
 """``attnkit inspect``: one layer's attention in a real model, as in the notes' practical
-example — between tokens or words, printed, drawn as a heatmap, and saved as JSON."""
+example — between tokens or words, printed, drawn as a heatmap, saved as JSON, and as the
+interactive viewer of every layer and head."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from typing import Any
 from attnkit.cli import CommandError
 from attnkit.inspect.maps import EXAMPLE_TEXT, LEVELS, AttentionMap, attention_map
 
+# Files that show the chosen layer and heads (``attnkit heads`` writes these too) ...
 FORMATS = ("png", "svg", "json")
+# ... and those ``attnkit inspect`` adds: the viewer page, of every layer and head.
+INSPECT_FORMATS = (*FORMATS, "html")
 DEFAULT_MODEL = "smollm2"
 DEFAULT_OUT = "attnkit-out"
 
@@ -24,7 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run a real model on TEXT and show one layer's attention: the tokens, the keys "
             "each query token attends to most, a heatmap in the notes' style (Blues, values "
-            "annotated, query tokens as rows, key tokens as columns) and the weights as JSON. "
+            "annotated, query tokens as rows, key tokens as columns), the weights as JSON, and "
+            "with --format html one self-contained viewer page of every layer and head. "
             f'Defaults reproduce the notes\' example: "{EXAMPLE_TEXT}", SmolLM2, last layer, head 0. '
             "Models come from `attnkit models fetch NAME`."
         ),
@@ -37,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--head", default="0", metavar="H|all", help='head, from 0, or "all" (default: 0)')
     parser.add_argument("--top", type=int, default=3, metavar="K", help="keys shown per query token (default: 3)")
     add_level_argument(parser)
-    add_output_arguments(parser, default_formats="png,json")
+    add_output_arguments(parser, default_formats="png,json", formats=INSPECT_FORMATS)
     parser.set_defaults(func=run)
 
 
@@ -58,22 +63,28 @@ def add_level_argument(parser: argparse.ArgumentParser, *, help: str = LEVEL_HEL
     parser.add_argument("--level", choices=LEVELS, default="token", help=help)
 
 
-def add_output_arguments(parser: argparse.ArgumentParser, *, default_formats: str) -> None:
+def add_output_arguments(
+    parser: argparse.ArgumentParser, *, default_formats: str, formats: tuple[str, ...] = FORMATS
+) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"where to write files (default: {DEFAULT_OUT}/)")
     parser.add_argument("--format", default=default_formats, metavar="FMT[,FMT]",
-                        help=f"files to write, any of {','.join(FORMATS)} (default: {default_formats})")
+                        help=f"files to write, any of {','.join(formats)} (default: {default_formats})")
 
 
-def parse_formats(text: str) -> list[str]:
+def parse_formats(text: str, allowed: tuple[str, ...] = FORMATS) -> list[str]:
     """``"png,json"`` as ``["png", "json"]``.
+
+    Args:
+        text: the ``--format`` value.
+        allowed: the formats the command writes.
 
     Raises:
         CommandError: an unknown or missing format.
     """
     formats = [f.strip().lower() for f in text.split(",") if f.strip()]
-    unknown = [f for f in formats if f not in FORMATS]
+    unknown = [f for f in formats if f not in allowed]
     if unknown or not formats:
-        raise CommandError(f"--format takes a comma-separated list of {', '.join(FORMATS)}, got {text!r}")
+        raise CommandError(f"--format takes a comma-separated list of {', '.join(allowed)}, got {text!r}")
     return list(dict.fromkeys(formats))
 
 
@@ -104,7 +115,8 @@ def write_json(data: dict[str, Any], path: Path) -> Path:
 
 
 def write_map(amap: AttentionMap, out: Path, formats: list[str]) -> list[Path]:
-    """Write the heatmap of each head (``png``/``svg``) and the weights (``json``).
+    """Write the heatmap of each head (``png``/``svg``) and the weights (``json``); other
+    formats are left to their writers (:func:`write_viewer`).
 
     Returns:
         The paths written.
@@ -113,7 +125,7 @@ def write_map(amap: AttentionMap, out: Path, formats: list[str]) -> list[Path]:
     # Word maps get their own names, next to the token maps of the same text.
     suffix, unit = ("", "") if amap.words is None else ("_words", " word")
     written = []
-    pictures = [f for f in formats if f != "json"]
+    pictures = [f for f in formats if f in ("png", "svg")]
     if pictures:
         from attnkit.viz.heatmap import draw_heatmap
 
@@ -130,10 +142,35 @@ def write_map(amap: AttentionMap, out: Path, formats: list[str]) -> list[Path]:
     return written
 
 
+def write_viewer(model: Any, text: str, out: Path, *, level: str = "token") -> Path:
+    """Write the viewer page (``html``) of ``text``: every layer and head of ``model``, not
+    only the ones printed, so that one file is enough to explore the whole model.
+
+    Args:
+        model: an :mod:`attnkit.models` model.
+        text: the input.
+        out: the folder to write to.
+        level: ``"token"``, or ``"word"`` for the attention between the words of the text.
+
+    Returns:
+        The path written: ``MODEL_viewer.html``, or ``MODEL_viewer_words.html``.
+
+    Raises:
+        ValueError: the model refuses the text, or an unknown level.
+        ImportError: the viewer's dependencies are missing.
+    """
+    from attnkit.viz.viewer import viewer_data_from_run, write_html
+
+    run = model.run(text, attention=True)
+    data = viewer_data_from_run(model, run, name=model.name, text=text, level=level)
+    suffix = "_words" if level == "word" else ""
+    return write_html(out / f"{file_stem(model.name)}_viewer{suffix}.html", data)
+
+
 def run(args: argparse.Namespace) -> int:
     from attnkit.viz.attention_text import render_map
 
-    formats = parse_formats(args.format)
+    formats = parse_formats(args.format, INSPECT_FORMATS)
     if not args.text.strip():
         raise CommandError("the text is empty")
     if args.top < 1:
@@ -143,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         amap = attention_map(model, args.text, layer=args.layer, head=args.head, level=args.level)
         print(render_map(amap, top=args.top), end="", flush=True)
         written = write_map(amap, Path(args.out), formats)
+        if "html" in formats:
+            written.append(write_viewer(model, args.text, Path(args.out), level=args.level))
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
     print()

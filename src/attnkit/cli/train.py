@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from attnkit.cli import CommandError
-from attnkit.train.loop import TrainConfig, run, saved_config
+from attnkit.train.loop import TASK_DEFAULTS, TrainConfig, run, saved_config
 from attnkit.train.tasks import TASKS
 
 # Options that map one to one onto TrainConfig fields. Their argparse default is None so
@@ -65,7 +65,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _option(group: argparse._ArgumentGroup, flag: str, kind: type, text: str) -> None:
-    default = getattr(_DEFAULTS, flag[2:].replace("-", "_"))
+    field = flag[2:].replace("-", "_")
+    default = f"{getattr(_DEFAULTS, field)}"
+    for task, options in TASK_DEFAULTS.items():
+        if field in options:
+            default += f"; {options[field]} for {task}"
     group.add_argument(flag, type=kind, default=None, help=f"{text} (default: {default})")
 
 
@@ -93,7 +97,7 @@ def _train(args: argparse.Namespace) -> int:
         elif args.task is None:
             raise CommandError("--task is required (unless --resume continues a run)")
         else:
-            config = TrainConfig(**given)
+            config = TrainConfig.for_task(**given)
         task = config.validate()
         kind = "decoder-only" if task.decoder_only else "encoder-decoder"
         layers = f"{config.layers}" if task.decoder_only else f"{config.layers}+{config.layers}"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 try:
     import uvicorn
@@ -57,6 +57,11 @@ class AttentionRequest(BaseModel):
     model: StrictStr | None = Field(None, description="A name from GET /api/info (default: the server's first model).")
     layers: list[StrictInt] | None = Field(None, description="Layer indices, from 0 (default: all).")
     heads: list[StrictInt] | None = Field(None, description="Head indices, from 0 (default: all).")
+    level: Literal["token", "word"] = Field(
+        "token",
+        description='"token", or "word" for the attention between the words of the text: rows and columns are '
+                    "words, a word's row the average of its tokens' rows, summed over each key word's tokens.",
+    )
 
 
 class ErrorBody(BaseModel):
@@ -306,7 +311,7 @@ def create_app(
     @app.post("/api/attention", response_class=Response, responses={200: {"model": ViewerDataBody}, **errors})
     def api_attention(request: AttentionRequest) -> Response:
         """Run a model on a text and return the attention weights of the chosen layers and
-        heads in the viewer's format."""
+        heads in the viewer's format, between tokens or words."""
         started = time.perf_counter()
         name = request.model or default
         if name not in served:
@@ -338,7 +343,7 @@ def create_app(
             run = s.runner.submit(s.model.run, text, attention=layers, heads=heads).result()
         except ValueError as err:
             raise _error(422, str(err)) from None
-        data = viewer_data_from_run(s.model, run, name=name, text=text)
+        data = viewer_data_from_run(s.model, run, name=name, text=text, level=request.level)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
 

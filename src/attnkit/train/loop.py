@@ -43,6 +43,11 @@ ATTENTION_BATCH = 100
 
 Model = Seq2SeqTransformer | DecoderOnlyTransformer
 
+# Defaults that depend on the task, applied by TrainConfig.for_task. Addition's small
+# decoder-only model needs more steps, each far cheaper (measured: 29% held-out exact
+# match after 2000 steps, 100% after 8000, about 3.5 minutes of one core).
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {"addition": {"steps": 8000}}
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -96,6 +101,12 @@ class TrainConfig:
     # Fields a resumed run may change: they do not enter the training computation.
     # (Another device gives other rounding, but moving a run is worth allowing.)
     RESUMABLE_CHANGES: ClassVar[tuple[str, ...]] = ("device", "eval_size", "checkpoint_every")
+
+    @classmethod
+    def for_task(cls, task: str, **options: Any) -> TrainConfig:
+        """The config of ``task`` with its defaults (:data:`TASK_DEFAULTS`) and ``options``
+        on top."""
+        return cls(task=task, **{**TASK_DEFAULTS.get(task, {}), **options})
 
     def validate(self) -> Task:
         """Check every option and build the task.

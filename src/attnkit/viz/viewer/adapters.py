@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.inspect.maps import token_labels
+from attnkit.inspect.maps import LEVELS, readable_run
 from attnkit.nn.records import LayerWeights, LMOutput, TransformerOutput
 from attnkit.viz.viewer.data import ViewerData
 
@@ -23,33 +23,40 @@ def model_name(model: Any) -> str:
     return str(getattr(model, "name", None) or getattr(model, "family", None) or type(model).__name__)
 
 
-def viewer_data_from_run(model: Any, run: Any, *, name: str | None = None, text: str = "") -> ViewerData:
-    """Viewer data from one ``attnkit.models`` run with attention.
+def viewer_data_from_run(
+    model: Any, run: Any, *, name: str | None = None, text: str = "", level: str = "token"
+) -> ViewerData:
+    """Viewer data from one ``attnkit.models`` run with attention, between tokens or words.
 
     Args:
-        model: the model that ran; its ``causal`` attribute tells decoder from encoder.
+        model: the model that ran; its ``causal`` attribute tells decoder from encoder, and
+            its tokenizer (when it has one) how tokens spell text.
         run: its ``ModelRun``: ``tokens`` (``s`` strings), ``offsets`` (each token's
             character span, or ``None`` for a run on ids), ``attentions`` (layer → ``[1, h, s, s]``) and ``heads`` (the
             head indices the ``h`` rows stand for, or ``None`` for all).
         name: the model's display name (default :func:`model_name`).
         text: the text that ran; when given (and the run has offsets), tokens are shown as
             they read in it (``"cat"`` rather than ``"Ġcat"``, as ``attnkit inspect``
-            labels them).
+            labels them); otherwise they are decoded from the token strings
+            (:func:`attnkit.inspect.maps.readable_run`).
+        level: ``"token"``, or ``"word"`` for the attention between the words of the text
+            (rows and columns are words; a row still sums to 1).
 
     Returns:
         Data of kind ``"causal"`` or ``"bidirectional"``.
 
     Raises:
-        ValueError: the run has no attention (it ran with ``attention=False``), or see
-            :meth:`ViewerData.from_run`.
+        ValueError: the run has no attention (it ran with ``attention=False``), an unknown
+            ``level``, or see :meth:`ViewerData.from_run`.
     """
     if not run.attentions:
         raise ValueError("the run has no attention weights: run the model with attention=True or a list of layers")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     heads = getattr(run, "heads", None)
-    offsets = getattr(run, "offsets", None)
-    tokens = token_labels(text, run.tokens, offsets) if text and offsets is not None else list(run.tokens)
+    readable = readable_run(model, run, text or None, level=level)
     return ViewerData.from_run(
-        name or model_name(model), tokens, run.attentions, causal=bool(model.causal),
+        name or model_name(model), readable.labels, readable.attentions, causal=bool(model.causal),
         heads=None if heads is None else list(heads), text=text,
     )
 

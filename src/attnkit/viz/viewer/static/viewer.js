@@ -848,7 +848,9 @@
       $('ak-text').focus();
       return;
     }
-    const payload = { text, model: $('ak-model').value };
+    // Words are whitespace and punctuation units of the text, aggregated by the server.
+    const level = $('ak-level').value;
+    const payload = { text, model: $('ak-model').value, level };
     const layer = $('ak-req-layer').value;
     const head = $('ak-req-head').value;
     if (layer !== 'all') payload.layers = [Number(layer)];
@@ -871,7 +873,7 @@
       }
       const seconds = ((performance.now() - started) / 1000).toFixed(2);
       const first = Object.values(json.sections)[0];
-      status(first.query_tokens.length + ' tokens in ' + seconds + ' s.', false);
+      status(first.query_tokens.length + (level === 'word' ? ' words' : ' tokens') + ' in ' + seconds + ' s.', false);
       $('ak-error').hidden = true;
       load(json);
     } catch (err) {
