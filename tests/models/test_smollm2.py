@@ -55,12 +55,16 @@ def test_logits_and_every_attention_map_match_transformers(smollm2, reference, t
         assert (run.attentions[layer] - expected).abs().max() < WEIGHTS_ATOL, f"layer {layer}"
 
 
-@pytest.mark.parametrize("text", SENTENCES[:2])
-def test_fused_path_without_weights_matches_transformers(smollm2, reference, text):
-    _, logits, _ = reference[text]
+@pytest.mark.parametrize("text", SENTENCES)
+def test_fused_path_without_weights_matches_transformers(smollm2, hf_smollm2_sdpa, reference, text):
+    ids, logits, _ = reference[text]
     run = smollm2.run(text, attention=False)
     assert run.attentions == {}
     assert (run.logits - logits).abs().max() < LOGITS_ATOL
+    with torch.no_grad():
+        sdpa_logits = hf_smollm2_sdpa(ids).logits
+    # Same kernels, same order of operations as transformers' sdpa path.
+    assert (run.logits - sdpa_logits).abs().max() < 1e-5
 
 
 def test_chosen_layers_and_heads_are_slices_of_the_full_maps(smollm2, reference):
@@ -75,24 +79,24 @@ def test_chosen_layers_and_heads_are_slices_of_the_full_maps(smollm2, reference)
     assert (run.logits - logits).abs().max() < LOGITS_ATOL
 
 
-@pytest.mark.parametrize("prompt", ["Once upon a time", "The capital of France is"])
-def test_greedy_generation_of_32_tokens_equals_transformers(smollm2, hf_smollm2, prompt):
+def test_greedy_generation_of_32_tokens_equals_transformers(smollm2, hf_smollm2):
     model, tokenizer = hf_smollm2
+    prompt = "Once upon a time"  # continued past 32 tokens without an end-of-sequence token
     encoded = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
-        generated = model.generate(**encoded, max_new_tokens=32, do_sample=False)[0, encoded.input_ids.shape[1] :]
-    # transformers keeps the end-of-sequence token it stopped at; attnkit stops before it.
-    expected = generated.tolist()
-    if 2 in expected:
-        expected = expected[: expected.index(2)]
+        expected = model.generate(**encoded, max_new_tokens=32, do_sample=False)[0, encoded.input_ids.shape[1] :]
     ours = list(smollm2.generate_ids(prompt, max_new_tokens=32))
-    assert ours == expected
-    text = "".join(smollm2.generate(prompt, max_new_tokens=32))
-    assert text == tokenizer.decode(expected)
-    if prompt == "Once upon a time":
-        assert len(ours) == 32  # the whole budget, no early end
-    else:
-        assert text.startswith(" Paris.") and len(ours) == 29  # ends with <|im_end|>
+    assert ours == expected.tolist() and len(ours) == 32
+    # The streamed pieces join to the same text transformers decodes.
+    assert "".join(smollm2.tokenizer.stream(ours)) == tokenizer.decode(expected)
+
+
+def test_generation_stops_before_the_end_of_sequence_token(smollm2):
+    # Greedy "The capital of France is" -> " Paris.\n\nThe answer is: 2018-01-22 12:12:53."
+    # then <|im_end|> (id 2), which transformers would append and attnkit does not yield.
+    ids = list(smollm2.generate_ids("The capital of France is", max_new_tokens=40))
+    assert len(ids) == 29 and 2 not in ids
+    assert smollm2.tokenizer.decode(ids).startswith(" Paris.")
 
 
 def test_cached_decoding_equals_full_recomputation(smollm2):
@@ -101,22 +105,21 @@ def test_cached_decoding_equals_full_recomputation(smollm2):
     with torch.no_grad():
         full = module(ids)  # [1, s, v]
         cache = module.new_cache()
-        steps = [module(ids[:, :5], cache=cache)] + [module(ids[:, i : i + 1], cache=cache) for i in range(5, ids.shape[1])]
+        steps = [module(ids[:, :5], cache=cache)]
+        steps += [module(ids[:, i : i + 1], cache=cache) for i in range(5, ids.shape[1])]
     assert len(cache) == ids.shape[1]
     assert (torch.cat(steps, dim=1) - full).abs().max() < LOGITS_ATOL
 
 
 def test_generation_from_ids_and_sampling(smollm2):
-    ids = smollm2.tokenize("Once upon a time").ids
-    assert list(smollm2.generate_ids(ids[0].tolist(), max_new_tokens=5)) == list(
-        smollm2.generate_ids("Once upon a time", max_new_tokens=5)
-    )
-    first = list(smollm2.generate_ids("Once upon a time", max_new_tokens=6, temperature=0.8, seed=7))
-    again = list(smollm2.generate_ids("Once upon a time", max_new_tokens=6, temperature=0.8, seed=7))
-    assert first == again and len(first) == 6
-    top1 = list(smollm2.generate_ids("Once upon a time", max_new_tokens=6, temperature=1.5, top_k=1, seed=1))
-    assert top1 == list(smollm2.generate_ids("Once upon a time", max_new_tokens=6))
-    assert list(smollm2.generate_ids("Once upon a time", max_new_tokens=0)) == []
+    prompt = "Once upon a time"
+    greedy = list(smollm2.generate_ids(prompt, max_new_tokens=4))
+    assert list(smollm2.generate_ids(smollm2.tokenize(prompt).ids[0].tolist(), max_new_tokens=4)) == greedy
+    first = list(smollm2.generate_ids(prompt, max_new_tokens=4, temperature=0.8, seed=7))
+    again = list(smollm2.generate_ids(prompt, max_new_tokens=4, temperature=0.8, seed=7))
+    assert first == again and len(first) == 4
+    assert list(smollm2.generate_ids(prompt, max_new_tokens=4, temperature=1.5, top_k=1, seed=1)) == greedy
+    assert list(smollm2.generate_ids(prompt, max_new_tokens=0)) == []
 
 
 def test_run_from_ids_names_the_tokens(smollm2):

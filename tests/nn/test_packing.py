@@ -7,7 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from attnkit.nn import DecoderLM, Encoder, EncoderLayer, FeedForward, MultiHeadAttention, PackedLinears, pack_projections
+from attnkit.nn import (
+    DecoderLM,
+    Encoder,
+    EncoderLayer,
+    FeedForward,
+    MultiHeadAttention,
+    PackedLinears,
+    pack_projections,
+)
 from tests.nn.helpers import assert_close
 
 V, E, H = 23, 16, 4
@@ -35,7 +43,8 @@ def test_packed_model_computes_the_same_with_the_same_parameters() -> None:
         assert_close(packed(tokens), plain(tokens))
         cache_plain, cache_packed = plain.new_cache(capacity=7), packed.new_cache(capacity=7)
         for i in range(7):
-            assert_close(packed(tokens[:, i : i + 1], cache=cache_packed), plain(tokens[:, i : i + 1], cache=cache_plain))
+            step = tokens[:, i : i + 1]
+            assert_close(packed(step, cache=cache_packed), plain(step, cache=cache_plain))
         result = packed(tokens, return_weights=[1])
         assert_close(result.weights[1].self_attention, plain(tokens, return_weights=True).weights[1].self_attention)
 

@@ -50,6 +50,13 @@ def _attention_module():
 # Largest number of keys per engine call for calls that materialise [rows, keys] floats
 # (a mask/bias block, or every eager call): bounds the working set.
 _MAX_KEYS_MATERIALISED = 1024
+# Neighbouring full and partial blocks of a query block may be merged into one masked call
+# when they span at most this many keys (fewer, longer calls, no merging, but a mask over the
+# whole run). Measured on CPU with a document + causal mask at 16K: no gain (0.74 s against
+# 0.70 s), so it is off (0); raise it for patterns made of many short runs.
+_MAX_KEYS_COALESCED = 0
+
+Run = tuple[int, int, tuple[tuple[int, int], ...]]  # keys k0:k1, and the partial sub-ranges
 
 
 @dataclass
@@ -57,8 +64,9 @@ class TiledPlan:
     """Which key blocks each query block visits, and how (built once, reused by backward).
 
     Attributes:
-        runs: for query block ``i``, a list of ``(k0, k1, partial)``: keys ``k0:k1`` in one
-            engine call, evaluating the mask there when ``partial``.
+        runs: for query block ``i``, a list of ``(k0, k1, partial_ranges)``: keys ``k0:k1``
+            in one engine call, evaluating the mask on the ``(a, b)`` sub-ranges of
+            ``partial_ranges`` (none: every pair of the run is allowed).
         status: ``[n_q_blocks, n_k_blocks]`` int8, ``EMPTY``/``PARTIAL``/``FULL``.
     """
 
@@ -76,7 +84,7 @@ class TiledPlan:
     dense: Tensor | None  # bool [b|1, h|1, s_q|1, s_k|1]
     bias_shape: tuple[int, int, int, int] | None
     status: Tensor
-    runs: list[list[tuple[int, int, bool]]]
+    runs: list[list[Run]]
     engine: Engine
 
     @property
@@ -342,28 +350,45 @@ def _tensor_block_status(dense: Tensor, block_q: int, block_k: int, nq: int, nk:
     return _status(some, every)
 
 
-def _runs(status: Tensor, block_k: int, s_k: int, *, materialise_all: bool) -> list[list[tuple[int, int, bool]]]:
-    """Group kept key blocks into runs of neighbours of the same kind, cut so that calls
-    which materialise ``[rows, keys]`` stay within ``_MAX_KEYS_MATERIALISED`` keys."""
+def _runs(status: Tensor, block_k: int, s_k: int, *, materialise_all: bool) -> list[list[Run]]:
+    """Group the kept key blocks of each query block into engine calls.
+
+    Neighbouring blocks of the same kind form a segment; neighbouring segments that hold a
+    partial block and span at most ``_MAX_KEYS_COALESCED`` keys become one masked call.
+    Other segments are calls of their own, cut so that calls which materialise
+    ``[rows, keys]`` stay within ``_MAX_KEYS_MATERIALISED`` keys."""
     nq, nk = status.shape
     if nq == 0:
         return []
     st = status.to(torch.int16).cpu()
     edge = torch.ones(nq, nk, dtype=torch.bool)
     edge[:, 1:] = st[:, 1:] != st[:, :-1]
-    starts = edge.nonzero().tolist()  # [(row, col)] where a run of equal status begins
-    runs: list[list[tuple[int, int, bool]]] = [[] for _ in range(nq)]
+    starts = edge.nonzero().tolist()  # [(row, col)] where a segment of equal status begins
+    segments: list[list[tuple[int, int, bool]]] = [[] for _ in range(nq)]
     for idx, (row, col) in enumerate(starts):
         end = starts[idx + 1][1] if idx + 1 < len(starts) and starts[idx + 1][0] == row else nk
         kind = int(st[row, col])
-        if kind == EMPTY:
-            continue
-        partial = kind == PARTIAL
-        k0, k1 = col * block_k, min(end * block_k, s_k)
-        step = _MAX_KEYS_MATERIALISED if (partial or materialise_all) else k1 - k0
-        step = max(block_k, step // block_k * block_k)
-        for c0 in range(k0, k1, step):
-            runs[row].append((c0, min(c0 + step, k1), partial))
+        if kind != EMPTY:
+            segments[row].append((col * block_k, min(end * block_k, s_k), kind == PARTIAL))
+    cut = max(block_k, _MAX_KEYS_MATERIALISED // block_k * block_k)
+    runs: list[list[Run]] = [[] for _ in range(nq)]
+    for row, segs in enumerate(segments):
+        i = 0
+        while i < len(segs):
+            j = i  # extend a group of touching segments while it stays short
+            while j + 1 < len(segs) and segs[j + 1][0] == segs[j][1] and segs[j + 1][1] - segs[i][0] <= _MAX_KEYS_COALESCED:
+                j += 1
+            group = segs[i:j + 1]
+            if len(group) > 1 and any(p for _, _, p in group):
+                runs[row].append((group[0][0], group[-1][1], tuple((a, b) for a, b, p in group if p)))
+                i = j + 1
+                continue
+            k0, k1, partial = segs[i]
+            step = cut if (partial or materialise_all) else k1 - k0
+            for c0 in range(k0, k1, step):
+                c1 = min(c0 + step, k1)
+                runs[row].append((c0, c1, ((c0, c1),) if partial else ()))
+            i += 1
     return runs
 
 
@@ -372,8 +397,36 @@ def _runs(status: Tensor, block_k: int, s_k: int, *, materialise_all: bool) -> l
 # ---------------------------------------------------------------------------------------
 
 
+def _allowed_range(plan: TiledPlan, r0: int, r1: int, a: int, b: int) -> Tensor:
+    """The mask (and bool tensor mask) on rows ``r0:r1`` and keys ``a:b``:
+    ``[b|1, h|1, m, b - a]`` bool."""
+    m, n_keys = r1 - r0, b - a
+    device = plan.q_pos.device
+    allowed = None
+    if plan.mask is not None:
+        n_b, n_h = plan.mask.batch_size or 1, plan.mask.num_heads or 1
+        allowed = masks_mod._as_bool(
+            plan.mask.fn(
+                torch.arange(n_b, device=device).view(n_b, 1, 1, 1),
+                torch.arange(n_h, device=device).view(1, n_h, 1, 1),
+                plan.q_pos[r0:r1].view(1, 1, m, 1),
+                plan.kv_pos[a:b].view(1, 1, 1, n_keys),
+            )
+        )
+    if plan.dense is not None:
+        d = plan.dense
+        d = d[:, :, r0:r1] if d.shape[2] > 1 else d
+        d = d[:, :, :, a:b] if d.shape[3] > 1 else d
+        allowed = d if allowed is None else allowed & d
+    assert allowed is not None
+    while allowed.ndim < 4:
+        allowed = allowed.unsqueeze(0)
+    return allowed.expand(allowed.shape[0], allowed.shape[1], m, n_keys)
+
+
 def _block_bias(
-    plan: TiledPlan, bias4: Tensor | None, r0: int, r1: int, c0: int, c1: int, partial: bool, dtype: torch.dtype
+    plan: TiledPlan, bias4: Tensor | None, r0: int, r1: int, c0: int, c1: int, partial: tuple[tuple[int, int], ...],
+    dtype: torch.dtype,
 ) -> tuple[Tensor | None, Tensor | None]:
     """Additive float bias of one call in grouped layout ``[b|1, h_kv|1, g*m, l]`` (or None),
     and, when known cheaply, which of its rows allow some key ``[b|1, h_kv|1, g*m]``."""
@@ -383,21 +436,15 @@ def _block_bias(
     device = plan.q_pos.device
     allowed = None
     if partial:
-        if plan.mask is not None:
-            n_b, n_h = plan.mask.batch_size or 1, plan.mask.num_heads or 1
-            allowed = masks_mod._as_bool(
-                plan.mask.fn(
-                    torch.arange(n_b, device=device).view(n_b, 1, 1, 1),
-                    torch.arange(n_h, device=device).view(1, n_h, 1, 1),
-                    plan.q_pos[r0:r1].view(1, 1, m, 1),
-                    plan.kv_pos[c0:c1].view(1, 1, 1, n_keys),
-                )
-            )
-        if plan.dense is not None:
-            d = plan.dense
-            d = d[:, :, r0:r1] if d.shape[2] > 1 else d
-            d = d[:, :, :, c0:c1] if d.shape[3] > 1 else d
-            allowed = d if allowed is None else allowed & d
+        pieces = [(a, b, _allowed_range(plan, r0, r1, a, b)) for a, b in partial]
+        n0 = max(p.shape[0] for _, _, p in pieces)
+        n1 = max(p.shape[1] for _, _, p in pieces)
+        if len(pieces) == 1 and (pieces[0][0], pieces[0][1]) == (c0, c1):
+            allowed = pieces[0][2]
+        else:  # full blocks between the partial ones: allowed everywhere
+            allowed = torch.ones(n0, n1, m, n_keys, dtype=torch.bool, device=device)
+            for a, b, piece in pieces:
+                allowed[:, :, :, a - c0:b - c0] = piece
     neg_inf = torch.full((), float("-inf"), dtype=dtype, device=device)
     alive = None
     if bias4 is None:

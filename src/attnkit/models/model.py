@@ -104,6 +104,7 @@ class Model:
         self.num_kv_heads = config.num_kv_heads if isinstance(config, llama.LlamaConfig) else config.num_heads
         self.max_length = config.max_length
         self.causal = family == "llama"
+        self._packed = False
 
     def __repr__(self) -> str:
         return (
@@ -220,12 +221,12 @@ class Model:
             top_k: when sampling, only from the ``top_k`` most likely tokens.
             seed: seed of the sampling generator, for reproducible samples.
 
-        Yields:
-            Token ids.
+        Returns:
+            An iterator of token ids, computed as it is consumed.
 
         Raises:
             ValueError: a BERT model, an empty or too long prompt, ``max_new_tokens < 0``,
-                ``temperature < 0``, ``top_k < 1``.
+                ``temperature < 0``, ``top_k < 1`` (at the call, before any token).
         """
         if not self.causal:
             raise ValueError(f"{self.name} is a bidirectional encoder ({self.family}); it cannot generate text")
@@ -236,6 +237,13 @@ class Model:
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         ids, _, _ = self._input(prompt)
+        if not self._packed:
+            # One matrix product for q/k/v and for SwiGLU's gate/up: the same results, fewer
+            # calls per decoding step (attnkit.nn.packing). Done on the first generation
+            # rather than at load, where copying 280 MB of weights would slow down every
+            # command that only runs a text once.
+            pack_projections(self.module)
+            self._packed = True
         return self._generate(ids, min(max_new_tokens, self.max_length - ids.shape[1]), temperature, top_k, seed)
 
     def _generate(
@@ -288,7 +296,9 @@ class Model:
         )
         return self.tokenizer.stream(ids)
 
-    def _input(self, text_or_ids: str | Tensor | Sequence[int]) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]:
+    def _input(
+        self, text_or_ids: str | Tensor | Sequence[int]
+    ) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]:
         """``(ids [1, s], tokens, offsets)`` of a text or of ids, validated."""
         if isinstance(text_or_ids, str):
             encoded = self.tokenize(text_or_ids)
@@ -328,9 +338,8 @@ def load(
     The folder must hold ``config.json`` (``model_type`` ``llama`` or ``bert``),
     safetensors weights and ``tokenizer.json``. Each safetensors header is checked against
     its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
-    fetch time. Weights are memory-mapped and become the parameters without random
-    initialisation; the attention and SwiGLU projections are then packed
-    (:func:`attnkit.nn.pack_projections`).
+    fetch time. Weights are memory-mapped and become the parameters without copies or
+    random initialisation.
 
     Args:
         name_or_path: ``"smollm2"``, ``"minilm"``, or a folder.
@@ -375,9 +384,6 @@ def load(
         state, unknown = bert.state_dict_from_hf(tensors, config)
         _assign(module, state, unknown, folder)
     module = module.to(device).eval()
-    # One matrix product for q/k/v and for SwiGLU's gate/up at inference: the same results,
-    # fewer calls per decoding step (attnkit.nn.packing).
-    pack_projections(module)
     tokenizer = Tokenizer.from_file(folder / "tokenizer.json", eos_token_ids=eos)
     return Model(name=name, family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
 

@@ -50,8 +50,9 @@ from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer
 __all__ = [
     "KERNELS", "ALiBi", "AdditiveAttention", "AttentionContext", "AttentionPositional", "AttentionScore",
     "Decoder", "DecoderCache", "DecoderLM", "DecoderLayer", "Encoder", "EncoderLayer", "FeedForward",
-    "KVCache", "LMOutput", "LayerSelection", "LayerOutput", "LayerWeights", "LearnedPositionalEmbedding", "LuongAttention",
-    "MultiHeadAttention", "MultiHeadOutput", "PackedLinears", "RMSNorm", "RelativePositionBias", "RotaryEmbedding",
-    "SinusoidalPositionalEncoding", "StackOutput", "Transformer", "TransformerOutput", "alibi_slopes",
-    "make_norm", "mask_from_torch", "pack_projections", "pick_next_token", "relative_position_bucket", "selected_layers",
+    "KVCache", "LMOutput", "LayerOutput", "LayerSelection", "LayerWeights", "LearnedPositionalEmbedding",
+    "LuongAttention", "MultiHeadAttention", "MultiHeadOutput", "PackedLinears", "RMSNorm", "RelativePositionBias",
+    "RotaryEmbedding", "SinusoidalPositionalEncoding", "StackOutput", "Transformer", "TransformerOutput",
+    "alibi_slopes", "make_norm", "mask_from_torch", "pack_projections", "pick_next_token",
+    "relative_position_bucket", "selected_layers",
 ]

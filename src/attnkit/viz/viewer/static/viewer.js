@@ -842,6 +842,7 @@
 
   async function submit(e) {
     e.preventDefault();
+    if (!info) return;  // still asking the server what it serves
     const text = $('ak-text').value;
     if (!text.trim()) {
       status('Type a text first.', true);
@@ -885,8 +886,10 @@
   }
 
   async function startApp() {
+    // Take over the form before anything else: a submit that reached the browser would be
+    // a navigation, which the content-security policy blocks.
+    $('ak-app').addEventListener('submit', submit);
     $('ak-app').hidden = false;
-    body.dataset.state = 'empty';
     try {
       const response = await fetch('api/info');
       info = await response.json();
@@ -901,7 +904,7 @@
     select.addEventListener('change', fillRequestPickers);
     fillRequestPickers();
     $('ak-text').maxLength = info.max_chars;
-    $('ak-app').addEventListener('submit', submit);
+    body.dataset.state = 'empty';
     status('Type a text and choose Show attention (at most ' + info.max_tokens + ' tokens).', false);
   }
 
