@@ -26,16 +26,16 @@ def without_time(metrics: dict) -> dict:
 
 def test_a_tiny_model_learns_to_copy(tmp_path) -> None:
     config = TrainConfig(
-        task="copy", length=6, symbols=8, d_model=32, heads=2, layers=2, ff=64, steps=400, batch_size=64,
-        lr=3e-3, warmup=40, eval_size=200, checkpoint_every=400,
+        task="copy", length=6, symbols=8, d_model=32, heads=2, layers=2, ff=64, steps=200, batch_size=64,
+        lr=3e-3, warmup=20, eval_size=200, checkpoint_every=200,
     )
     result = run(config, tmp_path, progress=False)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert result.finished and metrics == result.metrics
     assert metrics["train"]["final_loss"] < 0.1 * metrics["train"]["first_loss"]
     assert metrics["held_out"]["exact_match"] >= 0.9  # chance is 8^-6
-    # Copying is read off the diagonal, mostly by one cross-attention head.
-    assert metrics["alignment"]["pattern"] == "diagonal" and metrics["alignment"]["best"]["fraction"] > 0.5
+    # Copying is read off the diagonal by a cross-attention head.
+    assert metrics["alignment"]["pattern"] == "diagonal" and metrics["alignment"]["best"]["fraction"] > 0.9
     assert (tmp_path / "cross_attention.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -87,7 +87,7 @@ def test_alignment_fractions_count_argmax_on_the_expected_key() -> None:
 
 
 def test_task_defaults() -> None:
-    assert TrainConfig.for_task("addition").steps == 8000 and TrainConfig.for_task("reverse").steps == 2000
+    assert TrainConfig.for_task("addition").steps == 8000 and TrainConfig.for_task("reverse").steps == 1000
     assert TrainConfig.for_task("addition", steps=5, lr=0.1) == TrainConfig(task="addition", steps=5, lr=0.1)
 
 
