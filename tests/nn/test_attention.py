@@ -332,7 +332,7 @@ def test_dropout_applies_only_in_training() -> None:
         (lambda: MultiHeadAttention(0, 1), ValueError, "embed_dim must be >= 1"),
         (lambda: MultiHeadAttention(8.0, 2), TypeError, "embed_dim must be an int"),
         (lambda: MultiHeadAttention(E, H, dropout=1.0), ValueError, r"dropout must be in \[0, 1\)"),
-        (lambda: MultiHeadAttention(E, H, kernel="flash"), ValueError, "kernel must be one of"),
+        (lambda: MultiHeadAttention(E, H, kernel="flash"), ValueError, "unknown attention kernel 'flash'; expected one of"),
         (lambda: MultiHeadAttention(E, H, score="cosine"), TypeError, "score must be"),
         (
             lambda: MultiHeadAttention(E, H, positional=SinusoidalPositionalEncoding(E)),
@@ -374,3 +374,32 @@ def test_forward_errors() -> None:
     with pytest.raises(ValueError, match="cannot move ALiBi"):
         MultiHeadAttention(E, H, positional=ALiBi(H))(x, positions=torch.arange(5))
 
+
+
+def test_long_sequence_kernels_are_chosen_by_option():
+    torch.manual_seed(0)
+    x = torch.randn(2, 40, 32)
+    dense = MultiHeadAttention(32, 4, num_kv_heads=2)
+    for kernel, options, mask in [
+        ("local", {"window": 5}, masks.sliding_window(5)),
+        ("sparse", {"pattern": masks.strided(4)}, masks.strided(4)),
+        ("tiled", {}, None),
+    ]:
+        fast = MultiHeadAttention(32, 4, num_kv_heads=2, kernel=kernel, kernel_options=options)
+        fast.load_state_dict(dense.state_dict())
+        expected = dense(x, mask=mask, causal=True)
+        torch.testing.assert_close(fast(x, causal=True), expected, atol=1e-5, rtol=0)
+        assert kernel in repr(fast)
+    linear = MultiHeadAttention(32, 4, kernel="linear", kernel_options={"feature_map": "elu"})
+    assert linear(x, causal=True).shape == (2, 40, 32)
+
+
+def test_kernel_option_errors_are_clear():
+    with pytest.raises(ValueError, match="without dropout; got score='dot', dropout=0.0"):
+        MultiHeadAttention(32, 4, kernel="local", score="dot", kernel_options={"window": 2})
+    local = MultiHeadAttention(32, 4, kernel="local", kernel_options={"window": 2})
+    x = torch.randn(1, 8, 32)
+    with pytest.raises(ValueError, match="does not return attention weights"):
+        local(x, return_weights=True)
+    with pytest.raises(ValueError, match="takes no mask or score bias"):
+        local(x, mask=masks.causal())

@@ -11,13 +11,14 @@ projection. For a fixed ``e`` the parameter count and FLOPs do not depend on ``h
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from attnkit.functional import AttentionResult, attention
+from attnkit.functional.kernels import KERNELS, get_kernel
 from attnkit.functional.masks import Mask
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
@@ -25,12 +26,8 @@ from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import MultiHeadOutput
 from attnkit.nn.rnn_attention import AttentionScore
 
-Kernel = Callable[..., Tensor | AttentionResult]
-
-# Attention kernels by name. Each takes ``(q, k, v, *, mask, bias, causal, score, dropout_p,
-# return_weights)`` like attnkit.functional.attention; MultiHeadAttention calls whichever
-# its ``kernel=`` names, in one place (``_attend``), so adding a kernel is adding an entry.
-KERNELS: dict[str, Kernel] = {"dense": attention}
+# Kernels that take a mask and an additive score bias; the others encode their own pattern.
+MASKABLE_KERNELS = ("dense", "tiled")
 
 Score = Literal["scaled_dot", "dot"] | AttentionScore
 Context = Tensor | tuple[Tensor, Tensor]
@@ -58,7 +55,14 @@ class MultiHeadAttention(nn.Module):
         positional: an :class:`attnkit.nn.AttentionPositional` (rotary, ALiBi, relative
             bias) applied in self-attention; absolute encodings are added to the
             embeddings instead.
-        kernel: which attention kernel computes the heads, by name in :data:`KERNELS`.
+        kernel: which attention kernel computes the heads, by name in
+            :data:`attnkit.functional.kernels.KERNELS`: ``"dense"`` (default; SDPA or the
+            reference path, the only one that returns weights), ``"tiled"`` (any mask, memory
+            bounded), ``"local"``, ``"sparse"``, ``"linear"`` (scaled dot-product only, no
+            dropout).
+        kernel_options: keyword options of that kernel, e.g. ``{"window": 256}`` for
+            ``"local"``, ``{"pattern": masks.strided(128)}`` for ``"sparse"``,
+            ``{"feature_map": "favor"}`` for ``"linear"``.
 
     Raises:
         ValueError: non-positive sizes, ``embed_dim`` not divisible by ``num_heads``,
@@ -80,6 +84,7 @@ class MultiHeadAttention(nn.Module):
         score: Score = "scaled_dot",
         positional: AttentionPositional | None = None,
         kernel: str = "dense",
+        kernel_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -88,13 +93,18 @@ class MultiHeadAttention(nn.Module):
         _check_sizes(embed_dim, num_heads, num_kv_heads, kdim, vdim)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
+        get_kernel(kernel)  # raises on an unknown name, listing the known ones
+        if kernel != "dense" and (score != "scaled_dot" or dropout > 0):
+            raise ValueError(
+                f"kernel {kernel!r} computes scaled dot-product attention without dropout; "
+                f"got score={score!r}, dropout={dropout} (use kernel='dense')"
+            )
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.kdim, self.vdim = kdim, vdim
         self.head_dim = embed_dim // num_heads
         self.dropout = dropout
         self.kernel = kernel
+        self.kernel_options = dict(kernel_options or {})
         self.score = _check_score(score, self.head_dim)
         self.positional = _check_positional(positional, num_heads, self.head_dim)
         self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
@@ -226,8 +236,10 @@ class MultiHeadAttention(nn.Module):
         return_weights: bool,
     ) -> Tensor | AttentionResult:
         """Every head at once, by the constructor's kernel: the one place attention runs."""
+        if self.kernel != "dense":
+            return self._attend_with_kernel(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
         score = self.score.scores if isinstance(self.score, AttentionScore) else self.score
-        return KERNELS[self.kernel](
+        return attention(
             q,
             k,
             v,
@@ -238,6 +250,27 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
         )
+
+    def _attend_with_kernel(
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Mask | Tensor | None, bias: Tensor | None, causal: bool,
+        return_weights: bool,
+    ) -> Tensor:
+        """A long-sequence kernel (``local``, ``sparse``, ``linear``, ``tiled``) with the
+        constructor's ``kernel_options``, e.g. ``{"window": 256}`` for ``local``."""
+        if return_weights:
+            raise ValueError(
+                f"kernel {self.kernel!r} does not return attention weights; use kernel='dense' to see them, "
+                "or attnkit.weights_on_demand for chosen rows of a long sequence"
+            )
+        options = dict(self.kernel_options)
+        if mask is not None or bias is not None:
+            if self.kernel not in MASKABLE_KERNELS:
+                raise ValueError(
+                    f"kernel {self.kernel!r} takes no mask or score bias (ALiBi, relative positions); "
+                    f"its pattern comes from kernel_options={self.kernel_options}. Use kernel='tiled' for masks"
+                )
+            options.update(mask=mask, bias=bias)
+        return get_kernel(self.kernel)(q, k, v, causal=causal, **options)
 
     @staticmethod
     def _split_heads(t: Tensor, heads: int) -> Tensor:
@@ -335,6 +368,8 @@ class MultiHeadAttention(nn.Module):
             parts.append(f"score={self.score!r}")
         if self.kernel != "dense":
             parts.append(f"kernel={self.kernel!r}")
+        if self.kernel_options:
+            parts.append(f"kernel_options={self.kernel_options}")
         return ", ".join(parts)
 
 
