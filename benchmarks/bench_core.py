@@ -33,7 +33,7 @@ def main() -> dict:
                     "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                     "attnkit": lambda: attnkit.attention(q, k, v, causal=causal),
                 },
-                repeat=7 if s <= 1024 else 5,
+                repeat=11 if s <= 1024 else 8,
             )
             flops = attention_flops(B, H, s, s, D, causal)
             rows.append(

@@ -8,8 +8,13 @@ in the same process and on the same threads.
 - ``attnkit inspect`` on the notes' example, wall time of the whole command once the model
   is cached (a fresh process: imports, load, run, heatmap and JSON).
 
-Run alone: ``python benchmarks/bench_models.py`` (``THREADS=N`` to change torch's threads,
-``REPEAT=N`` for more rounds). The model is fetched first if needed.
+Everything is measured at 1 thread and at torch's default thread count (``THREADS=1,2``
+to choose): on a shared machine whose cores are busy with other work, every parallel region
+of a multi-threaded run waits for a descheduled thread, which inflates and scatters the
+times; one thread is the stable comparison. The contenders always share the thread count.
+
+Run alone: ``python benchmarks/bench_models.py`` (``REPEAT=N`` for more rounds). The model is
+fetched first if needed.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from benchmarks.common import interleaved_times, markdown_table, matmul_gflops, 
 PREFILL = 1024
 NEW_TOKENS = 32
 PROMPT = "Once upon a time"  # SmolLM2 continues it for more than 32 tokens without stopping
+CONTENDERS = (("attnkit", "attnkit"), ("hf_sdpa", "transformers, sdpa"), ("hf_eager", "transformers, eager"))
 
 
 def _prefill_flops(model, s: int) -> float:
@@ -58,33 +64,20 @@ def _time_command(argv: list[str], repeat: int) -> float:
     return statistics.median(times)
 
 
-def main() -> dict:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if "THREADS" in os.environ:
-        torch.set_num_threads(int(os.environ["THREADS"]))
-    repeat = int(os.environ.get("REPEAT", "5"))
-    from transformers import AutoModelForCausalLM
-
-    from attnkit import models
-
-    models.fetch("smollm2")
-    ours = models.load("smollm2")
+def _measure(ours, hf: dict, repeat: int) -> dict:
+    """Every timing at the current thread count; the contenders interleaved."""
     module = ours.module
-    hf = {
-        impl: AutoModelForCausalLM.from_pretrained(ours.path, attn_implementation=impl).eval()
-        for impl in ("sdpa", "eager")
-    }
     ids = torch.randint(0, ours.config.vocab_size, (1, PREFILL), generator=torch.Generator().manual_seed(0))
     prompt = ours.tokenize(PROMPT).ids
     matrices = [p for p in module.parameters() if p.ndim == 2]  # the tied head appears once
-    mm = matmul_gflops()
 
-    def generate_hf(impl: str):
+    def generate_hf(impl: str) -> list[int]:
         out = hf[impl].generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS, do_sample=False
         )
         return out[0, prompt.shape[1] :].tolist()
 
+    mm = matmul_gflops()
     with torch.inference_mode():
         # The contenders compute the same thing: check before timing.
         ours_last = module.lm_head(module.hidden_states(ids)[:, -1])
@@ -94,7 +87,6 @@ def main() -> dict:
         )
         tokens = list(ours.generate_ids(prompt, max_new_tokens=NEW_TOKENS))
         assert len(tokens) == NEW_TOKENS and all(generate_hf(impl) == tokens for impl in hf), "generations differ"
-
         prefill = interleaved_times(
             {
                 "attnkit": lambda: module.lm_head(module.hidden_states(ids)[:, -1]),
@@ -122,6 +114,82 @@ def main() -> dict:
             },
             repeat=repeat,
         )
+    flops = _prefill_flops(ours, PREFILL)
+    return {
+        "threads": torch.get_num_threads(),
+        "matmul_gflops": mm,
+        "prefill_max_abs_logit_difference": prefill_error,
+        "prefill_last_logits_s": prefill,
+        "prefill_all_logits_s": prefill_full,
+        "prefill_speedup_vs_sdpa": prefill["hf_sdpa"] / prefill["attnkit"],
+        "prefill_speedup_vs_eager": prefill["hf_eager"] / prefill["attnkit"],
+        "prefill_fraction_of_mm": {k: flops / t / 1e9 / mm for k, t in prefill.items()},
+        "decode_tokens_per_s": {k: NEW_TOKENS / t for k, t in decode.items()},
+        "decode_speedup_vs_faster_hf": min(decode["hf_sdpa"], decode["hf_eager"]) / decode["attnkit"],
+        "decode_weight_bytes_per_token": sum(w.numel() * w.element_size() for w in matrices),
+    }
+
+
+def _section(r: dict) -> str:
+    """One thread count's table and ratios, in Markdown."""
+    floor_tps = r["decode_tokens_per_s"]["floor"]
+    rows = [
+        [
+            label,
+            f"{r['prefill_last_logits_s'][name] * 1e3:.0f}",
+            f"{r['prefill_fraction_of_mm'][name]:.0%}",
+            f"{r['prefill_all_logits_s'][name] * 1e3:.0f}",
+            f"{r['decode_tokens_per_s'][name]:.1f}",
+            f"{r['decode_tokens_per_s'][name] / floor_tps:.0%}",
+        ]
+        for name, label in CONTENDERS
+    ]
+    return (
+        f"### {r['threads']} thread{'s' if r['threads'] > 1 else ''}\n\n"
+        f"`torch.mm` ceiling: {r['matmul_gflops']:.0f} GFLOP/s; largest prefill logit difference to transformers "
+        f"{r['prefill_max_abs_logit_difference']:.1e}.\n\n"
+        + markdown_table(
+            ["", "prefill ms (last logits)", "% of mm ceiling", "prefill ms (all logits)", "decode tokens/s",
+             "% of decode floor"],
+            rows,
+        )
+        + f"\n\nattnkit prefill: {r['prefill_speedup_vs_sdpa']:.2f}× transformers-sdpa, "
+        f"{r['prefill_speedup_vs_eager']:.2f}× transformers-eager. Decoding: "
+        f"{r['decode_speedup_vs_faster_hf']:.2f}× the faster transformers; the floor (every weight read once per "
+        f"token, {r['decode_weight_bytes_per_token'] / 1e6:.0f} MB) runs at {floor_tps:.1f} tokens/s."
+    )
+
+
+def main() -> dict:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    default_threads = torch.get_num_threads()
+    threads = sorted({int(n) for n in os.environ.get("THREADS", f"1,{default_threads}").split(",")})
+    repeat = int(os.environ.get("REPEAT", "5"))
+    from transformers import AutoModelForCausalLM
+
+    from attnkit import models
+
+    models.fetch("smollm2")
+    ours = models.load("smollm2")
+    hf = {
+        impl: AutoModelForCausalLM.from_pretrained(ours.path, attn_implementation=impl).eval()
+        for impl in ("sdpa", "eager")
+    }
+    results = []
+    for n in threads:
+        torch.set_num_threads(n)
+        results.append(_measure(ours, hf, repeat))
+        r = results[-1]
+        print(f"threads={n}")
+        for key in ("prefill_last_logits_s", "prefill_all_logits_s"):
+            print(" ", key, {k: f"{v:.3f} s" for k, v in r[key].items()})
+        print("  decode tok/s", {k: f"{v:.2f}" for k, v in r["decode_tokens_per_s"].items()})
+        print(
+            f"  prefill {r['prefill_speedup_vs_sdpa']:.2f}x vs sdpa, {r['prefill_speedup_vs_eager']:.2f}x vs eager; "
+            f"decode {r['decode_speedup_vs_faster_hf']:.2f}x vs the faster transformers",
+            flush=True,
+        )
+    torch.set_num_threads(default_threads)
 
     with tempfile.TemporaryDirectory() as out:
         if importlib.util.find_spec("attnkit.cli.inspect") is not None:
@@ -133,63 +201,28 @@ def main() -> dict:
             argv = [sys.executable, "-c", code]
         _time_command(argv, 1)  # warm the page cache
         inspect_s = _time_command(argv, 3)
+    print(f"{what}: {inspect_s:.2f} s")
 
-    flops = _prefill_flops(ours, PREFILL)
-    best_hf_decode = min(decode["hf_sdpa"], decode["hf_eager"])
     data = {
-        "threads": torch.get_num_threads(),
         "repeat": repeat,
-        "matmul_gflops": mm,
         "prefill_tokens": PREFILL,
-        "prefill_max_abs_logit_difference": prefill_error,
-        "prefill_last_logits_s": prefill,
-        "prefill_all_logits_s": prefill_full,
-        "prefill_speedup_vs_sdpa": prefill["hf_sdpa"] / prefill["attnkit"],
-        "prefill_speedup_vs_eager": prefill["hf_eager"] / prefill["attnkit"],
-        "prefill_fraction_of_mm": {k: flops / t / 1e9 / mm for k, t in prefill.items()},
         "decode_new_tokens": NEW_TOKENS,
         "decode_prompt": PROMPT,
-        "decode_tokens_per_s": {k: NEW_TOKENS / t for k, t in decode.items()},
-        "decode_speedup_vs_faster_hf": best_hf_decode / decode["attnkit"],
-        "decode_weight_bytes_per_token": sum(w.numel() * w.element_size() for w in matrices),
+        "by_threads": results,
         "inspect": what,
+        "inspect_threads": default_threads,
         "inspect_s": inspect_s,
     }
-    for key in ("prefill_last_logits_s", "prefill_all_logits_s"):
-        print(key, {k: f"{v:.3f} s" for k, v in data[key].items()})
-    print("decode tok/s", {k: f"{v:.2f}" for k, v in data["decode_tokens_per_s"].items()})
-    print(
-        f"prefill speed-up: {data['prefill_speedup_vs_sdpa']:.2f}x vs sdpa, {data['prefill_speedup_vs_eager']:.2f}x vs "
-        f"eager; decode {data['decode_speedup_vs_faster_hf']:.2f}x vs the faster HF; {what}: {inspect_s:.2f} s"
-    )
-    floor_tps = data["decode_tokens_per_s"]["floor"]
-    rows = []
-    for name, label in (("attnkit", "attnkit"), ("hf_sdpa", "transformers, sdpa"), ("hf_eager", "transformers, eager")):
-        rows.append([
-            label,
-            f"{prefill[name] * 1e3:.0f}",
-            f"{data['prefill_fraction_of_mm'][name]:.0%}",
-            f"{prefill_full[name] * 1e3:.0f}",
-            f"{data['decode_tokens_per_s'][name]:.1f}",
-            f"{data['decode_tokens_per_s'][name] / floor_tps:.0%}",
-        ])
     markdown = (
         "## Real models (`bench_models.py`)\n\n"
-        f"SmolLM2-135M-Instruct, float32, {torch.get_num_threads()} threads, medians of {repeat} interleaved rounds; "
-        f"the same weights in all three. Prefill: {PREFILL} random tokens, no cache (largest logit difference to "
-        f"transformers {prefill_error:.1e}). Decoding: {NEW_TOKENS} greedy tokens after \"{PROMPT}\", identical in "
-        f"all three, prompt included. `torch.mm` ceiling now: {mm:.0f} GFLOP/s.\n\n"
-        + markdown_table(
-            ["", "prefill ms (last logits)", "% of mm ceiling", "prefill ms (all logits)", "decode tokens/s",
-             "% of decode floor"],
-            rows,
-        )
-        + f"\n\nattnkit prefill: {data['prefill_speedup_vs_sdpa']:.2f}× transformers-sdpa, "
-        f"{data['prefill_speedup_vs_eager']:.2f}× transformers-eager. Decoding: "
-        f"{data['decode_speedup_vs_faster_hf']:.2f}× the faster transformers. {what}: {inspect_s:.2f} s.\n\n"
-        f"Decode floor: reading every weight matrix once per token (one matrix-vector product each, "
-        f"{data['decode_weight_bytes_per_token'] / 1e6:.0f} MB) runs at {floor_tps:.1f} tokens/s here; no float32 "
-        "implementation can decode faster on this machine."
+        f"SmolLM2-135M-Instruct, float32, the same weights in attnkit and transformers; medians of {repeat} "
+        f"interleaved rounds. Prefill: {PREFILL} random tokens, no cache. Decoding: {NEW_TOKENS} greedy tokens "
+        f"after \"{PROMPT}\", identical in all three, prompt included. The decode floor is one matrix-vector "
+        "product per weight matrix per token: no float32 implementation decodes faster on this machine. On a "
+        "shared machine the multi-threaded figures swing with the other load; one thread is the stable "
+        "comparison.\n\n"
+        + "\n\n".join(_section(r) for r in results)
+        + f"\n\n{what}, {default_threads} threads: {inspect_s:.2f} s (median of 3)."
     )
     write_results("models", data, markdown)
     return data

@@ -39,8 +39,11 @@ def interleaved_times(fns: dict[str, Callable[[], object]], *, repeat: int = 7, 
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for round_ in range(repeat):
+        # Alternate the order each round, so that neither contender always runs right
+        # after the other (caches, allocator state, frequency scaling).
+        for name, fn in order if round_ % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)

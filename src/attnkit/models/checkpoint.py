@@ -10,6 +10,7 @@ file's size before any tensor is read, so a truncated or corrupt file is a clear
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -30,6 +31,18 @@ _DTYPE_BYTES = {
 # A header above this is not a header: real ones are a few hundred kilobytes at most.
 _MAX_HEADER = 100 * 2**20
 _CHUNK = 2**20
+
+
+def require(module: str) -> Any:
+    """Import an optional dependency of the models extra, or say how to install it.
+
+    Raises:
+        ImportError: naming ``pip install 'attnkit[models]'``.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(f"attnkit.models needs {module} ({err}): pip install 'attnkit[models]'") from None
 
 
 class ModelNotFound(FileNotFoundError):
@@ -181,8 +194,7 @@ def load_tensors(files: list[Path], *, dtype: torch.dtype) -> dict[str, Tensor]:
     Raises:
         ValueError: a file that fails :func:`check_safetensors`, a tensor in two files.
     """
-    from safetensors import safe_open
-
+    safe_open = require("safetensors").safe_open
     tensors: dict[str, Tensor] = {}
     for path in files:
         check_safetensors(path)
@@ -214,8 +226,7 @@ class without_init(TorchFunctionMode):  # noqa: N801 - used as a context manager
 
 def sha256_file(path: Path, *, progress: bool = False, label: str | None = None) -> str:
     """The SHA-256 of a file, hex, read in 1 MiB chunks (with a progress bar if asked)."""
-    from tqdm.auto import tqdm
-
+    tqdm = require("tqdm.auto").tqdm
     digest = hashlib.sha256()
     with path.open("rb") as f, tqdm(
         total=path.stat().st_size, unit="B", unit_scale=True, desc=label or f"sha256 {path.name}",

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnkit.models.checkpoint import require
+
 
 @dataclass(frozen=True)
 class TokenizedText:
@@ -63,13 +65,12 @@ class Tokenizer:
         Raises:
             ValueError: a missing or unreadable file.
         """
-        from tokenizers import Tokenizer as Backend
-
+        backend_class = require("tokenizers").Tokenizer
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"{path.parent} has no tokenizer.json")
         try:
-            backend = Backend.from_file(str(path))
+            backend = backend_class.from_file(str(path))
         except Exception as err:  # tokenizers raises its own untyped Exception subclasses
             raise ValueError(f"{path} is not a valid tokenizer file: {err}") from None
         return cls(backend, eos_token_ids=eos_token_ids)
