@@ -90,5 +90,7 @@ def test_llama_blocks_match_hugging_face() -> None:
         hf_norm.weight.uniform_(0.5, 1.5)
     norm = RMSNorm(576, eps=1e-5)
     norm.load_state_dict(hf_norm.state_dict())
+    x32 = torch.randn(2, 7, 576) * 3
+    assert torch.equal(norm(x32), hf_norm(x32))  # float32: torch's fused kernel, bit for bit
     x = torch.randn(2, 7, 576, dtype=torch.bfloat16)
     assert torch.equal(norm.to(torch.bfloat16)(x), hf_norm.to(torch.bfloat16)(x))

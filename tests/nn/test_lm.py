@@ -149,7 +149,8 @@ def test_preallocated_cache_equals_growing_cache() -> None:
         steps = [model(tokens[:, :4], cache=cache)] + [model(tokens[:, i : i + 1], cache=cache) for i in range(4, 9)]
         assert_close(torch.cat(steps, dim=1), full)
         layer_cache = cache.self_attention[0]
-        assert len(layer_cache) == 9 and layer_cache.keys.shape == (2, 2, 9, E // H) and "capacity=9" in repr(layer_cache)
+        assert len(layer_cache) == 9 and layer_cache.keys.shape == (2, 2, 9, E // H)
+        assert "capacity=9" in repr(layer_cache)
         with pytest.raises(ValueError, match="10 positions overflow this cache's capacity of 9"):
             model(tokens[:, :1], cache=cache)
     with pytest.raises(ValueError, match="preallocated KVCache is for inference"):

@@ -17,8 +17,11 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from attnkit.models.checkpoint import folder_size, iter_model_folders, read_manifest, require, sha256_file
 from attnkit.models.registry import MANIFEST, MODELS, Family, ModelSpec, WheelMember
@@ -195,7 +198,9 @@ def _convert_gguf(gguf: Path, out: Path, *, progress: bool) -> None:
     require("gguf")  # read by transformers when it meets a gguf_file
     transformers = require("transformers")
     steps = ["tokenizer", "dequantize weights", "write safetensors"]
-    with tqdm(total=len(steps), desc=f"convert {gguf.name}", unit="step", disable=not progress, leave=False) as bar:
+    with _transformers_bars(transformers, progress), tqdm(
+        total=len(steps), desc=f"convert {gguf.name}", unit="step", disable=not progress, leave=False
+    ) as bar:
         bar.set_postfix_str(steps[0])
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         bar.update()
@@ -212,6 +217,21 @@ def _convert_gguf(gguf: Path, out: Path, *, progress: bool) -> None:
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         bar.update()
+
+
+@contextmanager
+def _transformers_bars(transformers: ModuleType, enabled: bool) -> Iterator[None]:
+    """transformers draws progress bars of its own while dequantizing and writing: keep
+    them only when progress was asked for, and restore its setting afterwards."""
+    logging = transformers.utils.logging
+    were_on = logging.is_progress_bar_enabled()
+    if not enabled:
+        logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if were_on:
+            logging.enable_progress_bar()
 
 
 def _write_manifest(spec: ModelSpec, folder: Path, *, progress: bool) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 NormKind = Literal["layer", "rms"]
@@ -52,6 +53,10 @@ class RMSNorm(nn.Module):
         """
         if x.shape[-1] != self.weight.shape[0]:
             raise ValueError(f"expected last dim {self.weight.shape[0]}, got input of shape {list(x.shape)}")
+        if x.dtype == self.weight.dtype == torch.float32:
+            # torch's fused kernel: the same float32 arithmetic in one pass instead of six
+            # (bit-identical, tested against the expression below and Hugging Face's LLaMA).
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
