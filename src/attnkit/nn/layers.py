@@ -132,15 +132,7 @@ class EncoderLayer(_ResidualLayer):
             TypeError: ``m`` is not an ``nn.TransformerEncoderLayer``.
             ValueError: its activation is neither ReLU nor GELU.
         """
-        if not isinstance(m, nn.TransformerEncoderLayer):
-            raise TypeError(f"expected torch.nn.TransformerEncoderLayer, got {type(m).__name__}")
-        new = cls(
-            m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features, dropout=m.dropout.p,
-            activation=_torch_activation(m.activation), norm_eps=m.norm1.eps, norm_first=m.norm_first,
-            bias=m.linear1.bias is not None,
-        )
-        new.self_attn = MultiHeadAttention.from_torch(m.self_attn)
-        _copy_feedforward(new.ff, m)
+        new = _from_torch_layer(cls, m, nn.TransformerEncoderLayer)
         new.self_attn_norm.load_state_dict(m.norm1.state_dict())
         new.ff_norm.load_state_dict(m.norm2.state_dict())
         return new.to(device=m.linear1.weight.device, dtype=m.linear1.weight.dtype)
@@ -273,16 +265,8 @@ class DecoderLayer(_ResidualLayer):
             TypeError: ``m`` is not an ``nn.TransformerDecoderLayer``.
             ValueError: its activation is neither ReLU nor GELU.
         """
-        if not isinstance(m, nn.TransformerDecoderLayer):
-            raise TypeError(f"expected torch.nn.TransformerDecoderLayer, got {type(m).__name__}")
-        new = cls(
-            m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features, dropout=m.dropout.p,
-            activation=_torch_activation(m.activation), norm_eps=m.norm1.eps, norm_first=m.norm_first,
-            bias=m.linear1.bias is not None,
-        )
-        new.self_attn = MultiHeadAttention.from_torch(m.self_attn)
+        new = _from_torch_layer(cls, m, nn.TransformerDecoderLayer)
         new.cross_attn = MultiHeadAttention.from_torch(m.multihead_attn)
-        _copy_feedforward(new.ff, m)
         new.self_attn_norm.load_state_dict(m.norm1.state_dict())
         new.cross_attn_norm.load_state_dict(m.norm2.state_dict())
         new.ff_norm.load_state_dict(m.norm3.state_dict())
@@ -298,6 +282,17 @@ def _torch_activation(fn: object) -> Activation:
     raise ValueError(f"only ReLU and exact GELU activations can be converted, got {fn!r}")
 
 
-def _copy_feedforward(ff: FeedForward, m: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> None:
-    ff.up_proj.load_state_dict(m.linear1.state_dict())
-    ff.down_proj.load_state_dict(m.linear2.state_dict())
+def _from_torch_layer(cls: type, m: nn.Module, expected: type) -> _ResidualLayer:
+    """A layer of ``cls`` sized like the torch layer ``m``, with its self-attention and
+    feed-forward weights copied; the caller copies what only its kind has (norms, cross)."""
+    if not isinstance(m, expected):
+        raise TypeError(f"expected torch.nn.{expected.__name__}, got {type(m).__name__}")
+    new = cls(
+        m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features, dropout=m.dropout.p,
+        activation=_torch_activation(m.activation), norm_eps=m.norm1.eps, norm_first=m.norm_first,
+        bias=m.linear1.bias is not None,
+    )
+    new.self_attn = MultiHeadAttention.from_torch(m.self_attn)
+    new.ff.up_proj.load_state_dict(m.linear1.state_dict())
+    new.ff.down_proj.load_state_dict(m.linear2.state_dict())
+    return new
