@@ -8,21 +8,26 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch first, pinned, so no other requirement can pull a CUDA build.
-	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@# torch first, from constraints.txt's pin, so no other requirement can pull a CUDA build.
+	@echo "installing torch (CPU build, pinned in constraints.txt) into $(VENV)"
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch
+	@echo "installing attnkit and its development extras into $(VENV)"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
-# The notes' practical example: fetch SmolLM2 once (offline afterwards), then show where
+# The practical example of the tutorial: fetch SmolLM2 once (offline afterwards), then show where
 # each token of "The cat sat on the mat." attends in the last layer's first head.
 demo: $(STAMP)
 	$(BIN)/attnkit models fetch smollm2
 	$(BIN)/attnkit inspect "The cat sat on the mat."
 
+# The browser and font tests drive Debian packages: tools/system-packages installs them
+# (as root or with sudo) or stops with the command that does.
 test: $(STAMP)
+	tools/system-packages
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
