@@ -7,16 +7,14 @@ import argparse
 from pathlib import Path
 
 from attnkit.cli import CommandError
-from attnkit.cli.inspect import (
+from attnkit.cli.common import (
     add_level_argument,
     add_model_argument,
     add_output_arguments,
-    file_stem,
     load_model,
     parse_formats,
-    write_json,
 )
-from attnkit.inspect.survey import DESCRIPTIONS, INDUCTION_PERIOD, HeadSurvey, survey_heads
+from attnkit.inspect.survey import DESCRIPTIONS, INDUCTION_PERIOD, survey_heads
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -72,35 +70,9 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
     return texts
 
 
-def write_survey(survey: HeadSurvey, out: Path, formats: list[str]) -> list[Path]:
-    """Write one layers × heads picture per statistic (and for the token pair) and the JSON.
-
-    Returns:
-        The paths written.
-    """
-    stem = f"{file_stem(survey.model)}_heads"
-    written = []
-    pictures = [f for f in formats if f != "json"]
-    if pictures:
-        from attnkit.viz.head_grid import draw_head_grid
-
-        grids = [(name, values, DESCRIPTIONS[name]) for name, values in survey.statistics.items()]
-        if survey.pair is not None:
-            pair = survey.pair
-            name = file_stem(f"{pair.source}-{pair.target}")
-            grids.append((name, pair.mass, f"attention of {pair.source!r} on {pair.target!r}"))
-        for name, values, label in grids:
-            for fmt in pictures:
-                written.append(draw_head_grid(
-                    values, out / f"{stem}_{name}.{fmt}", title=f"{label} — {survey.model}", label=label,
-                ))
-    if "json" in formats:
-        written.append(write_json(survey.to_dict(), out / f"{stem}.json"))
-    return written
-
-
 def run(args: argparse.Namespace) -> int:
     from attnkit.viz.attention_text import render_survey
+    from attnkit.viz.export import write_survey
 
     formats = parse_formats(args.format)
     texts = read_texts(args.text, args.file)

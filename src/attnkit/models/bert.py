@@ -28,13 +28,16 @@ task heads are not part of the encoder and are left out.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnkit.models.checkpoint import without_init
+from attnkit.models.family import ModelFamily
 from attnkit.nn import Encoder, EncoderLayer, LayerSelection, LearnedPositionalEmbedding, StackOutput
 from attnkit.nn.layers import MaskLike
 
@@ -84,6 +87,11 @@ class BertConfig:
     max_length: int
     type_vocab_size: int
     layer_norm_eps: float
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads: as many as query heads."""
+        return self.num_heads
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> BertConfig:
@@ -211,3 +219,30 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: BertConfig) -> tuple[
             unknown.append(key)
     return state, unknown
 
+
+
+def finish(module: BertModel, config: BertConfig) -> None:
+    """Nothing to do once the weights are assigned: BERT shares no weights."""
+
+
+def eos_token_ids(config: BertConfig, folder: Path) -> tuple[int, ...]:
+    """None: an encoder does not generate."""
+    return ()
+
+
+def hidden_states(module: BertModel, ids: Tensor, layers: Collection[int]) -> StackOutput:
+    """The last layer's output ``[1, s, e]`` of ids ``[1, s]``, with the weights of
+    ``layers``."""
+    return module(ids, return_weights=layers)
+
+
+def logits(module: BertModel, hidden: Tensor) -> Tensor | None:
+    """None: the encoder has no language-model head."""
+    return None
+
+
+FAMILY = ModelFamily(
+    name="bert", model_type="bert", causal=False, read_config=BertConfig.from_hf, build=build,
+    state_dict_from_hf=state_dict_from_hf, finish=finish, eos_token_ids=eos_token_ids, hidden_states=hidden_states,
+    logits=logits,
+)

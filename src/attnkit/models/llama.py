@@ -21,14 +21,18 @@ Hugging Face                                           attnkit
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
 from attnkit.models.checkpoint import without_init
-from attnkit.nn import DecoderLM
+from attnkit.models.family import ModelFamily
+from attnkit.nn import DecoderLM, StackOutput
 
 _LAYER_KEYS = {
     "input_layernorm": "self_attn_norm",
@@ -170,6 +174,35 @@ def finish(module: DecoderLM, config: LlamaConfig) -> None:
         module.lm_head.weight = module.token_embedding.weight
 
 
+def eos_token_ids(config: LlamaConfig, folder: Path) -> tuple[int, ...]:
+    """The ids that end a generation: those of ``config.json`` and of
+    ``generation_config.json``, which `transformers` uses when generating (it may list
+    more), without repeats.
+
+    Raises:
+        ValueError: a ``generation_config.json`` that is not a JSON object.
+    """
+    path = folder / "generation_config.json"
+    extra: tuple[int, ...] = ()
+    if path.is_file():
+        try:
+            extra = _ids(json.loads(path.read_text()).get("eos_token_id"))
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            raise ValueError(f"{path} is not a valid JSON object") from None
+    return tuple(dict.fromkeys(config.eos_token_ids + extra))
+
+
+def hidden_states(module: DecoderLM, ids: Tensor, layers: Collection[int]) -> StackOutput:
+    """The hidden states after the final norm ``[1, s, e]`` of ids ``[1, s]``, with the
+    weights of ``layers``."""
+    return module.hidden_states(ids, return_weights=layers)
+
+
+def logits(module: DecoderLM, hidden: Tensor) -> Tensor:
+    """Next-token logits ``[1, s, v]`` of hidden states ``[1, s, e]``."""
+    return module.lm_head(hidden)
+
+
 def _rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
     """transformers 5 keeps ``rope_theta`` in ``rope_parameters``; 4.x at the top level
     with the scaling in ``rope_scaling``."""
@@ -185,3 +218,10 @@ def _ids(value: object) -> tuple[int, ...]:
     if isinstance(value, list):
         return tuple(int(v) for v in value)
     return (int(value),)
+
+
+FAMILY = ModelFamily(
+    name="llama", model_type="llama", causal=True, read_config=LlamaConfig.from_hf, build=build,
+    state_dict_from_hf=state_dict_from_hf, finish=finish, eos_token_ids=eos_token_ids, hidden_states=hidden_states,
+    logits=logits,
+)

@@ -7,13 +7,11 @@ Shape letters: ``s`` number of tokens, ``h`` query heads, ``h_sel`` selected hea
 from __future__ import annotations
 
 import itertools
-import json
 import operator
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,15 +25,16 @@ from attnkit.models.checkpoint import (
     verify_manifest,
     weight_files,
 )
-from attnkit.models.registry import Family
+from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
-from attnkit.nn import StackOutput, pack_projections, pick_next_token
+from attnkit.nn import pack_projections
 
 # The attention weights one run may hand back, in bytes: all 30 layers of SmolLM2 on 2000
 # tokens would be 4.3 GB. Past this, ask for fewer layers or a shorter text.
 ATTENTION_MEMORY_LIMIT = 2 * 2**30
 
-_MODEL_TYPES: dict[str, Family] = {"llama": "llama", "bert": "bert"}
+# The families :func:`load` knows, by the ``model_type`` of ``config.json``.
+FAMILIES: dict[str, ModelFamily] = {family.model_type: family for family in (llama.FAMILY, bert.FAMILY)}
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,9 @@ class Model:
 
     Attributes:
         name: ``"smollm2"``, ``"minilm"``, or the folder name of a local checkpoint.
-        family: ``"llama"`` (causal decoder) or ``"bert"`` (bidirectional encoder).
+        family: ``"llama"`` (causal decoder) or ``"bert"`` (bidirectional encoder): the
+            :attr:`attnkit.models.family.ModelFamily.name` of ``architecture``.
+        architecture: the :class:`attnkit.models.family.ModelFamily` that runs it.
         path: the checkpoint folder.
         config: the family's config (:class:`attnkit.models.llama.LlamaConfig` or
             :class:`attnkit.models.bert.BertConfig`).
@@ -87,23 +88,24 @@ class Model:
         self,
         *,
         name: str,
-        family: Family,
+        architecture: ModelFamily,
         path: Path,
-        config: llama.LlamaConfig | bert.BertConfig,
+        config: ModelConfig,
         module: nn.Module,
         tokenizer: Tokenizer,
     ) -> None:
         self.name = name
-        self.family = family
+        self.architecture = architecture
+        self.family = architecture.name
         self.path = path
         self.config = config
         self.module = module
         self.tokenizer = tokenizer
         self.num_layers = config.num_layers
         self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads if isinstance(config, llama.LlamaConfig) else config.num_heads
+        self.num_kv_heads = config.num_kv_heads
         self.max_length = config.max_length
-        self.causal = family == "llama"
+        self.causal = architecture.causal
         self._packed = False
 
     def __repr__(self) -> str:
@@ -176,17 +178,12 @@ class Model:
                 f"the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or a shorter text"
             )
         select_heads = head_list != list(range(self.num_heads))
-        request = layers if layers else False
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
         # that callers may use in any mode.
         with torch.no_grad():
-            tokens_in = ids.to(self.device)
-            if self.causal:
-                out = self.module.hidden_states(tokens_in, return_weights=request)
-            else:
-                out = self.module(tokens_in, return_weights=request)
-            hidden = out.output if isinstance(out, StackOutput) else out  # [1, s, e]
-            logits = self.module.lm_head(hidden) if self.causal else None  # [1, s, v]
+            out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
+            hidden = out.output  # [1, s, e]
+            logits = self.architecture.logits(self.module, hidden)  # [1, s, v], or None
             attentions = {}
             for i in layers:
                 weights = out.weights[i].self_attention  # [1, h, s, s]
@@ -252,20 +249,14 @@ class Model:
         generator = None
         if temperature > 0 and seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        cache = self.module.new_cache(capacity=ids.shape[1] + budget)
-        step_input = ids.to(self.device)  # [1, s], then [1, 1]
-        for _ in range(budget):
-            # Each step opens its own inference_mode: a mode left open across a yield would
-            # leak into the caller's code between steps.
-            with torch.inference_mode():
-                hidden = self.module.hidden_states(step_input, cache=cache)[:, -1]  # [1, e]
-                logits = self.module.lm_head(hidden)  # [1, v]
-                token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [1]
+        steps = self.module.stream(
+            ids.to(self.device), budget, temperature=temperature, top_k=top_k, generator=generator
+        )
+        for token in steps:  # [1]
             token_id = int(token)
             if token_id in self.tokenizer.eos_token_ids:
                 return
             yield token_id
-            step_input = token.view(1, 1)
 
     def generate(
         self,
@@ -364,28 +355,21 @@ def load(
         verify_manifest(folder, manifest, name)
     hf_config = read_config(folder)
     model_type = hf_config.get("model_type")
-    if model_type not in _MODEL_TYPES:
+    if model_type not in FAMILIES:
         raise ValueError(
-            f"{folder}: model_type {model_type!r} is not supported; attnkit loads {', '.join(_MODEL_TYPES)} checkpoints"
+            f"{folder}: model_type {model_type!r} is not supported; attnkit loads {', '.join(FAMILIES)} checkpoints"
         )
-    family = _MODEL_TYPES[model_type]
+    family = FAMILIES[model_type]
+    config = family.read_config(hf_config)
     tensors = load_tensors(weight_files(folder), dtype=dtype)
-    eos: tuple[int, ...] = ()
-    if family == "llama":
-        config: llama.LlamaConfig | bert.BertConfig = llama.LlamaConfig.from_hf(hf_config)
-        module: nn.Module = llama.build(config)
-        state, unknown = llama.state_dict_from_hf(tensors, config)
-        _assign(module, state, unknown, folder)
-        llama.finish(module, config)
-        eos = tuple(dict.fromkeys(config.eos_token_ids + _generation_eos(folder)))
-    else:
-        config = bert.BertConfig.from_hf(hf_config)
-        module = bert.build(config)
-        state, unknown = bert.state_dict_from_hf(tensors, config)
-        _assign(module, state, unknown, folder)
+    module = family.build(config)
+    state, unknown = family.state_dict_from_hf(tensors, config)
+    _assign(module, state, unknown, folder)
+    family.finish(module, config)
     module = module.to(device).eval()
+    eos = family.eos_token_ids(config, folder)
     tokenizer = Tokenizer.from_file(folder / "tokenizer.json", eos_token_ids=eos)
-    return Model(name=name, family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+    return Model(name=name, architecture=family, path=folder, config=config, module=module, tokenizer=tokenizer)
 
 
 def _assign(module: nn.Module, state: dict[str, Tensor], unknown: list[str], folder: Path) -> None:
@@ -405,20 +389,6 @@ def _assign(module: nn.Module, state: dict[str, Tensor], unknown: list[str], fol
     if wrong:
         raise ValueError(f"{folder}: weights of the wrong shape: {_few(wrong)}")
     module.load_state_dict(state, strict=True, assign=True)
-
-
-def _generation_eos(folder: Path) -> tuple[int, ...]:
-    """End-of-sequence ids of ``generation_config.json``, which `transformers` uses when
-    generating (it may list more than ``config.json``)."""
-    path = folder / "generation_config.json"
-    if not path.is_file():
-        return ()
-    try:
-        value: Any = json.loads(path.read_text()).get("eos_token_id")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        raise ValueError(f"{path} is not a valid JSON object") from None
-    values = value if isinstance(value, list) else [] if value is None else [value]
-    return tuple(int(v) for v in values)
 
 
 def _indices(

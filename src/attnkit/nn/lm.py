@@ -7,6 +7,7 @@ Shape letters: ``b`` batch, ``s`` sequence length, ``n`` generated tokens, ``e``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -219,9 +220,9 @@ class DecoderLM(nn.Module):
         eos_token_id: int | None = None,
         generator: torch.Generator | None = None,
     ) -> Tensor:
-        """Continue ``tokens`` with a KV cache: one forward over the prompt, then one
-        forward of one token per step. Runs in evaluation mode (no dropout) and restores
-        the previous mode afterwards.
+        """Continue ``tokens`` with a KV cache (:meth:`stream`): one forward over the
+        prompt, then one forward of one token per step. Runs in evaluation mode (no
+        dropout) and restores the previous mode afterwards.
 
         Args:
             tokens: prompt ids ``[b, s]`` (all rows the same length).
@@ -239,33 +240,75 @@ class DecoderLM(nn.Module):
         Raises:
             ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``.
         """
+        steps = self.stream(tokens, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+        was_training = self.training
+        self.eval()
+        try:
+            out = [tokens]
+            finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+            for next_token in steps:  # [b]
+                if eos_token_id is not None:
+                    next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
+                    finished |= next_token == eos_token_id
+                out.append(next_token[:, None])  # [b, 1]
+                if finished.all():
+                    break
+            return torch.cat(out, dim=1)  # [b, s + n']
+        finally:
+            self.train(was_training)
+
+    def stream(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Tensor]:
+        """The decoding loop: the next token of every row, one step at a time, computed as
+        the iterator is consumed. The prompt runs once into a KV cache (the head on its
+        last position only), then each step runs the previous step's token against the
+        cache. Each step opens its own ``inference_mode``: a mode left open across a
+        ``yield`` would leak into the caller's code between steps. The module's mode
+        (training or evaluation) is the caller's.
+
+        Args:
+            tokens: prompt ids ``[b, s]`` (all rows the same length).
+            max_new_tokens: ``n``, the number of steps.
+            temperature: ``0`` picks the most likely token (greedy); above 0 samples from
+                ``softmax(logits / temperature)``.
+            top_k: when sampling, only from the ``top_k`` most likely tokens.
+            generator: random generator for sampling.
+
+        Returns:
+            An iterator of ``n`` token id tensors ``[b]``.
+
+        Raises:
+            ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1`` (at the
+                call, before any step).
+        """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        was_training = self.training
-        self.eval()
-        try:
-            cache = self.new_cache(capacity=tokens.shape[1] + max_new_tokens)
-            out = [tokens]
-            finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-            step_input = tokens
-            for _ in range(max_new_tokens):
+        return self._steps(tokens, max_new_tokens, temperature, top_k, generator)
+
+    def _steps(
+        self, tokens: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+        generator: torch.Generator | None,
+    ) -> Iterator[Tensor]:
+        cache = self.new_cache(capacity=tokens.shape[1] + max_new_tokens)
+        step_input = tokens  # [b, s], then [b, 1]
+        for _ in range(max_new_tokens):
+            with torch.inference_mode():
                 # The head on the last position only: the others' logits are not needed.
                 logits = self.lm_head(self.hidden_states(step_input, cache=cache)[:, -1])  # [b, v]
                 next_token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [b]
-                if eos_token_id is not None:
-                    next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
-                    finished |= next_token == eos_token_id
-                step_input = next_token[:, None]  # [b, 1]
-                out.append(step_input)
-                if finished.all():
-                    break
-            return torch.cat(out, dim=1)  # [b, s + n']
-        finally:
-            self.train(was_training)
+            yield next_token
+            step_input = next_token[:, None]  # [b, 1]
 
 
 def pick_next_token(

@@ -1,0 +1,74 @@
+"""The protocol a model family implements: how to read its configuration, build its
+network, rename its checkpoint's tensors, and run it.
+
+:func:`attnkit.models.load` and :class:`attnkit.models.Model` know nothing about any
+particular family: they look the checkpoint's ``model_type`` up in
+:data:`attnkit.models.model.FAMILIES` and call the family's functions. A new family is
+one new file that defines a :class:`ModelFamily`, plus its entry in that table.
+
+Shape letters: ``s`` number of tokens, ``e`` model dim, ``v`` vocabulary size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import Tensor, nn
+
+from attnkit.nn import StackOutput
+
+
+class ModelConfig(Protocol):
+    """What :class:`attnkit.models.Model` reads from every family's config."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def num_heads(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def max_length(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One architecture family (LLaMA, BERT, ...) as :func:`attnkit.models.load` uses it.
+
+    Attributes:
+        name: the family's name, :attr:`attnkit.models.Model.family`.
+        model_type: the ``model_type`` of its Hugging Face ``config.json``.
+        causal: a causal decoder, which can generate; its module is then an
+            :class:`attnkit.nn.DecoderLM` (generation runs its cached decoding loop).
+        read_config: ``config.json`` as a dict → the family's config (a
+            :class:`ModelConfig`); raises ``ValueError`` for what it cannot load.
+        build: config → the network with uninitialised weights, which the checkpoint's
+            replace.
+        state_dict_from_hf: ``(checkpoint tensors, config)`` → ``(state dict of the
+            network, checkpoint keys with no place in it)``.
+        finish: ``(network, config)`` → ``None``; what must happen once the weights are
+            assigned (tying shared weights again).
+        eos_token_ids: ``(config, checkpoint folder)`` → the ids that end a generation.
+        hidden_states: ``(network, ids [1, s], layers)`` → a
+            :class:`attnkit.nn.StackOutput` with the last hidden states ``[1, s, e]`` and the
+            attention weights of the layers with these indices (``None`` for the others).
+        logits: ``(network, hidden [1, s, e])`` → next-token logits ``[1, s, v]``, or
+            ``None`` for a family without a language-model head.
+    """
+
+    name: str
+    model_type: str
+    causal: bool
+    read_config: Callable[[dict[str, Any]], ModelConfig]
+    build: Callable[[Any], nn.Module]
+    state_dict_from_hf: Callable[[dict[str, Tensor], Any], tuple[dict[str, Tensor], list[str]]]
+    finish: Callable[[Any, Any], None]
+    eos_token_ids: Callable[[Any, Path], tuple[int, ...]]
+    hidden_states: Callable[[Any, Tensor, Collection[int]], StackOutput]
+    logits: Callable[[Any, Tensor], Tensor | None]
