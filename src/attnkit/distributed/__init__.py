@@ -1,0 +1,22 @@
+"""Attention and training beyond one process, on ``torch.distributed`` (gloo on CPU, NCCL on
+GPU), launched by ``torchrun``.
+
+- :func:`ring_attention`: exact attention over a sequence sharded across ranks;
+  :func:`shard` and :func:`gather` cut a sequence into per-rank shards and join them back.
+- Importing this package registers the ``"ring"`` kernel, so that
+  ``MultiHeadAttention(kernel="ring")`` runs a model sequence-parallel inside a torchrun job.
+"""
+
+from attnkit.distributed.layout import LAYOUTS, gather, shard, shard_length, shard_positions, shard_ranges
+from attnkit.distributed.ring import RingTimings, ring_attention
+
+__all__ = [
+    "LAYOUTS",
+    "RingTimings",
+    "gather",
+    "ring_attention",
+    "shard",
+    "shard_length",
+    "shard_positions",
+    "shard_ranges",
+]

@@ -1,0 +1,335 @@
+"""Ring attention: exact attention over a sequence sharded across the ranks of a process group.
+
+Each rank holds the queries, keys and values of its shard of the sequence
+(:mod:`attnkit.distributed.layout`). The key/value shards travel around the ring of ranks:
+at step ``t`` rank ``r`` attends with its queries to the keys and values of rank
+``r - t`` while, at the same time, it sends those keys and values on to rank ``r + 1`` and
+receives the next ones from rank ``r - 1`` (point-to-point ``isend``/``irecv``, posted before
+the step's compute so that the transfer overlaps it). After ``n`` steps every query has seen
+every key; the ``n`` partial results are merged exactly through their log-sum-exp.
+
+Each step is one call of the tiled kernel (:mod:`attnkit.functional.tiled`) on the pair
+(local queries, visiting keys) with the absolute positions of both, so any
+:class:`~attnkit.masks.Mask` works and the kernel's block test skips every block of the
+pair where the mask allows nothing; a step whose whole pair is empty (later keys under a
+causal mask, another document, outside a window) computes nothing.
+
+The backward pass (a custom ``autograd.Function``) runs the ring again: the keys and values
+travel as in the forward pass, each rank adds its queries' contribution to the key and value
+gradients of the visiting shard, and those gradient accumulators travel one hop behind the
+keys, arriving home after the last step. The query gradient stays local.
+
+Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_local`` this
+rank's shard length, ``d``/``d_v`` head dims, ``n`` world size.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from attnkit.distributed.layout import Layout, check_layout, check_lengths, gather_lengths, shard_positions
+from attnkit.functional import masks as masks_mod
+from attnkit.functional._blockwise import lse_dtype, merge
+from attnkit.functional.records import AttentionResult
+from attnkit.functional.tiled import EMPTY, TiledPlan, make_plan
+from attnkit.functional.tiled import _backward as plan_backward
+from attnkit.functional.tiled import _forward as plan_forward
+
+# Tags that keep the two streams between a pair of ranks apart (keys/values and their
+# gradient accumulators have the same shapes).
+_TAG_KV = 17
+_TAG_GRAD = 18
+
+
+@dataclass
+class RingTimings:
+    """Seconds spent by one rank in ring attention, summed over calls; pass one to
+    :func:`ring_attention` to have it filled.
+
+    Attributes:
+        compute: in the local block kernels.
+        wait: blocked on point-to-point transfers that the compute did not hide.
+        steps: ring steps run; ``skipped``: of those, steps whose block pair the mask left
+            empty.
+    """
+
+    compute: float = 0.0
+    wait: float = 0.0
+    steps: int = 0
+    skipped: int = 0
+
+    @property
+    def wait_share(self) -> float:
+        """``wait / (compute + wait)``; 0 before any step."""
+        total = self.compute + self.wait
+        return self.wait / total if total > 0 else 0.0
+
+
+@dataclass
+class _Ring:
+    """Who is where on the ring, and what each step computes (built once per call)."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    world: int
+    peers: list[int]  # global rank of each group rank, for point-to-point calls
+    lengths: list[int]  # shard length of each group rank
+    positions: list[Tensor]  # [s_local] absolute positions of each group rank's shard
+    pattern: masks_mod.Mask | None
+    scale: float
+    block_size: tuple[int, int]
+    timings: RingTimings | None
+    plans: list[TiledPlan | None] = field(default_factory=list)
+
+    def source(self, step: int) -> int:
+        """The group rank whose keys and values this rank holds at ``step``."""
+        return (self.rank - step) % self.world
+
+    def plan(self, q: Tensor, k: Tensor, v: Tensor, step: int) -> TiledPlan | None:
+        """The tiled plan of this rank's queries against the shard of step ``step``, or
+        ``None`` when the mask allows no pair of it."""
+        src = self.source(step)
+        if q.shape[2] == 0 or k.shape[2] == 0:
+            return None
+        plan = make_plan(
+            q, k, v, mask=self.pattern, bias=None, causal=False, scale=self.scale, block_size=self.block_size,
+            q_pos=self.positions[self.rank], kv_pos=self.positions[src],
+        )
+        return None if bool((plan.status == EMPTY).all()) else plan
+
+    def exchange(self, send: list[Tensor], recv: list[Tensor], tag: int) -> list[dist.Work]:
+        """Post ``send`` to the next rank and ``recv`` from the previous one; returns the
+        requests to wait on."""
+        nxt, prev = self.peers[(self.rank + 1) % self.world], self.peers[(self.rank - 1) % self.world]
+        ops = [dist.P2POp(dist.isend, t, nxt, self.group, tag) for t in send]
+        ops += [dist.P2POp(dist.irecv, t, prev, self.group, tag) for t in recv]
+        return dist.batch_isend_irecv(ops)
+
+    def wait(self, requests: list[dist.Work]) -> None:
+        start = time.perf_counter()
+        for request in requests:
+            request.wait()
+        if self.timings is not None:
+            self.timings.wait += time.perf_counter() - start
+
+    def timed(self, start: float) -> None:
+        if self.timings is not None:
+            self.timings.compute += time.perf_counter() - start
+
+
+def ring_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    mask: masks_mod.Mask | None = None,
+    scale: float | None = None,
+    group: dist.ProcessGroup | None = None,
+    layout: Layout = "contiguous",
+    return_lse: bool = False,
+    block_size: int | tuple[int, int] = (256, 128),
+    timings: RingTimings | None = None,
+) -> Tensor | AttentionResult:
+    """Exact self-attention over a sequence whose shards are spread over the ranks of
+    ``group``; each rank passes its own shard and gets its shard of the output.
+
+    Every rank of the group must call it with shards cut by the same ``layout`` (see
+    :func:`attnkit.distributed.shard`), the same ``b``, heads and head dims, and the same
+    options. The result equals :func:`attnkit.attention` on the whole sequence, restricted
+    to this rank's positions; it is differentiable in ``q``, ``k`` and ``v``.
+
+    Args:
+        q: this rank's queries ``[b, h, s_local, d]``.
+        k: this rank's keys ``[b, h_kv, s_local, d]`` (``h`` divisible by ``h_kv``).
+        v: this rank's values ``[b, h_kv, s_local, d_v]``.
+        causal: query at position ``i`` attends to keys ``<= i`` (positions are those of the
+            whole sequence).
+        mask: an :class:`attnkit.masks.Mask` over the whole sequence's positions; pairs of
+            shards where it allows nothing are skipped. Masks defined for one size
+            (``from_dense``) are not accepted: they would hold the whole ``[s, s]`` matrix.
+        scale: score scale, default ``1/sqrt(d)``.
+        group: the process group (default: the whole world).
+        layout: ``"contiguous"`` or ``"zigzag"`` (balances causal work across ranks).
+        return_lse: return an :class:`~attnkit.functional.AttentionResult` with ``lse``
+            ``[b, h, s_local]`` (``-inf`` on rows that may attend to nothing).
+        block_size: ``(block_q, block_k)`` of the tiled kernel each step runs.
+        timings: a :class:`RingTimings` to which this call adds its compute and wait times.
+
+    Returns:
+        ``[b, h, s_local, d_v]`` (zeros on rows that may attend to nothing), or an
+        ``AttentionResult``.
+
+    Raises:
+        TypeError: non-tensor or non-float inputs, differing dtypes, a mask that is not a
+            ``Mask``.
+        ValueError: shapes that do not fit together, an unknown layout, a sized mask, shard
+            lengths that the layout does not produce.
+        RuntimeError: torch.distributed is not initialised.
+    """
+    _check_inputs(q, k, v)
+    check_layout(layout)
+    if mask is not None and not isinstance(mask, masks_mod.Mask):
+        raise TypeError(f"mask must be an attnkit.masks.Mask over the whole sequence, got {type(mask).__name__}")
+    if mask is not None and mask.shape is not None:
+        raise ValueError(
+            f"mask {mask.name} is defined for one size {mask.shape}; ring attention needs a mask that is a "
+            "function of positions (causal, sliding_window, document, ...)"
+        )
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise TypeError(f"scale must be a finite number or None, got {scale!r}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialised: start the script with torchrun and call "
+            "attnkit.distributed.init() (or torch.distributed.init_process_group) first"
+        )
+    ring = _make_ring(q, k, mask, causal, scale, group, layout, block_size, timings)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        out, lse = _RingFunction.apply(q, k, v, ring)
+    else:
+        out, lse = _ring_forward(ring, q, k, v)
+    return AttentionResult(out, None, lse) if return_lse else out
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be [b, heads, s_local, dim], got shape {list(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must have the same dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on the same device, got q {q.device}, k {k.device}, v {v.device}")
+    shapes = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(f"q, k and v must have the same batch size, got {shapes}")
+    if not (q.shape[2] == k.shape[2] == v.shape[2]):
+        raise ValueError(f"q, k and v must be shards of one sequence (same s_local), got {shapes}")
+    if k.shape[1] != v.shape[1] or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"k and v must have h_kv heads with h divisible by h_kv, got {shapes}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must have the same head dim, got {shapes}")
+
+
+def _make_ring(
+    q: Tensor, k: Tensor, mask: masks_mod.Mask | None, causal: bool, scale: float | None,
+    group: dist.ProcessGroup | None, layout: Layout, block_size: int | tuple[int, int], timings: RingTimings | None,
+) -> _Ring:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    lengths = gather_lengths(q.shape[2], q.device, group) if world > 1 else [q.shape[2]]
+    seq_len = check_lengths(lengths, layout)
+    pattern = mask
+    if causal:
+        pattern = masks_mod.causal() if mask is None else masks_mod.causal() & mask
+    return _Ring(
+        group=group,
+        rank=rank,
+        world=world,
+        peers=[r if group is None else dist.get_global_rank(group, r) for r in range(world)],
+        lengths=lengths,
+        positions=[shard_positions(seq_len, r, world, layout, device=q.device) for r in range(world)],
+        pattern=pattern,
+        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
+        block_size=(block_size, block_size) if isinstance(block_size, int) else tuple(block_size),
+        timings=timings,
+    )
+
+
+def _empty_like_shard(t: Tensor, length: int) -> Tensor:
+    """An uninitialised ``[b, heads, length, dim]`` buffer like ``t``."""
+    return t.new_empty(t.shape[0], t.shape[1], length, t.shape[3])
+
+
+def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """The forward ring; fills ``ring.plans`` (one per step) for the backward ring."""
+    b, h, s_local, _ = q.shape
+    out = q.new_zeros(b, h, s_local, v.shape[-1])  # [b, h, s_local, d_v]
+    lse = torch.full((b, h, s_local), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
+    k_cur, v_cur = k.contiguous(), v.contiguous()
+    ring.plans = []
+    for step in range(ring.world):
+        requests: list[dist.Work] = []
+        if step + 1 < ring.world:
+            length = ring.lengths[ring.source(step + 1)]
+            k_next, v_next = _empty_like_shard(k_cur, length), _empty_like_shard(v_cur, length)
+            requests = ring.exchange([k_cur, v_cur], [k_next, v_next], _TAG_KV)
+        start = time.perf_counter()
+        plan = ring.plan(q, k_cur, v_cur, step)
+        ring.plans.append(plan)
+        if plan is not None:
+            o, l_ = plan_forward(plan, q, k_cur, v_cur, None)
+            out, lse = merge(out, lse, o, l_)
+        ring.timed(start)
+        if ring.timings is not None:
+            ring.timings.steps += 1
+            ring.timings.skipped += int(plan is None)
+        if requests:
+            ring.wait(requests)
+            k_cur, v_cur = k_next, v_next
+    return out, lse
+
+
+def _ring_backward(
+    ring: _Ring, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    dq = torch.zeros_like(q)
+    k_cur, v_cur = k.contiguous(), v.contiguous()
+    grad_requests: list[dist.Work] = []
+    dk_recv = dv_recv = None
+    for step in range(ring.world):
+        src = ring.source(step)
+        kv_requests: list[dist.Work] = []
+        if step + 1 < ring.world:
+            length = ring.lengths[ring.source(step + 1)]
+            k_next, v_next = _empty_like_shard(k_cur, length), _empty_like_shard(v_cur, length)
+            kv_requests = ring.exchange([k_cur, v_cur], [k_next, v_next], _TAG_KV)
+        start = time.perf_counter()
+        plan = ring.plans[step]
+        if plan is not None:
+            dq_part, dk_acc, dv_acc, _ = plan_backward(plan, dout, q, k_cur, v_cur, None, out, lse, False)
+            dq += dq_part
+        else:
+            dk_acc, dv_acc = torch.zeros_like(k_cur), torch.zeros_like(v_cur)
+        ring.timed(start)
+        if step > 0:  # add what the previous ranks accumulated for this shard
+            ring.wait(grad_requests)
+            dk_acc += dk_recv
+            dv_acc += dv_recv
+        if ring.world > 1:  # pass the accumulators on; the next shard's arrive from behind
+            length = ring.lengths[(src - 1) % ring.world]
+            dk_recv, dv_recv = _empty_like_shard(k_cur, length), _empty_like_shard(v_cur, length)
+            grad_requests = ring.exchange([dk_acc, dv_acc], [dk_recv, dv_recv], _TAG_GRAD)
+        if kv_requests:
+            ring.wait(kv_requests)
+            k_cur, v_cur = k_next, v_next
+    if ring.world == 1:
+        return dq, dk_acc, dv_acc
+    ring.wait(grad_requests)  # this rank's own shard, home after a full turn
+    return dq, dk_recv, dv_recv
+
+
+class _RingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, ring: _Ring):  # type: ignore[override]
+        out, lse = _ring_forward(ring, q, k, v)
+        ctx.ring = ring
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout: Tensor, _dlse: Tensor):  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(ctx.ring, dout.contiguous(), q, k, v, out, lse)
+        return dq, dk, dv, None
