@@ -8,7 +8,10 @@ GPU), launched by ``torchrun``.
 """
 
 from attnkit.distributed.layout import LAYOUTS, gather, shard, shard_length, shard_positions, shard_ranges
-from attnkit.distributed.ring import RingTimings, ring_attention
+from attnkit.distributed.ring import RingTimings, ring_attention, ring_kernel
+from attnkit.functional.kernels import register_kernel
+
+register_kernel("ring", ring_kernel)
 
 __all__ = [
     "LAYOUTS",

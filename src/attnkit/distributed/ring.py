@@ -333,3 +333,30 @@ class _RingFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _ring_backward(ctx.ring, dout.contiguous(), q, k, v, out, lse)
         return dq, dk, dv, None
+
+
+def ring_kernel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    mask: masks_mod.Mask | None = None,
+    bias: Tensor | None = None,
+    **options,
+) -> Tensor:
+    """:func:`ring_attention` as the ``"ring"`` kernel of
+    :func:`attnkit.functional.get_kernel`, for ``MultiHeadAttention(kernel="ring")``: the
+    module's input ``x`` is this rank's shard ``[b, s_local, e]``; pass the shard's absolute
+    positions (:func:`attnkit.distributed.shard_positions`) as ``positions`` when the module
+    has a rotary encoding.
+
+    Raises:
+        ValueError: a score bias (ALiBi, relative positions), which would be built for the
+            shard's length, not the sequence's.
+    """
+    if bias is not None:
+        raise ValueError(
+            "ring attention takes no score bias (ALiBi, relative-position bias); use a rotary encoding or none"
+        )
+    return ring_attention(q, k, v, causal=causal, mask=mask, **options)

@@ -13,6 +13,10 @@ local     :func:`attnkit.functional.local_attention`        window (required), s
 sparse    :func:`attnkit.functional.sparse_attention`       pattern (required), permute, block_size
 linear    :func:`attnkit.functional.linear_attention`       feature_map, projection, chunk_size
 ========  ================================================  ==============================
+
+``ring`` (:func:`attnkit.distributed.ring_attention`: mask, scale, layout, group,
+block_size) runs one sequence across the ranks of a torchrun job; ``import
+attnkit.distributed`` registers it (:func:`register_kernel`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,19 @@ KERNELS: dict[str, Callable[..., Tensor]] = {
 }
 
 
+def register_kernel(name: str, kernel: Callable[..., Tensor]) -> None:
+    """Make ``kernel`` available as ``name`` to :func:`get_kernel` (and so to
+    ``MultiHeadAttention(kernel=name)``). Layers above this one add their kernels this way
+    when imported, e.g. ``import attnkit.distributed`` adds ``"ring"``.
+
+    Raises:
+        ValueError: ``name`` is already taken by another kernel.
+    """
+    if KERNELS.get(name, kernel) is not kernel:
+        raise ValueError(f"attention kernel {name!r} is already registered as {KERNELS[name]!r}")
+    KERNELS[name] = kernel
+
+
 def get_kernel(name: str) -> Callable[..., Tensor]:
     """The kernel called ``name``.
 
@@ -45,4 +62,5 @@ def get_kernel(name: str) -> Callable[..., Tensor]:
     try:
         return KERNELS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown attention kernel {name!r}; expected one of {sorted(KERNELS)}") from None
+        hint = " (import attnkit.distributed to add it)" if name == "ring" else ""
+        raise ValueError(f"unknown attention kernel {name!r}{hint}; expected one of {sorted(KERNELS)}") from None

@@ -27,7 +27,7 @@ from attnkit.nn.records import MultiHeadOutput
 from attnkit.nn.rnn_attention import AttentionScore
 
 # Kernels that take a mask and an additive score bias; the others encode their own pattern.
-MASKABLE_KERNELS = ("dense", "tiled")
+MASKABLE_KERNELS = ("dense", "tiled", "ring")
 
 Score = Literal["scaled_dot", "dot"] | AttentionScore
 Context = Tensor | tuple[Tensor, Tensor]
@@ -58,7 +58,8 @@ class MultiHeadAttention(nn.Module):
         kernel: which attention kernel computes the heads, by name in
             :data:`attnkit.functional.kernels.KERNELS`: ``"dense"`` (default; SDPA or the
             reference path, the only one that returns weights), ``"tiled"`` (any mask, memory
-            bounded), ``"local"``, ``"sparse"``, ``"linear"`` (scaled dot-product only, no
+            bounded), ``"local"``, ``"sparse"``, ``"linear"``, ``"ring"`` (sequence-parallel
+            across ranks, after ``import attnkit.distributed``; scaled dot-product only, no
             dropout).
         kernel_options: keyword options of that kernel, e.g. ``{"window": 256}`` for
             ``"local"``, ``{"pattern": masks.strided(128)}`` for ``"sparse"``,
