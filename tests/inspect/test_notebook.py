@@ -26,7 +26,9 @@ def word_map() -> AttentionMap:
 
 def test_repr_html_is_one_frame_holding_the_whole_viewer():
     frame = word_map()._repr_html_()
-    assert frame.startswith("<iframe srcdoc=") and frame.endswith("</iframe>") and frame.count("<iframe") == 1
+    assert frame.startswith('<iframe id="attnkit-') and frame.count("<iframe") == 1
+    # The frame, then the script that fits its height to the page it holds.
+    assert frame.count("</iframe><script>") == 1 and frame.endswith("</script>")
     assert 'sandbox="allow-scripts"' in frame
     page_source = html.unescape(re.search(r'srcdoc="([^"]*)"', frame).group(1))
     data = json.loads(re.search(r'<script type="application/json" id="attnkit-data">(.*?)</script>', page_source, re.S).group(1))
@@ -44,3 +46,25 @@ def test_the_frame_runs_in_a_browser(page):  # noqa: F811 (the fixture)
     text = frame.locator("body").inner_text()
     assert "smollm2" in text and "고파서" in text
     assert not [url for url in page.requests if not url.startswith(("about:", "data:"))]
+
+
+def long_map(s: int) -> AttentionMap:
+    labels = [f"w{i}" for i in range(s)]
+    weights = torch.softmax(torch.randn(1, s, s), dim=-1).tril()
+    return AttentionMap(model="toy", text=" ".join(labels), tokens=labels, labels=labels, layer=0, num_layers=1,
+                        heads=[0], weights=weights, causal=True)
+
+
+def test_the_frame_fits_its_content(page):  # noqa: F811 (the fixture)
+    heights = {}
+    for s in (3, 200):
+        page.set_content(f"<!DOCTYPE html><html><body>{long_map(s)._repr_html_()}</body></html>")
+        page.frame_locator("iframe").locator(READY).wait_for()
+        inner = page.frame_locator("iframe").locator("body").evaluate(
+            "b => Math.ceil(b.getBoundingClientRect().bottom + parseFloat(getComputedStyle(b).marginBottom))"
+        )
+        page.wait_for_function(f"document.querySelector('iframe').getBoundingClientRect().height === {inner}")
+        heights[s] = inner
+    # A short map's frame is shorter than a long one's, and a long one scrolls inside a
+    # bounded frame instead of growing with every token.
+    assert heights[3] < heights[200] < 1200

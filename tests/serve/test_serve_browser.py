@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData
@@ -136,3 +137,21 @@ def test_real_model_through_serve(page, minilm_path):
         assert word_tip.weight == pytest.approx(by_words.map(2, 7)[3, 2].item(), abs=1e-5)
     direct = models.load("minilm").run(text, attention=[2], heads=[7]).attentions[2]
     assert tip.weight == pytest.approx(direct[0, 0, it, animal].item(), abs=1e-3)
+
+
+def test_first_page_limit_word_summary_and_model_view_of_every_layer(server, page):
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-state=empty]")
+    assert page.text_content("#ak-status") == "Type a text and choose Show attention (at most 48 tokens for tiny)."
+    viewer = Viewer(page)
+    page.get_by_label("Text", exact=True).fill("the cat, the mat")
+    page.get_by_label("Between", exact=True).select_option("word")
+    page.get_by_role("button", name="Show attention").click()
+    viewer.wait()
+    assert page.text_content("#ak-summary").endswith(" · 4 words")
+    # The default request is the last layer; the model view asks for every layer itself.
+    assert page.get_by_label("Layer", exact=True).locator("option").all_text_contents() == ["layer 1"]
+    viewer.view("model")
+    expect(page.locator(".ak-thumb")).to_have_count(2 * 4)
+    viewer.wait()
+    assert page.get_by_label("Layers to compute", exact=True).input_value() == "all"

@@ -7,8 +7,8 @@ import torch
 
 from attnkit.inspect.maps import AttentionMap
 from attnkit.inspect.survey import DESCRIPTIONS, HeadSurvey, TokenPair
-from attnkit.viz.attention_text import head_roles, numbered, render_map, render_survey
-from attnkit.viz.head_grid import draw_head_grid
+from attnkit.viz.attention_text import MAX_LISTED, MAX_ROWS, TAIL_ROWS, head_roles, numbered, render_map, render_survey
+from attnkit.viz.head_grid import draw_head_grid, plot_head_grid
 from attnkit.viz.terminal import display_width
 
 
@@ -94,3 +94,28 @@ def test_draw_head_grid_writes_png_and_svg(tmp_path):
     assert f">{values[2, 3].item():.2f}<" in svg.read_text()
     with pytest.raises(ValueError, match=r"\[layers, heads\]"):
         draw_head_grid(torch.rand(3), tmp_path / "x.png", title="t", label="l")
+
+
+def test_long_maps_print_a_shortened_table_saying_what_was_left_out():
+    s = 300
+    labels = [f"w{i}" for i in range(s)]
+    weights = torch.softmax(torch.randn(s, s), dim=-1)
+    amap = AttentionMap(model="toy", text=" ".join(labels), tokens=labels, labels=labels, layer=0, num_layers=1,
+                        heads=[0], weights=weights[None])
+    lines = render_map(amap).splitlines()
+    numbered_rows = [line.split()[0] for line in lines if line.split()[:1] and line.split()[0].isdigit()]
+    assert numbered_rows == [*map(str, range(MAX_ROWS - TAIL_ROWS)), *map(str, range(s - TAIL_ROWS, s))]
+    assert f"… {s - MAX_ROWS} query rows left out ({MAX_ROWS - TAIL_ROWS}..{s - TAIL_ROWS - 1}); " \
+           "the JSON file (--format json) has every row" in lines
+    assert any(line.endswith(f"| … {s - MAX_LISTED} more") for line in lines)
+    assert len(lines) < 80
+
+
+def test_plot_head_grid_returns_a_figure_and_takes_an_axes():
+    from matplotlib.figure import Figure
+
+    outer = Figure()
+    left, right = outer.subplots(1, 2)
+    assert plot_head_grid(torch.rand(6, 12), title="first", label="mass", ax=left) is outer
+    assert left.get_title() == "first" and len(left.images) == 1 and not right.images
+    assert isinstance(plot_head_grid(torch.rand(2, 3), title="t", label="l", cmap="viridis"), Figure)

@@ -14,6 +14,13 @@ from attnkit.viz.terminal import display_width, format_table
 # Every line fits in this many columns.
 WIDTH = 100
 
+# Longer tables show their first and last rows and say how many were left out.
+MAX_ROWS = 50
+# Of a shortened table, the rows shown from the end.
+TAIL_ROWS = 10
+# At most this many tokens (or words) are listed above the tables.
+MAX_LISTED = 100
+
 # Labels longer than this are cut with "…" so that rows stay within 100 columns.
 MAX_LABEL = 14
 
@@ -49,13 +56,16 @@ def numbered(labels: Sequence[str]) -> list[str]:
     return out
 
 
-def render_map(amap: AttentionMap, *, top: int = 3) -> str:
+def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) -> str:
     """The tokens (or words) as they read in the text and, for each head, the keys each
     query attends to most.
 
     Args:
         amap: the map to show, between tokens or words.
         top: keys shown per query (those with weight 0, hidden by a causal mask, never are).
+        max_rows: a longer table shows its first and last rows (the last
+            :data:`TAIL_ROWS`) and a line saying which were left out; so does the list of
+            tokens above the tables past :data:`MAX_LISTED`.
 
     Returns:
         Text ending in a newline, within :data:`WIDTH` columns.
@@ -66,21 +76,44 @@ def render_map(amap: AttentionMap, *, top: int = 3) -> str:
     lines = [f"{amap.model} · layer {amap.layer} (0..{amap.num_layers - 1}) · {heads} · {size}"]
     token_labels = [t.label for t in amap.readable] if amap.readable else list(amap.labels)
     if amap.words is not None:
-        lines += wrap_items("words: ", [f"{w.label} ({len(w.token_indices)})" for w in amap.words])
-    lines += wrap_items("tokens: ", token_labels)
+        lines += wrap_items("words: ", _listed([f"{w.label} ({len(w.token_indices)})" for w in amap.words]))
+    lines += wrap_items("tokens: ", _listed(token_labels))
     labels = [short(label) for label in numbered(amap.labels)]
     # Between tokens a query and its keys are tokens; between words they are words.
     keys_of, query, keys = ("keys", "query", "keys") if amap.words is None else ("words", "query word", "key words")
     for position, head in enumerate(amap.heads):
         weights = amap.weights[position]  # [n, n]
+        shown = shown_rows(n, max_rows)
+        values, indices = weights[shown].topk(min(top, n), dim=-1)  # [rows, top]
         rows = []
-        for i in range(n):
-            values, indices = weights[i].topk(min(top, n))
-            cells = [f"{labels[k]} {v:.2f}" for v, k in zip(values.tolist(), indices.tolist()) if v > 0]
+        for i, row_values, row_indices in zip(shown, values.tolist(), indices.tolist()):
+            cells = [f"{labels[k]} {v:.2f}" for v, k in zip(row_values, row_indices) if v > 0]
             rows.append([str(i), labels[i], "  ".join(cells)])
         lines += ["", f"Layer {amap.layer}, head {head}: the {keys_of} each {query} attends to most"]
-        lines.append(format_table(["#", query, f"top {top} {keys} (weight)"], rows, align="><<"))
+        table = format_table(["#", query, f"top {top} {keys} (weight)"], rows, align="><<").splitlines()
+        if len(shown) < n:
+            head_rows = max_rows - TAIL_ROWS
+            left_out = n - len(shown)
+            note = (f"… {left_out} {query} rows left out ({head_rows}..{n - TAIL_ROWS - 1}); "
+                    "the JSON file (--format json) has every row")
+            table.insert(2 + head_rows, note)
+        lines += table
     return "\n".join(lines) + "\n"
+
+
+def shown_rows(n: int, max_rows: int = MAX_ROWS) -> list[int]:
+    """The rows of an ``n``-row table that are printed: all of them up to ``max_rows``, else
+    the first ``max_rows - TAIL_ROWS`` and the last :data:`TAIL_ROWS`."""
+    if n <= max_rows:
+        return list(range(n))
+    return [*range(max_rows - TAIL_ROWS), *range(n - TAIL_ROWS, n)]
+
+
+def _listed(items: Sequence[str]) -> list[str]:
+    """At most :data:`MAX_LISTED` items, the last saying how many more there are."""
+    if len(items) <= MAX_LISTED:
+        return list(items)
+    return [*items[:MAX_LISTED], f"… {len(items) - MAX_LISTED} more"]
 
 
 def wrap_items(prefix: str, items: Sequence[str], width: int = WIDTH) -> list[str]:

@@ -3,35 +3,93 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from attnkit.viz.fonts import font_context
-from attnkit.viz.heatmap import require_matplotlib
+from attnkit.viz.heatmap import colour_map, new_figure, save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # Above this many heads the numbers no longer fit in the cells.
 MAX_ANNOTATED_CELLS = 400
 
 
-def draw_head_grid(
+def plot_head_grid(
     values: Tensor,
-    path: str | Path,
     *,
     title: str,
     label: str,
+    ax: Axes | None = None,
     annotate: bool | None = None,
-) -> Path:
-    """Draw one value per head as a grid, layers as rows and heads as columns, and save it;
-    the format follows the suffix (``.png``, ``.svg``).
+    cmap: str = "Blues",
+    figsize: tuple[float, float] | None = None,
+) -> Figure:
+    """Draw one value per head as a grid, layers as rows and heads as columns.
+
+    Args:
+        values: ``[layers, heads]``.
+        title: the axes' title.
+        label: what the colour scale measures.
+        ax: the axes to draw into (default: a new figure).
+        annotate: write each value in its cell; default when there are at most
+            ``MAX_ANNOTATED_CELLS`` heads.
+        cmap: a matplotlib colour map name.
+        figsize: the new figure's size in inches; ignored with ``ax``.
+
+    Returns:
+        The figure drawn into.
+
+    Raises:
+        ValueError: ``values`` is not 2-D, or an unknown colour map.
+        ImportError: matplotlib is missing.
+    """
+    if values.ndim != 2:
+        raise ValueError(f"values must be [layers, heads], got shape {list(values.shape)}")
+    grid = values.detach().to(torch.float32).cpu().numpy()
+    n_layers, n_heads = grid.shape
+    annotate = n_layers * n_heads <= MAX_ANNOTATED_CELLS if annotate is None else annotate
+    with font_context([title, label]) as choice:
+        families = list(choice.families)
+        created = ax is None
+        size = figsize or (min(3 + 0.55 * n_heads, 30), min(2 + 0.28 * n_layers, 40))
+        fig = new_figure(size) if ax is None else ax.figure
+        ax = fig.add_subplot() if ax is None else ax
+        low, high = float(grid.min()), float(grid.max())
+        image = ax.imshow(grid, cmap=colour_map(cmap), vmin=min(low, 0.0), vmax=max(high, 1e-12), aspect="auto")
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(label, fontfamily=families)
+        ax.set_xticks(range(n_heads))
+        ax.set_yticks(range(n_layers))
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontfamily=families)
+        if annotate:
+            threshold = (min(low, 0.0) + high) / 2
+            for layer in range(n_layers):
+                for head in range(n_heads):
+                    value = grid[layer, head]
+                    colour = "white" if value > threshold else "black"
+                    ax.text(head, layer, f"{value:.2f}", ha="center", va="center", color=colour, fontsize=6)
+        if created:
+            fig.tight_layout()
+    return fig
+
+
+def draw_head_grid(values: Tensor, path: str | Path, *, dpi: float = 100, **options: Any) -> Path:
+    """Draw one value per head as a grid (:func:`plot_head_grid`) and save it; the format
+    follows the suffix (``.png``, ``.svg``).
 
     Args:
         values: ``[layers, heads]``.
         path: where to write.
-        title: the figure title.
-        label: what the colour scale measures.
-        annotate: write each value in its cell; default when there are at most
-            ``MAX_ANNOTATED_CELLS`` heads.
+        dpi: dots per inch.
+        **options: :func:`plot_head_grid`'s keyword arguments (``title`` and ``label``
+            required).
 
     Returns:
         The path written.
@@ -39,36 +97,4 @@ def draw_head_grid(
     Raises:
         ValueError: ``values`` is not 2-D.
     """
-    if values.ndim != 2:
-        raise ValueError(f"values must be [layers, heads], got shape {list(values.shape)}")
-    plt = require_matplotlib()
-    grid = values.detach().to(torch.float32).cpu().numpy()
-    n_layers, n_heads = grid.shape
-    annotate = n_layers * n_heads <= MAX_ANNOTATED_CELLS if annotate is None else annotate
-    path = Path(path)
-    # Text is laid out when the figure is saved, so the fonts must hold until then.
-    with font_context([title, label]):
-        fig, ax = plt.subplots(figsize=(min(3 + 0.55 * n_heads, 30), min(2 + 0.28 * n_layers, 40)))
-        try:
-            low, high = float(grid.min()), float(grid.max())
-            image = ax.imshow(grid, cmap="Blues", vmin=min(low, 0.0), vmax=max(high, 1e-12), aspect="auto")
-            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label=label)
-            ax.set_xticks(range(n_heads))
-            ax.set_yticks(range(n_layers))
-            ax.tick_params(labelsize=7)
-            ax.set_xlabel("head")
-            ax.set_ylabel("layer")
-            ax.set_title(title)
-            if annotate:
-                threshold = (min(low, 0.0) + high) / 2
-                for layer in range(n_layers):
-                    for head in range(n_heads):
-                        value = grid[layer, head]
-                        colour = "white" if value > threshold else "black"
-                        ax.text(head, layer, f"{value:.2f}", ha="center", va="center", color=colour, fontsize=6)
-            fig.tight_layout()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path, dpi=100)
-        finally:
-            plt.close(fig)
-    return path
+    return save_figure(plot_head_grid(values, **options), path, dpi=dpi)

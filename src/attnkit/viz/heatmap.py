@@ -1,26 +1,61 @@
-"""Attention heatmaps in the source notes' style: Blues, values annotated, query tokens as
-rows and key tokens as columns.
+"""Attention heatmaps: query tokens as rows, key tokens as columns, Blues by default, values
+annotated on short inputs.
 
-matplotlib is an optional dependency (``pip install 'attnkit[viz]'``); it is imported only
-when a picture is drawn, with the non-interactive Agg backend so it works without a screen.
+The ``plot_*`` functions return a matplotlib :class:`~matplotlib.figure.Figure` and take an
+``ax=`` to draw into one panel of a figure of your own; the ``draw_*`` functions save a file
+whose format follows the suffix (``.png``, ``.svg``).
+
+Long inputs stay readable: above :data:`MAX_CELLS` rows or columns the map is reduced by
+block maximum (a strong weight is never averaged away), at most :data:`MAX_TICKS` tick
+labels are drawn on each axis (with their positions), and the colour scale defaults to a
+square root, which keeps small weights visible. Cells a causal model cannot attend to are
+drawn grey, not as zeros.
+
+matplotlib is an optional dependency (``pip install 'attnkit[viz]'``), imported only when a
+picture is drawn. Figures are made without pyplot, so nothing here changes the backend of a
+notebook or script.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from attnkit.viz.fonts import font_context
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 # Above this many tokens the numbers no longer fit in the cells.
 MAX_ANNOTATED_TOKENS = 24
+# Above this many rows or columns a map is reduced by block maximum.
+MAX_CELLS = 512
+# At most this many tick labels per axis.
+MAX_TICKS = 40
+# The colour scales: weight as it is, its square root, or its logarithm.
+SCALES = ("linear", "sqrt", "log")
+# The log scale starts this far below the largest weight.
+LOG_RANGE = 1e-4
+# The colour of cells a causal model cannot attend to.
+MASKED_COLOUR = "#d9d9d9"
+# Dots per inch of saved pictures unless asked otherwise.
+DEFAULT_DPI = 120
+# The largest default figure, in inches (width, height).
+MAX_FIGSIZE = (16.0, 14.0)
+# Matplotlib's own warning for each glyph a font lacks; font_context already warned once.
+_MISSING_GLYPH = r"Glyph \d+ .*missing from font"
 
 
-def require_matplotlib():
-    """Import matplotlib with the Agg backend, or say which extra to install.
+def require_matplotlib() -> Any:
+    """Import ``matplotlib.pyplot``, or say which extra to install.
 
     Raises:
         ImportError: matplotlib is missing.
@@ -29,12 +64,277 @@ def require_matplotlib():
         import matplotlib
     except ImportError:
         raise ImportError("drawing pictures needs matplotlib: pip install 'attnkit[viz]'") from None
-    matplotlib.use("Agg", force=True)
     # Keep text as text in SVG files: searchable, editable, and any script renders.
     matplotlib.rcParams["svg.fonttype"] = "none"
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def new_figure(figsize: tuple[float, float]) -> Figure:
+    """A figure outside pyplot's list of open figures (nothing to close, no backend chosen).
+
+    Raises:
+        ImportError: matplotlib is missing.
+    """
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize)
+
+
+def save_figure(fig: Figure, path: str | Path, *, dpi: float = DEFAULT_DPI) -> Path:
+    """Save ``fig`` to ``path`` (parent folders are created); the format follows the suffix.
+
+    Returns:
+        The path written.
+    """
+    import matplotlib
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Text stays text in SVG files: searchable, editable, and any script renders.
+    with warnings.catch_warnings(), matplotlib.rc_context({"svg.fonttype": "none"}):
+        warnings.filterwarnings("ignore", message=_MISSING_GLYPH)
+        fig.savefig(path, dpi=dpi)
+    return path
+
+
+def causal_mask(s_q: int, s_k: int) -> Tensor:
+    """Where a causal query may attend, aligned bottom-right as in :func:`attnkit.attention`:
+    query ``i`` sees keys ``≤ i + s_k − s_q``.
+
+    Returns:
+        ``[s_q, s_k]`` bool, ``True`` = may attend.
+    """
+    return torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q)
+
+
+def block_max(values: np.ndarray, factor_q: int, factor_k: int) -> np.ndarray:
+    """``values`` reduced by the maximum over blocks of ``factor_q × factor_k`` cells (the last
+    blocks may be smaller). NaN cells are ignored; a block of NaN only stays NaN.
+
+    Args:
+        values: ``[s_q, s_k]``.
+        factor_q: rows per block.
+        factor_k: columns per block.
+
+    Returns:
+        ``[ceil(s_q / factor_q), ceil(s_k / factor_k)]``.
+    """
+    s_q, s_k = values.shape
+    rows, cols = math.ceil(s_q / factor_q), math.ceil(s_k / factor_k)
+    padded = np.full((rows * factor_q, cols * factor_k), np.nan, dtype=values.dtype)
+    padded[:s_q, :s_k] = values
+    blocks = padded.reshape(rows, factor_q, cols, factor_k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks: masked everywhere
+        return np.nanmax(blocks, axis=(1, 3))
+
+
+def thinned_ticks(count: int, max_ticks: int = MAX_TICKS) -> list[int]:
+    """At most ``max_ticks`` evenly spaced positions out of ``0 .. count-1``, always
+    starting at 0."""
+    step = max(1, math.ceil(count / max_ticks))
+    return list(range(0, count, step))
+
+
+def default_figsize(s_q: int, s_k: int) -> tuple[float, float]:
+    """A figure size (inches) that gives short inputs room for their labels and keeps long
+    ones within :data:`MAX_FIGSIZE`."""
+    cols, rows = min(s_k, MAX_TICKS), min(s_q, MAX_TICKS)
+    return min(4 + 0.45 * cols, MAX_FIGSIZE[0]), min(3 + 0.4 * rows, MAX_FIGSIZE[1])
+
+
+def colour_norm(scale: str, vmax: float) -> Any:
+    """The matplotlib norm of a colour scale from 0 to ``vmax``.
+
+    Raises:
+        ValueError: an unknown scale.
+    """
+    from matplotlib import colors
+
+    vmax = max(vmax, 1e-12)
+    if scale == "linear":
+        return colors.Normalize(vmin=0.0, vmax=vmax)
+    if scale == "sqrt":
+        return colors.PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)
+    if scale == "log":
+        return colors.LogNorm(vmin=vmax * LOG_RANGE, vmax=vmax, clip=True)
+    raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
+
+
+def plot_attention(
+    weights: Tensor,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    *,
+    ax: Axes | None = None,
+    title: str = "Attention",
+    xlabel: str = "Key (attended to)",
+    ylabel: str = "Query (attending)",
+    annotate: bool | None = None,
+    scale: str | None = None,
+    cmap: str = "Blues",
+    causal: bool = False,
+    figsize: tuple[float, float] | None = None,
+    colorbar: bool = True,
+    max_cells: int = MAX_CELLS,
+    vmax: float | None = None,
+) -> Figure:
+    """Draw one attention map.
+
+    Args:
+        weights: ``[s_q, s_k]`` post-softmax weights.
+        query_labels: ``s_q`` row labels.
+        key_labels: ``s_k`` column labels.
+        ax: the axes to draw into (default: a new figure).
+        title: the axes' title.
+        xlabel: the key axis' label.
+        ylabel: the query axis' label.
+        annotate: write each value in its cell; default when both sides have at most
+            :data:`MAX_ANNOTATED_TOKENS` tokens (never on a reduced map).
+        scale: ``"linear"``, ``"sqrt"`` or ``"log"``; default linear for annotated maps,
+            square root otherwise.
+        cmap: a matplotlib colour map name.
+        causal: grey out the cells a causal query cannot attend to (:func:`causal_mask`).
+        figsize: the new figure's size in inches (default :func:`default_figsize`); ignored
+            with ``ax``.
+        colorbar: draw the colour scale beside the map.
+        max_cells: above this many rows or columns the map is reduced by block maximum.
+        vmax: the top of the colour scale (default: the map's largest weight).
+
+    Labels in any script are drawn with a font that has their glyphs
+    (:func:`attnkit.viz.fonts.font_context`, which warns when none is installed), and keep
+    it when the figure is saved later.
+
+    Returns:
+        The figure drawn into.
+
+    Raises:
+        ValueError: the labels do not match the weights' shape, or an unknown scale.
+        ImportError: matplotlib is missing.
+    """
+    s_q, s_k = _check_map(weights, query_labels, key_labels)
+    if max_cells < 1:
+        raise ValueError(f"max_cells must be at least 1, got {max_cells}")
+    values = weights.detach().to(torch.float32).cpu().numpy().copy()
+    if causal:
+        values[~causal_mask(s_q, s_k).numpy()] = np.nan
+    factor_q, factor_k = math.ceil(s_q / max_cells), math.ceil(s_k / max_cells)
+    reduced = factor_q > 1 or factor_k > 1
+    if reduced:
+        values = block_max(values, factor_q, factor_k)
+    small = max(s_q, s_k) <= MAX_ANNOTATED_TOKENS
+    annotate = small and not reduced if annotate is None else annotate and not reduced
+    scale = ("linear" if annotate else "sqrt") if scale is None else scale
+    if vmax is None:
+        vmax = float(np.nanmax(values)) if np.isfinite(values).any() else 0.0
+    norm = colour_norm(scale, vmax)
+    colours = colour_map(cmap)
+
+    row_ticks, col_ticks = thinned_ticks(s_q), thinned_ticks(s_k)
+    row_labels = _tick_labels(query_labels, row_ticks, s_q)
+    col_labels = _tick_labels(key_labels, col_ticks, s_k)
+    with font_context([title, xlabel, ylabel, *row_labels, *col_labels]) as choice:
+        families = list(choice.families)
+        created = ax is None
+        fig = new_figure(figsize or default_figsize(s_q, s_k)) if ax is None else ax.figure
+        ax = fig.add_subplot() if ax is None else ax
+        # In token coordinates whatever the reduction: cell (i, j) spans i-0.5 .. i+0.5.
+        image = ax.imshow(
+            np.ma.masked_invalid(values), cmap=colours, norm=norm, aspect="auto",
+            interpolation="nearest", extent=(-0.5, s_k - 0.5, s_q - 0.5, -0.5),
+        )
+        if colorbar:
+            bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+            bar.set_label(f"weight ({scale} scale)", fontsize=8)
+        ax.set_xticks(col_ticks, labels=col_labels, rotation=45, ha="right", rotation_mode="anchor",
+                      fontfamily=families)
+        ax.set_yticks(row_ticks, labels=row_labels, fontfamily=families)
+        ax.set_xlabel(xlabel, fontfamily=families)
+        ax.set_ylabel(ylabel, fontfamily=families)
+        ax.set_title(title, fontfamily=families)
+        if annotate:
+            _annotate(ax, values, norm)
+        if created:
+            fig.tight_layout()
+    return fig
+
+
+def plot_attention_heads(
+    weights: Tensor,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    *,
+    heads: Sequence[int] | None = None,
+    title: str = "Attention",
+    xlabel: str = "Key (attended to)",
+    ylabel: str = "Query (attending)",
+    scale: str | None = None,
+    cmap: str = "Blues",
+    causal: bool = False,
+    figsize: tuple[float, float] | None = None,
+    max_cells: int = MAX_CELLS,
+) -> Figure:
+    """Draw the maps of several heads as small multiples in one figure: one panel per head,
+    one shared colour scale, labels on the outer panels only.
+
+    Args:
+        weights: ``[h, s_q, s_k]``.
+        query_labels: ``s_q`` row labels.
+        key_labels: ``s_k`` column labels.
+        heads: the head number of each panel's title (default ``0 .. h-1``).
+        title: the figure's title.
+        xlabel: the key axis' label (bottom row).
+        ylabel: the query axis' label (left column).
+        scale: ``"linear"``, ``"sqrt"`` or ``"log"`` (default: square root).
+        cmap: a matplotlib colour map name.
+        causal: grey out the cells a causal query cannot attend to.
+        figsize: the figure's size in inches (default: about 3 inches per panel).
+        max_cells: above this many rows or columns each map is reduced by block maximum.
+
+    Returns:
+        The figure.
+
+    Raises:
+        ValueError: ``weights`` is not ``[h, s_q, s_k]``, labels or heads that do not match it.
+        ImportError: matplotlib is missing.
+    """
+    if weights.ndim != 3:
+        raise ValueError(f"weights must be [h, s_q, s_k], got shape {list(weights.shape)}")
+    count = weights.shape[0]
+    heads = list(range(count)) if heads is None else list(heads)
+    if len(heads) != count:
+        raise ValueError(f"weights hold {count} heads but got {len(heads)} head numbers")
+    _check_map(weights[0], query_labels, key_labels)
+    cols = math.ceil(math.sqrt(count))
+    rows = math.ceil(count / cols)
+    # Every panel on one scale, so that heads compare: the largest weight of any head.
+    top = float(weights.detach().float().max()) if weights.numel() else 0.0
+    scale = "sqrt" if scale is None else scale
+    colour_norm(scale, top)  # an unknown scale fails before anything is drawn
+    fig = new_figure(figsize or (min(1.5 + 3.2 * cols, 24.0), min(1.0 + 3.0 * rows, 24.0)))
+    fig.suptitle(title)
+    grid = fig.subplots(rows, cols, squeeze=False)
+    for index, ax in enumerate(grid.flat):
+        if index >= count:
+            ax.set_axis_off()
+            continue
+        row, col = divmod(index, cols)
+        plot_attention(
+            weights[index], query_labels, key_labels, ax=ax, title=f"head {heads[index]}",
+            xlabel=xlabel if row == rows - 1 else "", ylabel=ylabel if col == 0 else "",
+            annotate=False, scale=scale, cmap=cmap, causal=causal, colorbar=False, max_cells=max_cells, vmax=top,
+        )
+        if row != rows - 1 and index + cols < count:
+            ax.set_xticklabels([])
+        if col != 0:
+            ax.set_yticklabels([])
+        ax.tick_params(labelsize=6)
+    fig.colorbar(grid.flat[0].images[0], ax=list(grid.flat), fraction=0.02, pad=0.02,
+                 label=f"weight ({scale} scale)")
+    return fig
 
 
 def draw_heatmap(
@@ -43,31 +343,56 @@ def draw_heatmap(
     key_labels: Sequence[str],
     path: str | Path,
     *,
-    title: str = "Attention",
-    annotate: bool | None = None,
-    xlabel: str = "Key (attended to)",
-    ylabel: str = "Query (attending)",
+    dpi: float = DEFAULT_DPI,
+    **options: Any,
 ) -> Path:
-    """Draw one attention map and save it; the format follows the suffix (``.png``, ``.svg``).
+    """Draw one attention map (:func:`plot_attention`) and save it; the format follows the
+    suffix (``.png``, ``.svg``).
 
     Args:
         weights: ``[s_q, s_k]`` post-softmax weights.
         query_labels: ``s_q`` row labels.
         key_labels: ``s_k`` column labels.
         path: where to write.
-        title: the figure title.
-        annotate: write each value in its cell; default when both sides have at most
-            ``MAX_ANNOTATED_TOKENS`` tokens.
-
-    Labels in any script are drawn with a font that has their glyphs
-    (:func:`attnkit.viz.fonts.font_context`, which warns when none is installed).
+        dpi: dots per inch.
+        **options: :func:`plot_attention`'s keyword arguments (``title``, ``scale``,
+            ``cmap``, ``causal``, ``figsize``, ...).
 
     Returns:
         The path written.
 
     Raises:
-        ValueError: the labels do not match the weights' shape.
+        ValueError: the labels do not match the weights' shape, or an unknown option value.
     """
+    return save_figure(plot_attention(weights, query_labels, key_labels, **options), path, dpi=dpi)
+
+
+def draw_attention_heads(
+    weights: Tensor,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    path: str | Path,
+    *,
+    dpi: float = DEFAULT_DPI,
+    **options: Any,
+) -> Path:
+    """Draw several heads as small multiples (:func:`plot_attention_heads`) and save them.
+
+    Args:
+        weights: ``[h, s_q, s_k]``.
+        query_labels: ``s_q`` row labels.
+        key_labels: ``s_k`` column labels.
+        path: where to write; the format follows the suffix.
+        dpi: dots per inch.
+        **options: :func:`plot_attention_heads`'s keyword arguments.
+
+    Returns:
+        The path written.
+    """
+    return save_figure(plot_attention_heads(weights, query_labels, key_labels, **options), path, dpi=dpi)
+
+
+def _check_map(weights: Tensor, query_labels: Sequence[str], key_labels: Sequence[str]) -> tuple[int, int]:
     if weights.ndim != 2:
         raise ValueError(f"weights must be [s_q, s_k], got shape {list(weights.shape)}")
     s_q, s_k = weights.shape
@@ -75,31 +400,37 @@ def draw_heatmap(
         raise ValueError(
             f"weights are [{s_q}, {s_k}] but got {len(query_labels)} query and {len(key_labels)} key labels"
         )
-    plt = require_matplotlib()
-    values = weights.detach().to(torch.float32).cpu().numpy()
-    annotate = max(s_q, s_k) <= MAX_ANNOTATED_TOKENS if annotate is None else annotate
-    size = min(4 + 0.45 * s_k, 40), min(3 + 0.4 * s_q, 40)
-    path = Path(path)
-    # Text is laid out when the figure is saved, so the fonts must hold until then.
-    with font_context([title, xlabel, ylabel, *query_labels, *key_labels]):
-        fig, ax = plt.subplots(figsize=size)
-        try:
-            image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=max(float(values.max()), 1e-12), aspect="auto")
-            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-            ax.set_xticks(range(s_k), labels=list(key_labels), rotation=45, ha="right", rotation_mode="anchor")
-            ax.set_yticks(range(s_q), labels=list(query_labels))
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
-            ax.set_title(title)
-            if annotate:
-                threshold = values.max() / 2
-                for i in range(s_q):
-                    for j in range(s_k):
-                        colour = "white" if values[i, j] > threshold else "black"
-                        ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", color=colour, fontsize=8)
-            fig.tight_layout()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path, dpi=120)
-        finally:
-            plt.close(fig)
-    return path
+    return s_q, s_k
+
+
+def _tick_labels(labels: Sequence[str], ticks: list[int], count: int) -> list[str]:
+    """The labels at ``ticks``; with their positions when some labels are left out."""
+    if len(ticks) == count:
+        return [labels[i] for i in ticks]
+    return [f"{labels[i]} · {i}" for i in ticks]
+
+
+def colour_map(name: str) -> Any:
+    """The colour map ``name`` with masked cells grey.
+
+    Raises:
+        ValueError: an unknown colour map.
+    """
+    import matplotlib
+
+    try:
+        colours = matplotlib.colormaps[name]
+    except KeyError:
+        raise ValueError(f"unknown colour map {name!r}; any of matplotlib's works, e.g. Blues, viridis, magma") from None
+    return colours.with_extremes(bad=MASKED_COLOUR)
+
+
+def _annotate(ax: Axes, values: np.ndarray, norm: Any) -> None:
+    """Each finite value in its cell, white on dark cells."""
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            value = values[i, j]
+            if not np.isfinite(value):
+                continue
+            colour = "white" if norm(value) > 0.5 else "black"
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", color=colour, fontsize=8)

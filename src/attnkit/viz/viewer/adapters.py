@@ -57,7 +57,7 @@ def viewer_data_from_run(
     readable = readable_run(model, run, text or None, level=level)
     return ViewerData.from_run(
         name or model_name(model), readable.labels, readable.attentions, causal=bool(model.causal),
-        heads=None if heads is None else list(heads), text=text,
+        heads=None if heads is None else list(heads), text=text, level=level,
     )
 
 

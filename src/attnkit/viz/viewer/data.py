@@ -233,9 +233,11 @@ class ViewerData:
             ``"cross"``).
         sections: section name → :class:`Section`, in display order.
         text: the input text, when there is one.
+        level: what the rows and columns stand for: ``"token"``, or ``"word"`` for
+            attention between the words of the text.
 
     Raises:
-        ValueError: an unknown kind, sections that do not belong to it, or a self-attention
+        ValueError: an unknown kind, an unknown level, sections that do not belong to it, or a self-attention
             section whose ``causal`` flag contradicts the kind.
     """
 
@@ -243,10 +245,13 @@ class ViewerData:
     kind: Kind
     sections: Mapping[str, Section]
     text: str = ""
+    level: str = "token"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.level not in ("token", "word"):
+            raise ValueError(f"level must be token or word, got {self.level!r}")
         allowed = SECTION_NAMES[self.kind]
         unknown = [name for name in self.sections if name not in allowed]
         if not self.sections or unknown:
@@ -266,25 +271,27 @@ class ViewerData:
         causal: bool,
         heads: Sequence[int] | None = None,
         text: str = "",
+        level: str = "token",
     ) -> ViewerData:
         """Self-attention of a decoder-only or encoder-only model over one text.
 
         Args:
             model: the model's name.
-            tokens: ``s`` token strings.
+            tokens: ``s`` token strings (or words, with ``level="word"``).
             attentions: layer index → ``[h, s, s]`` (or ``[1, h, s, s]``) weights.
             causal: a decoder (``True``) or an encoder (``False``).
             heads: the head indices of the ``h`` rows (default ``0 .. h-1``).
             text: the input text.
+            level: ``"token"``, or ``"word"`` when the rows and columns are words.
 
         Returns:
             Data of kind ``"causal"`` or ``"bidirectional"``.
 
         Raises:
-            ValueError: see :meth:`Section.from_layers`.
+            ValueError: an unknown level, or see :meth:`Section.from_layers`.
         """
         section = Section.from_layers(tokens, tokens, attentions, heads=heads, causal=causal)
-        return cls(model, "causal" if causal else "bidirectional", {"self": section}, text)
+        return cls(model, "causal" if causal else "bidirectional", {"self": section}, text, level)
 
     @classmethod
     def encoder_decoder(
@@ -334,6 +341,7 @@ class ViewerData:
             "model": self.model,
             "kind": self.kind,
             "text": self.text,
+            "level": self.level,
             "sections": {name: section.to_dict() for name, section in self.sections.items()},
         }
 
@@ -353,7 +361,7 @@ class ViewerData:
                 f"expected format {FORMAT!r} version {VERSION}, got {d.get('format')!r} version {d.get('version')!r}"
             )
         sections = {name: Section.from_dict(s) for name, s in d["sections"].items()}
-        return cls(d["model"], d["kind"], sections, d.get("text", ""))
+        return cls(d["model"], d["kind"], sections, d.get("text", ""), d.get("level", "token"))
 
     @classmethod
     def from_json(cls, text: str) -> ViewerData:

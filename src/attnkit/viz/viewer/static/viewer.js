@@ -146,7 +146,7 @@
     const counts = names.map((n) => json.sections[n].query_tokens.length);
     const tokens = json.kind === 'encoder-decoder' && json.sections.cross
       ? json.sections.cross.key_tokens.length + ' source and ' + json.sections.cross.query_tokens.length + ' target tokens'
-      : Math.max(...counts) + ' tokens';
+      : Math.max(...counts) + (json.level === 'word' ? ' words' : ' tokens');
     $('ak-summary').textContent = json.model + ' \u00b7 ' + (kinds[json.kind] || json.kind) + ' \u00b7 ' + tokens;
     $('ak-text-shown').textContent = json.text ? 'Text: \u201c' + json.text + '\u201d' : '';
     document.title = 'Attention: ' + json.model;
@@ -765,6 +765,18 @@
     $('ak-layer-field').hidden = view === 'model';
     hideTip();
     if (state.data) render();
+    if (view === 'model') fetchEveryLayer();
+  }
+
+  // In the app, the model view is a grid of every layer: a text computed for fewer layers
+  // is computed again for all of them (the server says so if that is too many weights).
+  function fetchEveryLayer() {
+    if (body.dataset.mode !== 'app' || !info || !state.data || $('ak-run').disabled) return;
+    const m = info.models.find((x) => x.name === state.data.model);
+    const picker = $('ak-req-layer');
+    if (!m || picker.value === 'all' || dims(sec()).L >= m.layers) return;
+    picker.value = 'all';
+    $('ak-app').requestSubmit();
   }
 
   function controls() {
@@ -838,6 +850,12 @@
     heads.textContent = '';
     heads.add(new Option('all ' + m.heads + ' heads', 'all'));
     for (let n = 0; n < m.heads; n++) heads.add(new Option('head ' + n, String(n)));
+    if (body.dataset.state === 'empty') status(readyMessage(), false);
+  }
+
+  function readyMessage() {
+    const m = info.models.find((x) => x.name === $('ak-model').value);
+    return 'Type a text and choose Show attention (at most ' + m.max_tokens + ' tokens for ' + m.name + ').';
   }
 
   async function submit(e) {
@@ -905,10 +923,22 @@
     fillRequestPickers();
     $('ak-text').maxLength = info.max_chars;
     body.dataset.state = 'empty';
-    status('Type a text and choose Show attention (at most ' + info.max_tokens + ' tokens).', false);
+    status(readyMessage(), false);
   }
 
   // ---------------------------------------------------------------- start
+
+  // Inside a notebook's frame: scroll areas get fixed heights (the frame's own height would
+  // feed back into them), and the page tells the notebook how tall it is, so that a small
+  // script beside the frame can fit the frame to it.
+  if (window.parent !== window) {
+    body.classList.add('ak-embedded');
+    const report = () => {
+      const bottom = body.getBoundingClientRect().bottom + parseFloat(getComputedStyle(body).marginBottom || '0');
+      window.parent.postMessage({ attnkitHeight: Math.ceil(bottom + window.scrollY) }, '*');
+    };
+    new ResizeObserver(report).observe(body);
+  }
 
   controls();
   setView('head', false);
