@@ -124,13 +124,17 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported; attnkit loads llama, bert"):
         models.load(folder)
     write(hidden_act="relu")
-    with pytest.raises(ValueError, match="unsupported BERT configuration: hidden_act='relu'"):
+    with pytest.raises(models.CheckpointError, match="config.json: hidden_act='relu' is not supported"):
         models.load(folder)
     write(num_hidden_layers=7)
-    with pytest.raises(ValueError, match=r"do not fit the configuration: missing \[encoder.layers.6"):
+    with pytest.raises(models.CheckpointError, match="num_hidden_layers is 7, but the weights hold 6 layers"):
+        models.load(folder)
+    write(vocab_size=30000)
+    expected = r"model.safetensors: weights of the wrong shape .*word_embeddings.weight is \[30522, 384\], expected"
+    with pytest.raises(models.CheckpointError, match=expected):
         models.load(folder)
     write(intermediate_size=1024)
-    expected = r"weights of the wrong shape: .*up_proj.weight is \[1536, 384\], expected \[1024, 384\]"
+    expected = r"weights of the wrong shape .*intermediate.dense.weight is \[1536, 384\], expected \[1024, 384\]"
     with pytest.raises(ValueError, match=expected):
         models.load(folder)
     (folder / "config.json").write_text("[1, 2]")
@@ -154,7 +158,7 @@ def test_llama_config_checks():
         LlamaConfig.from_hf({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     with pytest.raises(ValueError, match="attention_bias"):
         LlamaConfig.from_hf({**base, "attention_bias": True})
-    with pytest.raises(ValueError, match="lacks 'intermediate_size'"):
+    with pytest.raises(ValueError, match="intermediate_size is missing"):
         LlamaConfig.from_hf({k: v for k, v in base.items() if k != "intermediate_size"})
 
 

@@ -14,13 +14,13 @@ families loads too.
 >>> "".join(model.generate("The capital of France is", max_new_tokens=8))
 """
 
-from attnkit.models.checkpoint import ModelNotFound
 from attnkit.models.cache import FetchError, ModelInfo, available, fetch
+from attnkit.models.checkpoint import CheckpointError, ModelNotFound
 from attnkit.models.model import ATTENTION_MEMORY_LIMIT, Model, ModelRun, load
 from attnkit.models.registry import MODELS, home
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 
 __all__ = [
-    "ATTENTION_MEMORY_LIMIT", "MODELS", "FetchError", "Model", "ModelInfo", "ModelNotFound", "ModelRun",
+    "ATTENTION_MEMORY_LIMIT", "MODELS", "CheckpointError", "FetchError", "Model", "ModelInfo", "ModelNotFound", "ModelRun",
     "TokenizedText", "Tokenizer", "available", "fetch", "home", "load",
 ]

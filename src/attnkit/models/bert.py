@@ -36,9 +36,22 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.models.checkpoint import without_init
+from attnkit.models.checkpoint import (
+    REQUIRED,
+    CheckpointError,
+    config_float,
+    config_int,
+    short_repr,
+    without_init,
+)
 from attnkit.models.family import ModelFamily
-from attnkit.nn import Encoder, EncoderLayer, LayerSelection, LearnedPositionalEmbedding, StackOutput
+from attnkit.nn import (
+    Encoder,
+    EncoderLayer,
+    LayerSelection,
+    LearnedPositionalEmbedding,
+    StackOutput,
+)
 from attnkit.nn.layers import MaskLike
 
 _LAYER_KEYS = {
@@ -94,35 +107,41 @@ class BertConfig:
         return self.num_heads
 
     @classmethod
-    def from_hf(cls, config: dict[str, Any]) -> BertConfig:
+    def from_hf(cls, config: dict[str, Any], *, path: Path = Path("config.json")) -> BertConfig:
         """Read a Hugging Face ``BertConfig`` dict.
 
+        Args:
+            config: the parsed ``config.json``.
+            path: its file, named in errors.
+
         Raises:
-            ValueError: a missing size, or a feature attnkit does not implement (an
-                activation other than exact GELU, relative position embeddings).
+            CheckpointError: a missing size, one that is not an integer within
+                :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, or a feature attnkit does
+                not implement (an activation other than exact GELU, relative position
+                embeddings); the message names the field.
         """
-        try:
-            out = cls(
-                vocab_size=int(config["vocab_size"]),
-                hidden_size=int(config["hidden_size"]),
-                num_layers=int(config["num_hidden_layers"]),
-                num_heads=int(config["num_attention_heads"]),
-                intermediate_size=int(config["intermediate_size"]),
-                max_length=int(config.get("max_position_embeddings", 512)),
-                type_vocab_size=int(config.get("type_vocab_size", 2)),
-                layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
-            )
-        except KeyError as err:
-            raise ValueError(f"config.json lacks {err.args[0]!r}, which a BERT model needs") from None
-        unsupported = []
-        if config.get("hidden_act", "gelu") != "gelu":
-            unsupported.append(f"hidden_act={config['hidden_act']!r}")
-        if config.get("position_embedding_type", "absolute") != "absolute":
-            unsupported.append(f"position_embedding_type={config['position_embedding_type']!r}")
+        def size(key: str, default: Any = REQUIRED) -> int:
+            return config_int(config, key, path=path, default=default)
+
+        out = cls(
+            vocab_size=size("vocab_size"),
+            hidden_size=size("hidden_size"),
+            num_layers=size("num_hidden_layers"),
+            num_heads=size("num_attention_heads"),
+            intermediate_size=size("intermediate_size"),
+            max_length=size("max_position_embeddings", 512),
+            type_vocab_size=size("type_vocab_size", 2),
+            layer_norm_eps=config_float(config, "layer_norm_eps", path=path, default=1e-12, low=0.0, high=1.0),
+        )
+        for key, supported in (("hidden_act", "gelu"), ("position_embedding_type", "absolute")):
+            if config.get(key, supported) != supported:
+                raise CheckpointError(path, f"{key}={short_repr(config[key])} is not supported (only {supported!r})",
+                                      field=key)
         if out.hidden_size % out.num_heads:
-            unsupported.append(f"hidden_size={out.hidden_size} with {out.num_heads} heads")
-        if unsupported:
-            raise ValueError(f"unsupported BERT configuration: {', '.join(unsupported)}")
+            raise CheckpointError(
+                path, f"hidden_size={out.hidden_size} is not a multiple of num_attention_heads={out.num_heads}",
+                field="num_attention_heads",
+            )
         return out
 
 

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from attnkit.models.checkpoint import folder_size, iter_model_folders, read_manifest, require, sha256_file
+from attnkit.models.checkpoint import (
+    folder_size,
+    iter_model_folders,
+    read_manifest,
+    require,
+    sha256_file,
+)
 from attnkit.models.registry import MANIFEST, MODELS, Family, ModelSpec, WheelMember
 from attnkit.models.registry import home as default_home
 

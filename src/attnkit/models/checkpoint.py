@@ -5,6 +5,11 @@ A safetensors file is an 8-byte little-endian header length, a JSON header that 
 tensor's dtype, shape and byte range, and the data. The header is checked against the
 file's size before any tensor is read, so a truncated or corrupt file is a clear
 ``ValueError`` rather than a crash deep inside a reader.
+
+Everything a checkpoint folder says is untrusted: a size in ``config.json`` is read with
+:func:`config_int` (an integer within sane limits, or a :class:`CheckpointError` naming the
+file and the field), and the configuration is compared with the safetensors headers
+before any module is built, so a crafted config cannot make loading allocate gigabytes.
 """
 
 from __future__ import annotations
@@ -49,6 +54,109 @@ class ModelNotFound(FileNotFoundError):
     """A model that is neither fetched nor a folder on disk; the message says how to get it."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that attnkit cannot load: crafted, corrupt or inconsistent.
+
+    The message starts with the file and, where one field is to blame, names it:
+    ``"/m/config.json: num_attention_heads must be an integer from 1 to 1024, got 0"``
+    (a ``detail`` that says what the file is, ``"is truncated: ..."``, follows the path
+    without a colon).
+
+    Attributes:
+        path: the file at fault.
+        field: the field (a ``config.json`` key, a tensor name) at fault, or ``None``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], detail: str, *, field: str | None = None) -> None:
+        self.path = Path(path)
+        self.field = field
+        super().__init__(f"{self.path} {detail}" if detail.startswith(("is ", "has ", "names ")) else
+                         f"{self.path}: {detail}")
+
+
+# Limits on the sizes a config.json may give, far above any checkpoint attnkit runs on two
+# cores but far below what would exhaust memory before the weights are compared.
+CONFIG_LIMITS: dict[str, int] = {
+    "vocab_size": 2**21,
+    "hidden_size": 2**16,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "intermediate_size": 2**18,
+    "max_position_embeddings": 2**17,
+    "type_vocab_size": 1024,
+    "head_dim": 2**12,
+}
+REQUIRED = object()
+
+
+def config_int(
+    config: dict[str, Any], key: str, *, path: Path, default: Any = REQUIRED, minimum: int = 1,
+    maximum: int | None = None,
+) -> int:
+    """An integer field of a ``config.json``, checked.
+
+    Args:
+        config: the parsed file.
+        key: the field.
+        path: the file, for messages.
+        default: the value when the field is absent (or ``null``); required without one.
+        minimum: the smallest value accepted.
+        maximum: the largest (default :data:`CONFIG_LIMITS` of ``key``).
+
+    Raises:
+        CheckpointError: a missing field, or one that is not an integer in range.
+    """
+    value = config.get(key)
+    if value is None:
+        if default is REQUIRED:
+            raise CheckpointError(path, f"{key} is missing, and the model needs it", field=key)
+        return default
+    maximum = CONFIG_LIMITS.get(key, 2**31 - 1) if maximum is None else maximum
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise CheckpointError(
+            path, f"{key} must be an integer from {minimum} to {maximum}, got {short_repr(value)}", field=key
+        )
+    return value
+
+
+def config_float(
+    config: dict[str, Any], key: str, *, path: Path, default: float, low: float, high: float
+) -> float:
+    """A number field of a ``config.json``, finite and ``low < value <= high``.
+
+    Raises:
+        CheckpointError: a field that is not a number in range.
+    """
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+        raise CheckpointError(path, f"{key} must be a number above {low} and at most {high}, got {short_repr(value)}",
+                              field=key)
+    return float(value)
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """`repr(value)`, cut to `limit` characters (a crafted file may hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _strict_json(text: str | bytes) -> Any:
+    """``json.loads`` that refuses repeated keys (which readers resolve differently)."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(items)
+        if len(out) != len(items):
+            seen: set[str] = set()
+            repeated = next(k for k, _ in items if k in seen or seen.add(k))
+            raise ValueError(f"key {repeated!r} appears twice")
+        return out
+
+    return json.loads(text, object_pairs_hook=pairs)
+
+
 def resolve(name_or_path: str | os.PathLike[str]) -> tuple[str, Path]:
     """The display name and folder of a known model's name or a local folder.
 
@@ -86,17 +194,22 @@ def read_config(folder: Path) -> dict[str, Any]:
     """``config.json`` of a checkpoint folder.
 
     Raises:
-        ValueError: no ``config.json``, or one that is not a JSON object.
+        ValueError: no ``config.json``.
+        CheckpointError: one that is not a JSON object (or is nested too deeply to read).
     """
     path = folder / "config.json"
     if not path.is_file():
         raise ValueError(f"{folder} is not a model folder: it has no config.json")
+    if path.stat().st_size > _MAX_HEADER:
+        raise CheckpointError(path, f"is {path.stat().st_size} bytes, too large for a configuration")
     try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from None
+        config = _strict_json(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(path, f"is not valid JSON: {err}") from None
+    except RecursionError:
+        raise CheckpointError(path, "is not valid JSON: nested too deeply") from None
     if not isinstance(config, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
+        raise CheckpointError(path, f"must hold a JSON object, got {type(config).__name__}")
     return config
 
 
@@ -114,12 +227,16 @@ def weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
-            raise ValueError(f"{index} is not a valid safetensors index: {err!r}") from None
+            weight_map = _strict_json(index.read_bytes())["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (ValueError, UnicodeDecodeError, KeyError, AttributeError, TypeError, RecursionError) as err:
+            raise CheckpointError(index, f"is not a valid safetensors index: {short_repr(err)}", field="weight_map") from None
+        bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s]
+        if bad:
+            raise CheckpointError(index, f"shard names must be plain file names, got {short_repr(bad)}", field="weight_map")
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
-            raise ValueError(f"{index} names shards that are missing: {missing}")
+            raise CheckpointError(index, f"names shards that are missing: {missing}", field="weight_map")
         return [folder / s for s in shards]
     pickled = sorted(p.name for p in folder.glob("*.bin"))
     extra = f" (found {pickled}: pickled weights are never loaded; convert them to safetensors)" if pickled else ""
@@ -136,54 +253,94 @@ def check_safetensors(path: Path) -> dict[str, dict[str, Any]]:
         Its header: tensor name → ``{"dtype", "shape", "data_offsets"}``.
 
     Raises:
-        ValueError: a header that does not parse or describes tensors that do not fit the
-            file (truncated, padded, overlapping, wrong byte counts, unknown dtypes).
+        CheckpointError: a header that does not parse or describes tensors that do not fit
+            the file (truncated, padded, overlapping, wrong byte counts, unknown dtypes).
     """
     size = path.stat().st_size
     with path.open("rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
-            raise ValueError(f"{path} is not a safetensors file: it is only {size} bytes")
+            raise CheckpointError(path, f"is not a safetensors file: it is only {size} bytes")
         header_len = int.from_bytes(prefix, "little")
         if header_len > min(size - 8, _MAX_HEADER):
-            raise ValueError(
-                f"{path} is truncated or not a safetensors file: its header claims {header_len} bytes "
+            raise CheckpointError(
+                path, f"is truncated or not a safetensors file: its header claims {header_len} bytes "
                 f"but the file has {size}"
             )
         try:
-            header = json.loads(f.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path} is corrupt: its header is not valid JSON ({err})") from None
+            header = _strict_json(f.read(header_len))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise CheckpointError(path, f"is corrupt: its header is not valid JSON ({err})") from None
+        except RecursionError:
+            raise CheckpointError(path, "is corrupt: its header is nested too deeply") from None
     if not isinstance(header, dict):
-        raise ValueError(f"{path} is corrupt: its header is not a JSON object")
+        raise CheckpointError(path, "is corrupt: its header is not a JSON object")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(path, "is corrupt: __metadata__ must map names to strings", field="__metadata__")
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     data_size = size - 8 - header_len
     spans = []
     for name, info in tensors.items():
-        try:
-            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            numel = math.prod(shape)
-        except (TypeError, KeyError, ValueError):
-            raise ValueError(f"{path} is corrupt: bad header entry for {name!r}: {info!r}") from None
+        if not _valid_entry(info):
+            raise CheckpointError(path, f"is corrupt: bad header entry for {name!r}: {short_repr(info)}", field=name)
+        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
         if dtype not in _DTYPE_BYTES:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype}, which attnkit cannot load")
-        if not 0 <= begin <= end or end - begin != numel * _DTYPE_BYTES[dtype]:
-            raise ValueError(
-                f"{path} is corrupt: tensor {name!r} ({dtype} {shape}) has byte range [{begin}, {end})"
+            raise CheckpointError(path, f"tensor {name!r} has dtype {short_repr(dtype)}, which attnkit cannot load",
+                                  field=name)
+        if not 0 <= begin <= end or end - begin != math.prod(shape) * _DTYPE_BYTES[dtype]:
+            raise CheckpointError(
+                path, f"is corrupt: tensor {name!r} ({dtype} {shape}) has byte range [{begin}, {end})", field=name
             )
         spans.append((begin, end, name))
     spans.sort()
     covered = 0
     for begin, end, name in spans:
         if begin != covered:
-            raise ValueError(f"{path} is corrupt: tensor {name!r} starts at byte {begin}, expected {covered}")
+            raise CheckpointError(path, f"is corrupt: tensor {name!r} starts at byte {begin}, expected {covered}",
+                                  field=name)
         covered = end
     if covered != data_size:
         state = "truncated" if covered > data_size else "corrupt (trailing bytes)"
-        raise ValueError(
-            f"{path} is {state}: its tensors need {covered + 8 + header_len} bytes, the file has {size}"
+        raise CheckpointError(
+            path, f"is {state}: its tensors need {covered + 8 + header_len} bytes, the file has {size}"
         )
     return tensors
+
+
+def _valid_entry(info: Any) -> bool:
+    """Whether a header entry is ``{"dtype": str, "shape": [int >= 0, ...], "data_offsets":
+    [int, int]}`` (booleans are not integers here)."""
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        return False
+    shape, offsets = info["shape"], info["data_offsets"]
+    return (
+        isinstance(info["dtype"], str) and isinstance(shape, list) and all(whole(n) for n in shape)
+        and isinstance(offsets, list) and len(offsets) == 2 and all(whole(n) for n in offsets)
+    )
+
+
+def read_headers(files: list[Path]) -> dict[str, tuple[Path, str, list[int]]]:
+    """The tensors that checked safetensors ``files`` hold, without reading any of them.
+
+    Returns:
+        tensor name → ``(file, safetensors dtype, shape)``.
+
+    Raises:
+        CheckpointError: a file that fails :func:`check_safetensors`, a tensor in two files.
+    """
+    out: dict[str, tuple[Path, str, list[int]]] = {}
+    for path in files:
+        for name, info in check_safetensors(path).items():
+            if name in out:
+                raise CheckpointError(path, f"tensor {name!r} appears in two weight files (first: {out[name][0]})",
+                                      field=name)
+            out[name] = (path, info["dtype"], info["shape"])
+    return out
 
 
 def load_tensors(files: list[Path], *, dtype: torch.dtype) -> dict[str, Tensor]:
@@ -192,22 +349,24 @@ def load_tensors(files: list[Path], *, dtype: torch.dtype) -> dict[str, Tensor]:
     The files are memory-mapped: a float32 checkpoint loaded as float32 is not copied.
 
     Raises:
-        ValueError: a file that fails :func:`check_safetensors`, a tensor in two files.
+        CheckpointError: a file that fails :func:`check_safetensors` or that the safetensors
+            reader refuses, a tensor in two files.
     """
-    safe_open = require("safetensors").safe_open
+    safetensors = require("safetensors")
+    read_headers(files)
     tensors: dict[str, Tensor] = {}
     for path in files:
-        check_safetensors(path)
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if key in tensors:
-                    raise ValueError(f"tensor {key!r} appears in two weight files (second: {path})")
-                t = f.get_tensor(key)
-                tensors[key] = t.to(dtype) if t.is_floating_point() else t
+        try:
+            with safetensors.safe_open(str(path), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    t = f.get_tensor(key)
+                    tensors[key] = t.to(dtype) if t.is_floating_point() else t
+        except safetensors.SafetensorError as err:
+            raise CheckpointError(path, f"is corrupt: the safetensors reader refused it ({err})") from None
     return tensors
 
 
-class without_init(TorchFunctionMode):  # noqa: N801 - used as a context manager, like torch.no_grad
+class without_init(TorchFunctionMode):
     """Build modules without random initialisation, for weights that a checkpoint replaces
     right away.
 
@@ -217,7 +376,7 @@ class without_init(TorchFunctionMode):  # noqa: N801 - used as a context manager
     built as usual. Torch-function modes are per thread, so other threads are unaffected.
     """
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if getattr(func, "__module__", None) == "torch.nn.init":
             return args[0] if args else kwargs["tensor"]

@@ -25,6 +25,9 @@ class ModelConfig(Protocol):
     """What :class:`attnkit.models.Model` reads from every family's config."""
 
     @property
+    def vocab_size(self) -> int: ...
+
+    @property
     def num_layers(self) -> int: ...
 
     @property
@@ -46,8 +49,10 @@ class ModelFamily:
         model_type: the ``model_type`` of its Hugging Face ``config.json``.
         causal: a causal decoder, which can generate; its module is then an
             :class:`attnkit.nn.DecoderLM` (generation runs its cached decoding loop).
-        read_config: ``config.json`` as a dict → the family's config (a
-            :class:`ModelConfig`); raises ``ValueError`` for what it cannot load.
+        read_config: ``(config.json as a dict, path=the file)`` → the family's config (a
+            :class:`ModelConfig`); raises :class:`attnkit.models.CheckpointError`, naming
+            the field, for what it cannot load or what exceeds
+            :data:`attnkit.models.checkpoint.CONFIG_LIMITS`.
         build: config → the network with uninitialised weights, which the checkpoint's
             replace.
         state_dict_from_hf: ``(checkpoint tensors, config)`` → ``(state dict of the
@@ -65,7 +70,7 @@ class ModelFamily:
     name: str
     model_type: str
     causal: bool
-    read_config: Callable[[dict[str, Any]], ModelConfig]
+    read_config: Callable[..., ModelConfig]
     build: Callable[[Any], nn.Module]
     state_dict_from_hf: Callable[[dict[str, Tensor], Any], tuple[dict[str, Tensor], list[str]]]
     finish: Callable[[Any, Any], None]

@@ -30,7 +30,14 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.checkpoint import without_init
+from attnkit.models.checkpoint import (
+    REQUIRED,
+    CheckpointError,
+    config_float,
+    config_int,
+    short_repr,
+    without_init,
+)
 from attnkit.models.family import ModelFamily
 from attnkit.nn import DecoderLM, StackOutput
 
@@ -79,46 +86,63 @@ class LlamaConfig:
     eos_token_ids: tuple[int, ...]
 
     @classmethod
-    def from_hf(cls, config: dict[str, Any]) -> LlamaConfig:
+    def from_hf(cls, config: dict[str, Any], *, path: Path = Path("config.json")) -> LlamaConfig:
         """Read a Hugging Face ``LlamaConfig`` dict (transformers 4 or 5 layout).
 
+        Args:
+            config: the parsed ``config.json``.
+            path: its file, named in errors.
+
         Raises:
-            ValueError: a missing size, or a feature attnkit does not implement (biases,
-                scaled RoPE, an activation other than SiLU, a head dim other than
-                ``hidden_size / num_attention_heads``).
+            CheckpointError: a missing size, one that is not an integer within
+                :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, or a feature attnkit does
+                not implement (biases, scaled RoPE, an activation other than SiLU, a head
+                dim other than ``hidden_size / num_attention_heads``); the message names
+                the field.
         """
-        try:
-            hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-            out = cls(
-                vocab_size=int(config["vocab_size"]),
-                hidden_size=hidden,
-                num_layers=int(config["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(config.get("num_key_value_heads") or heads),
-                intermediate_size=int(config["intermediate_size"]),
-                rope_theta=float(_rope_parameters(config).get("rope_theta", 10000.0)),
-                rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                max_length=int(config.get("max_position_embeddings", 2048)),
-                tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-                eos_token_ids=_ids(config.get("eos_token_id")),
-            )
-        except KeyError as err:
-            raise ValueError(f"config.json lacks {err.args[0]!r}, which a LLaMA model needs") from None
-        unsupported = []
-        if config.get("attention_bias") or config.get("mlp_bias"):
-            unsupported.append("attention_bias/mlp_bias")
+        def size(key: str, default: Any = REQUIRED, maximum: int | None = None) -> int:
+            return config_int(config, key, path=path, default=default, maximum=maximum)
+
+        def refuse(key: str, detail: str) -> CheckpointError:
+            return CheckpointError(path, f"{key}: {detail}", field=key)
+
+        rope_key = next((k for k in ("rope_parameters", "rope_scaling") if config.get(k)), "rope_parameters")
+        rope = config.get(rope_key) or {}
+        if not isinstance(rope, dict):
+            raise refuse(rope_key, f"must be an object, got {short_repr(rope)}")
+        rope = {"rope_theta": config["rope_theta"], **rope} if "rope_theta" in config else rope
+        hidden, heads = size("hidden_size"), size("num_attention_heads")
+        vocab = size("vocab_size")
+        out = cls(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_layers=size("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=size("num_key_value_heads", heads, maximum=heads),
+            intermediate_size=size("intermediate_size"),
+            rope_theta=config_float(rope, "rope_theta", path=path, default=10000.0, low=1.0, high=1e12),
+            rms_norm_eps=config_float(config, "rms_norm_eps", path=path, default=1e-6, low=0.0, high=1.0),
+            max_length=size("max_position_embeddings", 2048),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            eos_token_ids=_ids(config.get("eos_token_id"), vocab, path),
+        )
+        for key in ("attention_bias", "mlp_bias"):
+            if config.get(key):
+                raise refuse(key, "biases are not supported")
         if config.get("hidden_act", "silu") != "silu":
-            unsupported.append(f"hidden_act={config['hidden_act']!r}")
-        rope_type = _rope_parameters(config).get("rope_type", _rope_parameters(config).get("type", "default"))
+            raise refuse("hidden_act", f"{short_repr(config['hidden_act'])} is not supported (only 'silu')")
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            unsupported.append(f"rope_type={rope_type!r}")
-        head_dim = config.get("head_dim")
-        if head_dim is not None and head_dim * heads != hidden:
-            unsupported.append(f"head_dim={head_dim} with hidden_size={hidden} and {heads} heads")
-        if hidden % heads or heads % out.num_kv_heads:
-            unsupported.append(f"hidden_size={hidden}, {heads} heads, {out.num_kv_heads} key/value heads")
-        if unsupported:
-            raise ValueError(f"unsupported LLaMA configuration: {', '.join(unsupported)}")
+            raise refuse(rope_key, f"rope_type={short_repr(rope_type)} is not supported (only 'default')")
+        if hidden % heads:
+            raise refuse("num_attention_heads", f"hidden_size={hidden} is not a multiple of {heads} heads")
+        head_dim = size("head_dim", hidden // heads)
+        if head_dim * heads != hidden:
+            raise refuse("head_dim", f"{head_dim} with hidden_size={hidden} and {heads} heads is not supported")
+        if (hidden // heads) % 2:
+            raise refuse("num_attention_heads", f"the head dim hidden_size / heads = {hidden // heads} must be even")
+        if heads % out.num_kv_heads:
+            raise refuse("num_key_value_heads", f"{heads} query heads are not a multiple of {out.num_kv_heads}")
         return out
 
 
@@ -180,15 +204,19 @@ def eos_token_ids(config: LlamaConfig, folder: Path) -> tuple[int, ...]:
     more), without repeats.
 
     Raises:
-        ValueError: a ``generation_config.json`` that is not a JSON object.
+        CheckpointError: a ``generation_config.json`` that is not a JSON object, or ids
+            outside the vocabulary.
     """
     path = folder / "generation_config.json"
     extra: tuple[int, ...] = ()
     if path.is_file():
         try:
-            extra = _ids(json.loads(path.read_text()).get("eos_token_id"))
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            raise ValueError(f"{path} is not a valid JSON object") from None
+            generation = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise CheckpointError(path, "is not valid JSON") from None
+        if not isinstance(generation, dict):
+            raise CheckpointError(path, "must hold a JSON object")
+        extra = _ids(generation.get("eos_token_id"), config.vocab_size, path)
     return tuple(dict.fromkeys(config.eos_token_ids + extra))
 
 
@@ -203,22 +231,16 @@ def logits(module: DecoderLM, hidden: Tensor) -> Tensor:
     return module.lm_head(hidden)
 
 
-def _rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
-    """transformers 5 keeps ``rope_theta`` in ``rope_parameters``; 4.x at the top level
-    with the scaling in ``rope_scaling``."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if "rope_theta" in config:
-        params = {"rope_theta": config["rope_theta"], **params}
-    return params
-
-
-def _ids(value: object) -> tuple[int, ...]:
+def _ids(value: object, vocab_size: int, path: Path) -> tuple[int, ...]:
+    """``eos_token_id``: absent, one id or a list of ids, each in ``[0, vocab_size)``."""
     if value is None:
         return ()
-    if isinstance(value, list):
-        return tuple(int(v) for v in value)
-    return (int(value),)
-
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab_size for v in values):
+        raise CheckpointError(
+            path, f"eos_token_id must be token ids in [0, {vocab_size}), got {short_repr(value)}", field="eos_token_id"
+        )
+    return tuple(values)
 
 FAMILY = ModelFamily(
     name="llama", model_type="llama", causal=True, read_config=LlamaConfig.from_hf, build=build,

@@ -9,19 +9,24 @@ from __future__ import annotations
 import itertools
 import operator
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnkit.models import bert, llama
 from attnkit.models.checkpoint import (
+    CheckpointError,
     load_tensors,
     read_config,
+    read_headers,
     read_manifest,
     resolve,
+    short_repr,
     verify_manifest,
     weight_files,
 )
@@ -343,8 +348,12 @@ def load(
     Raises:
         ModelNotFound: a known model not fetched yet (the message names
             ``attnkit models fetch NAME``), or neither a known name nor a folder.
-        ValueError: a corrupt, truncated or unsupported checkpoint, weights that do not fit
-            the configuration.
+        CheckpointError: a corrupt, truncated, crafted or unsupported checkpoint (a
+            ``ValueError`` whose message names the file and the field at fault): sizes in
+            ``config.json`` beyond :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, weights
+            that do not fit the configuration, a tokenizer with more ids than the embedding
+            has rows. All of it is checked before any module is built.
+        ValueError: a missing ``config.json`` or weights.
         TypeError: a non-floating ``dtype``.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -355,40 +364,83 @@ def load(
         verify_manifest(folder, manifest, name)
     hf_config = read_config(folder)
     model_type = hf_config.get("model_type")
-    if model_type not in FAMILIES:
-        raise ValueError(
-            f"{folder}: model_type {model_type!r} is not supported; attnkit loads {', '.join(FAMILIES)} checkpoints"
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        raise CheckpointError(
+            folder / "config.json",
+            f"model_type {short_repr(model_type)} is not supported; attnkit loads {', '.join(FAMILIES)} checkpoints",
+            field="model_type",
         )
     family = FAMILIES[model_type]
-    config = family.read_config(hf_config)
-    tensors = load_tensors(weight_files(folder), dtype=dtype)
+    files = weight_files(folder)
+    # Everything the folder says is compared before anything is built or read, so that a
+    # crafted config.json cannot make this allocate more than the weights themselves.
+    headers = read_headers(files)
+    config = family.read_config(hf_config, path=folder / "config.json")
+    _check_weights_fit(family, config, headers, folder)
+    eos = family.eos_token_ids(config, folder)
+    tokenizer_path = folder / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(
+            tokenizer_path, f"has {tokenizer.vocab_size} token ids, but the model's embedding has "
+            f"vocab_size={config.vocab_size} rows (config.json)", field="vocab_size",
+        )
+    tensors = load_tensors(files, dtype=dtype)
     module = family.build(config)
-    state, unknown = family.state_dict_from_hf(tensors, config)
-    _assign(module, state, unknown, folder)
+    state, _ = family.state_dict_from_hf(tensors, config)
+    module.load_state_dict(state, strict=True, assign=True)
     family.finish(module, config)
     module = module.to(device).eval()
-    eos = family.eos_token_ids(config, folder)
-    tokenizer = Tokenizer.from_file(folder / "tokenizer.json", eos_token_ids=eos)
     return Model(name=name, architecture=family, path=folder, config=config, module=module, tokenizer=tokenizer)
 
 
-def _assign(module: nn.Module, state: dict[str, Tensor], unknown: list[str], folder: Path) -> None:
-    """Make checkpoint tensors a module's parameters (no copies), after checking that they
-    are exactly the ones it needs."""
-    expected = module.state_dict()
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def _check_weights_fit(
+    family: ModelFamily, config: Any, headers: dict[str, tuple[Path, str, list[int]]],
+    folder: Path,
+) -> None:
+    """Check that the tensors the safetensors headers describe are exactly the ones a model
+    of ``config`` needs, building it only on the ``meta`` device (no memory).
+
+    Raises:
+        CheckpointError: a layer count that differs from the weights', missing, unexpected,
+            misshaped or non-floating weights.
+    """
+    where = next(iter(headers.values()))[0] if len({f for f, _, _ in headers.values()}) == 1 else folder
+    layers = {int(m.group(1)) for key in headers if (m := _LAYER_INDEX.search(key))}
+    if len(layers) != config.num_layers:
+        raise CheckpointError(
+            folder / "config.json", f"num_hidden_layers is {config.num_layers}, but the weights hold "
+            f"{len(layers)} layers", field="num_hidden_layers",
+        )
+    with torch.device("meta"):
+        expected = family.build(config).state_dict()
+    described = {
+        key: torch.empty(shape, dtype=torch.float32 if dtype in _FLOAT_DTYPES else torch.int64, device="meta")
+        for key, (_, dtype, shape) in headers.items()
+    }
+    state, unknown = family.state_dict_from_hf(described, config)
     missing = sorted(set(expected) - set(state))
     if missing or unknown:
-        raise ValueError(
-            f"{folder}: the weights do not fit the configuration: missing {_few(missing)}, unexpected {_few(unknown)}"
+        raise CheckpointError(
+            where, f"the weights do not fit the configuration: missing {_few(missing)}, unexpected {_few(unknown)}",
+            field=(missing or unknown)[0],
         )
-    wrong = [
-        f"{key} is {list(state[key].shape)}, expected {list(t.shape)}"
-        for key, t in expected.items()
-        if state[key].shape != t.shape
-    ]
+    file_name = {id(t): key for key, t in described.items()}  # a tensor's name in the file
+    wrong = [(file_name[id(state[key])], list(state[key].shape), list(t.shape)) for key, t in expected.items()
+             if state[key].shape != t.shape]
     if wrong:
-        raise ValueError(f"{folder}: weights of the wrong shape: {_few(wrong)}")
-    module.load_state_dict(state, strict=True, assign=True)
+        shown = [f"{key} is {got}, expected {want}" for key, got, want in wrong]
+        raise CheckpointError(where, f"weights of the wrong shape for config.json's sizes: {_few(shown)}",
+                              field=wrong[0][0])
+    integers = sorted({file_name[id(t)] for t in state.values() if not t.is_floating_point()})
+    if integers:
+        raise CheckpointError(where, f"weights must be floating point: {_few(integers)}", field=integers[0])
+
+
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 
 
 def _indices(

@@ -13,7 +13,28 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnkit.models.checkpoint import require
+from attnkit.models.checkpoint import CheckpointError, require, short_repr
+
+
+def check_unicode(text: str) -> None:
+    """Refuse a string that cannot be encoded as UTF-8 (lone surrogates).
+
+    Raises:
+        ValueError: naming the position of the first bad character.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"the text is not valid Unicode: {text[err.start]!r} at character {err.start} is a lone surrogate "
+            "(undecodable bytes?); give UTF-8 text"
+        ) from None
+
+
+def _is_library_error(err: BaseException) -> bool:
+    """Whether ``err`` comes from the ``tokenizers`` library: its exceptions, and Rust
+    panics, which it raises as ``pyo3_runtime.PanicException`` (a ``BaseException``)."""
+    return isinstance(err, Exception) or type(err).__name__ == "PanicException"
 
 
 @dataclass(frozen=True)
@@ -46,24 +67,29 @@ class Tokenizer:
         backend: a ``tokenizers.Tokenizer``. Truncation and padding are switched off: a text
             that does not fit the model is an error, not a silently shortened input.
         eos_token_ids: the ids that end a generation.
+        path: the file it was read from, named in errors.
 
     Attributes:
         backend: the ``tokenizers.Tokenizer``.
         eos_token_ids: the ids that end a generation.
+        path: the file it was read from, or ``None``.
     """
 
-    def __init__(self, backend: object, *, eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(self, backend: object, *, eos_token_ids: Iterable[int] = (), path: Path | None = None) -> None:
         backend.no_truncation()
         backend.no_padding()
         self.backend = backend
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.path = path
 
     @classmethod
     def from_file(cls, path: str | Path, *, eos_token_ids: Iterable[int] = ()) -> Tokenizer:
         """Read a ``tokenizer.json``.
 
         Raises:
-            ValueError: a missing or unreadable file.
+            ValueError: a missing file.
+            CheckpointError: an unreadable one (the ``tokenizers`` library's errors and
+                panics become this).
         """
         backend_class = require("tokenizers").Tokenizer
         path = Path(path)
@@ -71,9 +97,11 @@ class Tokenizer:
             raise ValueError(f"{path.parent} has no tokenizer.json")
         try:
             backend = backend_class.from_file(str(path))
-        except Exception as err:  # tokenizers raises its own untyped Exception subclasses
-            raise ValueError(f"{path} is not a valid tokenizer file: {err}") from None
-        return cls(backend, eos_token_ids=eos_token_ids)
+        except BaseException as err:  # tokenizers raises untyped errors, and panics (BaseException)
+            if not _is_library_error(err):
+                raise
+            raise CheckpointError(path, f"is not a valid tokenizer file: {short_repr(str(err), 300)}") from None
+        return cls(backend, eos_token_ids=eos_token_ids, path=path)
 
     @property
     def vocab_size(self) -> int:
@@ -84,12 +112,24 @@ class Tokenizer:
         """Split ``text`` into tokens, with the special tokens the model expects.
 
         Args:
-            text: any string.
+            text: any string of valid Unicode.
 
         Returns:
             A :class:`TokenizedText`.
+
+        Raises:
+            ValueError: text that is not valid Unicode (a lone surrogate, as Python gives
+                for undecodable bytes on a command line), or that the tokenizer's own rules
+                fail on (e.g. a pre-tokenizer pattern that backtracks without end).
         """
-        enc = self.backend.encode(text, add_special_tokens=True)
+        check_unicode(text)
+        try:
+            enc = self.backend.encode(text, add_special_tokens=True)
+        except BaseException as err:  # see from_file
+            if not _is_library_error(err):
+                raise
+            source = self.path or "the tokenizer"
+            raise ValueError(f"{source} failed on this text: {short_repr(str(err), 300)}") from None
         return TokenizedText(
             ids=torch.tensor([enc.ids], dtype=torch.long),  # [1, s]
             tokens=list(enc.tokens),

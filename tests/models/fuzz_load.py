@@ -1,0 +1,126 @@
+"""The fuzz run behind ``test_crafted.py``: run as ``python -m tests.models.fuzz_load`` in a
+subprocess, it limits its own address space, then lets hypothesis tamper with a tiny
+checkpoint folder (config.json fields, the safetensors header, tokenizer.json) and load it.
+
+Every example must load and run, or raise a :class:`attnkit.models.CheckpointError` for a
+file of the folder (a ``ValueError`` naming the tokenizer file for text it fails on). Any
+other exception, or an allocation past the limit (a ``MemoryError`` or torch's "can't
+allocate memory"), fails the run with hypothesis' minimal example.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnkit import models
+from tests.models.crafted import (
+    TINY_LLAMA_CONFIG,
+    read_header,
+    tokenizer_json,
+    write_tiny_llama,
+    write_with_header,
+)
+
+MEMORY_LIMIT = 3 * 2**30
+EXAMPLES = 300
+OUTCOMES: Counter[str] = Counter()
+
+numbers = st.one_of(
+    st.integers(-(2**70), 2**70), st.integers(-2, 40), st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([10**12, 2**31, 2**63, 1e9, 0, -1]),
+)
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=8)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    max_leaves=6,
+)
+config_keys = st.sampled_from(sorted(TINY_LLAMA_CONFIG) + ["head_dim", "rope_parameters", "rope_scaling",
+                                                            "attention_bias", "type_vocab_size"])
+config_edits = st.dictionaries(config_keys, st.one_of(numbers, json_values), min_size=1, max_size=3)
+header_fields = st.sampled_from(["dtype", "shape", "data_offsets"])
+header_edits = st.lists(st.tuples(st.integers(0, 30), header_fields, json_values), min_size=1, max_size=2)
+patterns = st.sampled_from(["(a+)+$", "(\\w+\\s?)*$", "\\s+", "(", "[", "a{2,1}", "(?<=a+)b", "((((((((((a))))))))))"])
+tokenizer_edits = st.one_of(
+    st.tuples(st.just("pattern"), patterns),
+    st.tuples(st.just("words"), st.integers(1, 40)),
+    st.tuples(st.just("bytes"), st.binary(max_size=40)),
+)
+texts = st.sampled_from(["the cat sat", "a" * 60 + "b", "mat on the cat " * 3])
+
+
+def _tamper(folder: Path, config: dict[str, Any], header: list[tuple[int, str, Any]], tokenizer: Any) -> None:
+    (folder / "config.json").write_text(json.dumps({**TINY_LLAMA_CONFIG, **config}))
+    if header:
+        entries, data = read_header(folder / "model.safetensors")
+        names = sorted(entries)
+        for index, field, value in header:
+            entries[names[index % len(names)]][field] = value
+        write_with_header(folder / "model.safetensors", entries, data)
+    if tokenizer is None:
+        return
+    kind, value = tokenizer
+    if kind == "pattern":
+        spec = tokenizer_json()
+        spec["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": value}, "behavior": "Isolated",
+                                 "invert": False}
+        (folder / "tokenizer.json").write_text(json.dumps(spec))
+    elif kind == "words":
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json([f"w{i}" for i in range(value)] + ["[UNK]"])))
+    else:
+        (folder / "tokenizer.json").write_bytes(value)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(
+    edits=st.one_of(
+        st.tuples(config_edits, st.just([]), st.none()),
+        st.tuples(st.just({}), header_edits, st.none()),
+        st.tuples(st.just({}), st.just([]), tokenizer_edits),
+        st.tuples(config_edits, header_edits, tokenizer_edits),
+    ),
+    text=texts,
+)
+def fuzz_load(base: Path, edits: tuple[dict[str, Any], list[tuple[int, str, Any]], Any], text: str) -> None:
+    folder = Path(tempfile.mkdtemp(dir=base))
+    shutil.copytree(base / "pristine", folder, dirs_exist_ok=True)
+    _tamper(folder, *edits)
+    try:
+        model = models.load(folder)
+    except models.CheckpointError as err:
+        assert err.path.parent == folder, err
+        assert str(err).startswith(str(err.path)), err
+        if err.path.name == "config.json" and "not valid JSON" not in str(err):
+            assert err.field is not None, err
+        OUTCOMES[f"refused: {err.path.name}"] += 1
+        return
+    finally:
+        shutil.rmtree(folder)
+    try:
+        model.run(text)
+        "".join(model.generate(text, max_new_tokens=2))
+        OUTCOMES["loaded and ran"] += 1
+    except ValueError as err:
+        assert "tokenizer.json failed on this text" in str(err) or "tokens long" in str(err), err
+        OUTCOMES["loaded, text refused"] += 1
+
+
+def main() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        write_tiny_llama(base / "pristine")
+        fuzz_load(base)
+    print(f"fuzzed {EXAMPLES} checkpoints under a {MEMORY_LIMIT >> 30} GiB address-space limit: {dict(OUTCOMES)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Crafted checkpoint folders: every one is refused before anything is built, with a
+:class:`attnkit.models.CheckpointError` that names the file and the field."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnkit import models
+from tests.models.crafted import (
+    TINY_LLAMA_CONFIG,
+    read_header,
+    tokenizer_json,
+    write_tiny_llama,
+    write_with_header,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    return write_tiny_llama(tmp_path / "tiny")
+
+
+def _config(folder: Path, **changes) -> None:
+    (folder / "config.json").write_text(json.dumps({**TINY_LLAMA_CONFIG, **changes}))
+
+
+def _refused(folder: Path, file: str, field: str | None, match: str) -> models.CheckpointError:
+    with pytest.raises(models.CheckpointError, match=match) as info:
+        models.load(folder)
+    assert info.value.path == folder / file and info.value.field == field
+    assert str(info.value).startswith(str(folder / file))
+    return info.value
+
+
+def test_the_tiny_checkpoint_loads(tiny):
+    run = models.load(tiny).run("the cat sat")
+    assert run.tokens == ["the", "cat", "sat"] and list(run.logits.shape) == [1, 3, 16]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("num_hidden_layers", 1_000_000_000, "num_hidden_layers must be an integer from 1 to 1024, got 1000000000"),
+        ("num_hidden_layers", 3, "num_hidden_layers is 3, but the weights hold 2 layers"),
+        ("vocab_size", 1e12, r"vocab_size must be an integer from 1 to 2097152, got 1000000000000.0"),
+        ("max_position_embeddings", 1_000_000_000, "max_position_embeddings must be an integer from 1 to 131072"),
+        ("num_attention_heads", 0, "num_attention_heads must be an integer from 1 to 1024, got 0"),
+        ("num_attention_heads", 3, "hidden_size=8 is not a multiple of 3 heads"),
+        ("num_key_value_heads", 5, "num_key_value_heads must be an integer from 1 to 2, got 5"),
+        ("hidden_size", float("inf"), "hidden_size must be an integer from 1 to 65536, got inf"),
+        ("intermediate_size", "16", "intermediate_size must be an integer from 1 to 262144, got '16'"),
+        ("intermediate_size", True, "intermediate_size must be an integer"),
+        ("rms_norm_eps", float("nan"), "rms_norm_eps must be a number above 0.0 and at most 1.0, got nan"),
+        ("rope_theta", -1, "rope_theta must be a number above 1.0"),
+        ("rope_scaling", [1, 2], r"rope_scaling: must be an object, got \[1, 2\]"),
+        ("eos_token_id", 10**30, r"eos_token_id must be token ids in \[0, 16\)"),
+        ("eos_token_id", ["x"], r"eos_token_id must be token ids"),
+        ("hidden_act", {"a": [1]}, "hidden_act: {'a': \\[1\\]} is not supported"),
+        ("model_type", ["llama"], r"model_type \['llama'\] is not supported"),
+    ],
+)
+def test_crafted_config_fields_are_refused_by_name(tiny, field, value, match):
+    _config(tiny, **{field: value})
+    start = time.perf_counter()
+    _refused(tiny, "config.json", field, match)
+    assert time.perf_counter() - start < 10  # nothing was built: a billion layers used to run until killed
+
+
+def test_weights_that_do_not_fit_are_refused_before_building(tiny):
+    _config(tiny, intermediate_size=2**17)
+    _refused(tiny, "model.safetensors", "model.layers.0.mlp.up_proj.weight",
+             r"wrong shape for config.json's sizes: \[model.layers.0.mlp.up_proj.weight is \[16, 8\], expected "
+             r"\[131072, 8\]")
+
+
+def test_malformed_json_is_refused(tiny):
+    (tiny / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    _refused(tiny, "config.json", None, "is not valid JSON")
+    (tiny / "config.json").write_text('{"model_type": "llama", "model_type": "bert"}')
+    _refused(tiny, "config.json", None, "key 'model_type' appears twice")
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "match"),
+    [
+        (lambda h: h["model.norm.weight"].update(shape=[-1, -8]), "model.norm.weight", "bad header entry"),
+        (lambda h: h["model.norm.weight"].update(shape=[True] * 8), "model.norm.weight", "bad header entry"),
+        (lambda h: h["model.norm.weight"].update(dtype="F8_E9"), "model.norm.weight", "dtype 'F8_E9'"),
+        (lambda h: h["model.norm.weight"].update(data_offsets=[1.5, 2]), "model.norm.weight", "bad header entry"),
+        (lambda h: h.update(__metadata__={"format": 1}), "__metadata__", "__metadata__ must map names to strings"),
+        (lambda h: h.update(__metadata__=[1]), "__metadata__", "__metadata__ must map names to strings"),
+    ],
+)
+def test_crafted_safetensors_headers_are_refused(tiny, change, field, match):
+    header, data = read_header(tiny / "model.safetensors")
+    change(header)
+    write_with_header(tiny / "model.safetensors", header, data)
+    _refused(tiny, "model.safetensors", field, match)
+
+
+def test_crafted_safetensors_header_bytes_are_refused(tiny):
+    header, data = read_header(tiny / "model.safetensors")
+    nested = b"[" * 50_000 + b"]" * 50_000
+    write_with_header(tiny / "model.safetensors", None, data, header_text=nested)
+    _refused(tiny, "model.safetensors", None, "nested too deeply|not a JSON object")
+    text = json.dumps(header).encode()
+    repeated = text[:-1] + b', "model.norm.weight": ' + json.dumps(header["model.norm.weight"]).encode() + b"}"
+    write_with_header(tiny / "model.safetensors", None, data, header_text=repeated)
+    _refused(tiny, "model.safetensors", None, "key 'model.norm.weight' appears twice")
+
+
+def test_integer_weights_are_refused(tiny):
+    from safetensors.torch import save_file
+
+    from tests.models.crafted import tiny_llama_tensors
+
+    tensors = tiny_llama_tensors()
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].long()
+    save_file(tensors, str(tiny / "model.safetensors"))
+    _refused(tiny, "model.safetensors", "model.norm.weight", "weights must be floating point")
+
+
+def test_a_tokenizer_with_ids_beyond_the_embedding_is_refused(tiny):
+    words = [f"w{i}" for i in range(40)]
+    (tiny / "tokenizer.json").write_text(json.dumps(tokenizer_json(words + ["[UNK]"])))
+    _refused(tiny, "tokenizer.json", "vocab_size", "has 41 token ids, but the model's embedding has vocab_size=16")
+
+
+def test_a_broken_tokenizer_is_refused(tiny):
+    (tiny / "tokenizer.json").write_text('{"model": 3}')
+    _refused(tiny, "tokenizer.json", None, "is not a valid tokenizer file")
+
+
+def test_a_catastrophic_tokenizer_pattern_is_a_clear_error(tiny):
+    spec = tokenizer_json()
+    spec["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated",
+                             "invert": False}
+    (tiny / "tokenizer.json").write_text(json.dumps(spec))
+    model = models.load(tiny)
+    with pytest.raises(ValueError, match=r"tokenizer.json failed on this text: .*retry-limit"):
+        model.run("a" * 40 + "b")
+
+
+def test_text_that_is_not_unicode_is_a_clear_error(tiny):
+    model = models.load(tiny)
+    with pytest.raises(ValueError, match=r"not valid Unicode: '\\ud800' at character 2 is a lone surrogate"):
+        model.run("a \ud800 b")
+
+
+def test_fuzzed_checkpoints_give_a_clear_error_or_load_under_a_memory_limit():
+    """Hypothesis drives config.json fields, safetensors headers and tokenizer files through
+    ``models.load`` in a subprocess limited to 3 GiB of address space (a model of these
+    sizes needs about 1): every case loads and runs, or raises a CheckpointError naming the
+    file. Never a hang, a raw exception or an allocation past the limit."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-m", "tests.models.fuzz_load"], check=False, cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "fuzzed" in done.stdout
