@@ -20,6 +20,7 @@ from attnkit.viz.viewer import ViewerData, content_security_policy
 from tests.serve.tiny_model import TinyModel
 
 TEXT = "the cat sat on the mat because it was tired"
+LOCAL = "http://127.0.0.1:8000"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def client(loaded) -> TestClient:
 
     app = create_app(["tiny", "tiny2"], loader=loader, max_tokens=64, max_weights=20_000, max_chars=2_000,
                      max_body_bytes=4_096)
-    return TestClient(app)
+    return TestClient(app, base_url=LOCAL)
 
 
 def test_models_load_once_at_creation(client, loaded):
@@ -163,7 +164,7 @@ def test_cli_reports_what_it_cannot_serve(capsys, monkeypatch, tmp_path):
 def test_word_level_on_a_real_model(minilm_path):
     """``"level": "word"`` turns MiniLM's "didn", "'", "t" into one row and column "didn't";
     each word's row is its tokens' rows averaged, summed over each key word's tokens."""
-    client = TestClient(create_app(["minilm"]))
+    client = TestClient(create_app(["minilm"]), base_url=LOCAL)
     text = "The animal didn't cross the road."
     body = {"text": text, "layers": [1, 5], "heads": [0, 7]}
     tokens = ViewerData.from_json(client.post("/api/attention", json=body).text).sections["self"]

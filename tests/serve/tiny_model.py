@@ -70,3 +70,25 @@ class TinyModel:
         heads = list(range(self.num_heads)) if heads is None else list(heads)
         maps = {layer: out.weights[layer].self_attention[:, heads] for layer in layers}  # [1, h, s, s]
         return Run(t.ids, t.tokens, t.offsets, maps, heads)
+
+    @torch.no_grad()
+    def run_batch(
+        self, texts: list[str], *, attention: bool | list[int] = True, heads: list[int] | None = None,
+        logits: bool = True,
+    ) -> list[Run]:
+        """Every text in one forward pass, shorter ones padded at the end (causal: the
+        padding changes nothing before it)."""
+        tokenized = [self.tokenize(text) for text in texts]
+        longest = max(t.ids.shape[1] for t in tokenized)
+        ids = torch.zeros(len(texts), longest, dtype=torch.long)  # [b, s]
+        for row, t in enumerate(tokenized):
+            ids[row, : t.ids.shape[1]] = t.ids[0]
+        out = self.lm(ids, return_weights=True)
+        layers = range(self.num_layers) if attention is True else (attention or [])
+        heads = list(range(self.num_heads)) if heads is None else list(heads)
+        runs = []
+        for row, t in enumerate(tokenized):
+            n = t.ids.shape[1]
+            maps = {layer: out.weights[layer].self_attention[row : row + 1, heads, :n, :n] for layer in layers}
+            runs.append(Run(t.ids, t.tokens, t.offsets, maps, heads))
+        return runs

@@ -19,7 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Serve the attention viewer as a local web app: type a text, pick a model, layers and "
             "heads, and see the head, model and matrix views. Models load once, at start; fetch "
             "them first with `attnkit models fetch NAME`. Listens on 127.0.0.1 unless --host says "
-            "otherwise. JSON API: POST /api/attention, GET /api/info (docs/viewer.md)."
+            "otherwise, and answers only requests addressed to 127.0.0.1, localhost, ::1, the --host "
+            "address or an --allow-host name. JSON API: POST /api/attention, GET /api/info (docs/viewer.md)."
         ),
     )
     parser.add_argument("--model", action="append", metavar="smollm2|minilm|PATH",
@@ -27,9 +28,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              f"(default: {DEFAULT_MODEL})")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests whose Host is NAME (this machine's name or address as other "
+                             "machines reach it); repeat for several")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
                         help="longest text accepted, in tokens (default: 1024, or the model's context if shorter)")
+    parser.add_argument("--max-queue", type=int, default=None, metavar="N",
+                        help="requests that may wait for one model; more get 429 Too Many Requests (default: 32)")
     parser.set_defaults(func=run)
 
 
@@ -38,16 +44,37 @@ def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` is "every address" (``0.0.0.0``, ``::``), never a request's Host."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def allowed_hosts(host: str, extra: list[str]) -> list[str]:
+    """The ``Host`` names the server answers to: its loopback names, the address it listens
+    on (unless that is a wildcard) and the ``--allow-host`` names.
+
+    A page on another site could point a name it controls at this server's address (DNS
+    rebinding); the server only answers to names it was given.
+    """
+    from attnkit.serve import LOOPBACK_HOSTS
+
+    own = [] if is_wildcard(host) else [host.strip("[]")]
+    return list(dict.fromkeys([*LOOPBACK_HOSTS, *own, *(name.strip("[]") for name in extra)]))
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from attnkit.serve import DEFAULT_MAX_TOKENS, LOOPBACK_HOSTS, create_app
+        from attnkit.serve import DEFAULT_MAX_QUEUE, DEFAULT_MAX_TOKENS, create_app
     except ImportError as err:
         raise CommandError(str(err)) from None
     if not 0 <= args.port <= 65535:
@@ -55,25 +82,27 @@ def run(args: argparse.Namespace) -> int:
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     if max_tokens < 1:
         raise CommandError(f"--max-tokens must be at least 1, got {max_tokens}")
+    max_queue = DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue
+    if max_queue < 1:
+        raise CommandError(f"--max-queue must be at least 1, got {max_queue}")
+    bad = [name for name in args.allow_host if not name or any(c in name for c in "/ *@")]
+    if bad:
+        raise CommandError(f"--allow-host takes a host name or address without port or wildcard, got {bad[0]!r}")
     names = args.model or [DEFAULT_MODEL]
     if len(set(names)) != len(names):
         raise CommandError(f"--model names a model twice: {names}")
-    loopback = is_loopback(args.host)
+    hosts = allowed_hosts(args.host, args.allow_host)
     print(f"attnkit serve: loading {', '.join(names)}", file=sys.stderr, flush=True)
     try:
         from attnkit import models
 
-        app = create_app(
-            names, loader=models.load, max_tokens=max_tokens,
-            # A page on another site could point a name it controls at 127.0.0.1 (DNS
-            # rebinding); a local server only answers to its own names.
-            allowed_hosts=[*LOOPBACK_HOSTS, args.host] if loopback else None,
-        )
+        app = create_app(names, loader=models.load, max_tokens=max_tokens, max_queue=max_queue, allowed_hosts=hosts)
     except (OSError, ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
-    if not loopback:
-        print(f"attnkit serve: warning: listening on {args.host} lets other machines use this server",
-              file=sys.stderr)
-    print(f"attnkit serve: open http://{args.host}:{args.port}/ (Ctrl+C to stop)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    if not is_loopback(args.host):
+        print(f"attnkit serve: warning: listening on {args.host} lets other machines use this server; it answers "
+              f"requests addressed to {', '.join(hosts)} (add names with --allow-host)", file=sys.stderr)
+    shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
+    print(f"attnkit serve: open http://{shown}:{args.port}/ (Ctrl+C to stop)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host.strip("[]"), port=args.port, log_level="warning")
     return 0

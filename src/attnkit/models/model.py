@@ -200,6 +200,75 @@ class Model:
             hidden_states=hidden.float(), attentions=attentions, heads=head_list,
         )
 
+    def run_batch(
+        self,
+        inputs: Sequence[str | Tensor | Sequence[int]],
+        *,
+        attention: bool | Sequence[int] = True,
+        heads: Sequence[int] | None = None,
+        logits: bool = True,
+    ) -> list[ModelRun]:
+        """:meth:`run` on several inputs at once, in as few forward passes as possible.
+
+        A causal model runs every input in one pass, shorter ones padded at the end: a
+        token never attends to later ones, so the padding changes nothing before it. A
+        bidirectional model runs the inputs of each length together. Each run equals
+        :meth:`run` of its input up to float rounding (matrix products of another batch
+        size may sum in another order).
+
+        Args:
+            inputs: texts or token ids, as :meth:`run` takes them.
+            attention: the layers whose weights to return, as in :meth:`run`.
+            heads: the heads to keep, as in :meth:`run`.
+            logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
+                projection (a sixth of SmolLM2's work) when only attention is wanted, and
+                every run's ``logits`` is ``None``.
+
+        Returns:
+            One :class:`ModelRun` per input, in order.
+
+        Raises:
+            TypeError, ValueError: as :meth:`run`, for any input (before any runs); the
+                memory limit counts the padded batch.
+        """
+        prepared = [self._input(item) for item in inputs]
+        layers = self._layers(attention)
+        head_list = _indices(heads, self.num_heads, "head", f"{self.name} has {self.num_heads} heads per layer")
+        lengths = [ids.shape[1] for ids, _, _ in prepared]
+        groups: dict[int, list[int]] = {}
+        for i, n in enumerate(lengths):
+            groups.setdefault(0 if self.causal else n, []).append(i)
+        padded = [(len(group), max(lengths[i] for i in group)) for group in groups.values()]
+        needed = sum(len(layers) * self.num_heads * b * s * s * 4 for b, s in padded)
+        if needed > ATTENTION_MEMORY_LIMIT:
+            raise ValueError(
+                f"the attention weights of {len(layers)} layers on {len(prepared)} inputs take {needed / 2**30:.1f} "
+                f"GiB, over the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; run fewer at once"
+            )
+        runs: list[ModelRun | None] = [None] * len(prepared)
+        with torch.no_grad():
+            for group, (b, s) in zip(groups.values(), padded):
+                ids = torch.zeros(b, s, dtype=torch.long)  # [b, s]; id 0 pads, unseen by earlier tokens
+                for row, i in enumerate(group):
+                    ids[row, : lengths[i]] = prepared[i][0][0]
+                out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
+                hidden = out.output  # [b, s, e]
+                scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
+                for row, i in enumerate(group):
+                    n = lengths[i]
+                    own_ids, tokens, offsets = prepared[i]
+                    runs[i] = ModelRun(
+                        ids=own_ids, tokens=tokens, offsets=offsets,
+                        logits=None if scores is None else scores[row : row + 1, :n].float().clone(),  # [1, n, v]
+                        hidden_states=hidden[row : row + 1, :n].float().clone(),  # [1, n, e]
+                        attentions={
+                            layer: out.weights[layer].self_attention[row : row + 1, head_list, :n, :n].float()
+                            for layer in layers
+                        },  # [1, h_sel, n, n] each
+                        heads=head_list,
+                    )
+        return [run for run in runs if run is not None]
+
     def generate_ids(
         self,
         prompt: str | Tensor | Sequence[int],

@@ -7,6 +7,7 @@ thread (for notebooks, tests and benchmarks). Needs ``pip install 'attnkit[serve
 from attnkit.serve.app import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CHARS,
+    DEFAULT_MAX_QUEUE,
     DEFAULT_MAX_TOKENS,
     DEFAULT_MAX_WEIGHTS,
     LOOPBACK_HOSTS,
@@ -16,6 +17,6 @@ from attnkit.serve.app import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_CHARS", "DEFAULT_MAX_TOKENS", "DEFAULT_MAX_WEIGHTS", "LOOPBACK_HOSTS",
+    "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_CHARS", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_TOKENS", "DEFAULT_MAX_WEIGHTS", "LOOPBACK_HOSTS",
     "AttentionRequest", "background", "create_app",
 ]

@@ -7,34 +7,48 @@ FastAPI and uvicorn are optional dependencies (``pip install 'attnkit[serve]'``)
 
 Every input is checked before the model runs, and every refusal is a 4xx with a JSON body
 ``{"detail": "what was wrong"}`` (400 for a body that is not JSON, 413 for one over the size
-limit, 422 for anything else: empty text, too many tokens, unknown model, ...). The only
-file the app serves is its own page, whose script and style are inline, and every response
-carries a content-security policy that forbids other origins.
+limit, 422 for anything else: empty text, too many tokens, unknown model, ...; 429 with
+``Retry-After`` when a model's queue is full). The only file the app serves is its own
+page, whose script and style are inline, and every response, errors included, carries a
+content-security policy that forbids other origins. Requests whose ``Host`` is not one of
+the server's own names are refused (DNS rebinding). Concurrent requests for one model run
+in batches (:mod:`attnkit.serve.batching`); a request whose client hangs up before its turn
+never runs.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 try:
     import uvicorn
-    from fastapi import FastAPI, HTTPException
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
     from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
-    from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"attnkit serve needs FastAPI and uvicorn ({err}): pip install 'attnkit[serve]'") from None
 
 from attnkit import __version__
-from attnkit.viz.viewer import content_security_policy, render_html, viewer_data_from_run
+from attnkit.serve.batching import Batcher, Job, QueueFull
+from attnkit.viz.viewer import (
+    content_security_policy,
+    render_html,
+    viewer_data_from_run,
+)
+
+logger = logging.getLogger("attnkit.serve")
 
 DEFAULT_MAX_TOKENS = 1024
 # Weights in one response, layers x heads x tokens^2: 2^25 is about 67 MB of uint16 before
@@ -42,7 +56,10 @@ DEFAULT_MAX_TOKENS = 1024
 DEFAULT_MAX_WEIGHTS = 2**25
 DEFAULT_MAX_CHARS = 50_000
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+# Requests waiting for one model, past which the server answers 429: about ten seconds of
+# SmolLM2 work on two cores.
+DEFAULT_MAX_QUEUE = 32
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 # ---------------------------------------------------------------- API schema (for OpenAPI)
@@ -125,20 +142,17 @@ class ViewerDataBody(BaseModel):
 
 @dataclass
 class ServedModel:
-    """A model the app serves, and the one thread that runs it.
-
-    One request at a time, because one run already uses every core and queueing keeps
-    memory to one run's worth; and always the same thread, because PyTorch's per-thread
-    state (its OpenMP team, allocator caches) then stays warm: on a busy two-core machine a
-    SmolLM2 request took 3 s when each ran on whichever worker thread was free, 0.3 s here.
-    """
+    """A model the app serves, and the :class:`attnkit.serve.batching.Batcher` that runs
+    its requests (on one thread, several texts per forward pass)."""
 
     name: str
     model: Any
     max_tokens: int
-    runner: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="attnkit-model"), repr=False
-    )
+    max_queue: int = DEFAULT_MAX_QUEUE
+    batcher: Batcher = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.batcher = Batcher(self.model, max_queue=self.max_queue, name=f"attnkit-model-{self.name}")
 
     def info(self) -> ModelInfo:
         """What ``GET /api/info`` says about this model."""
@@ -147,6 +161,24 @@ class ServedModel:
             kind="causal" if self.model.causal else "bidirectional",
             layers=self.model.num_layers, heads=self.model.num_heads, max_tokens=self.max_tokens,
         )
+
+
+def public_name(spec: str) -> str:
+    """The name a model is served under: a path's last folder (so that ``/api/info`` does
+    not reveal where the server's files are), anything else as given."""
+    if os.sep in spec or (os.altsep and os.altsep in spec) or spec.startswith(("~", ".")):
+        return Path(spec).expanduser().resolve().name
+    return spec
+
+
+def host_name(header: str) -> str:
+    """The name in an HTTP ``Host`` header: lower case, without the port, an IPv6 literal
+    without its brackets (``"[::1]:8000"`` → ``"::1"``)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        end = header.find("]")
+        return header[1:end] if end > 0 else ""
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def _error(status: int, detail: str) -> HTTPException:
@@ -179,26 +211,39 @@ def _validation_message(errors: Sequence[dict[str, Any]]) -> tuple[int, str]:
 
 
 class _Guard:
-    """Pure ASGI middleware: refuses bodies over ``max_body_bytes`` with 413 (by the
-    declared length, or while reading a body sent without one) and adds the security
-    headers to every response."""
+    """Pure ASGI middleware, outermost: refuses a ``Host`` that is not one of
+    ``allowed_hosts`` (400), bodies over ``max_body_bytes`` (413, by the declared length or
+    while reading a body sent without one), answers an unexpected failure with a JSON 500
+    rather than a bare traceback page, and adds the security headers to every response."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, headers: list[tuple[bytes, bytes]], allowed_hosts: Sequence[str]
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.headers = headers
+        self.allowed_hosts = frozenset(host_name(h) if h.startswith("[") else h.lower() for h in allowed_hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = False
 
         async def send_with_headers(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message["headers"] = list(message.get("headers", [])) + self.headers
             await send(message)
 
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        host = host_name(headers.get(b"host", b"").decode("latin-1"))
+        if host not in self.allowed_hosts:
+            detail = f"this server does not answer to the host name {host!r} (see attnkit serve --allow-host)"
+            await JSONResponse({"detail": detail}, status_code=400)(scope, receive, send_with_headers)
+            return
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             response = JSONResponse({"detail": self._too_large_detail()}, status_code=413)
             await response(scope, receive, send_with_headers)
@@ -216,10 +261,38 @@ class _Guard:
                     raise _error(413, self._too_large_detail())
             return message
 
-        await self.app(scope, limited_receive, send_with_headers)
+        try:
+            await self.app(scope, limited_receive, send_with_headers)
+        except Exception:
+            logger.exception("attnkit serve: %s %s failed", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            detail = "the server failed on this request (an internal error, logged on the server)"
+            await JSONResponse({"detail": detail}, status_code=500)(scope, receive, send_with_headers)
 
     def _too_large_detail(self) -> str:
         return f"the request body is larger than this server's limit of {self.max_body_bytes} bytes"
+
+
+async def _wait_unless_gone(job: Job, receive: Receive) -> Any:
+    """The job's run, or ``None`` if the client hangs up first (the job is then cancelled,
+    and never runs if it had not started)."""
+    result = asyncio.wrap_future(job.future)
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({result, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if result.done():
+        return result.result()
+    job.future.cancel()
+    result.cancel()
+    return None
 
 
 def create_app(
@@ -230,44 +303,49 @@ def create_app(
     max_weights: int = DEFAULT_MAX_WEIGHTS,
     max_chars: int = DEFAULT_MAX_CHARS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    allowed_hosts: Sequence[str] | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
 ) -> FastAPI:
     """The web app, with each model loaded now, once.
 
     Args:
-        models: names or paths to load, each with ``loader``; requests pick one by this
-            string, and the first is the default.
+        models: names or paths to load, each with ``loader``; requests pick one by its
+            :func:`public_name` (a path's last folder), and the first is the default.
         loader: ``name -> model`` (default :func:`attnkit.models.load`). A model needs
             ``num_layers``, ``num_heads``, ``max_length``, ``causal``, ``tokenize(text)``
             (returning something with ``tokens``) and ``run(text, attention=layers,
             heads=heads)`` returning a run with ``tokens``, ``offsets``, ``attentions``
-            (layer → ``[1, h, s, s]``) and ``heads``.
+            (layer → ``[1, h, s, s]``) and ``heads``; with ``run_batch`` (as
+            :meth:`attnkit.models.Model.run_batch`) concurrent requests share passes.
         max_tokens: the longest text, in tokens (lowered to a model's ``max_length``).
         max_weights: the most weights in one response, ``layers * heads * tokens**2``.
         max_chars: the longest text in characters, checked before tokenizing.
         max_body_bytes: the largest request body.
-        allowed_hosts: accepted ``Host`` header names (e.g. ``["127.0.0.1",
-            "localhost"]``), which defeats DNS rebinding against a local server; ``None``
-            accepts any.
+        max_queue: the most requests waiting for one model; past it, 429 with
+            ``Retry-After``.
+        allowed_hosts: the names a request's ``Host`` header may give (without the port;
+            IPv6 literals with or without brackets); any other is refused with 400, which
+            defeats DNS rebinding. Default: this machine's loopback names.
 
     Returns:
         A FastAPI app, to run with uvicorn (or :func:`background`).
 
     Raises:
-        ValueError: no models, a repeated name, or a limit below 1.
+        ValueError: no models, two with the same public name, or a limit below 1.
         Exception: whatever ``loader`` raises for a model it cannot load.
     """
-    if not models or len(set(models)) != len(models):
-        raise ValueError(f"models must be one or more distinct names, got {list(models)}")
+    names = [public_name(spec) for spec in models]
+    if not models or len(set(names)) != len(names):
+        raise ValueError(f"models must be one or more distinct names, got {names}")
     for name, value in (("max_tokens", max_tokens), ("max_weights", max_weights), ("max_chars", max_chars),
-                        ("max_body_bytes", max_body_bytes)):
+                        ("max_body_bytes", max_body_bytes), ("max_queue", max_queue)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     if loader is None:
         from attnkit.models import load as loader
     served = {
-        name: ServedModel(name, model, min(max_tokens, int(model.max_length)))
-        for name, model in ((name, loader(name)) for name in models)
+        name: ServedModel(name, model, min(max_tokens, int(model.max_length)), max_queue)
+        for name, model in ((name, loader(spec)) for name, spec in zip(names, models))
     }
     default = next(iter(served))
     info = InfoBody(
@@ -297,7 +375,7 @@ def create_app(
         status, detail = _validation_message(exc.errors())
         return JSONResponse({"detail": detail}, status_code=status)
 
-    errors = {code: {"model": ErrorBody} for code in (400, 413, 422)}
+    errors = {code: {"model": ErrorBody} for code in (400, 413, 422, 429)}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> HTMLResponse:
@@ -309,7 +387,7 @@ def create_app(
         return info
 
     @app.post("/api/attention", response_class=Response, responses={200: {"model": ViewerDataBody}, **errors})
-    def api_attention(request: AttentionRequest) -> Response:
+    async def api_attention(request: AttentionRequest, http: Request) -> Response:
         """Run a model on a text and return the attention weights of the chosen layers and
         heads in the viewer's format, between tokens or words."""
         started = time.perf_counter()
@@ -322,10 +400,14 @@ def create_app(
             raise _error(422, "the text is empty: give some words to look at")
         if len(text) > max_chars:
             raise _error(422, f"the text is {len(text)} characters, more than this server's limit of {max_chars}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise _error(422, f"the text is not valid Unicode: a lone surrogate at character {err.start}") from None
         layers = _indices(request.layers, s.model.num_layers, "layer", name)
         heads = _indices(request.heads, s.model.num_heads, "head", name)
         try:
-            count = len(s.model.tokenize(text).tokens)
+            count = len((await run_in_threadpool(s.model.tokenize, text)).tokens)
         except ValueError as err:
             raise _error(422, str(err)) from None
         if count > s.max_tokens:
@@ -340,18 +422,20 @@ def create_app(
                 "or fewer heads",
             )
         try:
-            run = s.runner.submit(s.model.run, text, attention=layers, heads=heads).result()
+            job = s.batcher.submit(text, layers, heads, count)
+        except QueueFull as full:
+            raise HTTPException(429, str(full), headers={"Retry-After": str(full.retry_after)}) from None
+        try:
+            run = await _wait_unless_gone(job, http.receive)
         except ValueError as err:
             raise _error(422, str(err)) from None
-        data = viewer_data_from_run(s.model, run, name=name, text=text, level=request.level)
+        if run is None:  # the client has gone; nobody reads this
+            return Response(status_code=499)
+        data = await run_in_threadpool(viewer_data_from_run, s.model, run, name=name, text=text, level=request.level)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
 
-    # Each middleware added wraps those before it: the guard is outermost, so that even a
-    # refusal by the host check carries the security headers.
-    if allowed_hosts is not None:
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
-    app.add_middleware(_Guard, max_body_bytes=max_body_bytes, headers=security)
+    app.add_middleware(_Guard, max_body_bytes=max_body_bytes, headers=security, allowed_hosts=allowed_hosts)
     return app
 
 

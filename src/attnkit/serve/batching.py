@@ -1,0 +1,174 @@
+"""One model's requests, queued and run in batches on one thread.
+
+The server hands every accepted request to its model's :class:`Batcher`. One thread runs
+the model, always the same one, because PyTorch's per-thread state (its OpenMP team,
+allocator caches) then stays warm: on a busy two-core machine a SmolLM2 request took 3 s
+when each ran on whichever worker thread was free, 0.3 s on its own thread. Whenever that
+thread is free it takes every waiting request that asks for the same layers and heads
+(up to a budget of tokens) and runs them in one forward pass
+(:meth:`attnkit.models.Model.run_batch`), so that throughput grows with the load instead
+of each request waiting for all those before it.
+
+The queue is bounded: past ``max_queue`` waiting requests, :meth:`Batcher.submit` raises
+:class:`QueueFull` with a retry delay (the server's 429). A request whose client has gone is
+cancelled and never runs.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+# Padded tokens in one batch: the memory of one batch stays that of one long request.
+DEFAULT_BATCH_TOKENS = 1024
+
+
+class QueueFull(RuntimeError):
+    """The model's queue is full; try again after :attr:`retry_after` seconds.
+
+    Attributes:
+        retry_after: whole seconds, at least 1: the estimated time to work off the queue.
+    """
+
+    def __init__(self, waiting: int, retry_after: int) -> None:
+        self.retry_after = retry_after
+        super().__init__(
+            f"the server is busy: {waiting} requests are waiting for this model; try again in {retry_after} s"
+        )
+
+
+@dataclass
+class Job:
+    """One request waiting for, or being run by, the model.
+
+    Attributes:
+        text: the text.
+        layers: the layers whose weights it wants.
+        heads: the heads it wants.
+        tokens: its length in the model's tokens.
+        future: the model's run, or the error it raised; cancelled when the client goes.
+    """
+
+    text: str
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    tokens: int
+    future: Future = field(default_factory=Future)
+
+
+class Batcher:
+    """Runs the requests for one model on one thread, several texts per forward pass.
+
+    Args:
+        model: has ``run(text, attention=layers, heads=heads)``; and, for batches,
+            ``run_batch(texts, attention=layers, heads=heads, logits=False)`` returning one
+            run per text (without it, each request runs alone). ``causal`` says whether
+            texts of different lengths may share a batch (padded at the end).
+        max_queue: the most requests waiting (not counting those running).
+        batch_tokens: the most padded tokens (texts x longest) in one batch.
+        name: the thread's name.
+    """
+
+    def __init__(
+        self, model: Any, *, max_queue: int, batch_tokens: int = DEFAULT_BATCH_TOKENS, name: str = "attnkit-model"
+    ) -> None:
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        self.model = model
+        self.max_queue = max_queue
+        self.batch_tokens = batch_tokens
+        self.batches: list[int] = []  # size of every batch run, for tests and benchmarks
+        self._queue: deque[Job] = deque()
+        self._ready = threading.Condition()
+        self._seconds_per_text = 0.0
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def waiting(self) -> int:
+        """Requests waiting to run (cancelled ones no longer count)."""
+        with self._ready:
+            return sum(not job.future.cancelled() for job in self._queue)
+
+    def submit(self, text: str, layers: Sequence[int], heads: Sequence[int], tokens: int) -> Job:
+        """Queue a request.
+
+        Raises:
+            QueueFull: ``max_queue`` requests are already waiting.
+        """
+        job = Job(text, tuple(layers), tuple(heads), tokens)
+        with self._ready:
+            self._drop_cancelled()
+            if len(self._queue) >= self.max_queue:
+                retry = max(1, math.ceil(len(self._queue) * self._seconds_per_text))
+                raise QueueFull(len(self._queue), retry)
+            self._queue.append(job)
+            self._ready.notify()
+        return job
+
+    def _drop_cancelled(self) -> None:
+        self._queue = deque(job for job in self._queue if not job.future.cancelled())
+
+    def _next_batch(self) -> list[Job]:
+        """Wait for a request; take it and every waiting one that can share its pass."""
+        with self._ready:
+            while True:
+                self._drop_cancelled()
+                if self._queue:
+                    break
+                self._ready.wait()
+            first = self._queue.popleft()
+            batch = [first]
+            longest = first.tokens
+            rest: deque[Job] = deque()
+            for job in self._queue:
+                fits = (job.layers, job.heads) == (first.layers, first.heads) and (
+                    getattr(self.model, "causal", False) or job.tokens == first.tokens
+                )
+                padded = (len(batch) + 1) * max(longest, job.tokens)
+                if fits and padded <= self.batch_tokens and hasattr(self.model, "run_batch"):
+                    batch.append(job)
+                    longest = max(longest, job.tokens)
+                else:
+                    rest.append(job)
+            self._queue = rest
+        # A job cancelled from here on has lost its client while running: it runs anyway.
+        return [job for job in batch if job.future.set_running_or_notify_cancel()]
+
+    def _serve(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if not batch:
+                continue
+            started = time.perf_counter()
+            self.batches.append(len(batch))
+            if len(batch) == 1:
+                self._run_alone(batch[0])
+            else:
+                first = batch[0]
+                try:
+                    runs = self.model.run_batch(
+                        [job.text for job in batch], attention=list(first.layers), heads=list(first.heads),
+                        logits=False,
+                    )
+                except Exception:  # noqa: BLE001 - one bad text: each runs alone and gets its own answer
+                    for job in batch:
+                        self._run_alone(job)
+                else:
+                    for job, run in zip(batch, runs):
+                        job.future.set_result(run)
+            seconds = (time.perf_counter() - started) / len(batch)
+            self._seconds_per_text = seconds if not self._seconds_per_text else 0.8 * self._seconds_per_text + 0.2 * seconds
+
+    def _run_alone(self, job: Job) -> None:
+        try:
+            run = self.model.run(job.text, attention=list(job.layers), heads=list(job.heads))
+        except Exception as err:  # noqa: BLE001 - handed to the request, which reports it
+            job.future.set_exception(err)
+        else:
+            job.future.set_result(run)

@@ -1,0 +1,212 @@
+"""The server under abuse: foreign Host names, text that is not Unicode, failures, clients
+that hang up, floods past the queue, and concurrent requests served in batches."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from attnkit.cli.serve import allowed_hosts
+from attnkit.serve import background, create_app
+from attnkit.viz.viewer import ViewerData, content_security_policy
+from tests.serve.tiny_model import TinyModel
+
+SECURITY = {"content-security-policy": content_security_policy(app=True) + "; frame-ancestors 'none'",
+            "x-content-type-options": "nosniff", "x-frame-options": "DENY"}
+
+
+def _secured(response: httpx.Response) -> bool:
+    return all(response.headers.get(k) == v for k, v in SECURITY.items())
+
+
+class GatedModel(TinyModel):
+    """A TinyModel whose runs wait until the test opens the gate, and that records what
+    ran: each call's texts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.calls: list[list[str]] = []
+
+    def _wait(self, texts: list[str]) -> None:
+        self.calls.append(texts)
+        self.started.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+
+    def run(self, text, **kwargs):
+        self._wait([text])
+        return super().run(text, **kwargs)
+
+    def run_batch(self, texts, **kwargs):
+        self._wait(list(texts))
+        return super().run_batch(texts, **kwargs)
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _post_in_thread(url: str, text: str, results: dict[str, httpx.Response]) -> threading.Thread:
+    def post() -> None:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            results[text] = http.post("/api/attention", json={"text": text})
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread
+
+
+# ---------------------------------------------------------------- Host check
+
+
+@pytest.mark.parametrize(
+    ("host", "extra", "accepted", "refused"),
+    [
+        ("127.0.0.1", [], ["127.0.0.1:8000", "localhost:8000", "[::1]:8000"], ["evil.example", "evil.example:8000"]),
+        ("0.0.0.0", [], ["127.0.0.1:8000", "LOCALHOST"], ["evil.example", "0.0.0.0:8000"]),
+        ("0.0.0.0", ["box.lan", "192.168.1.5"], ["box.lan:8000", "192.168.1.5:8000"], ["evil.example"]),
+        ("::1", [], ["[::1]:8000", "[::1]"], ["[::2]:8000", "evil.example"]),
+        ("::", ["[fe80::1]"], ["[fe80::1]:8000", "[::1]:8000"], ["[::]:8000"]),
+    ],
+)
+def test_the_host_is_always_checked(host, extra, accepted, refused):
+    app = create_app(["tiny"], loader=lambda name: TinyModel(), allowed_hosts=allowed_hosts(host, extra))
+    client = TestClient(app)
+    for name in accepted:
+        assert client.get("/api/info", headers={"host": name}).status_code == 200, name
+    for name in refused:
+        response = client.get("/api/info", headers={"host": name})
+        assert response.status_code == 400 and "does not answer to the host name" in response.json()["detail"]
+        assert _secured(response), name
+
+
+def test_create_app_answers_only_loopback_names_by_default():
+    client = TestClient(create_app(["tiny"], loader=lambda name: TinyModel()))
+    assert client.get("/api/info", headers={"host": "localhost:1234"}).status_code == 200
+    assert client.get("/api/info", headers={"host": "testserver"}).status_code == 400
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    return TestClient(create_app(["tiny"], loader=lambda name: TinyModel()), base_url="http://127.0.0.1:8000")
+
+
+def test_text_that_is_not_unicode_is_a_422_with_the_security_headers(client):
+    body = b'{"text": "a \\ud800 b"}'
+    response = client.post("/api/attention", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422 and _secured(response)
+    assert response.json()["detail"] == "the text is not valid Unicode: a lone surrogate at character 2"
+
+
+def test_a_failure_inside_is_a_json_500_with_the_security_headers():
+    class Broken(TinyModel):
+        def run(self, text, **kwargs):
+            raise RuntimeError("boom")
+
+    client = TestClient(create_app(["tiny"], loader=lambda name: Broken()), base_url="http://127.0.0.1")
+    response = client.post("/api/attention", json={"text": "a b"})
+    assert response.status_code == 500 and _secured(response)
+    assert response.json() == {"detail": "the server failed on this request (an internal error, logged on the server)"}
+    assert client.get("/api/info").status_code == 200
+
+
+def test_info_does_not_reveal_local_paths(tmp_path):
+    folder = tmp_path / "secret-place" / "my-model"
+    app = create_app([str(folder)], loader=lambda spec: TinyModel())
+    client = TestClient(app, base_url="http://127.0.0.1")
+    info = client.get("/api/info").text
+    assert "secret-place" not in info and json.loads(info)["default_model"] == "my-model"
+    data = client.post("/api/attention", json={"text": "a b", "model": "my-model"})
+    assert data.status_code == 200 and "secret-place" not in data.text
+    with pytest.raises(ValueError, match="distinct names"):
+        create_app([str(tmp_path / "a" / "m"), str(tmp_path / "b" / "m")], loader=lambda spec: TinyModel())
+
+
+# ---------------------------------------------------------------- load
+
+
+def test_abandoned_requests_never_run():
+    model = GatedModel()
+    app = create_app(["tiny"], loader=lambda name: model)
+    batcher = app.state.models["tiny"].batcher
+    results: dict[str, httpx.Response] = {}
+    with background(app) as url:
+        first = _post_in_thread(url, "keeps the model busy", results)
+        _until(model.started.is_set, "the first run")
+        address = urlsplit(url)
+        sockets = []
+        for n in range(5):
+            body = json.dumps({"text": f"gone {n}"}).encode()
+            s = socket.create_connection((address.hostname, address.port))
+            s.sendall(b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            sockets.append(s)
+        _until(lambda: batcher.waiting() == 5, "five waiting requests")
+        for s in sockets:
+            s.close()
+        _until(lambda: batcher.waiting() == 0, "the hung-up requests to be dropped")
+        model.gate.set()
+        first.join()
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert http.post("/api/attention", json={"text": "after"}).status_code == 200
+    assert results["keeps the model busy"].status_code == 200
+    assert model.calls == [["keeps the model busy"], ["after"]]
+
+
+def test_a_full_queue_answers_429_with_retry_after():
+    model = GatedModel()
+    app = create_app(["tiny"], loader=lambda name: model, max_queue=2)
+    batcher = app.state.models["tiny"].batcher
+    results: dict[str, httpx.Response] = {}
+    with background(app) as url:
+        threads = [_post_in_thread(url, "first", results)]
+        _until(model.started.is_set, "the first run")
+        threads += [_post_in_thread(url, f"queued {n}", results) for n in range(2)]
+        _until(lambda: batcher.waiting() == 2, "two waiting requests")
+        with httpx.Client(base_url=url, timeout=30) as http:
+            refused = http.post("/api/attention", json={"text": "one too many"})
+        model.gate.set()
+        for thread in threads:
+            thread.join()
+    assert refused.status_code == 429 and _secured(refused)
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["detail"].startswith("the server is busy: 2 requests are waiting for this model")
+    assert {text: r.status_code for text, r in results.items()} == {"first": 200, "queued 0": 200, "queued 1": 200}
+
+
+def test_concurrent_requests_share_one_forward_pass():
+    model = GatedModel()
+    app = create_app(["tiny"], loader=lambda name: model)
+    batcher = app.state.models["tiny"].batcher
+    texts = ["the cat sat", "on the mat", "a much longer text than the others here"]
+    results: dict[str, httpx.Response] = {}
+    with background(app) as url:
+        threads = [_post_in_thread(url, "first", results)]
+        _until(model.started.is_set, "the first run")
+        threads += [_post_in_thread(url, text, results) for text in texts]
+        _until(lambda: batcher.waiting() == 3, "three waiting requests")
+        model.gate.set()
+        for thread in threads:
+            thread.join()
+    assert batcher.batches == [1, 3] and sorted(model.calls[1]) == sorted(texts)
+    for text in texts:
+        section = ViewerData.from_json(results[text].text).sections["self"]
+        alone = TinyModel.run(model, text).attentions
+        for layer in (0, 1):
+            torch.testing.assert_close(section.weights[layer], alone[layer][0], atol=2e-5, rtol=0)
