@@ -107,7 +107,7 @@ def _train(args: argparse.Namespace) -> int:
             f"({args.threads} thread{'s' if args.threads > 1 else ''})"
         )
         result = run(config, args.out, resume=args.resume, stop_after=args.stop_after, progress=not args.no_progress)
-    except (ValueError, ImportError) as err:
+    except (ValueError, ImportError, OSError) as err:
         raise CommandError(str(err)) from None
     if not result.finished:
         print(f"stopped after step {result.step} of {config.steps}; checkpoint: {result.files[0]}")

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from attnkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, remove_stale_temporaries, save_checkpoint
 from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer, build_model
 from attnkit.train.tasks import TASKS, Task, make_task
 
@@ -37,6 +37,9 @@ METRICS_NAME = "metrics.json"
 HELD_OUT_SEED_OFFSET = 0x5EED_0FF
 # The loss curve in metrics.json has about this many points, each a mean over its steps.
 LOSS_CURVE_POINTS = 100
+# The loss and accuracy of every step are kept (8 bytes a step): 10 million steps, 80 MB,
+# is far beyond what these toy tasks need (8,000 at most).
+MAX_STEPS = 10_000_000
 # Examples decoded at once during evaluation, and whose attention weights are kept at once.
 EVAL_BATCH = 500
 ATTENTION_BATCH = 100
@@ -123,6 +126,8 @@ class TrainConfig:
         for name in at_least_one:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.steps > MAX_STEPS:
+            raise ValueError(f"steps must be at most {MAX_STEPS:,}, got {self.steps:,}")
         if self.d_model < 2 or self.d_model % 2:
             raise ValueError(f"d_model must be even and >= 2 (sinusoidal encoding), got {self.d_model}")
         if self.d_model % self.heads:
@@ -133,6 +138,9 @@ class TrainConfig:
         for name in ("lr", "clip"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("lr", "weight_decay"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.warmup < 0 or self.weight_decay < 0:
             raise ValueError(f"warmup and weight_decay must be >= 0, got {self.warmup} and {self.weight_decay}")
         return make_task(self.task, length=self.length, symbols=self.symbols, digits=self.digits)
@@ -146,11 +154,15 @@ class TrainConfig:
         """The inverse of :meth:`to_dict`.
 
         Raises:
-            ValueError: unknown or missing fields.
+            ValueError: unknown or missing fields, or a field of the wrong type.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        if set(data) - names or "task" not in data:
-            raise ValueError(f"not a training config: fields {sorted(data)}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if not all(isinstance(key, str) for key in data) or set(data) - set(fields) or "task" not in data:
+            raise ValueError(f"not a training config: fields {sorted(map(str, data))}")
+        for name, value in data.items():
+            kinds = {"int": (int,), "float": (int, float), "str": (str,)}[str(fields[name].type)]
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise ValueError(f"config field {name} must be {fields[name].type}, got {value!r}"[:200])
         return cls(**data)
 
 
@@ -254,6 +266,26 @@ def _load_run_checkpoint(out_dir: Path) -> dict[str, Any]:
         raise ValueError(f"nothing to resume: no {CHECKPOINT_NAME} in {out_dir}") from None
     if state.get("format") != CHECKPOINT_FORMAT or not isinstance(state.get("config"), dict):
         raise ValueError(f"{path} is not an attnkit training checkpoint (format {CHECKPOINT_FORMAT})")
+    try:
+        config = TrainConfig.from_dict(state["config"])
+        config.validate()
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    expected = {"step": int, "model": dict, "optimizer": dict, "scheduler": dict, "rng": dict, "losses": Tensor,
+                "accuracies": Tensor, "seconds": (int, float)}
+    for key, kind in expected.items():
+        if isinstance(state.get(key), bool) or not isinstance(state.get(key), kind):
+            raise ValueError(f"{path} is not a usable checkpoint: field {key!r} is missing or of the wrong type")
+    step = state["step"]
+    if not 0 <= step <= config.steps:
+        raise ValueError(f"{path} is not a usable checkpoint: step {step} is outside 0..{config.steps}")
+    for key in ("losses", "accuracies"):
+        if state[key].shape != (step,) or not state[key].is_floating_point():
+            raise ValueError(f"{path} is not a usable checkpoint: {key} must be {step} floats, got "
+                             f"{state[key].dtype} {list(state[key].shape)}")
+    rng = state["rng"]
+    if not all(isinstance(rng.get(k), Tensor) and rng[k].dtype == torch.uint8 for k in ("torch", "data")):
+        raise ValueError(f"{path} is not a usable checkpoint: field 'rng' must hold the generator states")
     return state
 
 
@@ -318,8 +350,10 @@ def run(
 
     Raises:
         ValueError: invalid options, an output directory that cannot be written, a
-            checkpoint already there without ``resume``, or none (or an incompatible one)
-            with it.
+            checkpoint already there without ``resume``, or none (or an incompatible,
+            corrupt or crafted one) with it.
+        OSError: the output directory stopped being writable during the run; the message
+            says where training stopped and that the previous checkpoint is intact.
         ImportError: tqdm or matplotlib missing.
     """
     task = config.validate()
@@ -327,6 +361,7 @@ def run(
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"stop_after must be >= 1, got {stop_after}")
     out = prepare_output_dir(out_dir)
+    remove_stale_temporaries(out / CHECKPOINT_NAME)
     state = None
     if resume:
         state = _load_run_checkpoint(out)
@@ -338,9 +373,12 @@ def run(
 
     model = build_for_config(config, task).to(device)
     trainer = _Trainer(config, task, model, device)
-    if state is not None:
-        trainer.load_state(state)
     checkpoint_path = out / CHECKPOINT_NAME
+    if state is not None:
+        try:
+            trainer.load_state(state)
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+            raise ValueError(f"{checkpoint_path} does not fit this run's model and optimizer: {err}"[:500]) from None
     last = config.steps if stop_after is None else min(stop_after, config.steps)
     trainer.train_until(last, checkpoint_path, progress=progress)
     if trainer.step < config.steps:
@@ -350,12 +388,20 @@ def run(
     evaluation = evaluate(model, task, size=config.eval_size, seed=config.seed, device=device)
     maps, fractions = _inspect_attention(model, task, evaluation, device)
     alignment = alignment_report(task, fractions)
-    heatmap = _draw_example(task, maps, evaluation, alignment, out)
+    try:
+        heatmap = _draw_example(task, maps, evaluation, alignment, out)
+    except OSError as err:
+        raise OSError(f"cannot write the heatmap into {out}: {err.strerror or err}; the training itself is saved in "
+                      f"{checkpoint_path}") from err
     eval_seconds = time.perf_counter() - eval_start
 
     metrics = _metrics(config, task, model, trainer, evaluation, alignment, heatmap, eval_seconds, device)
     metrics_path = out / METRICS_NAME
-    metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
+    try:
+        metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
+    except OSError as err:
+        raise OSError(f"cannot write {metrics_path}: {err.strerror or err}; the training itself is saved in "
+                      f"{checkpoint_path}") from err
     return RunResult(config, trainer.step, True, metrics, [checkpoint_path, metrics_path, heatmap])
 
 
@@ -453,7 +499,15 @@ class _Trainer:
                 if self.step % self.config.checkpoint_every == 0 or self.step == last:
                     self.seconds += time.perf_counter() - started
                     started = time.perf_counter()
-                    save_checkpoint(self.state(), checkpoint_path)
+                    try:
+                        save_checkpoint(self.state(), checkpoint_path)
+                    except OSError as err:
+                        kept = f"the previous checkpoint in {checkpoint_path.parent} is intact; " if \
+                            checkpoint_path.exists() else ""
+                        raise OSError(
+                            f"cannot write the checkpoint {checkpoint_path} at step {self.step}: "
+                            f"{err.strerror or err}; {kept}training stopped"
+                        ) from err
         finally:
             bar.close()
 
