@@ -27,8 +27,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, remove_stale_temporaries, save_checkpoint
-from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer, build_model
+from attnkit.train.checkpoint import (
+    CHECKPOINT_NAME,
+    load_checkpoint,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
+from attnkit.train.model import (
+    AttentionMaps,
+    DecoderOnlyTransformer,
+    Seq2SeqTransformer,
+    build_model,
+)
 from attnkit.train.tasks import TASKS, Task, make_task
 
 CHECKPOINT_FORMAT = 1
