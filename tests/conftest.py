@@ -28,3 +28,19 @@ def smollm2_path() -> Path:
 def minilm_path() -> Path:
     """The folder of all-MiniLM-L6-v2, fetched on first use; ``models.load("minilm")`` works."""
     return _fetch("minilm")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path: Path):
+    """Our SmolLM2 (attnkit.nn modules), loaded once per session."""
+    from attnkit import models
+
+    return models.load("smollm2")
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_path: Path):
+    """Our MiniLM (attnkit.nn modules), loaded once per session."""
+    from attnkit import models
+
+    return models.load("minilm")

@@ -2,33 +2,55 @@
 to look inside them.
 
 Start with :func:`attnkit.attention` and :mod:`attnkit.masks`.
+
+The names below are imported on first use, so that ``import attnkit`` (and the ``attnkit``
+command's start, and its argument errors) does not wait for PyTorch.
 """
 
-from attnkit import masks
-from attnkit.functional import (
-    AttentionResult,
-    LinearAttentionState,
-    attention,
-    linear_attention,
-    linear_attention_step,
-    local_attention,
-    sparse_attention,
-    tiled_attention,
-    weights_on_demand,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AttentionResult",
-    "LinearAttentionState",
-    "__version__",
-    "attention",
-    "linear_attention",
-    "linear_attention_step",
-    "local_attention",
-    "masks",
-    "sparse_attention",
-    "tiled_attention",
-    "weights_on_demand",
-]
+if TYPE_CHECKING:
+    from attnkit import masks
+    from attnkit.functional import (
+        AttentionResult,
+        LinearAttentionState,
+        attention,
+        linear_attention,
+        linear_attention_step,
+        local_attention,
+        sparse_attention,
+        tiled_attention,
+        weights_on_demand,
+    )
+
+# Public name -> the module it comes from.
+_LAZY = {
+    "masks": "attnkit.masks",
+    **{
+        name: "attnkit.functional"
+        for name in (
+            "AttentionResult", "LinearAttentionState", "attention", "linear_attention", "linear_attention_step",
+            "local_attention", "sparse_attention", "tiled_attention", "weights_on_demand",
+        )
+    },
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name])
+    value = module if name == "masks" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

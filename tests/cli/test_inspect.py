@@ -33,7 +33,8 @@ def test_default_is_the_notes_example(capsys, tmp_path, smollm2_path):
     header = next(i for i, line in enumerate(lines) if line.startswith("#  query"))
     assert lines[header + 2].split() == ["0", "The", "The", "1.00"]
     assert lines[header + 8].split()[:2] == ["6", "."]
-    assert max(display_width(line) for line in lines) <= 100
+    # The views fit 100 columns (the "wrote PATH (SIZE)" lines are as long as the path).
+    assert max(display_width(line) for line in lines if not line.startswith("wrote ")) <= 100
     png, doc = tmp_path / "smollm2_layer29_head0.png", tmp_path / "smollm2_layer29_head0.json"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in out
     data = json.loads(doc.read_text())
@@ -58,10 +59,11 @@ def test_minilm_all_heads_as_svg(capsys, tmp_path, minilm_path):
     assert code == 0, err
     assert "minilm · layer 4 (0..5) · heads 0..11 · 7 tokens" in out
     assert out.count("the keys each query attends to most") == 12
-    assert sorted(p.name for p in tmp_path.glob("*.svg")) == sorted(f"minilm_layer4_head{h}.svg" for h in range(12))
-    svg = (tmp_path / "minilm_layer4_head3.svg").read_text()
-    assert "Layer 4, head 3 — minilm" in svg and ">animal<" in svg
-    data = json.loads((tmp_path / "minilm_layer4_all-heads.json").read_text())
+    # Every head in one picture, as small multiples.
+    assert [p.name for p in tmp_path.glob("*.svg")] == ["minilm_layer4_heads0-11.svg"]
+    svg = (tmp_path / "minilm_layer4_heads0-11.svg").read_text()
+    assert "Layer 4 — minilm" in svg and ">animal<" in svg and all(f">head {h}<" in svg for h in range(12))
+    data = json.loads((tmp_path / "minilm_layer4_heads0-11.json").read_text())
     assert data["heads"] == list(range(12)) and data["tokens"][0] == "[CLS]" and data["tokens"][-1] == "[SEP]"
     weights = torch.tensor(data["weights"])  # [12, 7, 7]
     assert weights[:, 0].triu(1).sum() > 0  # bidirectional: the first token sees later ones
@@ -80,7 +82,8 @@ def test_minilm_all_heads_as_svg(capsys, tmp_path, minilm_path):
 def test_bad_layer_head_or_length_is_a_clear_error(capsys, tmp_path, smollm2_path, argv, message):
     code, out, err = run(capsys, *argv, "--out", str(tmp_path))
     assert code == 2 and out == ""
-    assert err.startswith("attnkit: error: ") and re.search(message, err), err
+    # After the status lines (loading the model), the error is the last line.
+    assert err.splitlines()[-1].startswith("attnkit: error: ") and re.search(message, err), err
     assert not list(tmp_path.iterdir())
 
 
@@ -90,7 +93,8 @@ def test_bad_layer_head_or_length_is_a_clear_error(capsys, tmp_path, smollm2_pat
         (["  "], "the text is empty"),
         (["hi", "--format", "gif"], "--format takes a comma-separated list of png, svg, json, html, got 'gif'"),
         (["hi", "--top", "0"], "--top must be at least 1"),
-        (["hi", "--model", "gpt-17"], "no model named 'gpt-17'"),
+        (["hi", "--model", "gpt-17"], "--model 'gpt-17' is neither a known model (smollm2, minilm) nor a folder"),
+        (["hi", "--model", "smolm2"], "did you mean 'smollm2'?"),
     ],
 )
 def test_bad_input_fails_before_running_a_model(capsys, argv, message):
@@ -118,7 +122,7 @@ def test_korean_word_level_end_to_end(capsys, tmp_path, smollm2_path):
     assert "tokens: 어(1/3) | 어(2/3) | 어(3/3) | 제(1/3)" in out
     rows = [line.split() for line in out.split("top 3 key words (weight)")[1].splitlines()[2:8]]
     assert [row[1] for row in rows] == EOJEOL
-    assert max(display_width(line) for line in out.splitlines()) <= 100
+    assert max(display_width(line) for line in out.splitlines() if not line.startswith("wrote ")) <= 100
     stem = tmp_path / "smollm2_layer29_head0_words"
     png, svg, doc = (stem.with_suffix(s) for s in (".png", ".svg", ".json"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -195,3 +199,78 @@ def test_html_between_words(capsys, tmp_path, smollm2_path):
     # The page's word map of layer 29, head 0 is the one the JSON file holds.
     doc = json.loads((tmp_path / "smollm2_layer29_head0_words.json").read_text(encoding="utf-8"))
     torch.testing.assert_close(section.map(29, 0), torch.tensor(doc["weights"][0]), atol=1e-4, rtol=0)
+
+
+def long_text(model, tokens: int) -> str:
+    """A text of exactly ``tokens`` tokens for ``model``."""
+    sentence = "Attention lets every word of a sentence look back at the words that came before it. "
+    text = ""
+    while len(model.tokenize(text + sentence).tokens) <= tokens:
+        text += sentence
+    while len(model.tokenize(text + " word").tokens) <= tokens:
+        text += " word"
+    assert len(model.tokenize(text).tokens) == tokens
+    return text
+
+
+@pytest.mark.slow
+def test_2000_tokens_are_refused_with_the_estimates_before_running(capsys, tmp_path, smollm2):
+    text = long_text(smollm2, 2000)
+    code, out, err = run(capsys, text, "--format", "png,json,html", "--out", str(tmp_path))
+    assert code == 2 and out == ""
+    assert "attnkit: loading smollm2 on cpu …" in err
+    assert "the JSON of layer 29 would be about 30.3 MB" in err
+    assert "the viewer page of 30 layers × 9 heads would be about 1.1 GB" in err
+    assert "over the 20.0 MB limit per file, so nothing was written" in err and "--max-size" in err
+    assert "running" not in err and not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path, minilm):
+    text = long_text(minilm, 500)
+    code, out, err = run(capsys, text, "--model", "minilm", "--format", "png,json,html", "--out", str(tmp_path))
+    # Every layer and head of 500 tokens is too large a page: refused, with the way out.
+    assert code == 2 and "the viewer page of 6 layers × 12 heads would be about 32.5 MB" in err
+    code, out, err = run(capsys, text, "--model", "minilm", "--format", "png,json,html", "--layers", "-1",
+                         "--heads", "0,3", "--dpi", "60", "--cmap", "magma", "--out", str(tmp_path))
+    assert code == 0, err
+    progress = [line for line in err.splitlines() if line.startswith("attnkit: ") and "done in" not in line]
+    assert progress == [
+        "attnkit: loading minilm on cpu …",
+        "attnkit: running minilm on 500 tokens for layer 5 …",
+        "attnkit: writing png, json of layer 5 …",
+        "attnkit: writing the viewer page of 1 layer × 2 heads …",
+    ]
+    # The terminal table is shortened: 50 rows and a note per head, not 500.
+    assert out.count("query rows left out (40..489); the JSON file (--format json) has every row") == 2
+    assert len(out.splitlines()) < 150
+    files = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    assert sorted(files) == ["minilm_layer5_heads0_3.json", "minilm_layer5_heads0_3.png", "minilm_viewer.html"]
+    assert all(size < 20_000_000 for size in files.values())
+    # The estimates that guard the limit are close to what was written, and not below it.
+    from attnkit.viz.export import estimate_map_json, estimate_viewer_html
+
+    assert 0.5 < files["minilm_layer5_heads0_3.json"] / estimate_map_json(500, 2, causal=False) <= 1.0
+    assert 0.5 < files["minilm_viewer.html"] / estimate_viewer_html(500, 1, 2, causal=False) <= 1.0
+    data = embedded_viewer_data((tmp_path / "minilm_viewer.html").read_text(encoding="utf-8"))
+    assert data.sections["self"].layers == (5,) and data.sections["self"].heads == (0, 3)
+
+
+def test_quiet_prints_no_status(capsys, tmp_path, minilm_path):
+    code, out, err = run(capsys, "The cat sat.", "--model", "minilm", "--format", "json", "--quiet", "--out", str(tmp_path))
+    assert code == 0 and err == "" and "wrote " in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--layers", "1,x"], '--layers takes layers such as 29 or 0,5,-1 or "all", got \'1,x\''),
+        (["--layers", "6"], "layer 6 is out of range: this model has 6 layers"),
+        (["--heads", "0,12"], "head 12 is out of range"),
+        (["--max-size", "big"], '--max-size takes a size such as 20MB, 500kB, 2GB or "none", got \'big\''),
+        (["--format", "png", "--cmap", "Bluez"], "unknown colour map 'Bluez'"),
+        (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "nope"], "--device"),
+    ],
+)
+def test_bad_selection_size_or_figure_options(capsys, tmp_path, minilm_path, argv, message):
+    code, out, err = run(capsys, "The cat sat.", "--model", "minilm", *argv, "--out", str(tmp_path))
+    assert code == 2 and message in err, err

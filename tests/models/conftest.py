@@ -1,5 +1,5 @@
-"""Models shared by the tests of attnkit.models: ours and the Hugging Face references on the
-same weights, each loaded once per session (from the cache the root conftest fills)."""
+"""The Hugging Face references on the same weights as our models (``smollm2`` and
+``minilm``, in the root conftest), each loaded once per session from the attnkit cache."""
 
 from __future__ import annotations
 
@@ -10,22 +10,6 @@ import pytest
 
 # The references must never reach for the network: everything is in the attnkit cache.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="session")
-def smollm2(smollm2_path: Path):
-    """Our SmolLM2 (attnkit.nn modules)."""
-    from attnkit import models
-
-    return models.load("smollm2")
-
-
-@pytest.fixture(scope="session")
-def minilm(minilm_path: Path):
-    """Our MiniLM (attnkit.nn modules)."""
-    from attnkit import models
-
-    return models.load("minilm")
 
 
 @pytest.fixture(scope="session")

@@ -157,7 +157,7 @@ def test_cli_reports_what_it_cannot_serve(capsys, monkeypatch, tmp_path):
     assert "attnkit: error:" in capsys.readouterr().err
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port must be 0..65535" in capsys.readouterr().err
-    assert main(["serve", "--model", "a", "--model", "a"]) == 2
+    assert main(["serve", "--model", "minilm", "--model", "minilm"]) == 2
     assert "names a model twice" in capsys.readouterr().err
 
 
@@ -200,7 +200,7 @@ def test_cli_serves_a_real_model(minilm_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, "-m", "attnkit.cli", "serve", "--model", "minilm", "--port", str(port)],
+        [sys.executable, "-m", "attnkit", "serve", "--model", "minilm", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -224,4 +224,7 @@ def test_cli_serves_a_real_model(minilm_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
-    assert "open http://127.0.0.1:" in server.stdout.read()
+    output = server.stdout.read()
+    # Start-up says what it loads and how long that took, then where to look.
+    assert "attnkit: loading minilm on cpu …" in output and "done in" in output
+    assert "open http://127.0.0.1:" in output

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
+from typing import TextIO
 
 from attnkit import __version__
 
@@ -39,21 +41,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except CommandError as err:
-        print(f"attnkit: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("attnkit: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Warnings read as the command's own lines, without a source line (a missing font).
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            from attnkit.cli.common import check_model_name, model_names_in
+
+            # Before the parser imports the subcommands (and PyTorch): a mistyped name fails at once.
+            for name in model_names_in(argv):
+                check_model_name(name)
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "func", None):
+                parser.print_help()
+                return 2
+            return int(args.func(args) or 0)
+        except CommandError as err:
+            print(f"attnkit: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("attnkit: interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:
+            return 0
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    print(f"attnkit: warning: {message}", file=file or sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

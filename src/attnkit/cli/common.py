@@ -1,13 +1,33 @@
-"""What several commands share: the ``--model``, ``--level``, ``--out`` and ``--format``
-arguments, and loading a model with its errors as command errors."""
+"""What several commands share: the ``--model``, ``--device``, ``--level``, ``--out``,
+``--format``, ``--quiet`` and figure arguments, status lines on stderr, file sizes, and
+loading a model with its errors as command errors.
+
+This module imports no PyTorch: ``attnkit`` checks a model's name before it loads anything.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from attnkit.cli import CommandError
-from attnkit.inspect.maps import LEVELS
+
+# The attention units of the maps (attnkit.inspect.maps.LEVELS, kept equal by a test).
+LEVELS = ("token", "word")
+# The models known by name (attnkit.models.MODELS, kept equal by a test).
+KNOWN_MODELS = ("smollm2", "minilm")
+# Colour scales of the pictures (attnkit.viz.heatmap.SCALES, kept equal by a test).
+SCALES = ("linear", "sqrt", "log")
+# The largest file a command writes unless --max-size says otherwise.
+DEFAULT_MAX_SIZE = "20MB"
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 
 # Files that show the chosen layer and heads, or a survey's statistics.
 FORMATS = ("png", "svg", "json")
@@ -22,10 +42,165 @@ LEVEL_HELP = (
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    """``--model smollm2|minilm|PATH``."""
+    """``--model smollm2|minilm|PATH`` and ``--device``."""
     parser.add_argument("--model", default=DEFAULT_MODEL, metavar="smollm2|minilm|PATH",
                         help="a fetched model, or a local folder with config.json and safetensors "
                              f"(default: {DEFAULT_MODEL})")
+    add_device_argument(parser)
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device cpu|cuda|cuda:N|mps``."""
+    parser.add_argument("--device", default="cpu", metavar="DEVICE",
+                        help='where the model runs: a torch device such as "cpu", "cuda", "cuda:1" (default: cpu)')
+
+
+def add_quiet_argument(parser: argparse.ArgumentParser) -> None:
+    """``--quiet``: no status lines on stderr."""
+    parser.add_argument("-q", "--quiet", action="store_true", help="no status or progress lines on stderr")
+
+
+def check_model_name(name: str) -> None:
+    """Fail fast, before anything loads, on a ``--model`` that is neither a known name nor
+    an existing path, suggesting the closest known name.
+
+    Raises:
+        CommandError: an unknown name.
+    """
+    if name in KNOWN_MODELS or Path(name).expanduser().exists():
+        return
+    close = difflib.get_close_matches(name.lower(), KNOWN_MODELS, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise CommandError(
+        f"--model {name!r} is neither a known model ({', '.join(KNOWN_MODELS)}) nor a folder{hint}"
+    )
+
+
+def model_names_in(argv: Sequence[str]) -> list[str]:
+    """The values of every ``--model NAME`` / ``--model=NAME`` in a command line."""
+    names = []
+    for i, arg in enumerate(argv):
+        if arg == "--model" and i + 1 < len(argv):
+            names.append(argv[i + 1])
+        elif arg.startswith("--model="):
+            names.append(arg.split("=", 1)[1])
+    return names
+
+
+class Status:
+    """Status lines on stderr (``attnkit: loading smollm2 …``), or nothing when quiet.
+
+    Attributes:
+        quiet: print nothing.
+    """
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+
+    def say(self, message: str) -> None:
+        """One status line."""
+        if not self.quiet:
+            print(f"attnkit: {message}", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def step(self, message: str) -> Iterator[None]:
+        """Say ``message …`` before a step and how long it took after it."""
+        self.say(f"{message} …")
+        start = time.perf_counter()
+        yield
+        self.say(f"  done in {time.perf_counter() - start:.1f} s")
+
+
+def parse_size(text: str) -> int | None:
+    """A size such as ``20MB``, ``1.5GB``, ``500kB`` or ``1000000`` in bytes (decimal units);
+    ``none`` for no limit.
+
+    Raises:
+        CommandError: anything else.
+    """
+    if text.strip().lower() == "none":
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?[bB]?)\s*", text)
+    if not match or match.group(2).upper() not in _SIZE_UNITS:
+        raise CommandError(f'--max-size takes a size such as 20MB, 500kB, 2GB or "none", got {text!r}')
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+
+
+def format_size(size: float) -> str:
+    """Bytes as ``812 kB``, ``3.4 MB``, ``1.2 GB``."""
+    for unit, factor in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}"
+    return f"{int(size)} B"
+
+
+def check_sizes(estimates: dict[Path, int], limit: int | None, *, advice: str) -> None:
+    """Refuse to write files whose estimated size is over ``limit`` bytes.
+
+    Args:
+        estimates: each file to write and its estimated size in bytes.
+        limit: the largest size allowed, ``None`` for no limit.
+        advice: what to ask for instead, said after the estimates.
+
+    Raises:
+        CommandError: some estimate is over the limit; the message lists those files.
+    """
+    if limit is None:
+        return
+    over = {path: size for path, size in estimates.items() if size > limit}
+    if over:
+        files = "; ".join(f"{path} would be about {format_size(size)}" for path, size in over.items())
+        raise CommandError(
+            f"{files}, over the {format_size(limit)} limit per file, so nothing was written. {advice}, "
+            "or raise the limit with --max-size (e.g. --max-size 2GB, or --max-size none)"
+        )
+
+
+def add_size_argument(parser: argparse.ArgumentParser) -> None:
+    """``--max-size SIZE``."""
+    parser.add_argument("--max-size", default=DEFAULT_MAX_SIZE, metavar="SIZE",
+                        help="refuse to write a file estimated larger than this, before computing it "
+                             f'(e.g. 500kB, 2GB, or "none"; default: {DEFAULT_MAX_SIZE})')
+
+
+def add_figure_arguments(parser: argparse.ArgumentParser, *, scale: bool = True) -> None:
+    """``--dpi``, ``--figsize``, ``--cmap`` and (for attention maps) ``--scale`` for PNG and
+    SVG pictures."""
+    figures = parser.add_argument_group("pictures (png, svg)")
+    figures.add_argument("--dpi", type=float, default=None, metavar="N",
+                         help="dots per inch of PNG files (default: 120 for maps, 100 for head grids)")
+    figures.add_argument("--figsize", type=_figsize, default=None, metavar="W,H",
+                         help="figure size in inches, e.g. 8,6 (default: from the number of tokens)")
+    figures.add_argument("--cmap", default="Blues", metavar="NAME",
+                         help="a matplotlib colour map, e.g. Blues, viridis, magma (default: Blues)")
+    if scale:
+        figures.add_argument("--scale", choices=SCALES, default=None,
+                             help="colour scale of the weights (default: linear up to 24 tokens, sqrt above)")
+
+
+def figure_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The figure arguments as keyword arguments of :mod:`attnkit.viz` drawing functions,
+    without those left at their defaults."""
+    options: dict[str, Any] = {"cmap": args.cmap}
+    if args.dpi is not None:
+        if args.dpi <= 0:
+            raise CommandError(f"--dpi must be above 0, got {args.dpi:g}")
+        options["dpi"] = args.dpi
+    if args.figsize is not None:
+        options["figsize"] = args.figsize
+    if getattr(args, "scale", None) is not None:
+        options["scale"] = args.scale
+    return options
+
+
+def _figsize(text: str) -> tuple[float, float]:
+    try:
+        width, height = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected W,H in inches such as 8,6, got {text!r}") from None
+    if width <= 0 or height <= 0:
+        raise argparse.ArgumentTypeError(f"width and height must be above 0, got {text!r}")
+    return width, height
 
 
 def add_level_argument(parser: argparse.ArgumentParser, *, help: str = LEVEL_HELP) -> None:
@@ -59,16 +234,30 @@ def parse_formats(text: str, allowed: tuple[str, ...] = FORMATS) -> list[str]:
     return list(dict.fromkeys(formats))
 
 
-def load_model(name: str) -> Any:
-    """``attnkit.models.load(name)`` with its errors as command errors.
+def load_model(name: str, device: str = "cpu", *, status: Status | None = None) -> Any:
+    """``attnkit.models.load(name, device=device)`` with its errors as command errors.
+
+    Args:
+        name: a known model's name or a folder.
+        device: a torch device name.
+        status: where to say what is loading (default: nowhere).
 
     Raises:
         CommandError: the model is unknown, not fetched (the message says how to fetch
-            it), corrupt, or its dependencies are missing.
+            it), corrupt, its dependencies are missing, or an unavailable device.
     """
-    try:
-        from attnkit import models
+    with (status or Status(quiet=True)).step(f"loading {name} on {device}"):
+        try:
+            import torch
 
-        return models.load(name)
-    except (OSError, ValueError, ImportError) as err:
-        raise CommandError(str(err)) from None
+            from attnkit import models
+
+            try:
+                target = torch.device(device)
+            except RuntimeError:
+                raise ValueError(f'--device takes a torch device such as "cpu" or "cuda:0", got {device!r}') from None
+            if target.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(f"--device {device}: no CUDA device is available here (torch {torch.__version__})")
+            return models.load(name, device=target)
+        except (OSError, ValueError, ImportError, RuntimeError) as err:
+            raise CommandError(str(err)) from None

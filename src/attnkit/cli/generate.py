@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from attnkit.cli import CommandError
+from attnkit.cli.common import add_device_argument, load_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue (no chat template is applied)")
     parser.add_argument("--model", default="smollm2", help="a LLaMA-family model name or folder (default: smollm2)")
+    add_device_argument(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                         help="the most tokens to add (default: 64)")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
@@ -32,15 +34,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnkit.models import ModelNotFound, load
-
+    model = load_model(args.model, args.device)
     try:
-        model = load(args.model)
         pieces = model.generate(
             args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             seed=args.seed,
         )
-    except (ModelNotFound, ValueError) as err:
+    except ValueError as err:
         raise CommandError(str(err)) from None
     for piece in pieces:
         sys.stdout.write(piece)

@@ -8,6 +8,10 @@ from pathlib import Path
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import (
+    Status,
+    add_figure_arguments,
+    add_quiet_argument,
+    figure_options,
     add_level_argument,
     add_model_argument,
     add_output_arguments,
@@ -45,6 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help=f"print this statistic's layers × heads values instead of the role grid: "
                              f"{', '.join(DESCRIPTIONS)}")
     add_output_arguments(parser, default_formats="png,json")
+    add_figure_arguments(parser, scale=False)
+    add_quiet_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -80,11 +86,16 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--top must be at least 1, got {args.top}")
     if (args.source is None) != (args.target is None):
         raise CommandError("--from and --to go together: the token that attends and the token attended to")
-    model = load_model(args.model)
+    figure = figure_options(args)
+    status = Status(args.quiet)
+    model = load_model(args.model, args.device, status=status)
     try:
-        survey = survey_heads(model, texts, source=args.source, target=args.target, level=args.level)
+        what = f"{len(texts)} text" + ("s" if len(texts) != 1 else "")
+        with status.step(f"surveying {model.num_layers} layers × {model.num_heads} heads of {model.name} on {what}"):
+            survey = survey_heads(model, texts, source=args.source, target=args.target, level=args.level)
         print(render_survey(survey, top=args.top, stat=args.stat), end="", flush=True)
-        written = write_survey(survey, Path(args.out), formats)
+        with status.step(f"writing {', '.join(formats)}"):
+            written = write_survey(survey, Path(args.out), formats, **figure)
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
     print()

@@ -1,4 +1,4 @@
-"""``attnkit inspect``: one layer's attention in a real model, as in the notes' practical
+"""``attnkit inspect``: attention in a real model, as in the tutorial's practical
 example — between tokens or words, printed, drawn as a heatmap, saved as JSON, and as the
 interactive viewer of every layer and head."""
 
@@ -7,16 +7,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dataclasses import replace
+
 from attnkit.cli import CommandError
 from attnkit.cli.common import (
     FORMATS,
+    Status,
+    add_figure_arguments,
     add_level_argument,
     add_model_argument,
     add_output_arguments,
+    add_quiet_argument,
+    add_size_argument,
+    check_sizes,
+    figure_options,
+    format_size,
     load_model,
     parse_formats,
+    parse_size,
 )
-from attnkit.inspect.maps import EXAMPLE_TEXT, attention_map
+from attnkit.inspect.maps import EXAMPLE_TEXT, attention_map, resolve_heads, resolve_layer
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
@@ -27,45 +37,132 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "inspect",
         help="show where each token attends in a real model",
         description=(
-            "Run a real model on TEXT and show one layer's attention: the tokens, the keys "
-            "each query token attends to most, a heatmap in the notes' style (Blues, values "
-            "annotated, query tokens as rows, key tokens as columns), the weights as JSON, and "
-            "with --format html one self-contained viewer page of every layer and head. "
-            f'Defaults reproduce the notes\' example: "{EXAMPLE_TEXT}", SmolLM2, last layer, head 0. '
+            "Run a real model on TEXT and show a layer's attention: the tokens, the keys "
+            "each query token attends to most, a heatmap (query tokens as rows, key tokens as "
+            "columns; values written in the cells of short texts, cells a causal model cannot "
+            "attend to in grey), the weights as JSON, and with --format html one self-contained "
+            "viewer page of every layer and head. Files estimated larger than --max-size are refused "
+            "before anything runs. Status lines go to stderr (--quiet for none). "
+            f'Defaults show the tutorial\'s example: "{EXAMPLE_TEXT}", SmolLM2, last layer, head 0. '
             "Models come from `attnkit models fetch NAME`."
         ),
     )
     parser.add_argument("text", nargs="?", default=EXAMPLE_TEXT, metavar="TEXT",
                         help=f'the text to run (default: "{EXAMPLE_TEXT}")')
     add_model_argument(parser)
-    parser.add_argument("--layer", type=int, default=-1, metavar="L",
-                        help="layer, from 0; negative counts from the end (default: -1, the last)")
-    parser.add_argument("--head", default="0", metavar="H|all", help='head, from 0, or "all" (default: 0)')
+    parser.add_argument("--layers", "--layer", dest="layers", default=None, metavar="L[,L]|all",
+                        help="layers, from 0, negative from the end, comma-separated, or all: the printed maps, "
+                             "pictures and JSON show each (default: -1, the last); the html page shows these "
+                             "(default: all)")
+    parser.add_argument("--heads", "--head", dest="heads", default=None, metavar="H[,H]|all",
+                        help="heads, from 0, comma-separated, or all; several heads are drawn as small multiples "
+                             "in one picture (default: 0; the html page: all)")
     parser.add_argument("--top", type=int, default=3, metavar="K", help="keys shown per query token (default: 3)")
     add_level_argument(parser)
     add_output_arguments(parser, default_formats="png,json", formats=INSPECT_FORMATS)
+    add_size_argument(parser)
+    add_figure_arguments(parser)
+    add_quiet_argument(parser)
     parser.set_defaults(func=run)
+
+
+def parse_layers(spec: str | None, num_layers: int) -> list[int] | None:
+    """``--layers``: ``None`` when not given, else the layers as ``0 .. n-1``.
+
+    Raises:
+        CommandError: not a comma-separated list of layers or ``all``, or a layer out of range.
+    """
+    if spec is None:
+        return None
+    if spec.strip().lower() == "all":
+        return list(range(num_layers))
+    try:
+        return list(dict.fromkeys(resolve_layer(int(part), num_layers) for part in spec.split(",")))
+    except ValueError as err:
+        message = str(err) if "out of range" in str(err) else f'--layers takes layers such as 29 or 0,5,-1 or "all", got {spec!r}'
+        raise CommandError(message) from None
+
+
+def parse_heads(spec: str | None, num_heads: int) -> list[int] | None:
+    """``--heads``: ``None`` when not given, else the heads as ``0 .. h-1``.
+
+    Raises:
+        CommandError: not a comma-separated list of heads or ``all``, or a head out of range.
+    """
+    if spec is None:
+        return None
+    if spec.strip().lower() == "all":
+        return list(range(num_heads))
+    try:
+        return list(dict.fromkeys(h for part in spec.split(",") for h in resolve_heads(part.strip(), num_heads)))
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+
+
+def counted(items: list[int], noun: str) -> str:
+    """``1 layer``, ``30 layers``."""
+    return f"{len(items)} {noun}" + ("" if len(items) == 1 else "s")
 
 
 def run(args: argparse.Namespace) -> int:
     from attnkit.viz.attention_text import render_map
-    from attnkit.viz.export import write_map, write_viewer
+    from attnkit.viz.export import estimate_map_json, estimate_viewer_html, write_map, write_viewer
 
+    status = Status(args.quiet)
     formats = parse_formats(args.format, INSPECT_FORMATS)
+    limit = parse_size(args.max_size)
+    figure = figure_options(args)
     if not args.text.strip():
         raise CommandError("the text is empty")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
-    model = load_model(args.model)
+    model = load_model(args.model, args.device, status=status)
     try:
-        amap = attention_map(model, args.text, layer=args.layer, head=args.head, level=args.level)
-        print(render_map(amap, top=args.top), end="", flush=True)
-        written = write_map(amap, Path(args.out), formats)
+        tokens = len(model.tokenize(args.text).tokens)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    layers = parse_layers(args.layers, model.num_layers)
+    heads = parse_heads(args.heads, model.num_heads)
+    map_layers = layers or [model.num_layers - 1]
+    map_heads = heads or [0]
+    page_layers = layers or list(range(model.num_layers))
+    page_heads = heads or list(range(model.num_heads))
+
+    # Every file's size is estimated before anything is computed.
+    causal = bool(model.causal)
+    estimates = {}
+    if "json" in formats:
+        for layer in map_layers:
+            estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(map_heads), causal=causal)
+    if "html" in formats:
+        estimates[f"the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"] = estimate_viewer_html(
+            tokens, len(page_layers), len(page_heads), causal=causal
+        )
+    check_sizes(estimates, limit, advice=(
+        f"The text is {tokens} tokens: ask for fewer layers or heads (--layers, --heads), "
+        "a shorter text, or other formats (--format)"
+    ))
+
+    out = Path(args.out)
+    written = []
+    try:
+        for layer in map_layers:
+            with status.step(f"running {model.name} on {tokens} tokens for layer {layer}"):
+                amap = attention_map(model, args.text, layer=layer, head="all" if len(map_heads) > 1 else map_heads[0],
+                                     level=args.level)
+                if len(map_heads) > 1:
+                    amap = replace(amap, heads=map_heads, weights=amap.weights[map_heads])  # [h, n, n]
+            print(render_map(amap, top=args.top), end="", flush=True)
+            files = [f for f in formats if f != "html"]
+            if files:
+                with status.step(f"writing {', '.join(files)} of layer {layer}"):
+                    written += write_map(amap, out, files, **figure)
         if "html" in formats:
-            written.append(write_viewer(model, args.text, Path(args.out), level=args.level))
+            with status.step(f"writing the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"):
+                written.append(write_viewer(model, args.text, out, level=args.level, layers=layers, heads=heads))
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
     print()
     for path in written:
-        print(f"wrote {path}")
+        print(f"wrote {path} ({format_size(path.stat().st_size)})")
     return 0

@@ -7,6 +7,7 @@ import ipaddress
 import sys
 
 from attnkit.cli import CommandError
+from attnkit.cli.common import Status, add_device_argument, add_quiet_argument, load_model
 
 DEFAULT_MODEL = "smollm2"
 
@@ -32,6 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="also answer requests whose Host is NAME (this machine's name or address as other "
                              "machines reach it); repeat for several")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    add_device_argument(parser)
+    add_quiet_argument(parser)
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
                         help="longest text accepted, in tokens (default: 1024, or the model's context if shorter)")
     parser.add_argument("--max-queue", type=int, default=None, metavar="N",
@@ -92,11 +95,12 @@ def run(args: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise CommandError(f"--model names a model twice: {names}")
     hosts = allowed_hosts(args.host, args.allow_host)
-    print(f"attnkit serve: loading {', '.join(names)}", file=sys.stderr, flush=True)
+    status = Status(args.quiet)
     try:
-        from attnkit import models
-
-        app = create_app(names, loader=models.load, max_tokens=max_tokens, max_queue=max_queue, allowed_hosts=hosts)
+        app = create_app(
+            names, loader=lambda name: load_model(name, args.device, status=status), max_tokens=max_tokens,
+            max_queue=max_queue, allowed_hosts=hosts,
+        )
     except (OSError, ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
     if not is_loopback(args.host):

@@ -4,13 +4,16 @@
 - :func:`write_map`: one heatmap per head (PNG/SVG) and the weights as JSON.
 - :func:`write_viewer`: the self-contained viewer page of every layer and head.
 - :func:`write_survey`: one layers × heads picture per statistic, and the numbers as JSON.
+
+:func:`estimate_map_json` and :func:`estimate_viewer_html` say how large those files will
+be before anything is computed, so that a program can refuse a file too large to use.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,56 @@ from attnkit.inspect.maps import AttentionMap
 from attnkit.inspect.survey import DESCRIPTIONS, HeadSurvey
 
 PICTURE_FORMATS = ("png", "svg")
+
+# Bytes per attention weight in the files, measured on SmolLM2 and MiniLM maps: JSON text
+# of weights rounded to 6 decimals ("0.000123, "; a masked "0.0, " is shorter), and the
+# viewer's zlib-compressed uint16 in base64 (masked zeros compress to almost nothing).
+JSON_BYTES_PER_WEIGHT = {False: 10.0, True: 7.5}
+VIEWER_BYTES_PER_WEIGHT = {False: 1.8, True: 1.0}
+# Per token: its strings, span and label in the JSON, its label in the viewer page.
+JSON_BYTES_PER_TOKEN = 160
+VIEWER_BYTES_PER_TOKEN = 40
+# The viewer page's script and style.
+VIEWER_PAGE_BYTES = 80_000
+
+
+def estimate_map_json(tokens: int, heads: int, *, causal: bool) -> int:
+    """About how many bytes :func:`write_map` writes as JSON for one layer.
+
+    Args:
+        tokens: the text's length in tokens (an upper bound for a word map).
+        heads: how many heads the map holds.
+        causal: whether the model is causal (half the weights are zeros).
+
+    Returns:
+        The estimate in bytes.
+    """
+    return int(heads * tokens * tokens * JSON_BYTES_PER_WEIGHT[causal] + tokens * JSON_BYTES_PER_TOKEN)
+
+
+def estimate_viewer_html(tokens: int, layers: int, heads: int, *, causal: bool) -> int:
+    """About how many bytes :func:`write_viewer` writes.
+
+    Args:
+        tokens: the text's length in tokens (an upper bound for a word page).
+        layers: how many layers the page holds.
+        heads: how many heads of each layer.
+        causal: whether the model is causal.
+
+    Returns:
+        The estimate in bytes.
+    """
+    weights = layers * heads * tokens * tokens
+    return int(weights * VIEWER_BYTES_PER_WEIGHT[causal] + tokens * VIEWER_BYTES_PER_TOKEN + VIEWER_PAGE_BYTES)
+
+
+def heads_tag(heads: Sequence[int]) -> str:
+    """How file names name heads: ``head3``; ``heads0-8`` for a run of heads; ``heads0_3_5``."""
+    if len(heads) == 1:
+        return f"head{heads[0]}"
+    if list(heads) == list(range(heads[0], heads[0] + len(heads))):
+        return f"heads{heads[0]}-{heads[-1]}"
+    return "heads" + "_".join(map(str, heads))
 
 
 def file_stem(model_name: str) -> str:
@@ -37,53 +90,77 @@ def write_json(data: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def write_map(amap: AttentionMap, out: Path, formats: Collection[str]) -> list[Path]:
-    """Write the heatmap of each head (``png``/``svg``) and the weights (``json``) of one
-    layer; other formats are left to their writers (:func:`write_viewer`).
+def write_map(
+    amap: AttentionMap, out: Path, formats: Collection[str], *, dpi: float | None = None, **figure: Any
+) -> list[Path]:
+    """Write the heatmap (``png``/``svg``) and the weights (``json``) of one layer; other
+    formats are left to their writers (:func:`write_viewer`). Several heads are drawn as
+    small multiples in one picture (:func:`attnkit.viz.heatmap.plot_attention_heads`).
 
     Args:
         amap: from :func:`attnkit.inspect.attention_map`.
         out: the folder to write to.
         formats: any of ``png``, ``svg``, ``json``.
+        dpi: dots per inch of PNG files (default: the drawing function's).
+        **figure: options of the pictures: ``figsize``, ``cmap``, ``scale``.
 
     Returns:
-        The paths written: ``MODEL_layerL_headH.png`` per head and format, and
-        ``MODEL_layerL_headH.json`` (``all-heads`` for several heads); word maps add
-        ``_words`` before the extension.
+        The paths written: ``MODEL_layerL_headH.png`` per format and
+        ``MODEL_layerL_headH.json``, ``headsA-B`` for several heads
+        (:func:`heads_tag`); word maps add ``_words`` before the extension.
 
     Raises:
         ImportError: matplotlib is missing and a picture was asked for.
+        ValueError: an unknown colour map or scale.
     """
-    stem = f"{file_stem(amap.model)}_layer{amap.layer}"
+    stem = f"{file_stem(amap.model)}_layer{amap.layer}_{heads_tag(amap.heads)}"
     # Word maps get their own names, next to the token maps of the same text.
     suffix, unit = ("", "") if amap.words is None else ("_words", " word")
     written = []
     pictures = [f for f in formats if f in PICTURE_FORMATS]
     if pictures:
-        from attnkit.viz.heatmap import draw_heatmap
+        from attnkit.viz.heatmap import draw_attention_heads, draw_heatmap
 
-        for position, head in enumerate(amap.heads):
-            for fmt in pictures:
+        labels = dict(xlabel=f"Key{unit} (attended to)", ylabel=f"Query{unit} (attending)")
+        what = f"{amap.model}" + (" (words)" if suffix else "")
+        saving = {} if dpi is None else {"dpi": dpi}
+        for fmt in pictures:
+            path = out / f"{stem}{suffix}.{fmt}"
+            if len(amap.heads) == 1:
                 written.append(draw_heatmap(
-                    amap.weights[position], amap.labels, amap.labels, out / f"{stem}_head{head}{suffix}.{fmt}",
-                    title=f"Layer {amap.layer}, head {head} — {amap.model}" + (" (words)" if suffix else ""),
-                    xlabel=f"Key{unit} (attended to)", ylabel=f"Query{unit} (attending)",
+                    amap.weights[0], amap.labels, amap.labels, path, title=f"Layer {amap.layer}, head {amap.heads[0]} — {what}",
+                    causal=amap.causal, **labels, **saving, **figure,
+                ))
+            else:
+                written.append(draw_attention_heads(
+                    amap.weights, amap.labels, amap.labels, path, heads=amap.heads, title=f"Layer {amap.layer} — {what}",
+                    causal=amap.causal, **labels, **saving, **figure,
                 ))
     if "json" in formats:
-        heads = f"head{amap.heads[0]}" if len(amap.heads) == 1 else "all-heads"
-        written.append(write_json(amap.to_dict(), out / f"{stem}_{heads}{suffix}.json"))
+        written.append(write_json(amap.to_dict(), out / f"{stem}{suffix}.json"))
     return written
 
 
-def write_viewer(model: Any, text: str, out: Path, *, level: str = "token") -> Path:
-    """Write the viewer page (``html``) of ``text``: every layer and head of ``model``, not
-    only the ones printed, so that one file is enough to explore the whole model.
+def write_viewer(
+    model: Any,
+    text: str,
+    out: Path,
+    *,
+    level: str = "token",
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+) -> Path:
+    """Write the viewer page (``html``) of ``text``: by default every layer and head of
+    ``model``, not only the ones printed, so that one file is enough to explore the whole
+    model.
 
     Args:
         model: an :mod:`attnkit.models` model.
         text: the input.
         out: the folder to write to.
         level: ``"token"``, or ``"word"`` for the attention between the words of the text.
+        layers: the layers to include (default: all).
+        heads: the heads of each layer to include (default: all).
 
     Returns:
         The path written: ``MODEL_viewer.html``, or ``MODEL_viewer_words.html``.
@@ -94,19 +171,23 @@ def write_viewer(model: Any, text: str, out: Path, *, level: str = "token") -> P
     """
     from attnkit.viz.viewer import viewer_data_from_run, write_html
 
-    run = model.run(text, attention=True)
+    run = model.run(text, attention=True if layers is None else list(layers), heads=heads)
     data = viewer_data_from_run(model, run, name=model.name, text=text, level=level)
     suffix = "_words" if level == "word" else ""
     return write_html(out / f"{file_stem(model.name)}_viewer{suffix}.html", data)
 
 
-def write_survey(survey: HeadSurvey, out: Path, formats: Collection[str]) -> list[Path]:
+def write_survey(
+    survey: HeadSurvey, out: Path, formats: Collection[str], *, dpi: float | None = None, **figure: Any
+) -> list[Path]:
     """Write one layers × heads picture per statistic (and for the token pair) and the JSON.
 
     Args:
         survey: from :func:`attnkit.inspect.survey_heads`.
         out: the folder to write to.
         formats: any of ``png``, ``svg``, ``json``.
+        dpi: dots per inch of PNG files (default: the drawing function's).
+        **figure: options of the pictures: ``figsize``, ``cmap``.
 
     Returns:
         The paths written: ``MODEL_heads_STAT.png`` per statistic and picture format, and
@@ -130,6 +211,7 @@ def write_survey(survey: HeadSurvey, out: Path, formats: Collection[str]) -> lis
             for fmt in pictures:
                 written.append(draw_head_grid(
                     values, out / f"{stem}_{name}.{fmt}", title=f"{label} — {survey.model}", label=label,
+                    **({} if dpi is None else {"dpi": dpi}), **figure,
                 ))
     if "json" in formats:
         written.append(write_json(survey.to_dict(), out / f"{stem}.json"))

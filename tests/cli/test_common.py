@@ -1,0 +1,94 @@
+"""What the commands share: a mistyped model fails at once, sizes, status lines, warnings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from attnkit.cli import CommandError, main
+from attnkit.cli.common import (
+    KNOWN_MODELS,
+    LEVELS,
+    SCALES,
+    Status,
+    check_model_name,
+    check_sizes,
+    format_size,
+    model_names_in,
+    parse_size,
+)
+
+
+def test_the_lists_kept_here_without_torch_match_the_library():
+    from attnkit.inspect.maps import LEVELS as MAP_LEVELS
+    from attnkit.models import MODELS
+    from attnkit.viz.heatmap import SCALES as HEATMAP_SCALES
+
+    assert KNOWN_MODELS == tuple(MODELS) and LEVELS == MAP_LEVELS and SCALES == HEATMAP_SCALES
+
+
+def test_a_mistyped_model_fails_before_torch_is_imported():
+    script = (
+        "import sys\n"
+        "from attnkit.cli import main\n"
+        "code = main(['inspect', 'hi', '--model', 'smolm2'])\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["2", "False"]
+    assert done.stderr == (
+        "attnkit: error: --model 'smolm2' is neither a known model (smollm2, minilm) nor a folder; "
+        "did you mean 'smollm2'?\n"
+    )
+
+
+def test_python_dash_m_attnkit_is_the_command():
+    done = subprocess.run([sys.executable, "-m", "attnkit", "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("attnkit ")
+
+
+def test_model_names_and_paths(tmp_path):
+    assert model_names_in(["inspect", "--model", "a", "--model=b", "--modelx", "c"]) == ["a", "b"]
+    check_model_name("minilm")
+    check_model_name(str(tmp_path))
+    with pytest.raises(CommandError, match="did you mean 'minilm'"):
+        check_model_name("minlm")
+    with pytest.raises(CommandError, match=r"nor a folder$"):
+        check_model_name("gpt-17")
+
+
+def test_sizes():
+    assert parse_size("20MB") == 20_000_000 and parse_size("1.5 GB") == 1_500_000_000
+    assert parse_size("500kB") == 500_000 and parse_size("123") == 123 and parse_size("none") is None
+    with pytest.raises(CommandError, match="--max-size takes a size"):
+        parse_size("20 parsecs")
+    assert [format_size(n) for n in (12, 3_400, 3_400_000, 1_200_000_000)] == ["12 B", "3.4 kB", "3.4 MB", "1.2 GB"]
+    check_sizes({"a": 10}, None, advice="x")
+    check_sizes({"a": 10}, 10, advice="x")
+    with pytest.raises(CommandError, match=r"^b would be about 11 B, over the 10 B limit per file, so nothing was "
+                                           r"written\. Ask less, or raise the limit with --max-size"):
+        check_sizes({"a": 10, "b": 11}, 10, advice="Ask less")
+
+
+def test_status_lines_go_to_stderr_unless_quiet(capsys):
+    with Status().step("loading"):
+        pass
+    assert capsys.readouterr().err.splitlines()[0] == "attnkit: loading …"
+    with Status(quiet=True).step("loading"):
+        Status(quiet=True).say("x")
+    assert capsys.readouterr() == ("", "")
+
+
+def test_warnings_read_as_the_commands_own_lines(capsys, monkeypatch):
+    import attnkit.cli.explain as explain
+
+    def warn(args):
+        warnings.warn("no installed font has glyphs for '가'", UserWarning, stacklevel=2)
+        return 0
+
+    monkeypatch.setattr(explain, "run", warn)
+    assert main(["explain"]) == 0
+    assert capsys.readouterr().err == "attnkit: warning: no installed font has glyphs for '가'\n"
