@@ -36,7 +36,8 @@ from attnkit import masks  # noqa: E402
 from attnkit.functional import attention, linear_attention, local_attention, sparse_attention  # noqa: E402
 from attnkit.functional.local import scores_computed  # noqa: E402
 from attnkit.functional.sparse import kept_fraction  # noqa: E402
-from attnkit.functional.tiled import FULL, PARTIAL, classify_blocks, make_plan  # noqa: E402
+from attnkit.functional.block_status import FULL, PARTIAL, classify_blocks  # noqa: E402
+from attnkit.functional.tiled import make_plan  # noqa: E402
 from benchmarks.common import RESULTS, markdown_table, matmul_gflops, write_results  # noqa: E402
 
 B, H, D = 1, 8, 64
@@ -141,7 +142,7 @@ def contender(name: str, cell: Cell) -> tuple[Callable[[], torch.Tensor] | None,
     if name == "tiled_doc":
         return (lambda: attention(q, k, v, mask=cell.doc_mask)), long_backward
     if name == "sparse_strided":
-        return (lambda: sparse_attention(q, k, v, pattern=masks.strided(STRIDE), causal=True, permute=STRIDE)), long_backward
+        return (lambda: sparse_attention(q, k, v, mask=masks.strided(STRIDE), causal=True, permute=STRIDE)), long_backward
     raise KeyError(name)
 
 

@@ -57,7 +57,7 @@ def test_sparse_matches_dense_reference_outputs_and_gradients(case):
     v = torch.randn(b, h_kv, s_k, d_v, generator=g, dtype=torch.float64, requires_grad=True)
     pattern = PATTERNS[case["pattern"]]()
     result = sparse_attention(
-        q, k, v, pattern=pattern, causal=case["causal"], block_size=case["block"], permute=case["permute"], return_lse=True
+        q, k, v, mask=pattern, causal=case["causal"], block_size=case["block"], permute=case["permute"], return_lse=True
     )
     allowed = pattern.to_dense(s_q, s_k)
     if case["causal"]:
@@ -125,7 +125,16 @@ def test_block_random_keeps_whole_blocks_at_the_asked_density():
 
 def test_pattern_and_argument_errors():
     q = torch.randn(1, 1, 8, 4)
-    with pytest.raises(TypeError, match=r"pattern must be an attnkit.masks.Mask, got str"):
-        sparse_attention(q, q, q, pattern="strided")
+    with pytest.raises(TypeError, match=r"mask must be an attnkit.masks.Mask, got str"):
+        sparse_attention(q, q, q, mask="strided")
     with pytest.raises(ValueError, match=r"permute must be an int >= 1 or None, got 0"):
-        sparse_attention(q, q, q, pattern=masks.causal(), permute=0)
+        sparse_attention(q, q, q, mask=masks.causal(), permute=0)
+
+
+def test_pattern_is_the_deprecated_name_of_mask():
+    q = torch.randn(1, 2, 16, 4, dtype=torch.float64)
+    with pytest.warns(DeprecationWarning, match=r"pattern=\.\.\.\) is now mask="):
+        old = sparse_attention(q, q, q, pattern=masks.strided(3), causal=True)
+    assert torch.equal(old, sparse_attention(q, q, q, mask=masks.strided(3), causal=True))
+    with pytest.raises(ValueError, match="pass the pattern once"):
+        sparse_attention(q, q, q, mask=masks.strided(3), pattern=masks.strided(3))

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 import attnkit
 from attnkit import masks
 from attnkit.functional import tiled_attention
-from attnkit.functional.tiled import EMPTY, FULL, PARTIAL, classify_blocks, make_plan, tiled_core
+from attnkit.functional.block_status import EMPTY, FULL, PARTIAL, classify_blocks
+from attnkit.functional.tiled import make_plan, tiled_core
 from tests.functional.dense_reference import LargestStorage, causal_allowed, dense_attention, grads
 
 MASKS = {
@@ -80,7 +81,7 @@ def test_tiled_matches_dense_reference_outputs_lse_and_gradients(case):
         inputs.append(bias)
     mask = MASKS[case["mask"]](b, h, s_q, s_k, g)
     out, lse = tiled_core(
-        q, k, v, mask=mask, bias=bias, causal=case["causal"], scale=d**-0.5, block_size=case["block"], engine=case["engine"]
+        q, k, v, mask=mask, bias=bias, causal=case["causal"], scale=d**-0.5, block_size=case["block"], block_engine=case["engine"]
     )
     allowed = _allowed(mask, b, h, s_q, s_k, case["causal"])
     want, _, want_lse = dense_attention(q, k, v, allowed=allowed, bias=bias)

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-Engine = Literal["auto", "fused", "eager"]
+BlockEngine = Literal["auto", "fused", "eager"]
 
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _NEG_INF = float("-inf")
@@ -40,7 +40,7 @@ _FUSED_FORWARD = _fused_op("_scaled_dot_product_flash_attention_for_cpu")
 _FUSED_BACKWARD = _fused_op("_scaled_dot_product_flash_attention_for_cpu_backward")
 
 
-def use_fused(q: Tensor, v: Tensor, engine: Engine = "auto") -> bool:
+def use_fused(q: Tensor, v: Tensor, engine: BlockEngine = "auto") -> bool:
     """Whether the fused CPU kernel can serve these inputs under ``engine``."""
     if engine == "eager":
         return False
@@ -61,7 +61,7 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def block_forward(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, engine: Engine = "auto", alive: Tensor | None = None
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, engine: BlockEngine = "auto", alive: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """``softmax(q kᵀ · scale + bias) v`` and its log-sum-exp.
 
@@ -96,7 +96,7 @@ def block_backward(
     scale: float,
     *,
     need_dbias: bool = False,
-    engine: Engine = "auto",
+    engine: BlockEngine = "auto",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Gradients of one block call, given the rows' *final* ``out`` and ``lse``.
 

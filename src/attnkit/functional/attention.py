@@ -3,17 +3,19 @@
 Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q`` query
 length, ``s_k`` key length, ``d`` head dim, ``d_v`` value head dim.
 
-Three paths compute the same thing:
+Four engines compute the same thing; :mod:`attnkit.functional.engines` chooses one per call
+(``engine="auto"``) and a caller may force one:
 
-- the **fused** path, ``F.scaled_dot_product_attention``, taken when nobody asked for the
-  weights and SDPA can express the mask exactly (no mask, or causal with ``s_q == s_k`` or a
-  single query);
-- the **tiled** path (:mod:`attnkit.functional.tiled`), taken for every other call that
-  needs no weights, no dropout and no score callable: a mask (``Mask`` or bool tensor), a
-  bias, or causal with ``s_q != s_k``. Exact, ``O(s · block)`` memory, and it skips the
-  key blocks a mask leaves empty;
-- the **reference** path, which materialises the scores ``[b, h, s_q, s_k]``, never
-  produces NaN on fully masked rows, and can hand back the weights.
+- ``"sdpa"``, ``F.scaled_dot_product_attention``, taken when nobody asked for the weights and
+  SDPA can express the mask exactly (no mask, or causal with ``s_q == s_k`` or a single
+  query);
+- ``"flex"``, compiled FlexAttention (:mod:`attnkit.functional.flex`), taken on GPUs for
+  every other call that needs no weights, no dropout and no score callable: a mask
+  (``Mask`` or bool tensor), a bias, or causal with ``s_q != s_k``;
+- ``"blockwise"``, the tiled kernel (:mod:`attnkit.functional.tiled`), for the same calls on
+  the CPU: exact, ``O(s · block)`` memory, and it skips the key blocks a mask leaves empty;
+- ``"reference"``, which materialises the scores ``[b, h, s_q, s_k]``, never produces NaN on
+  fully masked rows, and can hand back the weights.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
+from attnkit.functional.engines import Engine, choose_attention_engine
 from attnkit.functional.records import AttentionResult
 from attnkit.functional.scores import dot_scores
 from attnkit.functional.softmax import masked_softmax
@@ -40,13 +43,13 @@ MaskLike = masks_mod.Mask | Tensor
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, mask: MaskLike | None = ..., bias: Tensor | None = ...,
     causal: bool = ..., scale: float | None = ..., score: Score = ..., dropout_p: float = ...,
-    return_weights: Literal[False] = ...,
+    return_weights: Literal[False] = ..., engine: Engine = ...,
 ) -> Tensor: ...
 @overload
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *, mask: MaskLike | None = ..., bias: Tensor | None = ...,
     causal: bool = ..., scale: float | None = ..., score: Score = ..., dropout_p: float = ...,
-    return_weights: Literal[True],
+    return_weights: Literal[True], engine: Engine = ...,
 ) -> AttentionResult: ...
 
 
@@ -62,6 +65,7 @@ def attention(
     score: Score = "scaled_dot",
     dropout_p: float = 0.0,
     return_weights: bool = False,
+    engine: Engine = "auto",
 ) -> Tensor | AttentionResult:
     """softmax(score(q, k) + bias, masked) @ v.
 
@@ -84,6 +88,9 @@ def attention(
             :func:`attnkit.functional.scores.general_scores`.
         dropout_p: dropout on the weights; pass 0 at evaluation time.
         return_weights: return an :class:`AttentionResult` with the weights.
+        engine: ``"auto"`` (the fastest exact engine for the inputs and device), or force
+            ``"sdpa"`` (a mask goes to SDPA as a dense bool tensor), ``"flex"``,
+            ``"blockwise"`` or ``"reference"``; see :mod:`attnkit.functional.engines`.
 
     Returns:
         ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``), or an :class:`AttentionResult` whose
@@ -94,7 +101,7 @@ def attention(
         TypeError: non-float or mismatched dtypes, a float mask, an unknown score.
         ValueError: shapes that do not fit together, ``h`` not divisible by ``h_kv``,
             tensors on different devices, a mask of the wrong shape, ``dropout_p``
-            outside ``[0, 1)``.
+            outside ``[0, 1)``, an unknown engine or one that cannot compute the call.
     """
     single = _check_inputs(q, k, v)
     if single:
@@ -102,22 +109,33 @@ def attention(
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
     _check_options(score, dropout_p, scale)
-    if not return_weights and _sdpa_can_serve(score, bias, mask, causal, s_q, s_k):
+    sdpa_serves = _sdpa_can_serve(score, bias, mask, causal, s_q, s_k)
+    chosen = choose_attention_engine(
+        engine, q, v, sdpa_serves=sdpa_serves,
+        needs_reference=return_weights or not isinstance(score, str) or (dropout_p > 0 and not sdpa_serves) or s_k == 0,
+        bias=bias,
+    )
+    if chosen == "sdpa" and sdpa_serves:
         out = _sdpa(q, k, v, causal=causal and s_q == s_k and s_q > 1, scale=_scale(score, scale, d), dropout_p=dropout_p)
         return out[0, 0] if single else out
-
-    if not return_weights and _tiled_can_serve(score, dropout_p, s_k):
-        # Masks, biases and offset causal: exact attention over key blocks, skipping the
-        # blocks the mask leaves empty, in O(s · block) memory (attnkit.functional.tiled).
+    if chosen in ("flex", "blockwise"):
+        # Masks, biases and offset causal: exact attention that skips the key blocks a mask
+        # leaves empty, in O(s · block) memory (attnkit.functional.tiled / .flex).
         from attnkit.functional.tiled import tiled_core
 
-        out, _ = tiled_core(q, k, v, mask=mask, bias=bias, causal=causal, scale=_scale(score, scale, d))
+        out, _ = tiled_core(
+            q, k, v, mask=mask, bias=bias, causal=causal, scale=_scale(score, scale, d), engine=chosen,
+            kernel="attention", need_lse=False,
+        )
         return out[0, 0] if single else out
 
-    # Only the paths below need the mask as a tensor; building it is O(s_q * s_k).
+    # Only the engines below need the mask as a tensor; building it is O(s_q * s_k).
     allowed = _allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
     if bias is not None:
         _check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
+    if chosen == "sdpa":
+        out = _sdpa_dense(q, k, v, allowed, bias, scale=_scale(score, scale, d), dropout_p=dropout_p)
+        return out[0, 0] if single else out
     result = reference_attention(
         q, k, v, allowed=allowed, bias=bias, scale=_scale(score, scale, d), score=score, dropout_p=dropout_p
     )
@@ -166,16 +184,28 @@ def _sdpa_can_serve(score: Score, bias: Tensor | None, mask: MaskLike | None, ca
     return not causal or s_q == s_k or s_q == 1
 
 
-def _tiled_can_serve(score: Score, dropout_p: float, s_k: int) -> bool:
-    # Callable scores need the whole [s_q, s_k] at once; dropout needs the weights.
-    return isinstance(score, str) and dropout_p == 0.0 and s_k > 0
-
-
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float, dropout_p: float) -> Tensor:
     gqa = q.shape[1] != k.shape[1]
     return F.scaled_dot_product_attention(
         q, k, v, is_causal=causal, scale=scale, dropout_p=dropout_p, enable_gqa=gqa
     )  # [b, h, s_q, d_v]
+
+
+def _sdpa_dense(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None, *, scale: float, dropout_p: float
+) -> Tensor:
+    """SDPA with the mask (and bias) as one dense tensor; rows with nothing allowed are set to
+    zeros, which SDPA does not guarantee."""
+    attn_mask = allowed
+    if bias is not None:
+        attn_mask = bias if allowed is None else torch.where(allowed, bias, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, scale=scale, dropout_p=dropout_p, enable_gqa=q.shape[1] != k.shape[1]
+    )  # [b, h, s_q, d_v]
+    if attn_mask is None:
+        return out
+    alive = (attn_mask > float("-inf")) if attn_mask.is_floating_point() else attn_mask
+    return out.masked_fill(~alive.any(-1, keepdim=True), 0.0)
 
 
 def _scale(score: Score, scale: float | None, d: int) -> float:

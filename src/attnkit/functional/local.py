@@ -29,7 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from attnkit.functional._blockwise import Engine, block_backward, block_forward, lse_dtype, use_fused
+from attnkit.functional import masks as masks_mod
+from attnkit.functional._blockwise import BlockEngine, block_backward, block_forward, lse_dtype, use_fused
+from attnkit.functional.engines import Engine, choose_masked_engine
+from attnkit.functional.flex import flex_core
 from attnkit.functional.records import AttentionResult
 
 # Bytes of [rows, W] scores (eager engine) or of key-window gradients (backward) per engine
@@ -47,6 +50,7 @@ def local_attention(
     scale: float | None = None,
     block_size: int | None = None,
     return_lse: bool = False,
+    engine: Engine = "auto",
 ) -> Tensor | AttentionResult:
     """Sliding-window attention: the query at position ``i`` attends to keys in
     ``[i - left, i + right]``.
@@ -65,6 +69,9 @@ def local_attention(
         scale: score scale, default ``1/sqrt(d)``.
         block_size: query rows per block (default: chosen from the window).
         return_lse: return an :class:`AttentionResult` with the log-sum-exp ``[b, h, s_q]``.
+        engine: ``"blockwise"`` (the strided-window schedule described above), ``"flex"``
+            (compiled FlexAttention with a sliding-window block mask; ``block_size`` does not
+            apply), or ``"auto"``: Flex on GPUs, blockwise on the CPU.
 
     Returns:
         ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``); rows whose window holds no key are zeros.
@@ -82,9 +89,14 @@ def local_attention(
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
         raise ValueError(f"block_size must be an int >= 1 or None, got {block_size!r}")
     d = q.shape[-1]
-    out, lse = local_core(q, k, v, left=left, right=right, scale=1.0 / math.sqrt(d) if scale is None else float(scale), block_size=block_size)
+    scale_f = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if choose_masked_engine(engine, q, v, None, "local_attention") == "flex":
+        window_mask = masks_mod.sliding_window(left, right)
+        out, lse = flex_core(q, k, v, mask=window_mask, dense=None, bias=None, scale=scale_f, need_lse=return_lse)
+    else:
+        out, lse = local_core(q, k, v, left=left, right=right, scale=scale_f, block_size=block_size)
     if single:
-        out, lse = out[0, 0], lse[0, 0]
+        out, lse = out[0, 0], (None if lse is None else lse[0, 0])
     return AttentionResult(out, None, lse) if return_lse else out
 
 
@@ -124,7 +136,7 @@ class _Geometry:
     right: int
     bs: int
     scale: float
-    engine: Engine
+    block_engine: BlockEngine
 
     @property
     def g(self) -> int:
@@ -165,7 +177,7 @@ class _Geometry:
 
 def local_core(
     q: Tensor, k: Tensor, v: Tensor, *, left: int, right: int, scale: float, block_size: int | None = None,
-    engine: Engine = "auto",
+    block_engine: BlockEngine = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Local attention on validated 4-D inputs; returns ``(out, lse)``."""
     b, h, s_q, _ = q.shape
@@ -174,7 +186,7 @@ def local_core(
     left = min(left, max(s_k - 1 + max(s_q - s_k, 0), 0))
     right = min(right, max(s_k + s_q, 0))
     bs = block_size or default_block_size(left, right, s_q)
-    geo = _Geometry(b, h, h_kv, s_q, s_k, left, right, bs, scale, engine)
+    geo = _Geometry(b, h, h_kv, s_q, s_k, left, right, bs, scale, block_engine)
     if s_q == 0 or s_k == 0:
         out = q.new_zeros(b, h, s_q, v.shape[-1])
         return out, torch.full((b, h, s_q), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
@@ -301,19 +313,19 @@ def _forward_flat(geo: _Geometry, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tens
     band = _additive(_band(geo, torch.bool, q.device), q.dtype).view(1, 1, geo.g * geo.bs, geo.width)
     alive = torch.ones((), dtype=torch.bool, device=q.device)  # every row of the band sees a key
     step = _chunk(geo, q.element_size())
-    if use_fused(qb, vw, geo.engine):
-        out, lse = block_forward(qb, kw, vw, band, geo.scale, geo.engine, alive)
+    if use_fused(qb, vw, geo.block_engine):
+        out, lse = block_forward(qb, kw, vw, band, geo.scale, geo.block_engine, alive)
     else:
         out = q.new_empty(geo.total, 1, geo.g * geo.bs, v.shape[-1])
         lse = q.new_empty(geo.total, 1, geo.g * geo.bs, dtype=lse_dtype(q.dtype))
         for c0 in range(0, geo.total, step):
             c1 = min(geo.total, c0 + step)
-            out[c0:c1], lse[c0:c1] = block_forward(qb[c0:c1], kw[c0:c1], vw[c0:c1], band, geo.scale, geo.engine, alive)
+            out[c0:c1], lse[c0:c1] = block_forward(qb[c0:c1], kw[c0:c1], vw[c0:c1], band, geo.scale, geo.block_engine, alive)
     flat, allowed = _edges(geo, q.device)
     for c0 in range(0, flat.numel(), step):
         idx = flat[c0:c0 + step]
         bias = _additive(allowed[torch.arange(c0, c0 + idx.numel(), device=q.device) % allowed.shape[0]], q.dtype)
-        o, l_ = block_forward(qb[idx], kw[idx], vw[idx], bias, geo.scale, geo.engine)
+        o, l_ = block_forward(qb[idx], kw[idx], vw[idx], bias, geo.scale, geo.block_engine)
         out[idx], lse[idx] = o, l_
     return out, lse, flat
 
@@ -352,7 +364,7 @@ def _backward(geo: _Geometry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out
         c1 = min(geo.total, c0 + step)
         dq, dkw, dvw, _ = block_backward(
             dob[c0:c1], qb[c0:c1], kw[c0:c1], vw[c0:c1], ob[c0:c1], lseb[c0:c1], band, geo.scale,
-            engine=geo.engine,
+            engine=geo.block_engine,
         )
         dqb[c0:c1] = dq
         _add_windows(dkbuf, dkw, c0, geo)
@@ -362,7 +374,7 @@ def _backward(geo: _Geometry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out
         idx = flat[c0:c0 + step]
         bias = _additive(allowed[torch.arange(c0, c0 + idx.numel(), device=q.device) % allowed.shape[0]], q.dtype)
         do_e, lse_e = edge_inputs[0][c0:c0 + step], edge_inputs[1][c0:c0 + step]
-        dq, dkw, dvw, _ = block_backward(do_e, qb[idx], kw[idx], vw[idx], ob[idx], lse_e, bias, geo.scale, engine=geo.engine)
+        dq, dkw, dvw, _ = block_backward(do_e, qb[idx], kw[idx], vw[idx], ob[idx], lse_e, bias, geo.scale, engine=geo.block_engine)
         dqb[idx] = dq
         rows = (idx.view(-1, 1) * geo.bs + offsets.view(1, -1)).reshape(-1)
         dkbuf.index_add_(0, rows, dkw.reshape(-1, dkw.shape[-1]))

@@ -11,7 +11,18 @@ bottom-right, so the same mask stays right for a prefill and for every decoding 
 
 The index arguments are integer tensors that broadcast against each other; a mask function
 must use only elementwise tensor operations so that it evaluates densely
-(:meth:`Mask.to_dense`), per block (sparse kernels) and under FlexAttention's ``vmap``.
+(:meth:`Mask.to_dense`), per block (sparse kernels) and inside a compiled FlexAttention
+kernel. Compiled kernels impose three more rules, which every mask here follows:
+
+- **pointwise only**: index tensors the mask captured, but create no tensor, move none
+  (``.to``), and reduce nothing (``.any()``) inside the function. A mask that captures
+  tensors knows how to rebuild itself on another device (:meth:`Mask.to`), so its function
+  only ever sees tensors that are already where the indices are;
+- **32-bit arithmetic**: GPU kernels hand the function ``int32`` indices, so no intermediate
+  value may leave ``[-2**31, 2**31)`` — the hash behind :func:`random` stays below ``2**31``
+  at every step and gives the same bits in eager code, on the CPU and on the GPU;
+- **a stable identity**: :attr:`Mask.key` describes the mask by value, so kernels cache what
+  they build from it (block masks, compiled code) across calls that rebuild the same mask.
 
 A mask may also carry a *block test* (:attr:`Mask.blocks`): given the spans of positions of a
 block of queries and a block of keys, it says whether the block may hold an allowed pair and
@@ -24,7 +35,8 @@ convention it speaks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -54,12 +66,16 @@ class Span(NamedTuple):
 # (some True, every False), which costs speed, never correctness.
 BlockFn = Callable[[Tensor, Tensor, Span, Span], tuple[Tensor, Tensor]]
 
-# Multipliers of the hash behind random(): large odd constants, so nearby (q, kv) pairs
-# land far apart and the pattern looks uniform.
-_HASH_Q = 0x5BD1E995
-_HASH_KV = 0x27D4EB2F
-_HASH_SEED = 0x165667B1
-_HASH_MOD = 1 << 31
+# The hash behind random() works modulo a prime below sqrt(2**31), so every product of two
+# residues, plus the added constant, stays below 2**31: the same bits in int64 eager code and
+# in the int32 arithmetic of compiled GPU kernels. Squaring makes it non-linear (a linear hash
+# would keep whole diagonals together).
+_HASH_PRIME = 46337
+_HASH_MULTIPLIER = 40503
+_HASH_SQUARE_ADD = 21011
+_HASH_ADD = 17477
+# Largest position an index may hold in a 32-bit kernel; larger window sizes mean "unbounded".
+INDEX_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,10 @@ class Mask:
             else ``None``.
         blocks: optional block test ``blocks(b, h, q_span, kv_span) -> (some, every)``
             (see :class:`Span`); ``None`` when the mask can only be evaluated pair by pair.
+        key: a hashable description of the mask by value (two masks with equal keys allow
+            the same pairs), or ``None`` for a mask known only by its function.
+        relocate: for a mask whose function captures tensors, ``relocate(device)`` builds
+            the same mask with those tensors on ``device``; ``None`` when it captures none.
     """
 
     fn: MaskFn
@@ -85,12 +105,28 @@ class Mask:
     num_heads: int | None = None
     shape: tuple[int, int] | None = None
     blocks: BlockFn | None = field(default=None, compare=False, repr=False)
+    key: Hashable | None = field(default=None, compare=False, repr=False)
+    relocate: Callable[[torch.device], Mask] | None = field(default=None, compare=False, repr=False)
+    _on_device: dict[torch.device, Mask] = field(default_factory=dict, compare=False, repr=False)
 
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return self.fn(b, h, q_idx, kv_idx)
+        return self.to(q_idx.device).fn(b, h, q_idx, kv_idx)
 
     def __repr__(self) -> str:
         return f"Mask({self.name})"
+
+    def to(self, device: torch.device | str) -> Mask:
+        """The same mask with every tensor its function captures on ``device`` (built once
+        per device, then reused); the mask itself when it captures none."""
+        if self.relocate is None:
+            return self
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        moved = self._on_device.get(device)
+        if moved is None:
+            moved = self._on_device[device] = self.relocate(device)
+        return moved
 
     def __and__(self, other: Mask) -> Mask:
         return _combine(self, other, "&", torch.logical_and)
@@ -107,6 +143,8 @@ class Mask:
             self.num_heads,
             self.shape,
             None if blocks is None else _invert_blocks(blocks),
+            key=None if self.key is None else ("~", self.key),
+            relocate=None if self.relocate is None else (lambda device: ~self.to(device)),
         )
 
     def to_dense(
@@ -146,7 +184,7 @@ class Mask:
         n_b = _resolve_size("batch_size", self.batch_size, batch_size)
         n_h = _resolve_size("num_heads", self.num_heads, num_heads)
         b, h, q_idx, kv_idx = index_grid(n_b, n_h, s_q, s_k, device=device)
-        dense = _as_bool(self.fn(b, h, q_idx, kv_idx))  # broadcast of [b|1, h|1, s_q|1, s_k|1]
+        dense = _as_bool(self(b, h, q_idx, kv_idx))  # broadcast of [b|1, h|1, s_q|1, s_k|1]
         return dense.expand(n_b, n_h, s_q, s_k)  # [b, h, s_q, s_k]
 
 
@@ -189,6 +227,9 @@ def _combine(left: Mask, right: Mask, symbol: str, op: Callable[[Tensor, Tensor]
     blocks = None
     if left.blocks is not None and right.blocks is not None:
         blocks = _combine_blocks(left.blocks, right.blocks, op)
+    relocate = None
+    if left.relocate is not None or right.relocate is not None:
+        relocate = lambda device: _combine(left.to(device), right.to(device), symbol, op)  # noqa: E731
     return Mask(
         lambda b, h, q, kv: op(_as_bool(lf(b, h, q, kv)), _as_bool(rf(b, h, q, kv))),
         f"({left.name} {symbol} {right.name})",
@@ -196,6 +237,8 @@ def _combine(left: Mask, right: Mask, symbol: str, op: Callable[[Tensor, Tensor]
         _merge_size("num_heads", left.num_heads, right.num_heads),
         left.shape or right.shape,
         blocks,
+        key=None if left.key is None or right.key is None else (symbol, left.key, right.key),
+        relocate=relocate,
     )
 
 
@@ -233,12 +276,16 @@ def _constant_blocks(value: bool) -> BlockFn:
 
 def full() -> Mask:
     """Every query may attend to every key (bidirectional attention)."""
-    return Mask(lambda b, h, q, kv: torch.ones_like(q - kv, dtype=torch.bool), "full", blocks=_constant_blocks(True))
+    # (q - kv) == (q - kv): an all-True result of the broadcast shape, without creating a
+    # tensor inside the function.
+    return Mask(lambda b, h, q, kv: (q - kv) == (q - kv), "full", blocks=_constant_blocks(True), key=("full",))
 
 
 def causal() -> Mask:
     """Query at position ``i`` may attend to keys ``<= i`` (aligned bottom-right)."""
-    return Mask(lambda b, h, q, kv: kv <= q, "causal", blocks=lambda b, h, q, kv: (kv.lo <= q.hi, kv.hi <= q.lo))
+    return Mask(
+        lambda b, h, q, kv: kv <= q, "causal", blocks=lambda b, h, q, kv: (kv.lo <= q.hi, kv.hi <= q.lo), key=("causal",)
+    )
 
 
 def sliding_window(left: int, right: int = 0) -> Mask:
@@ -246,19 +293,25 @@ def sliding_window(left: int, right: int = 0) -> Mask:
 
     ``sliding_window(w)`` alone is causal local attention of width ``w + 1``;
     ``sliding_window(w, w)`` is the symmetric ±w window of bidirectional local attention.
+    Sizes beyond :data:`INDEX_MAX` (``2**31 - 1``) reach every position there is and are
+    taken as that.
 
     Raises:
         ValueError: a negative window.
     """
     _check_int("left", left, minimum=0)
     _check_int("right", right, minimum=0)
+    name = f"sliding_window(left={left}, right={right})"
+    left, right = min(left, INDEX_MAX), min(right, INDEX_MAX)
+    # Compared as a difference, so no bound is ever added to a position (no overflow).
     return Mask(
-        lambda b, h, q, kv: (kv >= q - left) & (kv <= q + right),
-        f"sliding_window(left={left}, right={right})",
+        lambda b, h, q, kv: ((q - kv) <= left) & ((kv - q) <= right),
+        name,
         blocks=lambda b, h, q, kv: (
-            (kv.lo <= q.hi + right) & (kv.hi >= q.lo - left),
-            (kv.lo >= q.hi - left) & (kv.hi <= q.lo + right),
+            (kv.lo - q.hi <= right) & (q.lo - kv.hi <= left),
+            (q.hi - kv.lo <= left) & (kv.hi - q.lo <= right),
         ),
+        key=("sliding_window", left, right),
     )
 
 
@@ -275,15 +328,22 @@ def padding(lengths: Sequence[int] | Tensor) -> Mask:
         raise TypeError(f"lengths must be integers, got dtype {lengths_t.dtype}")
     if (lengths_t < 0).any():
         raise ValueError(f"lengths must be >= 0, got {lengths_t.tolist()}")
+    lengths_t = lengths_t.clamp(max=INDEX_MAX)
+    return _padding(lengths_t, f"padding({lengths_t.tolist()})", ("padding", tuple(lengths_t.tolist())))
 
+
+def _padding(lengths: Tensor, name: str, key: Hashable) -> Mask:
     def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        return kv < lengths_t.to(b.device)[b]
+        return kv < lengths[b]
 
     def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
-        length = lengths_t.to(b.device)[b]
+        length = lengths[b]
         return kv.lo < length, kv.hi < length
 
-    return Mask(fn, f"padding({lengths_t.tolist()})", batch_size=lengths_t.numel(), blocks=blocks)
+    return Mask(
+        fn, name, batch_size=lengths.numel(), blocks=blocks, key=key,
+        relocate=lambda device: _padding(lengths.to(device), name, key),
+    )
 
 
 def strided(stride: int) -> Mask:
@@ -296,6 +356,7 @@ def strided(stride: int) -> Mask:
         ValueError: ``stride < 1``.
     """
     _check_int("stride", stride, minimum=1)
+    stride = min(stride, INDEX_MAX)
 
     def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
         lo, hi = q.lo - kv.hi, q.hi - kv.lo  # every difference q - kv lies in [lo, hi]
@@ -311,7 +372,10 @@ def strided(stride: int) -> Mask:
             some, every = torch.where(known, same, some), torch.where(known, same, every)
         return some, every
 
-    return Mask(lambda b, h, q, kv: torch.remainder(q - kv, stride) == 0, f"strided({stride})", blocks=blocks)
+    return Mask(
+        lambda b, h, q, kv: torch.remainder(q - kv, stride) == 0, f"strided({stride})", blocks=blocks,
+        key=("strided", stride),
+    )
 
 
 def fixed(block: int, summary: int) -> Mask:
@@ -325,6 +389,7 @@ def fixed(block: int, summary: int) -> Mask:
     _check_int("summary", summary, minimum=0)
     if summary > block:
         raise ValueError(f"summary must be <= block, got summary={summary}, block={block}")
+    block, summary = min(block, INDEX_MAX), min(summary, INDEX_MAX)
 
     def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
         q_first, q_last = torch.div(q.lo, block, rounding_mode="floor"), torch.div(q.hi, block, rounding_mode="floor")
@@ -341,12 +406,15 @@ def fixed(block: int, summary: int) -> Mask:
         | (torch.remainder(kv, block) >= block - summary),
         f"fixed(block={block}, summary={summary})",
         blocks=blocks,
+        key=("fixed", block, summary),
     )
 
 
 def random(density: float, seed: int = 0) -> Mask:
     """Each (query, key) pair is kept with probability ``density``, deterministically in
-    ``seed``: a hash of the positions, so any block of the mask can be evaluated alone.
+    ``seed``: a hash of the positions, so any block of the mask can be evaluated alone, and
+    the same pairs are kept on every device and under compiled kernels (the hash never
+    leaves 32-bit range).
 
     Raises:
         ValueError: ``density`` outside ``[0, 1]``.
@@ -354,16 +422,26 @@ def random(density: float, seed: int = 0) -> Mask:
     if not 0.0 <= float(density) <= 1.0:
         raise ValueError(f"density must be in [0, 1], got {density}")
     _check_int("seed", seed, minimum=0)
-    threshold = int(round(float(density) * _HASH_MOD))
-    salt = (seed * _HASH_SEED) % _HASH_MOD
+    threshold = int(round(float(density) * _HASH_PRIME))
+    salt = seed % _HASH_PRIME
 
     def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        mixed = (q * _HASH_Q + kv * _HASH_KV + salt) % _HASH_MOD
-        mixed = (mixed ^ (mixed >> 15)) * _HASH_Q % _HASH_MOD
-        mixed = mixed ^ (mixed >> 13)
+        mixed = _hash_step(_hash_step(q * 0 + salt, q), kv)
         return mixed < threshold
 
-    return Mask(fn, f"random(density={density}, seed={seed})")
+    return Mask(fn, f"random(density={density}, seed={seed})", key=("random", threshold, salt))
+
+
+def _hash_step(acc: Tensor, x: Tensor) -> Tensor:
+    """Fold position ``x`` (two base-``_HASH_PRIME`` digits) into ``acc`` (in ``[0, prime)``).
+    Every intermediate value is below ``2**31``."""
+    low = torch.remainder(x, _HASH_PRIME)
+    high = torch.remainder(torch.div(x - low, _HASH_PRIME, rounding_mode="floor"), _HASH_PRIME)
+    for digit in (high, low):
+        acc = torch.remainder(acc + digit, _HASH_PRIME)
+        acc = torch.remainder(acc * acc + _HASH_SQUARE_ADD, _HASH_PRIME)
+        acc = torch.remainder(acc * _HASH_MULTIPLIER + _HASH_ADD, _HASH_PRIME)
+    return acc
 
 
 def global_tokens(indices: Sequence[int] | Tensor) -> Mask:
@@ -378,28 +456,39 @@ def global_tokens(indices: Sequence[int] | Tensor) -> Mask:
         raise ValueError(f"indices must be 1-D, got shape {list(idx.shape)}")
     if (idx < 0).any():
         raise ValueError(f"indices must be >= 0, got {idx.tolist()}")
+    if idx.numel() and int(idx.max()) > INDEX_MAX:
+        raise ValueError(f"indices must be <= {INDEX_MAX} (the largest position), got {int(idx.max())}")
+    # A table of which positions are global, indexed by position: a lookup, not a
+    # comparison against every index, so the function stays pointwise.
+    is_global = torch.zeros(int(idx.max()) + 1 if idx.numel() else 1, dtype=torch.bool)
+    is_global[idx] = True
+    sorted_unique = torch.unique(idx)
+    return _global_tokens(is_global, sorted_unique, f"global_tokens({idx.tolist()})", ("global_tokens", tuple(sorted_unique.tolist())))
+
+
+def _global_tokens(is_global: Tensor, sorted_unique: Tensor, name: str, key: Hashable) -> Mask:
+    n = is_global.numel()
 
     def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        g = idx.to(q.device)
-        # A comparison against every index (not torch.isin) so that vmap can trace it.
-        q_is_global = (q.unsqueeze(-1) == g).any(-1)
-        kv_is_global = (kv.unsqueeze(-1) == g).any(-1)
+        q_is_global = is_global[q.clamp(0, n - 1)] & (q >= 0) & (q < n)
+        kv_is_global = is_global[kv.clamp(0, n - 1)] & (kv >= 0) & (kv < n)
         return q_is_global | kv_is_global
 
-    sorted_unique = torch.unique(idx)
-
     def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
-        g = sorted_unique.to(q.lo.device)
-
         def count(span: Span) -> Tensor:  # global tokens inside [lo, hi]
-            return torch.searchsorted(g, span.hi.contiguous(), right=True) - torch.searchsorted(g, span.lo.contiguous())
+            return torch.searchsorted(sorted_unique, span.hi.contiguous(), right=True) - torch.searchsorted(
+                sorted_unique, span.lo.contiguous()
+            )
 
         q_count, kv_count = count(q), count(kv)
         some = (q_count > 0) | (kv_count > 0)
         every = (q_count == q.hi - q.lo + 1) | (kv_count == kv.hi - kv.lo + 1)
         return some, every
 
-    return Mask(fn, f"global_tokens({idx.tolist()})", blocks=blocks)
+    return Mask(
+        fn, name, blocks=blocks, key=key,
+        relocate=lambda device: _global_tokens(is_global.to(device), sorted_unique.to(device), name, key),
+    )
 
 
 def document(ids: Sequence[int] | Tensor) -> Mask:
@@ -421,32 +510,36 @@ def document(ids: Sequence[int] | Tensor) -> Mask:
         raise TypeError(f"document ids must be integers, got dtype {ids_t.dtype}")
     if ids_t.ndim not in (1, 2) or ids_t.shape[-1] == 0:
         raise ValueError(f"document ids must be a non-empty [n] or [b, n] tensor, got shape {list(ids_t.shape)}")
-    ids_t = ids_t.long()
-    per_batch = ids_t.ndim == 2
-    table = ids_t if per_batch else ids_t.unsqueeze(0)  # [b|1, n]
+    # Ids renumbered 0, 1, 2, ... in order of value: same documents, and small numbers that
+    # fit the 32-bit arithmetic of compiled kernels whatever ids the caller used.
+    values, ranks = torch.unique(ids_t.long(), return_inverse=True)
+    table = (ranks if ids_t.ndim == 2 else ranks.unsqueeze(0)).to(torch.int32)  # [b|1, n]
+    monotone = bool((table[:, 1:] >= table[:, :-1]).all())
+    digest = hashlib.sha1(ids_t.long().cpu().numpy().tobytes()).hexdigest()
+    name = f"document({ids_t.shape[-1]} tokens, {values.numel()} documents)"
+    return _document(table, ids_t.ndim == 2, monotone, name, ("document", tuple(ids_t.shape), digest))
 
+
+def _document(table: Tensor, per_batch: bool, monotone: bool, name: str, key: Hashable) -> Mask:
     n = table.shape[-1]
+    first_row = table[0]  # [n]
 
-    low = int(table.min())
+    def doc_of(b: Tensor, pos: Tensor) -> Tensor:
+        return table[b, pos.clamp(0, n - 1)] if per_batch else first_row[pos.clamp(0, n - 1)]
 
     def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        # A position outside [0, n) belongs to no document (two ids no token has, so that
-        # it matches nothing) and attends to nothing.
-        t = table.to(q.device)
-        row = b if per_batch else torch.zeros_like(b)
-        q_doc = torch.where((q >= 0) & (q < n), t[row, q.clamp(0, n - 1)], low - 1)
-        kv_doc = torch.where((kv >= 0) & (kv < n), t[row, kv.clamp(0, n - 1)], low - 2)
-        return q_doc == kv_doc
+        # A position outside [0, n) belongs to no document: it attends to nothing and
+        # nothing attends to it.
+        inside = (q >= 0) & (q < n) & (kv >= 0) & (kv < n)
+        return (doc_of(b, q) == doc_of(b, kv)) & inside
 
     blocks = None
-    if bool((table[:, 1:] >= table[:, :-1]).all()):
+    if monotone:
 
         def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
-            t = table.to(q.lo.device)
-            row = b if per_batch else torch.zeros_like(b)
-
             def ids(span: Span) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-                first, last = t[row, span.lo.clamp(0, n - 1)], t[row, span.hi.clamp(0, n - 1)]
+                first = table[b, span.lo.clamp(0, n - 1)] if per_batch else first_row[span.lo.clamp(0, n - 1)]
+                last = table[b, span.hi.clamp(0, n - 1)] if per_batch else first_row[span.hi.clamp(0, n - 1)]
                 return first, last, (span.hi >= 0) & (span.lo < n), (span.lo >= 0) & (span.hi < n)
 
             q_first, q_last, q_some_inside, q_all_inside = ids(q)
@@ -455,12 +548,9 @@ def document(ids: Sequence[int] | Tensor) -> Mask:
             every = q_all_inside & kv_all_inside & (q_first == q_last) & (kv_first == kv_last) & (q_first == kv_first)
             return some, every
 
-    n_docs = int(torch.unique(ids_t).numel())
     return Mask(
-        fn,
-        f"document({ids_t.shape[-1]} tokens, {n_docs} documents)",
-        batch_size=ids_t.shape[0] if per_batch else None,
-        blocks=blocks,
+        fn, name, batch_size=table.shape[0] if per_batch else None, blocks=blocks, key=key,
+        relocate=lambda device: _document(table.to(device), per_batch, monotone, name, key),
     )
 
 
@@ -478,19 +568,29 @@ def from_dense(allowed: Tensor) -> Mask:
     if not 2 <= allowed.ndim <= 4:
         raise ValueError(f"from_dense expects 2 to 4 dimensions, got shape {list(allowed.shape)}")
     dense = allowed.reshape((1,) * (4 - allowed.ndim) + tuple(allowed.shape))  # [b|1, h|1, s_q, s_k]
+    # Known by the identity of the view the mask keeps alive: a cache never mistakes another
+    # tensor for it (modify the tensor afterwards and the mask changes with it, caches not).
+    return _from_dense(dense, f"from_dense({list(allowed.shape)})", ("from_dense", id(dense)))
+
+
+def _from_dense(dense: Tensor, name: str, key: Hashable) -> Mask:
     n_b, n_h, s_q, s_k = dense.shape
     offset = s_k - s_q
 
     def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        t = dense.to(q.device)
-        return t[b if n_b > 1 else torch.zeros_like(b), h if n_h > 1 else torch.zeros_like(h), q - offset, kv]
+        # Broadcast dims are indexed at 0 (b * 0 keeps the function pointwise); indices are
+        # clamped so that positions outside the tensor never read past it.
+        row = (q - offset).clamp(0, max(s_q - 1, 0))
+        return dense[b if n_b > 1 else b * 0, h if n_h > 1 else h * 0, row, kv.clamp(0, max(s_k - 1, 0))]
 
     return Mask(
         fn,
-        f"from_dense({list(allowed.shape)})",
+        name,
         batch_size=n_b if n_b > 1 else None,
         num_heads=n_h if n_h > 1 else None,
         shape=(s_q, s_k),
+        key=key,
+        relocate=lambda device: _from_dense(dense.to(device), name, key),
     )
 
 
@@ -531,12 +631,17 @@ def from_hf_padding(attention_mask: Tensor) -> Mask:
     if attention_mask.ndim != 2:
         raise ValueError(f"expected a 2-D [b, s_k] attention_mask, got shape {list(attention_mask.shape)}")
     keep = attention_mask.bool()
-    n_b = keep.shape[0]
+    digest = hashlib.sha1(keep.cpu().numpy().tobytes()).hexdigest()
+    return _hf_padding(keep, f"hf_padding({list(attention_mask.shape)})", ("hf_padding", tuple(keep.shape), digest))
+
+
+def _hf_padding(keep: Tensor, name: str, key: Hashable) -> Mask:
+    n_b, s_k = keep.shape
 
     def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        return keep.to(kv.device)[b, kv]
+        return keep[b, kv.clamp(0, max(s_k - 1, 0))] & (kv >= 0) & (kv < s_k)
 
-    return Mask(fn, f"hf_padding({list(attention_mask.shape)})", batch_size=n_b)
+    return Mask(fn, name, batch_size=n_b, key=key, relocate=lambda device: _hf_padding(keep.to(device), name, key))
 
 
 def to_sdpa(

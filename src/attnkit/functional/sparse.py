@@ -1,6 +1,6 @@
 """Block-sparse attention for structured patterns: work proportional to the blocks kept.
 
-``sparse_attention(q, k, v, pattern=...)`` is exact attention under a
+``sparse_attention(q, k, v, mask=...)`` is exact attention under a
 :class:`~attnkit.masks.Mask` pattern, run by the tiled kernel
 (:mod:`attnkit.functional.tiled`) with ``block_size`` blocks: blocks the pattern leaves
 empty are never computed, full blocks are computed without evaluating the mask, and only
@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
+from attnkit.functional.engines import Engine
 from attnkit.functional.records import AttentionResult
 from attnkit.functional.tiled import make_plan, tiled_core
 
@@ -36,20 +38,22 @@ def sparse_attention(
     k: Tensor,
     v: Tensor,
     *,
-    pattern: masks_mod.Mask,
+    mask: masks_mod.Mask | None = None,
     causal: bool = False,
     scale: float | None = None,
     block_size: int | None = None,
     permute: int | None = None,
     return_lse: bool = False,
+    engine: Engine = "auto",
+    pattern: masks_mod.Mask | None = None,
 ) -> Tensor | AttentionResult:
-    """Exact attention restricted to ``pattern``, computing only the blocks it keeps.
+    """Exact attention restricted to the pattern ``mask``, computing only the blocks it keeps.
 
     Args:
         q: ``[b, h, s_q, d]`` (or ``[s_q, d]``).
         k: ``[b, h_kv, s_k, d]`` (or ``[s_k, d]``), ``h`` divisible by ``h_kv``.
         v: ``[b, h_kv, s_k, d_v]`` (or ``[s_k, d_v]``).
-        pattern: where each query may attend (a :class:`~attnkit.masks.Mask`, e.g. from
+        mask: where each query may attend (a :class:`~attnkit.masks.Mask`, e.g. from
             :func:`bigbird_pattern`); with a block test it is classified block by block
             without evaluating pairs.
         causal: also apply the bottom-right causal mask.
@@ -60,21 +64,31 @@ def sparse_attention(
         permute: reorder queries and keys by position mod ``permute`` first (use the stride
             of a strided pattern), so that the pattern becomes block-dense.
         return_lse: return an :class:`AttentionResult` with the log-sum-exp ``[b, h, s_q]``.
+        engine: ``"blockwise"`` (the tiled kernel), ``"flex"`` (compiled FlexAttention on the
+            same, possibly permuted, layout; its blocks are 128 tokens and ``block_size``
+            does not apply), or ``"auto"``: Flex on GPUs, blockwise on the CPU.
+        pattern: the former name of ``mask`` (deprecated; it warns).
 
     Returns:
         ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``); rows the pattern leaves empty are zeros.
 
     Raises:
-        TypeError: ``pattern`` is not a Mask; bad tensors as :func:`attnkit.attention`.
-        ValueError: ``block_size`` or ``permute`` below 1, or a pattern for other sizes.
+        TypeError: ``mask`` is not a Mask; bad tensors as :func:`attnkit.attention`.
+        ValueError: ``block_size`` or ``permute`` below 1, a pattern for other sizes, an
+            unknown engine, or both ``mask`` and ``pattern``.
     """
+    if pattern is not None:
+        if mask is not None:
+            raise ValueError("pass the pattern once, as mask= (pattern= is its former name)")
+        warnings.warn("sparse_attention(pattern=...) is now mask=...", DeprecationWarning, stacklevel=2)
+        mask = pattern
     att = importlib.import_module("attnkit.functional.attention")
     single = att._check_inputs(q, k, v)
     if single:
         q, k, v = q[None, None], k[None, None], v[None, None]
     att._check_options("scaled_dot", 0.0, scale)
-    if not isinstance(pattern, masks_mod.Mask):
-        raise TypeError(f"pattern must be an attnkit.masks.Mask, got {type(pattern).__name__}")
+    if not isinstance(mask, masks_mod.Mask):
+        raise TypeError(f"mask must be an attnkit.masks.Mask, got {type(mask).__name__}")
     if permute is not None and (isinstance(permute, bool) or not isinstance(permute, int) or permute < 1):
         raise ValueError(f"permute must be an int >= 1 or None, got {permute!r}")
     s_q, s_k, d = q.shape[2], k.shape[2], q.shape[-1]
@@ -82,19 +96,23 @@ def sparse_attention(
     if block_size is None:
         block_size = default_block_size(s_k, permute)
     if permute is None or permute == 1:
-        out, lse = tiled_core(q, k, v, mask=pattern, bias=None, causal=causal, scale=scale_f, block_size=(block_size, block_size))
+        out, lse = tiled_core(
+            q, k, v, mask=mask, bias=None, causal=causal, scale=scale_f, block_size=(block_size, block_size),
+            engine=engine, kernel="sparse_attention", need_lse=return_lse,
+        )
     else:
         q_order, q_pos = residue_order(s_q, permute, offset=s_k - s_q, device=q.device)
         k_order, kv_pos = residue_order(s_k, permute, device=q.device)
         out_p, lse_p = tiled_core(
             q.index_select(2, q_order), k.index_select(2, k_order), v.index_select(2, k_order),
-            mask=pattern, bias=None, causal=causal, scale=scale_f, block_size=(block_size, block_size),
-            q_pos=q_pos, kv_pos=kv_pos, period=permute,
+            mask=mask, bias=None, causal=causal, scale=scale_f, block_size=(block_size, block_size),
+            q_pos=q_pos, kv_pos=kv_pos, period=permute, engine=engine, kernel="sparse_attention", need_lse=return_lse,
         )
         inverse = torch.argsort(q_order)
-        out, lse = out_p.index_select(2, inverse), lse_p.index_select(2, inverse)
+        out = out_p.index_select(2, inverse)
+        lse = None if lse_p is None else lse_p.index_select(2, inverse)
     if single:
-        out, lse = out[0, 0], lse[0, 0]
+        out, lse = out[0, 0], (None if lse is None else lse[0, 0])
     return AttentionResult(out, None, lse) if return_lse else out
 
 

@@ -36,10 +36,12 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attnkit.functional import masks as masks_mod
-from attnkit.functional._blockwise import Engine, block_backward, block_forward, lse_dtype, merge, use_fused
+from attnkit.functional._blockwise import BlockEngine, block_backward, block_forward, lse_dtype, merge, use_fused
+from attnkit.functional.block_status import EMPTY, PARTIAL, classify_blocks
+from attnkit.functional.engines import Engine, choose_masked_engine
+from attnkit.functional.flex import flex_core
 from attnkit.functional.records import AttentionResult
 
-EMPTY, PARTIAL, FULL = 0, 1, 2
 
 
 def _attention_module():
@@ -85,7 +87,7 @@ class TiledPlan:
     bias_shape: tuple[int, int, int, int] | None
     status: Tensor
     runs: list[list[Run]]
-    engine: Engine
+    block_engine: BlockEngine
 
     @property
     def kept_fraction(self) -> float:
@@ -104,6 +106,7 @@ def tiled_attention(
     scale: float | None = None,
     block_size: int | tuple[int, int] = (256, 128),
     return_lse: bool = False,
+    engine: Engine = "auto",
 ) -> Tensor | AttentionResult:
     """Exact attention in O(s · block) memory, skipping key blocks the mask leaves empty.
 
@@ -123,13 +126,16 @@ def tiled_attention(
         return_lse: return an :class:`AttentionResult` with ``lse`` ``[b, h, s_q]``
             (``-inf`` on rows with nothing to attend to) and ``weights=None``; feed it to
             :func:`attnkit.functional.weights_on_demand` to inspect weights later.
+        engine: ``"blockwise"`` (the schedule described above), ``"flex"`` (compiled
+            FlexAttention; ``block_size`` does not apply), or ``"auto"``: Flex on GPUs,
+            blockwise on the CPU (see :mod:`attnkit.functional.engines`).
 
     Returns:
         ``[b, h, s_q, d_v]`` (zeros on fully masked rows), or an :class:`AttentionResult`.
 
     Raises:
         TypeError, ValueError: as :func:`attnkit.attention` for bad inputs, masks and
-            biases; ``ValueError`` for a block size below 1.
+            biases; ``ValueError`` for a block size below 1 or an unknown engine.
     """
     att = _attention_module()
 
@@ -141,10 +147,10 @@ def tiled_attention(
     att._check_options("scaled_dot", 0.0, scale)
     out, lse = tiled_core(
         q, k, v, mask=mask, bias=bias, causal=causal, scale=1.0 / math.sqrt(d) if scale is None else float(scale),
-        block_size=block_size,
+        block_size=block_size, engine=engine, need_lse=return_lse,
     )
     if single:
-        out, lse = out[0, 0], lse[0, 0]
+        out, lse = out[0, 0], (None if lse is None else lse[0, 0])
     return AttentionResult(out, None, lse) if return_lse else out
 
 
@@ -162,20 +168,33 @@ def tiled_core(
     kv_pos: Tensor | None = None,
     period: int = 0,
     engine: Engine = "auto",
-) -> tuple[Tensor, Tensor]:
+    block_engine: BlockEngine = "auto",
+    kernel: str = "tiled_attention",
+    need_lse: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """The kernel behind :func:`tiled_attention` on validated 4-D inputs.
 
     ``q_pos``/``kv_pos`` give each query row's and key's absolute position (default:
     ``arange(s_q) + s_k - s_q`` and ``arange(s_k)``); a permuted layout passes permuted
     positions, and ``period`` > 0 tells the block tests that a block whose positions share
     their residue mod ``period`` is single-residue (see :class:`attnkit.masks.Span`).
+    ``engine`` picks FlexAttention or the blockwise schedule (``kernel`` names the caller in
+    errors); ``block_engine`` the block calls of the latter.
 
     Returns:
-        ``(out [b, h, s_q, d_v], lse [b, h, s_q])``.
+        ``(out [b, h, s_q, d_v], lse [b, h, s_q])``; ``lse`` may be ``None`` when
+        ``need_lse`` is False.
     """
+    if choose_masked_engine(engine, q, v, bias, kernel) == "flex":
+        mask_obj, dense, _ = resolve_mask(q, k, mask=mask, bias=bias, causal=causal)
+        bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
+        return flex_core(
+            q, k, v, mask=mask_obj, dense=dense, bias=bias4, scale=scale, q_pos=q_pos, kv_pos=kv_pos, period=period,
+            need_lse=need_lse,
+        )
     plan = make_plan(
         q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, block_size=block_size,
-        q_pos=q_pos, kv_pos=kv_pos, period=period, engine=engine,
+        q_pos=q_pos, kv_pos=kv_pos, period=period, block_engine=block_engine,
     )
     bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias4)):
@@ -196,12 +215,10 @@ def make_plan(
     q_pos: Tensor | None = None,
     kv_pos: Tensor | None = None,
     period: int = 0,
-    engine: Engine = "auto",
+    block_engine: BlockEngine = "auto",
 ) -> TiledPlan:
     """Validate the mask and bias, classify every (query block, key block) pair, and group
     the kept key blocks of each query block into runs."""
-    att = _attention_module()
-
     b, h, s_q, _ = q.shape
     h_kv, s_k = k.shape[1], k.shape[2]
     block_q, block_k = (block_size, block_size) if isinstance(block_size, int) else block_size
@@ -209,24 +226,7 @@ def make_plan(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     device = q.device
-    mask_obj: masks_mod.Mask | None = None
-    dense: Tensor | None = None
-    if isinstance(mask, masks_mod.Mask):
-        att._check_mask_sizes(mask, b=b, h=h)
-        if mask.shape is not None and mask.shape != (s_q, s_k):
-            raise ValueError(f"mask {mask.name} is defined for (s_q, s_k) = {mask.shape}, got ({s_q}, {s_k})")
-        mask_obj = mask
-    elif isinstance(mask, Tensor):
-        dense = att._check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
-        dense = dense.reshape((1,) * (4 - dense.ndim) + tuple(dense.shape))
-    elif mask is not None:
-        raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
-    if causal:
-        mask_obj = masks_mod.causal() if mask_obj is None else masks_mod.causal() & mask_obj
-    bias_shape = None
-    if bias is not None:
-        att._check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
-        bias_shape = tuple((1,) * (4 - bias.ndim) + tuple(bias.shape))
+    mask_obj, dense, bias_shape = resolve_mask(q, k, mask=mask, bias=bias, causal=causal)
     if q_pos is None:
         q_pos = torch.arange(s_q, device=device) + (s_k - s_q)
     if kv_pos is None:
@@ -236,118 +236,46 @@ def make_plan(
     plan = TiledPlan(
         b=b, h=h, h_kv=h_kv, s_q=s_q, s_k=s_k, block_q=block_q, block_k=block_k, scale=scale,
         q_pos=q_pos, kv_pos=kv_pos, mask=mask_obj, dense=dense, bias_shape=bias_shape, status=status,
-        runs=[], engine=engine,
+        runs=[], block_engine=block_engine,
     )
     # Calls that build a [rows, keys] bias block, and every eager call, are cut short.
-    materialise_all = not use_fused(q, v, engine) or bias is not None
+    materialise_all = not use_fused(q, v, block_engine) or bias is not None
     plan.runs = _runs(status, block_k, s_k, materialise_all=materialise_all)
     return plan
 
 
-def spans(pos: Tensor, block: int, period: int = 0) -> masks_mod.Span:
-    """The :class:`~attnkit.masks.Span` of each block of ``block`` consecutive entries of
-    ``pos`` (the last block may be shorter): ``lo``/``hi`` ``[n_blocks]``."""
-    n = pos.numel()
-    n_blocks = -(-n // block)
-    padded = torch.cat([pos, pos[-1:].expand(n_blocks * block - n)]) if n_blocks * block > n else pos
-    grid = padded.view(n_blocks, block)
-    lo, hi = grid.amin(1), grid.amax(1)
-    residue = None
-    if period > 0:
-        res = torch.remainder(grid, period)
-        residue = torch.where((res == res[:, :1]).all(1), res[:, 0], torch.full_like(res[:, 0], -1))
-    return masks_mod.Span(lo, hi, period, residue)
+def resolve_mask(
+    q: Tensor, k: Tensor, *, mask: masks_mod.Mask | Tensor | None, bias: Tensor | None, causal: bool
+) -> tuple[masks_mod.Mask | None, Tensor | None, tuple[int, int, int, int] | None]:
+    """Validate ``mask`` and ``bias`` against q and k, and fold ``causal`` into the mask.
 
-
-def classify_blocks(
-    mask: masks_mod.Mask | None,
-    dense: Tensor | None,
-    q_pos: Tensor,
-    kv_pos: Tensor,
-    block_q: int,
-    block_k: int,
-    *,
-    period: int = 0,
-) -> Tensor:
-    """``[n_q_blocks, n_k_blocks]`` int8 of ``EMPTY``/``PARTIAL``/``FULL``, taken over every
-    batch entry and head (a block kept for one of them is computed for all)."""
-    s_q, s_k = q_pos.numel(), kv_pos.numel()
-    nq, nk = -(-s_q // block_q), -(-s_k // block_k)
-    device = q_pos.device
-    status = torch.full((nq, nk), FULL, dtype=torch.int8, device=device)
-    if nq == 0 or nk == 0:
-        return status
-    if mask is not None:
-        n_b, n_h = mask.batch_size or 1, mask.num_heads or 1
-        b_idx = torch.arange(n_b, device=device).view(n_b, 1, 1, 1)
-        h_idx = torch.arange(n_h, device=device).view(1, n_h, 1, 1)
-        if mask.blocks is not None:
-            qs, ks = spans(q_pos, block_q, period), spans(kv_pos, block_k, period)
-            q_span = masks_mod.Span(
-                qs.lo.view(1, 1, nq, 1), qs.hi.view(1, 1, nq, 1), qs.period,
-                None if qs.residue is None else qs.residue.view(1, 1, nq, 1),
-            )
-            k_span = masks_mod.Span(
-                ks.lo.view(1, 1, 1, nk), ks.hi.view(1, 1, 1, nk), ks.period,
-                None if ks.residue is None else ks.residue.view(1, 1, 1, nk),
-            )
-            some, every = mask.blocks(b_idx, h_idx, q_span, k_span)
-            shape = (n_b, n_h, nq, nk)
-            some = torch.as_tensor(some, device=device).expand(shape).any(1).any(0)
-            every = torch.as_tensor(every, device=device).expand(shape).all(1).all(0)
-        else:
-            some, every = _dense_block_bounds(mask, b_idx, h_idx, q_pos, kv_pos, block_q, block_k)
-        status = _status(some, every)
-    if dense is not None:
-        status = torch.minimum(status, _tensor_block_status(dense, block_q, block_k, nq, nk))
-    return status
-
-
-def _status(some: Tensor, every: Tensor) -> Tensor:
-    return torch.where(~some, EMPTY, torch.where(every, FULL, PARTIAL)).to(torch.int8)
-
-
-def _dense_block_bounds(
-    mask: masks_mod.Mask, b_idx: Tensor, h_idx: Tensor, q_pos: Tensor, kv_pos: Tensor, block_q: int, block_k: int
-) -> tuple[Tensor, Tensor]:
-    """Evaluate a mask with no block test pair by pair, one query block at a time."""
-    s_q, s_k = q_pos.numel(), kv_pos.numel()
-    nq, nk = -(-s_q // block_q), -(-s_k // block_k)
-    pad = nk * block_k - s_k
-    somes, everies = [], []
-    for i in range(nq):
-        rows = q_pos[i * block_q:(i + 1) * block_q]
-        allowed = masks_mod._as_bool(mask.fn(b_idx, h_idx, rows.view(1, 1, -1, 1), kv_pos.view(1, 1, 1, -1)))
-        allowed = allowed.expand(*allowed.shape[:2], rows.numel(), s_k)  # [b|1, h|1, m, s_k]
-        some = allowed.any(2).any(1).any(0)  # [s_k]
-        every = allowed.all(2).all(1).all(0)
-        if pad:
-            some = torch.cat([some, some.new_zeros(pad)])
-            every = torch.cat([every, every.new_ones(pad)])
-        somes.append(some.view(nk, block_k).any(1))
-        everies.append(every.view(nk, block_k).all(1))
-    return torch.stack(somes), torch.stack(everies)
-
-
-def _tensor_block_status(dense: Tensor, block_q: int, block_k: int, nq: int, nk: int) -> Tensor:
-    """Block status of a bool tensor ``[b|1, h|1, s_q|1, s_k|1]``."""
-    t = dense.any(1, keepdim=True).any(0, keepdim=True)[0, 0]  # may-attend somewhere
-    a = dense.all(1, keepdim=True).all(0, keepdim=True)[0, 0]
-
-    def reduce(x: Tensor, fill: bool, op) -> Tensor:
-        rows, cols = x.shape
-        if rows > 1:
-            x = torch.cat([x, x.new_full((nq * block_q - rows, cols), fill)]) if nq * block_q > rows else x
-            x = op(x.view(nq, block_q, cols), 1)
-        if cols > 1:
-            r = x.shape[0]
-            x = torch.cat([x, x.new_full((r, nk * block_k - cols), fill)], 1) if nk * block_k > cols else x
-            x = op(x.view(r, nk, block_k), 2)
-        return x.expand(nq, nk)
-
-    some = reduce(t, False, lambda x, dim: x.any(dim))
-    every = reduce(a, True, lambda x, dim: x.all(dim))
-    return _status(some, every)
+    Returns:
+        ``(mask, dense, bias_shape)``: the whole :class:`~attnkit.masks.Mask` on q's device
+        (or ``None``), a bool tensor mask ``[b|1, h|1, s_q|1, s_k|1]`` (or ``None``), and the
+        bias's shape as 4-D (or ``None``).
+    """
+    att = _attention_module()
+    b, h, s_q, _ = q.shape
+    s_k = k.shape[2]
+    mask_obj: masks_mod.Mask | None = None
+    dense: Tensor | None = None
+    if isinstance(mask, masks_mod.Mask):
+        att._check_mask_sizes(mask, b=b, h=h)
+        if mask.shape is not None and mask.shape != (s_q, s_k):
+            raise ValueError(f"mask {mask.name} is defined for (s_q, s_k) = {mask.shape}, got ({s_q}, {s_k})")
+        mask_obj = mask.to(q.device)
+    elif isinstance(mask, Tensor):
+        dense = att._check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
+        dense = dense.reshape((1,) * (4 - dense.ndim) + tuple(dense.shape))
+    elif mask is not None:
+        raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
+    if causal:
+        mask_obj = masks_mod.causal() if mask_obj is None else masks_mod.causal() & mask_obj
+    bias_shape = None
+    if bias is not None:
+        att._check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
+        bias_shape = tuple((1,) * (4 - bias.ndim) + tuple(bias.shape))
+    return mask_obj, dense, bias_shape
 
 
 def _runs(status: Tensor, block_k: int, s_k: int, *, materialise_all: bool) -> list[list[Run]]:
@@ -500,7 +428,7 @@ def _forward(plan: TiledPlan, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | N
         acc_o = acc_l = None
         for c0, c1, partial in runs:
             bias_blk, alive = _block_bias(plan, bias4, r0, r1, c0, c1, partial, q.dtype)
-            o, l_ = block_forward(q_i, k[:, :, c0:c1], v[:, :, c0:c1], bias_blk, plan.scale, plan.engine, alive)
+            o, l_ = block_forward(q_i, k[:, :, c0:c1], v[:, :, c0:c1], bias_blk, plan.scale, plan.block_engine, alive)
             acc_o, acc_l = (o, l_) if acc_o is None else merge(acc_o, acc_l, o, l_)
         out_g[:, :, :, r0:r1] = acc_o.view(b, h_kv, g, m, d_v)
         lse_g[:, :, :, r0:r1] = acc_l.view(b, h_kv, g, m)
@@ -530,7 +458,7 @@ def _backward(
             bias_blk, _ = _block_bias(plan, bias4, r0, r1, c0, c1, partial, q.dtype)
             dq_p, dk_p, dv_p, ds = block_backward(
                 do_i, q_i, k[:, :, c0:c1], v[:, :, c0:c1], o_i, lse_i, bias_blk, plan.scale,
-                need_dbias=need_dbias, engine=plan.engine,
+                need_dbias=need_dbias, engine=plan.block_engine,
             )
             dq_i = dq_p if dq_i is None else dq_i.add_(dq_p)
             dk[:, :, c0:c1] += dk_p

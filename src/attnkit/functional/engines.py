@@ -1,0 +1,112 @@
+"""Which engine computes an attention call: the one place that decides.
+
+Four engines compute exact attention; the kernels (:func:`attnkit.attention`,
+:func:`~attnkit.functional.tiled_attention`, :func:`~attnkit.functional.local_attention`,
+:func:`~attnkit.functional.sparse_attention`) each offer the ones that fit them and take an
+``engine=`` argument, ``"auto"`` by default, so that a caller (or a test) can force one:
+
+- ``"sdpa"``: ``F.scaled_dot_product_attention``'s fused kernels. Chosen when there is no
+  mask it cannot express; forced with a mask, the mask goes to SDPA as a dense bool tensor.
+- ``"flex"``: FlexAttention under ``torch.compile``, with a ``BlockMask`` built from the
+  attnkit :class:`~attnkit.masks.Mask` (:mod:`attnkit.functional.flex`). Chosen on GPUs (any
+  device but the CPU) for float32/float16/bfloat16 and head dims of at least 16. On the CPU
+  it runs too, forward only (torch's CPU FlexAttention has no backward).
+- ``"blockwise"``: attnkit's own schedules of block calls (tiled, local, sparse), on PyTorch's
+  fused CPU flash kernel where it applies and plain tensor operations elsewhere. Chosen on
+  the CPU, where it is faster than compiled FlexAttention, and wherever Flex cannot serve
+  (float64, small head dims, a bias that needs a gradient, empty sequences).
+- ``"reference"``: dense scores ``[b, h, s_q, s_k]``: the only engine that hands back the
+  weights, applies dropout or takes a score callable.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Engine = Literal["auto", "sdpa", "flex", "blockwise", "reference"]
+ENGINES: tuple[str, ...] = ("auto", "sdpa", "flex", "blockwise", "reference")
+
+_FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# FlexAttention's kernels need head dims of at least 16.
+_FLEX_MIN_HEAD_DIM = 16
+
+
+def check_engine(engine: object, offered: tuple[str, ...], kernel: str) -> None:
+    """Raise unless ``engine`` is ``"auto"`` or one of ``offered``.
+
+    Raises:
+        ValueError: an unknown engine, or one ``kernel`` does not offer.
+    """
+    if engine == "auto" or engine in offered:
+        return
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+    raise ValueError(f"{kernel} runs on the engines {['auto', *offered]}, got engine={engine!r}")
+
+
+def flex_available() -> bool:
+    """Whether this torch has FlexAttention and ``torch.compile``."""
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(torch, "compile")
+
+
+def flex_serves(q: Tensor, v: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether ``"auto"`` picks FlexAttention for these inputs: a non-CPU device, a dtype and
+    head dims its kernels take, non-empty sequences, and no bias that needs a gradient."""
+    return (
+        q.device.type != "cpu"
+        and q.dtype in _FLEX_DTYPES
+        and min(q.shape[-1], v.shape[-1]) >= _FLEX_MIN_HEAD_DIM
+        and q.shape[-2] > 0
+        and v.shape[-2] > 0
+        and not (bias is not None and bias.requires_grad)
+        and flex_available()
+    )
+
+
+def choose_masked_engine(engine: str, q: Tensor, v: Tensor, bias: Tensor | None, kernel: str) -> str:
+    """``"flex"`` or ``"blockwise"`` for a masked kernel (tiled, local, sparse)."""
+    check_engine(engine, ("flex", "blockwise"), kernel)
+    if engine != "auto":
+        return engine
+    return "flex" if flex_serves(q, v, bias) else "blockwise"
+
+
+def choose_attention_engine(
+    engine: str,
+    q: Tensor,
+    v: Tensor,
+    *,
+    sdpa_serves: bool,
+    needs_reference: bool,
+    bias: Tensor | None,
+) -> str:
+    """The engine of one :func:`attnkit.attention` call.
+
+    Args:
+        engine: what the caller asked for.
+        sdpa_serves: SDPA computes this call exactly without a dense mask.
+        needs_reference: the call asks for weights, dropout or a score callable.
+
+    Raises:
+        ValueError: an unknown engine, or a forced engine that cannot compute this call.
+    """
+    check_engine(engine, ("sdpa", "flex", "blockwise", "reference"), "attention")
+    if engine == "auto":
+        if needs_reference:
+            return "reference"
+        if sdpa_serves:
+            return "sdpa"
+        return "flex" if flex_serves(q, v, bias) else "blockwise"
+    if needs_reference and engine != "reference":
+        raise ValueError(
+            f"engine={engine!r} cannot return weights, apply dropout or call a score function; "
+            "use engine='reference' (or 'auto')"
+        )
+    return engine
