@@ -3,7 +3,8 @@
 ``run_ranks(fn, world_size, *args)`` spawns ``world_size`` processes, each of which joins a
 gloo process group (rendezvous through a file, traffic on loopback) and calls
 ``fn(rank, world_size, *args)``. The first rank that raises makes ``run_ranks`` raise at once
-with that rank's traceback (the others are killed); a run that outlives ``timeout`` seconds is
+with that rank's traceback (the others are killed; their own errors, such as "connection
+closed by peer", are listed after it); a run that outlives ``timeout`` seconds is
 killed and fails; a collective that waits longer than ``collective_timeout`` raises in its rank.
 """
 
@@ -13,6 +14,7 @@ import datetime
 import os
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +37,11 @@ def _rank_main(rank: int, fn: Callable[..., Any], world_size: int, store_file: s
     )
     try:
         fn(rank, world_size, *args)
+    except BaseException:
+        # Written before this rank's sockets close, so it is older than the errors it causes.
+        with open(f"{store_file}.rank{rank}.error", "w") as f:
+            f.write(f"{time.time()!r}\n{traceback.format_exc()}")
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -57,9 +64,22 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
                 if time.monotonic() > deadline:
                     raise RanksFailed(f"{world_size} ranks of {fn.__name__} did not finish within {timeout:.0f} s")
         except ProcessException as err:
-            raise RanksFailed(f"rank {err.error_index} of {world_size} failed:\n{err}") from None
+            raise RanksFailed(_first_errors(store_file, world_size) or f"rank {err.error_index} of {world_size} failed:\n{err}") from None
         finally:
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
                     process.join(5)
+
+
+def _first_errors(store_file: str, world_size: int) -> str:
+    """The ranks' recorded errors, oldest first."""
+    errors = []
+    for rank in range(world_size):
+        path = f"{store_file}.rank{rank}.error"
+        if os.path.exists(path):
+            with open(path) as f:
+                when, _, text = f.read().partition("\n")
+            errors.append((float(when), rank, text))
+    errors.sort()
+    return "\n".join(f"rank {rank} of {world_size} failed:\n{text}" for _, rank, text in errors)

@@ -202,8 +202,22 @@ def _fail_on_rank_one(rank: int, world: int) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_failing_rank_fails_the_run_quickly_with_its_error():
-    with pytest.raises(RanksFailed, match="rank one gives up"):
+    with pytest.raises(RanksFailed, match="rank one gives up") as failure:
         run_ranks(_fail_on_rank_one, 2, timeout=45)
+    assert str(failure.value).startswith("rank 1 of 2 failed")  # the cause, before its effects
+
+
+def _hang_on_rank_zero(rank: int, world: int) -> None:
+    import time
+
+    if rank == 0:
+        time.sleep(600)
+
+
+@pytest.mark.timeout(60)
+def test_a_hanging_rank_is_killed_at_the_time_limit():
+    with pytest.raises(RanksFailed, match="did not finish within 8 s"):
+        run_ranks(_hang_on_rank_zero, 2, timeout=8)
 
 
 def test_ring_attention_needs_an_initialised_process_group():

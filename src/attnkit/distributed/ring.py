@@ -46,6 +46,9 @@ from attnkit.functional.tiled import _forward as plan_forward
 # gradient accumulators have the same shapes).
 _TAG_KV = 17
 _TAG_GRAD = 18
+# Query blocks per tiled call: bounds the partial output that each call allocates before it
+# is merged, so that a rank's working memory beyond its shards stays small.
+_QUERY_BLOCKS_PER_CALL = 2
 
 
 @dataclass
@@ -86,23 +89,31 @@ class _Ring:
     scale: float
     block_size: tuple[int, int]
     timings: RingTimings | None
-    plans: list[TiledPlan | None] = field(default_factory=list)
+    plans: list[list[tuple[int, int, TiledPlan]]] = field(default_factory=list)  # per step
 
     def source(self, step: int) -> int:
         """The group rank whose keys and values this rank holds at ``step``."""
         return (self.rank - step) % self.world
 
-    def plan(self, q: Tensor, k: Tensor, v: Tensor, step: int) -> TiledPlan | None:
-        """The tiled plan of this rank's queries against the shard of step ``step``, or
-        ``None`` when the mask allows no pair of it."""
+    def step_plans(self, q: Tensor, k: Tensor, v: Tensor, step: int) -> list[tuple[int, int, TiledPlan]]:
+        """Tiled plans of this rank's queries against the shard held at ``step``, one per
+        chunk of ``_QUERY_BLOCKS_PER_CALL`` query blocks, as ``(r0, r1, plan)``; chunks whose
+        every block the mask leaves empty are left out (none: the step computes nothing)."""
         src = self.source(step)
-        if q.shape[2] == 0 or k.shape[2] == 0:
-            return None
-        plan = make_plan(
-            q, k, v, mask=self.pattern, bias=None, causal=False, scale=self.scale, block_size=self.block_size,
-            q_pos=self.positions[self.rank], kv_pos=self.positions[src],
-        )
-        return None if bool((plan.status == EMPTY).all()) else plan
+        s_local = q.shape[2]
+        if k.shape[2] == 0:
+            return []
+        chunks = []
+        rows = _QUERY_BLOCKS_PER_CALL * self.block_size[0]
+        for r0 in range(0, s_local, rows):
+            r1 = min(s_local, r0 + rows)
+            plan = make_plan(
+                q[:, :, r0:r1], k, v, mask=self.pattern, bias=None, causal=False, scale=self.scale,
+                block_size=self.block_size, q_pos=self.positions[self.rank][r0:r1], kv_pos=self.positions[src],
+            )
+            if not bool((plan.status == EMPTY).all()):
+                chunks.append((r0, r1, plan))
+        return chunks
 
     def exchange(self, send: list[Tensor], recv: list[Tensor], tag: int) -> list[dist.Work]:
         """Post ``send`` to the next rank and ``recv`` from the previous one; returns the
@@ -251,7 +262,7 @@ def _empty_like_shard(t: Tensor, length: int) -> Tensor:
 
 
 def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """The forward ring; fills ``ring.plans`` (one per step) for the backward ring."""
+    """The forward ring; fills ``ring.plans`` (each step's) for the backward ring."""
     b, h, s_local, _ = q.shape
     out = q.new_zeros(b, h, s_local, v.shape[-1])  # [b, h, s_local, d_v]
     lse = torch.full((b, h, s_local), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
@@ -264,15 +275,15 @@ def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
             k_next, v_next = _empty_like_shard(k_cur, length), _empty_like_shard(v_cur, length)
             requests = ring.exchange([k_cur, v_cur], [k_next, v_next], _TAG_KV)
         start = time.perf_counter()
-        plan = ring.plan(q, k_cur, v_cur, step)
-        ring.plans.append(plan)
-        if plan is not None:
-            o, l_ = plan_forward(plan, q, k_cur, v_cur, None)
-            out, lse = merge(out, lse, o, l_)
+        chunks = ring.step_plans(q, k_cur, v_cur, step)
+        ring.plans.append(chunks)
+        for r0, r1, plan in chunks:
+            o, l_ = plan_forward(plan, q[:, :, r0:r1], k_cur, v_cur, None)  # [b, h, r1 - r0, d_v], [b, h, r1 - r0]
+            out[:, :, r0:r1], lse[:, :, r0:r1] = merge(out[:, :, r0:r1], lse[:, :, r0:r1], o, l_)
         ring.timed(start)
         if ring.timings is not None:
             ring.timings.steps += 1
-            ring.timings.skipped += int(plan is None)
+            ring.timings.skipped += int(not chunks)
         if requests:
             ring.wait(requests)
             k_cur, v_cur = k_next, v_next
@@ -294,12 +305,14 @@ def _ring_backward(
             k_next, v_next = _empty_like_shard(k_cur, length), _empty_like_shard(v_cur, length)
             kv_requests = ring.exchange([k_cur, v_cur], [k_next, v_next], _TAG_KV)
         start = time.perf_counter()
-        plan = ring.plans[step]
-        if plan is not None:
-            dq_part, dk_acc, dv_acc, _ = plan_backward(plan, dout, q, k_cur, v_cur, None, out, lse, False)
-            dq += dq_part
-        else:
-            dk_acc, dv_acc = torch.zeros_like(k_cur), torch.zeros_like(v_cur)
+        dk_acc, dv_acc = torch.zeros_like(k_cur), torch.zeros_like(v_cur)
+        for r0, r1, plan in ring.plans[step]:
+            dq_part, dk_part, dv_part, _ = plan_backward(
+                plan, dout[:, :, r0:r1], q[:, :, r0:r1], k_cur, v_cur, None, out[:, :, r0:r1], lse[:, :, r0:r1], False
+            )
+            dq[:, :, r0:r1] += dq_part
+            dk_acc += dk_part
+            dv_acc += dv_part
         ring.timed(start)
         if step > 0:  # add what the previous ranks accumulated for this shard
             ring.wait(grad_requests)
