@@ -1,12 +1,14 @@
 """Attention and training beyond one process, on ``torch.distributed`` (gloo on CPU, NCCL on
 GPU), launched by ``torchrun``.
 
+- :func:`init` joins the job's process group (NCCL and a GPU when CUDA is present).
 - :func:`ring_attention`: exact attention over a sequence sharded across ranks;
   :func:`shard` and :func:`gather` cut a sequence into per-rank shards and join them back.
 - Importing this package registers the ``"ring"`` kernel, so that
   ``MultiHeadAttention(kernel="ring")`` runs a model sequence-parallel inside a torchrun job.
 """
 
+from attnkit.distributed.env import ProcessInfo, init, launched_by_torchrun
 from attnkit.distributed.layout import LAYOUTS, gather, shard, shard_length, shard_positions, shard_ranges
 from attnkit.distributed.ring import RingTimings, ring_attention, ring_kernel
 from attnkit.functional.kernels import register_kernel
@@ -15,8 +17,11 @@ register_kernel("ring", ring_kernel)
 
 __all__ = [
     "LAYOUTS",
+    "ProcessInfo",
     "RingTimings",
     "gather",
+    "init",
+    "launched_by_torchrun",
     "ring_attention",
     "shard",
     "shard_length",
