@@ -46,7 +46,7 @@ def _rank_main(rank: int, fn: Callable[..., Any], world_size: int, store_file: s
         dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 90.0, collective_timeout: float = 30.0) -> None:
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 90.0, collective_timeout: float = 60.0) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes.
 
     Raises:
