@@ -403,3 +403,44 @@ def test_kernel_option_errors_are_clear():
         local(x, return_weights=True)
     with pytest.raises(ValueError, match="takes no mask or score bias"):
         local(x, mask=masks.causal())
+
+
+def test_from_torch_keeps_float64_weights_exactly() -> None:
+    # Built in the source's dtype: float64 weights are not rounded through float32.
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(8, 2, dtype=torch.float64)
+    ours = MultiHeadAttention.from_torch(ref)
+    assert ours.q_proj.weight.dtype == torch.float64
+    assert torch.equal(ours.q_proj.weight, ref.in_proj_weight[:8])
+    assert torch.equal(ours.v_proj.bias, ref.in_proj_bias[16:])
+    assert torch.equal(ours.out_proj.weight, ref.out_proj.weight)
+    separate = nn.MultiheadAttention(8, 2, kdim=4, vdim=6, dtype=torch.float64)
+    assert torch.equal(MultiHeadAttention.from_torch(separate).k_proj.weight, separate.k_proj_weight)
+
+
+def test_the_dispatcher_kernel_is_called_auto_and_dense_still_works_with_a_warning() -> None:
+    from attnkit.functional import attention, get_kernel
+    from attnkit.nn import KERNELS
+
+    assert "auto" in list(KERNELS) and "dense" not in list(KERNELS)
+    assert KERNELS["auto"] is attention and "dense" in KERNELS
+    with pytest.warns(DeprecationWarning, match="'dense' is now called 'auto'"):
+        assert get_kernel("dense") is attention
+    with pytest.warns(DeprecationWarning, match="'dense' is now called 'auto'"):
+        old = MultiHeadAttention(E, H, kernel="dense")
+    assert old.kernel == "auto" and "kernel" not in repr(old)
+
+
+def test_kernel_options_are_checked_at_construction() -> None:
+    with pytest.raises(TypeError, match="kernel 'sparse' needs the option"):
+        MultiHeadAttention(32, 4, kernel="sparse")
+    with pytest.raises(TypeError, match="needs an attnkit.masks.Mask"):
+        MultiHeadAttention(32, 4, kernel="sparse", kernel_options={"pattern": torch.ones(4, 4, dtype=torch.bool)})
+    with pytest.raises(TypeError, match="kernel 'auto' takes no option 'window'; its options: none"):
+        MultiHeadAttention(32, 4, kernel_options={"window": 2})
+    with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
+        MultiHeadAttention(32, 4, kernel="linear", kernel_options={"chunk_size": 0})
+    with pytest.raises(TypeError, match="feature_map must be"):
+        MultiHeadAttention(32, 4, kernel="linear", kernel_options={"feature_map": "softmax"})
+    with pytest.raises(ValueError, match="block_size must be an int >= 1"):
+        MultiHeadAttention(32, 4, kernel="tiled", kernel_options={"block_size": (64, 0)})

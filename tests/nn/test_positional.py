@@ -220,3 +220,17 @@ def test_relative_position_bias_looks_up_its_weights() -> None:
     assert list(rpb.state_dict()) == ["weight"]
     with pytest.raises(ValueError, match="num_buckets must be >= 4"):
         RelativePositionBias(3, num_buckets=2)
+
+
+def test_rotary_tables_follow_the_module_dtype() -> None:
+    # A float64 module's tables are float64 too, so that the tabled rotation stays
+    # bit-identical to the computed one.
+    torch.manual_seed(3)
+    rope = RotaryEmbedding(64, max_positions=2048).double()
+    x = torch.randn(1, 2, 9, 64, dtype=torch.float64)
+    assert rope.cos_table.dtype == torch.float64
+    assert torch.equal(rope.rotate_from(x, 700), rope.rotate(x, torch.arange(700, 709)))
+    back = rope.float()
+    assert back.cos_table.dtype == torch.float32
+    x32 = x.float()
+    assert torch.equal(back.rotate_from(x32, 700), back.rotate(x32, torch.arange(700, 709)))

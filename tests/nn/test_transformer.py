@@ -225,3 +225,40 @@ def test_errors() -> None:
         decoder(torch.randn(1, 3, E), torch.randn(1, 3, E), cache=Decoder([layer, DecoderLayer(E, H, FF)]).new_cache())
     with pytest.raises(ValueError, match="norm must be"):
         EncoderLayer(E, H, FF, norm="batch")
+
+
+@pytest.mark.filterwarnings(NESTED_TENSOR_WARNING)
+def test_layers_from_torch_keep_float64_weights_exactly() -> None:
+    torch.manual_seed(0)
+    encoder_layer = nn.TransformerEncoderLayer(E, H, FF, batch_first=True, dtype=torch.float64)
+    ours = EncoderLayer.from_torch(encoder_layer)
+    assert torch.equal(ours.self_attn.k_proj.weight, encoder_layer.self_attn.in_proj_weight[E : 2 * E])
+    assert torch.equal(ours.ff.up_proj.weight, encoder_layer.linear1.weight)
+    assert torch.equal(ours.ff_norm.weight, encoder_layer.norm2.weight)
+    decoder_layer = nn.TransformerDecoderLayer(E, H, FF, batch_first=True, dtype=torch.float64)
+    ours_dec = DecoderLayer.from_torch(decoder_layer)
+    assert torch.equal(ours_dec.cross_attn.q_proj.weight, decoder_layer.multihead_attn.in_proj_weight[:E])
+    assert torch.equal(ours_dec.ff.down_proj.weight, decoder_layer.linear2.weight)
+    assert all(p.dtype == torch.float64 for p in ours_dec.parameters())
+
+
+def test_layers_with_memory_bounded_kernels_build_with_the_default_dropout() -> None:
+    # The default dropout applies to the residual and feed-forward paths; kernels that never
+    # materialise the weights have no attention dropout.
+    layer = EncoderLayer(32, 4, 64, kernel="tiled")
+    assert layer.self_attn.dropout == 0.0 and layer.dropout.p == 0.1
+    decoder = DecoderLayer(32, 4, 64, kernel="local", kernel_options={"window": 3})
+    assert decoder.self_attn.kernel_options == {"window": 3}
+    x = torch.randn(2, 7, 32)
+    assert decoder.eval()(x, torch.randn(2, 5, 32)).shape == (2, 7, 32)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        EncoderLayer(32, 4, 64, kernel="tiled", attention_dropout=0.1)
+
+
+def test_kernel_options_are_checked_when_the_module_is_built() -> None:
+    with pytest.raises(TypeError, match="kernel 'local' needs the option 'window'"):
+        EncoderLayer(32, 4, 64, kernel="local")
+    with pytest.raises(TypeError, match="kernel 'tiled' takes no option 'window'"):
+        Transformer(32, 4, 1, 1, 64, kernel="tiled", kernel_options={"window": 3})
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        EncoderLayer(32, 4, 64, kernel="local", kernel_options={"window": -1})

@@ -17,7 +17,8 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
   :class:`Decoder`, :class:`Transformer`, :class:`DecoderLM`.
 """
 
-from attnkit.nn.attention import KERNELS, MultiHeadAttention
+from attnkit.functional.kernels import KERNELS
+from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.feedforward import FeedForward
 from attnkit.nn.kv_cache import DecoderCache, KVCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer

@@ -18,16 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional import AttentionResult, attention
-from attnkit.functional.kernels import KERNELS, get_kernel
+from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resolve_kernel_name
 from attnkit.functional.masks import Mask
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
 from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import MultiHeadOutput
 from attnkit.nn.rnn_attention import AttentionScore
-
-# Kernels that take a mask and an additive score bias; the others encode their own pattern.
-MASKABLE_KERNELS = ("dense", "tiled", "ring")
 
 Score = Literal["scaled_dot", "dot"] | AttentionScore
 Context = Tensor | tuple[Tensor, Tensor]
@@ -56,20 +53,24 @@ class MultiHeadAttention(nn.Module):
             bias) applied in self-attention; absolute encodings are added to the
             embeddings instead.
         kernel: which attention kernel computes the heads, by name in
-            :data:`attnkit.functional.kernels.KERNELS`: ``"dense"`` (default; SDPA or the
-            reference path, the only one that returns weights), ``"tiled"`` (any mask, memory
-            bounded), ``"local"``, ``"sparse"``, ``"linear"``, ``"ring"`` (sequence-parallel
-            across ranks, after ``import attnkit.distributed``; scaled dot-product only, no
-            dropout).
-        kernel_options: keyword options of that kernel, e.g. ``{"window": 256}`` for
-            ``"local"``, ``{"pattern": masks.strided(128)}`` for ``"sparse"``,
+            :data:`attnkit.functional.kernels.KERNELS`: ``"auto"`` (default; the dispatcher:
+            SDPA or the reference path, the only one that returns weights; ``"dense"`` is
+            its deprecated name), ``"tiled"`` (any mask, memory bounded), ``"local"``,
+            ``"sparse"``, ``"linear"``, ``"ring"`` (sequence-parallel across ranks, after
+            ``import attnkit.distributed``); all but ``"auto"`` compute scaled dot-product
+            attention without dropout.
+        kernel_options: keyword options of that kernel, checked here
+            (:func:`attnkit.functional.kernels.check_kernel_options`), e.g.
+            ``{"window": 256}`` for ``"local"``, the pattern for ``"sparse"``,
             ``{"feature_map": "favor"}`` for ``"linear"``.
 
     Raises:
         ValueError: non-positive sizes, ``embed_dim`` not divisible by ``num_heads``,
             ``num_heads`` not divisible by ``num_kv_heads``, ``dropout`` outside ``[0, 1)``,
-            a score or positional encoding built for other sizes, an unknown kernel.
-        TypeError: a score or positional encoding of the wrong type.
+            a score or positional encoding built for other sizes, an unknown kernel, a
+            kernel option out of range.
+        TypeError: a score or positional encoding of the wrong type, a kernel option the
+            kernel does not take or needs.
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         score: Score = "scaled_dot",
         positional: AttentionPositional | None = None,
-        kernel: str = "dense",
+        kernel: str = "auto",
         kernel_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -94,18 +95,18 @@ class MultiHeadAttention(nn.Module):
         _check_sizes(embed_dim, num_heads, num_kv_heads, kdim, vdim)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        get_kernel(kernel)  # raises on an unknown name, listing the known ones
-        if kernel != "dense" and (score != "scaled_dot" or dropout > 0):
+        kernel = resolve_kernel_name(kernel)  # raises on an unknown name, listing the known ones
+        if not KERNEL_SPECS[kernel].full and (score != "scaled_dot" or dropout > 0):
             raise ValueError(
                 f"kernel {kernel!r} computes scaled dot-product attention without dropout; "
-                f"got score={score!r}, dropout={dropout} (use kernel='dense')"
+                f"got score={score!r}, dropout={dropout} (use kernel='auto')"
             )
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.kdim, self.vdim = kdim, vdim
         self.head_dim = embed_dim // num_heads
         self.dropout = dropout
         self.kernel = kernel
-        self.kernel_options = dict(kernel_options or {})
+        self.kernel_options = check_kernel_options(kernel, kernel_options)
         self.score = _check_score(score, self.head_dim)
         self.positional = _check_positional(positional, num_heads, self.head_dim)
         self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
@@ -237,7 +238,7 @@ class MultiHeadAttention(nn.Module):
         return_weights: bool,
     ) -> Tensor | AttentionResult:
         """Every head at once, by the constructor's kernel: the one place attention runs."""
-        if self.kernel != "dense":
+        if self.kernel != "auto":
             return self._attend_with_kernel(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
         score = self.score.scores if isinstance(self.score, AttentionScore) else self.score
         return attention(
@@ -260,18 +261,18 @@ class MultiHeadAttention(nn.Module):
         constructor's ``kernel_options``, e.g. ``{"window": 256}`` for ``local``."""
         if return_weights:
             raise ValueError(
-                f"kernel {self.kernel!r} does not return attention weights; use kernel='dense' to see them, "
+                f"kernel {self.kernel!r} does not return attention weights; use kernel='auto' to see them, "
                 "or attnkit.weights_on_demand for chosen rows of a long sequence"
             )
         options = dict(self.kernel_options)
         if mask is not None or bias is not None:
-            if self.kernel not in MASKABLE_KERNELS:
+            if not KERNEL_SPECS[self.kernel].takes_mask:
                 raise ValueError(
                     f"kernel {self.kernel!r} takes no mask or score bias (ALiBi, relative positions); "
                     f"its pattern comes from kernel_options={self.kernel_options}. Use kernel='tiled' for masks"
                 )
             options.update(mask=mask, bias=bias)
-        return get_kernel(self.kernel)(q, k, v, causal=causal, **options)
+        return KERNEL_SPECS[self.kernel].function(q, k, v, causal=causal, **options)
 
     @staticmethod
     def _split_heads(t: Tensor, heads: int) -> Tensor:
@@ -344,22 +345,13 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(m).__name__}")
         if m.bias_k is not None or m.add_zero_attn:
             raise ValueError("add_bias_kv and add_zero_attn are not supported")
-        bias = m.in_proj_bias is not None
-        new = cls(m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim, bias=bias, dropout=m.dropout)
-        if m.in_proj_weight is not None:  # one packed [3e, e] matrix when kdim == vdim == e
-            weights = m.in_proj_weight.chunk(3)
-        else:
-            weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
-        projections = (new.q_proj, new.k_proj, new.v_proj)
-        with torch.no_grad():
-            for proj, weight in zip(projections, weights):
-                proj.weight.copy_(weight)
-            new.out_proj.weight.copy_(m.out_proj.weight)
-            if bias:
-                for proj, b in zip(projections, m.in_proj_bias.chunk(3)):
-                    proj.bias.copy_(b)
-                new.out_proj.bias.copy_(m.out_proj.bias)
-        return new.to(device=m.out_proj.weight.device, dtype=m.out_proj.weight.dtype)
+        # Built without storage, then given copies of the source's tensors: the result has
+        # exactly their dtype, device and values.
+        with torch.device("meta"):
+            new = cls(m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim, bias=m.in_proj_bias is not None,
+                      dropout=m.dropout)
+        new.load_state_dict(state_dict_from_torch_attention(m), strict=True, assign=True)
+        return new
 
     def extra_repr(self) -> str:
         parts = [f"embed_dim={self.embed_dim}", f"num_heads={self.num_heads}"]
@@ -367,7 +359,7 @@ class MultiHeadAttention(nn.Module):
             parts.append(f"num_kv_heads={self.num_kv_heads}")
         if isinstance(self.score, str):
             parts.append(f"score={self.score!r}")
-        if self.kernel != "dense":
+        if self.kernel != "auto":
             parts.append(f"kernel={self.kernel!r}")
         if self.kernel_options:
             parts.append(f"kernel_options={self.kernel_options}")
@@ -427,3 +419,26 @@ def _check_positional(
             f"head_dim {head_dim} (embed_dim / num_heads)"
         )
     return positional
+
+
+def state_dict_from_torch_attention(m: nn.MultiheadAttention) -> dict[str, Tensor]:
+    """The weights of ``torch.nn.MultiheadAttention`` under :class:`MultiHeadAttention`'s
+    keys, copied (torch packs q/k/v into one ``[3e, e]`` matrix when ``kdim == vdim == e``).
+
+    Args:
+        m: the torch module.
+
+    Returns:
+        ``{"q_proj.weight": ..., ..., "out_proj.bias": ...}``, biases when ``m`` has them.
+    """
+    if m.in_proj_weight is not None:
+        weights = m.in_proj_weight.chunk(3)
+    else:
+        weights = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
+    names = ("q_proj", "k_proj", "v_proj")
+    state = {f"{name}.weight": w for name, w in zip(names, weights)}
+    state["out_proj.weight"] = m.out_proj.weight
+    if m.in_proj_bias is not None:
+        state.update({f"{name}.bias": b for name, b in zip(names, m.in_proj_bias.chunk(3))})
+        state["out_proj.bias"] = m.out_proj.bias
+    return {key: t.detach().clone() for key, t in state.items()}

@@ -14,11 +14,16 @@ Two placements of the norm:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.functional.kernels import KERNEL_SPECS, resolve_kernel_name
 from attnkit.functional.masks import Mask
-from attnkit.nn.attention import MultiHeadAttention
+from attnkit.nn.attention import MultiHeadAttention, state_dict_from_torch_attention
 from attnkit.nn.feedforward import Activation, FeedForward
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.norms import NormKind, make_norm
@@ -62,9 +67,15 @@ class EncoderLayer(_ResidualLayer):
         bias: biases in projections, feed-forward and LayerNorm.
         positional: a rotary / ALiBi / relative-bias encoding for the self-attention.
         kernel: the attention kernel, see :class:`attnkit.nn.MultiHeadAttention`.
+        kernel_options: its options, checked here (e.g. ``{"window": 256}`` for
+            ``"local"``).
+        attention_dropout: dropout on the attention weights; default ``dropout`` with the
+            ``"auto"`` kernel, and 0 with the kernels that never materialise the weights
+            (which refuse a value above 0).
 
     Raises:
         ValueError: inconsistent sizes or unknown options (from the parts).
+        TypeError: kernel options the kernel does not take or needs.
     """
 
     def __init__(
@@ -81,14 +92,18 @@ class EncoderLayer(_ResidualLayer):
         norm_first: bool = False,
         bias: bool = True,
         positional: AttentionPositional | None = None,
-        kernel: str = "dense",
+        kernel: str = "auto",
+        kernel_options: Mapping[str, Any] | None = None,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(
-            embed_dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
-            positional=positional, kernel=kernel,
-        )
+        kernel = resolve_kernel_name(kernel)
+        attention_options: dict[str, Any] = {
+            "num_kv_heads": num_kv_heads, "bias": bias, "dropout": _attention_dropout(kernel, dropout, attention_dropout),
+            "kernel": kernel, "kernel_options": kernel_options,
+        }
+        self.self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
         self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
         self.ff = FeedForward(embed_dim, ff_dim, activation=activation, bias=bias, dropout=dropout)
         self.ff_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
@@ -132,10 +147,7 @@ class EncoderLayer(_ResidualLayer):
             TypeError: ``m`` is not an ``nn.TransformerEncoderLayer``.
             ValueError: its activation is neither ReLU nor GELU.
         """
-        new = _from_torch_layer(cls, m, nn.TransformerEncoderLayer)
-        new.self_attn_norm.load_state_dict(m.norm1.state_dict())
-        new.ff_norm.load_state_dict(m.norm2.state_dict())
-        return new.to(device=m.linear1.weight.device, dtype=m.linear1.weight.dtype)
+        return _from_torch_layer(cls, m, nn.TransformerEncoderLayer, {"self_attn_norm": "norm1", "ff_norm": "norm2"})
 
 
 class DecoderLayer(_ResidualLayer):
@@ -157,9 +169,15 @@ class DecoderLayer(_ResidualLayer):
         bias: biases in projections, feed-forward and LayerNorm.
         positional: a rotary / ALiBi / relative-bias encoding for the self-attention.
         kernel: the attention kernel, see :class:`attnkit.nn.MultiHeadAttention`.
+        kernel_options: its options, checked here (e.g. ``{"window": 256}`` for
+            ``"local"``).
+        attention_dropout: dropout on the attention weights; default ``dropout`` with the
+            ``"auto"`` kernel, and 0 with the kernels that never materialise the weights
+            (which refuse a value above 0).
 
     Raises:
         ValueError: inconsistent sizes or unknown options (from the parts).
+        TypeError: kernel options the kernel does not take or needs.
     """
 
     def __init__(
@@ -177,21 +195,23 @@ class DecoderLayer(_ResidualLayer):
         norm_first: bool = False,
         bias: bool = True,
         positional: AttentionPositional | None = None,
-        kernel: str = "dense",
+        kernel: str = "auto",
+        kernel_options: Mapping[str, Any] | None = None,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(
-            embed_dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout,
-            positional=positional, kernel=kernel,
-        )
+        kernel = resolve_kernel_name(kernel)
+        attention_options: dict[str, Any] = {
+            "num_kv_heads": num_kv_heads, "bias": bias, "dropout": _attention_dropout(kernel, dropout, attention_dropout),
+            "kernel": kernel, "kernel_options": kernel_options,
+        }
+        self.self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
         self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
         self.cross_attn: MultiHeadAttention | None = None
         self.cross_attn_norm: nn.Module | None = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(
-                embed_dim, num_heads, num_kv_heads=num_kv_heads, bias=bias, dropout=dropout, kernel=kernel
-            )
+            self.cross_attn = MultiHeadAttention(embed_dim, num_heads, **attention_options)
             self.cross_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
         self.ff = FeedForward(embed_dim, ff_dim, activation=activation, bias=bias, dropout=dropout)
         self.ff_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
@@ -265,12 +285,27 @@ class DecoderLayer(_ResidualLayer):
             TypeError: ``m`` is not an ``nn.TransformerDecoderLayer``.
             ValueError: its activation is neither ReLU nor GELU.
         """
-        new = _from_torch_layer(cls, m, nn.TransformerDecoderLayer)
-        new.cross_attn = MultiHeadAttention.from_torch(m.multihead_attn)
-        new.self_attn_norm.load_state_dict(m.norm1.state_dict())
-        new.cross_attn_norm.load_state_dict(m.norm2.state_dict())
-        new.ff_norm.load_state_dict(m.norm3.state_dict())
-        return new.to(device=m.linear1.weight.device, dtype=m.linear1.weight.dtype)
+        return _from_torch_layer(
+            cls, m, nn.TransformerDecoderLayer, {"self_attn_norm": "norm1", "cross_attn_norm": "norm2", "ff_norm": "norm3"},
+            cross_attention="multihead_attn",
+        )
+
+
+def _attention_dropout(kernel: str, dropout: float, attention_dropout: float | None) -> float:
+    """The dropout of a layer's attention weights (see :class:`EncoderLayer`).
+
+    Raises:
+        ValueError: an ``attention_dropout`` above 0 for a kernel without weights.
+    """
+    full = KERNEL_SPECS[kernel].full
+    if attention_dropout is None:
+        return dropout if full else 0.0
+    if attention_dropout > 0 and not full:
+        raise ValueError(
+            f"kernel {kernel!r} never materialises the attention weights and has no dropout on them; "
+            f"got attention_dropout={attention_dropout} (use kernel='auto', or attention_dropout=0)"
+        )
+    return attention_dropout
 
 
 def _torch_activation(fn: object) -> Activation:
@@ -282,17 +317,37 @@ def _torch_activation(fn: object) -> Activation:
     raise ValueError(f"only ReLU and exact GELU activations can be converted, got {fn!r}")
 
 
-def _from_torch_layer(cls: type, m: nn.Module, expected: type) -> _ResidualLayer:
-    """A layer of ``cls`` sized like the torch layer ``m``, with its self-attention and
-    feed-forward weights copied; the caller copies what only its kind has (norms, cross)."""
+def _from_torch_layer(
+    cls: type, m: nn.Module, expected: type, norms: dict[str, str], *, cross_attention: str | None = None
+) -> _ResidualLayer:
+    """A layer of ``cls`` sized like the torch layer ``m``, holding copies of its weights in
+    their dtype and on their device.
+
+    Args:
+        cls: :class:`EncoderLayer` or :class:`DecoderLayer`.
+        m: the torch layer.
+        expected: the torch class ``m`` must be.
+        norms: our norm's name → the name of the torch norm it copies.
+        cross_attention: the name of the torch layer's cross-attention, if it has one.
+    """
     if not isinstance(m, expected):
         raise TypeError(f"expected torch.nn.{expected.__name__}, got {type(m).__name__}")
-    new = cls(
-        m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features, dropout=m.dropout.p,
-        activation=_torch_activation(m.activation), norm_eps=m.norm1.eps, norm_first=m.norm_first,
-        bias=m.linear1.bias is not None,
-    )
-    new.self_attn = MultiHeadAttention.from_torch(m.self_attn)
-    new.ff.up_proj.load_state_dict(m.linear1.state_dict())
-    new.ff.down_proj.load_state_dict(m.linear2.state_dict())
+    # Built without storage, then given copies of the source's tensors.
+    with torch.device("meta"):
+        new = cls(
+            m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features, dropout=m.dropout.p,
+            activation=_torch_activation(m.activation), norm_eps=m.norm1.eps, norm_first=m.norm_first,
+            bias=m.linear1.bias is not None,
+        )
+    state = _prefixed("self_attn", state_dict_from_torch_attention(m.self_attn))
+    if cross_attention is not None:
+        state.update(_prefixed("cross_attn", state_dict_from_torch_attention(getattr(m, cross_attention))))
+    for ours, theirs in (("ff.up_proj", "linear1"), ("ff.down_proj", "linear2"), *norms.items()):
+        copies = {key: t.detach().clone() for key, t in getattr(m, theirs).state_dict().items()}
+        state.update(_prefixed(ours, copies))
+    new.load_state_dict(state, strict=True, assign=True)
     return new
+
+
+def _prefixed(prefix: str, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {f"{prefix}.{key}": t for key, t in state.items()}

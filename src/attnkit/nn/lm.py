@@ -7,12 +7,13 @@ Shape letters: ``b`` batch, ``s`` sequence length, ``n`` generated tokens, ``e``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
+from attnkit.functional.kernels import resolve_kernel_name
 from attnkit.nn.feedforward import Activation
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, MaskLike
@@ -59,6 +60,9 @@ class DecoderLM(nn.Module):
         dropout: dropout on embeddings and inside the layers.
         tie_embeddings: the output head shares the token embedding matrix.
         kernel: the attention kernel.
+        kernel_options: its options, checked here (see :class:`attnkit.nn.EncoderLayer`).
+        attention_dropout: dropout on the attention weights (see
+            :class:`attnkit.nn.EncoderLayer`).
 
     Raises:
         ValueError: an unknown positional kind, inconsistent sizes or options.
@@ -83,7 +87,9 @@ class DecoderLM(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         tie_embeddings: bool = True,
-        kernel: str = "dense",
+        kernel: str = "auto",
+        kernel_options: Mapping[str, Any] | None = None,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         if positional not in POSITIONAL_KINDS:
@@ -107,11 +113,13 @@ class DecoderLM(nn.Module):
         elif positional == "alibi":
             in_attention = ALiBi(num_heads)
         self.dropout = nn.Dropout(dropout)
+        kernel = resolve_kernel_name(kernel)
         layers = [
             DecoderLayer(
                 embed_dim, num_heads, ff_dim, num_kv_heads=num_kv_heads, cross_attention=False, dropout=dropout,
                 activation=activation, norm=norm, norm_eps=norm_eps, norm_first=norm_first, bias=bias,
-                positional=in_attention, kernel=kernel,
+                positional=in_attention, kernel=kernel, kernel_options=kernel_options,
+                attention_dropout=attention_dropout,
             )
             for _ in range(num_layers)
         ]

@@ -254,25 +254,44 @@ class RotaryEmbedding(AttentionPositional):
         self.head_dim = head_dim
         self.theta = theta
         self.max_positions = max_positions
-        # The same expression as Hugging Face's LLaMA, so that the float32 frequencies are
-        # bit-identical to the ones the checkpoints were trained with.
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [d/2]
-        self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
+        self.register_buffer("inv_freq", _rotary_frequencies(head_dim, theta), persistent=False)
         # Rotation as x * cos + swap_halves(x) * signed_sin, with the sign of the first half
         # folded into the table: (-a) * b == a * (-b) exactly, and it saves a negation pass.
         self.register_buffer("half_signs", torch.cat((-torch.ones(head_dim // 2), torch.ones(head_dim // 2))),
                              persistent=False)  # [d]
-        cos = sin = None
-        if max_positions is not None:
-            cos, sin = self.cos_sin(torch.arange(max_positions))  # [max_positions, d] each
-            sin = sin * self.half_signs
         self.cos_table: Tensor | None
         self.signed_sin_table: Tensor | None
-        self.register_buffer("cos_table", cos, persistent=False)
-        self.register_buffer("signed_sin_table", sin, persistent=False)
+        self.register_buffer("cos_table", None, persistent=False)
+        self.register_buffer("signed_sin_table", None, persistent=False)
+        self._fill_tables()
+
+    def _fill_tables(self) -> None:
+        """Compute the cosine and sine tables from the frequencies, in their dtype and on
+        their device: the tables then hold exactly what :meth:`rotate` computes."""
+        if self.max_positions is None:
+            return
+        positions = torch.arange(self.max_positions, device=self.inv_freq.device)
+        cos, sin = self.cos_sin(positions)  # [max_positions, d] each
+        self.cos_table, self.signed_sin_table = cos, sin * self.half_signs
+
+    def _apply(self, fn, recurse=True):  # torch.nn.Module's signature
+        # A dtype change (``.double()``, ``.to(float64)``) would only cast the float32
+        # tables; they are computed again from the cast frequencies instead. Half-precision
+        # angles would be wrong by whole radians at long positions: the frequencies stay
+        # float32 then, as in Hugging Face's LLaMA.
+        before = (self.inv_freq.dtype, self.inv_freq.device)
+        out = super()._apply(fn, recurse)
+        if self.inv_freq.dtype.itemsize < 4:
+            self.inv_freq = _rotary_frequencies(self.head_dim, self.theta).to(self.inv_freq.device)
+        now = (self.inv_freq.dtype, self.inv_freq.device)
+        table = self.cos_table
+        if table is not None and now[1].type != "meta" and (now != before or (table.dtype, table.device) != now):
+            self._fill_tables()
+        return out
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Cosines and sines of every angle, float32.
+        """Cosines and sines of every angle, in the dtype of the frequencies (float32, or
+        float64 in a module made float64).
 
         Args:
             positions: integer ``[s]`` or ``[b, s]``.
@@ -343,6 +362,14 @@ class RotaryEmbedding(AttentionPositional):
     def extra_repr(self) -> str:
         table = "" if self.max_positions is None else f", max_positions={self.max_positions}"
         return f"head_dim={self.head_dim}, theta={self.theta}{table}"
+
+
+def _rotary_frequencies(head_dim: int, theta: float) -> Tensor:
+    """``theta^(-2i/d)`` for ``i < d/2``, float32 ``[d/2]``: the same expression as Hugging
+    Face's LLaMA, so that the frequencies are bit-identical to the ones the checkpoints
+    were trained with."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [d/2]
+    return 1.0 / (theta**exponents)
 
 
 def alibi_slopes(num_heads: int) -> list[float]:

@@ -11,10 +11,12 @@ serves translation, toy tasks and checkpoints with their own embedding schemes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from torch import Tensor, nn
 
+from attnkit.functional.kernels import resolve_kernel_name
 from attnkit.nn.feedforward import Activation
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, MaskLike
@@ -253,9 +255,13 @@ class Transformer(nn.Module):
         final_norm: a norm after each stack; default ``norm_first`` (pre-norm needs one,
             the paper's post-norm has none; ``torch.nn.Transformer`` always has one).
         kernel: the attention kernel of every attention module.
+        kernel_options: its options, checked here (see :class:`attnkit.nn.EncoderLayer`).
+        attention_dropout: dropout on the attention weights (see
+            :class:`attnkit.nn.EncoderLayer`).
 
     Raises:
         ValueError: inconsistent sizes or unknown options.
+        TypeError: kernel options the kernel does not take or needs.
     """
 
     def __init__(
@@ -274,7 +280,9 @@ class Transformer(nn.Module):
         norm_first: bool = False,
         bias: bool = True,
         final_norm: bool | None = None,
-        kernel: str = "dense",
+        kernel: str = "auto",
+        kernel_options: Mapping[str, Any] | None = None,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         if num_encoder_layers < 1 or num_decoder_layers < 1:
@@ -284,7 +292,8 @@ class Transformer(nn.Module):
             )
         layer_options = dict(
             num_kv_heads=num_kv_heads, dropout=dropout, activation=activation, norm=norm, norm_eps=norm_eps,
-            norm_first=norm_first, bias=bias, kernel=kernel,
+            norm_first=norm_first, bias=bias, kernel=resolve_kernel_name(kernel), kernel_options=kernel_options,
+            attention_dropout=attention_dropout,
         )
         final_norm = norm_first if final_norm is None else final_norm
         self.encoder = Encoder(
