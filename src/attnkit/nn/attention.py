@@ -251,6 +251,7 @@ class MultiHeadAttention(nn.Module):
             score=score,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
+            **self.kernel_options,
         )
 
     def _attend_with_kernel(
