@@ -133,3 +133,59 @@ def test_empty_state_and_errors():
         linear_attention(q, q, q, feature_map="favor", projection=torch.randn(4, 3))
     with pytest.raises(ValueError, match=r"chunk_size must be an int >= 1"):
         linear_attention(q, q, q, causal=True, chunk_size=0)
+
+
+def _favor_keys_with_a_loud_last_key(s=16, d=8):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 1, s, d, dtype=torch.float64)
+    omega = favor_projection(d, dtype=torch.float64)
+    loud = k.clone()
+    loud[:, :, -1] = omega[omega.norm(dim=1).argmax()] * d**0.25  # raises the keys' stabiliser
+    return q, k, loud, v, omega
+
+
+def test_causal_favor_with_eps_does_not_see_future_keys():
+    q, k, loud, v, omega = _favor_keys_with_a_loud_last_key()
+
+    def run(keys):
+        return linear_attention(q, keys, v, feature_map="favor", projection=omega, causal=True, eps=1e-3)
+
+    assert (run(k)[:, :, :-1] - run(loud)[:, :, :-1]).abs().max().item() < 1e-12
+
+
+def test_eps_is_added_to_the_true_normaliser():
+    q, k, _, v, omega = _favor_keys_with_a_loud_last_key()
+    phi = favor_phi(omega)
+    a = (phi(q) @ phi(k).transpose(-1, -2)) * causal_allowed(16, 16)
+    want = (a @ v) / (a.sum(-1, keepdim=True) + 1e-3)
+    got = linear_attention(q, k, v, feature_map="favor", projection=omega, causal=True, eps=1e-3)
+    assert (got - want).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "favor"])
+def test_step_with_eps_equals_the_causal_rows(feature_map):
+    q, _, k, v, omega = _favor_keys_with_a_loud_last_key()
+    full = linear_attention(q, k, v, feature_map=feature_map, projection=omega, causal=True, eps=1e-3)
+    state = None
+    for i in range(16):
+        row, state = linear_attention_step(
+            q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], state, feature_map=feature_map, projection=omega, eps=1e-3
+        )
+        assert (row - full[:, :, i:i + 1]).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("feature_map", ["elu", "relu", "favor"])
+def test_half_precision_is_accumulated_in_float32(dtype, feature_map):
+    # Inputs of std 8 over 4096 tokens overflowed float16 sums (NaN, elu and relu), and
+    # FAVOR+ features of inputs of std 4 underflowed to rows of exact zeros.
+    torch.manual_seed(1)
+    std = 4 if feature_map == "favor" else 8
+    q, k, v = (torch.randn(1, 2, 4096, 16).mul(std).to(dtype) for _ in range(3))
+    omega = favor_projection(16)
+    want = linear_attention(q.double(), k.double(), v.double(), feature_map=feature_map, projection=omega.double(), causal=True)
+    got = linear_attention(q, k, v, feature_map=feature_map, projection=omega, causal=True)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    assert not (got == 0).all(-1).any(), "rows of exact zeros"
+    scale = want.abs().max().item()
+    assert (got.double() - want).abs().max().item() < 2e-2 * scale

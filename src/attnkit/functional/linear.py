@@ -15,9 +15,10 @@ everywhere in attnkit). Feature maps ``φ``:
   ``exp(q·k / sqrt(d))`` — softmax attention, approximately;
 - any callable ``[..., d] -> [..., m]`` with non-negative output.
 
-The causal form is computed by chunks: inside a chunk of ``chunk_size`` tokens the masked
-``[C, C]`` products are explicit, across chunks a prefix sum of the per-chunk states
-``φ(K_c)ᵀ V_c`` carries the past. :func:`linear_attention_step` decodes one token at a time
+The causal form is computed by chunks, as matrix products only: inside a chunk of
+``chunk_size`` tokens the masked ``[C, C]`` products are explicit, across chunks a prefix sum
+of the per-chunk states ``φ(K_c)ᵀ V_c`` (and ``Σ φ(K_c)``) carries the past; autograd
+differentiates the same products, so the backward pass is matmul-bound too. :func:`linear_attention_step` decodes one token at a time
 with a constant-size :class:`LinearAttentionState`.
 
 Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads (grouped queries
@@ -121,10 +122,15 @@ def linear_attention(
     causal: bool = False,
     projection: Tensor | None = None,
     seed: int = 0,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
     eps: float | None = None,
 ) -> Tensor:
     """Linear attention ``φ(q)(φ(K)ᵀV) / φ(q)·Σφ(K)`` in O(s · m · d_v).
+
+    Every step is a matrix product (or a prefix sum over chunks), forward and backward, so on
+    a GPU the causal form runs at the speed of its matmuls. Half-precision inputs
+    (float16/bfloat16) are computed in float32 and the output is cast back: sums over long
+    sequences neither overflow nor lose their small terms.
 
     Args:
         q: ``[b, h, s_q, d]`` (or ``[s_q, d]``).
@@ -135,10 +141,12 @@ def linear_attention(
         projection: FAVOR+ ``ω`` ``[m, d]`` (see :func:`favor_projection`); default: drawn
             from ``seed`` with ``m = 2d``. Pass your own to redraw features during training.
         seed: seed of the default FAVOR+ projection.
-        chunk_size: tokens per chunk of the causal scan.
+        chunk_size: tokens per chunk of the causal scan; default :func:`default_chunk_size`
+            (64 on the CPU, 256 on GPUs).
         eps: ``None`` (default): the exact ratio, and a zero output for a query whose
             features meet no key (nothing visible, or all-zero ``relu`` features); a float:
-            divide by ``normaliser + eps`` instead (the smoothing of Katharopoulos et al.).
+            divide by ``normaliser + eps`` instead (the smoothing of Katharopoulos et al.),
+            with ``eps`` in the units of the true normaliser, so the causal form stays causal.
 
     Returns:
         ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``).
@@ -151,28 +159,58 @@ def linear_attention(
     single = att._check_inputs(q, k, v)
     if single:
         q, k, v = q[None, None], k[None, None], v[None, None]
+    if chunk_size is None:
+        chunk_size = default_chunk_size(q.device)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     b, h, s_q, d = q.shape
     h_kv, s_k, d_v = k.shape[1], k.shape[2], v.shape[-1]
     g = h // h_kv
-    phi, m = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=q.dtype, device=q.device)
-    fq, _ = phi(q, True)  # [b, h, s_q, m]
-    fk, _ = phi(k, False)  # [b, h_kv, s_k, m]
+    ct = compute_dtype(q.dtype)
+    q_c, k_c, v_c = q.to(ct), k.to(ct), v.to(ct)
+    phi, m = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=ct, device=q.device)
+    fq, q_shift = phi(q_c, True)  # [b, h, s_q, m]
+    fk, k_shift = phi(k_c, False)  # [b, h_kv, s_k, m]
     fq = fq.view(b, h_kv, g, s_q, m)  # [b, h_kv, g, s_q, m]
-    # Values with a column of ones: one product gives the numerator and the normaliser.
-    v1 = torch.cat([v, v.new_ones(b, h_kv, s_k, 1)], dim=-1)  # [b, h_kv, s_k, d_v + 1]
     if not causal:
-        state = fk.transpose(-1, -2) @ v1  # [b, h_kv, m, d_v + 1]
-        out1 = fq @ state.unsqueeze(2)  # [b, h_kv, g, s_q, d_v + 1]
+        kv = fk.transpose(-1, -2) @ v_c  # [b, h_kv, m, d_v]
+        z = fk.sum(-2)  # [b, h_kv, m]
+        num = fq @ kv.unsqueeze(2)  # [b, h_kv, g, s_q, d_v]
+        den = fq @ z[:, :, None, :, None]  # [b, h_kv, g, s_q, 1]
     else:
-        out1 = _causal(fq, fk, v1, s_q, s_k, chunk_size)
-    out = _divide(out1[..., :d_v], out1[..., d_v:], eps)
-    out = out.reshape(b, h, s_q, d_v)
+        num, den = _causal(fq, fk, v_c, s_q, s_k, chunk_size)
+    eps_t = _true_eps(eps, q_shift, k_shift, b, h_kv, g, s_q)
+    out = _divide(num, den, eps_t).reshape(b, h, s_q, d_v).to(q.dtype)
     return out[0, 0] if single else out
 
 
-def _divide(num: Tensor, den: Tensor, eps: float | None) -> Tensor:
+def default_chunk_size(device: torch.device) -> int:
+    """Tokens per chunk of the causal scan: 64 on the CPU (small products that stay in cache),
+    256 on GPUs (fewer, larger matrix products)."""
+    return 64 if device.type == "cpu" else 256
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype linear attention computes in: float32 for half types, else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _true_eps(
+    eps: float | None, q_shift: Tensor | None, k_shift: Tensor | None, b: int, h_kv: int, g: int, s_q: int
+) -> Tensor | float | None:
+    """``eps`` in the units of the shifted features (FAVOR+ divides query features by
+    ``exp(q_shift)`` and key features by ``exp(k_shift)``): ``eps · exp(-q_shift - k_shift)``,
+    so that adding it equals adding ``eps`` to the true normaliser, whatever the shifts (and
+    a future key, which may raise ``k_shift``, changes nothing before it)."""
+    if eps is None or q_shift is None:
+        return eps
+    log_eps = math.log(eps) if eps > 0 else float("-inf")
+    q_shift = q_shift.view(b, h_kv, g, s_q, 1)
+    k_shift = k_shift.view(b, h_kv, 1, 1, 1)
+    return torch.exp((log_eps - q_shift - k_shift).clamp(max=torch.finfo(q_shift.dtype).max))
+
+
+def _divide(num: Tensor, den: Tensor, eps: Tensor | float | None) -> Tensor:
     """``num / den``, or ``num / (den + eps)``. With non-negative features ``den == 0``
     forces ``num == 0``, so dividing by 1 there gives the zero output, NaN-free forward and
     backward."""
@@ -181,53 +219,68 @@ def _divide(num: Tensor, den: Tensor, eps: float | None) -> Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
-def _causal(fq: Tensor, fk: Tensor, v1: Tensor, s_q: int, s_k: int, chunk: int) -> Tensor:
-    """Causal ``[φ(q)·Σφ(k)v, φ(q)·Σφ(k)]`` by chunks: ``fq [b, h_kv, g, s_q, m]``,
-    ``fk [b, h_kv, s_k, m]``, ``v1 [b, h_kv, s_k, e]`` (values and a ones column)."""
+def _causal(fq: Tensor, fk: Tensor, v: Tensor, s_q: int, s_k: int, chunk: int) -> tuple[Tensor, Tensor]:
+    """Causal numerators ``φ(q)·Σφ(k)v`` ``[b, h_kv, g, s_q, d_v]`` and normalisers
+    ``φ(q)·Σφ(k)`` ``[b, h_kv, g, s_q, 1]`` by chunks, from ``fq [b, h_kv, g, s_q, m]``,
+    ``fk [b, h_kv, s_k, m]`` and ``v [b, h_kv, s_k, d_v]``."""
     b, h_kv, g, _, m = fq.shape
-    e = v1.shape[-1]
+    d_v = v.shape[-1]
     offset = s_k - s_q
-    state = fk.new_zeros(b, h_kv, m, e)
+    kv = fk.new_zeros(b, h_kv, m, d_v)
+    z = fk.new_zeros(b, h_kv, m)
     if offset > 0:  # keys before the first query: every query sees them
-        state = state + fk[:, :, :offset].transpose(-1, -2) @ v1[:, :, :offset]
-        fk, v1 = fk[:, :, offset:], v1[:, :, offset:]
+        kv = kv + fk[:, :, :offset].transpose(-1, -2) @ v[:, :, :offset]
+        z = z + fk[:, :, :offset].sum(-2)
+        fk, v = fk[:, :, offset:], v[:, :, offset:]
     blind = max(0, -offset)  # queries before the first key see nothing
     aligned = s_q - blind  # queries aligned one-to-one with the remaining keys
-    outs = [fq.new_zeros(b, h_kv, g, blind, e)] if blind else []
+    nums = [fq.new_zeros(b, h_kv, g, blind, d_v)] if blind else []
+    dens = [fq.new_zeros(b, h_kv, g, blind, 1)] if blind else []
     fq = fq[:, :, :, blind:]
     for s0 in range(0, aligned, _SEGMENT):
         s1 = min(aligned, s0 + _SEGMENT)
-        o, state = _causal_segment(fq[:, :, :, s0:s1], fk[:, :, s0:s1], v1[:, :, s0:s1], state, chunk)
-        outs.append(o)
-    if not outs:
-        return fq.new_zeros(b, h_kv, g, 0, e)
-    return torch.cat(outs, dim=3) if len(outs) != 1 else outs[0]
+        num, den, kv, z = _causal_segment(fq[:, :, :, s0:s1], fk[:, :, s0:s1], v[:, :, s0:s1], kv, z, chunk)
+        nums.append(num)
+        dens.append(den)
+    if not nums:
+        return fq.new_zeros(b, h_kv, g, 0, d_v), fq.new_zeros(b, h_kv, g, 0, 1)
+    return torch.cat(nums, dim=3), torch.cat(dens, dim=3)
 
 
-def _causal_segment(fq: Tensor, fk: Tensor, v1: Tensor, state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
-    """One segment of aligned queries and keys, given the state of everything before it.
-    The ``g`` query heads of a key/value head are folded into the rows of each chunk, so
-    every product is a plain batched matmul (no broadcast copies)."""
+def _causal_segment(
+    fq: Tensor, fk: Tensor, v: Tensor, kv: Tensor, z: Tensor, chunk: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One segment of aligned queries and keys, given the state ``kv [b, h_kv, m, d_v]``,
+    ``z [b, h_kv, m]`` of everything before it; returns its numerators, normalisers and the
+    state after it. The ``g`` query heads of a key/value head are folded into the rows of
+    each chunk, so every product is a plain batched matmul (no broadcast copies)."""
     b, h_kv, g, n, m = fq.shape
-    e = v1.shape[-1]
+    d_v = v.shape[-1]
     c = min(chunk, n)
     n_c = -(-n // c)
     pad = n_c * c - n
     if pad:  # zero features: padded keys add nothing, padded queries are dropped
-        fq, fk, v1 = F.pad(fq, (0, 0, 0, pad)), F.pad(fk, (0, 0, 0, pad)), F.pad(v1, (0, 0, 0, pad))
+        fq, fk, v = F.pad(fq, (0, 0, 0, pad)), F.pad(fk, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
     fq_c = fq.view(b, h_kv, g, n_c, c, m).transpose(2, 3).reshape(b, h_kv, n_c, g * c, m)
     fk_c = fk.view(b, h_kv, n_c, c, m)
-    v_c = v1.view(b, h_kv, n_c, c, e)
-    states = fk_c.transpose(-1, -2) @ v_c  # [b, h_kv, n_c, m, e]
+    v_c = v.view(b, h_kv, n_c, c, d_v)
+    kv_chunks = fk_c.transpose(-1, -2) @ v_c  # [b, h_kv, n_c, m, d_v]
+    z_chunks = fk_c.sum(-2)  # [b, h_kv, n_c, m]
     # State before each chunk: what came before the segment plus the earlier chunks.
     # (In place where autograd allows: none of these ops saves its output for backward.)
-    before = torch.cumsum(states, 2).sub_(states).add_(state.unsqueeze(2))  # [b, h_kv, n_c, m, e]
+    kv_before = torch.cumsum(kv_chunks, 2).sub_(kv_chunks).add_(kv.unsqueeze(2))  # [b, h_kv, n_c, m, d_v]
+    z_before = torch.cumsum(z_chunks, 2).sub_(z_chunks).add_(z.unsqueeze(2))  # [b, h_kv, n_c, m]
     scores = fq_c @ fk_c.transpose(-1, -2)  # [b, h_kv, n_c, g*c, c]
     future = ~torch.ones(c, c, dtype=torch.bool, device=fq.device).tril().repeat(g, 1)  # [g*c, c]
-    scores.masked_fill_(future, 0)
-    out = (fq_c @ before).add_(scores @ v_c)  # [b, h_kv, n_c, g*c, e]
-    out = out.view(b, h_kv, n_c, g, c, e).transpose(2, 3).reshape(b, h_kv, g, n_c * c, e)[:, :, :, :n]
-    return out, state + states.sum(2)
+    scores = scores.masked_fill(future, 0)
+    num = (fq_c @ kv_before).add_(scores @ v_c)  # [b, h_kv, n_c, g*c, d_v]
+    den = (fq_c @ z_before.unsqueeze(-1)).add_(scores.sum(-1, keepdim=True))  # [b, h_kv, n_c, g*c, 1]
+
+    def unfold(x: Tensor) -> Tensor:  # [b, h_kv, n_c, g*c, e] -> [b, h_kv, g, n, e]
+        e = x.shape[-1]
+        return x.view(b, h_kv, n_c, g, c, e).transpose(2, 3).reshape(b, h_kv, g, n_c * c, e)[:, :, :, :n]
+
+    return unfold(num), unfold(den), kv + kv_chunks.sum(2), z + z_chunks.sum(2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -284,11 +337,12 @@ def linear_attention_state(
     """Absorb keys ``[b, h_kv, s, d]`` and values ``[b, h_kv, s, d_v]`` (a prompt) into a
     state, starting from ``state`` or from nothing."""
     b, h_kv, _, d = k.shape
-    phi, m = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=k.dtype, device=k.device)
+    ct = compute_dtype(k.dtype)
+    phi, m = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=ct, device=k.device)
     if state is None:
-        state = LinearAttentionState.empty(b, h_kv, m, v.shape[-1], dtype=k.dtype, device=k.device)
-    fk, shift = phi(k, False)
-    return state.absorb(fk, v, shift)
+        state = LinearAttentionState.empty(b, h_kv, m, v.shape[-1], dtype=ct, device=k.device)
+    fk, shift = phi(k.to(ct), False)
+    return state.absorb(fk, v.to(ct), shift)
 
 
 def linear_attention_step(
@@ -329,9 +383,11 @@ def linear_attention_step(
     state = linear_attention_state(k, v, feature_map=feature_map, projection=projection, seed=seed, state=state)
     if state.kv.shape[:2] != (b, h_kv):
         raise ValueError(f"state is for [b, h_kv] = {list(state.kv.shape[:2])}, got {[b, h_kv]}")
-    phi, _ = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=q.dtype, device=q.device)
-    fq, _ = phi(q, True)  # [b, h, 1, m]
+    ct = state.kv.dtype
+    phi, _ = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=ct, device=q.device)
+    fq, q_shift = phi(q.to(ct), True)  # [b, h, 1, m]
     fq = fq.view(b, h_kv, h // h_kv, 1, -1)
     num = fq @ state.kv.unsqueeze(2)  # [b, h_kv, g, 1, d_v]
     den = fq @ state.z[:, :, None, :, None]  # [b, h_kv, g, 1, 1]
-    return _divide(num, den, eps).reshape(b, h, 1, -1), state
+    eps_t = _true_eps(eps, q_shift, state.log_shift, b, h_kv, h // h_kv, 1)
+    return _divide(num, den, eps_t).reshape(b, h, 1, -1).to(q.dtype), state
