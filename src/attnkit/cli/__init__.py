@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             return int(args.func(args) or 0)
         except CommandError as err:
-            print(f"attnkit: error: {err}", file=sys.stderr)
+            from attnkit.viz.terminal import terminal_safe
+
+            print(f"attnkit: error: {terminal_safe(str(err))}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("attnkit: interrupted", file=sys.stderr)

@@ -11,6 +11,7 @@ import argparse
 import difflib
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -215,6 +216,22 @@ def add_output_arguments(
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"where to write files (default: {DEFAULT_OUT}/)")
     parser.add_argument("--format", default=default_formats, metavar="FMT[,FMT]",
                         help=f"files to write, any of {','.join(formats)} (default: {default_formats})")
+
+
+def prepare_out(out: str) -> Path:
+    """The ``--out`` folder, created and checked to be writable before any work is done.
+
+    Raises:
+        CommandError: it cannot be created or written to.
+    """
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise CommandError(f"cannot write to --out {out}: {err.strerror or err}") from None
+    return path
 
 
 def parse_formats(text: str, allowed: tuple[str, ...] = FORMATS) -> list[str]:

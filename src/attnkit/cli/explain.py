@@ -6,8 +6,15 @@ import argparse
 import json
 
 from attnkit.cli import CommandError
-from attnkit.inspect.explain import EXAMPLE_QUERY, example_input, explain, load_input, resolve_queries
+from attnkit.inspect.explain import (
+    EXAMPLE_QUERY,
+    example_input,
+    explain,
+    load_input,
+    resolve_queries,
+)
 from attnkit.viz.explain_text import render_explanation
+from attnkit.viz.terminal import json_terminal_safe, terminal_safe
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     if args.json:
-        print(json.dumps(expl.to_dict(), ensure_ascii=False, indent=2))
+        print(json_terminal_safe(json.dumps(expl.to_dict(), ensure_ascii=False, indent=2)))
     else:
-        print(render_explanation(expl), end="")
+        print(terminal_safe(render_explanation(expl)), end="")
     return 0

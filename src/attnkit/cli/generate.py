@@ -7,6 +7,7 @@ import sys
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import add_device_argument, load_model
+from attnkit.viz.terminal import terminal_safe
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     for piece in pieces:
-        sys.stdout.write(piece)
+        sys.stdout.write(terminal_safe(piece))
         sys.stdout.flush()
     sys.stdout.write("\n")
     return 0

@@ -17,6 +17,7 @@ from attnkit.cli.common import (
     add_output_arguments,
     load_model,
     parse_formats,
+    prepare_out,
 )
 from attnkit.inspect.survey import DESCRIPTIONS, INDUCTION_PERIOD, survey_heads
 
@@ -79,6 +80,7 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from attnkit.viz.attention_text import render_survey
     from attnkit.viz.export import write_survey
+    from attnkit.viz.terminal import terminal_safe
 
     formats = parse_formats(args.format)
     texts = read_texts(args.text, args.file)
@@ -88,16 +90,19 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--from and --to go together: the token that attends and the token attended to")
     figure = figure_options(args)
     status = Status(args.quiet)
+    out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
     try:
         what = f"{len(texts)} text" + ("s" if len(texts) != 1 else "")
         with status.step(f"surveying {model.num_layers} layers × {model.num_heads} heads of {model.name} on {what}"):
             survey = survey_heads(model, texts, source=args.source, target=args.target, level=args.level)
-        print(render_survey(survey, top=args.top, stat=args.stat), end="", flush=True)
+        print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
-            written = write_survey(survey, Path(args.out), formats, **figure)
+            written = write_survey(survey, out, formats, **figure)
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
+    except OSError as err:
+        raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
     print()
     for path in written:
         print(f"wrote {path}")

@@ -25,6 +25,7 @@ from attnkit.cli.common import (
     load_model,
     parse_formats,
     parse_size,
+    prepare_out,
 )
 from attnkit.inspect.maps import EXAMPLE_TEXT, attention_map, resolve_heads, resolve_layer
 
@@ -107,6 +108,7 @@ def counted(items: list[int], noun: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from attnkit.viz.attention_text import render_map
     from attnkit.viz.export import estimate_map_json, estimate_viewer_html, write_map, write_viewer
+    from attnkit.viz.terminal import terminal_safe
 
     status = Status(args.quiet)
     formats = parse_formats(args.format, INSPECT_FORMATS)
@@ -116,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("the text is empty")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
+    out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
     try:
         tokens = len(model.tokenize(args.text).tokens)
@@ -143,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
         "a shorter text, or other formats (--format)"
     ))
 
-    out = Path(args.out)
     written = []
     try:
         for layer in map_layers:
@@ -152,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                                      level=args.level)
                 if len(map_heads) > 1:
                     amap = replace(amap, heads=map_heads, weights=amap.weights[map_heads])  # [h, n, n]
-            print(render_map(amap, top=args.top), end="", flush=True)
+            print(terminal_safe(render_map(amap, top=args.top)), end="", flush=True)
             files = [f for f in formats if f != "html"]
             if files:
                 with status.step(f"writing {', '.join(files)} of layer {layer}"):
@@ -162,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
                 written.append(write_viewer(model, args.text, out, level=args.level, layers=layers, heads=heads))
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
+    except OSError as err:
+        raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
     print()
     for path in written:
         print(f"wrote {path} ({format_size(path.stat().st_size)})")

@@ -138,13 +138,20 @@ def load_input(path: str | Path) -> ExplainInput:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"input file not found: {path}") from None
-    except json.JSONDecodeError as err:
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a folder; give a JSON file") from None
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object with tokens, q, k, v; got {type(data).__name__}")
     missing = [key for key in ("tokens", "q", "k", "v") if key not in data]
     if missing:
         raise ValueError(f"{path} is missing {', '.join(missing)} (expected tokens, q, k, v)")
+    for name in ("tokens", "query_tokens"):
+        if name in data and not isinstance(data[name], list):
+            raise ValueError(f"{path}: {name} must be a list of tokens, got {type(data[name]).__name__}")
     key_tokens = [str(t) for t in data["tokens"]]
     query_tokens = [str(t) for t in data.get("query_tokens", key_tokens)]
     q, k, v = (_matrix(path, name, data[name]) for name in ("q", "k", "v"))

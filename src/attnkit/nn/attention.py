@@ -278,8 +278,9 @@ class MultiHeadAttention(nn.Module):
     @staticmethod
     def _split_heads(t: Tensor, heads: int) -> Tensor:
         """``[b, s, heads * d]`` → ``[b, heads, s, d]``."""
-        b, s, _ = t.shape
-        return t.view(b, s, heads, -1).transpose(1, 2)
+        b, s, width = t.shape
+        # The head dim is explicit: with b or s zero a -1 could be anything.
+        return t.view(b, s, heads, width // heads).transpose(1, 2)
 
     def _check_forward(
         self, x: Tensor, context: Context | None, positions: Tensor | None, kv_cache: KVCache | None

@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Sequence
+
+# What a terminal acts on instead of showing: C0 controls but newline and tab (ESC starts
+# escape sequences, BEL rings, CR overwrites), DEL, C1 controls (U+009B is a CSI); and lone
+# surrogates, which cannot even be encoded.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every character a terminal would act on rather than show written as
+    its Python escape (``"\\x1b"``, ``"\\x07"``, ``"\\ud800"``); newlines and tabs stay.
+
+    Tokens and texts come from users, files and tokenizers: printed raw, an ESC sequence in
+    them could recolour, retitle or rewrite the terminal.
+    """
+    return _UNSAFE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def json_terminal_safe(text: str) -> str:
+    """JSON text (as ``json.dumps(..., ensure_ascii=False)`` writes it) with the characters
+    :func:`terminal_safe` escapes written as JSON escapes (``"\\u009b"``): still the same
+    JSON, safe to print."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def display_width(text: str) -> int:
