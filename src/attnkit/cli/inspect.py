@@ -5,8 +5,6 @@ interactive viewer of every layer and head."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
 from dataclasses import replace
 
 from attnkit.cli import CommandError
@@ -27,7 +25,12 @@ from attnkit.cli.common import (
     parse_size,
     prepare_out,
 )
-from attnkit.inspect.maps import EXAMPLE_TEXT, attention_map, resolve_heads, resolve_layer
+from attnkit.inspect.maps import (
+    EXAMPLE_TEXT,
+    attention_map,
+    resolve_heads,
+    resolve_layer,
+)
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
@@ -107,7 +110,12 @@ def counted(items: list[int], noun: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from attnkit.viz.attention_text import render_map
-    from attnkit.viz.export import estimate_map_json, estimate_viewer_html, write_map, write_viewer
+    from attnkit.viz.export import (
+        estimate_map_json,
+        estimate_viewer_html,
+        write_map,
+        write_viewer,
+    )
     from attnkit.viz.terminal import terminal_safe
 
     status = Status(args.quiet)
