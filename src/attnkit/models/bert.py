@@ -45,9 +45,11 @@ from attnkit.models.checkpoint import (
     without_init,
 )
 from attnkit.models.family import ModelFamily
+from attnkit.models.hooks import HookPoints, attention_block
 from attnkit.nn import (
     Encoder,
     EncoderLayer,
+    MultiHeadAttention,
     LayerSelection,
     LearnedPositionalEmbedding,
     StackOutput,
@@ -207,6 +209,29 @@ class BertModel(nn.Module):
         return self.encoder(x, mask=mask, return_weights=return_weights)
 
 
+def forward_with_hooks(module: BertModel, tokens: Tensor, hook: HookPoints) -> Tensor:
+    """The forward pass of :class:`BertModel` written out, with the hook points of
+    :mod:`attnkit.models.hooks` (inference: one segment, no padding, no dropout).
+
+    Args:
+        module: the network.
+        tokens: integer ids ``[b, s]``.
+        hook: the pass's hooks and cache.
+
+    Returns:
+        The last layer's output ``[b, s, e]``.
+    """
+    x = module.token_embedding(tokens) + module.token_type_embedding(torch.zeros_like(tokens))  # [b, s, e]
+    x = module.embedding_norm(module.position(x))  # [b, s, e]
+    for i, layer in enumerate(module.encoder.layers):
+        x = hook(f"layers.{i}.resid_pre", x)
+        attn_out = hook(f"layers.{i}.attn_out", attention_block(layer.self_attn, x, hook, i, causal=False))
+        x = hook(f"layers.{i}.resid_mid", layer.self_attn_norm(x + attn_out))  # post-norm: Add & Norm
+        mlp_out = hook(f"layers.{i}.mlp_out", layer.ff(x))
+        x = hook(f"layers.{i}.resid_post", layer.ff_norm(x + mlp_out))
+    return hook("final", x)  # [b, s, e]
+
+
 def build(config: BertConfig) -> BertModel:
     """A :class:`BertModel` with uninitialised weights, to be replaced by the checkpoint's."""
     with without_init():
@@ -260,8 +285,13 @@ def logits(module: BertModel, hidden: Tensor) -> Tensor | None:
     return None
 
 
+def self_attention(module: nn.Module, layer: int) -> MultiHeadAttention:
+    """The self-attention module of layer ``layer``."""
+    return module.encoder.layers[layer].self_attn
+
+
 FAMILY = ModelFamily(
     name="bert", model_type="bert", causal=False, read_config=BertConfig.from_hf, build=build,
     state_dict_from_hf=state_dict_from_hf, finish=finish, eos_token_ids=eos_token_ids, hidden_states=hidden_states,
-    logits=logits,
+    logits=logits, forward_with_hooks=forward_with_hooks, self_attention=self_attention,
 )

@@ -65,6 +65,13 @@ class ModelFamily:
             attention weights of the layers with these indices (``None`` for the others).
         logits: ``(network, hidden [1, s, e])`` → next-token logits ``[1, s, v]``, or
             ``None`` for a family without a language-model head.
+        forward_with_hooks: ``(network, ids [b, s], hook points)`` → the last hidden states
+            ``[b, s, e]``, calling the hook points of :mod:`attnkit.models.hooks` at every
+            named activation, and bit for bit :attr:`hidden_states` when the hooks change
+            nothing.
+        self_attention: ``(network, layer)`` → that layer's
+            :class:`attnkit.nn.MultiHeadAttention` (whose projections value-weighted
+            attention reads).
     """
 
     name: str
@@ -77,3 +84,5 @@ class ModelFamily:
     eos_token_ids: Callable[[Any, Path], tuple[int, ...]]
     hidden_states: Callable[[Any, Tensor, Collection[int]], StackOutput]
     logits: Callable[[Any, Tensor], Tensor | None]
+    forward_with_hooks: Callable[[Any, Tensor, Any], Tensor]
+    self_attention: Callable[[Any, int], nn.Module]

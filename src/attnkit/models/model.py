@@ -6,12 +6,14 @@ Shape letters: ``s`` number of tokens, ``h`` query heads, ``h_sel`` selected hea
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import operator
 import os
 import re
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from attnkit.models.checkpoint import (
     weight_files,
 )
 from attnkit.models.family import ModelConfig, ModelFamily
+from attnkit.models.hooks import LAYER_HOOKS, HookFn, HookPoints, hook_names
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 from attnkit.nn import pack_projections
 
@@ -40,6 +43,12 @@ ATTENTION_MEMORY_LIMIT = 2 * 2**30
 
 # The families :func:`load` knows, by the ``model_type`` of ``config.json``.
 FAMILIES: dict[str, ModelFamily] = {family.model_type: family for family in (llama.FAMILY, bert.FAMILY)}
+
+# The hooks installed by ``Model.hooks`` blocks, as (model, name → function) pairs. A context
+# variable rather than state on the model, so that runs in other threads stay unhooked.
+_ACTIVE_HOOKS: contextvars.ContextVar[tuple[tuple[Model, Mapping[str, HookFn]], ...]] = contextvars.ContextVar(
+    "attnkit_model_hooks", default=()
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,8 @@ class ModelRun:
         attentions: layer index → weights ``[1, h_sel, s, s]`` float32 of the selected
             heads, for the layers asked for; rows are queries, columns keys.
         heads: the selected head indices, in the order of dimension 1 of every map.
+        cache: the activations asked for with ``cache=``, by name
+            (:mod:`attnkit.models.hooks`), batch dimension 1, in the model's dtype.
     """
 
     ids: Tensor
@@ -66,6 +77,21 @@ class ModelRun:
     hidden_states: Tensor
     attentions: dict[int, Tensor]
     heads: list[int]
+    cache: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HookedRun:
+    """What :meth:`Model.run_with_hooks` produced.
+
+    Attributes:
+        hidden_states: the last hidden states ``[b, s, e]`` (after the final norm for
+            LLaMA: ``model.module.lm_head`` turns them into logits).
+        cache: the activations asked for, by name.
+    """
+
+    hidden_states: Tensor
+    cache: dict[str, Tensor]
 
 
 class Model:
@@ -151,17 +177,21 @@ class Model:
         *,
         attention: bool | Sequence[int] = True,
         heads: Sequence[int] | None = None,
+        cache: Collection[str] = (),
     ) -> ModelRun:
         """One forward pass: logits (LLaMA) or hidden states, and attention weights.
 
         Layers whose weights are not asked for run on the fused kernel, which never
-        materialises the ``[h, s, s]`` weights.
+        materialises the ``[h, s, s]`` weights. Inside a :meth:`hooks` block, or with
+        ``cache``, the run goes through the hook points (:mod:`attnkit.models.hooks`).
 
         Args:
             text_or_ids: a text, or token ids ``[s]`` / ``[1, s]``.
             attention: ``True`` for every layer's weights, ``False`` for none, or a list of
                 layer indices (negative ones count from the end: ``-1`` is the last layer).
             heads: the heads to keep (negative ones count from the end); default all.
+            cache: names of activations to return in :attr:`ModelRun.cache`
+                (:meth:`hook_names`).
 
         Returns:
             A :class:`ModelRun`.
@@ -169,9 +199,10 @@ class Model:
         Raises:
             TypeError: ids that are not integers.
             ValueError: an empty or too long input, ids outside the vocabulary, a layer or
-                head out of range, or weights that would exceed
-                :data:`ATTENTION_MEMORY_LIMIT` bytes.
+                head out of range, weights that would exceed :data:`ATTENTION_MEMORY_LIMIT`
+                bytes, or an unknown name in ``cache`` (the message lists the names).
         """
+        cache_names = self._check_hook_names(cache, "cache")
         ids, tokens, offsets = self._input(text_or_ids)
         layers = self._layers(attention)
         head_list = _indices(heads, self.num_heads, "head", f"{self.name} has {self.num_heads} heads per layer")
@@ -186,18 +217,27 @@ class Model:
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
         # that callers may use in any mode.
         with torch.no_grad():
-            out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
-            hidden = out.output  # [1, s, e]
+            ids_in = ids.to(self.device)
+            if cache_names or any(model is self for model, _ in _ACTIVE_HOOKS.get()):
+                pattern_names = [f"layers.{i}.attn.pattern" for i in layers]
+                hooked = self._forward_with_hooks(ids_in, {}, {*cache_names, *pattern_names})
+                hidden = hooked.hidden_states  # [1, s, e]
+                all_weights = {i: hooked.cache[f"layers.{i}.attn.pattern"] for i in layers}  # [1, h, s, s] each
+                kept = {name: hooked.cache[name] for name in cache_names}
+            else:
+                out = self.architecture.hidden_states(self.module, ids_in, layers)
+                hidden = out.output  # [1, s, e]
+                all_weights = {i: out.weights[i].self_attention for i in layers}  # [1, h, s, s] each
+                kept = {}
             logits = self.architecture.logits(self.module, hidden)  # [1, s, v], or None
             attentions = {}
-            for i in layers:
-                weights = out.weights[i].self_attention  # [1, h, s, s]
+            for i, weights in all_weights.items():
                 if select_heads:
                     weights = weights[:, head_list]  # [1, h_sel, s, s]
                 attentions[i] = weights.float()
         return ModelRun(
             ids=ids, tokens=tokens, offsets=offsets, logits=None if logits is None else logits.float(),
-            hidden_states=hidden.float(), attentions=attentions, heads=head_list,
+            hidden_states=hidden.float(), attentions=attentions, heads=head_list, cache=kept,
         )
 
     def run_batch(
@@ -268,6 +308,98 @@ class Model:
                         heads=head_list,
                     )
         return [run for run in runs if run is not None]
+
+    def hook_names(self) -> list[str]:
+        """Every activation a hook or a cache can name, in the order of a forward pass
+        (see :mod:`attnkit.models.hooks`): ``layers.{i}.resid_pre``, ``layers.{i}.attn.q``,
+        ..., ``final``."""
+        return hook_names(self.num_layers)
+
+    @contextlib.contextmanager
+    def hooks(self, hooks: Mapping[str, HookFn]) -> Iterator[Model]:
+        """Install functions that read or replace activations in every run of this model
+        inside the ``with`` block (in this thread).
+
+        >>> def no_head_3(z):                     # [b, h, s, d]
+        ...     z = z.clone(); z[:, 3] = 0; return z
+        >>> with model.hooks({"layers.5.attn.z": no_head_3}):
+        ...     run = model.run("The cat sat on the mat.")
+
+        Args:
+            hooks: name (:meth:`hook_names`) → function of the activation that returns
+                ``None`` (reads only) or the tensor to use instead. Nested blocks apply the
+                outer block's hooks first.
+
+        Yields:
+            This model.
+
+        Raises:
+            ValueError: an unknown name (the message lists the names).
+            TypeError: a value that is not callable.
+        """
+        self._check_hook_names(hooks, "hook")
+        for name, fn in hooks.items():
+            if not callable(fn):
+                raise TypeError(f"the hook on {name!r} must be a function of the activation, got {type(fn).__name__}")
+        token = _ACTIVE_HOOKS.set((*_ACTIVE_HOOKS.get(), (self, dict(hooks))))
+        try:
+            yield self
+        finally:
+            _ACTIVE_HOOKS.reset(token)
+
+    def run_with_hooks(
+        self, ids: Tensor, *, hooks: Mapping[str, HookFn] | None = None, cache: Collection[str] = ()
+    ) -> HookedRun:
+        """A forward pass of a batch of ids through the hook points, in the caller's
+        autograd mode (gradients flow when they are enabled): the building block of
+        ablation, patching and gradient-based attributions.
+
+        Args:
+            ids: integer token ids ``[b, s]``, on any device (moved to the model's).
+            hooks: name → function, applied after those of enclosing :meth:`hooks` blocks.
+            cache: names of activations to return.
+
+        Returns:
+            :class:`HookedRun` with the last hidden states ``[b', s, e]`` (``b'`` is ``b``
+            unless a hook changed the batch size).
+
+        Raises:
+            ValueError: ids not ``[b, s]``, too long, outside the vocabulary, or an unknown
+                hook or cache name.
+        """
+        hooks = dict(hooks or {})
+        self._check_hook_names(hooks, "hook")
+        cache_names = self._check_hook_names(cache, "cache")
+        if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            got = f"{ids.dtype} {list(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
+            raise ValueError(f"ids must be an integer tensor [b, s], got {got}")
+        for row in ids:
+            self._input(row)
+        return self._forward_with_hooks(ids.to(self.device), hooks, cache_names)
+
+    def _forward_with_hooks(self, ids: Tensor, hooks: Mapping[str, HookFn], cache: Collection[str]) -> HookedRun:
+        chains: dict[str, list[HookFn]] = {}
+        for model, installed in (*_ACTIVE_HOOKS.get(), (self, hooks)):
+            if model is self:
+                for name, fn in installed.items():
+                    chains.setdefault(name, []).append(fn)
+        points = HookPoints(chains, set(cache))
+        hidden = self.architecture.forward_with_hooks(self.module, ids, points)  # [b, s, e]
+        return HookedRun(hidden, points.cache)
+
+    def _check_hook_names(self, names: Collection[str], what: str) -> list[str]:
+        """The names as a list, after checking that each is a hook point of this model."""
+        if isinstance(names, str):
+            raise TypeError(f"{what} names must be a collection of names, got the string {names!r}")
+        known = set(self.hook_names())
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            per_layer = ", ".join(LAYER_HOOKS)
+            raise ValueError(
+                f"unknown {what} name{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                f"{self.name} has layers.{{0..{self.num_layers - 1}}}.{{{per_layer}}} and final"
+            )
+        return list(names)
 
     def generate_ids(
         self,
