@@ -157,7 +157,9 @@ def gradient_weighted(
 
     def keep(layer: int):
         def hook(pattern: Tensor) -> Tensor:
-            patterns[layer] = pattern.detach().requires_grad_()
+            # A copy that z is then computed from, so that the gradient reaches it through
+            # everything downstream, later layers' weights included.
+            patterns[layer] = pattern.clone()
             return patterns[layer]
 
         return hook
