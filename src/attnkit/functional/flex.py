@@ -105,9 +105,7 @@ def _call(
 ) -> tuple[Tensor, Tensor | None]:
     from torch.nn.attention import flex_attention as fa
 
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(fa.flex_attention, dynamic=False)
+    compiled = _compiled_flex()
     if q.device.type == "cpu":
         # torch's compiled FlexAttention on the CPU is inference only.
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -123,11 +121,22 @@ def _call(
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "enable_gqa": enable_gqa}
     with _recompile_limit():
         if not need_lse:
-            return _compiled(q, k, v, **kwargs), None
+            return compiled(q, k, v, **kwargs), None
         if hasattr(fa, "AuxRequest"):
-            out, aux = _compiled(q, k, v, return_aux=fa.AuxRequest(lse=True), **kwargs)
+            out, aux = compiled(q, k, v, return_aux=fa.AuxRequest(lse=True), **kwargs)
             return out, aux.lse
-        return _compiled(q, k, v, return_lse=True, **kwargs)
+        return compiled(q, k, v, return_lse=True, **kwargs)
+
+
+def _compiled_flex() -> Callable:
+    """``flex_attention`` under ``torch.compile``, created on first use (one per process,
+    so every call shares its compiled code)."""
+    global _compiled
+    if _compiled is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _compiled = torch.compile(flex_attention, dynamic=False)
+    return _compiled
 
 
 def _recompile_limit() -> contextlib.AbstractContextManager:

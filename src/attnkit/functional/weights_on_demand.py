@@ -169,7 +169,7 @@ def _allowed(mask, causal: bool, heads: Tensor, rows: Tensor, cols: Tensor, s_q:
         n_b = mask.batch_size or 1
         b_idx = torch.arange(n_b, device=rows.device).view(n_b, 1, 1, 1)
         h_idx = heads.view(1, -1, 1, 1) if mask.num_heads else torch.zeros(1, 1, 1, 1, dtype=torch.long, device=rows.device)
-        allowed = masks_mod._as_bool(mask.fn(b_idx, h_idx, q_pos, kv_pos))
+        allowed = masks_mod._as_bool(mask(b_idx, h_idx, q_pos, kv_pos))
     elif isinstance(mask, Tensor):
         allowed = _take(mask, heads, rows, cols)
     if causal:

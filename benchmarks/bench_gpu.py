@@ -1,0 +1,506 @@
+"""attnkit on a GPU: masked, local, sparse and linear attention against FlexAttention given a
+hand-written ``mask_mod`` for the same pattern, and against SDPA with a dense bool mask.
+
+    python benchmarks/bench_gpu.py            # timings, results/gpu.{json,md}
+    python benchmarks/bench_gpu.py --check    # also: every kernel on CUDA vs float64 CPU
+    python benchmarks/bench_gpu.py --quick --device cpu   # a small dry run of the script
+
+Every contender of a row runs in the same process on the same inputs; times are medians of
+batches of calls between two synchronisations, after a warm-up that compiles. Compile time
+(the first call of a new mask and shape, block mask included) is reported apart, as are the
+block-mask build times. ``--check`` compares outputs (and gradients, and the log-sum-exp) on
+CUDA with attnkit's dense reference engine in float64 on the CPU: relative error
+``max|got - ref| / max|ref|``, within 1e-5 for float32 and 2e-2 for bfloat16.
+
+Without a GPU (and without ``--device cpu``) it prints that it did not run and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+import attnkit  # noqa: E402
+from attnkit import masks  # noqa: E402
+from attnkit.functional import flex  # noqa: E402
+from benchmarks.common import attention_flops, environment, markdown_table, write_results  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+TOLERANCE = {"bf16": 2e-2, "fp32": 1e-5}
+
+
+# ---------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gpu_time(fn: Callable[[], object], device: torch.device, *, batches: int = 5, min_batch_s: float = 0.05) -> float:
+    """Median seconds per call of ``fn`` over ``batches`` batches (warm already)."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    one = max(time.perf_counter() - start, 1e-6)
+    per_batch = max(1, min(200, int(min_batch_s / one)))
+    times = []
+    for _ in range(batches):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(per_batch):
+            fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) / per_batch)
+    return statistics.median(times)
+
+
+def first_call(fn: Callable[[], object], device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def with_backward(fn: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> Callable[[], None]:
+    def run() -> None:
+        for t in inputs:
+            t.grad = None
+        out = fn()
+        out.backward(torch.ones_like(out))
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------
+# The rows: attnkit call, FlexAttention with a hand-written mask_mod, SDPA with a dense mask
+# ---------------------------------------------------------------------------------------
+
+
+def hand_flex(mask_mod, s: int, device: torch.device):
+    """What a FlexAttention user writes: create_block_mask once, compiled flex_attention."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    start = time.perf_counter()
+    block_mask = create_block_mask(mask_mod, None, None, s, s, device=device)
+    _sync(device)
+    build = time.perf_counter() - start
+    return block_mask, build
+
+
+def _hand_flex_call(q, k, v, block_mask):
+    with flex._recompile_limit():  # the same raised limit as attnkit's calls: a fair baseline
+        return flex._compiled_flex()(q, k, v, block_mask=block_mask)
+
+
+def masked_rows(s: int, device: torch.device) -> list[dict]:
+    """(name, attnkit mask, hand-written mask_mod, is the pattern causal)."""
+    docs = (torch.arange(s, device=device) // 2048).to(torch.int32)
+    rnd = masks.random(0.05).to(device).fn
+    return [
+        {
+            "name": "causal & sliding_window(256)",
+            "mask": lambda: masks.causal() & masks.sliding_window(256),
+            "mask_mod": lambda b, h, q, kv: (q >= kv) & (q - kv <= 256),
+        },
+        {
+            "name": "document(2048-token docs) & causal",
+            "mask": lambda: masks.document(torch.arange(s) // 2048) & masks.causal(),
+            "mask_mod": lambda b, h, q, kv: (docs[q] == docs[kv]) & (q >= kv),
+        },
+        {
+            "name": "strided(128) & causal",
+            "mask": lambda: masks.strided(128) & masks.causal(),
+            "mask_mod": lambda b, h, q, kv: ((q - kv) % 128 == 0) & (q >= kv),
+        },
+        {
+            "name": "sliding_window(512, 512) | global_tokens([0])",
+            "mask": lambda: masks.sliding_window(512, 512) | masks.global_tokens([0]),
+            "mask_mod": lambda b, h, q, kv: ((q - kv).abs() <= 512) | (q == 0) | (kv == 0),
+        },
+        {
+            "name": "random(0.05)",
+            "mask": lambda: masks.random(0.05),
+            "mask_mod": lambda b, h, q, kv: rnd(b, h, q, kv),
+        },
+    ]
+
+
+def bench_masked(dtype_name: str, s: int, h: int, d: int, device: torch.device, backward: bool, log) -> list[dict]:
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_(backward) for _ in range(3))
+    results = []
+
+    def measure(name: str, fns: dict[str, Callable[[], torch.Tensor]], flops: float, extra: dict) -> None:
+        row = {"row": name, "dtype": dtype_name, "pass": "fwd+bwd" if backward else "fwd", "s": s, **extra}
+        for who, fn in fns.items():
+            try:
+                run = with_backward(fn, (q, k, v)) if backward else fn
+                row[f"{who}_first_s"] = first_call(run, device)
+                row[f"{who}_ms"] = gpu_time(run, device) * 1e3
+            except Exception as err:  # recorded, so one failure does not end the run
+                row[f"{who}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        row["flops"] = flops
+        results.append(row)
+        log(row)
+
+    flops = attention_flops(1, h, s, s, d, causal=True) * (3.5 if backward else 1)
+    measure(
+        "attention(causal=True)",
+        {"attnkit": lambda: attnkit.attention(q, k, v, causal=True),
+         "sdpa_is_causal": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)},
+        flops, {},
+    )
+    for spec in masked_rows(s, device):
+        block_mask, build_s = hand_flex(spec["mask_mod"], s, device)
+        flex.clear_cache()
+        start = time.perf_counter()
+        flex._block_mask(spec["mask"](), 1, h, s, s, device, None, None, 0)
+        _sync(device)
+        attnkit_build_s = time.perf_counter() - start
+        flex.clear_cache()
+        mask = spec["mask"]()  # built once, as a user would
+        dense = mask.to_dense(s, s, device=device)  # [1, 1, s, s]
+        measure(
+            f"attention(mask={spec['name']})",
+            {"attnkit": lambda mask=mask: attnkit.attention(q, k, v, mask=mask),
+             "flex_hand": lambda bm=block_mask: _hand_flex_call(q, k, v, bm),
+             "sdpa_dense_mask": lambda dense=dense: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)},
+            flops, {"block_mask_s": {"attnkit": attnkit_build_s, "flex_hand": build_s}},
+        )
+        del dense
+    window_bm, _ = hand_flex(lambda b, h_, q_, kv: (q_ >= kv) & (q_ - kv <= 256), s, device)
+    measure(
+        "local_attention(window=256, causal=True)",
+        {"attnkit": lambda: attnkit.local_attention(q, k, v, window=256, causal=True),
+         "flex_hand": lambda: _hand_flex_call(q, k, v, window_bm),
+         "sdpa_is_causal": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)},
+        flops, {},
+    )
+    strided_bm, _ = hand_flex(lambda b, h_, q_, kv: ((q_ - kv) % 128 == 0) & (q_ >= kv), s, device)
+    measure(
+        "sparse_attention(mask=strided(128), causal=True, permute=128)",
+        {"attnkit": lambda: attnkit.sparse_attention(q, k, v, mask=masks.strided(128), causal=True, permute=128),
+         "flex_hand": lambda: _hand_flex_call(q, k, v, strided_bm)},
+        flops, {},
+    )
+    return results
+
+
+def bench_linear(dtype_name: str, s: int, h: int, d: int, device: torch.device, backward: bool, log, chunks: list[int]) -> list[dict]:
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_(backward) for _ in range(3))
+    fns = {f"attnkit_chunk{c}": (lambda c=c: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True, chunk_size=c)) for c in chunks}
+    fns["attnkit"] = lambda: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True)
+    fns["sdpa_is_causal"] = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    row = {"row": "linear_attention(elu, causal=True)", "dtype": dtype_name, "pass": "fwd+bwd" if backward else "fwd", "s": s, "h": h}
+    for who, fn in fns.items():
+        try:
+            run = with_backward(fn, (q, k, v)) if backward else fn
+            row[f"{who}_first_s"] = first_call(run, device)
+            row[f"{who}_ms"] = gpu_time(run, device) * 1e3
+        except Exception as err:
+            row[f"{who}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    log(row)
+    return [row]
+
+
+def bench_many_masks(s: int, h: int, d: int, device: torch.device, log) -> dict:
+    """A new mask in a warm process: first-call time, and whether 10 masks in a row (more
+    than torch.compile's default limit of 8) all stay compiled (steady time of each against
+    the first mask's)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, h, s, d, device=device, dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    rows = []
+    for i in range(10):
+        mask = masks.causal() & masks.sliding_window(200 + 25 * i)
+        first = first_call(lambda: attnkit.attention(q, k, v, mask=mask), device)
+        steady = gpu_time(lambda: attnkit.attention(q, k, v, mask=mask), device, batches=3)
+        rows.append({"window": 200 + 25 * i, "first_s": first, "steady_ms": steady * 1e3})
+    result = {"s": s, "masks": rows, "worst_steady_over_first_mask": max(r["steady_ms"] for r in rows) / rows[0]["steady_ms"]}
+    log(result)
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# --check: every kernel on the device against the float64 CPU reference
+# ---------------------------------------------------------------------------------------
+
+
+def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
+    finite = torch.isfinite(ref)
+    if not torch.equal(finite, torch.isfinite(got)):
+        return float("inf")
+    scale = ref[finite].abs().max().item() if finite.any() else 1.0
+    return (got[finite] - ref[finite]).abs().max().item() / max(scale, 1e-30) if finite.any() else 0.0
+
+
+def check_masks_bits(device: torch.device, log) -> dict:
+    """Every built-in mask inside one compiled Flex kernel on the device (head i under mask
+    i): lowering and bits, against the same masks evaluated densely in eager code."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    s, b = 1000, 2
+    ids = torch.arange(s) // 300
+    hf = torch.ones(b, s, dtype=torch.long)
+    hf[1, 700:] = 0
+    named = {
+        "full": masks.full(), "causal": masks.causal(), "sliding_window": masks.sliding_window(37, 5),
+        "padding": masks.padding([300, 1000]), "strided": masks.strided(7), "fixed": masks.fixed(64, 8),
+        "random": masks.random(0.05, seed=3), "global_tokens": masks.global_tokens([0, 511, 999]),
+        "document": masks.document(ids), "document_per_batch": masks.document(torch.stack([ids, ids.flip(0)])),
+        "from_dense": masks.from_dense(torch.rand(s, s, generator=torch.Generator().manual_seed(0)) < 0.3),
+        "from_hf_padding": masks.from_hf_padding(hf), "composed": (masks.causal() & masks.sliding_window(50)) | masks.global_tokens([3]),
+        "inverted": ~masks.strided(3) & masks.causal(),
+    }
+    fns = [m.to(device).fn for m in named.values()]
+
+    def by_head(bi, hi, q_idx, kv_idx):
+        allowed = fns[0](bi, hi, q_idx, kv_idx)
+        for i, fn in enumerate(fns[1:], start=1):
+            allowed = torch.where(hi == i, fn(bi, hi, q_idx, kv_idx), allowed)
+        return allowed
+
+    h = len(fns)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(b, h, s, 64, generator=gen) for _ in range(3))
+    out = {}
+    try:
+        block_mask = create_block_mask(by_head, b, h, s, s, device=device)
+        with flex._recompile_limit():
+            got = flex._compiled_flex()(q.to(device), k.to(device), v.to(device), block_mask=block_mask)
+        for i, (name, mask) in enumerate(named.items()):
+            ref = attnkit.attention(q[:, i:i + 1].double(), k[:, i:i + 1].double(), v[:, i:i + 1].double(),
+                                    mask=mask.to_dense(s, s, batch_size=b), engine="reference")
+            out[name] = _rel(got[:, i:i + 1], ref)
+    except Exception as err:
+        out["error"] = f"{type(err).__name__}: {str(err)[:400]}"
+    log({"mask_bits_fp32_rel_err": out})
+    return out
+
+
+def check_kernels(dtype_name: str, device: torch.device, log) -> list[dict]:
+    dtype = DTYPES[dtype_name]
+    b, h, h_kv, s, d = 2, 4, 2, 1000, 64
+    gen = torch.Generator().manual_seed(2)
+    base = [torch.randn(b, n, s, d, generator=gen, dtype=torch.float64) for n in (h, h_kv, h_kv)]
+    bias = torch.randn(1, h, s, s, generator=gen, dtype=torch.float64) * 0.5
+    cases: dict[str, Callable] = {
+        "attention causal & sliding_window(100)": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.causal() & masks.sliding_window(100), **e),
+        "attention document & causal": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.document(torch.arange(s) // 300) & masks.causal(), **e),
+        "attention window | global": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.sliding_window(64, 64) | masks.global_tokens([0]), **e),
+        "attention random(0.05)": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.random(0.05), **e),
+        "attention strided(16) & causal, 700 queries": lambda q, k, v, **e: attnkit.attention(q[:, :, 300:], k, v, mask=masks.strided(16) & masks.causal(), **e),
+        "attention padding & causal + bias": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.padding([0, 800]) & masks.causal(), bias=bias.to(q), **e),
+        "local_attention(64, causal)": lambda q, k, v, **e: attnkit.local_attention(q, k, v, window=64, causal=True, **e),
+        "local_attention((32, 16))": lambda q, k, v, **e: attnkit.local_attention(q, k, v, window=(32, 16), **e),
+        "sparse_attention strided(16) permute": lambda q, k, v, **e: attnkit.sparse_attention(q, k, v, mask=masks.strided(16), causal=True, permute=16, **e),
+        "linear_attention elu causal": lambda q, k, v, **e: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True),
+        "linear_attention favor causal": lambda q, k, v, **e: attnkit.linear_attention(q, k, v, feature_map="favor", causal=True),
+    }
+    rows = []
+    for name, fn in cases.items():
+        row = {"case": name, "dtype": dtype_name}
+        try:
+            ref_in = [t.clone().requires_grad_() for t in base]
+            engine = {} if name.startswith("linear") else {"engine": "reference"} if name.startswith("attention") else {"engine": "blockwise"}
+            ref = fn(*ref_in, **engine)
+            ref.backward(torch.ones_like(ref))
+            dev_in = [t.to(device=device, dtype=dtype).requires_grad_() for t in base]
+            got = fn(*dev_in)
+            got.backward(torch.ones_like(got))
+            row["out"] = _rel(got, ref)
+            row.update({f"d{n}": _rel(g.grad, r.grad) for n, g, r in zip("qkv", dev_in, ref_in)})
+            row["ok"] = max(row["out"], row["dq"], row["dk"], row["dv"]) <= TOLERANCE[dtype_name]
+        except Exception as err:
+            row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            row["ok"] = False
+        rows.append(row)
+        log(row)
+    # lse from Flex, and weights on demand from it
+    row = {"case": "tiled_attention lse + weights_on_demand", "dtype": dtype_name}
+    try:
+        mask = masks.document(torch.arange(s) // 300) & masks.causal()
+        ref = attnkit.tiled_attention(*base, mask=mask, return_lse=True, engine="blockwise")
+        dev = [t.to(device=device, dtype=dtype) for t in base]
+        got = attnkit.tiled_attention(*dev, mask=mask, return_lse=True)
+        row["out"], row["lse"] = _rel(got.output, ref.output), _rel(got.lse, ref.lse)
+        w_ref = attnkit.functional.weights_on_demand(base[0], base[1], ref.lse, heads=[1], rows=slice(0, 64), mask=mask)
+        w_got = attnkit.functional.weights_on_demand(dev[0], dev[1], got.lse, heads=[1], rows=slice(0, 64), mask=mask)
+        row["weights"] = _rel(w_got, w_ref)
+        row["ok"] = max(row["out"], row["lse"], row["weights"]) <= TOLERANCE[dtype_name]
+    except Exception as err:
+        row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        row["ok"] = False
+    rows.append(row)
+    log(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare every kernel on the device with float64 on the CPU")
+    parser.add_argument("--quick", action="store_true", help="small shapes (a dry run)")
+    parser.add_argument("--device", default="cuda", help="device to run on (default cuda)")
+    parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp32")
+    parser.add_argument("--out", type=Path, default=None, help="write gpu.json and gpu.md here instead of benchmarks/results")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds; rows left when it runs out are skipped")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("bench_gpu: no CUDA device here; nothing measured (run it on a machine with a GPU)")
+        return {}
+    deadline = time.perf_counter() + args.budget
+    s, h, d = (512, 4, 64) if args.quick else (16384, 16, 64)
+    s_lin, h_lin = (2048, 4) if args.quick else (65536, 8)
+    backward_ok = device.type != "cpu"  # torch's CPU FlexAttention is forward only
+    log_lines: list[str] = []
+
+    def log(item: dict) -> None:
+        line = json.dumps(item, default=str)
+        log_lines.append(line)
+        print(line, flush=True)
+
+    data: dict = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "shape": {"b": 1, "h": h, "s": s, "d": d, "linear": {"h": h_lin, "s": s_lin}},
+        "rows": [], "linear": [], "check": {}, "skipped": [],
+    }
+    out_dir = args.out
+
+    def save() -> None:
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "gpu.json").write_text(json.dumps({"environment": environment(), **data}, indent=2, default=str) + "\n")
+            (out_dir / "gpu.md").write_text(markdown(data) + "\n")
+        else:
+            write_results("gpu", data, markdown(data))
+
+    def in_time(what: str) -> bool:
+        if time.perf_counter() > deadline:
+            data["skipped"].append(what)
+            return False
+        return True
+
+    if args.check:
+        data["check"]["mask_bits"] = check_masks_bits(device, log)
+        for name in args.dtypes.split(","):
+            if in_time(f"check {name}"):
+                data["check"][name] = check_kernels(name, device, log)
+        save()
+    # Most wanted first: a run cut short by --budget keeps what matters.
+    passes = [(name, backward) for name in args.dtypes.split(",") for backward in ((False, True) if backward_ok else (False,))]
+    for i, (name, backward) in enumerate(passes):
+        what = f"{name} {'fwd+bwd' if backward else 'fwd'}"
+        if in_time(what):
+            try:
+                data["rows"] += bench_masked(name, s, h, d, device, backward, log)
+            except Exception:
+                data["skipped"].append(f"{what}: {traceback.format_exc(limit=2)}")
+            save()
+            if in_time(f"linear {what}"):
+                data["linear"] += bench_linear(name, s_lin, h_lin, d, device, backward, log, [64, 128, 256, 512])
+            save()
+        if i == 1 and in_time("many masks"):
+            data["many_masks"] = bench_many_masks(s, h, d, device, log)
+            save()
+    return data
+
+
+def _ms(row: dict, who: str) -> str:
+    if f"{who}_ms" in row:
+        return f"{row[f'{who}_ms']:.3f}"
+    return "error" if f"{who}_error" in row else "–"
+
+
+def _ratio(row: dict, faster: str, slower: str) -> str:
+    if f"{faster}_ms" in row and f"{slower}_ms" in row:
+        return f"{row[f'{slower}_ms'] / row[f'{faster}_ms']:.2f}×"
+    return "–"
+
+
+def markdown(data: dict) -> str:
+    sh = data["shape"]
+    lines = [
+        "## GPU: masked, local, sparse and linear attention (`bench_gpu.py`)",
+        "",
+        f"Device: **{data['device']}**. b=1, h={sh['h']}, s={sh['s']}, d={sh['d']} (linear: h={sh['linear']['h']}, "
+        f"s={sh['linear']['s']}). Medians of batches of calls between synchronisations, compile excluded "
+        "(first calls listed apart). \"speed vs X\" = X's time ÷ attnkit's time (above 1: attnkit is faster). "
+        "`flex_hand` is compiled FlexAttention with a hand-written `mask_mod` and `create_block_mask`; "
+        "`sdpa` uses a dense bool mask (or `is_causal`). Run: `python benchmarks/bench_gpu.py --check`.",
+        "",
+    ]
+    rows = []
+    for r in data["rows"]:
+        sdpa = "sdpa_dense_mask" if "sdpa_dense_mask_ms" in r or "sdpa_dense_mask_error" in r else "sdpa_is_causal"
+        rows.append([r["row"], r["dtype"], r["pass"], _ms(r, "attnkit"), _ms(r, "flex_hand"), _ms(r, sdpa),
+                     _ratio(r, "attnkit", "flex_hand"), _ratio(r, "attnkit", sdpa), f"{r.get('attnkit_first_s', float('nan')):.2f}"])
+    if rows:
+        lines.append(markdown_table(
+            ["call", "dtype", "pass", "attnkit ms", "flex_hand ms", "sdpa ms", "speed vs flex_hand", "speed vs sdpa", "attnkit first call s"], rows))
+    errors = [f"- {r['row']} ({r['dtype']}, {r['pass']}): " + "; ".join(f"{k}: {v}" for k, v in r.items() if k.endswith("_error"))
+              for r in data["rows"] + data["linear"] if any(k.endswith("_error") for k in r)]
+    if data["linear"]:
+        lines += ["", "Causal linear attention (elu) against SDPA `is_causal` on the same shape, by chunk size:", ""]
+        chunk_keys = sorted({k[:-3] for r in data["linear"] for k in r if k.startswith("attnkit_chunk") and k.endswith("_ms")}, key=lambda x: int(x[13:]))
+        lrows = []
+        for r in data["linear"]:
+            lrows.append([r["dtype"], r["pass"], _ms(r, "attnkit"), _ms(r, "sdpa_is_causal"), _ratio(r, "attnkit", "sdpa_is_causal")]
+                         + [_ms(r, c) for c in chunk_keys])
+        lines.append(markdown_table(["dtype", "pass", "attnkit ms", "sdpa is_causal ms", "speed vs sdpa"] + [f"chunk {c[13:]} ms" for c in chunk_keys], lrows))
+    if "many_masks" in data:
+        mm = data["many_masks"]
+        firsts = [m["first_s"] for m in mm["masks"]]
+        lines += ["", f"A new mask in a warm process (10 sliding windows in a row, bf16, s={mm['s']}): first call "
+                  f"{min(firsts):.2f}–{max(firsts):.2f} s (block mask and compile), steady time of the slowest "
+                  f"{mm['worst_steady_over_first_mask']:.2f}× the first mask's: all stay compiled."]
+    block_rows = [[r["row"], r["dtype"], f"{r['block_mask_s']['attnkit']:.3f}", f"{r['block_mask_s']['flex_hand']:.3f}"]
+                  for r in data["rows"] if "block_mask_s" in r and r["pass"] == "fwd"]
+    if block_rows:
+        lines += ["", "Block-mask build, seconds (attnkit from the mask's block test where it has one; "
+                  "`create_block_mask` for the hand-written one):", "",
+                  markdown_table(["mask", "dtype", "attnkit s", "create_block_mask s"], block_rows)]
+    check = data.get("check") or {}
+    if check:
+        lines += ["", "Correctness on the device (`--check`), relative error against float64 on the CPU "
+                  "(outputs and gradients of q, k, v; tolerance 1e-5 fp32, 2e-2 bf16):", ""]
+        crow = []
+        for name in DTYPES:
+            for r in check.get(name, []):
+                vals = [f"{r[key]:.1e}" if key in r else "–" for key in ("out", "dq", "dk", "dv", "lse", "weights")]
+                crow.append([r["case"], name, *vals, "yes" if r.get("ok") else f"**no** {r.get('error', '')}"])
+        if crow:
+            lines.append(markdown_table(["case", "dtype", "out", "dq", "dk", "dv", "lse", "weights", "within tolerance"], crow))
+        bits = check.get("mask_bits", {})
+        if bits:
+            lines += ["", "Every built-in mask inside one compiled Flex kernel on the device, against eager evaluation "
+                      "(float32 relative error): " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k}: {v}" for k, v in bits.items()) + "."]
+    if errors or data["skipped"]:
+        lines += ["", "Errors and skipped rows:", ""] + errors + [f"- skipped: {s_}" for s_ in data["skipped"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
