@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test check format-check bench clean
 
 install: $(STAMP)
 
@@ -29,6 +29,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	tools/system-packages
 	$(BIN)/python -m pytest
+
+# Lint (ruff), types (mypy) and the documentation site with its API reference, warnings as
+# errors (site in build/site). CI runs it before the tests.
+check: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks docs
+	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# The formatter's verdict: every file as `ruff format` would write it.
+format-check: $(STAMP)
+	$(BIN)/ruff format --check src tests benchmarks docs
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import environment, markdown_table, write_results  # noqa: E402
+from benchmarks.common import markdown_table, write_results  # noqa: E402
 
 HEAD_DIM = 64
 # The sweep: one head (time grows with heads; memory ratios depend only on the grouping).

@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attnkit import masks  # noqa: E402
 from attnkit.functional import attention, linear_attention, local_attention, sparse_attention  # noqa: E402
+from attnkit.functional.block_status import FULL, PARTIAL, classify_blocks  # noqa: E402
 from attnkit.functional.local import scores_computed  # noqa: E402
 from attnkit.functional.sparse import kept_fraction  # noqa: E402
-from attnkit.functional.block_status import FULL, PARTIAL, classify_blocks  # noqa: E402
 from attnkit.functional.tiled import make_plan  # noqa: E402
-from benchmarks.common import RESULTS, markdown_table, matmul_gflops, write_results  # noqa: E402
+from benchmarks.common import ROOT, markdown_table, matmul_gflops, write_results  # noqa: E402
 
 B, H, D = 1, 8, 64
 WINDOW = 256
@@ -218,7 +218,7 @@ def measure_times(cell: Cell, names: list[str], budget_s: float = 6.0) -> dict[s
         rows[name]["repeats"] = 1 if slow else max(1, min(5, int(budget_s / max(first, 1e-3))))
         if slow and name in TARGET_BASELINES and first < 10:
             rows[name]["repeats"] = 3  # the targets divide by these: a median, not one sample
-    for r in range(max([rows[n]["repeats"] for n in fns] + [0])):
+    for _ in range(max([rows[n]["repeats"] for n in fns] + [0])):
         for name, fn in fns.items():
             if len(rows[name]["samples"]) >= rows[name]["repeats"]:
                 continue
@@ -268,7 +268,7 @@ def memory_child(lengths: list[int], full: bool) -> dict:
                     continue
                 if not quadratic and s <= 16384:
                     _run(fn, grad, cell)  # warm-up: lazy initialisation
-                out[f"{name}|{s}|{int(grad)}"] = peak_extra_mib(lambda: _run(fn, grad, cell))
+                out[f"{name}|{s}|{int(grad)}"] = peak_extra_mib(lambda: _run(fn, grad, cell))  # noqa: F821 (deleted after the loop)
             del cell
             gc.collect()
     return out
@@ -449,11 +449,12 @@ def _plot(times: dict, lengths: list[int]) -> str | None:
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle("Long sequences: dashed = PyTorch baselines, solid = attnkit")
     fig.tight_layout(rect=(0, 0.14, 1, 1))
-    path = RESULTS / "long.png"
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    # Beside the other pictures of the documentation, so that the built site has it too.
+    path = ROOT / "docs" / "images" / "bench-long.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return "../benchmarks/results/long.png"
+    return "images/bench-long.png"
 
 
 def _markdown(data: dict, lengths: list[int], targets: list[dict], plot: str | None) -> str:

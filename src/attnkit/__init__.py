@@ -40,7 +40,19 @@ _LAZY = {
     },
 }
 
-__all__ = ["__version__", *sorted(_LAZY)]
+__all__ = [
+    "AttentionResult",
+    "LinearAttentionState",
+    "__version__",
+    "attention",
+    "linear_attention",
+    "linear_attention_step",
+    "local_attention",
+    "masks",
+    "sparse_attention",
+    "tiled_attention",
+    "weights_on_demand",
+]
 
 
 def __getattr__(name: str) -> Any:

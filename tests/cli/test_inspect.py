@@ -11,8 +11,8 @@ import torch
 from attnkit import models
 from attnkit.cli import main
 from attnkit.inspect.maps import EXAMPLE_TEXT
-from attnkit.viz.viewer import ViewerData
 from attnkit.viz.terminal import display_width
+from attnkit.viz.viewer import ViewerData
 
 EXAMPLE_TOKENS = ["The", "Ġcat", "Ġsat", "Ġon", "Ġthe", "Ġmat", "."]
 
@@ -222,7 +222,7 @@ def test_2000_tokens_are_refused_with_the_estimates_before_running(capsys, tmp_p
     assert "the JSON of layer 29 would be about 30.3 MB" in err
     assert "the viewer page of 30 layers × 9 heads would be about 1.1 GB" in err
     assert "over the 20.0 MB limit per file, so nothing was written" in err and "--max-size" in err
-    assert "running" not in err and not tmp_path.exists() or not list(tmp_path.iterdir())
+    assert ("running" not in err and not tmp_path.exists()) or not list(tmp_path.iterdir())
 
 
 def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path, minilm):

@@ -12,10 +12,10 @@ from matplotlib.colors import to_rgba
 
 from attnkit.viz.heatmap import (
     DEFAULT_DPI,
+    MASKED_COLOUR,
     MAX_CELLS,
     MAX_FIGSIZE,
     MAX_TICKS,
-    MASKED_COLOUR,
     block_max,
     causal_mask,
     draw_attention_heads,

@@ -135,11 +135,11 @@ def format_size(size: float) -> str:
     return f"{int(size)} B"
 
 
-def check_sizes(estimates: dict[Path, int], limit: int | None, *, advice: str) -> None:
+def check_sizes(estimates: dict[str, int], limit: int | None, *, advice: str) -> None:
     """Refuse to write files whose estimated size is over ``limit`` bytes.
 
     Args:
-        estimates: each file to write and its estimated size in bytes.
+        estimates: each file to write (as the message names it) and its estimated size in bytes.
         limit: the largest size allowed, ``None`` for no limit.
         advice: what to ask for instead, said after the estimates.
 

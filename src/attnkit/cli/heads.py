@@ -10,11 +10,11 @@ from attnkit.cli import CommandError
 from attnkit.cli.common import (
     Status,
     add_figure_arguments,
-    add_quiet_argument,
-    figure_options,
     add_level_argument,
     add_model_argument,
     add_output_arguments,
+    add_quiet_argument,
+    figure_options,
     load_model,
     parse_formats,
     prepare_out,
@@ -67,6 +67,7 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
         if not text.strip():
             raise CommandError("the text is empty")
         return [text]
+    assert file is not None
     try:
         lines = Path(file).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:

@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 from typing import Any
 
-
 from attnkit.cli import CommandError
 from attnkit.train.loop import DEFAULT_THREADS, TASK_DEFAULTS, TrainConfig, run, saved_config
 from attnkit.train.tasks import TASKS
@@ -109,6 +108,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"stopped after step {result.step} of {config.steps}; checkpoint: {result.files[0]}")
         print(f"continue with: attnkit train --out {args.out} --resume")
         return 0
+    assert result.metrics is not None  # a finished run has them
     _print_summary(result.metrics)
     for path in result.files:
         print(f"wrote {path}")

@@ -129,7 +129,7 @@ def register_kernel(name: str, kernel: Callable[..., Tensor]) -> None:
         ValueError: ``name`` is already taken by another kernel.
     """
     known = KERNEL_SPECS.get(name)
-    if known is not None and known.function is not kernel or name in DEPRECATED_NAMES:
+    if (known is not None and known.function is not kernel) or name in DEPRECATED_NAMES:
         raise ValueError(f"attention kernel {name!r} is already registered as {KERNELS[name]!r}")
     params = inspect.signature(kernel).parameters
     takes_mask = "mask" in params and "bias" in params

@@ -43,7 +43,6 @@ from attnkit.functional.flex import flex_core
 from attnkit.functional.records import AttentionResult
 
 
-
 def _attention_module():
     # attention.py imports this module lazily; its validators are reused here so that both
     # entry points raise the same errors. (The package attribute ``attention`` is the
@@ -142,8 +141,7 @@ def tiled_attention(
     single = att._check_inputs(q, k, v)
     if single:
         q, k, v = q[None, None], k[None, None], v[None, None]
-    b, h, s_q, d = q.shape
-    s_k = k.shape[2]
+    d = q.shape[-1]
     att._check_options("scaled_dot", 0.0, scale)
     out, lse = tiled_core(
         q, k, v, mask=mask, bias=bias, causal=causal, scale=1.0 / math.sqrt(d) if scale is None else float(scale),

@@ -47,9 +47,14 @@ def weights_on_demand(
         lse: the log-sum-exp ``[b, h, s_q]`` of the attention call being inspected (e.g.
             ``tiled_attention(..., return_lse=True).lse``). ``None``: computed here over all
             keys of the chosen rows (exact, but it reads every key).
-        heads, rows, keys: which query heads, query rows and keys (a slice, indices or a
-            1-D tensor); ``None`` = all.
-        mask, bias, causal, scale: as given to the attention call (they must match it).
+        heads: which query heads (a slice, indices or a 1-D tensor); ``None`` = all.
+        rows: which query rows, the same way.
+        keys: which keys, the same way.
+        mask: as given to the attention call (it must match it); so are ``bias``,
+            ``causal`` and ``scale``.
+        bias: the attention call's additive score bias.
+        causal: the attention call's ``causal``.
+        scale: the attention call's ``scale``.
         chunk_size: query rows per step.
 
     Returns:

@@ -23,7 +23,6 @@ from attnkit.nn.layers import DecoderLayer, EncoderLayer, MaskLike
 from attnkit.nn.norms import NormKind, make_norm
 from attnkit.nn.records import LayerOutput, LayerWeights, StackOutput, TransformerOutput
 
-
 # ``return_weights`` of a stack: every layer (``True``), none (``False``), or the indices of
 # the layers whose weights to compute. Asking for a few layers keeps the others on the fused
 # path, which never materialises the ``[b, h, s, s]`` weights.

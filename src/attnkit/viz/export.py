@@ -121,7 +121,7 @@ def write_map(
     if pictures:
         from attnkit.viz.heatmap import draw_attention_heads, draw_heatmap
 
-        labels = dict(xlabel=f"Key{unit} (attended to)", ylabel=f"Query{unit} (attending)")
+        xlabel, ylabel = f"Key{unit} (attended to)", f"Query{unit} (attending)"
         what = f"{amap.model}" + (" (words)" if suffix else "")
         saving = {} if dpi is None else {"dpi": dpi}
         for fmt in pictures:
@@ -129,12 +129,12 @@ def write_map(
             if len(amap.heads) == 1:
                 written.append(draw_heatmap(
                     amap.weights[0], amap.labels, amap.labels, path, title=f"Layer {amap.layer}, head {amap.heads[0]} — {what}",
-                    causal=amap.causal, **labels, **saving, **figure,
+                    causal=amap.causal, xlabel=xlabel, ylabel=ylabel, **saving, **figure,
                 ))
             else:
                 written.append(draw_attention_heads(
                     amap.weights, amap.labels, amap.labels, path, heads=amap.heads, title=f"Layer {amap.layer} — {what}",
-                    causal=amap.causal, **labels, **saving, **figure,
+                    causal=amap.causal, xlabel=xlabel, ylabel=ylabel, **saving, **figure,
                 ))
     if "json" in formats:
         written.append(write_json(amap.to_dict(), out / f"{stem}{suffix}.json"))

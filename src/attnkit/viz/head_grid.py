@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from attnkit.viz.fonts import font_context
-from attnkit.viz.heatmap import colour_map, new_figure, save_figure
+from attnkit.viz.heatmap import colour_map, new_figure, root_figure, save_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -57,7 +57,7 @@ def plot_head_grid(
         families = list(choice.families)
         created = ax is None
         size = figsize or (min(3 + 0.55 * n_heads, 30), min(2 + 0.28 * n_layers, 40))
-        fig = new_figure(size) if ax is None else ax.figure
+        fig = new_figure(size) if ax is None else root_figure(ax)
         ax = fig.add_subplot() if ax is None else ax
         low, high = float(grid.min()), float(grid.max())
         image = ax.imshow(grid, cmap=colour_map(cmap), vmin=min(low, 0.0), vmax=max(high, 1e-12), aspect="auto")

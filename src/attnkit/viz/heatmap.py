@@ -239,7 +239,7 @@ def plot_attention(
     with font_context([title, xlabel, ylabel, *row_labels, *col_labels]) as choice:
         families = list(choice.families)
         created = ax is None
-        fig = new_figure(figsize or default_figsize(s_q, s_k)) if ax is None else ax.figure
+        fig = new_figure(figsize or default_figsize(s_q, s_k)) if ax is None else root_figure(ax)
         ax = fig.add_subplot() if ax is None else ax
         # In token coordinates whatever the reduction: cell (i, j) spans i-0.5 .. i+0.5.
         image = ax.imshow(
@@ -390,6 +390,16 @@ def draw_attention_heads(
         The path written.
     """
     return save_figure(plot_attention_heads(weights, query_labels, key_labels, **options), path, dpi=dpi)
+
+
+def root_figure(ax: Axes) -> Figure:
+    """The figure that holds ``ax``, through any subfigures."""
+    from matplotlib.figure import Figure
+
+    figure: Any = ax.figure
+    while not isinstance(figure, Figure):
+        figure = figure.figure
+    return figure
 
 
 def _check_map(weights: Tensor, query_labels: Sequence[str], key_labels: Sequence[str]) -> tuple[int, int]:

@@ -61,10 +61,13 @@ def viewer_data_from_run(
     )
 
 
-def _by_layer(weights: Sequence[LayerWeights], index: int, cross: bool) -> dict[int, Tensor]:
-    """Layer → ``[h, s_q, s_k]`` of batch entry ``index`` from a list of layer records."""
+def _by_layer(weights: Sequence[LayerWeights | None], index: int, cross: bool) -> dict[int, Tensor]:
+    """Layer → ``[h, s_q, s_k]`` of batch entry ``index`` from a list of layer records
+    (``None`` for a layer that kept no weights)."""
     out = {}
     for layer, record in enumerate(weights):
+        if record is None:
+            continue
         w = record.cross_attention if cross else record.self_attention
         if w is not None:
             out[layer] = w[index]  # [h, s_q, s_k]

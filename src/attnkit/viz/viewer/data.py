@@ -144,7 +144,7 @@ class Section:
         if not attentions:
             raise ValueError("attentions must hold at least one layer, got none")
         layers = sorted(attentions)
-        maps = []
+        maps: list[Tensor] = []
         for layer in layers:
             w = attentions[layer]
             if w.ndim == 4:
