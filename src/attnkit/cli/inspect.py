@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from pathlib import Path
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import (

@@ -49,9 +49,9 @@ from attnkit.models.hooks import HookPoints, attention_block
 from attnkit.nn import (
     Encoder,
     EncoderLayer,
-    MultiHeadAttention,
     LayerSelection,
     LearnedPositionalEmbedding,
+    MultiHeadAttention,
     StackOutput,
 )
 from attnkit.nn.layers import MaskLike
