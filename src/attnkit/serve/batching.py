@@ -27,6 +27,14 @@ from typing import Any
 
 # Padded tokens in one batch: the memory of one batch stays that of one long request.
 DEFAULT_BATCH_TOKENS = 1024
+# Under load (the last batch had several texts), the thread waits before it starts a batch
+# until as many requests wait as the last batch had (the same clients, back with their next
+# requests), for at most GATHER_SHARE of the last batch's time (at least GATHER_MIN_S).
+# Clients answered together send their next requests some tens of milliseconds apart;
+# without the wait the first would run alone and the others wait for it, batch after batch.
+# Idle, a request starts at once.
+GATHER_SHARE = 0.25
+GATHER_MIN_S = 0.02
 
 
 class QueueFull(RuntimeError):
@@ -87,6 +95,7 @@ class Batcher:
         self._queue: deque[Job] = deque()
         self._ready = threading.Condition()
         self._seconds_per_text = 0.0
+        self._last_batch_seconds = 0.0
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -119,9 +128,16 @@ class Batcher:
         with self._ready:
             while True:
                 self._drop_cancelled()
+                if not self._queue:
+                    self._ready.wait()
+                    continue
+                if self.batches and self.batches[-1] > 1:
+                    deadline = time.monotonic() + max(GATHER_MIN_S, GATHER_SHARE * self._last_batch_seconds)
+                    while len(self._queue) < self.batches[-1] and (left := deadline - time.monotonic()) > 0:
+                        self._ready.wait(left)
+                    self._drop_cancelled()
                 if self._queue:
                     break
-                self._ready.wait()
             first = self._queue.popleft()
             batch = [first]
             longest = first.tokens
@@ -162,7 +178,8 @@ class Batcher:
                 else:
                     for job, run in zip(batch, runs):
                         job.future.set_result(run)
-            seconds = (time.perf_counter() - started) / len(batch)
+            self._last_batch_seconds = time.perf_counter() - started
+            seconds = self._last_batch_seconds / len(batch)
             self._seconds_per_text = seconds if not self._seconds_per_text else 0.8 * self._seconds_per_text + 0.2 * seconds
 
     def _run_alone(self, job: Job) -> None:
