@@ -9,11 +9,11 @@ learned (``attnkit train``).
 """
 
 from attnkit.train.checkpoint import load_checkpoint, save_checkpoint
-from attnkit.train.loop import Evaluation, RunResult, TrainConfig, evaluate, run
+from attnkit.train.loop import Evaluation, Replicas, RunResult, TrainConfig, evaluate, run
 from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer, build_model
 from attnkit.train.tasks import TASKS, Batch, Task, make_task
 
 __all__ = [
-    "TASKS", "AttentionMaps", "Batch", "DecoderOnlyTransformer", "Evaluation", "RunResult", "Seq2SeqTransformer",
+    "TASKS", "AttentionMaps", "Batch", "DecoderOnlyTransformer", "Evaluation", "Replicas", "RunResult", "Seq2SeqTransformer",
     "Task", "TrainConfig", "build_model", "evaluate", "load_checkpoint", "make_task", "run", "save_checkpoint",
 ]

@@ -19,6 +19,7 @@ import json
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -218,6 +219,51 @@ class RunResult:
     files: list[Path]
 
 
+def _identity(model: torch.nn.Module) -> torch.nn.Module:
+    return model
+
+
+def _nothing(*_: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """The data-parallel copies of one run, one per process (default: a single process).
+
+    Every replica draws the same global batch of ``config.batch_size`` examples from the
+    same generator and computes on its own rows of it (:meth:`rows`); ``wrap`` (e.g.
+    ``DistributedDataParallel``) makes backward average the gradients over the replicas, so
+    each replica takes the optimizer step of the whole batch and the run (loss curve and
+    checkpoints) does not depend on the number of replicas. Replica 0 writes the files.
+    ``attnkit.distributed.ddp_replicas`` builds one over ``torch.distributed``.
+
+    Attributes:
+        rank: this replica's index; ``world_size``: how many there are.
+        wrap: wraps the model for the forward and backward passes.
+        all_reduce_sum: sums a tensor over the replicas, in place.
+        barrier: returns once every replica has called it.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    wrap: Callable[[torch.nn.Module], torch.nn.Module] = _identity
+    all_reduce_sum: Callable[[Tensor], None] = _nothing
+    barrier: Callable[[], None] = _nothing
+
+    def rows(self, batch_size: int) -> slice:
+        """This replica's rows of a global batch: the first ``batch_size % world_size``
+        replicas take one row more."""
+        base, extra = divmod(batch_size, self.world_size)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + (1 if self.rank < extra else 0))
+
+    @property
+    def writes_files(self) -> bool:
+        """Whether this replica writes checkpoints, metrics and pictures (replica 0)."""
+        return self.rank == 0
+
+
 def lr_factor(step: int, *, warmup: int, steps: int) -> float:
     """The learning rate of step ``step`` (0-based) as a fraction of the peak: linear
     warm-up over ``warmup`` steps, then a cosine decay that reaches 0 after ``steps``."""
@@ -343,6 +389,7 @@ def run(
     stop_after: int | None = None,
     progress: bool = True,
     threads: int | None = DEFAULT_THREADS,
+    replicas: Replicas | None = None,
 ) -> RunResult:
     """Train (or continue training), evaluate on held-out examples and write the results.
 
@@ -362,6 +409,9 @@ def run(
             ``attnkit train --threads``; ``None`` leaves torch's setting. One thread is the
             default: these small models run several times faster on one thread than on
             many (docs/training.md).
+        replicas: train data-parallel over these processes (:class:`Replicas`); every
+            replica calls ``run`` with the same arguments; only replica 0 writes files,
+            shows progress and evaluates (the others return without metrics).
 
     Returns:
         A :class:`RunResult`.
@@ -380,18 +430,26 @@ def run(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run(config, out_dir, resume=resume, stop_after=stop_after, progress=progress)
+        return _run(config, out_dir, resume=resume, stop_after=stop_after, progress=progress, replicas=replicas)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _run(config: TrainConfig, out_dir: str | Path, *, resume: bool, stop_after: int | None, progress: bool) -> RunResult:
+def _run(
+    config: TrainConfig, out_dir: str | Path, *, resume: bool, stop_after: int | None, progress: bool,
+    replicas: Replicas | None,
+) -> RunResult:
     task = config.validate()
     device = resolve_device(config.device)
+    replicas = Replicas() if replicas is None else replicas
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"stop_after must be >= 1, got {stop_after}")
+    if config.batch_size < replicas.world_size:
+        raise ValueError(f"batch_size must be >= the number of processes, got {config.batch_size} for "
+                         f"{replicas.world_size} processes")
     out = prepare_output_dir(out_dir)
-    remove_stale_temporaries(out / CHECKPOINT_NAME)
+    if replicas.writes_files:
+        remove_stale_temporaries(out / CHECKPOINT_NAME)
     state = None
     if resume:
         state = _load_run_checkpoint(out)
@@ -401,8 +459,10 @@ def _run(config: TrainConfig, out_dir: str | Path, *, resume: bool, stop_after: 
             f"{out} already holds a {CHECKPOINT_NAME}; resume it, or train into a new output directory"
         )
 
+    replicas.barrier()  # every replica has read (or looked for) the checkpoint before one is written
+
     model = build_for_config(config, task).to(device)
-    trainer = _Trainer(config, task, model, device)
+    trainer = _Trainer(config, task, model, device, replicas)
     checkpoint_path = out / CHECKPOINT_NAME
     if state is not None:
         try:
@@ -410,9 +470,11 @@ def _run(config: TrainConfig, out_dir: str | Path, *, resume: bool, stop_after: 
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
             raise ValueError(f"{checkpoint_path} does not fit this run's model and optimizer: {err}"[:500]) from None
     last = config.steps if stop_after is None else min(stop_after, config.steps)
-    trainer.train_until(last, checkpoint_path, progress=progress)
+    trainer.train_until(last, checkpoint_path, progress=progress and replicas.writes_files)
     if trainer.step < config.steps:
         return RunResult(config, trainer.step, False, None, [checkpoint_path])
+    if not replicas.writes_files:
+        return RunResult(config, trainer.step, True, None, [checkpoint_path])
 
     eval_start = time.perf_counter()
     evaluation = evaluate(model, task, size=config.eval_size, seed=config.seed, device=device)
@@ -438,11 +500,13 @@ def _run(config: TrainConfig, out_dir: str | Path, *, resume: bool, stop_after: 
 class _Trainer:
     """The mutable state of a run: model, optimizer, schedule, RNGs and loss history."""
 
-    def __init__(self, config: TrainConfig, task: Task, model: Model, device: torch.device) -> None:
+    def __init__(self, config: TrainConfig, task: Task, model: Model, device: torch.device, replicas: Replicas) -> None:
         self.config = config
         self.task = task
         self.model = model
         self.device = device
+        self.replicas = replicas
+        self.replica_model = replicas.wrap(model)  # forward and backward go through it
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay
         )
@@ -493,19 +557,28 @@ class _Trainer:
         self.seconds = float(state["seconds"])
 
     def train_step(self) -> None:
-        """One optimizer step on a fresh batch; records its loss and token accuracy."""
+        """One optimizer step on a fresh global batch; records its loss and token accuracy.
+
+        Each replica computes on its rows of the batch; its loss is its rows' summed token
+        losses over the batch's token count, times the replica count, so that the gradient
+        that the replicas average is the whole batch's mean-loss gradient."""
         batch = self.task.sample(self.config.batch_size, self.data).to(self.device)
-        logits = self.model(batch.inputs, batch.targets)  # [b, s_out, v]
-        loss = F.cross_entropy(
-            logits.flatten(0, 1), batch.targets.flatten(), label_smoothing=self.config.label_smoothing
+        rows = self.replicas.rows(self.config.batch_size)
+        inputs, targets = batch.inputs[rows], batch.targets[rows]
+        tokens = batch.targets.numel()
+        logits = self.replica_model(inputs, targets)  # [b_replica, s_out, v]
+        loss_sum = F.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), label_smoothing=self.config.label_smoothing, reduction="sum"
         )
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss_sum * (self.replicas.world_size / tokens)).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
         self.optimizer.step()
         self.scheduler.step()
-        self.losses[self.step] = loss.detach()
-        self.accuracies[self.step] = (logits.detach().argmax(-1) == batch.targets).float().mean()
+        totals = torch.stack([loss_sum.detach(), (logits.detach().argmax(-1) == targets).sum().to(loss_sum.dtype)])
+        self.replicas.all_reduce_sum(totals)
+        self.losses[self.step] = totals[0] / tokens
+        self.accuracies[self.step] = totals[1] / tokens
         self.step += 1
 
     def train_until(self, last: int, checkpoint_path: Path, *, progress: bool) -> None:
@@ -526,7 +599,7 @@ class _Trainer:
                         refresh=False,
                     )
                 bar.update(1)
-                if self.step % self.config.checkpoint_every == 0 or self.step == last:
+                if (self.step % self.config.checkpoint_every == 0 or self.step == last) and self.replicas.writes_files:
                     self.seconds += time.perf_counter() - started
                     started = time.perf_counter()
                     try:
@@ -540,6 +613,7 @@ class _Trainer:
                         ) from err
         finally:
             bar.close()
+        self.replicas.barrier()  # the last checkpoint is on disk before any replica returns
 
     def loss_curve(self) -> list[dict[str, float]]:
         """Mean loss and token accuracy over consecutive spans of steps."""
