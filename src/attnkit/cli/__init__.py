@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "attnkit.cli.train",
     "attnkit.cli.inspect",
     "attnkit.cli.heads",
+    "attnkit.cli.patch",
     "attnkit.cli.generate",
     "attnkit.cli.models",
     "attnkit.cli.serve",

@@ -49,6 +49,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stat", choices=list(DESCRIPTIONS), metavar="NAME",
                         help=f"print this statistic's layers × heads values instead of the role grid: "
                              f"{', '.join(DESCRIPTIONS)}")
+    ablation = parser.add_argument_group("head ablation")
+    ablation.add_argument("--ablate", action="store_true",
+                          help="instead of statistics, ablate each head in turn (its output z set to zero) and report "
+                               "the change in log p(--target) at the last position (causal models) or in the "
+                               "sentence-embedding cosine to the unablated text (encoders): a layers × heads grid, "
+                               "PNG and JSON with effects[layer][head]")
+    ablation.add_argument("--mean", action="store_true",
+                          help="with --ablate, replace z by its mean over the positions of the --file texts "
+                               "(default: of TEXT) instead of zero")
+    ablation.add_argument("--target", dest="ablate_target", metavar="TOKEN",
+                          help='with --ablate on a causal model, the next token to measure, leading space included '
+                               '(" Paris"); it must be a single token')
     add_output_arguments(parser, default_formats="png,json")
     add_figure_arguments(parser, scale=False)
     add_quiet_argument(parser)
@@ -79,6 +91,10 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ablate:
+        return run_ablation(args)
+    if args.mean or args.ablate_target is not None:
+        raise CommandError("--mean and --target go with --ablate")
     from attnkit.viz.attention_text import render_survey
     from attnkit.viz.export import write_survey
     from attnkit.viz.terminal import terminal_safe
@@ -100,6 +116,43 @@ def run(args: argparse.Namespace) -> int:
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_survey(survey, out, formats, **figure)
+    except (ValueError, ImportError) as err:
+        raise CommandError(str(err)) from None
+    except OSError as err:
+        raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
+    print()
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def run_ablation(args: argparse.Namespace) -> int:
+    """``heads TEXT --ablate [--mean [--file FILE]] [--target TOKEN]``."""
+    from attnkit.inspect.interventions import head_ablation
+    from attnkit.viz.attention_text import render_effects
+    from attnkit.viz.export import write_effects
+    from attnkit.viz.terminal import terminal_safe
+
+    if args.text is None or not args.text.strip():
+        raise CommandError("--ablate needs the TEXT to run")
+    if args.source is not None or args.stat is not None:
+        raise CommandError("--ablate does not take --from, --to or --stat")
+    if args.file is not None and not args.mean:
+        raise CommandError("--file gives the reference texts of --mean; with --ablate alone, give only TEXT")
+    if args.top < 1:
+        raise CommandError(f"--top must be at least 1, got {args.top}")
+    formats = parse_formats(args.format)
+    reference = read_texts(None, args.file) if args.file is not None else [args.text]
+    figure = figure_options(args)
+    status = Status(args.quiet)
+    out = prepare_out(args.out)
+    model = load_model(args.model, args.device, status=status)
+    try:
+        with status.step(f"ablating {model.num_layers} layers × {model.num_heads} heads of {model.name}"):
+            effects = head_ablation(model, args.text, target=args.ablate_target, mean_over=reference if args.mean else None)
+        print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
+        with status.step(f"writing {', '.join(formats)}"):
+            written = write_effects(effects, out, formats, **figure)
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
     except OSError as err:

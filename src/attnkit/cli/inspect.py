@@ -27,10 +27,11 @@ from attnkit.cli.common import (
 )
 from attnkit.inspect.maps import (
     EXAMPLE_TEXT,
-    attention_map,
     resolve_heads,
     resolve_layer,
 )
+from attnkit.inspect.methods import METHODS, method_map
+from attnkit.inspect.rollout import FLOW_MAX_TOKENS
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
@@ -62,6 +63,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="heads, from 0, comma-separated, or all; several heads are drawn as small multiples "
                              "in one picture (default: 0; the html page: all)")
     parser.add_argument("--top", type=int, default=3, metavar="K", help="keys shown per query token (default: 3)")
+    parser.add_argument("--method", choices=METHODS, default="raw",
+                        help="what the maps show: raw attention weights; rollout or flow (every layer below merged, "
+                             f"heads merged; flow takes at most {FLOW_MAX_TOKENS} tokens); value (weights times the "
+                             "norm of what each key token sends through the head); grad (weights times the gradient "
+                             "of --target); the html page always shows the raw weights (default: raw)")
+    parser.add_argument("--target", metavar="TOKEN|TEXT",
+                        help='for --method grad: the next token whose log-probability to explain, leading space '
+                             'included (" Paris"), or for an encoder a text whose sentence-embedding similarity to explain')
     add_level_argument(parser)
     add_output_arguments(parser, default_formats="png,json", formats=INSPECT_FORMATS)
     add_size_argument(parser)
@@ -126,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("the text is empty")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
+    if (args.method == "grad") != (args.target is not None):
+        raise CommandError("--method grad needs --target, and --target is only for --method grad")
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
     try:
@@ -158,9 +169,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         for layer in map_layers:
             with status.step(f"running {model.name} on {tokens} tokens for layer {layer}"):
-                amap = attention_map(model, args.text, layer=layer, head="all" if len(map_heads) > 1 else map_heads[0],
-                                     level=args.level)
-                if len(map_heads) > 1:
+                amap = method_map(model, args.text, method=args.method, layer=layer,
+                                  head="all" if len(map_heads) > 1 else map_heads[0], level=args.level,
+                                  target=args.target)
+                if len(map_heads) > 1 and amap.heads:
                     amap = replace(amap, heads=map_heads, weights=amap.weights[map_heads])  # [h, n, n]
             print(terminal_safe(render_map(amap, top=args.top)), end="", flush=True)
             files = [f for f in formats if f != "html"]

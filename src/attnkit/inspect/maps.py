@@ -48,6 +48,9 @@ class AttentionMap:
         words: for a word map, the groups of tokens the rows and columns stand for;
             ``None`` for a token map.
         causal: whether the model is causal (the viewer greys out the masked cells).
+        method: what the values are (:data:`attnkit.inspect.methods.METHODS`):
+            ``"raw"`` attention weights, or ``"rollout"``, ``"flow"`` (one map merging the
+            heads: ``heads`` is empty and ``weights`` ``[1, n, n]``), ``"value"``, ``"grad"``.
 
     In Jupyter, the map shows as the interactive viewer (:meth:`_repr_html_`).
     """
@@ -63,6 +66,7 @@ class AttentionMap:
     readable: list[ReadableToken] = field(default_factory=list)
     words: list[Word] | None = None
     causal: bool = False
+    method: str = "raw"
 
     @property
     def level(self) -> str:
@@ -112,6 +116,7 @@ class AttentionMap:
             "labels": self.labels,
             "layer": self.layer,
             "num_layers": self.num_layers,
+            "method": self.method,
             "heads": self.heads,
             "weights": [[[round(w, digits) for w in row] for row in head] for head in self.weights.tolist()],
         }

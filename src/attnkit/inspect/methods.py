@@ -18,13 +18,14 @@ head dim, ``e`` model dim.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from attnkit.inspect import targets
+from attnkit.inspect.maps import LEVELS, AttentionMap, attention_map, resolve_heads, resolve_layer
 from attnkit.inspect.rollout import attention_flow, attention_rollout
 
 if TYPE_CHECKING:
@@ -59,6 +60,60 @@ class ValueWeighted:
     heads: dict[int, Tensor]
     summed: dict[int, Tensor]
     norms: dict[int, Tensor]
+
+
+def method_map(
+    model: Model,
+    text: str,
+    *,
+    method: str = "raw",
+    layer: int = -1,
+    head: int | str | None = 0,
+    level: str = "token",
+    target: str | None = None,
+) -> AttentionMap:
+    """One layer's map of ``text`` by ``method``, as :func:`attnkit.inspect.attention_map`
+    gives the raw weights.
+
+    Args:
+        model: an :mod:`attnkit.models` model.
+        text: the input.
+        method: one of :data:`METHODS`.
+        layer: the layer; negative counts from the end. Rollout and flow show what reaches
+            this layer's outputs from the input tokens.
+        head: a head index, or ``"all"``/``None`` (ignored by rollout and flow, which merge
+            the heads).
+        level: ``"token"``, or ``"word"`` (maps aggregated between words).
+        target: for ``grad``, the target token (causal) or text (encoders).
+
+    Returns:
+        :class:`attnkit.inspect.AttentionMap` with ``method`` set.
+
+    Raises:
+        ValueError: an unknown method or level, a missing target for ``grad``, and the
+            errors of the method.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if method == "grad" and target is None:
+        raise ValueError("the grad method needs a target: a token (causal models) or a text (encoders)")
+    layer = resolve_layer(layer, model.num_layers)
+    heads = resolve_heads(head, model.num_heads)
+    raw = attention_map(model, text, layer=layer, head=head)
+    if method == "raw":
+        weights = raw.weights
+    elif method == "rollout":
+        weights, heads = rollout(model, text)[layer][None], []  # [1, s, s]
+    elif method == "flow":
+        weights, heads = flow(model, text, layer=layer)[None], []  # [1, s, s]
+    elif method == "value":
+        weights = value_weighted(model, text, layers=[layer]).heads[layer][heads]  # [h, s, s]
+    else:
+        weights = gradient_weighted(model, text, target, layers=[layer])[layer][heads]  # [h, s, s]
+    amap = replace(raw, weights=weights, heads=heads, method=method)
+    return amap.by_words() if level == "word" else amap
 
 
 def rollout(model: Model, text: str, *, head_reduction: str = "mean", residual_weight: float = 0.5) -> Tensor:

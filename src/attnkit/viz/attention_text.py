@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from attnkit.inspect.heads import rank_heads
+from attnkit.inspect.heads import rank_heads
+from attnkit.inspect.interventions import HeadEffects
 from attnkit.inspect.maps import AttentionMap
 from attnkit.inspect.survey import DESCRIPTIONS, HeadSurvey
 from attnkit.viz.terminal import display_width, format_table
@@ -71,9 +73,11 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
         Text ending in a newline, within :data:`WIDTH` columns.
     """
     n = len(amap.labels)
-    heads = f"head {amap.heads[0]}" if len(amap.heads) == 1 else f"heads {amap.heads[0]}..{amap.heads[-1]}"
+    maps = map_names(amap)
+    heads = maps[0] if len(maps) == 1 else f"heads {amap.heads[0]}..{amap.heads[-1]}"
     size = f"{len(amap.tokens)} tokens" if amap.words is None else f"{n} words ({len(amap.tokens)} tokens)"
-    lines = [f"{amap.model} · layer {amap.layer} (0..{amap.num_layers - 1}) · {heads} · {size}"]
+    method = "" if amap.method == "raw" else f" · {amap.method}"
+    lines = [f"{amap.model} · layer {amap.layer} (0..{amap.num_layers - 1}) · {heads}{method} · {size}"]
     token_labels = [t.label for t in amap.readable] if amap.readable else list(amap.labels)
     if amap.words is not None:
         lines += wrap_items("words: ", _listed([f"{w.label} ({len(w.token_indices)})" for w in amap.words]))
@@ -81,7 +85,8 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
     labels = [short(label) for label in numbered(amap.labels)]
     # Between tokens a query and its keys are tokens; between words they are words.
     keys_of, query, keys = ("keys", "query", "keys") if amap.words is None else ("words", "query word", "key words")
-    for position, head in enumerate(amap.heads):
+    value = "weight" if amap.method == "raw" else amap.method
+    for position, name in enumerate(maps):
         weights = amap.weights[position]  # [n, n]
         shown = shown_rows(n, max_rows)
         values, indices = weights[shown].topk(min(top, n), dim=-1)  # [rows, top]
@@ -89,8 +94,8 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
         for i, row_values, row_indices in zip(shown, values.tolist(), indices.tolist()):
             cells = [f"{labels[k]} {v:.2f}" for v, k in zip(row_values, row_indices) if v > 0]
             rows.append([str(i), labels[i], "  ".join(cells)])
-        lines += ["", f"Layer {amap.layer}, head {head}: the {keys_of} each {query} attends to most"]
-        table = format_table(["#", query, f"top {top} {keys} (weight)"], rows, align="><<").splitlines()
+        lines += ["", f"Layer {amap.layer}, {name}: the {keys_of} each {query} attends to most"]
+        table = format_table(["#", query, f"top {top} {keys} ({value})"], rows, align="><<").splitlines()
         if len(shown) < n:
             head_rows = max_rows - TAIL_ROWS
             left_out = n - len(shown)
@@ -99,6 +104,42 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
             table.insert(2 + head_rows, note)
         lines += table
     return "\n".join(lines) + "\n"
+
+
+def render_effects(effects: HeadEffects, *, top: int = 5) -> str:
+    """Head ablation or patching effects as text: what was measured, the heads with the
+    largest effects, and the layers × heads grid of values.
+
+    Args:
+        effects: from :func:`attnkit.inspect.interventions.head_ablation` or
+            :func:`~attnkit.inspect.interventions.activation_patching`.
+        top: heads listed.
+
+    Returns:
+        Text ending in a newline.
+    """
+    if effects.kind == "ablation":
+        what = f"{effects.replacement} ablation of each head on {effects.texts['text']!r}"
+        baseline = "" if effects.target is None else f"; unablated log p({effects.target!r}) = {effects.baseline:.4f}"
+    else:
+        what = f"patching each head of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
+        baseline = f"; clean {effects.baseline['clean']:.4f}, corrupted {effects.baseline['corrupt']:.4f}"
+    lines = [f"{effects.model} · {what}", f"measure: {effects.metric}{baseline}", ""]
+    # Ablation: the heads whose removal lowers the measure most; patching: those that restore most.
+    order = rank_heads(effects.effects, top=top, descending=effects.kind == "patching")
+    rows = [[f"{effects.layers[row]}", f"{head}", f"{value:+.4f}"] for row, head, value in order]
+    lines += format_table(["layer", "head", "effect"], rows, align=">>>").splitlines()
+    lines += ["", f"layers × heads ({effects.metric}):"]
+    grid = [[f"{effects.layers[row]}"] + [f"{v:+.3f}" for v in values] for row, values in enumerate(effects.effects.tolist())]
+    header = ["layer"] + [str(h) for h in range(effects.effects.shape[1])]
+    lines += format_table(header, grid, align=">" * len(header)).splitlines()
+    return "\n".join(lines) + "\n"
+
+
+def map_names(amap: AttentionMap) -> list[str]:
+    """What each map of ``amap`` shows: ``head 3``, or for the methods that merge the heads
+    (rollout, flow) ``all heads``."""
+    return [f"head {head}" for head in amap.heads] or ["all heads"]
 
 
 def shown_rows(n: int, max_rows: int = MAX_ROWS) -> list[int]:

@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from attnkit.inspect.interventions import HeadEffects
 from attnkit.inspect.maps import AttentionMap
 from attnkit.inspect.survey import DESCRIPTIONS, HeadSurvey
 
@@ -113,7 +114,8 @@ def write_map(
         ImportError: matplotlib is missing and a picture was asked for.
         ValueError: an unknown colour map or scale.
     """
-    stem = f"{file_stem(amap.model)}_layer{amap.layer}_{heads_tag(amap.heads)}"
+    tag = heads_tag(amap.heads) if amap.heads else "all-heads"
+    stem = f"{file_stem(amap.model)}_layer{amap.layer}_{tag}" + ("" if amap.method == "raw" else f"_{amap.method}")
     # Word maps get their own names, next to the token maps of the same text.
     suffix, unit = ("", "") if amap.words is None else ("_words", " word")
     written = []
@@ -122,13 +124,14 @@ def write_map(
         from attnkit.viz.heatmap import draw_attention_heads, draw_heatmap
 
         xlabel, ylabel = f"Key{unit} (attended to)", f"Query{unit} (attending)"
-        what = f"{amap.model}" + (" (words)" if suffix else "")
+        what = f"{amap.model}" + ("" if amap.method == "raw" else f", {amap.method}") + (" (words)" if suffix else "")
         saving = {} if dpi is None else {"dpi": dpi}
         for fmt in pictures:
             path = out / f"{stem}{suffix}.{fmt}"
-            if len(amap.heads) == 1:
+            if len(amap.heads) <= 1:
+                name = f"head {amap.heads[0]}" if amap.heads else "all heads"
                 written.append(draw_heatmap(
-                    amap.weights[0], amap.labels, amap.labels, path, title=f"Layer {amap.layer}, head {amap.heads[0]} — {what}",
+                    amap.weights[0], amap.labels, amap.labels, path, title=f"Layer {amap.layer}, {name} — {what}",
                     causal=amap.causal, xlabel=xlabel, ylabel=ylabel, **saving, **figure,
                 ))
             else:
@@ -175,6 +178,43 @@ def write_viewer(
     data = viewer_data_from_run(model, run, name=model.name, text=text, level=level)
     suffix = "_words" if level == "word" else ""
     return write_html(out / f"{file_stem(model.name)}_viewer{suffix}.html", data)
+
+
+def write_effects(
+    effects: HeadEffects, out: Path, formats: Collection[str], *, dpi: float | None = None, **figure: Any
+) -> list[Path]:
+    """Write the layers × heads grid of ablation or patching effects (``png``/``svg``) and
+    the numbers (``json``, ``effects[layer][head]``).
+
+    Args:
+        effects: from :func:`attnkit.inspect.interventions.head_ablation` or
+            :func:`~attnkit.inspect.interventions.activation_patching`.
+        out: the folder to write to.
+        formats: any of ``png``, ``svg``, ``json``.
+        dpi: dots per inch of PNG files (default: the drawing function's).
+        **figure: options of the pictures: ``figsize``, ``cmap`` (default ``RdBu``).
+
+    Returns:
+        The paths written: ``MODEL_ablation.png`` (or ``_mean-ablation``, ``_patching``)
+        per picture format, and the ``.json``.
+
+    Raises:
+        ImportError: matplotlib is missing and a picture was asked for.
+    """
+    kind = "mean-ablation" if effects.replacement == "mean" else effects.kind
+    stem = f"{file_stem(effects.model)}_{kind}"
+    written = []
+    for fmt in [f for f in formats if f in PICTURE_FORMATS]:
+        from attnkit.viz.head_grid import draw_head_grid
+
+        options = {"cmap": "RdBu", **figure}
+        written.append(draw_head_grid(
+            effects.effects, out / f"{stem}.{fmt}", title=f"{kind} — {effects.model}", label=effects.metric,
+            **({} if dpi is None else {"dpi": dpi}), **options,
+        ))
+    if "json" in formats:
+        written.append(write_json(effects.to_dict(), out / f"{stem}.json"))
+    return written
 
 
 def write_survey(
