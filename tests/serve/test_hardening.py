@@ -210,3 +210,14 @@ def test_concurrent_requests_share_one_forward_pass():
         alone = TinyModel.run(model, text).attentions
         for layer in (0, 1):
             torch.testing.assert_close(section.weights[layer], alone[layer][0], atol=2e-5, rtol=0)
+
+
+def test_cli_checks_allow_host_and_max_queue(capsys):
+    from attnkit.cli import main
+
+    assert main(["serve", "--allow-host", "box.lan:8000", "--model", "minilm"]) == 2
+    assert "--allow-host takes a host name or address without port or wildcard" in capsys.readouterr().err
+    assert main(["serve", "--allow-host", "*", "--model", "minilm"]) == 2
+    assert "without port or wildcard, got '*'" in capsys.readouterr().err
+    assert main(["serve", "--max-queue", "0", "--model", "minilm"]) == 2
+    assert "--max-queue must be at least 1, got 0" in capsys.readouterr().err

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     max_queue = DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue
     if max_queue < 1:
         raise CommandError(f"--max-queue must be at least 1, got {max_queue}")
-    bad = [name for name in args.allow_host if not name or any(c in name for c in "/ *@")]
+    bad = [name for name in args.allow_host if not name or any(c in name for c in "/ *@") or name.count(":") == 1]
     if bad:
         raise CommandError(f"--allow-host takes a host name or address without port or wildcard, got {bad[0]!r}")
     names = args.model or [DEFAULT_MODEL]
