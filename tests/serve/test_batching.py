@@ -107,3 +107,13 @@ def test_after_a_batch_the_next_waits_for_the_same_clients():
     for job in again:
         job.future.result(30)
     assert model.passes[-1] == ["a2", "b2", "c2"]
+
+
+def test_a_batch_waits_for_a_request_being_read():
+    model = Recorder()
+    batcher = Batcher(model, max_queue=10)
+    with batcher.arriving():  # a request the server is still checking
+        first = batcher.submit("a", [0], [0], 1)
+        second = batcher.submit("b", [0], [0], 1)
+    assert (first.future.result(10), second.future.result(10)) == ("run of a", "run of b")
+    assert model.passes == [["a", "b"]]

@@ -395,32 +395,34 @@ def create_app(
         if name not in served:
             raise _error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
         s = served[name]
-        text = request.text
-        if not text.strip():
-            raise _error(422, "the text is empty: give some words to look at")
-        if len(text) > max_chars:
-            raise _error(422, f"the text is {len(text)} characters, more than this server's limit of {max_chars}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise _error(422, f"the text is not valid Unicode: a lone surrogate at character {err.start}") from None
-        layers = _indices(request.layers, s.model.num_layers, "layer", name)
-        heads = _indices(request.heads, s.model.num_heads, "head", name)
-        try:
-            count = len((await run_in_threadpool(s.model.tokenize, text)).tokens)
-        except ValueError as err:
-            raise _error(422, str(err)) from None
-        if count > s.max_tokens:
-            raise _error(422, f"the text is {count} tokens, more than the limit of {s.max_tokens} for {name}")
-        weights = len(layers) * len(heads) * count * count
-        if weights > max_weights:
-            per_layer = len(heads) * count * count
-            raise _error(
-                422,
-                f"{len(layers)} layers x {len(heads)} heads x {count}^2 tokens is {weights} weights, more than this "
-                f"server's limit of {max_weights}: ask for at most {max(1, max_weights // per_layer)} layers "
-                "or fewer heads",
-            )
+        # Other requests' batch waits for this one while it is read and checked.
+        with s.batcher.arriving():
+            text = request.text
+            if not text.strip():
+                raise _error(422, "the text is empty: give some words to look at")
+            if len(text) > max_chars:
+                raise _error(422, f"the text is {len(text)} characters, more than this server's limit of {max_chars}")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise _error(422, f"the text is not valid Unicode: a lone surrogate at character {err.start}") from None
+            layers = _indices(request.layers, s.model.num_layers, "layer", name)
+            heads = _indices(request.heads, s.model.num_heads, "head", name)
+            try:
+                count = len((await run_in_threadpool(s.model.tokenize, text)).tokens)
+            except ValueError as err:
+                raise _error(422, str(err)) from None
+            if count > s.max_tokens:
+                raise _error(422, f"the text is {count} tokens, more than the limit of {s.max_tokens} for {name}")
+            weights = len(layers) * len(heads) * count * count
+            if weights > max_weights:
+                per_layer = len(heads) * count * count
+                raise _error(
+                    422,
+                    f"{len(layers)} layers x {len(heads)} heads x {count}^2 tokens is {weights} weights, more than this "
+                    f"server's limit of {max_weights}: ask for at most {max(1, max_weights // per_layer)} layers "
+                    "or fewer heads",
+                )
         try:
             job = s.batcher.submit(text, layers, heads, count)
         except QueueFull as full:

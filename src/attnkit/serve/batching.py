@@ -20,21 +20,23 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 # Padded tokens in one batch: the memory of one batch stays that of one long request.
 DEFAULT_BATCH_TOKENS = 1024
-# Under load (the last batch had several texts), the thread waits before it starts a batch
-# until as many requests wait as the last batch had (the same clients, back with their next
-# requests), for at most GATHER_SHARE of the last batch's time (at least GATHER_MIN_S).
+# Before it starts a batch the thread waits, briefly, for requests that are sure to come:
+# those the server is reading and checking (see Batcher.arriving), and under load (the last
+# batch had several texts) as many as the last batch had (the same clients, back with their
+# next requests), for at most GATHER_SHARE of the last batch's time (at least GATHER_MIN_S).
 # Clients answered together send their next requests some tens of milliseconds apart;
 # without the wait the first would run alone and the others wait for it, batch after batch.
-# Idle, a request starts at once.
+# A lone request on an idle server starts at once.
 GATHER_SHARE = 0.25
-GATHER_MIN_S = 0.02
+GATHER_MIN_S = 0.05
 
 
 class QueueFull(RuntimeError):
@@ -96,6 +98,7 @@ class Batcher:
         self._ready = threading.Condition()
         self._seconds_per_text = 0.0
         self._last_batch_seconds = 0.0
+        self._arriving = 0
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -103,6 +106,19 @@ class Batcher:
         """Requests waiting to run (cancelled ones no longer count)."""
         with self._ready:
             return sum(not job.future.cancelled() for job in self._queue)
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Mark a request the server is reading and checking, to be submitted at the end of
+        the block (or refused): a batch about to start waits for it, briefly."""
+        with self._ready:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._ready:
+                self._arriving -= 1
+                self._ready.notify()
 
     def submit(self, text: str, layers: Sequence[int], heads: Sequence[int], tokens: int) -> Job:
         """Queue a request.
@@ -131,9 +147,11 @@ class Batcher:
                 if not self._queue:
                     self._ready.wait()
                     continue
-                if self.batches and self.batches[-1] > 1:
-                    deadline = time.monotonic() + max(GATHER_MIN_S, GATHER_SHARE * self._last_batch_seconds)
-                    while len(self._queue) < self.batches[-1] and (left := deadline - time.monotonic()) > 0:
+                expected = self.batches[-1] if self.batches and self.batches[-1] > 1 else 0
+                if expected or self._arriving:
+                    window = GATHER_SHARE * self._last_batch_seconds if expected else 0.0
+                    deadline = time.monotonic() + max(GATHER_MIN_S, window)
+                    while (len(self._queue) < expected or self._arriving) and (left := deadline - time.monotonic()) > 0:
                         self._ready.wait(left)
                     self._drop_cancelled()
                 if self._queue:
