@@ -169,7 +169,7 @@ def check_lengths(lengths: list[int], layout: Layout) -> int:
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_local: Tensor, dim: int, layout: Layout, group: dist.ProcessGroup | None):  # type: ignore[override]
+    def forward(ctx, x_local: Tensor, dim: int, layout: Layout, group: dist.ProcessGroup | None):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         lengths = gather_lengths(x_local.shape[dim], x_local.device, group)
         seq_len = check_lengths(lengths, layout)
@@ -193,7 +193,7 @@ class _Gather(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor):
         total = grad_out.contiguous().clone()
         dist.all_reduce(total, group=ctx.group)
         ranges = shard_ranges(ctx.seq_len, ctx.rank, ctx.world, ctx.layout)

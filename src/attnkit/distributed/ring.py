@@ -251,7 +251,7 @@ def _make_ring(
         positions=[shard_positions(seq_len, r, world, layout, device=q.device) for r in range(world)],
         pattern=pattern,
         scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
-        block_size=(block_size, block_size) if isinstance(block_size, int) else tuple(block_size),
+        block_size=(block_size, block_size) if isinstance(block_size, int) else (block_size[0], block_size[1]),
         timings=timings,
     )
 
@@ -296,7 +296,7 @@ def _ring_backward(
     dq = torch.zeros_like(q)
     k_cur, v_cur = k.contiguous(), v.contiguous()
     grad_requests: list[dist.Work] = []
-    dk_recv = dv_recv = None
+    dk_recv, dv_recv = k.new_empty(0), v.new_empty(0)  # accumulators arriving from the previous rank
     for step in range(ring.world):
         src = ring.source(step)
         kv_requests: list[dist.Work] = []
@@ -333,7 +333,7 @@ def _ring_backward(
 
 class _RingFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, ring: _Ring):  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, ring: _Ring):
         out, lse = _ring_forward(ring, q, k, v)
         ctx.ring = ring
         ctx.save_for_backward(q, k, v, out, lse)
@@ -342,7 +342,7 @@ class _RingFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout: Tensor, _dlse: Tensor):  # type: ignore[override]
+    def backward(ctx, dout: Tensor, _dlse: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _ring_backward(ctx.ring, dout.contiguous(), q, k, v, out, lse)
         return dq, dk, dv, None
@@ -372,4 +372,6 @@ def ring_kernel(
         raise ValueError(
             "ring attention takes no score bias (ALiBi, relative-position bias); use a rotary encoding or none"
         )
-    return ring_attention(q, k, v, causal=causal, mask=mask, **options)
+    out = ring_attention(q, k, v, causal=causal, mask=mask, **options)
+    assert isinstance(out, Tensor), "the ring kernel's options must not ask for return_lse"
+    return out
