@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import subprocess
+import sys
 from typing import Any
 
 from attnkit.cli import CommandError
@@ -60,6 +63,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           help=f"CPU threads of torch (default: {DEFAULT_THREADS}; see docs/training.md for the "
                                "measurements)")
     training.add_argument("--no-progress", action="store_true", help="no progress bar")
+    training.add_argument("--nproc", type=int, metavar="N",
+                          help="train data-parallel on N processes of this machine (launches torchrun; each takes "
+                               "its share of every batch, the loss curve stays that of one process); see "
+                               "docs/distributed.md for several machines")
     parser.set_defaults(func=run_command)
 
 
@@ -80,30 +87,98 @@ def _given_options(args: argparse.Namespace) -> dict[str, Any]:
 def run_command(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise CommandError(f"--threads must be >= 1, got {args.threads}")
-    return _train(args)
+    if args.nproc is not None and args.nproc < 1:
+        raise CommandError(f"--nproc must be >= 1, got {args.nproc}")
+    from attnkit.distributed.env import launched_by_torchrun
+
+    if launched_by_torchrun():
+        return _train(args, distributed=True)
+    if args.nproc is not None:
+        return _launch(args)
+    return _train(args, distributed=False)
 
 
-def _train(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace) -> TrainConfig:
     given = _given_options(args)
+    if args.resume:
+        return dataclasses.replace(saved_config(args.out), **given)
+    if args.task is None:
+        raise CommandError("--task is required (unless --resume continues a run)")
+    return TrainConfig.for_task(**given)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Start ``args.nproc`` copies of this command under torchrun on this machine."""
     try:
-        if args.resume:
-            config = dataclasses.replace(saved_config(args.out), **given)
-        elif args.task is None:
-            raise CommandError("--task is required (unless --resume continues a run)")
-        else:
-            config = TrainConfig.for_task(**given)
+        config = _config(args)
+        config.validate()
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    if config.batch_size < args.nproc:
+        raise CommandError(f"--batch-size ({config.batch_size}) must be >= --nproc ({args.nproc}): every process "
+                           "takes a share of each batch")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
+        "-m", "attnkit.cli", "train", *_command_line(args),
+    ]
+    # torchrun would otherwise set one OpenMP thread per process and say so.
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    status = subprocess.run(command, check=False, env=env).returncode
+    if status != 0:
+        raise CommandError(f"training on {args.nproc} processes failed (exit status {status}); see their errors above")
+    return 0
+
+
+def _command_line(args: argparse.Namespace) -> list[str]:
+    """The options of ``args`` as a command line, less ``--nproc``."""
+    line = ["--out", str(args.out), "--threads", str(args.threads)]
+    if args.task is not None:
+        line += ["--task", args.task]
+    for name, value in _given_options(args).items():
+        if name != "task":
+            line += [f"--{name.replace('_', '-')}", str(value)]
+    if args.resume:
+        line.append("--resume")
+    if args.stop_after is not None:
+        line += ["--stop-after", str(args.stop_after)]
+    if args.no_progress:
+        line.append("--no-progress")
+    return line
+
+
+def _train(args: argparse.Namespace, *, distributed: bool) -> int:
+    try:
+        config = _config(args)
         task = config.validate()
+        if distributed:
+            from attnkit import distributed as dist_train
+
+            info = dist_train.init(device=None if config.device.startswith("cuda") else "cpu")
+            if args.nproc is not None and args.nproc != info.world_size:
+                raise CommandError(f"--nproc {args.nproc} differs from the number of processes torchrun started ({info.world_size}); "
+                                   "under torchrun leave --nproc out")
+            talk = info.is_main
+        else:
+            talk = True
         kind = "decoder-only" if task.decoder_only else "encoder-decoder"
         layers = f"{config.layers}" if task.decoder_only else f"{config.layers}+{config.layers}"
-        print(
-            f"{config.task}: {kind}, {layers} layers, d_model {config.d_model}, {config.heads} heads, ff "
-            f"{config.ff}; {config.steps} steps of {config.batch_size} on {config.device} "
-            f"({args.threads} thread{'s' if args.threads > 1 else ''})"
-        )
-        result = run(config, args.out, resume=args.resume, stop_after=args.stop_after, progress=not args.no_progress,
-                     threads=args.threads)
+        where = f"{info.world_size} processes ({info.backend})" if distributed else config.device
+        if talk:
+            print(
+                f"{config.task}: {kind}, {layers} layers, d_model {config.d_model}, {config.heads} heads, ff "
+                f"{config.ff}; {config.steps} steps of {config.batch_size} on {where} "
+                f"({args.threads} thread{'s' if args.threads > 1 else ''}{' each' if distributed else ''})"
+            )
+        if distributed:
+            result = dist_train.train(config, args.out, info, resume=args.resume, stop_after=args.stop_after,
+                                      progress=not args.no_progress, threads=args.threads)
+        else:
+            result = run(config, args.out, resume=args.resume, stop_after=args.stop_after,
+                         progress=not args.no_progress, threads=args.threads)
     except (ValueError, ImportError, OSError) as err:
         raise CommandError(str(err)) from None
+    if not talk:
+        return 0
     if not result.finished:
         print(f"stopped after step {result.step} of {config.steps}; checkpoint: {result.files[0]}")
         print(f"continue with: attnkit train --out {args.out} --resume")

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from attnkit.distributed.env import ProcessInfo
-from attnkit.train.loop import Replicas, RunResult, TrainConfig, run
+from attnkit.train.loop import DEFAULT_THREADS, Replicas, RunResult, TrainConfig, run
 
 
 def ddp_replicas(info: ProcessInfo, group: dist.ProcessGroup | None = None) -> Replicas:
@@ -50,6 +50,7 @@ def train(
     resume: bool = False,
     stop_after: int | None = None,
     progress: bool = True,
+    threads: int | None = DEFAULT_THREADS,
 ) -> RunResult:
     """:func:`attnkit.train.run` on every rank of the job, data-parallel.
 
@@ -64,4 +65,7 @@ def train(
             number of ranks.
     """
     config = dataclasses.replace(config, device=str(info.device))
-    return run(config, out_dir, resume=resume, stop_after=stop_after, progress=progress, replicas=ddp_replicas(info))
+    return run(
+        config, out_dir, resume=resume, stop_after=stop_after, progress=progress, threads=threads,
+        replicas=ddp_replicas(info),
+    )
