@@ -77,6 +77,11 @@ def test_chosen_layers_and_heads_are_slices_of_the_full_maps(smollm2, reference)
         assert run.attentions[layer].shape == (1, 2, s, s) and run.attentions[layer].dtype == torch.float32
         assert (run.attentions[layer] - attentions[layer][:, [8, 0]]).abs().max() < WEIGHTS_ATOL
     assert (run.logits - logits).abs().max() < LOGITS_ATOL
+    # Negative layers count from the end in the result too, as they do in attention=[...].
+    assert run.attentions[-1] is run.attentions[29] and -1 in run.attentions and -30 not in run.attentions
+    assert run.attentions.get(-27) is run.attentions[3] and run.attentions.get(-2) is None
+    with pytest.raises(KeyError, match=r"layer -2 was not asked for; this run has the weights of layers \[3, 29\]"):
+        run.attentions[-2]
 
 
 def test_greedy_generation_of_32_tokens_equals_transformers(smollm2, hf_smollm2):

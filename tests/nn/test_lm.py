@@ -123,7 +123,7 @@ def test_weights_of_chosen_layers_only() -> None:
     assert_close(chosen.logits, everything.logits)
     none_asked = model(tokens, return_weights=[])
     assert isinstance(none_asked, LMOutput) and none_asked.weights == [None, None]
-    with pytest.raises(ValueError, match=r"layer indices must be in \[0, 2\), got \[2\]"):
+    with pytest.raises(ValueError, match=r"layer 2 is out of range: the stack has 2 layers, 0\.\.1 \(or -2\.\.-1 from the end\)"):
         model(tokens, return_weights=[2])
     with pytest.raises(TypeError, match="layer indices must be ints"):
         model(tokens, return_weights=[True])

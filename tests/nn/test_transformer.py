@@ -202,8 +202,11 @@ def test_encoder_returns_the_weights_of_chosen_layers_only() -> None:
         assert_close(chosen.weights[i].self_attention, full.weights[i].self_attention)
     assert_close(chosen.output, full.output)
     assert isinstance(encoder(x, return_weights=[]), StackOutput)
-    with pytest.raises(ValueError, match=r"layer indices must be in \[0, 3\), got \[-1\]"):
-        encoder(x, return_weights=[-1])
+    last = encoder(x, return_weights=[-1])  # negative indices count from the end
+    assert last.weights[:2] == [None, None]
+    assert_close(last.weights[2].self_attention, full.weights[2].self_attention)
+    with pytest.raises(ValueError, match=r"layer -4 is out of range: the stack has 3 layers, 0\.\.2"):
+        encoder(x, return_weights=[-4])
 
 
 def test_errors() -> None:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
+from attnkit.functional.indices import normalize_indices
 
 Index = slice | Sequence[int] | Tensor | None
 
@@ -68,8 +69,8 @@ def weights_on_demand(
     )]
     if not parts:
         b = q.shape[0]
-        n_h = _indices(heads, q.shape[1], "heads", q.device).numel()
-        n_k = _indices(keys, k.shape[2], "keys", q.device).numel()
+        n_h = _indices(heads, q.shape[1], "head", q.device).numel()
+        n_k = _indices(keys, k.shape[2], "key", q.device).numel()
         return q.new_zeros(b, n_h, 0, n_k)
     return torch.cat(parts, dim=2)
 
@@ -104,9 +105,9 @@ def iter_weights_on_demand(
         raise ValueError(f"lse must be [b, h, s_q] = {[b, h, s_q]}, got {list(lse.shape)}")
     att._check_options("scaled_dot", 0.0, scale)
     scale_f = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    head_idx = _indices(heads, h, "heads", q.device)
-    row_idx = _indices(rows, s_q, "rows", q.device)
-    key_idx = _indices(keys, s_k, "keys", q.device)
+    head_idx = _indices(heads, h, "head", q.device)
+    row_idx = _indices(rows, s_q, "row", q.device)
+    key_idx = _indices(keys, s_k, "key", q.device)
     all_keys = torch.arange(s_k, device=q.device)
     if isinstance(mask, masks_mod.Mask):
         att._check_mask_sizes(mask, b=b, h=h)
@@ -146,17 +147,17 @@ def iter_weights_on_demand(
 
 
 def _indices(index: Index, n: int, what: str, device: torch.device) -> Tensor:
+    """The chosen ``what``s (``"head"``, ``"row"``, ``"key"``) as a tensor of indices in
+    ``0 .. n - 1``: all of them, a slice, or indices (negative from the end)."""
     if index is None:
         return torch.arange(n, device=device)
     if isinstance(index, slice):
         return torch.arange(n, device=device)[index]
-    t = torch.as_tensor(index, device=device)
+    t = torch.as_tensor(index)
     if t.ndim != 1 or t.is_floating_point() or t.dtype == torch.bool:
-        raise ValueError(f"{what} must be a slice or 1-D integer indices, got {index!r}")
-    t = t.long()
-    if t.numel() and (t.min() < -n or t.max() >= n):
-        raise ValueError(f"{what} must be in [0, {n}), got {t.tolist()}")
-    return torch.remainder(t, n)
+        raise ValueError(f"{what}s must be a slice or 1-D integer indices, got {index!r}")
+    chosen = normalize_indices(t.tolist(), n, what, allow_empty=True)
+    return torch.tensor(chosen, dtype=torch.long, device=device)
 
 
 def _take(x: Tensor, heads: Tensor, rows: Tensor, cols: Tensor) -> Tensor:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from attnkit.functional.indices import normalize_index
 from attnkit.inspect.tokens import ReadableToken, decode_tokens, readable_tokens, special_token_ids, token_scheme
 from attnkit.inspect.words import Word, aggregate, word_groups
 
@@ -247,12 +248,7 @@ def resolve_layer(layer: int, num_layers: int) -> int:
     Raises:
         ValueError: outside ``-n .. n-1``; the message gives the valid range.
     """
-    if not -num_layers <= layer < num_layers:
-        raise ValueError(
-            f"layer {layer} is out of range: this model has {num_layers} layers, "
-            f"0..{num_layers - 1} (or -{num_layers}..-1 from the end)"
-        )
-    return layer % num_layers
+    return normalize_index(layer, num_layers, "layer", context=f"this model has {num_layers} layers")
 
 
 def resolve_heads(head: int | str | None, num_heads: int) -> list[int]:
@@ -268,9 +264,7 @@ def resolve_heads(head: int | str | None, num_heads: int) -> list[int]:
             head = int(head)
         except ValueError:
             raise ValueError(f'head must be a number or "all", got {head!r}') from None
-    if not -num_heads <= head < num_heads:
-        raise ValueError(f"head {head} is out of range: this model has {num_heads} heads per layer, 0..{num_heads - 1}")
-    return [head % num_heads]
+    return [normalize_index(head, num_heads, "head", context=f"this model has {num_heads} heads per layer")]
 
 
 def token_labels(text: str, tokens: Sequence[str], offsets: Sequence[tuple[int, int]]) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import operator
 import os
 import re
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnkit.functional.indices import normalize_indices
 from attnkit.models import bert, llama
 from attnkit.models.checkpoint import (
     CheckpointError,
@@ -51,6 +51,38 @@ _ACTIVE_HOOKS: contextvars.ContextVar[tuple[tuple[Model, Mapping[str, HookFn]], 
 )
 
 
+class LayerAttentions(dict[int, Tensor]):
+    """Layer index → attention weights, for the layers a run asked for. Negative indices
+    count from the model's last layer, as in ``run(attention=[-1])``: ``attentions[-1]``
+    is the last layer's map.
+
+    Args:
+        maps: layer index (``0 .. num_layers - 1``) → weights.
+        num_layers: the model's depth.
+    """
+
+    def __init__(self, maps: dict[int, Tensor], num_layers: int) -> None:
+        super().__init__(maps)
+        self.num_layers = num_layers
+
+    def _layer(self, layer: object) -> object:
+        if isinstance(layer, int) and not isinstance(layer, bool) and -self.num_layers <= layer < 0:
+            return layer + self.num_layers
+        return layer
+
+    def __getitem__(self, layer: int) -> Tensor:
+        key = self._layer(layer)
+        if not super().__contains__(key):
+            raise KeyError(f"layer {layer} was not asked for; this run has the weights of layers {sorted(self)}")
+        return super().__getitem__(key)
+
+    def __contains__(self, layer: object) -> bool:
+        return super().__contains__(self._layer(layer))
+
+    def get(self, layer: int, default: Tensor | None = None) -> Tensor | None:  # type: ignore[override]
+        return super().get(self._layer(layer), default)
+
+
 @dataclass(frozen=True)
 class ModelRun:
     """What one forward pass of :meth:`Model.run` produced.
@@ -64,7 +96,8 @@ class ModelRun:
         hidden_states: the last layer's output ``[1, s, e]`` (after the final norm for
             LLaMA, what the head reads).
         attentions: layer index → weights ``[1, h_sel, s, s]`` float32 of the selected
-            heads, for the layers asked for; rows are queries, columns keys.
+            heads, for the layers asked for; rows are queries, columns keys. A
+            :class:`LayerAttentions`: ``attentions[-1]`` is the last layer's.
         heads: the selected head indices, in the order of dimension 1 of every map.
         cache: the activations asked for with ``cache=``, by name
             (:mod:`attnkit.models.hooks`), batch dimension 1, in the model's dtype.
@@ -205,7 +238,9 @@ class Model:
         cache_names = self._check_hook_names(cache, "cache")
         ids, tokens, offsets = self._input(text_or_ids)
         layers = self._layers(attention)
-        head_list = _indices(heads, self.num_heads, "head", f"{self.name} has {self.num_heads} heads per layer")
+        head_list = normalize_indices(
+            heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
+        )
         s = ids.shape[1]
         needed = len(layers) * self.num_heads * s * s * 4
         if needed > ATTENTION_MEMORY_LIMIT:
@@ -237,7 +272,8 @@ class Model:
                 attentions[i] = weights.float()
         return ModelRun(
             ids=ids, tokens=tokens, offsets=offsets, logits=None if logits is None else logits.float(),
-            hidden_states=hidden.float(), attentions=attentions, heads=head_list, cache=kept,
+            hidden_states=hidden.float(), attentions=LayerAttentions(attentions, self.num_layers), heads=head_list,
+            cache=kept,
         )
 
     def run_batch(
@@ -273,7 +309,9 @@ class Model:
         """
         prepared = [self._input(item) for item in inputs]
         layers = self._layers(attention)
-        head_list = _indices(heads, self.num_heads, "head", f"{self.name} has {self.num_heads} heads per layer")
+        head_list = normalize_indices(
+            heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
+        )
         lengths = [ids.shape[1] for ids, _, _ in prepared]
         groups: dict[int, list[int]] = {}
         for i, n in enumerate(lengths):
@@ -301,10 +339,10 @@ class Model:
                         ids=own_ids, tokens=tokens, offsets=offsets,
                         logits=None if scores is None else scores[row : row + 1, :n].float().clone(),  # [1, n, v]
                         hidden_states=hidden[row : row + 1, :n].float().clone(),  # [1, n, e]
-                        attentions={
+                        attentions=LayerAttentions({
                             layer: out.weights[layer].self_attention[row : row + 1, head_list, :n, :n].float()
                             for layer in layers
-                        },  # [1, h_sel, n, n] each
+                        }, self.num_layers),  # [1, h_sel, n, n] each
                         heads=head_list,
                     )
         return [run for run in runs if run is not None]
@@ -524,7 +562,7 @@ class Model:
         if isinstance(attention, bool):
             return list(range(self.num_layers)) if attention else []
         context = f"{self.name} has {self.num_layers} layers"
-        return sorted(set(_indices(attention, self.num_layers, "layer", context, allow_empty=True)))
+        return sorted(set(normalize_indices(attention, self.num_layers, "layer", context=context, allow_empty=True)))
 
 
 def load(
@@ -642,28 +680,6 @@ def _check_weights_fit(
 
 
 _FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
-
-
-def _indices(
-    values: Sequence[int] | None, n: int, what: str, context: str, *, allow_empty: bool = False
-) -> list[int]:
-    """Normalise indices (negative ones count from the end), keeping their order."""
-    if values is None:
-        return list(range(n))
-    out = []
-    for v in values:
-        if isinstance(v, bool):
-            raise TypeError(f"{what} indices must be ints, got {v!r}")
-        try:
-            v = operator.index(v)
-        except TypeError:
-            raise TypeError(f"{what} indices must be ints, got {v!r}") from None
-        if not -n <= v < n:
-            raise ValueError(f"{what} {v} is out of range: {context} (0 to {n - 1}, or -{n} to -1 from the end)")
-        out.append(v % n)
-    if not out and not allow_empty:
-        raise ValueError(f"no {what}s selected; give at least one {what} index")
-    return out
 
 
 def _few(items: list[str], limit: int = 5) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from attnkit.functional.indices import normalize_indices
 from attnkit.functional.kernels import resolve_kernel_name
 from attnkit.nn.feedforward import Activation
 from attnkit.nn.kv_cache import DecoderCache
@@ -23,8 +24,9 @@ from attnkit.nn.layers import DecoderLayer, EncoderLayer, MaskLike
 from attnkit.nn.norms import NormKind, make_norm
 from attnkit.nn.records import LayerOutput, LayerWeights, StackOutput, TransformerOutput
 
-# ``return_weights`` of a stack: every layer (``True``), none (``False``), or the indices of
-# the layers whose weights to compute. Asking for a few layers keeps the others on the fused
+# Which layers: every layer (``True``), none (``False``), or the indices of the layers
+# (negative ones from the end) whose weights to compute. A stack's ``return_weights`` and a
+# model run's ``attention`` take it. Asking for a few layers keeps the others on the fused
 # path, which never materialises the ``[b, h, s, s]`` weights.
 LayerSelection = bool | Collection[int]
 
@@ -33,27 +35,22 @@ def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozense
     """The layers whose weights a stack returns.
 
     Args:
-        return_weights: ``True`` (all), ``False`` (none) or a collection of layer indices.
+        return_weights: ``True`` (all), ``False`` (none) or a collection of layer indices
+            (negative ones count from the end: ``-1`` is the last layer).
         num_layers: the depth of the stack.
 
     Returns:
         ``None`` when no record is wanted (the stack returns a bare tensor), otherwise the
-        set of indices (possibly empty).
+        set of indices in ``0 .. num_layers - 1`` (possibly empty).
 
     Raises:
         TypeError: an index that is not an int.
-        ValueError: an index outside ``[0, num_layers)``.
+        ValueError: an index outside ``-num_layers .. num_layers - 1``.
     """
     if isinstance(return_weights, bool):
         return frozenset(range(num_layers)) if return_weights else None
-    indices = list(return_weights)
-    for i in indices:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise TypeError(f"layer indices must be ints, got {i!r} in {indices}")
-    outside = [i for i in indices if not 0 <= i < num_layers]
-    if outside:
-        raise ValueError(f"layer indices must be in [0, {num_layers}), got {outside}")
-    return frozenset(indices)
+    context = f"the stack has {num_layers} layers"
+    return frozenset(normalize_indices(return_weights, num_layers, "layer", context=context, allow_empty=True))
 
 
 def _layer_list(layers: Iterable[nn.Module], kind: type[nn.Module]) -> nn.ModuleList:

@@ -41,6 +41,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"attnkit serve needs FastAPI and uvicorn ({err}): pip install 'attnkit[serve]'") from None
 
 from attnkit import __version__
+from attnkit.functional.indices import normalize_indices
 from attnkit.serve.batching import Batcher, Job, QueueFull
 from attnkit.viz.viewer import (
     content_security_policy,
@@ -191,10 +192,11 @@ def _indices(values: list[int] | None, count: int, what: str, model: str) -> lis
         return list(range(count))
     if not values:
         raise _error(422, f"{what}s must not be an empty list; leave it out for all {count} {what}s")
-    bad = [v for v in values if not 0 <= v < count]
-    if bad:
-        raise _error(422, f"{what} {bad[0]} is out of range: {model} has {count} {what}s, 0..{count - 1}")
-    return sorted(set(values))
+    try:
+        chosen = normalize_indices(values, count, what, context=f"{model} has {count} {what}s", from_end=False)
+    except (TypeError, ValueError) as err:
+        raise _error(422, str(err)) from None
+    return sorted(set(chosen))
 
 
 def _validation_message(errors: Sequence[dict[str, Any]]) -> tuple[int, str]:
