@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from attnkit.functional.indices import normalize_indices
 from attnkit.inspect import targets
 from attnkit.inspect.maps import LEVELS, AttentionMap, attention_map, resolve_heads, resolve_layer
 from attnkit.inspect.rollout import attention_flow, attention_rollout
@@ -249,16 +250,7 @@ def _all_weights(model: Model, text: str) -> Tensor:
 
 
 def _layer_list(model: Model, layers: Sequence[int] | None) -> list[int]:
-    if layers is None:
-        return list(range(model.num_layers))
-    out = []
-    for layer in layers:
-        if not -model.num_layers <= layer < model.num_layers:
-            raise ValueError(
-                f"layer {layer} is out of range: {model.name} has {model.num_layers} layers, "
-                f"0..{model.num_layers - 1} (or -{model.num_layers}..-1 from the end)"
-            )
-        out.append(layer % model.num_layers)
-    return sorted(set(out))
+    context = f"{model.name} has {model.num_layers} layers"
+    return sorted(set(normalize_indices(layers, model.num_layers, "layer", context=context)))
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit.functional.indices import normalize_index
+
 HEAD_REDUCTIONS = ("mean", "max", "min")
 
 # The longest input attention_flow accepts. It solves up to s * s maximum flows on a graph of
@@ -113,9 +115,7 @@ def attention_flow(
             f"attention flow solves one maximum-flow problem per pair of tokens and takes at most "
             f"{FLOW_MAX_TOKENS} tokens, got {s}; use rollout for longer texts"
         )
-    if not -num_layers <= layer < num_layers:
-        raise ValueError(f"layer {layer} is out of range for {num_layers} layers")
-    layer %= num_layers
+    layer = normalize_index(layer, num_layers, "layer", context=f"the weights have {num_layers} layers")
     graph = nx.DiGraph()
     for lyr, rows in enumerate(a[: layer + 1].tolist()):
         for i, row in enumerate(rows):
