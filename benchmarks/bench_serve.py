@@ -264,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.clients} concurrent clients × {args.requests} requests each of `POST /api/attention` "
         f'("{TEXT}", every layer and head) on 127.0.0.1, the server in its own process; '
         "\"alone\" is the median of one request at a time, measured first in the same run. "
-        "`tiny` is a two-layer random model: the server's own overhead. "
+        "`tiny` is a two-layer random model: the server's own overhead. Concurrent requests for one model run "
+        f"in batches (one forward pass for several texts); the target is a SmolLM2 p95 of at most {TARGET_RATIO:.0f}× "
+        "one request alone, with no errors. "
         f"Load average (1 min) on this {os.cpu_count()}-core machine: {load_before:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after.",
         "",

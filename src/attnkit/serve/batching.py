@@ -31,12 +31,13 @@ DEFAULT_BATCH_TOKENS = 1024
 # Before it starts a batch the thread waits, briefly, for requests that are sure to come:
 # those the server is reading and checking (see Batcher.arriving), and under load (the last
 # batch had several texts) as many as the last batch had (the same clients, back with their
-# next requests), for at most GATHER_SHARE of the last batch's time (at least GATHER_MIN_S).
+# next requests), for at most GATHER_SHARE of the last batch's time (at least GATHER_MIN_S):
+# a quarter of a pass is worth waiting for a text that would otherwise need a pass of its own.
 # Clients answered together send their next requests some tens of milliseconds apart;
 # without the wait the first would run alone and the others wait for it, batch after batch.
 # A lone request on an idle server starts at once.
 GATHER_SHARE = 0.25
-GATHER_MIN_S = 0.05
+GATHER_MIN_S = 0.005
 
 
 class QueueFull(RuntimeError):
@@ -149,8 +150,7 @@ class Batcher:
                     continue
                 expected = self.batches[-1] if self.batches and self.batches[-1] > 1 else 0
                 if expected or self._arriving:
-                    window = GATHER_SHARE * self._last_batch_seconds if expected else 0.0
-                    deadline = time.monotonic() + max(GATHER_MIN_S, window)
+                    deadline = time.monotonic() + max(GATHER_MIN_S, GATHER_SHARE * self._last_batch_seconds)
                     while (len(self._queue) < expected or self._arriving) and (left := deadline - time.monotonic()) > 0:
                         self._ready.wait(left)
                     self._drop_cancelled()
