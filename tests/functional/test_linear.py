@@ -189,3 +189,14 @@ def test_half_precision_is_accumulated_in_float32(dtype, feature_map):
     assert not (got == 0).all(-1).any(), "rows of exact zeros"
     scale = want.abs().max().item()
     assert (got.double() - want).abs().max().item() < 2e-2 * scale
+
+
+def test_compiled_engine_equals_eager():
+    torch.manual_seed(2)
+    q, k, v = torch.randn(3, 1, 2, 150, 16).unbind(0)
+    for feature_map in ("elu", "favor"):
+        eager = linear_attention(q, k, v, feature_map=feature_map, causal=True, eps=1e-3, engine="eager")
+        compiled = linear_attention(q, k, v, feature_map=feature_map, causal=True, eps=1e-3, engine="compiled")
+        assert (eager - compiled).abs().max().item() < 1e-5
+    with pytest.raises(ValueError, match=r"linear_attention runs on the engines \['auto', 'eager', 'compiled'\], got engine='flex'"):
+        linear_attention(q, k, v, engine="flex")

@@ -21,6 +21,7 @@ Four engines compute exact attention; the kernels (:func:`attnkit.attention`,
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -47,6 +48,7 @@ def check_engine(engine: object, offered: tuple[str, ...], kernel: str) -> None:
     raise ValueError(f"{kernel} runs on the engines {['auto', *offered]}, got engine={engine!r}")
 
 
+@functools.cache
 def flex_available() -> bool:
     """Whether this torch has FlexAttention and ``torch.compile``."""
     try:

@@ -18,9 +18,10 @@ compiled code is still reused, since torch.compile guards on the function's code
 
 ``torch.compile`` keeps only ``recompile_limit`` (8 by default) compiled versions of a
 function and then falls back *silently* to eager FlexAttention, hundreds of times slower.
-Every call here raises that limit to :data:`RECOMPILE_LIMIT` and asks for an error instead
-of the silent fallback, so that many masks and shapes stay compiled, and a program that
-goes beyond even that limit learns it.
+The first call here raises that limit (process-wide: torch keeps one setting) to at least
+:data:`RECOMPILE_LIMIT`, so that many masks and shapes stay compiled. It is raised once, not
+patched around each call: patching dynamo's configuration costs more CPU time than a short
+GPU kernel takes.
 
 Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q``/``s_k``
 lengths, ``d``/``d_v`` head dims, ``n_q``/``n_k`` query and key blocks.
@@ -28,7 +29,6 @@ lengths, ``d``/``d_v`` head dims, ``n_q``/``n_k`` query and key blocks.
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
@@ -47,6 +47,7 @@ _CACHE_SIZE = 64
 
 _block_masks: OrderedDict[Hashable, object] = OrderedDict()
 _compiled: Callable | None = None
+_limit_raised = False
 
 
 def flex_core(
@@ -119,19 +120,19 @@ def _call(
                 "does not compute it); use engine='blockwise' or 'auto' with return_lse=True"
             )
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "enable_gqa": enable_gqa}
-    with _recompile_limit():
-        if not need_lse:
-            return compiled(q, k, v, **kwargs), None
-        if hasattr(fa, "AuxRequest"):
-            out, aux = compiled(q, k, v, return_aux=fa.AuxRequest(lse=True), **kwargs)
-            return out, aux.lse
-        return compiled(q, k, v, return_lse=True, **kwargs)
+    if not need_lse:
+        return compiled(q, k, v, **kwargs), None
+    if hasattr(fa, "AuxRequest"):
+        out, aux = compiled(q, k, v, return_aux=fa.AuxRequest(lse=True), **kwargs)
+        return out, aux.lse
+    return compiled(q, k, v, return_lse=True, **kwargs)
 
 
 def _compiled_flex() -> Callable:
     """``flex_attention`` under ``torch.compile``, created on first use (one per process,
     so every call shares its compiled code)."""
     global _compiled
+    raise_recompile_limit()
     if _compiled is None:
         from torch.nn.attention.flex_attention import flex_attention
 
@@ -139,20 +140,18 @@ def _compiled_flex() -> Callable:
     return _compiled
 
 
-def _recompile_limit() -> contextlib.AbstractContextManager:
-    """Raise torch.compile's recompile limit for this call, and turn its silent fallback to
-    eager code into an error (the config names differ between torch releases)."""
+def raise_recompile_limit() -> None:
+    """Raise torch.compile's recompile limits to at least :data:`RECOMPILE_LIMIT` (once per
+    process; the config names differ between torch releases)."""
+    global _limit_raised
+    if _limit_raised:
+        return
     import torch._dynamo.config as dynamo_config
 
-    wanted = {}
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(dynamo_config, name):
-            wanted[name] = max(getattr(dynamo_config, name), RECOMPILE_LIMIT)
-    for name in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
-        if hasattr(dynamo_config, name):
-            wanted[name] = True
-            break
-    return dynamo_config.patch(wanted)
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
+    _limit_raised = True
 
 
 def _block_mask(
@@ -206,6 +205,9 @@ def _build_block_mask(
 
         def mask_mod(b_idx: Tensor, h_idx: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return fn(b_idx, h_idx, q_idx + offset, kv_idx)
+
+        if offset == 0:  # row i is at position i: nothing to add in the kernel's inner loop
+            mask_mod = fn  # noqa: F811
 
         q_pos = torch.arange(s_q, device=device) + offset
         kv_pos = torch.arange(s_k, device=device)

@@ -39,10 +39,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 FeatureMap = Literal["elu", "relu", "favor"] | Callable[[Tensor], Tensor]
+LinearEngine = Literal["auto", "eager", "compiled"]
 _NAMED = ("elu", "relu", "favor")
-# Tokens per segment of the causal scan: the chunk-level prefix sums are taken a segment
-# at a time, carrying the state across, so temporaries stay bounded for long sequences.
-_SEGMENT = 8192
+# Tokens per segment of the causal scan on the CPU: the chunk-level prefix sums are taken a
+# segment at a time, carrying the state across, so temporaries stay bounded (and in cache).
+# GPUs take the whole sequence in one segment: fewer, larger kernels.
+_CPU_SEGMENT = 8192
+_compiled_core: Callable | None = None
 
 
 def favor_projection(
@@ -124,6 +127,7 @@ def linear_attention(
     seed: int = 0,
     chunk_size: int | None = None,
     eps: float | None = None,
+    engine: LinearEngine = "auto",
 ) -> Tensor:
     """Linear attention ``φ(q)(φ(K)ᵀV) / φ(q)·Σφ(K)`` in O(s · m · d_v).
 
@@ -147,14 +151,19 @@ def linear_attention(
             features meet no key (nothing visible, or all-zero ``relu`` features); a float:
             divide by ``normaliser + eps`` instead (the smoothing of Katharopoulos et al.),
             with ``eps`` in the units of the true normaliser, so the causal form stays causal.
+        engine: ``"eager"`` (tensor operations as written), ``"compiled"`` (the same code under
+            ``torch.compile``, which fuses the elementwise steps around the matmuls; the first
+            call of a shape compiles), or ``"auto"``: compiled on GPUs, eager on the CPU.
 
     Returns:
         ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``).
 
     Raises:
         TypeError, ValueError: bad tensors (as :func:`attnkit.attention`), an unknown feature
-            map, a bad projection, ``chunk_size < 1``.
+            map, a bad projection, ``chunk_size < 1``, an unknown engine.
     """
+    if engine not in ("auto", "eager", "compiled"):
+        raise ValueError(f"linear_attention runs on the engines ['auto', 'eager', 'compiled'], got engine={engine!r}")
     att = importlib.import_module("attnkit.functional.attention")
     single = att._check_inputs(q, k, v)
     if single:
@@ -163,14 +172,35 @@ def linear_attention(
         chunk_size = default_chunk_size(q.device)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    d = q.shape[-1]
+    phi, _ = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=compute_dtype(q.dtype), device=q.device)
+    compiled = engine == "compiled" or (engine == "auto" and q.device.type != "cpu" and hasattr(torch, "compile"))
+    segment = _CPU_SEGMENT if q.device.type == "cpu" else max(q.shape[2], 1)
+    out = (_compiled_linear_core() if compiled else _linear_core)(q, k, v, phi, causal, chunk_size, eps, segment)
+    return out[0, 0] if single else out
+
+
+def _compiled_linear_core() -> Callable:
+    """:func:`_linear_core` under ``torch.compile`` (one per process, created on first use)."""
+    global _compiled_core
+    if _compiled_core is None:
+        _compiled_core = torch.compile(_linear_core, dynamic=False)
+    return _compiled_core
+
+
+def _linear_core(
+    q: Tensor, k: Tensor, v: Tensor, phi: Callable, causal: bool, chunk_size: int, eps: float | None, segment: int
+) -> Tensor:
+    """Linear attention on validated 4-D inputs, computed in :func:`compute_dtype` and
+    returned in q's dtype."""
     b, h, s_q, d = q.shape
     h_kv, s_k, d_v = k.shape[1], k.shape[2], v.shape[-1]
     g = h // h_kv
     ct = compute_dtype(q.dtype)
     q_c, k_c, v_c = q.to(ct), k.to(ct), v.to(ct)
-    phi, m = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=ct, device=q.device)
     fq, q_shift = phi(q_c, True)  # [b, h, s_q, m]
     fk, k_shift = phi(k_c, False)  # [b, h_kv, s_k, m]
+    m = fq.shape[-1]
     fq = fq.view(b, h_kv, g, s_q, m)  # [b, h_kv, g, s_q, m]
     if not causal:
         kv = fk.transpose(-1, -2) @ v_c  # [b, h_kv, m, d_v]
@@ -178,10 +208,9 @@ def linear_attention(
         num = fq @ kv.unsqueeze(2)  # [b, h_kv, g, s_q, d_v]
         den = fq @ z[:, :, None, :, None]  # [b, h_kv, g, s_q, 1]
     else:
-        num, den = _causal(fq, fk, v_c, s_q, s_k, chunk_size)
+        num, den = _causal(fq, fk, v_c, s_q, s_k, chunk_size, segment)
     eps_t = _true_eps(eps, q_shift, k_shift, b, h_kv, g, s_q)
-    out = _divide(num, den, eps_t).reshape(b, h, s_q, d_v).to(q.dtype)
-    return out[0, 0] if single else out
+    return _divide(num, den, eps_t).reshape(b, h, s_q, d_v).to(q.dtype)
 
 
 def default_chunk_size(device: torch.device) -> int:
@@ -219,7 +248,7 @@ def _divide(num: Tensor, den: Tensor, eps: Tensor | float | None) -> Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
-def _causal(fq: Tensor, fk: Tensor, v: Tensor, s_q: int, s_k: int, chunk: int) -> tuple[Tensor, Tensor]:
+def _causal(fq: Tensor, fk: Tensor, v: Tensor, s_q: int, s_k: int, chunk: int, segment: int) -> tuple[Tensor, Tensor]:
     """Causal numerators ``φ(q)·Σφ(k)v`` ``[b, h_kv, g, s_q, d_v]`` and normalisers
     ``φ(q)·Σφ(k)`` ``[b, h_kv, g, s_q, 1]`` by chunks, from ``fq [b, h_kv, g, s_q, m]``,
     ``fk [b, h_kv, s_k, m]`` and ``v [b, h_kv, s_k, d_v]``."""
@@ -237,8 +266,8 @@ def _causal(fq: Tensor, fk: Tensor, v: Tensor, s_q: int, s_k: int, chunk: int) -
     nums = [fq.new_zeros(b, h_kv, g, blind, d_v)] if blind else []
     dens = [fq.new_zeros(b, h_kv, g, blind, 1)] if blind else []
     fq = fq[:, :, :, blind:]
-    for s0 in range(0, aligned, _SEGMENT):
-        s1 = min(aligned, s0 + _SEGMENT)
+    for s0 in range(0, aligned, segment):
+        s1 = min(aligned, s0 + segment)
         num, den, kv, z = _causal_segment(fq[:, :, :, s0:s1], fk[:, :, s0:s1], v[:, :, s0:s1], kv, z, chunk)
         nums.append(num)
         dens.append(den)
@@ -272,7 +301,7 @@ def _causal_segment(
     z_before = torch.cumsum(z_chunks, 2).sub_(z_chunks).add_(z.unsqueeze(2))  # [b, h_kv, n_c, m]
     scores = fq_c @ fk_c.transpose(-1, -2)  # [b, h_kv, n_c, g*c, c]
     future = ~torch.ones(c, c, dtype=torch.bool, device=fq.device).tril().repeat(g, 1)  # [g*c, c]
-    scores = scores.masked_fill(future, 0)
+    scores.masked_fill_(future, 0)  # (matmul saves its inputs, not its output)
     num = (fq_c @ kv_before).add_(scores @ v_c)  # [b, h_kv, n_c, g*c, d_v]
     den = (fq_c @ z_before.unsqueeze(-1)).add_(scores.sum(-1, keepdim=True))  # [b, h_kv, n_c, g*c, 1]
 

@@ -76,6 +76,8 @@ _HASH_SQUARE_ADD = 21011
 _HASH_ADD = 17477
 # Largest position an index may hold in a 32-bit kernel; larger window sizes mean "unbounded".
 INDEX_MAX = (1 << 31) - 1
+# Up to this many global tokens are tested by comparisons, more by a table lookup.
+_FEW_GLOBAL_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -468,11 +470,18 @@ def global_tokens(indices: Sequence[int] | Tensor) -> Mask:
 
 def _global_tokens(is_global: Tensor, sorted_unique: Tensor, name: str, key: Hashable) -> Mask:
     n = is_global.numel()
+    few = sorted_unique.tolist() if sorted_unique.numel() <= _FEW_GLOBAL_TOKENS else None
+
+    def is_global_position(pos: Tensor) -> Tensor:
+        if few is not None:  # a handful of comparisons: no memory read in a kernel's inner loop
+            found = pos != pos
+            for index in few:
+                found = found | (pos == index)
+            return found
+        return is_global[pos.clamp(0, n - 1)] & (pos >= 0) & (pos < n)
 
     def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        q_is_global = is_global[q.clamp(0, n - 1)] & (q >= 0) & (q < n)
-        kv_is_global = is_global[kv.clamp(0, n - 1)] & (kv >= 0) & (kv < n)
-        return q_is_global | kv_is_global
+        return is_global_position(q) | is_global_position(kv)
 
     def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
         def count(span: Span) -> Tensor:  # global tokens inside [lo, hi]
