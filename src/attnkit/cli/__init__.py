@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                 check_model_name(name)
             parser = build_parser()
             args = parser.parse_args(argv)
+            args.argv = argv  # the command line as typed, for commands that relaunch themselves (--nproc)
             if not getattr(args, "func", None):
                 parser.print_help()
                 return 2

@@ -19,6 +19,7 @@ from attnkit.cli.common import (
     parse_formats,
     prepare_out,
 )
+from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, relaunch
 from attnkit.inspect.survey import DESCRIPTIONS, INDUCTION_PERIOD, survey_heads
 
 
@@ -64,6 +65,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_output_arguments(parser, default_formats="png,json")
     add_figure_arguments(parser, scale=False)
     add_quiet_argument(parser)
+    add_nproc_argument(parser, help="survey the --file texts with N processes of this machine (launches torchrun; "
+                                    "each runs its share of the texts, rank 0 prints and writes the same table as "
+                                    "one process)")
     parser.set_defaults(func=run)
 
 
@@ -91,6 +95,13 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnkit.distributed.env import launched_by_torchrun
+
+    check_nproc(args)
+    distributed = launched_by_torchrun()
+    if (args.nproc is not None or distributed) and (args.ablate or args.file is None):
+        raise CommandError("--nproc (and torchrun) split the texts of --file across processes; give --file, "
+                           "without --ablate")
     if args.ablate:
         return run_ablation(args)
     if args.mean or args.ablate_target is not None:
@@ -106,13 +117,30 @@ def run(args: argparse.Namespace) -> int:
     if (args.source is None) != (args.target is None):
         raise CommandError("--from and --to go together: the token that attends and the token attended to")
     figure = figure_options(args)
+    if args.nproc is not None and not distributed:
+        return relaunch(args)
     status = Status(args.quiet)
+    survey_fn = survey_heads
+    talks = True  # prints and writes (rank 0 alone under torchrun)
+    if distributed:
+        from attnkit import distributed as dist_survey
+
+        info = dist_survey.init(device=None if args.device.startswith("cuda") else "cpu")
+        check_world_size(args, info.world_size)
+        if args.device.startswith("cuda"):
+            args.device = str(info.device)
+        survey_fn = dist_survey.survey_heads
+        talks = info.is_main
+        if not talks:
+            status = Status(quiet=True)
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
     try:
         what = f"{len(texts)} text" + ("s" if len(texts) != 1 else "")
         with status.step(f"surveying {model.num_layers} layers × {model.num_heads} heads of {model.name} on {what}"):
-            survey = survey_heads(model, texts, source=args.source, target=args.target, level=args.level)
+            survey = survey_fn(model, texts, source=args.source, target=args.target, level=args.level)
+        if not talks:
+            return 0
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_survey(survey, out, formats, **figure)

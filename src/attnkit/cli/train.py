@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import subprocess
-import sys
 from typing import Any
 
 from attnkit.cli import CommandError
+from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, relaunch
 from attnkit.train.loop import DEFAULT_THREADS, TASK_DEFAULTS, TrainConfig, run, saved_config
 from attnkit.train.tasks import TASKS
 
@@ -63,10 +61,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           help=f"CPU threads of torch (default: {DEFAULT_THREADS}; see docs/training.md for the "
                                "measurements)")
     training.add_argument("--no-progress", action="store_true", help="no progress bar")
-    training.add_argument("--nproc", type=int, metavar="N",
-                          help="train data-parallel on N processes of this machine (launches torchrun; each takes "
-                               "its share of every batch, the loss curve stays that of one process); see "
-                               "docs/distributed.md for several machines")
+    add_nproc_argument(training, help="train data-parallel on N processes of this machine (launches torchrun; each "
+                                      "takes its share of every batch, the loss curve stays that of one process); "
+                                      "see docs/distributed.md for several machines")
     parser.set_defaults(func=run_command)
 
 
@@ -87,8 +84,7 @@ def _given_options(args: argparse.Namespace) -> dict[str, Any]:
 def run_command(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise CommandError(f"--threads must be >= 1, got {args.threads}")
-    if args.nproc is not None and args.nproc < 1:
-        raise CommandError(f"--nproc must be >= 1, got {args.nproc}")
+    check_nproc(args)
     from attnkit.distributed.env import launched_by_torchrun
 
     if launched_by_torchrun():
@@ -117,33 +113,7 @@ def _launch(args: argparse.Namespace) -> int:
     if config.batch_size < args.nproc:
         raise CommandError(f"--batch-size ({config.batch_size}) must be >= --nproc ({args.nproc}): every process "
                            "takes a share of each batch")
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-        "-m", "attnkit.cli", "train", *_command_line(args),
-    ]
-    # torchrun would otherwise set one OpenMP thread per process and say so.
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    status = subprocess.run(command, check=False, env=env).returncode
-    if status != 0:
-        raise CommandError(f"training on {args.nproc} processes failed (exit status {status}); see their errors above")
-    return 0
-
-
-def _command_line(args: argparse.Namespace) -> list[str]:
-    """The options of ``args`` as a command line, less ``--nproc``."""
-    line = ["--out", str(args.out), "--threads", str(args.threads)]
-    if args.task is not None:
-        line += ["--task", args.task]
-    for name, value in _given_options(args).items():
-        if name != "task":
-            line += [f"--{name.replace('_', '-')}", str(value)]
-    if args.resume:
-        line.append("--resume")
-    if args.stop_after is not None:
-        line += ["--stop-after", str(args.stop_after)]
-    if args.no_progress:
-        line.append("--no-progress")
-    return line
+    return relaunch(args, threads=args.threads)
 
 
 def _train(args: argparse.Namespace, *, distributed: bool) -> int:
@@ -154,9 +124,7 @@ def _train(args: argparse.Namespace, *, distributed: bool) -> int:
             from attnkit import distributed as dist_train
 
             info = dist_train.init(device=None if config.device.startswith("cuda") else "cpu")
-            if args.nproc is not None and args.nproc != info.world_size:
-                raise CommandError(f"--nproc {args.nproc} differs from the number of processes torchrun started ({info.world_size}); "
-                                   "under torchrun leave --nproc out")
+            check_world_size(args, info.world_size)
             talk = info.is_main
         else:
             talk = True

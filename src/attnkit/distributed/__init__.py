@@ -6,6 +6,7 @@ GPU), launched by ``torchrun``.
   :func:`shard` and :func:`gather` cut a sequence into per-rank shards and join them back.
 - :func:`train`: data-parallel training (``DistributedDataParallel``) of the toy-task
   models, the loss curve of one process with the same seed and global batch.
+- :func:`survey_heads`: per-head statistics over texts split across ranks.
 - Importing this package registers the ``"ring"`` kernel, so that
   ``MultiHeadAttention(kernel="ring")`` runs a model sequence-parallel inside a torchrun job.
 """
@@ -13,6 +14,7 @@ GPU), launched by ``torchrun``.
 from attnkit.distributed.env import ProcessInfo, init, launched_by_torchrun
 from attnkit.distributed.layout import LAYOUTS, gather, shard, shard_length, shard_positions, shard_ranges
 from attnkit.distributed.ring import RingTimings, ring_attention, ring_kernel
+from attnkit.distributed.survey import survey_heads
 from attnkit.distributed.training import ddp_replicas, train
 from attnkit.functional.kernels import register_kernel
 
@@ -31,5 +33,6 @@ __all__ = [
     "shard_length",
     "shard_positions",
     "shard_ranges",
+    "survey_heads",
     "train",
 ]

@@ -155,51 +155,113 @@ def survey_heads(
         raise ValueError("give both the token that attends (source) and the token attended to (target)")
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    parts = [survey_text(model, text, number, source=source, target=target, level=level)
+             for number, text in enumerate(texts, 1)]
+    return combine_surveys(model, parts, source=source, target=target, level=level, period=period, seed=seed)
+
+
+@dataclass(frozen=True)
+class TextSurvey:
+    """What one text contributes to a :class:`HeadSurvey` (see :func:`combine_surveys`).
+
+    Attributes:
+        number: the text's place in the survey, from 1.
+        tokens: its tokens.
+        statistics: each text statistic of :mod:`attnkit.inspect.heads` → ``[layers, heads]``.
+        pair_mass: ``[layers, heads]`` weight of the pair's source on its target, when a pair
+            was asked and the text holds both; ``pair_uniform``: the even-spread baseline.
+        pair_miss: why the text does not hold the pair (the tokens or words it has).
+    """
+
+    number: int
+    tokens: int
+    statistics: dict[str, Tensor]
+    pair_mass: Tensor | None = None
+    pair_uniform: float = 0.0
+    pair_miss: str | None = None
+
+
+def survey_text(
+    model: Model, text: str, number: int, *, source: str | None = None, target: str | None = None,
+    level: str = "token",
+) -> TextSurvey:
+    """The statistics of one text, the ``number``-th of a survey (arguments as
+    :func:`survey_heads`).
+
+    Raises:
+        ValueError: an empty text, one of a single token, or one longer than the model's
+            context.
+    """
+    if not text.strip():
+        raise ValueError(f"text {number} is empty")
+    run = model.run(text)
+    weights = _stack(run.attentions)  # [layers, heads, s, s]
+    if weights.shape[-1] < 2:
+        raise ValueError(f"text {number} ({text!r}) is a single token; statistics need at least 2")
+    statistics = H.head_statistics(weights)
+    if source is None or target is None:
+        return TextSurvey(number, weights.shape[-1], statistics)
+    readable = readable_run(model, run, text)
+    # The same grouping applies to the weights and to the even-spread baseline.
+    groups = word_groups(readable.text, readable.tokens) if level == "word" else None
+    units = [w.text for w in groups] if groups is not None else [t.text for t in readable.tokens]
+    try:
+        queries, keys = H.find_token(units, source, what=level), H.find_token(units, target, what=level)
+    except ValueError as err:
+        return TextSurvey(number, weights.shape[-1], statistics, pair_miss=str(err))
+    pair_weights = weights
+    uniform = _uniform_weights(weights.shape[-1], causal=model.causal)[None, None]  # [1, 1, s, s]
+    if groups is not None:
+        pair_weights, uniform = aggregate(weights, groups), aggregate(uniform, groups)  # [..., w, w]
+    return TextSurvey(
+        number, weights.shape[-1], statistics, pair_mass=H.token_mass(pair_weights, queries, keys),
+        pair_uniform=float(H.token_mass(uniform, queries, keys)),
+    )
+
+
+def combine_surveys(
+    model: Model,
+    parts: Sequence[TextSurvey],
+    *,
+    source: str | None = None,
+    target: str | None = None,
+    level: str = "token",
+    period: int = INDUCTION_PERIOD,
+    seed: int = INDUCTION_SEED,
+) -> HeadSurvey:
+    """The survey of the texts of ``parts`` (which may have been computed in different
+    processes), averaged in text order, plus the induction score.
+
+    Raises:
+        ValueError: no parts, or a pair asked that no text contains.
+    """
+    if not parts:
+        raise ValueError("give at least one text")
+    parts = sorted(parts, key=lambda part: part.number)
     totals: dict[str, Tensor] = {}
     pair_total, pair_texts, uniform_total, misses = None, 0, 0.0, []
-    n_tokens = 0
-    for number, text in enumerate(texts, 1):
-        if not text.strip():
-            raise ValueError(f"text {number} is empty")
-        run = model.run(text)
-        weights = _stack(run.attentions)  # [layers, heads, s, s]
-        if weights.shape[-1] < 2:
-            raise ValueError(f"text {number} ({text!r}) is a single token; statistics need at least 2")
-        n_tokens += weights.shape[-1]
-        for name, values in H.head_statistics(weights).items():
+    for part in parts:
+        for name, values in part.statistics.items():
             totals[name] = values if name not in totals else totals[name] + values
-        if source is None:
-            continue
-        readable = readable_run(model, run, text)
-        # The same grouping applies to the weights and to the even-spread baseline.
-        groups = word_groups(readable.text, readable.tokens) if level == "word" else None
-        units = [w.text for w in groups] if groups is not None else [t.text for t in readable.tokens]
-        try:
-            queries, keys = H.find_token(units, source, what=level), H.find_token(units, target, what=level)
-        except ValueError as err:
-            misses.append(f"text {number}: {err}" if len(texts) > 1 else str(err))
-            continue
-        pair_weights = weights
-        uniform = _uniform_weights(weights.shape[-1], causal=model.causal)[None, None]  # [1, 1, s, s]
-        if groups is not None:
-            pair_weights, uniform = aggregate(weights, groups), aggregate(uniform, groups)  # [..., w, w]
-        mass = H.token_mass(pair_weights, queries, keys)
-        pair_total = mass if pair_total is None else pair_total + mass
-        pair_texts += 1
-        uniform_total += float(H.token_mass(uniform, queries, keys))
+        if part.pair_miss is not None:
+            misses.append(f"text {part.number}: {part.pair_miss}" if len(parts) > 1 else part.pair_miss)
+        if part.pair_mass is not None:
+            pair_total = part.pair_mass if pair_total is None else pair_total + part.pair_mass
+            pair_texts += 1
+            uniform_total += part.pair_uniform
     pair = None
-    if source is not None:
+    if source is not None and target is not None:
         if pair_total is None:
             raise ValueError(misses[0] if len(misses) == 1 else f"no text contains both {source!r} and {target!r}; {misses[0]}")
         pair = TokenPair(source, target, pair_total / pair_texts, pair_texts, uniform_total / pair_texts, level)
-    statistics = {name: total / len(texts) for name, total in totals.items()}
+    statistics = {name: total / len(parts) for name, total in totals.items()}
     statistics["induction"] = induction_scores(model, period=period, seed=seed)
     return HeadSurvey(
         model=model.name,
         num_layers=model.num_layers,
         num_heads=model.num_heads,
-        texts=len(texts),
-        tokens=n_tokens,
+        texts=len(parts),
+        tokens=sum(part.tokens for part in parts),
         statistics=statistics,
         induction_period=period,
         induction_seed=seed,
