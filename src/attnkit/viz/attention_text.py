@@ -86,13 +86,15 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
     # Between tokens a query and its keys are tokens; between words they are words.
     keys_of, query, keys = ("keys", "query", "keys") if amap.words is None else ("words", "query word", "key words")
     value = "weight" if amap.method == "raw" else amap.method
+    # Weights and shares of a token lie in [0, 1]; norms and gradients have any scale.
+    number = ".2f" if amap.method in ("raw", "rollout", "flow") else ".3g"
     for position, name in enumerate(maps):
         weights = amap.weights[position]  # [n, n]
         shown = shown_rows(n, max_rows)
         values, indices = weights[shown].topk(min(top, n), dim=-1)  # [rows, top]
         rows = []
         for i, row_values, row_indices in zip(shown, values.tolist(), indices.tolist()):
-            cells = [f"{labels[k]} {v:.2f}" for v, k in zip(row_values, row_indices) if v > 0]
+            cells = [f"{labels[k]} {v:{number}}" for v, k in zip(row_values, row_indices) if v > 0]
             rows.append([str(i), labels[i], "  ".join(cells)])
         lines += ["", f"Layer {amap.layer}, {name}: the {keys_of} each {query} attends to most"]
         table = format_table(["#", query, f"top {top} {keys} ({value})"], rows, align="><<").splitlines()

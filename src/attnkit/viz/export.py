@@ -207,7 +207,7 @@ def write_effects(
     for fmt in [f for f in formats if f in PICTURE_FORMATS]:
         from attnkit.viz.head_grid import draw_head_grid
 
-        options = {"cmap": "RdBu", **figure}
+        options = {"cmap": "RdBu", "symmetric": True, **figure}
         written.append(draw_head_grid(
             effects.effects, out / f"{stem}.{fmt}", title=f"{kind} — {effects.model}", label=effects.metric,
             **({} if dpi is None else {"dpi": dpi}), **options,

@@ -28,6 +28,7 @@ def plot_head_grid(
     annotate: bool | None = None,
     cmap: str = "Blues",
     figsize: tuple[float, float] | None = None,
+    symmetric: bool = False,
 ) -> Figure:
     """Draw one value per head as a grid, layers as rows and heads as columns.
 
@@ -40,6 +41,9 @@ def plot_head_grid(
             ``MAX_ANNOTATED_CELLS`` heads.
         cmap: a matplotlib colour map name.
         figsize: the new figure's size in inches; ignored with ``ax``.
+        symmetric: centre the colour scale on zero, from ``-m`` to ``m`` with ``m`` the
+            largest magnitude (signed values such as ablation effects, with a diverging
+            colour map).
 
     Returns:
         The figure drawn into.
@@ -60,6 +64,9 @@ def plot_head_grid(
         fig = new_figure(size) if ax is None else root_figure(ax)
         ax = fig.add_subplot() if ax is None else ax
         low, high = float(grid.min()), float(grid.max())
+        if symmetric:
+            high = max(abs(low), abs(high), 1e-12)
+            low = -high
         image = ax.imshow(grid, cmap=colour_map(cmap), vmin=min(low, 0.0), vmax=max(high, 1e-12), aspect="auto")
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(label, fontfamily=families)
         ax.set_xticks(range(n_heads))
@@ -73,7 +80,8 @@ def plot_head_grid(
             for layer in range(n_layers):
                 for head in range(n_heads):
                     value = grid[layer, head]
-                    colour = "white" if value > threshold else "black"
+                    dark = abs(value) > high / 2 if symmetric else value > threshold
+                    colour = "white" if dark else "black"
                     ax.text(head, layer, f"{value:.2f}", ha="center", va="center", color=colour, fontsize=6)
         if created:
             fig.tight_layout()
