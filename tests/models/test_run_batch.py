@@ -48,3 +48,18 @@ def test_bad_inputs_are_refused_before_any_pass(tmp_path):
     with pytest.raises(ValueError, match="layer 7 is out of range"):
         model.run_batch(["the cat"], attention=[7])
     assert model.run_batch([]) == []
+
+
+def test_stop_ends_the_pass_at_the_next_layer(tmp_path):
+    model = models.load(write_tiny_llama(tmp_path / "tiny"))
+    asked = []
+
+    def stop() -> bool:
+        asked.append(True)
+        return len(asked) > 1  # let the first layer run, stop before the second
+
+    with pytest.raises(models.RunStopped):
+        model.run_batch(["the cat", "a"], stop=stop)
+    assert len(asked) == 2
+    assert model.run_batch(["the cat"], stop=lambda: False)[0].tokens == ["the", "cat"]  # hooks removed
+    assert len(asked) == 2

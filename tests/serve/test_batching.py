@@ -33,11 +33,14 @@ class Recorder:
             raise ValueError("bad text")
         return self._pass([text])[0]
 
-    def run_batch(self, texts, *, attention, heads, logits):
+    def run_batch(self, texts, *, attention, heads, logits, stop):
         assert logits is False
         if "bad" in texts:
-            raise ValueError("one bad text")
-        return self._pass(texts)
+            raise ValueError("one bad text" if len(texts) > 1 else "bad text")
+        runs = self._pass(texts)
+        if stop():
+            raise RuntimeError("stopped")
+        return runs
 
 
 def _wait_started(model: Recorder, count: int) -> None:
@@ -92,7 +95,7 @@ def test_the_queue_is_bounded_and_cancelled_requests_leave_it():
 def test_after_a_batch_the_next_waits_for_the_same_clients():
     """Clients answered together come back some milliseconds apart: the first of them
     does not run alone while the others queue behind it."""
-    model = Recorder(seconds=2.0)
+    model = Recorder(seconds=1.0)
     model.gate.clear()
     batcher = Batcher(model, max_queue=10)
     batcher.submit("first", [0], [0], 1)
@@ -102,7 +105,7 @@ def test_after_a_batch_the_next_waits_for_the_same_clients():
     for job in round_one:
         job.future.result(30)
     again = [batcher.submit("a2", [0], [0], 1)]
-    time.sleep(0.05)  # well inside the wait, a quarter of the 2 s pass
+    time.sleep(0.05)  # well inside the wait, half of the 1 s pass
     again += [batcher.submit(t, [0], [0], 1) for t in ("b2", "c2")]
     for job in again:
         job.future.result(30)
@@ -117,3 +120,17 @@ def test_a_batch_waits_for_a_request_being_read():
         second = batcher.submit("b", [0], [0], 1)
     assert (first.future.result(10), second.future.result(10)) == ("run of a", "run of b")
     assert model.passes == [["a", "b"]]
+
+
+def test_a_pass_whose_clients_have_all_gone_stops():
+    model = Recorder()
+    model.gate.clear()
+    batcher = Batcher(model, max_queue=10)
+    gone, stays = batcher.submit("gone", [0], [0], 1), None
+    _wait_started(model, 1)
+    gone.abandon()  # while its pass runs
+    stays = batcher.submit("stays", [0], [0], 1)
+    model.gate.set()
+    with pytest.raises(RuntimeError, match="stopped"):
+        gone.future.result(10)
+    assert stays.future.result(10) == "run of stays"

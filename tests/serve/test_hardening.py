@@ -119,6 +119,9 @@ def test_a_failure_inside_is_a_json_500_with_the_security_headers():
         def run(self, text, **kwargs):
             raise RuntimeError("boom")
 
+        def run_batch(self, texts, **kwargs):
+            raise RuntimeError("boom")
+
     client = TestClient(create_app(["tiny"], loader=lambda name: Broken()), base_url="http://127.0.0.1")
     response = client.post("/api/attention", json={"text": "a b"})
     assert response.status_code == 500 and _secured(response)

@@ -74,10 +74,12 @@ class TinyModel:
     @torch.no_grad()
     def run_batch(
         self, texts: list[str], *, attention: bool | list[int] = True, heads: list[int] | None = None,
-        logits: bool = True,
+        logits: bool = True, stop=None,
     ) -> list[Run]:
         """Every text in one forward pass, shorter ones padded at the end (causal: the
-        padding changes nothing before it)."""
+        padding changes nothing before it); ``stop()`` is asked before the pass."""
+        if stop is not None and stop():
+            raise RuntimeError("the run was stopped")
         tokenized = [self.tokenize(text) for text in texts]
         longest = max(t.ids.shape[1] for t in tokenized)
         ids = torch.zeros(len(texts), longest, dtype=torch.long)  # [b, s]

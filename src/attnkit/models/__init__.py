@@ -16,11 +16,12 @@ families loads too.
 
 from attnkit.models.cache import FetchError, ModelInfo, available, fetch
 from attnkit.models.checkpoint import CheckpointError, ModelNotFound
-from attnkit.models.model import ATTENTION_MEMORY_LIMIT, Model, ModelRun, load
+from attnkit.models.model import ATTENTION_MEMORY_LIMIT, Model, ModelRun, RunStopped, load
 from attnkit.models.registry import MODELS, home
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 
 __all__ = [
     "ATTENTION_MEMORY_LIMIT", "MODELS", "CheckpointError", "FetchError", "Model", "ModelInfo", "ModelNotFound", "ModelRun",
+    "RunStopped",
     "TokenizedText", "Tokenizer", "available", "fetch", "home", "load",
 ]

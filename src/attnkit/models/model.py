@@ -11,7 +11,7 @@ import contextvars
 import itertools
 import os
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from attnkit.models.checkpoint import (
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.hooks import LAYER_HOOKS, HookFn, HookPoints, hook_names
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
-from attnkit.nn import pack_projections
+from attnkit.nn import DecoderLayer, EncoderLayer, pack_projections
 
 # The attention weights one run may hand back, in bytes: all 30 layers of SmolLM2 on 2000
 # tokens would be 4.3 GB. Past this, ask for fewer layers or a shorter text.
@@ -125,6 +125,10 @@ class HookedRun:
 
     hidden_states: Tensor
     cache: dict[str, Tensor]
+
+
+class RunStopped(RuntimeError):
+    """A :meth:`Model.run_batch` pass ended early because its ``stop`` said so."""
 
 
 class Model:
@@ -283,6 +287,7 @@ class Model:
         attention: bool | Sequence[int] = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
+        stop: Callable[[], bool] | None = None,
     ) -> list[ModelRun]:
         """:meth:`run` on several inputs at once, in as few forward passes as possible.
 
@@ -299,6 +304,8 @@ class Model:
             logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
                 projection (a sixth of SmolLM2's work) when only attention is wanted, and
                 every run's ``logits`` is ``None``.
+            stop: asked before every layer; when it returns ``True`` the pass ends with
+                :class:`RunStopped` (a server stops the work of clients that have gone).
 
         Returns:
             One :class:`ModelRun` per input, in order.
@@ -306,6 +313,7 @@ class Model:
         Raises:
             TypeError, ValueError: as :meth:`run`, for any input (before any runs); the
                 memory limit counts the padded batch.
+            RunStopped: ``stop`` returned ``True``.
         """
         prepared = [self._input(item) for item in inputs]
         layers = self._layers(attention)
@@ -324,27 +332,38 @@ class Model:
                 f"GiB, over the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; run fewer at once"
             )
         runs: list[ModelRun | None] = [None] * len(prepared)
-        with torch.no_grad():
-            for group, (b, s) in zip(groups.values(), padded):
-                ids = torch.zeros(b, s, dtype=torch.long)  # [b, s]; id 0 pads, unseen by earlier tokens
-                for row, i in enumerate(group):
-                    ids[row, : lengths[i]] = prepared[i][0][0]
-                out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
-                hidden = out.output  # [b, s, e]
-                scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
-                for row, i in enumerate(group):
-                    n = lengths[i]
-                    own_ids, tokens, offsets = prepared[i]
-                    runs[i] = ModelRun(
-                        ids=own_ids, tokens=tokens, offsets=offsets,
-                        logits=None if scores is None else scores[row : row + 1, :n].float().clone(),  # [1, n, v]
-                        hidden_states=hidden[row : row + 1, :n].float().clone(),  # [1, n, e]
-                        attentions=LayerAttentions({
-                            layer: out.weights[layer].self_attention[row : row + 1, head_list, :n, :n].float()
-                            for layer in layers
-                        }, self.num_layers),  # [1, h_sel, n, n] each
-                        heads=head_list,
-                    )
+
+        def check(_module: nn.Module, _args: Any) -> None:
+            if stop is not None and stop():
+                raise RunStopped("the run was stopped")
+
+        layers_of_network = [m for m in self.module.modules() if isinstance(m, (EncoderLayer, DecoderLayer))]
+        handles = [layer.register_forward_pre_hook(check) for layer in layers_of_network] if stop else []
+        try:
+            with torch.no_grad():
+                for group, (b, s) in zip(groups.values(), padded):
+                    ids = torch.zeros(b, s, dtype=torch.long)  # [b, s]; id 0 pads, unseen by earlier tokens
+                    for row, i in enumerate(group):
+                        ids[row, : lengths[i]] = prepared[i][0][0]
+                    out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
+                    hidden = out.output  # [b, s, e]
+                    scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
+                    for row, i in enumerate(group):
+                        n = lengths[i]
+                        own_ids, tokens, offsets = prepared[i]
+                        runs[i] = ModelRun(
+                            ids=own_ids, tokens=tokens, offsets=offsets,
+                            logits=None if scores is None else scores[row : row + 1, :n].float().clone(),  # [1, n, v]
+                            hidden_states=hidden[row : row + 1, :n].float().clone(),  # [1, n, e]
+                            attentions=LayerAttentions({
+                                layer: out.weights[layer].self_attention[row : row + 1, head_list, :n, :n].float()
+                                for layer in layers
+                            }, self.num_layers),  # [1, h_sel, n, n] each
+                            heads=head_list,
+                        )
+        finally:
+            for handle in handles:
+                handle.remove()
         return [run for run in runs if run is not None]
 
     def hook_names(self) -> list[str]:

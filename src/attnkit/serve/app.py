@@ -277,8 +277,8 @@ class _Guard:
 
 
 async def _wait_unless_gone(job: Job, receive: Receive) -> Any:
-    """The job's run, or ``None`` if the client hangs up first (the job is then cancelled,
-    and never runs if it had not started)."""
+    """The job's run, or ``None`` if the client hangs up first (the job is then abandoned:
+    it never runs if it had not started, and a pass of only abandoned jobs stops)."""
     result = asyncio.wrap_future(job.future)
 
     async def gone() -> None:
@@ -292,7 +292,7 @@ async def _wait_unless_gone(job: Job, receive: Receive) -> Any:
         watch.cancel()
     if result.done():
         return result.result()
-    job.future.cancel()
+    job.abandon()
     result.cancel()
     return None
 

@@ -32,11 +32,11 @@ DEFAULT_BATCH_TOKENS = 1024
 # those the server is reading and checking (see Batcher.arriving), and under load (the last
 # batch had several texts) as many as the last batch had (the same clients, back with their
 # next requests), for at most GATHER_SHARE of the last batch's time (at least GATHER_MIN_S):
-# a quarter of a pass is worth waiting for a text that would otherwise need a pass of its own.
+# half a pass is worth waiting for a text that would otherwise need a pass of its own.
 # Clients answered together send their next requests some tens of milliseconds apart;
 # without the wait the first would run alone and the others wait for it, batch after batch.
 # A lone request on an idle server starts at once.
-GATHER_SHARE = 0.25
+GATHER_SHARE = 0.5
 GATHER_MIN_S = 0.005
 
 
@@ -63,7 +63,9 @@ class Job:
         layers: the layers whose weights it wants.
         heads: the heads it wants.
         tokens: its length in the model's tokens.
-        future: the model's run, or the error it raised; cancelled when the client goes.
+        future: the model's run, or the error it raised; cancelled if the client goes
+            before it runs.
+        abandoned: set when the client has gone (see :meth:`abandon`).
     """
 
     text: str
@@ -71,6 +73,13 @@ class Job:
     heads: tuple[int, ...]
     tokens: int
     future: Future = field(default_factory=Future)
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+    def abandon(self) -> None:
+        """The client has gone: a waiting job never runs, and a running pass whose every
+        job is abandoned stops at its next layer."""
+        self.abandoned.set()
+        self.future.cancel()
 
 
 class Batcher:
@@ -78,8 +87,9 @@ class Batcher:
 
     Args:
         model: has ``run(text, attention=layers, heads=heads)``; and, for batches,
-            ``run_batch(texts, attention=layers, heads=heads, logits=False)`` returning one
-            run per text (without it, each request runs alone). ``causal`` says whether
+            ``run_batch(texts, attention=layers, heads=heads, logits=False, stop=stop)``
+            returning one run per text and raising when ``stop()`` turns true (as
+            :meth:`attnkit.models.Model.run_batch`); without it, each request runs alone. ``causal`` says whether
             texts of different lengths may share a batch (padded at the end).
         max_queue: the most requests waiting (not counting those running).
         batch_tokens: the most padded tokens (texts x longest) in one batch.
@@ -181,24 +191,36 @@ class Batcher:
                 continue
             started = time.perf_counter()
             self.batches.append(len(batch))
-            if len(batch) == 1:
-                self._run_alone(batch[0])
+            if hasattr(self.model, "run_batch"):
+                self._run_together(batch)
             else:
-                first = batch[0]
-                try:
-                    runs = self.model.run_batch(
-                        [job.text for job in batch], attention=list(first.layers), heads=list(first.heads),
-                        logits=False,
-                    )
-                except Exception:  # noqa: BLE001 - one bad text: each runs alone and gets its own answer
-                    for job in batch:
-                        self._run_alone(job)
-                else:
-                    for job, run in zip(batch, runs):
-                        job.future.set_result(run)
+                self._run_alone(batch[0])
             self._last_batch_seconds = time.perf_counter() - started
             seconds = self._last_batch_seconds / len(batch)
             self._seconds_per_text = seconds if not self._seconds_per_text else 0.8 * self._seconds_per_text + 0.2 * seconds
+
+    def _run_together(self, batch: list[Job]) -> None:
+        """One pass for the batch; stopped once every client has gone."""
+
+        def everyone_gone() -> bool:
+            return all(job.abandoned.is_set() for job in batch)
+
+        first = batch[0]
+        try:
+            runs = self.model.run_batch(
+                [job.text for job in batch], attention=list(first.layers), heads=list(first.heads), logits=False,
+                stop=everyone_gone,
+            )
+        except Exception as err:  # noqa: BLE001 - handed to the requests, which report it
+            if everyone_gone() or len(batch) == 1:
+                for job in batch:
+                    job.future.set_exception(err)
+            else:  # one bad text: each runs alone and gets its own answer
+                for job in batch:
+                    self._run_alone(job)
+        else:
+            for job, run in zip(batch, runs):
+                job.future.set_result(run)
 
     def _run_alone(self, job: Job) -> None:
         try:
