@@ -10,6 +10,7 @@ command's start, and its argument errors) does not wait for PyTorch.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -66,3 +67,25 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
+
+
+def _register_notebook_display() -> None:
+    """Inside IPython (Jupyter), show attention maps and views as the interactive viewer
+    (:mod:`attnkit.viz.notebook`, imported on the first display). Registered by class name,
+    so that nothing is imported now."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return
+    formatter = shell.display_formatter.formatters["text/html"]
+    for class_name in ("AttentionMap", "AttentionView"):
+        formatter.for_type_by_name("attnkit.inspect.maps", class_name, _notebook_html)
+
+
+def _notebook_html(shown: Any) -> str:
+    from attnkit.viz.notebook import notebook_html_of
+
+    return notebook_html_of(shown)
+
+
+_register_notebook_display()

@@ -10,6 +10,7 @@ import re
 import torch
 
 from attnkit.inspect.maps import AttentionMap
+from attnkit.viz.notebook import notebook_html_of
 from tests.browser import READY, browser, page  # noqa: F401 (pytest fixtures)
 
 WORDS = ["어제", "밤에", "배가", "고파서", "피자를", "먹었다"]
@@ -25,7 +26,7 @@ def word_map() -> AttentionMap:
 
 
 def test_repr_html_is_one_frame_holding_the_whole_viewer():
-    frame = word_map()._repr_html_()
+    frame = notebook_html_of(word_map())
     assert frame.startswith('<iframe id="attnkit-') and frame.count("<iframe") == 1
     # The frame, then the script that fits its height to the page it holds.
     assert frame.count("</iframe><script>") == 1 and frame.endswith("</script>")
@@ -39,8 +40,8 @@ def test_repr_html_is_one_frame_holding_the_whole_viewer():
 
 
 def test_the_frame_runs_in_a_browser(page):  # noqa: F811 (the fixture)
-    # What Jupyter does with _repr_html_: put it into the notebook's page.
-    page.set_content(f"<!DOCTYPE html><html><body>{word_map()._repr_html_()}</body></html>")
+    # What Jupyter does with the HTML display: put it into the notebook's page.
+    page.set_content(f"<!DOCTYPE html><html><body>{notebook_html_of(word_map())}</body></html>")
     frame = page.frame_locator("iframe")
     frame.locator(READY).wait_for()
     text = frame.locator("body").inner_text()
@@ -58,7 +59,7 @@ def long_map(s: int) -> AttentionMap:
 def test_the_frame_fits_its_content(page):  # noqa: F811 (the fixture)
     heights = {}
     for s in (3, 200):
-        page.set_content(f"<!DOCTYPE html><html><body>{long_map(s)._repr_html_()}</body></html>")
+        page.set_content(f"<!DOCTYPE html><html><body>{notebook_html_of(long_map(s))}</body></html>")
         page.frame_locator("iframe").locator(READY).wait_for()
         inner = page.frame_locator("iframe").locator("body").evaluate(
             "b => Math.ceil(b.getBoundingClientRect().bottom + parseFloat(getComputedStyle(b).marginBottom))"
@@ -68,3 +69,23 @@ def test_the_frame_fits_its_content(page):  # noqa: F811 (the fixture)
     # A short map's frame is shorter than a long one's, and a long one scrolls inside a
     # bounded frame instead of growing with every token.
     assert heights[3] < heights[200] < 1200
+
+
+def test_import_attnkit_in_ipython_registers_the_viewer_as_the_html_display(monkeypatch):
+    import sys
+    import types
+
+    import attnkit
+
+    registered = {}
+
+    class HtmlFormatter:
+        def for_type_by_name(self, module, name, function):
+            registered[(module, name)] = function
+
+    shell = types.SimpleNamespace(display_formatter=types.SimpleNamespace(formatters={"text/html": HtmlFormatter()}))
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
+    attnkit._register_notebook_display()
+    assert set(registered) == {("attnkit.inspect.maps", "AttentionMap"), ("attnkit.inspect.maps", "AttentionView")}
+    shown = registered[("attnkit.inspect.maps", "AttentionMap")](word_map())
+    assert shown.startswith('<iframe id="attnkit-') and "sandbox" in shown

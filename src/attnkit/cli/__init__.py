@@ -10,6 +10,9 @@ import warnings
 from typing import TextIO
 
 from attnkit import __version__
+from attnkit.cli.common import CommandError
+
+__all__ = ["CommandError", "build_parser", "main"]
 
 # Subcommand modules, in the order `attnkit --help` lists them.
 COMMAND_MODULES = [
@@ -23,10 +26,6 @@ COMMAND_MODULES = [
     "attnkit.cli.models",
     "attnkit.cli.serve",
 ]
-
-
-class CommandError(Exception):
-    """A user-facing error: printed as ``attnkit: error: ...`` with exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from attnkit.cli import CommandError
+
+class CommandError(Exception):
+    """A user-facing error: printed as ``attnkit: error: ...`` with exit status 2."""
+
 
 # The attention units of the maps (attnkit.inspect.maps.LEVELS, kept equal by a test).
 LEVELS = ("token", "word")

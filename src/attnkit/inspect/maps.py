@@ -7,8 +7,6 @@ Shape letters: ``h`` selected heads, ``s`` tokens, ``n`` tokens or words.
 
 from __future__ import annotations
 
-import html
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -53,7 +51,7 @@ class AttentionMap:
             ``"raw"`` attention weights, or ``"rollout"``, ``"flow"`` (one map merging the
             heads: ``heads`` is empty and ``weights`` ``[1, n, n]``), ``"value"``, ``"grad"``.
 
-    In Jupyter, the map shows as the interactive viewer (:meth:`_repr_html_`).
+    In Jupyter, the map shows as the interactive viewer (:mod:`attnkit.viz.notebook`).
     """
 
     model: str
@@ -125,13 +123,6 @@ class AttentionMap:
             data["words"] = [w.to_dict() for w in self.words]
         return data
 
-    def _repr_html_(self) -> str:
-        """The interactive viewer of this map (head, model and matrix views), inline in a
-        Jupyter notebook, without a server."""
-        return notebook_html(
-            self.model, self.labels, {self.layer: self.weights}, causal=self.causal, heads=self.heads, text=self.text
-        )
-
 
 @dataclass(frozen=True)
 class ReadableRun:
@@ -168,78 +159,6 @@ class AttentionView:
     causal: bool
     heads: list[int]
     run: ReadableRun
-
-    def _repr_html_(self) -> str:
-        """The interactive viewer, inline in a Jupyter notebook, without a server."""
-        return notebook_html(
-            self.model, self.run.labels, self.run.attentions, causal=self.causal, heads=self.heads, text=self.run.text
-        )
-
-
-# The notebook frame's first height, before the page reports its own: the controls, plus a
-# row per token up to the height at which the viewer scrolls inside itself.
-FRAME_CHROME_PX = 300
-FRAME_ROW_PX = 20
-FRAME_MAX_PX = 900
-
-# Sets the frame's height to what the page inside reports (viewer.js posts
-# {attnkitHeight} to its parent): the frame fits its content instead of a fixed size.
-_FRAME_SIZER = (
-    "<script>(function () {{ const frame = document.getElementById('{id}'); "
-    "window.addEventListener('message', function (e) {{ "
-    "if (frame && e.source === frame.contentWindow && e.data && typeof e.data.attnkitHeight === 'number') "
-    "frame.style.height = Math.ceil(e.data.attnkitHeight) + 'px'; }}); }})();</script>"
-)
-
-
-def notebook_html(
-    model: str,
-    labels: Sequence[str],
-    attentions: Mapping[int, Tensor],
-    *,
-    causal: bool,
-    heads: Sequence[int],
-    text: str,
-    height: int | None = None,
-) -> str:
-    """The self-contained viewer page (:func:`attnkit.viz.viewer.render_html`) in an
-    ``<iframe srcdoc>``, the form notebooks display inline, sized to its content.
-
-    The page keeps its own content-security policy and runs in a sandbox that allows its
-    script and nothing else; escaping it into one attribute keeps it whole inside the
-    notebook's HTML. The page reports its height to the notebook, and a small script next
-    to the frame sets the frame to it; where a notebook runs no scripts, the frame keeps
-    its first height.
-
-    Args:
-        model: the model's name.
-        labels: one label per row and column of the maps.
-        attentions: layer → ``[h, n, n]`` or ``[1, h, n, n]`` weights.
-        causal: whether the model is causal.
-        heads: the heads the ``h`` rows stand for.
-        text: the input text.
-        height: the frame's first height in CSS pixels (default: from the number of
-            labels, at most :data:`FRAME_MAX_PX`).
-
-    Returns:
-        An ``<iframe>`` element and the ``<script>`` that sizes it.
-
-    Raises:
-        ImportError: the viewer's dependencies are missing.
-    """
-    # The viewer is presentation (attnkit.viz); imported only when a notebook asks for it.
-    from attnkit.viz.viewer import ViewerData, render_html
-
-    data = ViewerData.from_run(model, labels, attentions, causal=causal, heads=heads, text=text)
-    page = html.escape(render_html(data), quote=True)
-    if height is None:
-        height = min(FRAME_CHROME_PX + FRAME_ROW_PX * len(labels), FRAME_MAX_PX)
-    frame_id = f"attnkit-{uuid.uuid4().hex}"
-    return (
-        f'<iframe id="{frame_id}" srcdoc="{page}" sandbox="allow-scripts" '
-        f'title="attnkit attention viewer: {html.escape(model)}" '
-        f'style="width: 100%; height: {int(height)}px; border: 0"></iframe>' + _FRAME_SIZER.format(id=frame_id)
-    )
 
 
 def resolve_layer(layer: int, num_layers: int) -> int:

@@ -115,6 +115,12 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias)
         self._packed: PackedLinears | None = None
 
+    @property
+    def packable(self) -> bool:
+        """Whether :meth:`pack_projections` applies: key and value dims equal to the model
+        dim (self-attention projections)."""
+        return self.kdim == self.vdim == self.embed_dim
+
     def pack_projections(self) -> None:
         """Store the query, key and value projection weights as one matrix, so that
         self-attention projects with one matrix product and rotates queries and keys in one
@@ -124,7 +130,7 @@ class MultiHeadAttention(nn.Module):
         Raises:
             ValueError: key or value dims other than the model dim (cross-attention only).
         """
-        if not self.kdim == self.vdim == self.embed_dim:
+        if not self.packable:
             raise ValueError(
                 f"only self-attention projections can be packed; this module has embed_dim={self.embed_dim}, "
                 f"kdim={self.kdim}, vdim={self.vdim}"

@@ -61,6 +61,11 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self._packed: PackedLinears | None = None
 
+    @property
+    def packable(self) -> bool:
+        """Whether :meth:`pack_projections` applies: a gated (SwiGLU) block."""
+        return self.gate_proj is not None
+
     def pack_projections(self) -> None:
         """Store SwiGLU's gate and up weights as one matrix, so that inference without
         gradients runs one matrix product for both (see :mod:`attnkit.nn.packing`).
@@ -69,7 +74,7 @@ class FeedForward(nn.Module):
         Raises:
             ValueError: an ungated activation (one up projection: nothing to pack).
         """
-        if self.gate_proj is None:
+        if not self.packable:
             raise ValueError(f"only the gated (swiglu) block has projections to pack, this one is {self.activation!r}")
         self._packed = PackedLinears([self.gate_proj, self.up_proj])
 

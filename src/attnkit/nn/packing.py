@@ -84,9 +84,10 @@ class PackedLinears:
 
 
 def pack_projections(module: nn.Module) -> int:
-    """Pack the projections of every :class:`attnkit.nn.MultiHeadAttention` that can
-    project self-attention (key and value dims equal to the model dim) and of every gated
-    :class:`attnkit.nn.FeedForward` inside ``module``, for faster inference.
+    """Pack the projections of every submodule of ``module`` that can pack its own (a
+    :class:`attnkit.nn.MultiHeadAttention` that projects self-attention, a gated
+    :class:`attnkit.nn.FeedForward`), for faster inference: each says so with its
+    ``packable`` property and packs with its ``pack_projections()``.
 
     Args:
         module: any module, e.g. a :class:`attnkit.nn.DecoderLM`.
@@ -94,15 +95,9 @@ def pack_projections(module: nn.Module) -> int:
     Returns:
         How many submodules were packed.
     """
-    from attnkit.nn.attention import MultiHeadAttention
-    from attnkit.nn.feedforward import FeedForward
-
     packed = 0
     for sub in module.modules():
-        if isinstance(sub, MultiHeadAttention) and sub.kdim == sub.vdim == sub.embed_dim:
-            sub.pack_projections()
-            packed += 1
-        elif isinstance(sub, FeedForward) and sub.gate_proj is not None:
+        if getattr(sub, "packable", False) is True:
             sub.pack_projections()
             packed += 1
     return packed

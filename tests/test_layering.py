@@ -1,0 +1,149 @@
+"""The package's structure: no import cycle between attnkit's modules, and no import from a
+lower layer to a higher one (functional → nn → models → inspect → viz → train →
+distributed, serve → cli; each imports only the ones before it).
+
+Every import counts: at the top of a module, inside a function, under ``TYPE_CHECKING``, and
+``importlib.import_module("attnkit....")`` with a literal name. The one exception is
+``from attnkit import __version__``, a constant that any layer may show.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Rank of each top-level part of attnkit: a module may import modules of its own rank or lower.
+LAYERS = {
+    "functional": 0,
+    "masks": 0,  # attnkit.masks re-exports attnkit.functional.masks
+    "nn": 1,
+    "models": 2,
+    "inspect": 3,
+    "viz": 4,
+    "train": 5,
+    "distributed": 6,
+    "serve": 6,
+    "cli": 7,
+    "__main__": 8,
+    "": 8,  # the package itself: the facade over the layers
+}
+
+
+def module_files() -> dict[str, Path]:
+    """Module name → file, for every module under src/attnkit."""
+    files = {}
+    for path in sorted((SRC / "attnkit").rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        files[".".join(parts)] = path
+    return files
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The attnkit modules that ``name`` imports anywhere in its file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            if base == "attnkit" and [alias.name for alias in node.names] == ["__version__"]:
+                continue
+            # ``from package import submodule`` imports the submodule.
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            targets = [node.args[0].value]
+        found.update(t for t in targets if t in known and t != name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = module_files()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def layer(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_part_of_attnkit_has_a_layer():
+    assert {layer(m) for m in module_files()} <= set(LAYERS)
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    upward = sorted(
+        f"{source} imports {target}"
+        for source, targets in import_graph().items()
+        for target in targets
+        if LAYERS[layer(target)] > LAYERS[layer(source)]
+    )
+    assert upward == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from attnkit.viz.viewer import render_html\n", {"attnkit.viz.viewer"}),
+        ("def f():\n    from attnkit.inspect import maps\n", {"attnkit.inspect.maps"}),
+        ("import importlib\nimportlib.import_module('attnkit.nn.attention')\n", {"attnkit.nn.attention"}),
+        ("from attnkit import __version__\n", set()),
+    ],
+)
+def test_the_walker_sees_every_kind_of_import(tmp_path, source, expected):
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    assert imports_of("attnkit.functional.probe", path, module_files()) == expected
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
