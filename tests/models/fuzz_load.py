@@ -47,7 +47,10 @@ config_keys = st.sampled_from(sorted(TINY_LLAMA_CONFIG) + ["head_dim", "rope_par
                                                             "attention_bias", "type_vocab_size"])
 config_edits = st.dictionaries(config_keys, st.one_of(numbers, json_values), min_size=1, max_size=3)
 header_fields = st.sampled_from(["dtype", "shape", "data_offsets"])
-header_edits = st.lists(st.tuples(st.integers(0, 30), header_fields, json_values), min_size=1, max_size=2)
+shapes = st.lists(st.one_of(st.just(0), st.integers(0, 2**70)), max_size=3)
+header_edits = st.lists(
+    st.tuples(st.integers(0, 30), header_fields, st.one_of(json_values, shapes)), min_size=1, max_size=2
+)
 patterns = st.sampled_from(["(a+)+$", "(\\w+\\s?)*$", "\\s+", "(", "[", "a{2,1}", "(?<=a+)b", "((((((((((a))))))))))"])
 tokenizer_edits = st.one_of(
     st.tuples(st.just("pattern"), patterns),

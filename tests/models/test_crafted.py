@@ -94,6 +94,8 @@ def test_malformed_json_is_refused(tiny):
     [
         (lambda h: h["model.norm.weight"].update(shape=[-1, -8]), "model.norm.weight", "bad header entry"),
         (lambda h: h["model.norm.weight"].update(shape=[True] * 8), "model.norm.weight", "bad header entry"),
+        (lambda h: h.update(empty={"dtype": "F32", "shape": [0, 2**70], "data_offsets": [0, 0]}), "empty",
+         "bad header entry"),
         (lambda h: h["model.norm.weight"].update(dtype="F8_E9"), "model.norm.weight", "dtype 'F8_E9'"),
         (lambda h: h["model.norm.weight"].update(data_offsets=[1.5, 2]), "model.norm.weight", "bad header entry"),
         (lambda h: h.update(__metadata__={"format": 1}), "__metadata__", "__metadata__ must map names to strings"),

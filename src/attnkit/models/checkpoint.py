@@ -313,7 +313,9 @@ def _valid_entry(info: Any) -> bool:
     [int, int]}`` (booleans are not integers here)."""
 
     def whole(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        # Below 2^48: a size beside a zero (an empty tensor needs no bytes) is not bounded
+        # by the file, and past 2^63 it would not even fit PyTorch's sizes.
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**48
 
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
         return False
