@@ -74,3 +74,18 @@ def test_patch_writes_the_grid_and_refuses_unequal_lengths(capsys, tmp_path, min
     assert "same number of tokens, got 5 ('The' 'Ġcapital'" in capsys.readouterr().err
     assert main(["patch", "--clean", "a b", "--corrupt", "a c", "--target", " b", "--quiet"]) == 2
     assert "give the target token (the clean text's continuation) and the wrong token" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("method", "heads"), [("value", tuple(range(12))), ("rollout", (0,))])
+def test_inspect_html_adds_the_method_as_a_colour_mode(capsys, tmp_path, minilm_path, method, heads):
+    from attnkit.viz.viewer import ViewerData
+    from tests.viz.test_viewer_html import page_parts
+
+    argv = ["inspect", "cats sleep", "--model", "minilm", "--method", method, "--format", "html", "--out",
+            str(tmp_path), "--quiet"]
+    assert main(argv) == 0
+    data = ViewerData.from_json(page_parts((tmp_path / "minilm_viewer.html").read_text())["data"])
+    assert list(data.sections) == ["self", method]
+    mode = data.sections[method]
+    assert mode.layers == tuple(range(6)) and mode.heads == heads
+    assert mode.weights.amax() <= 1.0 and mode.query_tokens == data.sections["self"].query_tokens

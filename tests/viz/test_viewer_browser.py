@@ -196,3 +196,36 @@ def test_real_model_export(page, tmp_path, smollm2_path):
         assert (tip.query, tip.key) == ("it", "animal")
         assert tip.weight == pytest.approx(embedded.map(layer, head)[it, animal].item(), abs=1e-5)
         assert tip.weight == pytest.approx(run.attentions[layer][0, head, it, animal].item(), abs=1e-3)
+
+
+def test_colour_modes_switch_in_the_attention_menu(page, tmp_path):
+    from dataclasses import replace
+
+    from attnkit.viz.viewer.data import Section
+
+    tokens = ["The", "cat", "sat", "down"]
+    weights = {layer: softmax_maps(3, 4, 4, causal=True, seed=layer) for layer in range(2)}
+    value = {layer: w / w.amax(dim=(-2, -1), keepdim=True) for layer, w in
+             ((layer, softmax_maps(3, 4, 4, causal=True, seed=5 + layer)) for layer in range(2))}
+    rollout = {layer: softmax_maps(1, 4, 4, causal=True, seed=9 + layer) for layer in range(2)}
+    data = ViewerData.from_run("m", tokens, weights, causal=True)
+    data = replace(data, sections={
+        **data.sections,
+        "rollout": Section.from_layers(tokens, tokens, rollout, heads=[0], causal=True),
+        "value": Section.from_layers(tokens, tokens, value, causal=True),
+    })
+    viewer = open_export(page, tmp_path, data)
+    section = page.get_by_label("Attention", exact=True)
+    assert [o.strip() for o in section.locator("option").all_text_contents()] == [
+        "self-attention", "value-weighted ‖α·f(x)‖ (each map scaled to its largest)",
+        "attention rollout (layers below and heads merged)"]
+    viewer.view("matrix")
+    viewer.select("Attention", "value-weighted ‖α·f(x)‖ (each map scaled to its largest)")
+    viewer.select("Layer", "layer 1")
+    viewer.select("Head", "head 2")
+    assert viewer.hover_cell(3, 1).weight == pytest.approx(value[1][2, 3, 1].item(), abs=1e-3)
+    viewer.select("Attention", "attention rollout (layers below and heads merged)")
+    assert page.locator("#ak-head option").all_text_contents() == ["all heads, merged"]
+    assert viewer.hover_cell(2, 0).weight == pytest.approx(rollout[1][0, 2, 0].item(), abs=1e-3)
+    viewer.view("model")
+    assert page.locator(".ak-thumb").count() == 2

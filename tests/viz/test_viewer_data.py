@@ -184,3 +184,22 @@ def test_viewer_data_rejects_inconsistent_kind_and_sections():
         Section.from_layers(["a"], ["a"], {0: torch.ones(1, 1, 1), 1: torch.ones(2, 1, 1)})
     with pytest.raises(ValueError, match="format 'attnkit-viewer' version 1"):
         ViewerData.from_dict({"format": "other"})
+
+
+def test_colour_mode_sections_share_the_self_sections_tokens():
+    from dataclasses import replace
+
+    tokens = ["a", "b", "c"]
+    maps = {0: softmax_maps(2, 3, 3, causal=True, seed=0)}
+    data = ViewerData.from_run("m", tokens, maps, causal=True)
+    mode = Section.from_layers(tokens, tokens, {0: softmax_maps(1, 3, 3, causal=True, seed=1)}, heads=[0], causal=True)
+    both = replace(data, sections={"rollout": mode, **data.sections})
+    assert list(both.sections) == ["self", "rollout"]
+    assert ViewerData.from_json(both.to_json()).sections["rollout"].heads == (0,)
+    other = Section.from_layers(["x", "y", "z"], ["x", "y", "z"], {0: maps[0]}, causal=True)
+    with pytest.raises(ValueError, match="the value section must have the self section's tokens"):
+        replace(data, sections={**data.sections, "value": other})
+    with pytest.raises(ValueError, match="a causal model needs its self section"):
+        ViewerData("m", "causal", {"rollout": mode})
+    with pytest.raises(ValueError, match=r"must be among \['self', 'value', 'rollout'\]"):
+        replace(data, sections={**data.sections, "flow": mode})

@@ -67,7 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="what the maps show: raw attention weights; rollout or flow (every layer below merged, "
                              f"heads merged; flow takes at most {FLOW_MAX_TOKENS} tokens); value (weights times the "
                              "norm of what each key token sends through the head); grad (weights times the gradient "
-                             "of --target); the html page always shows the raw weights (default: raw)")
+                             "of --target); with --format html, value and rollout are added to the page as "
+                             "colour modes beside the weights, in its Attention menu (default: raw)")
     parser.add_argument("--target", metavar="TOKEN|TEXT",
                         help='for --method grad: the next token whose log-probability to explain, leading space '
                              'included (" Paris"), or for an encoder a text whose sentence-embedding similarity to explain')
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         write_viewer,
     )
     from attnkit.viz.terminal import terminal_safe
+    from attnkit.viz.viewer.data import MODES as VIEWER_MODES
 
     status = Status(args.quiet)
     formats = parse_formats(args.format, INSPECT_FORMATS)
@@ -157,8 +159,10 @@ def run(args: argparse.Namespace) -> int:
         for layer in map_layers:
             estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(map_heads), causal=causal)
     if "html" in formats:
+        # A value colour mode doubles the weights of the page; rollout adds one map per layer.
+        mode_heads = {"value": len(page_heads), "rollout": 1}.get(args.method, 0)
         estimates[f"the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"] = estimate_viewer_html(
-            tokens, len(page_layers), len(page_heads), causal=causal
+            tokens, len(page_layers), len(page_heads) + mode_heads, causal=causal
         )
     check_sizes(estimates, limit, advice=(
         f"The text is {tokens} tokens: ask for fewer layers or heads (--layers, --heads), "
@@ -181,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
                     written += write_map(amap, out, files, **figure)
         if "html" in formats:
             with status.step(f"writing the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"):
-                written.append(write_viewer(model, args.text, out, level=args.level, layers=layers, heads=heads))
+                written.append(write_viewer(model, args.text, out, level=args.level, layers=layers, heads=heads,
+                                            modes=[args.method] if args.method in VIEWER_MODES else []))
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
     except OSError as err:

@@ -152,6 +152,7 @@ def write_viewer(
     level: str = "token",
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
+    modes: Sequence[str] = (),
 ) -> Path:
     """Write the viewer page (``html``) of ``text``: by default every layer and head of
     ``model``, not only the ones printed, so that one file is enough to explore the whole
@@ -164,6 +165,9 @@ def write_viewer(
         level: ``"token"``, or ``"word"`` for the attention between the words of the text.
         layers: the layers to include (default: all).
         heads: the heads of each layer to include (default: all).
+        modes: colour modes to add beside the weights, any of ``"value"`` and
+            ``"rollout"`` (:func:`attnkit.viz.viewer.adapters.mode_sections`); the page's
+            "Attention" menu switches between them.
 
     Returns:
         The path written: ``MODEL_viewer.html``, or ``MODEL_viewer_words.html``.
@@ -172,10 +176,17 @@ def write_viewer(
         ValueError: the model refuses the text, or an unknown level.
         ImportError: the viewer's dependencies are missing.
     """
+    from dataclasses import replace
+
     from attnkit.viz.viewer import viewer_data_from_run, write_html
+    from attnkit.viz.viewer.adapters import mode_sections
 
     run = model.run(text, attention=True if layers is None else list(layers), heads=heads)
     data = viewer_data_from_run(model, run, name=model.name, text=text, level=level)
+    if modes:
+        own = data.sections["self"]
+        extra = mode_sections(model, text, modes, layers=own.layers, heads=own.heads, level=level)
+        data = replace(data, sections={**data.sections, **extra})
     suffix = "_words" if level == "word" else ""
     return write_html(out / f"{file_stem(model.name)}_viewer{suffix}.html", data)
 

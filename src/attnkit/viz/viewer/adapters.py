@@ -15,7 +15,7 @@ from torch import Tensor
 
 from attnkit.inspect.maps import LEVELS, readable_run
 from attnkit.nn.records import LayerWeights, LMOutput, TransformerOutput
-from attnkit.viz.viewer.data import ViewerData
+from attnkit.viz.viewer.data import MODES, Section, ViewerData
 
 
 def model_name(model: Any) -> str:
@@ -59,6 +59,55 @@ def viewer_data_from_run(
         name or model_name(model), readable.labels, readable.attentions, causal=bool(model.causal),
         heads=None if heads is None else list(heads), text=text, level=level,
     )
+
+
+def mode_sections(
+    model: Any, text: str, modes: Sequence[str], *, layers: Sequence[int], heads: Sequence[int], level: str = "token"
+) -> dict[str, Section]:
+    """Colour modes of a viewer page (:data:`attnkit.viz.viewer.data.MODES`) for an
+    ``attnkit.models`` model, to add beside its ``"self"`` section.
+
+    Args:
+        model: the model.
+        text: the text.
+        modes: any of ``"value"`` (value-weighted attention, each map scaled to a largest
+            value of 1) and ``"rollout"`` (attention rollout up to each layer, heads merged
+            into one map shown as head 0).
+        layers: the page's layers.
+        heads: the page's heads (for ``"value"``).
+        level: ``"token"`` or ``"word"``, as the page.
+
+    Returns:
+        Mode name → :class:`Section`.
+
+    Raises:
+        ValueError: an unknown mode, or what the methods raise.
+    """
+    from attnkit.inspect import methods
+    from attnkit.inspect.words import aggregate
+
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        raise ValueError(f"viewer colour modes are {', '.join(MODES)}, got {unknown}")
+    run = model.run(text, attention=list(layers), heads=list(heads))
+    readable = readable_run(model, run, text, level=level)
+
+    def between(maps: Tensor) -> Tensor:  # [..., s, s] → [..., n, n]
+        return maps if readable.words is None else aggregate(maps, readable.words)
+
+    sections = {}
+    if "value" in modes:
+        value = methods.value_weighted(model, text, layers=layers)
+        maps = {layer: between(value.heads[layer][list(heads)]) for layer in layers}  # [h, n, n]
+        maps = {layer: m / m.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12) for layer, m in maps.items()}
+        sections["value"] = Section.from_layers(readable.labels, readable.labels, maps, heads=heads,
+                                                causal=bool(model.causal))
+    if "rollout" in modes:
+        rollout = methods.rollout(model, text)  # [L, s, s]
+        maps = {layer: between(rollout[layer][None]) for layer in layers}  # [1, n, n]
+        sections["rollout"] = Section.from_layers(readable.labels, readable.labels, maps, heads=[0],
+                                                  causal=bool(model.causal))
+    return sections
 
 
 def _by_layer(weights: Sequence[LayerWeights | None], index: int, cross: bool) -> dict[int, Tensor]:

@@ -31,10 +31,15 @@ from torch import Tensor
 
 Kind = Literal["bidirectional", "causal", "encoder-decoder"]
 KINDS: tuple[str, ...] = ("bidirectional", "causal", "encoder-decoder")
+# Colour modes a self-attention page may add beside its weights (attnkit.inspect.methods):
+# "value", value-weighted attention ‖α·f(x)‖ with each map scaled so that its largest value
+# is 1; "rollout", attention rollout up to each layer, one map per layer (head 0 stands for
+# the merged heads).
+MODES: tuple[str, ...] = ("value", "rollout")
 # The sections each kind may have, in display order.
 SECTION_NAMES: dict[str, tuple[str, ...]] = {
-    "bidirectional": ("self",),
-    "causal": ("self",),
+    "bidirectional": ("self", *MODES),
+    "causal": ("self", *MODES),
     "encoder-decoder": ("encoder", "decoder", "cross"),
 }
 
@@ -256,8 +261,15 @@ class ViewerData:
         unknown = [name for name in self.sections if name not in allowed]
         if not self.sections or unknown:
             raise ValueError(f"a {self.kind} model's sections must be among {list(allowed)}, got {list(self.sections)}")
-        if self.kind != "encoder-decoder" and self.sections["self"].causal != (self.kind == "causal"):
-            raise ValueError(f"a {self.kind} model's self section must have causal={self.kind == 'causal'}")
+        if self.kind != "encoder-decoder":
+            if "self" not in self.sections:
+                raise ValueError(f"a {self.kind} model needs its self section, got only {list(self.sections)}")
+            own = self.sections["self"]
+            for name, section in self.sections.items():
+                if section.causal != (self.kind == "causal"):
+                    raise ValueError(f"a {self.kind} model's {name} section must have causal={self.kind == 'causal'}")
+                if section.query_tokens != own.query_tokens:
+                    raise ValueError(f"the {name} section must have the self section's tokens")
         # Display order is the kind's order, whatever order the caller used.
         object.__setattr__(self, "sections", {name: self.sections[name] for name in allowed if name in self.sections})
 

@@ -132,7 +132,9 @@
     const select = $('ak-section');
     select.textContent = '';
     const labels = { self: 'self-attention', encoder: 'encoder self-attention', decoder: 'decoder self-attention (causal)',
-      cross: 'cross-attention (decoder to encoder)' };
+      cross: 'cross-attention (decoder to encoder)',
+      value: 'value-weighted \u2016\u03b1\u00b7f(x)\u2016 (each map scaled to its largest)',
+      rollout: 'attention rollout (layers below and heads merged)' };
     for (const name of names) select.add(new Option(labels[name] || name, name));
     $('ak-section-field').hidden = names.length < 2;
     let longest = 0;
@@ -170,6 +172,7 @@
     state.cursor = null;
     fillSelect($('ak-layer'), s.layers, 'layer', state.layer);
     fillSelect($('ak-head'), s.heads, 'head', state.head);
+    if (name === 'rollout') $('ak-head').options[0].text = 'all heads, merged';
     buildTokenColumns();
     buildHeadToggles();
     buildGrid();
