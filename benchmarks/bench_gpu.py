@@ -442,6 +442,11 @@ def _ratio(row: dict, faster: str, slower: str) -> str:
     return "–"
 
 
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table whose cells may hold ``|`` (mask names such as ``a | b``)."""
+    return markdown_table(headers, [[cell.replace("|", "\\|") for cell in row] for row in rows])
+
+
 def markdown(data: dict) -> str:
     sh = data["shape"]
     lines = [
@@ -460,7 +465,7 @@ def markdown(data: dict) -> str:
         rows.append([r["row"], r["dtype"], r["pass"], _ms(r, "attnkit"), _ms(r, "flex_hand"), _ms(r, sdpa),
                      _ratio(r, "attnkit", "flex_hand"), _ratio(r, "attnkit", sdpa), f"{r.get('attnkit_first_s', float('nan')):.2f}"])
     if rows:
-        lines.append(markdown_table(
+        lines.append(_table(
             ["call", "dtype", "pass", "attnkit ms", "flex_hand ms", "sdpa ms", "speed vs flex_hand", "speed vs sdpa", "attnkit first call s"], rows))
     errors = [f"- {r['row']} ({r['dtype']}, {r['pass']}): " + "; ".join(f"{k}: {v}" for k, v in r.items() if k.endswith("_error"))
               for r in data["rows"] + data["linear"] if any(k.endswith("_error") for k in r)]
@@ -472,7 +477,7 @@ def markdown(data: dict) -> str:
         for r in data["linear"]:
             lrows.append([r["dtype"], r["pass"], _ms(r, "attnkit"), _ms(r, "sdpa_is_causal"), _ratio(r, "attnkit", "sdpa_is_causal"),
                           _ms(r, "attnkit_eager")] + [_ms(r, c) for c in chunk_keys])
-        lines.append(markdown_table(["dtype", "pass", "attnkit ms", "sdpa is_causal ms", "speed vs sdpa", "eager engine ms"]
+        lines.append(_table(["dtype", "pass", "attnkit ms", "sdpa is_causal ms", "speed vs sdpa", "eager engine ms"]
                                     + [f"chunk {c[13:]} ms" for c in chunk_keys], lrows))
     if "many_masks" in data:
         mm = data["many_masks"]
@@ -485,7 +490,7 @@ def markdown(data: dict) -> str:
     if block_rows:
         lines += ["", "Block-mask build, seconds (attnkit from the mask's block test where it has one; "
                   "`create_block_mask` for the hand-written one):", "",
-                  markdown_table(["mask", "dtype", "attnkit s", "create_block_mask s"], block_rows)]
+                  _table(["mask", "dtype", "attnkit s", "create_block_mask s"], block_rows)]
     check = data.get("check") or {}
     if check:
         lines += ["", "Correctness on the device (`--check`), relative error against float64 on the CPU "
@@ -496,7 +501,7 @@ def markdown(data: dict) -> str:
                 vals = [f"{r[key]:.1e}" if key in r else "–" for key in ("out", "dq", "dk", "dv", "lse", "weights")]
                 crow.append([r["case"], name, *vals, "yes" if r.get("ok") else f"**no** {r.get('error', '')}"])
         if crow:
-            lines.append(markdown_table(["case", "dtype", "out", "dq", "dk", "dv", "lse", "weights", "within tolerance"], crow))
+            lines.append(_table(["case", "dtype", "out", "dq", "dk", "dv", "lse", "weights", "within tolerance"], crow))
         bits = check.get("mask_bits", {})
         if bits:
             lines += ["", "Every built-in mask inside one compiled Flex kernel on the device, against eager evaluation "

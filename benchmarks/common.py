@@ -86,6 +86,12 @@ def write_results(name: str, data: dict, markdown: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"environment": environment(), **data}, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown.strip() + "\n")
+    rebuild_report()
+
+
+def rebuild_report() -> None:
+    """Rebuild docs/benchmarks.md from every ``results/*.md`` (also for results measured on
+    another machine and copied here, such as a GPU run)."""
     sections = [p.read_text().strip() for p in sorted(RESULTS.glob("*.md"))]
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(

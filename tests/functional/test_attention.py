@@ -285,3 +285,33 @@ def test_fast_path_is_taken_when_sdpa_can_serve(monkeypatch):
     attnkit.attention(q, k, v, return_weights=True)
     attnkit.attention(q[:, :, :3], k, v, causal=True)
     assert len(calls) == 3
+
+
+def test_degenerate_shapes_are_clear_errors_not_crashes():
+    import subprocess
+    import sys
+
+    q = torch.randn(1, 4, 8, 16)
+    with pytest.raises(ValueError, match=r"head dim must be at least 1"):
+        attnkit.tiled_attention(torch.randn(1, 4, 8, 0), torch.randn(1, 4, 8, 0), q)
+    with pytest.raises(ValueError, match=r"q must have at least one head"):
+        attnkit.attention(torch.randn(1, 0, 8, 16), q, q)
+    # Zero query heads once killed the interpreter (SIGFPE) in the tiled kernel.
+    code = "import torch, attnkit\ntry:\n attnkit.tiled_attention(torch.randn(1,0,8,16), torch.randn(1,2,8,16), torch.randn(1,2,8,16))\nexcept ValueError as e:\n print('ValueError', e)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "ValueError q must have at least one head" in done.stdout
+
+
+def test_a_float64_bias_with_float32_inputs_takes_their_dtype():
+    q = torch.randn(1, 2, 8, 16)
+    bias = torch.randn(8, 8, dtype=torch.float64)
+    res = attnkit.attention(q, q, q, bias=bias, return_weights=True)
+    fast = attnkit.attention(q, q, q, bias=bias)
+    assert res.output.dtype == torch.float32 and (res.output - fast).abs().max() < 1e-5
+
+
+def test_block_sizes_beyond_the_sequence_allocate_nothing_more():
+    q = torch.randn(1, 2, 8, 16, dtype=torch.float64)
+    want = attnkit.local_attention(q, q, q, window=2, engine="blockwise")
+    assert torch.allclose(attnkit.local_attention(q, q, q, window=2, block_size=10**9), want)
+    assert torch.allclose(attnkit.tiled_attention(q, q, q, causal=True, block_size=10**9), attnkit.attention(q, q, q, causal=True))

@@ -169,7 +169,7 @@ def reference_attention(
     if scale != 1.0:
         scores = scores * scale
     if bias is not None:
-        scores = scores + bias
+        scores = scores + bias.to(scores.dtype)  # the bias takes the scores' dtype, as in every engine
     weights, lse = masked_softmax(scores, allowed)  # [b, h, s_q, s_k], [b, h, s_q]
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = dropped.view(b, h_kv, h // h_kv, s_q, s_k) @ v.unsqueeze(2)  # [b, h_kv, g, s_q, d_v]
@@ -298,6 +298,8 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> bool:
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same head dim, got q {list(q.shape)} and k {list(k.shape)}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"the head dim must be at least 1, got q {list(q.shape)}")
     if k.shape[:-1] != v.shape[:-1]:
         raise ValueError(
             f"k and v must agree on every dim but the last, got k {list(k.shape)} and v {list(v.shape)}"
@@ -306,6 +308,8 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> bool:
         if q.shape[0] != k.shape[0]:
             raise ValueError(f"q and k must have the same batch size, got q {list(q.shape)} and k {list(k.shape)}")
         h, h_kv = q.shape[1], k.shape[1]
+        if h == 0:
+            raise ValueError(f"q must have at least one head, got q {list(q.shape)}")
         if h_kv == 0 or h % h_kv != 0:
             raise ValueError(
                 f"query heads must be a multiple of key/value heads, got h={h} (q {list(q.shape)}) "

@@ -185,7 +185,8 @@ def local_core(
     # A window wider than the sequence changes nothing; clamp it so the blocks stay small.
     left = min(left, max(s_k - 1 + max(s_q - s_k, 0), 0))
     right = min(right, max(s_k + s_q, 0))
-    bs = block_size or default_block_size(left, right, s_q)
+    # More rows per block than there are queries would only pad (and allocate) for nothing.
+    bs = min(block_size or default_block_size(left, right, s_q), max(s_q, 1))
     geo = _Geometry(b, h, h_kv, s_q, s_k, left, right, bs, scale, block_engine)
     if s_q == 0 or s_k == 0:
         out = q.new_zeros(b, h, s_q, v.shape[-1])

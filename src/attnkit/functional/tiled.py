@@ -223,6 +223,8 @@ def make_plan(
     for name, value in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    # Blocks longer than the sequences would only pad (and allocate) for nothing.
+    block_q, block_k = min(block_q, max(s_q, 1)), min(block_k, max(s_k, 1))
     device = q.device
     mask_obj, dense, bias_shape = resolve_mask(q, k, mask=mask, bias=bias, causal=causal)
     if q_pos is None:
