@@ -7,7 +7,7 @@ Shape letters: ``h`` selected heads, ``s`` tokens, ``n`` tokens or words.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 

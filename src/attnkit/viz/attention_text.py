@@ -7,7 +7,6 @@ from collections import Counter
 from collections.abc import Sequence
 
 from attnkit.inspect.heads import rank_heads
-from attnkit.inspect.heads import rank_heads
 from attnkit.inspect.interventions import HeadEffects
 from attnkit.inspect.maps import AttentionMap
 from attnkit.inspect.survey import DESCRIPTIONS, HeadSurvey
@@ -120,12 +119,12 @@ def render_effects(effects: HeadEffects, *, top: int = 5) -> str:
     Returns:
         Text ending in a newline.
     """
-    if effects.kind == "ablation":
-        what = f"{effects.replacement} ablation of each head on {effects.texts['text']!r}"
-        baseline = "" if effects.target is None else f"; unablated log p({effects.target!r}) = {effects.baseline:.4f}"
-    else:
+    if isinstance(effects.baseline, dict):  # patching
         what = f"patching each head of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
         baseline = f"; clean {effects.baseline['clean']:.4f}, corrupted {effects.baseline['corrupt']:.4f}"
+    else:
+        what = f"{effects.replacement} ablation of each head on {effects.texts['text']!r}"
+        baseline = "" if effects.target is None else f"; unablated log p({effects.target!r}) = {effects.baseline:.4f}"
     lines = [f"{effects.model} · {what}", f"measure: {effects.metric}{baseline}", ""]
     # Ablation: the heads whose removal lowers the measure most; patching: those that restore most.
     order = rank_heads(effects.effects, top=top, descending=effects.kind == "patching")
