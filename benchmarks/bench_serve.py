@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", action="append", help=f"models to test (default: {', '.join(DEFAULT_MODELS)})")
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--requests", type=int, default=10, help="requests per client")
+    parser.add_argument("--rounds", type=int, default=3, help="load rounds; the median round is reported")
     parser.add_argument("--hangups", type=int, default=HANGUPS, help="clients that hang up (abuse phase)")
     parser.add_argument("--flood", type=int, default=FLOOD, help="simultaneous requests of the flood (abuse phase)")
     args = parser.parse_args(argv)
@@ -232,7 +233,17 @@ def main(argv: list[str] | None = None) -> int:
                 skipped[name] = url.removeprefix("error: ")
                 print(f"{name}: skipped ({skipped[name]})", flush=True)
                 continue
-            r = load_test(url, args.clients, args.requests)
+            # On a shared machine one round can be hit by a neighbour's burst: several
+            # rounds, each with its own "alone", and the median round is reported (all are
+            # kept in the JSON).
+            rounds = [load_test(url, args.clients, args.requests) for _ in range(args.rounds)]
+            ordered = sorted(rounds, key=lambda x: x["p95_ms"] / x["alone_ms"])
+            r = {**ordered[len(ordered) // 2], "rounds": rounds,
+                 "p95_ratios": [x["p95_ms"] / x["alone_ms"] for x in rounds]}
+            r["errors"] = sum(x["errors"] for x in rounds)
+            r["busy_429"] = sum(x["busy_429"] for x in rounds)
+            print(f"{name}: p95 / alone in {args.rounds} rounds: "
+                  f"{', '.join(f'{x:.1f}x' for x in r['p95_ratios'])}; the median round:", flush=True)
             print(f"{name}: {r['requests']} requests, {r['errors']} errors, {r['busy_429']} x 429, alone "
                   f"{r['alone_ms']:.1f} ms, p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms "
                   f"({r['p95_ms'] / r['alone_ms']:.1f}x alone), {r['throughput_rps']:.1f} req/s", flush=True)
@@ -247,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [
         [name, str(r["tokens"]), str(r["requests"]), str(r["errors"]), str(r["busy_429"]), f"{r['alone_ms']:.1f}",
-         f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['max_ms']:.1f}", f"{r['p95_ms'] / r['alone_ms']:.1f}×",
+         f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['max_ms']:.1f}",
+         " / ".join(f"{x:.1f}×" for x in sorted(r["p95_ratios"])),
          f"{r['throughput_rps']:.1f}"]
         for name, r in results.items()
     ]
@@ -262,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "## Serve: load test (`benchmarks/bench_serve.py`)",
         "",
         f"{args.clients} concurrent clients × {args.requests} requests each of `POST /api/attention` "
+        f"in {args.rounds} rounds (the table shows the median round by p95 / alone; errors and 429s count all rounds) "
         f'("{TEXT}", every layer and head) on 127.0.0.1, the server in its own process; '
         "\"alone\" is the median of one request at a time, measured first in the same run. "
         "`tiny` is a two-layer random model: the server's own overhead. Concurrent requests for one model run "
@@ -271,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.1f} after.",
         "",
         markdown_table(["model", "tokens", "requests", "errors", "429", "alone (ms)", "p50 (ms)", "p95 (ms)",
-                        "max (ms)", "p95 / alone", "req/s"], rows),
+                        "max (ms)", "p95 / alone (rounds, sorted)", "req/s"], rows),
         "",
         f"Abuse, right after: {args.hangups} clients send a request and hang up after {HANGUP_AFTER_S} s, then one "
         f"request is timed; then {args.flood} requests at once, past the queue limit of 32 per model "
