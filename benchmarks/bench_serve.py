@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         "## Serve: load test (`benchmarks/bench_serve.py`)",
         "",
         f"{args.clients} concurrent clients × {args.requests} requests each of `POST /api/attention` "
-        f"in {args.rounds} rounds (the table shows the median round by p95 / alone; errors and 429s count all rounds) "
-        f'("{TEXT}", every layer and head) on 127.0.0.1, the server in its own process; '
-        "\"alone\" is the median of one request at a time, measured first in the same run. "
+        f'("{TEXT}", every layer and head) on 127.0.0.1, the server in its own process, in {args.rounds} rounds; '
+        "\"alone\" is the median of one request at a time, measured first in each round. The table shows the "
+        "median round by p95 / alone (every round's ratio in its column); errors and 429s count all rounds. "
         "`tiny` is a two-layer random model: the server's own overhead. Concurrent requests for one model run "
         f"in batches (one forward pass for several texts); the target is a SmolLM2 p95 of at most {TARGET_RATIO:.0f}× "
         "one request alone, with no errors. "
