@@ -177,6 +177,36 @@ class MultiHeadAttention(nn.Module):
                 uses row/column positions), a mask of the wrong shape.
             TypeError: non-float inputs, a ``kv_cache`` that is not a ``KVCache``.
         """
+        record = self.forward_record(
+            x, context, mask=mask, causal=causal, positions=positions, kv_cache=kv_cache, weights=return_weights
+        )
+        return record if return_weights else record.output
+
+    def forward_record(
+        self,
+        x: Tensor,
+        context: Context | None = None,
+        *,
+        mask: Mask | Tensor | None = None,
+        causal: bool = False,
+        positions: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        weights: bool = False,
+    ) -> MultiHeadOutput:
+        """:meth:`forward`, always as a record: the one path attention runs through.
+        Layers call it so that the output is always ``record.output``.
+
+        Args:
+            x, context, mask, causal, positions, kv_cache: as in :meth:`forward`.
+            weights: compute the weights; otherwise ``record.weights`` is ``None`` and the
+                fused kernel runs.
+
+        Returns:
+            A :class:`attnkit.nn.MultiHeadOutput`.
+
+        Raises:
+            ValueError, TypeError: as :meth:`forward`.
+        """
         key_input, value_input = self._check_forward(x, context, positions, kv_cache)
         b, s_q, _ = x.shape
         if context is None:
@@ -197,10 +227,10 @@ class MultiHeadAttention(nn.Module):
         bias = None
         if self.positional is not None:
             bias = self.positional.score_bias(s_q, k.shape[2], device=q.device, dtype=q.dtype)  # [1, h, s_q, s_k]
-        result = self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
-        heads = result.output if return_weights else result  # [b, h, s_q, d]
+        result = self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=weights)
+        heads = result.output  # [b, h, s_q, d]
         output = self.out_proj(heads.transpose(1, 2).reshape(b, s_q, self.num_heads * self.head_dim))  # [b, s_q, e]
-        return MultiHeadOutput(output, result.weights) if return_weights else output
+        return MultiHeadOutput(output, result.weights)
 
     def _self_projections(self, x: Tensor, positions: Tensor | None, past: int) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values of self-attention, with the positional rotation.
@@ -242,12 +272,14 @@ class MultiHeadAttention(nn.Module):
         bias: Tensor | None,
         causal: bool,
         return_weights: bool,
-    ) -> Tensor | AttentionResult:
-        """Every head at once, by the constructor's kernel: the one place attention runs."""
+    ) -> AttentionResult:
+        """Every head at once, by the constructor's kernel: the one place attention runs.
+        The weights are ``None`` unless asked for."""
         if self.kernel != "auto":
-            return self._attend_with_kernel(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
+            out = self._attend_with_kernel(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
+            return AttentionResult(out)
         score = self.score.scores if isinstance(self.score, AttentionScore) else self.score
-        return attention(
+        result = attention(
             q,
             k,
             v,
@@ -259,6 +291,7 @@ class MultiHeadAttention(nn.Module):
             return_weights=return_weights,
             **self.kernel_options,
         )
+        return result if isinstance(result, AttentionResult) else AttentionResult(result)
 
     def _attend_with_kernel(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: Mask | Tensor | None, bias: Tensor | None, causal: bool,

@@ -129,14 +129,20 @@ class EncoderLayer(_ResidualLayer):
         Returns:
             ``[b, s, e]``, or a :class:`attnkit.nn.LayerOutput`.
         """
-        attn = self.self_attn(
-            self._sublayer_input(x, self.self_attn_norm), mask=mask, positions=positions,
-            return_weights=return_weights,
+        record = self.forward_record(x, mask=mask, positions=positions, weights=return_weights)
+        return record if return_weights else record.output
+
+    def forward_record(
+        self, x: Tensor, *, mask: MaskLike | None = None, positions: Tensor | None = None, weights: bool = False
+    ) -> LayerOutput:
+        """:meth:`forward`, always as a record (weights ``None`` unless asked for): the one
+        path the layer runs through, which stacks call."""
+        attn = self.self_attn.forward_record(
+            self._sublayer_input(x, self.self_attn_norm), mask=mask, positions=positions, weights=weights
         )
-        attn_out = attn.output if return_weights else attn
-        x = self._add_and_norm(x, attn_out, self.self_attn_norm)
+        x = self._add_and_norm(x, attn.output, self.self_attn_norm)
         x = self._add_and_norm(x, self.ff(self._sublayer_input(x, self.ff_norm)), self.ff_norm)
-        return LayerOutput(x, LayerWeights(attn.weights)) if return_weights else x
+        return LayerOutput(x, LayerWeights(attn.weights) if weights else None)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerEncoderLayer) -> EncoderLayer:
@@ -255,26 +261,51 @@ class DecoderLayer(_ResidualLayer):
             ValueError: ``memory`` given to a layer without cross-attention or missing for
                 one with it (and the errors of the attention modules).
         """
+        record = self.forward_record(
+            x, memory, mask=mask, memory_mask=memory_mask, causal=causal, positions=positions,
+            self_cache=self_cache, cross_cache=cross_cache, weights=return_weights,
+        )
+        return record if return_weights else record.output
+
+    def forward_record(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: MaskLike | None = None,
+        memory_mask: MaskLike | None = None,
+        causal: bool = True,
+        positions: Tensor | None = None,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+        weights: bool = False,
+    ) -> LayerOutput:
+        """:meth:`forward`, always as a record (weights ``None`` unless asked for): the one
+        path the layer runs through, which stacks call.
+
+        Raises:
+            ValueError: as :meth:`forward`.
+        """
         if (memory is None) != (self.cross_attn is None):
             raise ValueError(
                 "memory is required by a decoder layer with cross-attention and not accepted without one; "
                 f"this layer has cross_attention={self.cross_attn is not None}, memory given: {memory is not None}"
             )
-        attn = self.self_attn(
+        attn = self.self_attn.forward_record(
             self._sublayer_input(x, self.self_attn_norm), mask=mask, causal=causal, positions=positions,
-            kv_cache=self_cache, return_weights=return_weights,
+            kv_cache=self_cache, weights=weights,
         )
-        x = self._add_and_norm(x, attn.output if return_weights else attn, self.self_attn_norm)
+        x = self._add_and_norm(x, attn.output, self.self_attn_norm)
         cross_weights = None
         if self.cross_attn is not None:
-            cross = self.cross_attn(
+            cross = self.cross_attn.forward_record(
                 self._sublayer_input(x, self.cross_attn_norm), memory, mask=memory_mask, kv_cache=cross_cache,
-                return_weights=return_weights,
+                weights=weights,
             )
-            x = self._add_and_norm(x, cross.output if return_weights else cross, self.cross_attn_norm)
-            cross_weights = cross.weights if return_weights else None
+            x = self._add_and_norm(x, cross.output, self.cross_attn_norm)
+            cross_weights = cross.weights
         x = self._add_and_norm(x, self.ff(self._sublayer_input(x, self.ff_norm)), self.ff_norm)
-        return LayerOutput(x, LayerWeights(attn.weights, cross_weights)) if return_weights else x
+        return LayerOutput(x, LayerWeights(attn.weights, cross_weights) if weights else None)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerDecoderLayer) -> DecoderLayer:

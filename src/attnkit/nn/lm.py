@@ -210,12 +210,13 @@ class DecoderLM(nn.Module):
             TypeError: non-integer tokens.
             ValueError: tokens not ``[b, s]``, a layer index out of range.
         """
+        # Always a record inside (no layer's weights when none are asked for): one path.
         decoded = self.hidden_states(
-            tokens, mask=mask, positions=positions, cache=cache, return_weights=return_weights
+            tokens, mask=mask, positions=positions, cache=cache,
+            return_weights=[] if return_weights is False else return_weights,
         )
-        if isinstance(decoded, StackOutput):
-            return LMOutput(self.lm_head(decoded.output), decoded.weights)  # [b, s, v]
-        return self.lm_head(decoded)  # [b, s, v]
+        logits = self.lm_head(decoded.output)  # [b, s, v]
+        return logits if return_weights is False else LMOutput(logits, decoded.weights)
 
     @torch.no_grad()
     def generate(

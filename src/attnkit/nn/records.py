@@ -36,11 +36,12 @@ class MultiHeadOutput:
 
     Attributes:
         output: ``[b, s_q, e]``.
-        weights: per head, ``[b, h, s_q, s_k]``.
+        weights: per head, ``[b, h, s_q, s_k]``; ``None`` from
+            :meth:`~attnkit.nn.MultiHeadAttention.forward_record` when not asked for.
     """
 
     output: Tensor
-    weights: Tensor
+    weights: Tensor | None
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,12 @@ class LayerOutput:
 
     Attributes:
         output: ``[b, s, e]``.
-        weights: the layer's :class:`LayerWeights`.
+        weights: the layer's :class:`LayerWeights`; ``None`` from a layer's
+            ``forward_record`` when not asked for.
     """
 
     output: Tensor
-    weights: LayerWeights
+    weights: LayerWeights | None
 
 
 @dataclass(frozen=True)

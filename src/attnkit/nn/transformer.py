@@ -11,7 +11,7 @@ serves translation, toy tasks and checkpoints with their own embedding schemes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from torch import Tensor, nn
@@ -51,6 +51,31 @@ def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozense
         return frozenset(range(num_layers)) if return_weights else None
     context = f"the stack has {num_layers} layers"
     return frozenset(normalize_indices(return_weights, num_layers, "layer", context=context, allow_empty=True))
+
+
+def _run_stack(
+    layers: nn.ModuleList,
+    final_norm: nn.Module | None,
+    x: Tensor,
+    return_weights: LayerSelection,
+    run_layer: Callable[[int, nn.Module, Tensor, bool], LayerOutput],
+) -> Tensor | StackOutput:
+    """The loop of every stack: each layer in order (``run_layer(i, layer, x, weights)``
+    returns its record), then the final norm.
+
+    Returns:
+        ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput` when ``return_weights`` asks
+        for any record (``None`` in place of the layers not asked for).
+    """
+    wanted = selected_layers(return_weights, len(layers))
+    weights: list[LayerWeights | None] = []
+    for i, layer in enumerate(layers):
+        record = run_layer(i, layer, x, wanted is not None and i in wanted)
+        x = record.output
+        weights.append(record.weights)
+    if final_norm is not None:
+        x = final_norm(x)
+    return x if wanted is None else StackOutput(x, weights)
 
 
 def _layer_list(layers: Iterable[nn.Module], kind: type[nn.Module]) -> nn.ModuleList:
@@ -106,19 +131,10 @@ class Encoder(nn.Module):
         Raises:
             ValueError: a layer index out of range (and the layers' errors).
         """
-        wanted = selected_layers(return_weights, len(self.layers))
-        weights: list[LayerWeights | None] = []
-        for i, layer in enumerate(self.layers):
-            out = layer(x, mask=mask, positions=positions, return_weights=wanted is not None and i in wanted)
-            if isinstance(out, LayerOutput):
-                x = out.output
-                weights.append(out.weights)
-            else:
-                x = out
-                weights.append(None)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x if wanted is None else StackOutput(x, weights)
+        return _run_stack(
+            self.layers, self.final_norm, x, return_weights,
+            lambda i, layer, h, weights: layer.forward_record(h, mask=mask, positions=positions, weights=weights),
+        )
 
     @classmethod
     def from_torch(cls, m: nn.TransformerEncoder) -> Encoder:
@@ -200,24 +216,15 @@ class Decoder(nn.Module):
                     f"cache has {len(cache.self_attention)} layers, this decoder has {len(self.layers)}; "
                     "make it with new_cache()"
                 )
-        wanted = selected_layers(return_weights, len(self.layers))
-        weights: list[LayerWeights | None] = []
-        for i, layer in enumerate(self.layers):
-            out = layer(
-                x, memory, mask=mask, memory_mask=memory_mask, causal=causal, positions=positions,
+        return _run_stack(
+            self.layers, self.final_norm, x, return_weights,
+            lambda i, layer, h, weights: layer.forward_record(
+                h, memory, mask=mask, memory_mask=memory_mask, causal=causal, positions=positions,
                 self_cache=None if cache is None else cache.self_attention[i],
                 cross_cache=None if cache is None else cache.cross_attention[i],
-                return_weights=wanted is not None and i in wanted,
-            )
-            if isinstance(out, LayerOutput):
-                x = out.output
-                weights.append(out.weights)
-            else:
-                x = out
-                weights.append(None)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x if wanted is None else StackOutput(x, weights)
+                weights=weights,
+            ),
+        )
 
     @classmethod
     def from_torch(cls, m: nn.TransformerDecoder) -> Decoder:
@@ -378,14 +385,15 @@ class Transformer(nn.Module):
         Returns:
             ``[b, s_tgt, e]``, or a :class:`attnkit.nn.TransformerOutput`.
         """
-        encoded = self.encode(src, src_mask=src_mask, return_weights=return_weights)
-        memory = encoded.output if return_weights else encoded
-        decoded = self.decode(
-            tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, causal=causal, return_weights=return_weights
+        # Records throughout (StackOutput with ``None`` weights when not asked for), one path.
+        layers: LayerSelection = True if return_weights else []
+        encoded = self.encoder(src, mask=src_mask, return_weights=layers)
+        decoded = self.decoder(
+            tgt, encoded.output, mask=tgt_mask, memory_mask=memory_mask, causal=causal, return_weights=layers
         )
         if return_weights:
             return TransformerOutput(decoded.output, encoded.weights, decoded.weights)
-        return decoded
+        return decoded.output
 
     @classmethod
     def from_torch(cls, m: nn.Transformer) -> Transformer:
