@@ -118,10 +118,15 @@ def _check_ring_cases(rank: int, world: int, seq_lens: list[int]) -> None:
         raise AssertionError(f"rank {rank}: {len(failures)} failures:\n" + "\n".join(failures))
 
 
-@pytest.mark.timeout(240)
-def test_ring_attention_two_ranks_matches_single_process():
+def _check_two_ranks(rank: int, world: int) -> None:
     # 23 and 30: lengths that 2 ranks (and 4 zigzag chunks) do not divide, and 12, that they do.
-    run_ranks(_check_ring_cases, 2, [23, 12, 30], timeout=200)
+    _check_ring_cases(rank, world, [23, 12, 30])
+    _check_gather_and_errors(rank, world)
+
+
+@pytest.mark.timeout(240)
+def test_ring_attention_two_ranks_matches_single_process_and_gather_inverts_shard():
+    run_ranks(_check_two_ranks, 2, timeout=200)
 
 
 @pytest.mark.timeout(240)
@@ -185,11 +190,6 @@ def _check_gather_and_errors(rank: int, world: int) -> None:
             assert message in str(err), (message, err)
         else:
             raise AssertionError(f"no error for {message!r}")
-
-
-@pytest.mark.timeout(120)
-def test_gather_inverts_shard_and_bad_inputs_raise():
-    run_ranks(_check_gather_and_errors, 2, timeout=90)
 
 
 def _fail_on_rank_one(rank: int, world: int) -> None:

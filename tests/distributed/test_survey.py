@@ -33,28 +33,28 @@ def _check_survey(rank: int, world: int, texts: list[str], expected: dict) -> No
     assert torch.equal(survey.pair.mass, expected["pair"].mass) and survey.pair.texts == expected["pair"].texts
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("world", [2, 3])
-def test_survey_split_across_ranks_equals_one_process(world):
-    single = survey_heads(FakeModel(), TEXTS, source="a", target="b", period=8)
-    expected = {"texts": single.texts, "tokens": single.tokens, "statistics": single.statistics, "pair": single.pair}
-    run_ranks(_check_survey, world, TEXTS, expected, timeout=90)
-
-
 def _check_failing_text(rank: int, world: int) -> None:
     from attnkit.distributed import survey_heads as distributed_survey
 
     try:
-        distributed_survey(FakeModel(), ["a b", "c d", "e f", "  "], period=8)  # rank 1 gets the empty one
+        distributed_survey(FakeModel(), ["a b", "c d", "e f", "  "], period=8)  # the last rank gets the empty one
     except ValueError as err:
         assert str(err) == "text 4 is empty", err
     else:
         raise AssertionError("an empty text was accepted")
 
 
-@pytest.mark.timeout(90)
-def test_a_text_failing_on_one_rank_fails_every_rank():
-    run_ranks(_check_failing_text, 2, timeout=60)
+def _check_survey_and_failing_text(rank: int, world: int, texts: list[str], expected: dict) -> None:
+    _check_survey(rank, world, texts, expected)
+    _check_failing_text(rank, world)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_survey_split_across_ranks_equals_one_process_and_a_failing_text_fails_every_rank(world):
+    single = survey_heads(FakeModel(), TEXTS, source="a", target="b", period=8)
+    expected = {"texts": single.texts, "tokens": single.tokens, "statistics": single.statistics, "pair": single.pair}
+    run_ranks(_check_survey_and_failing_text, world, TEXTS, expected, timeout=90)
 
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

@@ -1,6 +1,6 @@
 """Data-parallel training on gloo processes: the loss curve of 2 ranks equals one process's
 over 100 steps, rank 0 writes the checkpoint, and a run resumes with another number of
-ranks."""
+ranks (the checkpoint does not depend on how many wrote it)."""
 
 from __future__ import annotations
 
@@ -52,14 +52,9 @@ def test_two_ranks_train_the_loss_curve_of_one_process(one_process, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in one_process.iterdir())
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(180)
 def test_a_run_resumes_with_another_number_of_ranks(one_process, tmp_path):
-    # 2 ranks stop at step 50; 3 ranks (rows 6, 5, 5 of each batch of 16) take it to 70;
-    # one process finishes it.
-    run_ranks(_train_on_ranks, 2, str(tmp_path), 50, False, timeout=100)
-    assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 50
-    run_ranks(_train_on_ranks, 3, str(tmp_path), 70, True, timeout=100)
-    assert load_checkpoint(tmp_path / "checkpoint.pt")["step"] == 70
-    result = run(CONFIG, tmp_path, resume=True, progress=False)
-    assert result.finished
+    # One process stops at step 50; 3 ranks (rows 6, 5, 5 of each batch of 16) finish it.
+    assert not run(CONFIG, tmp_path, stop_after=50, progress=False).finished
+    run_ranks(_train_on_ranks, 3, str(tmp_path), None, True, timeout=150)
     assert _relative_difference(_losses(tmp_path), _losses(one_process)) <= RELATIVE_TOLERANCE
