@@ -19,6 +19,7 @@ parameters are still those views; replacing a parameter, or converting the modul
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +84,16 @@ class PackedLinears:
         return tuple(p.data_ptr() for p in params)
 
 
+@runtime_checkable
+class Packable(Protocol):
+    """A module that can pack its own projections."""
+
+    @property
+    def packable(self) -> bool: ...
+
+    def pack_projections(self) -> None: ...
+
+
 def pack_projections(module: nn.Module) -> int:
     """Pack the projections of every submodule of ``module`` that can pack its own (a
     :class:`attnkit.nn.MultiHeadAttention` that projects self-attention, a gated
@@ -97,7 +108,7 @@ def pack_projections(module: nn.Module) -> int:
     """
     packed = 0
     for sub in module.modules():
-        if getattr(sub, "packable", False) is True:
+        if isinstance(sub, Packable) and sub.packable:
             sub.pack_projections()
             packed += 1
     return packed

@@ -4,12 +4,18 @@ learned (``attnkit train``).
 
 - :mod:`attnkit.train.tasks`: ``copy``, ``reverse``, ``sort``, ``addition``.
 - :mod:`attnkit.train.model`: :class:`Seq2SeqTransformer`, :class:`DecoderOnlyTransformer`.
-- :mod:`attnkit.train.loop`: :class:`TrainConfig` and :func:`run`.
+- :mod:`attnkit.train.config`: :class:`TrainConfig`.
+- :mod:`attnkit.train.loop`: :func:`run`, the trainer, resuming.
+- :mod:`attnkit.train.evaluation`: held-out evaluation and the heads' alignment.
+- :mod:`attnkit.train.report`: ``metrics.json`` and the example heatmap.
+- :mod:`attnkit.train.devices`: the device a run computes on.
 - :mod:`attnkit.train.checkpoint`: atomic checkpoint files.
 """
 
 from attnkit.train.checkpoint import load_checkpoint, save_checkpoint
-from attnkit.train.loop import Evaluation, Replicas, RunResult, TrainConfig, evaluate, run
+from attnkit.train.config import TrainConfig
+from attnkit.train.evaluation import Evaluation, evaluate
+from attnkit.train.loop import Replicas, RunResult, run
 from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer, build_model
 from attnkit.train.tasks import TASKS, Batch, Task, make_task
 

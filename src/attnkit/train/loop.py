@@ -1,5 +1,6 @@
-"""Training a small Transformer on a toy task: the loop, checkpoints, resuming, and the
-final evaluation on held-out examples.
+"""Training a small Transformer on a toy task: the loop, checkpoints and resuming; at the
+end, the evaluation on held-out examples (:mod:`attnkit.train.evaluation`) and the report
+(:mod:`attnkit.train.report`). The configuration is :mod:`attnkit.train.config`.
 
 Shape letters: ``b`` batch, ``s_out`` target length, ``v`` vocabulary size, ``L`` layers,
 ``h`` heads.
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,170 +35,31 @@ from attnkit.train.checkpoint import (
     remove_stale_temporaries,
     save_checkpoint,
 )
-from attnkit.train.model import (
-    AttentionMaps,
-    DecoderOnlyTransformer,
-    Seq2SeqTransformer,
-    build_model,
+from attnkit.train.config import DEFAULT_THREADS, MAX_STEPS, TASK_DEFAULTS, TrainConfig
+from attnkit.train.devices import resolve_device
+from attnkit.train.evaluation import (
+    Evaluation,
+    Model,
+    alignment_fractions,
+    alignment_report,
+    evaluate,
+    held_out_generator,
+    inspect_attention,
 )
-from attnkit.train.tasks import TASKS, Task, make_task
+from attnkit.train.model import build_model
+from attnkit.train.report import METRICS_NAME, draw_example, run_metrics
+from attnkit.train.tasks import Task
+
+# Names of the pieces this module was split into, kept importable from here.
+__all__ = [
+    "DEFAULT_THREADS", "MAX_STEPS", "METRICS_NAME", "TASK_DEFAULTS", "Evaluation", "Replicas", "RunResult",
+    "TrainConfig", "alignment_fractions", "alignment_report", "check_resumable", "evaluate", "held_out_generator",
+    "lr_factor", "prepare_output_dir", "resolve_device", "run", "saved_config",
+]
 
 CHECKPOINT_FORMAT = 1
-METRICS_NAME = "metrics.json"
-# The held-out stream is seeded apart from the training one (which uses the seed itself).
-HELD_OUT_SEED_OFFSET = 0x5EED_0FF
 # The loss curve in metrics.json has about this many points, each a mean over its steps.
 LOSS_CURVE_POINTS = 100
-# The loss and accuracy of every step are kept (8 bytes a step): 10 million steps, 80 MB,
-# is far beyond what these toy tasks need (8,000 at most).
-MAX_STEPS = 10_000_000
-# Examples decoded at once during evaluation, and whose attention weights are kept at once.
-EVAL_BATCH = 500
-ATTENTION_BATCH = 100
-
-Model = Seq2SeqTransformer | DecoderOnlyTransformer
-
-# Defaults that depend on the task, applied by TrainConfig.for_task. Addition's small
-# decoder-only model needs more steps, each far cheaper (measured: 29% held-out exact
-# match after 2000 steps, 100% after 8000, under 4 minutes of one core).
-TASK_DEFAULTS: dict[str, dict[str, Any]] = {"addition": {"steps": 8000}}
-
-# CPU threads of a run, for the Python API and the command alike.
-DEFAULT_THREADS = 1
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that defines a training run.
-
-    Attributes:
-        task: one of :data:`attnkit.train.tasks.TASKS`.
-        length: input length of ``copy``, ``reverse``, ``sort``.
-        symbols: number of symbols of ``copy``, ``reverse``, ``sort``.
-        digits: digits per operand of ``addition``.
-        layers: encoder layers and as many decoder layers (decoder layers for
-            ``addition``).
-        d_model: model dim, even.
-        heads: attention heads; must divide ``d_model``.
-        ff: feed-forward hidden dim.
-        dropout: dropout rate (the tasks have unlimited data, so 0 by default).
-        steps: optimizer steps.
-        batch_size: examples per step.
-        lr: peak learning rate.
-        warmup: steps of linear warm-up before the cosine decay.
-        weight_decay: AdamW's decoupled weight decay.
-        label_smoothing: of the cross-entropy loss.
-        clip: maximum gradient norm.
-        seed: seeds weights, training and held-out examples.
-        eval_size: held-out examples of the final evaluation.
-        checkpoint_every: steps between checkpoints.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-    """
-
-    task: str
-    length: int = 16
-    symbols: int = 32
-    digits: int = 3
-    layers: int = 2
-    d_model: int = 128
-    heads: int = 4
-    ff: int = 256
-    dropout: float = 0.0
-    steps: int = 1000
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup: int = 200
-    weight_decay: float = 0.01
-    label_smoothing: float = 0.0
-    clip: float = 1.0
-    seed: int = 0
-    eval_size: int = 1000
-    checkpoint_every: int = 500
-    device: str = "cpu"
-
-    # Fields a resumed run may change: they do not enter the training computation.
-    # (Another device gives other rounding, but moving a run is worth allowing.)
-    RESUMABLE_CHANGES: ClassVar[tuple[str, ...]] = ("device", "eval_size", "checkpoint_every")
-
-    @classmethod
-    def for_task(cls, task: str, **options: Any) -> TrainConfig:
-        """The config of ``task`` with its defaults (:data:`TASK_DEFAULTS`) and ``options``
-        on top."""
-        return cls(task=task, **{**TASK_DEFAULTS.get(task, {}), **options})
-
-    def validate(self) -> Task:
-        """Check every option and build the task.
-
-        Returns:
-            The task the config describes.
-
-        Raises:
-            ValueError: the first invalid option, with what was expected and what was got.
-        """
-        if self.task not in TASKS:
-            raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
-        at_least_one = ("layers", "heads", "ff", "steps", "batch_size", "eval_size", "checkpoint_every")
-        for name in at_least_one:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.steps > MAX_STEPS:
-            raise ValueError(f"steps must be at most {MAX_STEPS:,}, got {self.steps:,}")
-        if self.d_model < 2 or self.d_model % 2:
-            raise ValueError(f"d_model must be even and >= 2 (sinusoidal encoding), got {self.d_model}")
-        if self.d_model % self.heads:
-            raise ValueError(f"d_model must be divisible by heads, got d_model={self.d_model} and heads={self.heads}")
-        for name in ("dropout", "label_smoothing"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("lr", "clip"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("lr", "weight_decay"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
-        if self.warmup < 0 or self.weight_decay < 0:
-            raise ValueError(f"warmup and weight_decay must be >= 0, got {self.warmup} and {self.weight_decay}")
-        return make_task(self.task, length=self.length, symbols=self.symbols, digits=self.digits)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data, for checkpoints and ``metrics.json``."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """The inverse of :meth:`to_dict`.
-
-        Raises:
-            ValueError: unknown or missing fields, or a field of the wrong type.
-        """
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        if not all(isinstance(key, str) for key in data) or set(data) - set(fields) or "task" not in data:
-            raise ValueError(f"not a training config: fields {sorted(map(str, data))}")
-        for name, value in data.items():
-            kinds = {"int": (int,), "float": (int, float), "str": (str,)}[str(fields[name].type)]
-            if isinstance(value, bool) or not isinstance(value, kinds):
-                raise ValueError(f"config field {name} must be {fields[name].type}, got {value!r}"[:200])
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """Greedy decoding of held-out examples.
-
-    Attributes:
-        exact_match: the fraction of examples whose every output token (EOS included) is
-            right.
-        token_accuracy: the fraction of right output tokens.
-        inputs: ``[n, s_in]`` on the CPU.
-        targets: ``[n, s_out]``.
-        predictions: ``[n, s_out]``.
-    """
-
-    exact_match: float
-    token_accuracy: float
-    inputs: Tensor
-    targets: Tensor
-    predictions: Tensor
 
 
 @dataclass(frozen=True)
@@ -273,25 +135,6 @@ def lr_factor(step: int, *, warmup: int, steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def resolve_device(name: str) -> torch.device:
-    """The torch device called ``name``, checked to be usable.
-
-    Raises:
-        ValueError: an unknown device, or CUDA asked for where there is none.
-    """
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise ValueError(f"unknown device {name!r}: {err}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but this torch build sees no CUDA GPU")
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as err:
-        raise ValueError(f"device {name!r} is not usable: {err}") from None
-    return device
-
-
 def prepare_output_dir(path: str | Path) -> Path:
     """Create ``path`` if needed and check that files can be written into it.
 
@@ -365,11 +208,6 @@ def check_resumable(saved: TrainConfig, asked: TrainConfig) -> None:
             "the checkpoint was trained with another config (" + "; ".join(differences) + "); resume with the "
             "checkpoint's options, or train into a new output directory"
         )
-
-
-def held_out_generator(seed: int) -> torch.Generator:
-    """The generator of the held-out examples of a run seeded with ``seed``."""
-    return torch.Generator().manual_seed(seed + HELD_OUT_SEED_OFFSET)
 
 
 def build_for_config(config: TrainConfig, task: Task) -> Model:
@@ -478,16 +316,19 @@ def _run(
 
     eval_start = time.perf_counter()
     evaluation = evaluate(model, task, size=config.eval_size, seed=config.seed, device=device)
-    maps, fractions = _inspect_attention(model, task, evaluation, device)
+    maps, fractions = inspect_attention(model, task, evaluation, device)
     alignment = alignment_report(task, fractions)
     try:
-        heatmap = _draw_example(task, maps, evaluation, alignment, out)
+        heatmap = draw_example(task, maps, evaluation, alignment, out)
     except OSError as err:
         raise OSError(f"cannot write the heatmap into {out}: {err.strerror or err}; the training itself is saved in "
                       f"{checkpoint_path}") from err
     eval_seconds = time.perf_counter() - eval_start
 
-    metrics = _metrics(config, task, model, trainer, evaluation, alignment, heatmap, eval_seconds, device)
+    metrics = run_metrics(
+        config, task, model, trainer.loss_curve(), trainer.step, trainer.seconds, evaluation, alignment, heatmap,
+        eval_seconds, device,
+    )
     metrics_path = out / METRICS_NAME
     try:
         metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
@@ -637,163 +478,3 @@ def _progress_bar(**kwargs: Any):
     return tqdm(unit="step", dynamic_ncols=True, **kwargs)
 
 
-@torch.no_grad()
-def evaluate(model: Model, task: Task, *, size: int, seed: int, device: torch.device | str) -> Evaluation:
-    """Greedy decoding of ``size`` held-out examples, scored against the answers.
-
-    Args:
-        model: a trained model for ``task``.
-        task: the task.
-        size: how many held-out examples.
-        seed: the run's seed; the examples come from :func:`held_out_generator`.
-        device: where the model is.
-
-    Returns:
-        An :class:`Evaluation`.
-    """
-    batch = task.sample(size, held_out_generator(seed), held_out=True)
-    predictions = torch.cat(
-        [model.generate(chunk.to(device), task.target_length).cpu() for chunk in batch.inputs.split(EVAL_BATCH)]
-    )  # [n, s_out]
-    right = predictions == batch.targets  # [n, s_out]
-    return Evaluation(
-        exact_match=right.all(dim=1).float().mean().item(),
-        token_accuracy=right.float().mean().item(),
-        inputs=batch.inputs,
-        targets=batch.targets,
-        predictions=predictions,
-    )
-
-
-def _inspect_attention(
-    model: Model, task: Task, evaluation: Evaluation, device: torch.device
-) -> tuple[AttentionMaps, Tensor | None]:
-    """The attention of the model while it produced its held-out predictions (teacher
-    forcing on its own output computes what greedy decoding computed).
-
-    Returns:
-        The maps of the first example only (weights ``[L, 1, h, s_out, s_k]``, on the CPU),
-        and for tasks with an alignment each head's alignment fraction over every example
-        (``[L, h]``), else ``None``. Examples go through in chunks: the full weights of
-        every example at once could be far larger than the model.
-    """
-    aligned = task.aligned_keys()
-    first: AttentionMaps | None = None
-    total: Tensor | None = None
-    chunks = zip(evaluation.inputs.split(ATTENTION_BATCH), evaluation.predictions.split(ATTENTION_BATCH))
-    for inputs, predictions in chunks:
-        maps = model.attention_maps(inputs.to(device), predictions.to(device))
-        if first is None:
-            first = AttentionMaps(maps.kind, maps.weights[:, :1].cpu(), maps.keys[:1].cpu())
-        if aligned is not None:
-            part = alignment_fractions(maps.weights, aligned).cpu() * inputs.shape[0]  # [L, h]
-            total = part if total is None else total + part
-    assert first is not None  # eval_size >= 1
-    return first, None if total is None else total / evaluation.inputs.shape[0]
-
-
-def alignment_fractions(weights: Tensor, aligned_keys: Tensor) -> Tensor:
-    """For each head, the fraction of query positions whose most-attended key is the
-    expected one.
-
-    Args:
-        weights: ``[L, n, h, s_q, s_k]`` attention weights.
-        aligned_keys: ``[s]`` with ``s <= s_q``: the expected key of query ``i``;
-            queries from ``s`` on are not counted.
-
-    Returns:
-        ``[L, h]`` fractions in ``[0, 1]``.
-    """
-    rows = aligned_keys.shape[0]
-    argmax = weights[..., :rows, :].argmax(dim=-1)  # [L, n, h, s]
-    return (argmax == aligned_keys.to(argmax.device)).float().mean(dim=(1, 3))  # [L, h]
-
-
-def alignment_report(task: Task, fractions: Tensor | None) -> dict[str, Any] | None:
-    """The ``alignment`` entry of ``metrics.json``: how much each head attends along the
-    task's alignment (diagonal for ``copy``, anti-diagonal for ``reverse``).
-
-    Args:
-        task: the task.
-        fractions: ``[L, h]`` from :func:`alignment_fractions`, or ``None``.
-
-    Returns:
-        ``{"pattern", "fractions" ([layer][head]), "best": {"layer", "head", "fraction"}}``,
-        layers and heads counted from 0; ``None`` without fractions.
-    """
-    if fractions is None:
-        return None
-    best = int(fractions.argmax())
-    layer, head = divmod(best, fractions.shape[1])
-    return {
-        "pattern": task.alignment,
-        "fractions": [[round(f, 4) for f in row] for row in fractions.tolist()],
-        "best": {"layer": layer, "head": head, "fraction": round(fractions[layer, head].item(), 4)},
-    }
-
-
-def _draw_example(
-    task: Task, maps: AttentionMaps, evaluation: Evaluation, alignment: dict[str, Any] | None, out: Path
-) -> Path:
-    """Heatmap of the first held-out example: the best-aligned head when the task has an
-    alignment, else the last layer averaged over heads."""
-    from attnkit.viz.heatmap import draw_heatmap
-
-    what = "Cross-attention" if maps.kind == "cross" else "Self-attention"
-    if alignment is not None:
-        layer, head = alignment["best"]["layer"], alignment["best"]["head"]
-        weights = maps.weights[layer, 0, head]  # [s_out, s_k]
-        title = f"{task.name}: {what.lower()}, layer {layer} head {head} ({alignment['pattern']})"
-    else:
-        layer = maps.weights.shape[0] - 1
-        weights = maps.weights[layer, 0].mean(dim=0)  # [s_out, s_k]
-        title = f"{task.name}: {what.lower()}, layer {layer}, mean of heads"
-    return draw_heatmap(
-        weights,
-        task.tokens(evaluation.predictions[0]),
-        task.tokens(maps.keys[0]),
-        out / f"{maps.kind}_attention.png",
-        title=title,
-        xlabel="Input token (key)",
-        ylabel="Output token (query that produced it)",
-    )
-
-
-def _metrics(
-    config: TrainConfig,
-    task: Task,
-    model: Model,
-    trainer: _Trainer,
-    evaluation: Evaluation,
-    alignment: dict[str, Any] | None,
-    heatmap: Path,
-    eval_seconds: float,
-    device: torch.device,
-) -> dict[str, Any]:
-    curve = trainer.loss_curve()
-    metrics: dict[str, Any] = {
-        "task": task.name,
-        "config": config.to_dict(),
-        "model": {
-            "kind": "decoder-only" if task.decoder_only else "encoder-decoder",
-            "parameters": sum(p.numel() for p in model.parameters()),
-        },
-        "steps": trainer.step,
-        "train": {"first_loss": curve[0]["loss"], "final_loss": curve[-1]["loss"], "loss_curve": curve},
-        "held_out": {
-            "examples": config.eval_size,
-            "exact_match": round(evaluation.exact_match, 6),
-            "token_accuracy": round(evaluation.token_accuracy, 6),
-        },
-        "example": {
-            "input": task.tokens(evaluation.inputs[0]),
-            "target": task.tokens(evaluation.targets[0]),
-            "prediction": task.tokens(evaluation.predictions[0]),
-            "heatmap": heatmap.name,
-        },
-        "time": {"train_seconds": round(trainer.seconds, 3), "evaluation_seconds": round(eval_seconds, 3)},
-        "environment": {"device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__},
-    }
-    if alignment is not None:
-        metrics["alignment"] = alignment
-    return metrics
