@@ -170,10 +170,10 @@ def test_no_square_tensor_forward_or_backward():
 
 
 def test_attention_takes_the_tiled_path_for_masks_without_building_them(monkeypatch):
-    tiled = importlib.import_module("attnkit.functional.tiled")
+    attention_module = importlib.import_module("attnkit.functional.attention")
     calls = []
-    real = tiled.tiled_core
-    monkeypatch.setattr(tiled, "tiled_core", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = attention_module.tiled_core
+    monkeypatch.setattr(attention_module, "tiled_core", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(masks.Mask, "to_dense", lambda *a, **kw: pytest.fail("the tiled path must not densify the mask"))
     q, k, v = (torch.randn(1, 2, 40, 8) for _ in range(3))
     attnkit.attention(q, k, v, mask=masks.sliding_window(5))
@@ -192,3 +192,28 @@ def test_bad_block_size_and_mask_errors():
         tiled_attention(q, k, v, mask="causal")
     with pytest.raises(ValueError, match=r"is defined for \(s_q, s_k\) = \(3, 3\), got \(4, 4\)"):
         tiled_attention(q, k, v, mask=masks.from_dense(torch.ones(3, 3, dtype=torch.bool)))
+
+
+def test_private_cpu_flash_ops_keep_the_signature_attnkit_calls():
+    from attnkit.functional import _blockwise
+
+    assert _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu", _blockwise.FUSED_FORWARD_ARGS) is not None
+    assert _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu_backward", _blockwise.FUSED_BACKWARD_ARGS) is not None
+    assert _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu", ("query", "key")) is None
+    assert _blockwise.private_op("no_such_op_in_any_torch", _blockwise.FUSED_FORWARD_ARGS) is None
+
+
+def test_without_the_private_ops_the_eager_engine_gives_the_same_result(monkeypatch):
+    from attnkit.functional import _blockwise
+
+    q, k, v = (torch.randn(1, 2, 300, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = masks.causal() & masks.sliding_window(40)
+    fused = tiled_attention(q, k, v, mask=mask)
+    fused_grads = torch.autograd.grad(fused.sum(), (q, k, v))
+    monkeypatch.setattr(_blockwise, "_FUSED_FORWARD", None)
+    monkeypatch.setattr(_blockwise, "_FUSED_BACKWARD", None)
+    assert not _blockwise.use_fused(q, v)
+    eager = tiled_attention(q, k, v, mask=mask)
+    eager_grads = torch.autograd.grad(eager.sum(), (q, k, v))
+    assert torch.allclose(fused, eager, atol=1e-12)
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(fused_grads, eager_grads))

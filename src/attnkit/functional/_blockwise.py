@@ -12,7 +12,9 @@ Two engines compute the same thing:
 
 - **fused**: on CPU, PyTorch's flash-attention kernel
   (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward), which never
-  materialises the ``[m, l]`` scores and already returns the log-sum-exp;
+  materialises the ``[m, l]`` scores and already returns the log-sum-exp. These ops are
+  private to torch: they are used only when this torch has them with the expected
+  arguments (:func:`private_op`), and the eager engine serves otherwise;
 - **eager**: plain tensor operations, for every other device, for ``d != d_v``, and for the
   gradient of ``bias``; callers keep ``m * l`` small.
 
@@ -32,12 +34,27 @@ _FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _NEG_INF = float("-inf")
 
 
-def _fused_op(name: str):
-    return getattr(torch.ops.aten, name, None)
+# The arguments attnkit passes to torch's private CPU flash-attention ops, by name.
+FUSED_FORWARD_ARGS = ("query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale")
+FUSED_BACKWARD_ARGS = (
+    "grad_out", "query", "key", "value", "out", "logsumexp", "dropout_p", "is_causal", "attn_mask", "scale",
+)
 
 
-_FUSED_FORWARD = _fused_op("_scaled_dot_product_flash_attention_for_cpu")
-_FUSED_BACKWARD = _fused_op("_scaled_dot_product_flash_attention_for_cpu_backward")
+def private_op(name: str, expected_args: tuple[str, ...]):
+    """torch's private op ``aten::name`` when this torch has it with exactly the arguments
+    attnkit passes, else ``None``: private ops may change or vanish between releases, and the
+    eager engine then computes the same thing."""
+    packet = getattr(torch.ops.aten, name, None)
+    try:
+        args = tuple(argument.name for argument in packet.default._schema.arguments)
+    except (AttributeError, RuntimeError):
+        return None
+    return packet if args == expected_args else None
+
+
+_FUSED_FORWARD = private_op("_scaled_dot_product_flash_attention_for_cpu", FUSED_FORWARD_ARGS)
+_FUSED_BACKWARD = private_op("_scaled_dot_product_flash_attention_for_cpu_backward", FUSED_BACKWARD_ARGS)
 
 
 def use_fused(q: Tensor, v: Tensor, engine: BlockEngine = "auto") -> bool:
@@ -46,6 +63,7 @@ def use_fused(q: Tensor, v: Tensor, engine: BlockEngine = "auto") -> bool:
         return False
     ok = (
         _FUSED_FORWARD is not None
+        and _FUSED_BACKWARD is not None
         and q.device.type == "cpu"
         and q.shape[-1] == v.shape[-1]
         and q.dtype in _FUSED_DTYPES

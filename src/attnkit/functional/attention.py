@@ -29,10 +29,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
+from attnkit.functional._validate import check_bias, check_inputs, check_options, dense_allowed
 from attnkit.functional.engines import Engine, choose_attention_engine
 from attnkit.functional.records import AttentionResult
 from attnkit.functional.scores import dot_scores
 from attnkit.functional.softmax import masked_softmax
+from attnkit.functional.tiled import tiled_core
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 Score = Literal["scaled_dot", "dot"] | ScoreFn
@@ -103,12 +105,12 @@ def attention(
             tensors on different devices, a mask of the wrong shape, ``dropout_p``
             outside ``[0, 1)``, an unknown engine or one that cannot compute the call.
     """
-    single = _check_inputs(q, k, v)
+    single = check_inputs(q, k, v)
     if single:
         q, k, v = q[None, None], k[None, None], v[None, None]  # [1, 1, s, d]
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
-    _check_options(score, dropout_p, scale)
+    check_options(score, dropout_p, scale)
     sdpa_serves = _sdpa_can_serve(score, bias, mask, causal, s_q, s_k)
     chosen = choose_attention_engine(
         engine, q, v, sdpa_serves=sdpa_serves,
@@ -121,8 +123,6 @@ def attention(
     if chosen in ("flex", "blockwise"):
         # Masks, biases and offset causal: exact attention that skips the key blocks a mask
         # leaves empty, in O(s · block) memory (attnkit.functional.tiled / .flex).
-        from attnkit.functional.tiled import tiled_core
-
         out, _ = tiled_core(
             q, k, v, mask=mask, bias=bias, causal=causal, scale=_scale(score, scale, d), engine=chosen,
             kernel="attention", need_lse=False,
@@ -130,9 +130,9 @@ def attention(
         return out[0, 0] if single else out
 
     # Only the engines below need the mask as a tensor; building it is O(s_q * s_k).
-    allowed = _allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
+    allowed = dense_allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
     if bias is not None:
-        _check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
+        check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
     if chosen == "sdpa":
         out = _sdpa_dense(q, k, v, allowed, bias, scale=_scale(score, scale, d), dropout_p=dropout_p)
         return out[0, 0] if single else out
@@ -212,107 +212,3 @@ def _scale(score: Score, scale: float | None, d: int) -> float:
     if scale is not None:
         return float(scale)
     return 1.0 / math.sqrt(d) if score == "scaled_dot" else 1.0
-
-
-def _allowed(
-    mask: MaskLike | None, *, causal: bool, b: int, h: int, s_q: int, s_k: int, device: torch.device
-) -> Tensor | None:
-    """The mask and the causal flag as one bool tensor broadcastable to ``[b, h, s_q, s_k]``."""
-    allowed: Tensor | None = None
-    if isinstance(mask, masks_mod.Mask):
-        _check_mask_sizes(mask, b=b, h=h)
-        allowed = mask.to_dense(s_q, s_k, device=device)  # [b|1, h|1, s_q, s_k]
-    elif isinstance(mask, Tensor):
-        allowed = _check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
-    elif mask is not None:
-        raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
-    if causal:
-        causal_allowed = masks_mod.causal().to_dense(s_q, s_k, device=device)  # [1, 1, s_q, s_k]
-        allowed = causal_allowed if allowed is None else allowed & causal_allowed
-    return allowed
-
-
-def _check_mask_sizes(mask: masks_mod.Mask, *, b: int, h: int) -> None:
-    if mask.batch_size is not None and mask.batch_size not in (1, b):
-        raise ValueError(f"mask {mask.name} is for batch size {mask.batch_size}, got batch size {b}")
-    if mask.num_heads is not None and mask.num_heads not in (1, h):
-        raise ValueError(f"mask {mask.name} is for {mask.num_heads} heads, got {h} query heads")
-
-
-def _check_mask_tensor(mask: Tensor, *, b: int, h: int, s_q: int, s_k: int, device: torch.device) -> Tensor:
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"mask must be a bool tensor (True = may attend), got dtype {mask.dtype}; "
-            "pass additive float scores as bias="
-        )
-    if mask.device != device:
-        raise ValueError(f"mask is on {mask.device} but q is on {device}")
-    if not _broadcasts(mask.shape, (b, h, s_q, s_k)):
-        raise ValueError(
-            f"mask of shape {list(mask.shape)} does not broadcast to [b, h, s_q, s_k] = {[b, h, s_q, s_k]}"
-        )
-    return mask
-
-
-def _check_bias(bias: Tensor, q: Tensor, *, b: int, h: int, s_q: int, s_k: int) -> None:
-    if not bias.is_floating_point():
-        raise TypeError(f"bias must be a float tensor, got dtype {bias.dtype}; pass boolean masks as mask=")
-    if bias.device != q.device:
-        raise ValueError(f"bias is on {bias.device} but q is on {q.device}")
-    if not _broadcasts(bias.shape, (b, h, s_q, s_k)):
-        raise ValueError(
-            f"bias of shape {list(bias.shape)} does not broadcast to [b, h, s_q, s_k] = {[b, h, s_q, s_k]}"
-        )
-
-
-def _broadcasts(shape: torch.Size, target: tuple[int, ...]) -> bool:
-    if len(shape) > len(target):
-        return False
-    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
-
-
-def _check_options(score: Score, dropout_p: float, scale: float | None) -> None:
-    if not (callable(score) or score in ("scaled_dot", "dot")):
-        raise TypeError(f'score must be "scaled_dot", "dot" or a callable (q, k) -> scores, got {score!r}')
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise TypeError(f"scale must be a finite number or None, got {scale!r}")
-
-
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Validate q, k, v; return True when they are 2-D (single head, no batch)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must have the same dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on the same device, got q {q.device}, k {k.device}, v {v.device}")
-    if not (q.ndim == k.ndim == v.ndim) or q.ndim not in (2, 4):
-        raise ValueError(
-            "q, k and v must all be [b, h, s, d] or all be [s, d], got "
-            f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
-        )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same head dim, got q {list(q.shape)} and k {list(k.shape)}")
-    if q.shape[-1] == 0:
-        raise ValueError(f"the head dim must be at least 1, got q {list(q.shape)}")
-    if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(
-            f"k and v must agree on every dim but the last, got k {list(k.shape)} and v {list(v.shape)}"
-        )
-    if q.ndim == 4:
-        if q.shape[0] != k.shape[0]:
-            raise ValueError(f"q and k must have the same batch size, got q {list(q.shape)} and k {list(k.shape)}")
-        h, h_kv = q.shape[1], k.shape[1]
-        if h == 0:
-            raise ValueError(f"q must have at least one head, got q {list(q.shape)}")
-        if h_kv == 0 or h % h_kv != 0:
-            raise ValueError(
-                f"query heads must be a multiple of key/value heads, got h={h} (q {list(q.shape)}) "
-                f"and h_kv={h_kv} (k {list(k.shape)})"
-            )
-    return q.ndim == 2

@@ -28,7 +28,6 @@ dim, ``m`` features, ``C`` chunk size, ``n_c`` chunks.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +36,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from attnkit.functional._validate import check_inputs
 
 FeatureMap = Literal["elu", "relu", "favor"] | Callable[[Tensor], Tensor]
 LinearEngine = Literal["auto", "eager", "compiled"]
@@ -164,8 +165,7 @@ def linear_attention(
     """
     if engine not in ("auto", "eager", "compiled"):
         raise ValueError(f"linear_attention runs on the engines ['auto', 'eager', 'compiled'], got engine={engine!r}")
-    att = importlib.import_module("attnkit.functional.attention")
-    single = att._check_inputs(q, k, v)
+    single = check_inputs(q, k, v)
     if single:
         q, k, v = q[None, None], k[None, None], v[None, None]
     if chunk_size is None:
@@ -202,15 +202,15 @@ def _linear_core(
     fk, k_shift = phi(k_c, False)  # [b, h_kv, s_k, m]
     m = fq.shape[-1]
     fq = fq.view(b, h_kv, g, s_q, m)  # [b, h_kv, g, s_q, m]
+    # Values with a column of ones: one product gives the numerator and the normaliser.
+    v1 = torch.cat([v_c, v_c.new_ones(b, h_kv, s_k, 1)], dim=-1)  # [b, h_kv, s_k, d_v + 1]
     if not causal:
-        kv = fk.transpose(-1, -2) @ v_c  # [b, h_kv, m, d_v]
-        z = fk.sum(-2)  # [b, h_kv, m]
-        num = fq @ kv.unsqueeze(2)  # [b, h_kv, g, s_q, d_v]
-        den = fq @ z[:, :, None, :, None]  # [b, h_kv, g, s_q, 1]
+        state = fk.transpose(-1, -2) @ v1  # [b, h_kv, m, d_v + 1]
+        out1 = fq @ state.unsqueeze(2)  # [b, h_kv, g, s_q, d_v + 1]
     else:
-        num, den = _causal(fq, fk, v_c, s_q, s_k, chunk_size, segment)
+        out1 = _causal(fq, fk, v1, s_q, s_k, chunk_size, segment)
     eps_t = _true_eps(eps, q_shift, k_shift, b, h_kv, g, s_q)
-    return _divide(num, den, eps_t).reshape(b, h, s_q, d_v).to(q.dtype)
+    return _divide(out1[..., :d_v], out1[..., d_v:], eps_t).reshape(b, h, s_q, d_v).to(q.dtype)
 
 
 def default_chunk_size(device: torch.device) -> int:
@@ -248,68 +248,54 @@ def _divide(num: Tensor, den: Tensor, eps: Tensor | float | None) -> Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
-def _causal(fq: Tensor, fk: Tensor, v: Tensor, s_q: int, s_k: int, chunk: int, segment: int) -> tuple[Tensor, Tensor]:
-    """Causal numerators ``φ(q)·Σφ(k)v`` ``[b, h_kv, g, s_q, d_v]`` and normalisers
-    ``φ(q)·Σφ(k)`` ``[b, h_kv, g, s_q, 1]`` by chunks, from ``fq [b, h_kv, g, s_q, m]``,
-    ``fk [b, h_kv, s_k, m]`` and ``v [b, h_kv, s_k, d_v]``."""
+def _causal(fq: Tensor, fk: Tensor, v1: Tensor, s_q: int, s_k: int, chunk: int, segment: int) -> Tensor:
+    """Causal ``[φ(q)·Σφ(k)v, φ(q)·Σφ(k)]`` by chunks: ``fq [b, h_kv, g, s_q, m]``,
+    ``fk [b, h_kv, s_k, m]``, ``v1 [b, h_kv, s_k, e]`` (values and a ones column); the
+    chunk-level prefix sums are taken ``segment`` tokens at a time."""
     b, h_kv, g, _, m = fq.shape
-    d_v = v.shape[-1]
+    e = v1.shape[-1]
     offset = s_k - s_q
-    kv = fk.new_zeros(b, h_kv, m, d_v)
-    z = fk.new_zeros(b, h_kv, m)
+    state = fk.new_zeros(b, h_kv, m, e)
     if offset > 0:  # keys before the first query: every query sees them
-        kv = kv + fk[:, :, :offset].transpose(-1, -2) @ v[:, :, :offset]
-        z = z + fk[:, :, :offset].sum(-2)
-        fk, v = fk[:, :, offset:], v[:, :, offset:]
+        state = state + fk[:, :, :offset].transpose(-1, -2) @ v1[:, :, :offset]
+        fk, v1 = fk[:, :, offset:], v1[:, :, offset:]
     blind = max(0, -offset)  # queries before the first key see nothing
     aligned = s_q - blind  # queries aligned one-to-one with the remaining keys
-    nums = [fq.new_zeros(b, h_kv, g, blind, d_v)] if blind else []
-    dens = [fq.new_zeros(b, h_kv, g, blind, 1)] if blind else []
+    outs = [fq.new_zeros(b, h_kv, g, blind, e)] if blind else []
     fq = fq[:, :, :, blind:]
     for s0 in range(0, aligned, segment):
         s1 = min(aligned, s0 + segment)
-        num, den, kv, z = _causal_segment(fq[:, :, :, s0:s1], fk[:, :, s0:s1], v[:, :, s0:s1], kv, z, chunk)
-        nums.append(num)
-        dens.append(den)
-    if not nums:
-        return fq.new_zeros(b, h_kv, g, 0, d_v), fq.new_zeros(b, h_kv, g, 0, 1)
-    return torch.cat(nums, dim=3), torch.cat(dens, dim=3)
+        o, state = _causal_segment(fq[:, :, :, s0:s1], fk[:, :, s0:s1], v1[:, :, s0:s1], state, chunk)
+        outs.append(o)
+    if not outs:
+        return fq.new_zeros(b, h_kv, g, 0, e)
+    return torch.cat(outs, dim=3) if len(outs) != 1 else outs[0]
 
 
-def _causal_segment(
-    fq: Tensor, fk: Tensor, v: Tensor, kv: Tensor, z: Tensor, chunk: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One segment of aligned queries and keys, given the state ``kv [b, h_kv, m, d_v]``,
-    ``z [b, h_kv, m]`` of everything before it; returns its numerators, normalisers and the
-    state after it. The ``g`` query heads of a key/value head are folded into the rows of
-    each chunk, so every product is a plain batched matmul (no broadcast copies)."""
+def _causal_segment(fq: Tensor, fk: Tensor, v1: Tensor, state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+    """One segment of aligned queries and keys, given the state of everything before it.
+    The ``g`` query heads of a key/value head are folded into the rows of each chunk, so
+    every product is a plain batched matmul (no broadcast copies)."""
     b, h_kv, g, n, m = fq.shape
-    d_v = v.shape[-1]
+    e = v1.shape[-1]
     c = min(chunk, n)
     n_c = -(-n // c)
     pad = n_c * c - n
     if pad:  # zero features: padded keys add nothing, padded queries are dropped
-        fq, fk, v = F.pad(fq, (0, 0, 0, pad)), F.pad(fk, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+        fq, fk, v1 = F.pad(fq, (0, 0, 0, pad)), F.pad(fk, (0, 0, 0, pad)), F.pad(v1, (0, 0, 0, pad))
     fq_c = fq.view(b, h_kv, g, n_c, c, m).transpose(2, 3).reshape(b, h_kv, n_c, g * c, m)
     fk_c = fk.view(b, h_kv, n_c, c, m)
-    v_c = v.view(b, h_kv, n_c, c, d_v)
-    kv_chunks = fk_c.transpose(-1, -2) @ v_c  # [b, h_kv, n_c, m, d_v]
-    z_chunks = fk_c.sum(-2)  # [b, h_kv, n_c, m]
+    v_c = v1.view(b, h_kv, n_c, c, e)
+    states = fk_c.transpose(-1, -2) @ v_c  # [b, h_kv, n_c, m, e]
     # State before each chunk: what came before the segment plus the earlier chunks.
     # (In place where autograd allows: none of these ops saves its output for backward.)
-    kv_before = torch.cumsum(kv_chunks, 2).sub_(kv_chunks).add_(kv.unsqueeze(2))  # [b, h_kv, n_c, m, d_v]
-    z_before = torch.cumsum(z_chunks, 2).sub_(z_chunks).add_(z.unsqueeze(2))  # [b, h_kv, n_c, m]
+    before = torch.cumsum(states, 2).sub_(states).add_(state.unsqueeze(2))  # [b, h_kv, n_c, m, e]
     scores = fq_c @ fk_c.transpose(-1, -2)  # [b, h_kv, n_c, g*c, c]
     future = ~torch.ones(c, c, dtype=torch.bool, device=fq.device).tril().repeat(g, 1)  # [g*c, c]
     scores.masked_fill_(future, 0)  # (matmul saves its inputs, not its output)
-    num = (fq_c @ kv_before).add_(scores @ v_c)  # [b, h_kv, n_c, g*c, d_v]
-    den = (fq_c @ z_before.unsqueeze(-1)).add_(scores.sum(-1, keepdim=True))  # [b, h_kv, n_c, g*c, 1]
-
-    def unfold(x: Tensor) -> Tensor:  # [b, h_kv, n_c, g*c, e] -> [b, h_kv, g, n, e]
-        e = x.shape[-1]
-        return x.view(b, h_kv, n_c, g, c, e).transpose(2, 3).reshape(b, h_kv, g, n_c * c, e)[:, :, :, :n]
-
-    return unfold(num), unfold(den), kv + kv_chunks.sum(2), z + z_chunks.sum(2)
+    out = (fq_c @ before).add_(scores @ v_c)  # [b, h_kv, n_c, g*c, e]
+    out = out.view(b, h_kv, n_c, g, c, e).transpose(2, 3).reshape(b, h_kv, g, n_c * c, e)[:, :, :, :n]
+    return out, state + states.sum(2)
 
 
 # ---------------------------------------------------------------------------------------

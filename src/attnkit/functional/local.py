@@ -20,7 +20,6 @@ Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``g = h
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from attnkit.functional import masks as masks_mod
 from attnkit.functional._blockwise import BlockEngine, block_backward, block_forward, lse_dtype, use_fused
+from attnkit.functional._validate import check_inputs, check_options
 from attnkit.functional.engines import Engine, choose_masked_engine
 from attnkit.functional.flex import flex_core
 from attnkit.functional.records import AttentionResult
@@ -80,11 +80,10 @@ def local_attention(
         TypeError, ValueError: bad tensors (as :func:`attnkit.attention`), a negative window,
             a right-hand window with ``causal=True``, a block size below 1.
     """
-    att = importlib.import_module("attnkit.functional.attention")
-    single = att._check_inputs(q, k, v)
+    single = check_inputs(q, k, v)
     if single:
         q, k, v = q[None, None], k[None, None], v[None, None]
-    att._check_options("scaled_dot", 0.0, scale)
+    check_options("scaled_dot", 0.0, scale)
     left, right = _window(window, causal)
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
         raise ValueError(f"block_size must be an int >= 1 or None, got {block_size!r}")

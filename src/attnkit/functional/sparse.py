@@ -19,7 +19,6 @@ included, keeps its meaning.
 
 from __future__ import annotations
 
-import importlib
 import math
 import warnings
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
+from attnkit.functional._validate import check_inputs, check_options
 from attnkit.functional.engines import Engine
 from attnkit.functional.records import AttentionResult
 from attnkit.functional.tiled import make_plan, tiled_core
@@ -82,11 +82,10 @@ def sparse_attention(
             raise ValueError("pass the pattern once, as mask= (pattern= is its former name)")
         warnings.warn("sparse_attention(pattern=...) is now mask=...", DeprecationWarning, stacklevel=2)
         mask = pattern
-    att = importlib.import_module("attnkit.functional.attention")
-    single = att._check_inputs(q, k, v)
+    single = check_inputs(q, k, v)
     if single:
         q, k, v = q[None, None], k[None, None], v[None, None]
-    att._check_options("scaled_dot", 0.0, scale)
+    check_options("scaled_dot", 0.0, scale)
     if not isinstance(mask, masks_mod.Mask):
         raise TypeError(f"mask must be an attnkit.masks.Mask, got {type(mask).__name__}")
     if permute is not None and (isinstance(permute, bool) or not isinstance(permute, int) or permute < 1):

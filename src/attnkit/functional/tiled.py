@@ -27,7 +27,6 @@ the rows of one problem, so k and v are never copied per head.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 
@@ -37,17 +36,12 @@ from torch.autograd.function import once_differentiable
 
 from attnkit.functional import masks as masks_mod
 from attnkit.functional._blockwise import BlockEngine, block_backward, block_forward, lse_dtype, merge, use_fused
+from attnkit.functional._validate import check_bias, check_inputs, check_mask_sizes, check_mask_tensor, check_options
 from attnkit.functional.block_status import EMPTY, PARTIAL, classify_blocks
 from attnkit.functional.engines import Engine, choose_masked_engine
 from attnkit.functional.flex import flex_core
 from attnkit.functional.records import AttentionResult
 
-
-def _attention_module():
-    # attention.py imports this module lazily; its validators are reused here so that both
-    # entry points raise the same errors. (The package attribute ``attention`` is the
-    # function, hence import_module.)
-    return importlib.import_module("attnkit.functional.attention")
 # Largest number of keys per engine call for calls that materialise [rows, keys] floats
 # (a mask/bias block, or every eager call): bounds the working set.
 _MAX_KEYS_MATERIALISED = 1024
@@ -136,13 +130,11 @@ def tiled_attention(
         TypeError, ValueError: as :func:`attnkit.attention` for bad inputs, masks and
             biases; ``ValueError`` for a block size below 1 or an unknown engine.
     """
-    att = _attention_module()
-
-    single = att._check_inputs(q, k, v)
+    single = check_inputs(q, k, v)
     if single:
         q, k, v = q[None, None], k[None, None], v[None, None]
     d = q.shape[-1]
-    att._check_options("scaled_dot", 0.0, scale)
+    check_options("scaled_dot", 0.0, scale)
     out, lse = tiled_core(
         q, k, v, mask=mask, bias=bias, causal=causal, scale=1.0 / math.sqrt(d) if scale is None else float(scale),
         block_size=block_size, engine=engine, need_lse=return_lse,
@@ -254,18 +246,17 @@ def resolve_mask(
         (or ``None``), a bool tensor mask ``[b|1, h|1, s_q|1, s_k|1]`` (or ``None``), and the
         bias's shape as 4-D (or ``None``).
     """
-    att = _attention_module()
     b, h, s_q, _ = q.shape
     s_k = k.shape[2]
     mask_obj: masks_mod.Mask | None = None
     dense: Tensor | None = None
     if isinstance(mask, masks_mod.Mask):
-        att._check_mask_sizes(mask, b=b, h=h)
+        check_mask_sizes(mask, b=b, h=h)
         if mask.shape is not None and mask.shape != (s_q, s_k):
             raise ValueError(f"mask {mask.name} is defined for (s_q, s_k) = {mask.shape}, got ({s_q}, {s_k})")
         mask_obj = mask.to(q.device)
     elif isinstance(mask, Tensor):
-        dense = att._check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
+        dense = check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
         dense = dense.reshape((1,) * (4 - dense.ndim) + tuple(dense.shape))
     elif mask is not None:
         raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
@@ -273,7 +264,7 @@ def resolve_mask(
         mask_obj = masks_mod.causal() if mask_obj is None else masks_mod.causal() & mask_obj
     bias_shape = None
     if bias is not None:
-        att._check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
+        check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
         bias_shape = tuple((1,) * (4 - bias.ndim) + tuple(bias.shape))
     return mask_obj, dense, bias_shape
 

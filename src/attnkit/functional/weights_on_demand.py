@@ -14,7 +14,6 @@ lengths, ``d`` head dim; ``n_h``, ``n_r``, ``n_k`` the chosen heads, rows and ke
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Iterator, Sequence
 
@@ -22,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
+from attnkit.functional._validate import check_bias, check_inputs, check_mask_sizes, check_mask_tensor, check_options
 from attnkit.functional.indices import normalize_indices
 
 Index = slice | Sequence[int] | Tensor | None
@@ -92,10 +92,9 @@ def iter_weights_on_demand(
     """Like :func:`weights_on_demand`, one chunk of rows at a time: yields
     ``(row_indices [r], weights [b, n_h, r, n_k])`` so that a caller can reduce or save each
     chunk and keep memory at ``chunk_size × n_k`` per head."""
-    att = importlib.import_module("attnkit.functional.attention")
     if q.ndim != 4 or k.ndim != 4:
         raise ValueError(f"q and k must be [b, h, s, d], got q {list(q.shape)} and k {list(k.shape)}")
-    att._check_inputs(q, k, k)
+    check_inputs(q, k, k)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     b, h, s_q, d = q.shape
@@ -103,23 +102,23 @@ def iter_weights_on_demand(
     g = h // h_kv
     if lse is not None and tuple(lse.shape) != (b, h, s_q):
         raise ValueError(f"lse must be [b, h, s_q] = {[b, h, s_q]}, got {list(lse.shape)}")
-    att._check_options("scaled_dot", 0.0, scale)
+    check_options("scaled_dot", 0.0, scale)
     scale_f = 1.0 / math.sqrt(d) if scale is None else float(scale)
     head_idx = _indices(heads, h, "head", q.device)
     row_idx = _indices(rows, s_q, "row", q.device)
     key_idx = _indices(keys, s_k, "key", q.device)
     all_keys = torch.arange(s_k, device=q.device)
     if isinstance(mask, masks_mod.Mask):
-        att._check_mask_sizes(mask, b=b, h=h)
+        check_mask_sizes(mask, b=b, h=h)
         if mask.shape is not None and mask.shape != (s_q, s_k):
             raise ValueError(f"mask {mask.name} is defined for (s_q, s_k) = {mask.shape}, got ({s_q}, {s_k})")
     elif isinstance(mask, Tensor):
-        mask = att._check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
+        mask = check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
         mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
     elif mask is not None:
         raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
     if bias is not None:
-        att._check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
+        check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
         bias = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
     k_heads = k.index_select(1, torch.div(head_idx, g, rounding_mode="floor"))  # [b, n_h, s_k, d]
 
