@@ -120,6 +120,10 @@ def test_every_part_of_attnkit_has_a_layer():
     assert {layer(m) for m in module_files()} <= set(LAYERS)
 
 
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
 def test_no_import_from_a_lower_layer_to_a_higher_one():
     upward = sorted(
         f"{source} imports {target}"
