@@ -9,8 +9,8 @@
   process (:func:`attnkit.inspect.interventions.head_ablation` against
   :func:`attnkit.inspect.attention_map`).
 
-Contenders are interleaved (:func:`benchmarks.common.interleaved_times`) at torch's thread
-count. Run alone: ``python benchmarks/bench_analysis.py`` (``REPEAT=N`` for more rounds).
+Contenders are interleaved (:func:`benchmarks.common.interleaved_times`): the runs at one
+thread, the ablation and inspect at torch's thread count. Run alone: ``python benchmarks/bench_analysis.py`` (``REPEAT=N`` for more rounds).
 """
 
 from __future__ import annotations
@@ -71,14 +71,21 @@ def main() -> None:
         with model.hooks(identity):
             model.run(ids, attention=False)
 
-    runs = interleaved_times(
-        {
-            "run": lambda: model.run(ids, attention=False),
-            "before": before,
-            "identity_hooks": through_hook_points,
-        },
-        repeat=max(7, repeat),
-    )
+    # One thread for the comparison of runs: on a shared machine, multi-threaded regions
+    # wait for descheduled threads and scatter the times of these short calls.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runs = interleaved_times(
+            {
+                "run": lambda: model.run(ids, attention=False),
+                "before": before,
+                "identity_hooks": through_hook_points,
+            },
+            repeat=max(15, repeat),
+        )
+    finally:
+        torch.set_num_threads(threads)
     library = interleaved_times(
         {
             "inspect": lambda: attention_map(model, TEXT),
@@ -119,8 +126,8 @@ def main() -> None:
     ]
     markdown = (
         "## Analysis: hooks and head ablation (SmolLM2)\n\n"
-        f"On the 16-token text {TEXT!r}, target {TARGET!r}; {torch.get_num_threads()} threads, torch.mm "
-        f"{mm:.0f} GFLOP/s. Ablation batches every head of a layer and all layers in one forward pass "
+        f"On the 16-token text {TEXT!r}, target {TARGET!r}; runs at 1 thread, ablation and inspect at "
+        f"{torch.get_num_threads()} threads, torch.mm {mm:.0f} GFLOP/s. Ablation batches every head of a layer and all layers in one forward pass "
         "(about 4,200 layer passes of the text against 30 for one run), so in the library it costs what "
         "that many layer passes cost; the command line adds the same start-up, load and picture to both. "
         f"Target for the command: at most {ABLATION_TARGET_RATIO:.0f}×.\n\n"

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from attnkit.inspect import targets
-from attnkit.inspect.methods import _layer_list
+from attnkit.inspect.methods import layer_indices
 
 if TYPE_CHECKING:
     from attnkit.models import Model
@@ -122,7 +122,7 @@ def head_ablation(
             is not a single token (the message says how it tokenises), an empty
             ``mean_over``, a layer out of range.
     """
-    layer_list = _layer_list(model, layers)
+    layer_list = layer_indices(model, layers)
     target_id = _target_id(model, target)
     encoded = model.tokenize(text)
     if mean_over is not None:
@@ -180,7 +180,7 @@ def activation_patching(
             tokenisations), missing or unneeded target/wrong tokens, tokens that are not
             single tokens, equal texts, a layer out of range.
     """
-    layer_list = _layer_list(model, layers)
+    layer_list = layer_indices(model, layers)
     target_id, wrong_id = _target_and_wrong_ids(model, target, wrong)
     clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
     if clean_enc.ids.shape != corrupt_enc.ids.shape:

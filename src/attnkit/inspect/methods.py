@@ -160,7 +160,7 @@ def value_weighted(model: Model, text: str, *, layers: Sequence[int] | None = No
     Raises:
         ValueError: the model refuses the text, or a layer out of range.
     """
-    layer_list = _layer_list(model, layers)
+    layer_list = layer_indices(model, layers)
     run = model.run(text, attention=layer_list, cache=[f"layers.{i}.attn.v" for i in layer_list])
     heads, summed, norms = {}, {}, {}
     for i in layer_list:
@@ -202,7 +202,7 @@ def gradient_weighted(
         ValueError: the model refuses the text, a target that is not a single token (the
             message says how it tokenises), a layer out of range.
     """
-    layer_list = _layer_list(model, layers)
+    layer_list = layer_indices(model, layers)
     ids = model.tokenize(text).ids
     if model.causal:
         target_id = targets.single_token(model, target)
@@ -249,7 +249,13 @@ def _all_weights(model: Model, text: str) -> Tensor:
     return torch.cat([run.attentions[i] for i in range(model.num_layers)])
 
 
-def _layer_list(model: Model, layers: Sequence[int] | None) -> list[int]:
+def layer_indices(model: Model, layers: Sequence[int] | None) -> list[int]:
+    """The layers an analysis runs on: ``layers`` (negative from the end) as sorted
+    distinct indices ``0 .. L-1``, or all of them for ``None``.
+
+    Raises:
+        ValueError: a layer out of range; the message gives the valid range.
+    """
     context = f"{model.name} has {model.num_layers} layers"
     return sorted(set(normalize_indices(layers, model.num_layers, "layer", context=context)))
 

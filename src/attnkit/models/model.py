@@ -448,6 +448,8 @@ class Model:
         """The names as a list, after checking that each is a hook point of this model."""
         if isinstance(names, str):
             raise TypeError(f"{what} names must be a collection of names, got the string {names!r}")
+        if not names:
+            return []
         known = set(self.hook_names())
         unknown = [name for name in names if name not in known]
         if unknown:
