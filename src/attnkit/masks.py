@@ -4,6 +4,7 @@ The implementation lives in :mod:`attnkit.functional.masks`; this module is its 
 """
 
 from attnkit.functional.masks import (
+    INDEX_MAX,
     Mask,
     Span,
     causal,
@@ -25,7 +26,7 @@ from attnkit.functional.masks import (
 )
 
 __all__ = [
-    "Mask", "Span", "causal", "document", "fixed", "from_dense", "from_hf_padding", "from_torch_mha", "full",
+    "INDEX_MAX", "Mask", "Span", "causal", "document", "fixed", "from_dense", "from_hf_padding", "from_torch_mha", "full",
     "global_tokens", "index_grid", "padding", "random", "sliding_window", "strided",
     "to_block_mask", "to_sdpa", "to_torch_mha",
 ]

@@ -682,7 +682,7 @@ def to_block_mask(
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = s_k - s_q
-    fn = mask.fn
+    fn = mask.to(device).fn  # the mask's own tensors where the kernel runs
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return _as_bool(fn(b, h, q_idx + offset, kv_idx))
