@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from attnkit import models
 from attnkit.models.checkpoint import check_safetensors
+from attnkit.nn import RotaryEmbedding
 
 SMALL_FILES = ("config.json", "tokenizer.json")
 
@@ -57,6 +58,13 @@ def test_loading_takes_the_weights_without_copying_or_initialising(smollm2):
     parameters = sum(p.numel() for p in module.parameters())
     assert parameters == 134_515_008  # SmolLM2-135M, the tied head counted once
     assert smollm2.device == torch.device("cpu")
+    # Built on the meta device; the computed buffers (rotary frequencies and tables) are
+    # computed again on the CPU, equal to a freshly built module's.
+    assert not any(t.is_meta for t in [*module.parameters(), *module.buffers()])
+    rotary = module.decoder.layers[0].self_attn.positional
+    fresh = RotaryEmbedding(rotary.head_dim, theta=rotary.theta, max_positions=rotary.max_positions)
+    for name, buffer in fresh.named_buffers():
+        assert torch.equal(getattr(rotary, name), buffer), name
 
 
 def test_dtype_and_device_options(minilm_path, tmp_path):

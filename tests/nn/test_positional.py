@@ -234,3 +234,18 @@ def test_rotary_tables_follow_the_module_dtype() -> None:
     assert back.cos_table.dtype == torch.float32
     x32 = x.float()
     assert torch.equal(back.rotate_from(x32, 700), back.rotate(x32, torch.arange(700, 709)))
+
+
+def test_modules_built_on_meta_compute_their_buffers_again() -> None:
+    for make in (
+        lambda: RotaryEmbedding(16, theta=1e5, max_positions=32),
+        lambda: SinusoidalPositionalEncoding(16),
+        lambda: ALiBi(6),
+    ):
+        with torch.device("meta"):
+            module = make()
+        assert all(b.is_meta for b in module.buffers())
+        module.reset_buffers("cpu")
+        expected = make()
+        for (name, got), want in zip(module.named_buffers(), expected.buffers()):
+            assert got.device.type == "cpu" and torch.equal(got, want), name

@@ -39,10 +39,10 @@ from torch import Tensor, nn
 from attnkit.models.checkpoint import (
     REQUIRED,
     CheckpointError,
+    build_without_weights,
     config_float,
     config_int,
     short_repr,
-    without_init,
 )
 from attnkit.models.family import ModelFamily
 from attnkit.models.hooks import HookPoints, attention_block
@@ -233,9 +233,11 @@ def forward_with_hooks(module: BertModel, tokens: Tensor, hook: HookPoints) -> T
 
 
 def build(config: BertConfig) -> BertModel:
-    """A :class:`BertModel` with uninitialised weights, to be replaced by the checkpoint's."""
-    with without_init():
-        return BertModel(config)
+    """A :class:`BertModel` on the ``meta`` device (no storage), whose weights the
+    checkpoint's replace (:func:`attnkit.models.checkpoint.build_without_weights`)."""
+    module = build_without_weights(lambda: BertModel(config))
+    assert isinstance(module, BertModel)
+    return module
 
 
 def state_dict_from_hf(tensors: dict[str, Tensor], config: BertConfig) -> tuple[dict[str, Tensor], list[str]]:

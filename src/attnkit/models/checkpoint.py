@@ -19,13 +19,12 @@ import importlib
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
-from torch.overrides import TorchFunctionMode
+from torch import Tensor, nn
 
 from attnkit.models.registry import MANIFEST, MODELS, fetch_hint, home
 
@@ -368,21 +367,36 @@ def load_tensors(files: list[Path], *, dtype: torch.dtype) -> dict[str, Tensor]:
     return tensors
 
 
-class without_init(TorchFunctionMode):
-    """Build modules without random initialisation, for weights that a checkpoint replaces
-    right away.
+def build_without_weights(factory: Callable[[], nn.Module]) -> nn.Module:
+    """Build a module on the ``meta`` device: parameters with shapes and no storage, for
+    weights that a checkpoint replaces right away (``load_state_dict(..., assign=True)``,
+    then :func:`materialize_buffers`). Nothing is allocated or initialised: drawing 135M
+    random numbers to throw away would cost about a second on two cores.
 
-    Every ``torch.nn.init`` function becomes a no-op inside the block (parameters keep the
-    uninitialised memory ``torch.empty`` gave them), which saves drawing 135M random numbers
-    to throw away: about a second on two cores. Computed buffers (rotary frequencies) are
-    built as usual. Torch-function modes are per thread, so other threads are unaffected.
+    Args:
+        factory: builds the module.
+
+    Returns:
+        The module, on ``meta``.
     """
+    with torch.device("meta"):
+        return factory()
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **kwargs)
+
+def materialize_buffers(module: nn.Module, device: torch.device | str = "cpu") -> None:
+    """Compute again, on ``device``, the buffers that a module built by
+    :func:`build_without_weights` still has on ``meta`` (rotary frequencies and tables,
+    ALiBi slopes): every submodule holding one implements ``reset_buffers(device)``.
+
+    Raises:
+        TypeError: a submodule with a ``meta`` buffer and no ``reset_buffers``.
+    """
+    for sub in module.modules():
+        if any(b is not None and b.is_meta for b in sub.buffers(recurse=False)):
+            reset = getattr(sub, "reset_buffers", None)
+            if not callable(reset):
+                raise TypeError(f"{type(sub).__name__} has buffers on the meta device and no reset_buffers()")
+            reset(device)
 
 
 def sha256_file(path: Path, *, progress: bool = False, label: str | None = None) -> str:

@@ -53,8 +53,8 @@ class ModelFamily:
             :class:`ModelConfig`); raises :class:`attnkit.models.CheckpointError`, naming
             the field, for what it cannot load or what exceeds
             :data:`attnkit.models.checkpoint.CONFIG_LIMITS`.
-        build: config → the network with uninitialised weights, which the checkpoint's
-            replace.
+        build: config → the network on the ``meta`` device (no storage), whose weights
+            the checkpoint's replace.
         state_dict_from_hf: ``(checkpoint tensors, config)`` → ``(state dict of the
             network, checkpoint keys with no place in it)``.
         finish: ``(network, config)`` → ``None``; what must happen once the weights are

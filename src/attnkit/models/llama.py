@@ -33,10 +33,10 @@ from torch import Tensor, nn
 from attnkit.models.checkpoint import (
     REQUIRED,
     CheckpointError,
+    build_without_weights,
     config_float,
     config_int,
     short_repr,
-    without_init,
 )
 from attnkit.models.family import ModelFamily
 from attnkit.models.hooks import HookPoints, attention_block
@@ -148,16 +148,17 @@ class LlamaConfig:
 
 
 def build(config: LlamaConfig) -> DecoderLM:
-    """A :class:`attnkit.nn.DecoderLM` of the right shape with uninitialised weights, to be
-    replaced by the checkpoint's (then :func:`finish`)."""
-    with without_init():
-        return DecoderLM(
-            config.vocab_size, config.hidden_size, config.num_heads, config.num_layers, config.intermediate_size,
-            num_kv_heads=config.num_kv_heads, positional="rotary", max_length=config.max_length,
-            rope_theta=config.rope_theta,
-            activation="swiglu", norm="rms", norm_eps=config.rms_norm_eps, norm_first=True, bias=False,
-            dropout=0.0, tie_embeddings=config.tie_embeddings,
-        )
+    """A :class:`attnkit.nn.DecoderLM` of the right shape on the ``meta`` device (no
+    storage), whose weights the checkpoint's replace (then :func:`finish`)."""
+    module = build_without_weights(lambda: DecoderLM(
+        config.vocab_size, config.hidden_size, config.num_heads, config.num_layers, config.intermediate_size,
+        num_kv_heads=config.num_kv_heads, positional="rotary", max_length=config.max_length,
+        rope_theta=config.rope_theta,
+        activation="swiglu", norm="rms", norm_eps=config.rms_norm_eps, norm_first=True, bias=False,
+        dropout=0.0, tie_embeddings=config.tie_embeddings,
+    ))
+    assert isinstance(module, DecoderLM)
+    return module
 
 
 def state_dict_from_hf(tensors: dict[str, Tensor], config: LlamaConfig) -> tuple[dict[str, Tensor], list[str]]:

@@ -24,6 +24,7 @@ from attnkit.models import bert, llama
 from attnkit.models.checkpoint import (
     CheckpointError,
     load_tensors,
+    materialize_buffers,
     read_config,
     read_headers,
     read_manifest,
@@ -649,6 +650,7 @@ def load(
     module = family.build(config)
     state, _ = family.state_dict_from_hf(tensors, config)
     module.load_state_dict(state, strict=True, assign=True)
+    materialize_buffers(module)
     family.finish(module, config)
     module = module.to(device).eval()
     return Model(name=name, architecture=family, path=folder, config=config, module=module, tokenizer=tokenizer)

@@ -80,10 +80,16 @@ class SinusoidalPositionalEncoding(nn.Module):
             raise ValueError(f"base must be > 1, got {base}")
         self.embed_dim = embed_dim
         self.base = base
-        two_i = torch.arange(0, embed_dim, 2, dtype=torch.float32)  # [e/2]
         # Kept as a buffer so it follows .to(device); computed from the arguments, so it
         # stays out of the state_dict.
-        self.register_buffer("denominators", base ** (two_i / embed_dim), persistent=False)
+        self.register_buffer("denominators", None, persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self, device: torch.device | str | None = None) -> None:
+        """Compute the buffers from the arguments again (float32), on ``device`` (default:
+        the current default device): for a module built on the ``meta`` device."""
+        two_i = torch.arange(0, self.embed_dim, 2, dtype=torch.float32, device=device)  # [e/2]
+        self.denominators = self.base ** (two_i / self.embed_dim)
 
     def encodings(self, positions: Tensor) -> Tensor:
         """The encoding of each position.
@@ -254,15 +260,21 @@ class RotaryEmbedding(AttentionPositional):
         self.head_dim = head_dim
         self.theta = theta
         self.max_positions = max_positions
-        self.register_buffer("inv_freq", _rotary_frequencies(head_dim, theta), persistent=False)
-        # Rotation as x * cos + swap_halves(x) * signed_sin, with the sign of the first half
-        # folded into the table: (-a) * b == a * (-b) exactly, and it saves a negation pass.
-        self.register_buffer("half_signs", torch.cat((-torch.ones(head_dim // 2), torch.ones(head_dim // 2))),
-                             persistent=False)  # [d]
+        for name in ("inv_freq", "half_signs", "cos_table", "signed_sin_table"):
+            self.register_buffer(name, None, persistent=False)
         self.cos_table: Tensor | None
         self.signed_sin_table: Tensor | None
-        self.register_buffer("cos_table", None, persistent=False)
-        self.register_buffer("signed_sin_table", None, persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self, device: torch.device | str | None = None) -> None:
+        """Compute the frequencies and tables from the arguments again (float32), on
+        ``device`` (default: the current default device): for a module built on the
+        ``meta`` device."""
+        self.inv_freq = _rotary_frequencies(self.head_dim, self.theta).to(device)  # [d/2]
+        # Rotation as x * cos + swap_halves(x) * signed_sin, with the sign of the first half
+        # folded into the table: (-a) * b == a * (-b) exactly, and it saves a negation pass.
+        half = torch.ones(self.head_dim // 2, device=device)
+        self.half_signs = torch.cat((-half, half))  # [d]
         self._fill_tables()
 
     def _fill_tables(self) -> None:
@@ -412,7 +424,13 @@ class ALiBi(AttentionPositional):
     def __init__(self, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
+        self.register_buffer("slopes", None, persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self, device: torch.device | str | None = None) -> None:
+        """Compute the slopes again (float32), on ``device`` (default: the current default
+        device): for a module built on the ``meta`` device."""
+        self.slopes = torch.tensor(alibi_slopes(self.num_heads), device=device)  # [h]
 
     def score_bias(self, s_q: int, s_k: int, *, device: torch.device, dtype: torch.dtype) -> Tensor:
         """The bias ``[1, h, s_q, s_k]``; query row ``i`` is at position ``i + s_k - s_q``."""
