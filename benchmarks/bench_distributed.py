@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import markdown_table, write_results  # noqa: E402
+from benchmarks.common import RESULTS, markdown_table, write_results  # noqa: E402
 
 HEAD_DIM = 64
 # The sweep: one head (time grows with heads; memory ratios depend only on the grouping).
@@ -297,12 +297,21 @@ def main() -> int:
                         help="sequence length of the zigzag-against-contiguous comparison (0: skip)")
     parser.add_argument("--layout-rounds", type=int, default=3)
     parser.add_argument("--skip-memory", action="store_true", help="skip the memory comparison at s=65536")
+    parser.add_argument("--layouts-only", action="store_true",
+                        help="measure only the layout comparison and replace it in the saved results")
     parser.add_argument("--check", action="store_true", help="run the correctness check and print what ran")
     parser.add_argument("--check-ranks", type=int, default=1, help="ranks of --check (one GPU each under NCCL)")
     args = parser.parse_args()
     if args.check:
         return check(args.check_ranks)
     started = time.perf_counter()
+    if args.layouts_only:
+        saved = json.loads((RESULTS / "distributed.json").read_text())
+        saved.pop("environment", None)
+        saved["layouts"] = layout_acceptance(args.layout_length, args.layout_rounds)
+        write_results("distributed", saved, report(saved["sweep"], saved["memory"], saved["layouts"]))
+        print("replaced the layout comparison in benchmarks/results/distributed.json and .md")
+        return 0
     layouts = layout_acceptance(args.layout_length, args.layout_rounds) if args.layout_length else {}
     memory = [] if args.skip_memory else memory_acceptance(ACCEPTANCE_LENGTH)
     rows = sweep(args.lengths, args.ranks)
