@@ -1,5 +1,10 @@
-"""The definition of correctness: naive attention in float64, written as plainly as the
-formula ``softmax(q kᵀ * scale + bias, masked) v``, one query head at a time."""
+"""The definition of correctness: attention in float64, written as plainly as the formula
+``softmax(q kᵀ · scale + bias, masked) v``, materialising every score. Every kernel and
+module is tested against it.
+
+Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q`` / ``s_k``
+query / key length, ``d`` / ``d_v`` head dims.
+"""
 
 from __future__ import annotations
 
@@ -9,45 +14,44 @@ import torch
 from torch import Tensor
 
 
-def naive_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    allowed: Tensor | None = None,
-    bias: Tensor | None = None,
-    scale: float | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Return ``(output [b, h, s_q, d_v], weights [b, h, s_q, s_k])`` in float64.
+def dense_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, allowed: Tensor | None = None, bias: Tensor | None = None, scale: float | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out [b, h, s_q, d_v], weights [b, h, s_q, s_k], lse [b, h, s_q])`` in float64.
 
     ``allowed`` is a bool tensor broadcastable to ``[b, h, s_q, s_k]`` (True = may attend);
-    a query with nothing allowed gets zero weights and a zero output.
+    a row with nothing allowed gets zero weights, a zero output and ``lse = -inf``. Keys and
+    values of ``h_kv`` heads serve ``h / h_kv`` query heads each. Differentiable (no NaN in
+    gradients).
     """
     q, k, v = q.double(), k.double(), v.double()
-    b, h, s_q, d = q.shape
-    h_kv, s_k = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    group = h // h_kv
-    out = torch.zeros(b, h, s_q, v.shape[-1], dtype=torch.float64)
-    weights = torch.zeros(b, h, s_q, s_k, dtype=torch.float64)
-    full_allowed = (
-        torch.ones(b, h, s_q, s_k, dtype=torch.bool) if allowed is None else allowed.expand(b, h, s_q, s_k)
-    )
-    full_bias = torch.zeros(b, h, s_q, s_k, dtype=torch.float64) if bias is None else bias.double().expand(b, h, s_q, s_k)
-    for bi in range(b):
-        for hi in range(h):
-            kv_head = hi // group
-            scores = q[bi, hi] @ k[bi, kv_head].T * scale + full_bias[bi, hi]
-            scores = scores.masked_fill(~full_allowed[bi, hi], float("-inf"))
-            for i in range(s_q):
-                if torch.isfinite(scores[i]).any():
-                    w = torch.softmax(scores[i], dim=-1)
-                    weights[bi, hi, i] = w
-                    out[bi, hi, i] = w @ v[bi, kv_head]
+    h, h_kv = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(h // h_kv, dim=1)  # the reference may copy per head
+    v = v.repeat_interleave(h // h_kv, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-1, -2) * scale
+    if bias is not None:
+        scores = scores + bias.double()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    row_max = scores.amax(-1, keepdim=True).detach()
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    exp = torch.exp(scores - row_max)
+    total = exp.sum(-1, keepdim=True)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    weights = exp / safe
+    lse = torch.where(total > 0, torch.log(safe) + row_max, torch.full_like(total, float("-inf"))).squeeze(-1)
+    return weights @ v, weights, lse
+
+
+def naive_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, allowed: Tensor | None = None, bias: Tensor | None = None, scale: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`dense_attention` without the log-sum-exp: ``(out, weights)`` in float64."""
+    out, weights, _ = dense_attention(q, k, v, allowed=allowed, bias=bias, scale=scale)
     return out, weights
 
 
 def causal_allowed(s_q: int, s_k: int) -> Tensor:
-    """Bottom-right causal mask ``[s_q, s_k]``: row i may see keys <= i + s_k - s_q."""
-    rows = torch.arange(s_q).unsqueeze(1) + (s_k - s_q)
-    return torch.arange(s_k).unsqueeze(0) <= rows
+    """Bottom-right causal ``[s_q, s_k]``: query row i may see keys ``<= i + s_k - s_q``."""
+    return torch.arange(s_k).view(1, -1) <= torch.arange(s_q).view(-1, 1) + (s_k - s_q)
