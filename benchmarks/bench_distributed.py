@@ -216,10 +216,11 @@ same kernel without communication, and against one process calling `attnkit.atte
 
 {mem_table}
 
-Each rank holds 1/4 of q, k, v and the output, plus two key/value shards in transit (the one
-being computed on and the next one, arriving meanwhile), so the ratio approaches
-`(2 + 6/g) / (4 (2 + 2/g))` for g query heads per key/value head: 0.5 without grouping,
-0.35 at g=4.
+Each rank holds 1/4 of q, k, v and the output, plus about one key/value shard in transit
+(the forward pass moves shards in 8 pieces: the pieces of the held shard not yet computed and
+sent, and those of the next shard received so far), so the ratio approaches
+`(2 + 4/g) / (4 (2 + 2/g))` for g query heads per key/value head, before the kernel's working
+memory: 0.375 without grouping, 0.3 at g=4.
 
 Layouts: {layout_text}
 
@@ -297,20 +298,23 @@ def main() -> int:
                         help="sequence length of the zigzag-against-contiguous comparison (0: skip)")
     parser.add_argument("--layout-rounds", type=int, default=3)
     parser.add_argument("--skip-memory", action="store_true", help="skip the memory comparison at s=65536")
-    parser.add_argument("--layouts-only", action="store_true",
-                        help="measure only the layout comparison and replace it in the saved results")
+    parser.add_argument("--only", choices=["layouts", "memory"],
+                        help="measure only this comparison and replace it in the saved results")
     parser.add_argument("--check", action="store_true", help="run the correctness check and print what ran")
     parser.add_argument("--check-ranks", type=int, default=1, help="ranks of --check (one GPU each under NCCL)")
     args = parser.parse_args()
     if args.check:
         return check(args.check_ranks)
     started = time.perf_counter()
-    if args.layouts_only:
+    if args.only:
         saved = json.loads((RESULTS / "distributed.json").read_text())
         saved.pop("environment", None)
-        saved["layouts"] = layout_acceptance(args.layout_length, args.layout_rounds)
+        if args.only == "layouts":
+            saved["layouts"] = layout_acceptance(args.layout_length, args.layout_rounds)
+        else:
+            saved["memory"] = memory_acceptance(ACCEPTANCE_LENGTH)
         write_results("distributed", saved, report(saved["sweep"], saved["memory"], saved["layouts"]))
-        print("replaced the layout comparison in benchmarks/results/distributed.json and .md")
+        print(f"replaced the {args.only} comparison in benchmarks/results/distributed.json and .md")
         return 0
     layouts = layout_acceptance(args.layout_length, args.layout_rounds) if args.layout_length else {}
     memory = [] if args.skip_memory else memory_acceptance(ACCEPTANCE_LENGTH)

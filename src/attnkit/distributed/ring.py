@@ -5,8 +5,11 @@ Each rank holds the queries, keys and values of its shard of the sequence
 at step ``t`` rank ``r`` attends with its queries to the keys and values of rank
 ``r - t`` while, at the same time, it sends those keys and values on to rank ``r + 1`` and
 receives the next ones from rank ``r - 1`` (point-to-point ``isend``/``irecv``, posted before
-the step's compute so that the transfer overlaps it). After ``n`` steps every query has seen
-every key; the ``n`` partial results are merged exactly through their log-sum-exp.
+the compute so that the transfer overlaps it). In the forward pass a shard travels in
+pieces: a piece is sent on, and the matching piece of the next shard received, while the
+rank computes on it, so a rank holds about one shard in transit besides its own. After
+``n`` steps every query has seen every key; the ``n`` partial results are merged exactly
+through their log-sum-exp.
 
 Each step is one call of the tiled kernel (:mod:`attnkit.functional.tiled`) on the pair
 (local queries, visiting keys) with the absolute positions of both, so any
@@ -27,7 +30,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -46,6 +50,9 @@ from attnkit.functional.tiled import _forward as plan_forward
 # gradient accumulators have the same shapes).
 _TAG_KV = 17
 _TAG_GRAD = 18
+# Pieces in which a key/value shard travels in the forward pass: a rank holds the shard it
+# computes on plus the pieces of the next one received so far, about one shard in transit.
+_TRANSFER_PIECES = 8
 # Query blocks per tiled call: bounds the partial output that each call allocates before it
 # is merged, so that a rank's working memory beyond its shards stays small.
 _QUERY_BLOCKS_PER_CALL = 2
@@ -89,17 +96,15 @@ class _Ring:
     scale: float
     block_size: tuple[int, int]
     timings: RingTimings | None
-    plans: list[list[tuple[int, int, TiledPlan]]] = field(default_factory=list)  # per step
 
     def source(self, step: int) -> int:
         """The group rank whose keys and values this rank holds at ``step``."""
         return (self.rank - step) % self.world
 
-    def step_plans(self, q: Tensor, k: Tensor, v: Tensor, step: int) -> list[tuple[int, int, TiledPlan]]:
-        """Tiled plans of this rank's queries against the shard held at ``step``, one per
+    def plans(self, q: Tensor, k: Tensor, v: Tensor, kv_pos: Tensor) -> list[tuple[int, int, TiledPlan]]:
+        """Tiled plans of this rank's queries against keys at positions ``kv_pos``, one per
         chunk of ``_QUERY_BLOCKS_PER_CALL`` query blocks, as ``(r0, r1, plan)``; chunks whose
-        every block the mask leaves empty are left out (none: the step computes nothing)."""
-        src = self.source(step)
+        every block the mask leaves empty are left out (none: nothing to compute)."""
         s_local = q.shape[2]
         if k.shape[2] == 0:
             return []
@@ -109,7 +114,7 @@ class _Ring:
             r1 = min(s_local, r0 + rows)
             plan = make_plan(
                 q[:, :, r0:r1], k, v, mask=self.pattern, bias=None, causal=False, scale=self.scale,
-                block_size=self.block_size, q_pos=self.positions[self.rank][r0:r1], kv_pos=self.positions[src],
+                block_size=self.block_size, q_pos=self.positions[self.rank][r0:r1], kv_pos=kv_pos,
             )
             if not bool((plan.status == EMPTY).all()):
                 chunks.append((r0, r1, plan))
@@ -261,32 +266,60 @@ def _empty_like_shard(t: Tensor, length: int) -> Tensor:
     return t.new_empty(t.shape[0], t.shape[1], length, t.shape[3])
 
 
+def _pieces(length: int) -> list[tuple[int, int]]:
+    """The ``[a, b)`` ranges of the ``_TRANSFER_PIECES`` near-equal pieces in which a shard
+    of ``length`` positions travels (empty pieces left out)."""
+    base, extra = divmod(length, _TRANSFER_PIECES)
+    ranges, start = [], 0
+    for i in range(_TRANSFER_PIECES):
+        size = base + (1 if i < extra else 0)
+        if size:
+            ranges.append((start, start + size))
+            start += size
+    return ranges
+
+
 def _ring_forward(ring: _Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """The forward ring; fills ``ring.plans`` (each step's) for the backward ring."""
+    """The forward ring. The visiting shards travel in pieces: while a rank computes on
+    piece ``j`` of the shard it holds, it sends that piece on and receives piece ``j`` of
+    the next shard, so about one shard (not two) is in transit at a time."""
     b, h, s_local, _ = q.shape
     out = q.new_zeros(b, h, s_local, v.shape[-1])  # [b, h, s_local, d_v]
     lse = torch.full((b, h, s_local), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
-    k_cur, v_cur = k.contiguous(), v.contiguous()
-    ring.plans = []
+    # The pieces of the shard held, in order: (positions, k [b, h_kv, piece, d], v [b, h_kv, piece, d_v]).
+    held = deque((ring.positions[ring.rank][a:b_], k[:, :, a:b_], v[:, :, a:b_]) for a, b_ in _pieces(k.shape[2]))
     for step in range(ring.world):
-        requests: list[dist.Work] = []
-        if step + 1 < ring.world:
-            length = ring.lengths[ring.source(step + 1)]
-            k_next, v_next = _empty_like_shard(k_cur, length), _empty_like_shard(v_cur, length)
-            requests = ring.exchange([k_cur, v_cur], [k_next, v_next], _TAG_KV)
-        start = time.perf_counter()
-        chunks = ring.step_plans(q, k_cur, v_cur, step)
-        ring.plans.append(chunks)
-        for r0, r1, plan in chunks:
-            o, l_ = plan_forward(plan, q[:, :, r0:r1], k_cur, v_cur, None)  # [b, h, r1 - r0, d_v], [b, h, r1 - r0]
-            out[:, :, r0:r1], lse[:, :, r0:r1] = merge(out[:, :, r0:r1], lse[:, :, r0:r1], o, l_)
-        ring.timed(start)
+        last = step + 1 == ring.world
+        src_next = ring.source(step + 1)
+        arriving = [] if last else _pieces(ring.lengths[src_next])
+        received: deque[tuple[Tensor, Tensor, Tensor]] = deque()
+        computed = False
+        for j in range(max(len(held), len(arriving))):
+            piece = held.popleft() if held else None
+            requests: list[dist.Work] = []
+            send: list[Tensor] = []
+            if not last:
+                send = [] if piece is None else [piece[1].contiguous(), piece[2].contiguous()]
+                recv = []
+                if j < len(arriving):
+                    a, b_ = arriving[j]
+                    recv = [_empty_like_shard(k, b_ - a), _empty_like_shard(v, b_ - a)]
+                    received.append((ring.positions[src_next][a:b_], recv[0], recv[1]))
+                requests = ring.exchange(send, recv, _TAG_KV)
+            if piece is not None:
+                start = time.perf_counter()
+                kv_pos, k_piece, v_piece = piece
+                for r0, r1, plan in ring.plans(q, k_piece, v_piece, kv_pos):
+                    o, l_ = plan_forward(plan, q[:, :, r0:r1], k_piece, v_piece, None)  # [b, h, r1 - r0, d_v]
+                    out[:, :, r0:r1], lse[:, :, r0:r1] = merge(out[:, :, r0:r1], lse[:, :, r0:r1], o, l_)
+                    computed = True
+                ring.timed(start)
+            ring.wait(requests)
+            del piece, requests, send  # sent and computed: its memory goes before the next piece arrives
+        held = received
         if ring.timings is not None:
             ring.timings.steps += 1
-            ring.timings.skipped += int(not chunks)
-        if requests:
-            ring.wait(requests)
-            k_cur, v_cur = k_next, v_next
+            ring.timings.skipped += int(not computed)
     return out, lse
 
 
@@ -306,7 +339,7 @@ def _ring_backward(
             kv_requests = ring.exchange([k_cur, v_cur], [k_next, v_next], _TAG_KV)
         start = time.perf_counter()
         dk_acc, dv_acc = torch.zeros_like(k_cur), torch.zeros_like(v_cur)
-        for r0, r1, plan in ring.plans[step]:
+        for r0, r1, plan in ring.plans(q, k_cur, v_cur, ring.positions[src]):
             dq_part, dk_part, dv_part, _ = plan_backward(
                 plan, dout[:, :, r0:r1], q[:, :, r0:r1], k_cur, v_cur, None, out[:, :, r0:r1], lse[:, :, r0:r1], False
             )
