@@ -265,3 +265,15 @@ def test_kernel_options_are_checked_when_the_module_is_built() -> None:
         Transformer(32, 4, 1, 1, 64, kernel="tiled", kernel_options={"window": 3})
     with pytest.raises(ValueError, match="window must be >= 0"):
         EncoderLayer(32, 4, 64, kernel="local", kernel_options={"window": -1})
+
+
+def test_module_hooks_on_layers_and_attention_run_inside_stacks() -> None:
+    encoder = Encoder([EncoderLayer(E, H, FF, dropout=0.0) for _ in range(2)]).eval()
+    seen = []
+    for i, layer in enumerate(encoder.layers):
+        layer.register_forward_hook(lambda module, args, out, i=i: seen.append(("layer", i)))
+        layer.self_attn.register_forward_hook(lambda module, args, out, i=i: seen.append(("attention", i)))
+    x = torch.randn(1, 3, E)
+    encoder(x)
+    encoder(x, return_weights=[1])
+    assert seen == [("attention", 0), ("layer", 0), ("attention", 1), ("layer", 1)] * 2

@@ -338,9 +338,8 @@ class Model:
             if stop is not None and stop():
                 raise RunStopped("the run was stopped")
 
-        # Stacks run their layers through forward_record, which module hooks do not see; the
-        # self-attention norm is a module call in every layer (before the attention in
-        # pre-norm layers, after it in post-norm ones).
+        # Asked before every layer through its self-attention norm, a module call in every
+        # layer (before the attention in pre-norm layers, after it in post-norm ones).
         layers_of_network = [m for m in self.module.modules() if isinstance(m, (EncoderLayer, DecoderLayer))]
         handles = [layer.self_attn_norm.register_forward_pre_hook(check) for layer in layers_of_network] if stop else []
         try:

@@ -194,7 +194,6 @@ class MultiHeadAttention(nn.Module):
         weights: bool = False,
     ) -> MultiHeadOutput:
         """:meth:`forward`, always as a record: the one path attention runs through.
-        Layers call it so that the output is always ``record.output``.
 
         Args:
             x, context, mask, causal, positions, kv_cache: as in :meth:`forward`.

@@ -28,7 +28,7 @@ from attnkit.nn.feedforward import Activation, FeedForward
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.norms import NormKind, make_norm
 from attnkit.nn.positional import AttentionPositional
-from attnkit.nn.records import LayerOutput, LayerWeights
+from attnkit.nn.records import LayerOutput, LayerWeights, MultiHeadOutput
 
 MaskLike = Mask | Tensor
 
@@ -136,10 +136,10 @@ class EncoderLayer(_ResidualLayer):
         self, x: Tensor, *, mask: MaskLike | None = None, positions: Tensor | None = None, weights: bool = False
     ) -> LayerOutput:
         """:meth:`forward`, always as a record (weights ``None`` unless asked for): the one
-        path the layer runs through, which stacks call."""
-        attn = self.self_attn.forward_record(
-            self._sublayer_input(x, self.self_attn_norm), mask=mask, positions=positions, weights=weights
-        )
+        path the layer runs through."""
+        attn = _attention_record(self.self_attn(
+            self._sublayer_input(x, self.self_attn_norm), mask=mask, positions=positions, return_weights=weights
+        ))
         x = self._add_and_norm(x, attn.output, self.self_attn_norm)
         x = self._add_and_norm(x, self.ff(self._sublayer_input(x, self.ff_norm)), self.ff_norm)
         return LayerOutput(x, LayerWeights(attn.weights) if weights else None)
@@ -281,7 +281,7 @@ class DecoderLayer(_ResidualLayer):
         weights: bool = False,
     ) -> LayerOutput:
         """:meth:`forward`, always as a record (weights ``None`` unless asked for): the one
-        path the layer runs through, which stacks call.
+        path the layer runs through.
 
         Raises:
             ValueError: as :meth:`forward`.
@@ -291,17 +291,17 @@ class DecoderLayer(_ResidualLayer):
                 "memory is required by a decoder layer with cross-attention and not accepted without one; "
                 f"this layer has cross_attention={self.cross_attn is not None}, memory given: {memory is not None}"
             )
-        attn = self.self_attn.forward_record(
+        attn = _attention_record(self.self_attn(
             self._sublayer_input(x, self.self_attn_norm), mask=mask, causal=causal, positions=positions,
-            kv_cache=self_cache, weights=weights,
-        )
+            kv_cache=self_cache, return_weights=weights,
+        ))
         x = self._add_and_norm(x, attn.output, self.self_attn_norm)
         cross_weights = None
         if self.cross_attn is not None:
-            cross = self.cross_attn.forward_record(
+            cross = _attention_record(self.cross_attn(
                 self._sublayer_input(x, self.cross_attn_norm), memory, mask=memory_mask, kv_cache=cross_cache,
-                weights=weights,
-            )
+                return_weights=weights,
+            ))
             x = self._add_and_norm(x, cross.output, self.cross_attn_norm)
             cross_weights = cross.weights
         x = self._add_and_norm(x, self.ff(self._sublayer_input(x, self.ff_norm)), self.ff_norm)
@@ -320,6 +320,12 @@ class DecoderLayer(_ResidualLayer):
             cls, m, nn.TransformerDecoderLayer, {"self_attn_norm": "norm1", "cross_attn_norm": "norm2", "ff_norm": "norm3"},
             cross_attention="multihead_attn",
         )
+
+
+def _attention_record(out: Tensor | MultiHeadOutput) -> MultiHeadOutput:
+    """An attention module's result as a record. Layers call the module (not its
+    ``forward_record``) so that hooks registered on it run."""
+    return out if isinstance(out, MultiHeadOutput) else MultiHeadOutput(out, None)
 
 
 def _attention_dropout(kernel: str, dropout: float, attention_dropout: float | None) -> float:

@@ -58,10 +58,11 @@ def _run_stack(
     final_norm: nn.Module | None,
     x: Tensor,
     return_weights: LayerSelection,
-    run_layer: Callable[[int, nn.Module, Tensor, bool], LayerOutput],
+    run_layer: Callable[[int, nn.Module, Tensor, bool], Tensor | LayerOutput],
 ) -> Tensor | StackOutput:
-    """The loop of every stack: each layer in order (``run_layer(i, layer, x, weights)``
-    returns its record), then the final norm.
+    """The loop of every stack: each layer in order, then the final norm.
+    ``run_layer(i, layer, x, weights)`` calls the layer (a module call, so that hooks
+    registered on layers run) and returns its output, a record when ``weights``.
 
     Returns:
         ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput` when ``return_weights`` asks
@@ -70,7 +71,8 @@ def _run_stack(
     wanted = selected_layers(return_weights, len(layers))
     weights: list[LayerWeights | None] = []
     for i, layer in enumerate(layers):
-        record = run_layer(i, layer, x, wanted is not None and i in wanted)
+        out = run_layer(i, layer, x, wanted is not None and i in wanted)
+        record = out if isinstance(out, LayerOutput) else LayerOutput(out, None)
         x = record.output
         weights.append(record.weights)
     if final_norm is not None:
@@ -133,7 +135,7 @@ class Encoder(nn.Module):
         """
         return _run_stack(
             self.layers, self.final_norm, x, return_weights,
-            lambda i, layer, h, weights: layer.forward_record(h, mask=mask, positions=positions, weights=weights),
+            lambda i, layer, h, weights: layer(h, mask=mask, positions=positions, return_weights=weights),
         )
 
     @classmethod
@@ -218,11 +220,11 @@ class Decoder(nn.Module):
                 )
         return _run_stack(
             self.layers, self.final_norm, x, return_weights,
-            lambda i, layer, h, weights: layer.forward_record(
+            lambda i, layer, h, weights: layer(
                 h, memory, mask=mask, memory_mask=memory_mask, causal=causal, positions=positions,
                 self_cache=None if cache is None else cache.self_attention[i],
                 cross_cache=None if cache is None else cache.cross_attention[i],
-                weights=weights,
+                return_weights=weights,
             ),
         )
 
