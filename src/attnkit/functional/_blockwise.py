@@ -46,6 +46,8 @@ def private_op(name: str, expected_args: tuple[str, ...]):
     attnkit passes, else ``None``: private ops may change or vanish between releases, and the
     eager engine then computes the same thing."""
     packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        return None
     try:
         args = tuple(argument.name for argument in packet.default._schema.arguments)
     except (AttributeError, RuntimeError):
