@@ -36,7 +36,7 @@ from attnkit.models.checkpoint import (
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.hooks import LAYER_HOOKS, HookFn, HookPoints, hook_names
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
-from attnkit.nn import DecoderLayer, EncoderLayer, pack_projections
+from attnkit.nn import DecoderLayer, EncoderLayer, LayerSelection, pack_projections
 
 # The attention weights one run may hand back, in bytes: all 30 layers of SmolLM2 on 2000
 # tokens would be 4.3 GB. Past this, ask for fewer layers or a shorter text.
@@ -213,7 +213,7 @@ class Model:
         self,
         text_or_ids: str | Tensor | Sequence[int],
         *,
-        attention: bool | Sequence[int] = True,
+        attention: LayerSelection = True,
         heads: Sequence[int] | None = None,
         cache: Collection[str] = (),
     ) -> ModelRun:
@@ -285,7 +285,7 @@ class Model:
         self,
         inputs: Sequence[str | Tensor | Sequence[int]],
         *,
-        attention: bool | Sequence[int] = True,
+        attention: LayerSelection = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
@@ -582,7 +582,7 @@ class Model:
         if n > self.max_length:
             raise ValueError(f"text is {n} tokens long; {self.name} reads at most {self.max_length} tokens")
 
-    def _layers(self, attention: bool | Sequence[int]) -> list[int]:
+    def _layers(self, attention: LayerSelection) -> list[int]:
         if isinstance(attention, bool):
             return list(range(self.num_layers)) if attention else []
         context = f"{self.name} has {self.num_layers} layers"
