@@ -511,9 +511,9 @@ def _markdown(data: dict, lengths: list[int], targets: list[dict], plot: str | N
     c = data["counting_1000_tokens_window_10"]
     lines += [
         "",
-        "The notes' counting claim (1000 tokens, window ±10): full attention computes "
-        f"{c['full']:,} scores; local attention needs {c['allowed']:,} ({c['allowed'] / c['full']:.1%}, the notes' "
-        f"\"2만\", a 98% cut), and the blocked kernel evaluates {c['computed']:,} ({c['computed'] / c['full']:.1%}) "
+        "Counting the scores (1000 tokens, window ±10): full attention computes "
+        f"{c['full']:,} scores; local attention needs {c['allowed']:,} ({c['allowed'] / c['full']:.1%}, "
+        f"about 20,000, a 98% cut), and the blocked kernel evaluates {c['computed']:,} ({c['computed'] / c['full']:.1%}) "
         "including the padding of its blocks.",
     ]
     if plot:

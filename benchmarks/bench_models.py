@@ -5,7 +5,7 @@ in the same process and on the same threads.
   transformers ``logits_to_keep=1``) and of every position;
 - greedy decoding of 32 tokens from a short prompt (both produce the same tokens), as
   tokens per second;
-- ``attnkit inspect`` on the notes' example, wall time of the whole command once the model
+- ``attnkit inspect`` on its default example ("The cat sat on the mat."), wall time of the whole command once the model
   is cached (a fresh process: imports, load, run, heatmap and JSON).
 
 Everything is measured at 1 thread and at torch's default thread count (``THREADS=1,2``

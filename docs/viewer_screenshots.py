@@ -3,7 +3,7 @@ viewer-matrix.png) from a real model run, with the same headless Chromium as the
 
     python docs/viewer_screenshots.py [--model smollm2] [--text "..."] [--layer 5 --head 4]
 
-The defaults show note 004's question — does "it" attend to "animal"? — on SmolLM2, at
+The defaults show a classic question — does "it" attend to "animal"? — on SmolLM2, at
 layer 13, head 8, the head where it does most (0.76 of its attention).
 """
 

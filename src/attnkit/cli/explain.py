@@ -24,7 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Print, step by step, what attention computes: the Q, K, V table, the scores "
             "q·kᵢ, the scaled scores, the softmax weights and the context vector, with the "
-            "shape of each step. Without --input it uses the notes' example "
+            "shape of each step. Without --input it uses the worked example "
             '"The cat sat on the mat" (d_model = 4) and explains the query "sat".'
         ),
     )

@@ -1,4 +1,4 @@
-"""Step-by-step explanation of one attention computation, as the source notes work it by hand.
+"""Step-by-step explanation of one attention computation, as one works it by hand.
 
 The numbers come from :func:`attnkit.attention` itself (weights and context vectors) and from
 the same score functions it uses, so the explanation cannot drift from the library.
@@ -20,7 +20,7 @@ from torch import Tensor
 from attnkit.functional import attention, masks
 from attnkit.functional.scores import dot_scores
 
-# The worked example of the source notes: "The cat sat on the mat", d_model = 4.
+# The worked example: "The cat sat on the mat", d_model = 4.
 EXAMPLE_TOKENS = ["the₁", "cat", "sat", "on", "the₂", "mat"]
 EXAMPLE_QK = [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 1, 1], [0, 0, 1, 1], [1, 0, 0, 1], [1, 1, 0, 0]]
 EXAMPLE_V = [
@@ -80,7 +80,7 @@ class Explanation:
 
     @property
     def shapes(self) -> list[tuple[str, str, str]]:
-        """``(step, operation, shape)`` rows, as in the notes' summary table."""
+        """``(step, operation, shape)`` rows, as in a summary table of the computation."""
         n_q = len(self.steps)
         n_k, d = self.inputs.k.shape
         d_v = self.inputs.v.shape[1]
@@ -120,7 +120,7 @@ class Explanation:
 
 
 def example_input() -> ExplainInput:
-    """The notes' "The cat sat on the mat" example, with Q = K."""
+    """The worked "The cat sat on the mat" example, with Q = K."""
     qk = torch.tensor(EXAMPLE_QK, dtype=torch.float64)
     return ExplainInput(list(EXAMPLE_TOKENS), list(EXAMPLE_TOKENS), qk, qk.clone(), torch.tensor(EXAMPLE_V, dtype=torch.float64))
 

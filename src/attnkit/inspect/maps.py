@@ -1,5 +1,5 @@
-"""One layer's attention map on a text, from an :mod:`attnkit.models` model: the notes'
-practical example ("The cat sat on the mat.", last layer, head 0) as a library call,
+"""One layer's attention map on a text, from an :mod:`attnkit.models` model: the classic
+first look inside a model ("The cat sat on the mat.", last layer, head 0) as a library call,
 between tokens or between words, with labels as the tokens read in the text.
 
 Shape letters: ``h`` selected heads, ``s`` tokens, ``n`` tokens or words.
@@ -20,7 +20,7 @@ from attnkit.inspect.words import Word, aggregate, word_groups
 if TYPE_CHECKING:
     from attnkit.models import Model, ModelRun
 
-# The sentence of the notes' practical example.
+# The default sentence of `attnkit inspect`.
 EXAMPLE_TEXT = "The cat sat on the mat."
 
 # What the rows and columns of a map stand for: tokens, or words of the text.

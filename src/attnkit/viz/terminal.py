@@ -71,7 +71,7 @@ def table_width(table: str) -> int:
 
 
 def fmt(x: float) -> str:
-    """A number to four decimals, the notes' precision."""
+    """A number to four decimals, the precision of the worked examples."""
     return "-inf" if x == float("-inf") else f"{x:.4f}"
 
 

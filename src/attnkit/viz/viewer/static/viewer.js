@@ -24,7 +24,7 @@
   const ALL_LINES_MIN = 0.001; // head view, "all" lines: weights below this are skipped
   const MAX_LABEL = 150; // matrix view: widest token label, CSS px
 
-  // matplotlib's "Blues" (the source notes' colour map): nine anchors, interpolated to 256.
+  // matplotlib's "Blues" (the heatmaps' colour map): nine anchors, interpolated to 256.
   const BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
     [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
   const LUT = (() => {
@@ -617,7 +617,7 @@
       });
     }
     if (cell >= 30) {
-      // Values written in the cells, as in the notes' heatmaps.
+      // Values written in the cells, as in the PNG heatmaps.
       bctx.font = '11px system-ui, "DejaVu Sans", sans-serif';
       bctx.textAlign = 'center';
       bctx.textBaseline = 'middle';

@@ -1,0 +1,322 @@
+"""Every code block of README.md and docs/ runs, so that the documentation cannot drift from
+what the code does.
+
+- ``python`` blocks run in order, one namespace per file.
+- ``console`` blocks are transcripts: each ``$ command`` runs, and every line shown after it
+  must appear, in order, in what the command prints (stdout and stderr, as a terminal shows
+  them). Timings and file sizes are compared as placeholders and progress bars are left
+  out; every other character, the printed numbers included, must match.
+- ``sh`` and ``bash`` blocks are commands to run; each must succeed.
+- ``json`` blocks must parse, as one document or one per line. Blocks without a language,
+  or ``text``, are text (a layout, a formula, a usage line, an excerpt with elisions) and
+  are not run.
+
+Commands run in a temporary folder, ``attnkit`` inside this process (with the session's
+real models, loaded once), ``attnkit serve`` as its own process until it says where to
+look. The few commands that cannot run here are listed in :data:`NOT_RUN`, each with why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# Commands shown in the documentation that this suite does not run, and why.
+NOT_RUN = {
+    "make test": "the test suite itself",
+    "apt-get install fonts-noto-cjk": "installs a system package; make test installs it before the tests",
+}
+# Pages whose blocks train models for minutes or survey every head of SmolLM2.
+SLOW_PAGES = {"training.md", "inspect.md", "korean-and-words.md"}
+
+# A text file the README's `attnkit explain --input mine.json` reads.
+MINE_JSON = {"tokens": ["I", "like", "tea"], "q": [[1, 0], [0, 1], [1, 1]], "k": [[1, 0], [0, 1], [1, 1]],
+             "v": [[1, 2], [3, 4], [5, 6]]}
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block."""
+
+    page: Path
+    line: int
+    language: str
+    text: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.name}:{self.line}"
+
+
+def code_blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of a Markdown page, with the line each starts on."""
+    text = page.read_text(encoding="utf-8")
+    return [
+        Block(page, text[: m.start()].count("\n") + 1, m.group(1), m.group(2))
+        for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)
+    ]
+
+
+ALL_BLOCKS = [block for page in PAGES for block in code_blocks(page)]
+
+
+# ---------------------------------------------------------------- comparing output
+
+_PROGRESS = re.compile(r"\d+/\d+ \[|it/s|step/s|█")
+_DURATION = re.compile(r"\b\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)? ?(?:ms|s|min)\b")
+_SIZE = re.compile(r"\(\d+(?:\.\d+)? ?[kMG]?B\)")
+
+
+def normalized(output: str) -> list[str]:
+    """Lines to compare: trailing spaces gone, durations and sizes as placeholders,
+    progress bars and blank lines left out."""
+    lines = []
+    for line in output.splitlines():
+        if not line.strip() or _PROGRESS.search(line):
+            continue
+        line = _SIZE.sub("(SIZE)", _DURATION.sub("T", line.rstrip()))
+        lines.append(line)
+    return lines
+
+
+def assert_shown_in(expected: str, actual: str, command: str) -> None:
+    """Every line of ``expected`` appears in ``actual``, in order (placeholders aside); a
+    line that ends in ``...`` or ``…`` stands for the lines that start with what it shows."""
+    remaining = iter(normalized(actual))
+    for line in normalized(expected):
+        if line.strip() in ("…", "...", "[…]"):
+            continue
+        prefix = line.removesuffix("...").removesuffix("…").rstrip()
+        elided = prefix != line
+        if not any(candidate.startswith(prefix) if elided else line == candidate for candidate in remaining):
+            raise AssertionError(
+                f"`{command}` did not print, in this order, the line\n  {line}\nIt printed:\n{actual}"
+            )
+
+
+# ---------------------------------------------------------------- running commands
+
+
+@contextlib.contextmanager
+def environment(changes: dict[str, str]) -> Iterator[None]:
+    before = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def split_command(line: str) -> tuple[dict[str, str], list[str]]:
+    """``NAME=value ... program args`` as the environment changes and the argv."""
+    words = shlex.split(line, comments=True)
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, words
+
+
+def run_attnkit(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """``attnkit ARGV`` in this process: exit status and what it printed (stdout and stderr
+    interleaved, as in a terminal)."""
+    from attnkit.cli import main
+
+    printed = io.StringIO()
+    with environment(env), contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        code = main(argv)
+    return code, printed.getvalue()
+
+
+def run_serve(argv: list[str]) -> tuple[int, str]:
+    """``attnkit serve ARGV`` as its own process, on a free port, until it says where to
+    look; then it is stopped."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if "--port" in argv:
+        argv = [*argv[: argv.index("--port")], *argv[argv.index("--port") + 2:]]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "attnkit", "serve", *argv, "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        assert server.stdout is not None
+        for line in server.stdout:
+            lines.append(line)
+            if "open http://" in line or time.monotonic() > deadline:
+                break
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    printed = "".join(lines)
+    return (0 if f"open http://127.0.0.1:{port}/" in printed else 1), printed
+
+
+def run_make(target: str, env: dict[str, str]) -> list[tuple[list[str], int, str]]:
+    """The ``attnkit`` commands of a Makefile target's recipe, each run in this process."""
+    recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe, f"the Makefile has no target {target!r}"
+    results = []
+    for line in recipe.group(1).splitlines():
+        _, words = split_command(line.strip().replace("$(BIN)/", ""))
+        assert words[0] == "attnkit", f"make {target} runs {line.strip()!r}, which this test does not know"
+        results.append((words, *run_attnkit(words[1:], env)))
+    return results
+
+
+# Commands that train for minutes and appear on several pages run once per session.
+RUN_ONCE = ("attnkit train --task reverse --out runs/reverse",)
+_ran_once: dict[str, tuple[int, str]] = {}
+
+
+def run_command(line: str) -> tuple[int, str]:
+    """One documented command: its exit status and output."""
+    command = line.split("#")[0].strip()
+    if command in RUN_ONCE:
+        if command not in _ran_once:
+            _ran_once[command] = _run_command(command)
+        return _ran_once[command]
+    return _run_command(line)
+
+
+def _run_command(line: str) -> tuple[int, str]:
+    env, words = split_command(line)
+    if words[0] == "attnkit" and words[1:2] == ["serve"]:
+        return run_serve(words[2:])
+    if words[0] == "attnkit":
+        return run_attnkit(words[1:], env)
+    if words[0] == "make" and len(words) == 2:
+        outputs = run_make(words[1], env)
+        return max(code for _, code, _ in outputs), "".join(out for _, _, out in outputs)
+    raise AssertionError(f"the documentation runs {line!r}; teach this test how to run it, or list it in NOT_RUN")
+
+
+def not_run(line: str) -> bool:
+    return any(command in line for command in NOT_RUN)
+
+
+def console_steps(text: str) -> list[tuple[str, str]]:
+    """``(command, expected output)`` of a console transcript: lines after ``$ ``."""
+    steps: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        elif line.startswith("# ") and not steps:
+            steps.append((line[2:], []))  # a root prompt
+        elif steps:
+            steps[-1][1].append(line)
+        else:
+            raise AssertionError(f"a console block must start with a prompt, got {line!r}")
+    return [(command, "\n".join(output)) for command, output in steps]
+
+
+def shell_commands(text: str) -> list[str]:
+    """The commands of a ``sh`` block: one per line, comments and blank lines left out."""
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+# ---------------------------------------------------------------- the tests
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch) -> Path:
+    """A temporary working folder with the files the documentation assumes."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.json").write_text(json.dumps(MINE_JSON))
+    return tmp_path
+
+
+@pytest.fixture
+def shared_models(smollm2, minilm, monkeypatch):
+    """``attnkit.models.load`` of a known model on the CPU returns the session's model,
+    loaded once; anything else loads as usual."""
+    from attnkit import models
+    from attnkit.models import model as model_module
+
+    original = model_module.load
+    session = {"smollm2": smollm2, "minilm": minilm}
+
+    def load(name_or_path, *args, **kwargs):
+        known = str(name_or_path) in session and "ATTNKIT_HOME" not in os.environ
+        if known and not args and set(kwargs) <= {"device"} and str(kwargs.get("device", "cpu")) == "cpu":
+            return session[str(name_or_path)]
+        return original(name_or_path, *args, **kwargs)
+
+    monkeypatch.setattr(models, "load", load)
+    monkeypatch.setattr(model_module, "load", load)
+
+
+def page_blocks(language_set: set[str]) -> list:
+    return [
+        pytest.param(block, id=block.id, marks=[pytest.mark.slow] if block.page.name in SLOW_PAGES else [])
+        for block in ALL_BLOCKS if block.language in language_set
+    ]
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.name) for p in PAGES
+                                  if any(b.language == "python" for b in code_blocks(p))])
+def test_python_blocks_run(page, in_tmp, shared_models):
+    namespace: dict = {"__name__": f"docs_{page.stem}"}
+    for block in code_blocks(page):
+        if block.language == "python":
+            try:
+                exec(compile(block.text, f"{page.name}:{block.line}", "exec"), namespace)
+            except Exception as err:
+                raise AssertionError(f"the python block at {block.id} failed: {err!r}") from err
+
+
+@pytest.mark.parametrize("block", page_blocks({"console"}))
+def test_console_transcripts(block, in_tmp, shared_models):
+    for command, expected in console_steps(block.text):
+        if not_run(command):
+            continue
+        code, printed = run_command(command)
+        error_shown = any(line.startswith("attnkit: error:") for line in expected.splitlines())
+        assert (code != 0) == error_shown, f"`{command}` ({block.id}) exited {code}:\n{printed}"
+        assert_shown_in(expected, printed, command)
+
+
+@pytest.mark.parametrize("block", page_blocks({"sh", "bash"}))
+def test_shell_commands(block, in_tmp, shared_models):
+    for command in shell_commands(block.text):
+        if not_run(command):
+            continue
+        code, printed = run_command(command)
+        assert code == 0, f"`{command}` ({block.id}) exited {code}:\n{printed}"
+
+
+@pytest.mark.parametrize("block", page_blocks({"json"}))
+def test_json_blocks_parse(block):
+    try:
+        json.loads(block.text)
+    except json.JSONDecodeError:
+        for line in block.text.splitlines():
+            json.loads(line)
+
+
+def test_every_block_has_a_known_language():
+    known = {"python", "console", "sh", "bash", "json", "text", ""}
+    assert {block.id: block.language for block in ALL_BLOCKS if block.language not in known} == {}

@@ -1,0 +1,22 @@
+"""The documentation, help texts and docstrings speak to someone who has only this
+repository: no references to notes, seeds or design files that are not in it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTSIDE = re.compile(r"the notes|seed 00[0-4]|note 00[0-4]|DESIGN\.md", re.I)
+
+
+def test_no_references_to_material_outside_the_repository():
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "docs").rglob("*.py"),
+             *(ROOT / "src").rglob("*.py"), *(ROOT / "src").rglob("*.js"), *(ROOT / "src").rglob("*.html")]
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert found == []
