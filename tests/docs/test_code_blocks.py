@@ -40,10 +40,12 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Commands shown in the documentation that this suite does not run, and why.
 NOT_RUN = {
     "make test": "the test suite itself",
-    "apt-get install fonts-noto-cjk": "installs a system package; make test installs it before the tests",
+    "--rdzv-endpoint node0.example": "needs two machines that meet at a rendezvous host",
 }
 # Pages whose blocks train models for minutes or survey every head of SmolLM2.
-SLOW_PAGES = {"training.md", "inspect.md", "korean-and-words.md"}
+SLOW_PAGES = {"training.md", "inspect.md", "korean-and-words.md", "distributed.md", "analysis.md"}
+# The texts the documentation's `--file texts.txt` surveys.
+TEXTS_TXT = "The cat sat on the mat.\nThe animal didn't cross the road because it was too tired.\n"
 
 # A text file the README's `attnkit explain --input mine.json` reads.
 MINE_JSON = {"tokens": ["I", "like", "tea"], "q": [[1, 0], [0, 1], [1, 1]], "k": [[1, 0], [0, 1], [1, 1]],
@@ -202,8 +204,19 @@ def run_command(line: str) -> tuple[int, str]:
     return _run_command(line)
 
 
+def run_process(words: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """A command as its own process (``torchrun`` from this environment)."""
+    program = Path(sys.executable).with_name(words[0])
+    assert program.exists(), f"{words[0]} is not installed beside {sys.executable}"
+    done = subprocess.run([str(program), *words[1:]], capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, **env})
+    return done.returncode, done.stdout + done.stderr
+
+
 def _run_command(line: str) -> tuple[int, str]:
     env, words = split_command(line)
+    if words[0] == "torchrun":
+        return run_process(words, env)
     if words[0] == "attnkit" and words[1:2] == ["serve"]:
         return run_serve(words[2:])
     if words[0] == "attnkit":
@@ -219,17 +232,21 @@ def not_run(line: str) -> bool:
 
 
 def console_steps(text: str) -> list[tuple[str, str]]:
-    """``(command, expected output)`` of a console transcript: lines after ``$ ``."""
+    """``(command, expected output)`` of a console transcript: lines after ``$ ``, a command
+    going on over lines that end in a backslash; ``#`` lines before the first command are
+    comments."""
     steps: list[tuple[str, list[str]]] = []
+    continued = False
     for line in text.splitlines():
-        if line.startswith("$ "):
-            steps.append((line[2:], []))
-        elif line.startswith("# ") and not steps:
-            steps.append((line[2:], []))  # a root prompt
+        if continued:
+            steps[-1] = (steps[-1][0][:-1] + " " + line.strip(), [])
+        elif line.startswith("$ "):
+            steps.append((line[2:].rstrip(), []))
         elif steps:
             steps[-1][1].append(line)
-        else:
+        elif not line.startswith("#"):
             raise AssertionError(f"a console block must start with a prompt, got {line!r}")
+        continued = bool(steps) and not steps[-1][1] and steps[-1][0].endswith("\\")
     return [(command, "\n".join(output)) for command, output in steps]
 
 
@@ -246,6 +263,7 @@ def in_tmp(tmp_path: Path, monkeypatch) -> Path:
     """A temporary working folder with the files the documentation assumes."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.json").write_text(json.dumps(MINE_JSON))
+    (tmp_path / "texts.txt").write_text(TEXTS_TXT)
     return tmp_path
 
 
