@@ -205,17 +205,22 @@ def run_command(line: str) -> tuple[int, str]:
 
 
 def run_process(words: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """A command as its own process (``torchrun`` from this environment)."""
-    program = Path(sys.executable).with_name(words[0])
-    assert program.exists(), f"{words[0]} is not installed beside {sys.executable}"
-    done = subprocess.run([str(program), *words[1:]], capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, **env})
+    """A command as its own process: ``torchrun`` from this environment, or ``attnkit``
+    when it starts processes of its own (``--nproc``), whose output this process cannot
+    capture."""
+    if words[0] == "attnkit":
+        argv = [sys.executable, "-m", "attnkit", *words[1:]]
+    else:
+        program = Path(sys.executable).with_name(words[0])
+        assert program.exists(), f"{words[0]} is not installed beside {sys.executable}"
+        argv = [str(program), *words[1:]]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env={**os.environ, **env})
     return done.returncode, done.stdout + done.stderr
 
 
 def _run_command(line: str) -> tuple[int, str]:
     env, words = split_command(line)
-    if words[0] == "torchrun":
+    if words[0] == "torchrun" or "--nproc" in words:
         return run_process(words, env)
     if words[0] == "attnkit" and words[1:2] == ["serve"]:
         return run_serve(words[2:])
@@ -251,8 +256,15 @@ def console_steps(text: str) -> list[tuple[str, str]]:
 
 
 def shell_commands(text: str) -> list[str]:
-    """The commands of a ``sh`` block: one per line, comments and blank lines left out."""
-    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    """The commands of a ``sh`` block: one per line (or over lines that end in a
+    backslash), comments and blank lines left out."""
+    commands: list[str] = []
+    for line in text.splitlines():
+        if commands and commands[-1].endswith("\\"):
+            commands[-1] = commands[-1][:-1] + " " + line.strip()
+        elif line.strip() and not line.lstrip().startswith("#"):
+            commands.append(line.rstrip())
+    return commands
 
 
 # ---------------------------------------------------------------- the tests
@@ -297,8 +309,16 @@ def page_blocks(language_set: set[str]) -> list:
 @pytest.mark.parametrize("page", [pytest.param(p, id=p.name) for p in PAGES
                                   if any(b.language == "python" for b in code_blocks(p))])
 def test_python_blocks_run(page, in_tmp, shared_models):
+    blocks = [block for block in code_blocks(page) if block.language == "python"]
+    if any("attnkit.distributed" in block.text and re.search(r"\.init\(", block.text) for block in blocks):
+        # A script that joins a process group: run as torchrun runs it, on two processes.
+        script = in_tmp / f"{page.stem}.py"
+        script.write_text("\n\n".join(block.text for block in blocks), encoding="utf-8")
+        code, printed = run_process(["torchrun", "--standalone", "--nproc-per-node", "2", str(script)], {})
+        assert code == 0, f"the python blocks of {page.name}, run by torchrun on 2 processes, failed:\n{printed}"
+        return
     namespace: dict = {"__name__": f"docs_{page.stem}"}
-    for block in code_blocks(page):
+    for block in blocks:
         if block.language == "python":
             try:
                 exec(compile(block.text, f"{page.name}:{block.line}", "exec"), namespace)
