@@ -30,10 +30,11 @@ test: $(STAMP)
 	tools/system-packages
 	$(BIN)/python -m pytest
 
-# Lint (ruff), types (mypy) and the documentation site with its API reference, warnings as
-# errors (site in build/site). CI runs it before the tests.
+# Lint and format (ruff), types (mypy) and the documentation site with its API reference,
+# warnings as errors (site in build/site). CI runs it before the tests.
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks docs
+	$(BIN)/ruff format --check src tests benchmarks docs
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 

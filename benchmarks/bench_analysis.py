@@ -115,14 +115,26 @@ def main() -> None:
         "cli_ablate_target_ratio": ABLATION_TARGET_RATIO,
     }
     rows = [
-        ["`run` without hooks / before hooks", f"{runs['run'] * 1e3:.1f} ms / {runs['before'] * 1e3:.1f} ms",
-         f"{data['run_ratio_vs_before']:.3f}"],
-        ["`run` through hook points, every hook identity / before", f"{runs['identity_hooks'] * 1e3:.1f} ms",
-         f"{data['identity_hooks_ratio_vs_before']:.3f}"],
-        ["`head_ablation` (270 heads) / `attention_map` (library)",
-         f"{library['ablate']:.2f} s / {library['inspect']:.2f} s", f"{data['library_ablate_ratio']:.2f}"],
-        ["`attnkit heads --ablate` / `attnkit inspect` (fresh processes)",
-         f"{cli['ablate']:.2f} s / {cli['inspect']:.2f} s", f"{data['cli_ablate_ratio']:.2f}"],
+        [
+            "`run` without hooks / before hooks",
+            f"{runs['run'] * 1e3:.1f} ms / {runs['before'] * 1e3:.1f} ms",
+            f"{data['run_ratio_vs_before']:.3f}",
+        ],
+        [
+            "`run` through hook points, every hook identity / before",
+            f"{runs['identity_hooks'] * 1e3:.1f} ms",
+            f"{data['identity_hooks_ratio_vs_before']:.3f}",
+        ],
+        [
+            "`head_ablation` (270 heads) / `attention_map` (library)",
+            f"{library['ablate']:.2f} s / {library['inspect']:.2f} s",
+            f"{data['library_ablate_ratio']:.2f}",
+        ],
+        [
+            "`attnkit heads --ablate` / `attnkit inspect` (fresh processes)",
+            f"{cli['ablate']:.2f} s / {cli['inspect']:.2f} s",
+            f"{data['cli_ablate_ratio']:.2f}",
+        ],
     ]
     markdown = (
         "## Analysis: hooks and head ablation (SmolLM2)\n\n"

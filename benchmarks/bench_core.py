@@ -56,8 +56,15 @@ def main() -> dict:
     table = markdown_table(
         ["s", "mask", "SDPA ms", "attnkit ms", "attnkit speed ÷ SDPA", "SDPA % of mm", "attnkit % of mm"],
         [
-            [str(r["s"]), "causal" if r["causal"] else "none", f"{r['sdpa_s'] * 1e3:.2f}", f"{r['attnkit_s'] * 1e3:.2f}",
-             f"{r['speed_vs_sdpa']:.3f}×", f"{r['sdpa_fraction_of_mm']:.1%}", f"{r['attnkit_fraction_of_mm']:.1%}"]
+            [
+                str(r["s"]),
+                "causal" if r["causal"] else "none",
+                f"{r['sdpa_s'] * 1e3:.2f}",
+                f"{r['attnkit_s'] * 1e3:.2f}",
+                f"{r['speed_vs_sdpa']:.3f}×",
+                f"{r['sdpa_fraction_of_mm']:.1%}",
+                f"{r['attnkit_fraction_of_mm']:.1%}",
+            ]
             for r in rows
         ],
     )

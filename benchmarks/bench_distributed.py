@@ -57,7 +57,10 @@ def _cell_rank(rank: int, world: int, store_file: str, result_dir: str, cell: di
     libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"file://{store_file}", rank=rank, world_size=world,
+        "gloo",
+        init_method=f"file://{store_file}",
+        rank=rank,
+        world_size=world,
         timeout=datetime.timedelta(seconds=1800),
     )
     import attnkit
@@ -90,7 +93,11 @@ def _cell_rank(rank: int, world: int, store_file: str, result_dir: str, cell: di
     peak_mib = (_status_kib("VmHWM") - before) / 1024
     del out
     result = {
-        "seconds": seconds, "cpu_seconds": cpu_seconds, "peak_mib": peak_mib, "wait_s": timings.wait, "compute_s": timings.compute,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "peak_mib": peak_mib,
+        "wait_s": timings.wait,
+        "compute_s": timings.compute,
         "skipped_steps": timings.skipped,
     }
     Path(result_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -112,7 +119,8 @@ def run_cell(
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
     shares = [r["wait_s"] / max(r["seconds"], 1e-9) for r in ranks]
     return {
-        **cell, "ranks": world,
+        **cell,
+        "ranks": world,
         "seconds": max(r["seconds"] for r in ranks),
         "cpu_seconds": max(r["cpu_seconds"] for r in ranks),
         "peak_mib_per_rank": max(r["peak_mib"] for r in ranks),
@@ -131,9 +139,11 @@ def sweep(lengths: list[int], ranks: list[int]) -> list[dict]:
         for world in ranks:
             row = run_cell(seq_len, world)
             rows.append(row)
-            _log(f"s={seq_len:>6} ranks={world}: {row['seconds']:7.2f} s ({row['cpu_seconds']:.2f} s CPU), "
-                 f"{row['peak_mib_per_rank']:7.1f} MiB/rank, "
-                 f"wait {row['wait_share']:.1%}")
+            _log(
+                f"s={seq_len:>6} ranks={world}: {row['seconds']:7.2f} s ({row['cpu_seconds']:.2f} s CPU), "
+                f"{row['peak_mib_per_rank']:7.1f} MiB/rank, "
+                f"wait {row['wait_share']:.1%}"
+            )
     return rows
 
 
@@ -145,10 +155,21 @@ def memory_acceptance(seq_len: int) -> list[dict]:
         one = run_cell(seq_len, 1, heads=heads)["peak_mib_per_rank"]
         sdpa = run_cell(seq_len, 1, heads=heads, kernel="attention")["peak_mib_per_rank"]
         four = run_cell(seq_len, 4, heads=heads)["peak_mib_per_rank"]
-        rows.append({"heads": heads[0], "kv_heads": heads[1], "one_process_ring_mib": one, "one_process_attention_mib": sdpa,
-                     "four_ranks_mib": four, "ratio_to_ring": four / one, "ratio_to_attention": four / sdpa})
-        _log(f"memory s={seq_len} h={heads[0]} h_kv={heads[1]}: 1 process {one:.1f} MiB (attnkit.attention "
-             f"{sdpa:.1f}), 4 ranks {four:.1f} MiB/rank, ratios {four / one:.3f} / {four / sdpa:.3f}")
+        rows.append(
+            {
+                "heads": heads[0],
+                "kv_heads": heads[1],
+                "one_process_ring_mib": one,
+                "one_process_attention_mib": sdpa,
+                "four_ranks_mib": four,
+                "ratio_to_ring": four / one,
+                "ratio_to_attention": four / sdpa,
+            }
+        )
+        _log(
+            f"memory s={seq_len} h={heads[0]} h_kv={heads[1]}: 1 process {one:.1f} MiB (attnkit.attention "
+            f"{sdpa:.1f}), 4 ranks {four:.1f} MiB/rank, ratios {four / one:.3f} / {four / sdpa:.3f}"
+        )
     return rows
 
 
@@ -166,38 +187,71 @@ def layout_acceptance(seq_len: int, rounds: int) -> dict:
     best_cpu = {layout: min(ts) for layout, ts in cpu.items()}
     best_wall = {layout: min(ts) for layout, ts in wall.items()}
     result = {
-        "seq_len": seq_len, "cpu_seconds": cpu, "wall_seconds": wall,
+        "seq_len": seq_len,
+        "cpu_seconds": cpu,
+        "wall_seconds": wall,
         "speedup": best_cpu["contiguous"] / best_cpu["zigzag"],
         "wall_speedup": best_wall["contiguous"] / best_wall["zigzag"],
     }
-    _log(f"layout s={seq_len}: slowest rank's CPU time contiguous {best_cpu['contiguous']:.2f} s, zigzag "
-         f"{best_cpu['zigzag']:.2f} s, speedup {result['speedup']:.2f}x (wall: {best_wall['contiguous']:.2f} s, "
-         f"{best_wall['zigzag']:.2f} s, {result['wall_speedup']:.2f}x)")
+    _log(
+        f"layout s={seq_len}: slowest rank's CPU time contiguous {best_cpu['contiguous']:.2f} s, zigzag "
+        f"{best_cpu['zigzag']:.2f} s, speedup {result['speedup']:.2f}x (wall: {best_wall['contiguous']:.2f} s, "
+        f"{best_wall['zigzag']:.2f} s, {result['wall_speedup']:.2f}x)"
+    )
     return result
 
 
 def report(rows: list[dict], memory: list[dict], layouts: dict) -> str:
     table = markdown_table(
         ["s", "ranks", "wall time (s)", "slowest rank's CPU time (s)", "peak MiB per rank", "wait share"],
-        [[f"{r['seq_len']}", f"{r['ranks']}", f"{r['seconds']:.2f}", f"{r['cpu_seconds']:.2f}",
-          f"{r['peak_mib_per_rank']:.1f}", f"{r['wait_share']:.1%}"] for r in rows],
+        [
+            [
+                f"{r['seq_len']}",
+                f"{r['ranks']}",
+                f"{r['seconds']:.2f}",
+                f"{r['cpu_seconds']:.2f}",
+                f"{r['peak_mib_per_rank']:.1f}",
+                f"{r['wait_share']:.1%}",
+            ]
+            for r in rows
+        ],
     )
     mem_table = markdown_table(
-        ["h", "h_kv", "1 process, ring (MiB)", "1 process, attnkit.attention (MiB)", "4 ranks (MiB per rank)",
-         "ratio to ring", "ratio to attnkit.attention"],
-        [[f"{m['heads']}", f"{m['kv_heads']}", f"{m['one_process_ring_mib']:.1f}",
-          f"{m['one_process_attention_mib']:.1f}", f"{m['four_ranks_mib']:.1f}", f"{m['ratio_to_ring']:.3f}",
-          f"{m['ratio_to_attention']:.3f}"] for m in memory],
+        [
+            "h",
+            "h_kv",
+            "1 process, ring (MiB)",
+            "1 process, attnkit.attention (MiB)",
+            "4 ranks (MiB per rank)",
+            "ratio to ring",
+            "ratio to attnkit.attention",
+        ],
+        [
+            [
+                f"{m['heads']}",
+                f"{m['kv_heads']}",
+                f"{m['one_process_ring_mib']:.1f}",
+                f"{m['one_process_attention_mib']:.1f}",
+                f"{m['four_ranks_mib']:.1f}",
+                f"{m['ratio_to_ring']:.3f}",
+                f"{m['ratio_to_attention']:.3f}",
+            ]
+            for m in memory
+        ],
     )
     layout_text = (
-        f"causal, s={layouts['seq_len']}, 2 ranks of one thread, best of {len(layouts['cpu_seconds']['zigzag'])} "
-        f"runs each, alternating. The slowest rank's CPU time (what it would take with a core of its own): "
-        f"contiguous {min(layouts['cpu_seconds']['contiguous']):.2f} s, zigzag "
-        f"{min(layouts['cpu_seconds']['zigzag']):.2f} s — zigzag **{layouts['speedup']:.2f}x** faster. Wall time "
-        f"on this shared machine: contiguous {min(layouts['wall_seconds']['contiguous']):.2f} s, zigzag "
-        f"{min(layouts['wall_seconds']['zigzag']):.2f} s ({layouts['wall_speedup']:.2f}x), which depends mostly on "
-        "how much of the 2 cores the other programs left to the ranks during each run."
-    ) if layouts else "(not measured in this run)"
+        (
+            f"causal, s={layouts['seq_len']}, 2 ranks of one thread, best of {len(layouts['cpu_seconds']['zigzag'])} "
+            f"runs each, alternating. The slowest rank's CPU time (what it would take with a core of its own): "
+            f"contiguous {min(layouts['cpu_seconds']['contiguous']):.2f} s, zigzag "
+            f"{min(layouts['cpu_seconds']['zigzag']):.2f} s — zigzag **{layouts['speedup']:.2f}x** faster. Wall time "
+            f"on this shared machine: contiguous {min(layouts['wall_seconds']['contiguous']):.2f} s, zigzag "
+            f"{min(layouts['wall_seconds']['zigzag']):.2f} s ({layouts['wall_speedup']:.2f}x), which depends mostly on "
+            "how much of the 2 cores the other programs left to the ranks during each run."
+        )
+        if layouts
+        else "(not measured in this run)"
+    )
     return f"""## Distributed: ring attention on gloo (`bench_distributed.py`)
 
 Ring attention, causal, zigzag layout, b=1, h={SWEEP_HEADS[0]}, h_kv={SWEEP_HEADS[1]},
@@ -234,8 +288,13 @@ def _check_rank(rank: int, world: int, store_file: str, result_dir: str) -> None
     device = torch.device(f"cuda:{rank}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"file://{store_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{store_file}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )
     import attnkit
     from attnkit import masks
     from attnkit.distributed import RingTimings, gather, ring_attention, shard
@@ -255,7 +314,10 @@ def _check_rank(rank: int, world: int, store_file: str, result_dir: str) -> None
             ref.sum().backward()
             errors[f"{layout} {name}"] = max(
                 float((gather(out_l.detach(), layout=layout) - ref.detach()).abs().max()),
-                *(float((g.grad - shard(r.grad, layout=layout)).abs().max()) for g, r in ((q_l, qr), (k_l, kr), (v_l, vr))),
+                *(
+                    float((g.grad - shard(r.grad, layout=layout)).abs().max())
+                    for g, r in ((q_l, qr), (k_l, kr), (v_l, vr))
+                ),
             )
     q32 = torch.randn(1, 8, 16384 // world, 64, device=device)
     timings = RingTimings()
@@ -267,24 +329,33 @@ def _check_rank(rank: int, world: int, store_file: str, result_dir: str) -> None
     if use_cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    Path(result_dir, f"rank{rank}.json").write_text(json.dumps({
-        "backend": backend, "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
-        "max_error_float64": errors, "seconds_s16384_h8_causal": seconds,
-    }))
+    Path(result_dir, f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "backend": backend,
+                "device": str(device),
+                "device_name": torch.cuda.get_device_name(device) if use_cuda else "cpu",
+                "max_error_float64": errors,
+                "seconds_s16384_h8_causal": seconds,
+            }
+        )
+    )
     dist.destroy_process_group()
 
 
 def check(world: int) -> int:
     with tempfile.TemporaryDirectory(prefix="attnkit-check-") as tmp:
-        mp.start_processes(_check_rank, args=(world, os.path.join(tmp, "store"), tmp), nprocs=world,
-                           start_method="spawn")
+        mp.start_processes(
+            _check_rank, args=(world, os.path.join(tmp, "store"), tmp), nprocs=world, start_method="spawn"
+        )
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
     worst = max(max(r["max_error_float64"].values()) for r in ranks)
     for r, result in enumerate(ranks):
-        print(f"rank {r}: {result['backend']} on {result['device']} ({result['device_name']}), "
-              f"max error (float64, output and grads) {max(result['max_error_float64'].values()):.2e}, "
-              f"causal s=16384/{world} per rank h=8 d=64 float32 forward {result['seconds_s16384_h8_causal'] * 1e3:.1f} ms")
+        print(
+            f"rank {r}: {result['backend']} on {result['device']} ({result['device_name']}), "
+            f"max error (float64, output and grads) {max(result['max_error_float64'].values()):.2e}, "
+            f"causal s=16384/{world} per rank h=8 d=64 float32 forward {result['seconds_s16384_h8_causal'] * 1e3:.1f} ms"
+        )
     ok = worst < 1e-10
     print("check passed" if ok else f"check FAILED: max error {worst:.2e} >= 1e-10")
     return 0 if ok else 1
@@ -294,12 +365,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--layout-length", type=int, default=32768,
-                        help="sequence length of the zigzag-against-contiguous comparison (0: skip)")
+    parser.add_argument(
+        "--layout-length",
+        type=int,
+        default=32768,
+        help="sequence length of the zigzag-against-contiguous comparison (0: skip)",
+    )
     parser.add_argument("--layout-rounds", type=int, default=3)
     parser.add_argument("--skip-memory", action="store_true", help="skip the memory comparison at s=65536")
-    parser.add_argument("--only", choices=["layouts", "memory"],
-                        help="measure only this comparison and replace it in the saved results")
+    parser.add_argument(
+        "--only", choices=["layouts", "memory"], help="measure only this comparison and replace it in the saved results"
+    )
     parser.add_argument("--check", action="store_true", help="run the correctness check and print what ran")
     parser.add_argument("--check-ranks", type=int, default=1, help="ranks of --check (one GPU each under NCCL)")
     args = parser.parse_args()
@@ -319,8 +395,13 @@ def main() -> int:
     layouts = layout_acceptance(args.layout_length, args.layout_rounds) if args.layout_length else {}
     memory = [] if args.skip_memory else memory_acceptance(ACCEPTANCE_LENGTH)
     rows = sweep(args.lengths, args.ranks)
-    data = {"sweep": rows, "memory": memory, "layouts": layouts, "wall_seconds": time.perf_counter() - started,
-            "config": {"head_dim": HEAD_DIM, "heads": SWEEP_HEADS, "dtype": "float32", "threads_per_rank": 1}}
+    data = {
+        "sweep": rows,
+        "memory": memory,
+        "layouts": layouts,
+        "wall_seconds": time.perf_counter() - started,
+        "config": {"head_dim": HEAD_DIM, "heads": SWEEP_HEADS, "dtype": "float32", "threads_per_rank": 1},
+    }
     write_results("distributed", data, report(rows, memory, layouts))
     print(f"wrote benchmarks/results/distributed.json and .md in {data['wall_seconds']:.0f} s")
     return 0

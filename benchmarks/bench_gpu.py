@@ -144,7 +144,9 @@ def masked_rows(s: int, device: torch.device) -> list[dict]:
 def bench_masked(dtype_name: str, s: int, h: int, d: int, device: torch.device, backward: bool, log) -> list[dict]:
     dtype = DTYPES[dtype_name]
     gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_(backward) for _ in range(3))
+    q, k, v = (
+        torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_(backward) for _ in range(3)
+    )
     results = []
 
     def measure(name: str, fns: dict[str, Callable[[], torch.Tensor]], flops: float, extra: dict) -> None:
@@ -163,9 +165,12 @@ def bench_masked(dtype_name: str, s: int, h: int, d: int, device: torch.device, 
     flops = attention_flops(1, h, s, s, d, causal=True) * (3.5 if backward else 1)
     measure(
         "attention(causal=True)",
-        {"attnkit": lambda: attnkit.attention(q, k, v, causal=True),
-         "sdpa_is_causal": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)},
-        flops, {},
+        {
+            "attnkit": lambda: attnkit.attention(q, k, v, causal=True),
+            "sdpa_is_causal": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        },
+        flops,
+        {},
     )
     for spec in masked_rows(s, device):
         block_mask, build_s = hand_flex(spec["mask_mod"], s, device)
@@ -179,40 +184,65 @@ def bench_masked(dtype_name: str, s: int, h: int, d: int, device: torch.device, 
         dense = mask.to_dense(s, s, device=device)  # [1, 1, s, s]
         measure(
             f"attention(mask={spec['name']})",
-            {"attnkit": lambda mask=mask: attnkit.attention(q, k, v, mask=mask),
-             "flex_hand": lambda bm=block_mask: _hand_flex_call(q, k, v, bm),
-             "sdpa_dense_mask": lambda dense=dense: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)},
-            flops, {"block_mask_s": {"attnkit": attnkit_build_s, "flex_hand": build_s}},
+            {
+                "attnkit": lambda mask=mask: attnkit.attention(q, k, v, mask=mask),
+                "flex_hand": lambda bm=block_mask: _hand_flex_call(q, k, v, bm),
+                "sdpa_dense_mask": lambda dense=dense: torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=dense
+                ),
+            },
+            flops,
+            {"block_mask_s": {"attnkit": attnkit_build_s, "flex_hand": build_s}},
         )
         del dense
     window_bm, _ = hand_flex(lambda b, h_, q_, kv: (q_ >= kv) & (q_ - kv <= 256), s, device)
     measure(
         "local_attention(window=256, causal=True)",
-        {"attnkit": lambda: attnkit.local_attention(q, k, v, window=256, causal=True),
-         "flex_hand": lambda: _hand_flex_call(q, k, v, window_bm),
-         "sdpa_is_causal": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)},
-        flops, {},
+        {
+            "attnkit": lambda: attnkit.local_attention(q, k, v, window=256, causal=True),
+            "flex_hand": lambda: _hand_flex_call(q, k, v, window_bm),
+            "sdpa_is_causal": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        },
+        flops,
+        {},
     )
     strided_bm, _ = hand_flex(lambda b, h_, q_, kv: ((q_ - kv) % 128 == 0) & (q_ >= kv), s, device)
     measure(
         "sparse_attention(mask=strided(128), causal=True, permute=128)",
-        {"attnkit": lambda: attnkit.sparse_attention(q, k, v, mask=masks.strided(128), causal=True, permute=128),
-         "flex_hand": lambda: _hand_flex_call(q, k, v, strided_bm)},
-        flops, {},
+        {
+            "attnkit": lambda: attnkit.sparse_attention(q, k, v, mask=masks.strided(128), causal=True, permute=128),
+            "flex_hand": lambda: _hand_flex_call(q, k, v, strided_bm),
+        },
+        flops,
+        {},
     )
     return results
 
 
-def bench_linear(dtype_name: str, s: int, h: int, d: int, device: torch.device, backward: bool, log, chunks: list[int]) -> list[dict]:
+def bench_linear(
+    dtype_name: str, s: int, h: int, d: int, device: torch.device, backward: bool, log, chunks: list[int]
+) -> list[dict]:
     dtype = DTYPES[dtype_name]
     gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_(backward) for _ in range(3))
-    fns = {f"attnkit_chunk{c}": (lambda c=c: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True, chunk_size=c, engine="eager"))
-           for c in chunks}
+    q, k, v = (
+        torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_(backward) for _ in range(3)
+    )
+    fns = {
+        f"attnkit_chunk{c}": (
+            lambda c=c: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True, chunk_size=c, engine="eager")
+        )
+        for c in chunks
+    }
     fns["attnkit"] = lambda: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True)
     fns["attnkit_eager"] = lambda: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True, engine="eager")
     fns["sdpa_is_causal"] = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    row = {"row": "linear_attention(elu, causal=True)", "dtype": dtype_name, "pass": "fwd+bwd" if backward else "fwd", "s": s, "h": h}
+    row = {
+        "row": "linear_attention(elu, causal=True)",
+        "dtype": dtype_name,
+        "pass": "fwd+bwd" if backward else "fwd",
+        "s": s,
+        "h": h,
+    }
     for who, fn in fns.items():
         try:
             run = with_backward(fn, (q, k, v)) if backward else fn
@@ -236,7 +266,11 @@ def bench_many_masks(s: int, h: int, d: int, device: torch.device, log) -> dict:
         first = first_call(lambda: attnkit.attention(q, k, v, mask=mask), device)
         steady = gpu_time(lambda: attnkit.attention(q, k, v, mask=mask), device, batches=3)
         rows.append({"window": 200 + 25 * i, "first_s": first, "steady_ms": steady * 1e3})
-    result = {"s": s, "masks": rows, "worst_steady_over_first_mask": max(r["steady_ms"] for r in rows) / rows[0]["steady_ms"]}
+    result = {
+        "s": s,
+        "masks": rows,
+        "worst_steady_over_first_mask": max(r["steady_ms"] for r in rows) / rows[0]["steady_ms"],
+    }
     log(result)
     return result
 
@@ -265,12 +299,19 @@ def check_masks_bits(device: torch.device, log) -> dict:
     hf = torch.ones(b, s, dtype=torch.long)
     hf[1, 700:] = 0
     named = {
-        "full": masks.full(), "causal": masks.causal(), "sliding_window": masks.sliding_window(37, 5),
-        "padding": masks.padding([300, 1000]), "strided": masks.strided(7), "fixed": masks.fixed(64, 8),
-        "random": masks.random(0.05, seed=3), "global_tokens": masks.global_tokens([0, 511, 999]),
-        "document": masks.document(ids), "document_per_batch": masks.document(torch.stack([ids, ids.flip(0)])),
+        "full": masks.full(),
+        "causal": masks.causal(),
+        "sliding_window": masks.sliding_window(37, 5),
+        "padding": masks.padding([300, 1000]),
+        "strided": masks.strided(7),
+        "fixed": masks.fixed(64, 8),
+        "random": masks.random(0.05, seed=3),
+        "global_tokens": masks.global_tokens([0, 511, 999]),
+        "document": masks.document(ids),
+        "document_per_batch": masks.document(torch.stack([ids, ids.flip(0)])),
         "from_dense": masks.from_dense(torch.rand(s, s, generator=torch.Generator().manual_seed(0)) < 0.3),
-        "from_hf_padding": masks.from_hf_padding(hf), "composed": (masks.causal() & masks.sliding_window(50)) | masks.global_tokens([3]),
+        "from_hf_padding": masks.from_hf_padding(hf),
+        "composed": (masks.causal() & masks.sliding_window(50)) | masks.global_tokens([3]),
         "inverted": ~masks.strided(3) & masks.causal(),
     }
     fns = [m.to(device).fn for m in named.values()]
@@ -289,9 +330,14 @@ def check_masks_bits(device: torch.device, log) -> dict:
         block_mask = create_block_mask(by_head, b, h, s, s, device=device)
         got = flex._compiled_flex()(q.to(device), k.to(device), v.to(device), block_mask=block_mask)
         for i, (name, mask) in enumerate(named.items()):
-            ref = attnkit.attention(q[:, i:i + 1].double(), k[:, i:i + 1].double(), v[:, i:i + 1].double(),
-                                    mask=mask.to_dense(s, s, batch_size=b), engine="reference")
-            out[name] = _rel(got[:, i:i + 1], ref)
+            ref = attnkit.attention(
+                q[:, i : i + 1].double(),
+                k[:, i : i + 1].double(),
+                v[:, i : i + 1].double(),
+                mask=mask.to_dense(s, s, batch_size=b),
+                engine="reference",
+            )
+            out[name] = _rel(got[:, i : i + 1], ref)
     except Exception as err:
         out["error"] = f"{type(err).__name__}: {str(err)[:400]}"
     log({"mask_bits_fp32_rel_err": out})
@@ -305,24 +351,48 @@ def check_kernels(dtype_name: str, device: torch.device, log) -> list[dict]:
     base = [torch.randn(b, n, s, d, generator=gen, dtype=torch.float64) for n in (h, h_kv, h_kv)]
     bias = torch.randn(1, h, s, s, generator=gen, dtype=torch.float64) * 0.5
     cases: dict[str, Callable] = {
-        "attention causal & sliding_window(100)": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.causal() & masks.sliding_window(100), **e),
-        "attention document & causal": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.document(torch.arange(s) // 300) & masks.causal(), **e),
-        "attention window | global": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.sliding_window(64, 64) | masks.global_tokens([0]), **e),
+        "attention causal & sliding_window(100)": lambda q, k, v, **e: attnkit.attention(
+            q, k, v, mask=masks.causal() & masks.sliding_window(100), **e
+        ),
+        "attention document & causal": lambda q, k, v, **e: attnkit.attention(
+            q, k, v, mask=masks.document(torch.arange(s) // 300) & masks.causal(), **e
+        ),
+        "attention window | global": lambda q, k, v, **e: attnkit.attention(
+            q, k, v, mask=masks.sliding_window(64, 64) | masks.global_tokens([0]), **e
+        ),
         "attention random(0.05)": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.random(0.05), **e),
-        "attention strided(16) & causal, 700 queries": lambda q, k, v, **e: attnkit.attention(q[:, :, 300:], k, v, mask=masks.strided(16) & masks.causal(), **e),
-        "attention padding & causal + bias": lambda q, k, v, **e: attnkit.attention(q, k, v, mask=masks.padding([0, 800]) & masks.causal(), bias=bias.to(q), **e),
-        "local_attention(64, causal)": lambda q, k, v, **e: attnkit.local_attention(q, k, v, window=64, causal=True, **e),
+        "attention strided(16) & causal, 700 queries": lambda q, k, v, **e: attnkit.attention(
+            q[:, :, 300:], k, v, mask=masks.strided(16) & masks.causal(), **e
+        ),
+        "attention padding & causal + bias": lambda q, k, v, **e: attnkit.attention(
+            q, k, v, mask=masks.padding([0, 800]) & masks.causal(), bias=bias.to(q), **e
+        ),
+        "local_attention(64, causal)": lambda q, k, v, **e: attnkit.local_attention(
+            q, k, v, window=64, causal=True, **e
+        ),
         "local_attention((32, 16))": lambda q, k, v, **e: attnkit.local_attention(q, k, v, window=(32, 16), **e),
-        "sparse_attention strided(16) permute": lambda q, k, v, **e: attnkit.sparse_attention(q, k, v, mask=masks.strided(16), causal=True, permute=16, **e),
-        "linear_attention elu causal": lambda q, k, v, **e: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True),
-        "linear_attention favor causal": lambda q, k, v, **e: attnkit.linear_attention(q, k, v, feature_map="favor", causal=True),
+        "sparse_attention strided(16) permute": lambda q, k, v, **e: attnkit.sparse_attention(
+            q, k, v, mask=masks.strided(16), causal=True, permute=16, **e
+        ),
+        "linear_attention elu causal": lambda q, k, v, **e: attnkit.linear_attention(
+            q, k, v, feature_map="elu", causal=True
+        ),
+        "linear_attention favor causal": lambda q, k, v, **e: attnkit.linear_attention(
+            q, k, v, feature_map="favor", causal=True
+        ),
     }
     rows = []
     for name, fn in cases.items():
         row = {"case": name, "dtype": dtype_name}
         try:
             ref_in = [t.clone().requires_grad_() for t in base]
-            engine = {} if name.startswith("linear") else {"engine": "reference"} if name.startswith("attention") else {"engine": "blockwise"}
+            engine = (
+                {}
+                if name.startswith("linear")
+                else {"engine": "reference"}
+                if name.startswith("attention")
+                else {"engine": "blockwise"}
+            )
             ref = fn(*ref_in, **engine)
             ref.backward(torch.ones_like(ref))
             dev_in = [t.to(device=device, dtype=dtype).requires_grad_() for t in base]
@@ -361,11 +431,15 @@ def check_kernels(dtype_name: str, device: torch.device, log) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare every kernel on the device with float64 on the CPU")
+    parser.add_argument(
+        "--check", action="store_true", help="compare every kernel on the device with float64 on the CPU"
+    )
     parser.add_argument("--quick", action="store_true", help="small shapes (a dry run)")
     parser.add_argument("--device", default="cuda", help="device to run on (default cuda)")
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp32")
-    parser.add_argument("--out", type=Path, default=None, help="write gpu.json and gpu.md here instead of benchmarks/results")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="write gpu.json and gpu.md here instead of benchmarks/results"
+    )
     parser.add_argument("--budget", type=float, default=480.0, help="seconds; rows left when it runs out are skipped")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -387,14 +461,19 @@ def main(argv: list[str] | None = None) -> dict:
     data: dict = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "shape": {"b": 1, "h": h, "s": s, "d": d, "linear": {"h": h_lin, "s": s_lin}},
-        "rows": [], "linear": [], "check": {}, "skipped": [],
+        "rows": [],
+        "linear": [],
+        "check": {},
+        "skipped": [],
     }
     out_dir = args.out
 
     def save() -> None:
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "gpu.json").write_text(json.dumps({"environment": environment(), **data}, indent=2, default=str) + "\n")
+            (out_dir / "gpu.json").write_text(
+                json.dumps({"environment": environment(), **data}, indent=2, default=str) + "\n"
+            )
             (out_dir / "gpu.md").write_text(markdown(data) + "\n")
         else:
             write_results("gpu", data, markdown(data))
@@ -412,7 +491,9 @@ def main(argv: list[str] | None = None) -> dict:
                 data["check"][name] = check_kernels(name, device, log)
         save()
     # Most wanted first: a run cut short by --budget keeps what matters.
-    passes = [(name, backward) for name in args.dtypes.split(",") for backward in ((False, True) if backward_ok else (False,))]
+    passes = [
+        (name, backward) for name in args.dtypes.split(",") for backward in ((False, True) if backward_ok else (False,))
+    ]
     for i, (name, backward) in enumerate(passes):
         what = f"{name} {'fwd+bwd' if backward else 'fwd'}"
         if in_time(what):
@@ -462,39 +543,103 @@ def markdown(data: dict) -> str:
     rows = []
     for r in data["rows"]:
         sdpa = "sdpa_dense_mask" if "sdpa_dense_mask_ms" in r or "sdpa_dense_mask_error" in r else "sdpa_is_causal"
-        rows.append([r["row"], r["dtype"], r["pass"], _ms(r, "attnkit"), _ms(r, "flex_hand"), _ms(r, sdpa),
-                     _ratio(r, "attnkit", "flex_hand"), _ratio(r, "attnkit", sdpa), f"{r.get('attnkit_first_s', float('nan')):.2f}"])
+        rows.append(
+            [
+                r["row"],
+                r["dtype"],
+                r["pass"],
+                _ms(r, "attnkit"),
+                _ms(r, "flex_hand"),
+                _ms(r, sdpa),
+                _ratio(r, "attnkit", "flex_hand"),
+                _ratio(r, "attnkit", sdpa),
+                f"{r.get('attnkit_first_s', float('nan')):.2f}",
+            ]
+        )
     if rows:
-        lines.append(_table(
-            ["call", "dtype", "pass", "attnkit ms", "flex_hand ms", "sdpa ms", "speed vs flex_hand", "speed vs sdpa", "attnkit first call s"], rows))
-    errors = [f"- {r['row']} ({r['dtype']}, {r['pass']}): " + "; ".join(f"{k}: {v}" for k, v in r.items() if k.endswith("_error"))
-              for r in data["rows"] + data["linear"] if any(k.endswith("_error") for k in r)]
+        lines.append(
+            _table(
+                [
+                    "call",
+                    "dtype",
+                    "pass",
+                    "attnkit ms",
+                    "flex_hand ms",
+                    "sdpa ms",
+                    "speed vs flex_hand",
+                    "speed vs sdpa",
+                    "attnkit first call s",
+                ],
+                rows,
+            )
+        )
+    errors = [
+        f"- {r['row']} ({r['dtype']}, {r['pass']}): "
+        + "; ".join(f"{k}: {v}" for k, v in r.items() if k.endswith("_error"))
+        for r in data["rows"] + data["linear"]
+        if any(k.endswith("_error") for k in r)
+    ]
     if data["linear"]:
-        lines += ["", "Causal linear attention (elu) against SDPA `is_causal` on the same shape; attnkit's default "
-                  "(compiled engine on a GPU, chunks of 256), its eager engine, and the eager engine by chunk size:", ""]
-        chunk_keys = sorted({k[:-3] for r in data["linear"] for k in r if k.startswith("attnkit_chunk") and k.endswith("_ms")}, key=lambda x: int(x[13:]))
+        lines += [
+            "",
+            "Causal linear attention (elu) against SDPA `is_causal` on the same shape; attnkit's default "
+            "(compiled engine on a GPU, chunks of 256), its eager engine, and the eager engine by chunk size:",
+            "",
+        ]
+        chunk_keys = sorted(
+            {k[:-3] for r in data["linear"] for k in r if k.startswith("attnkit_chunk") and k.endswith("_ms")},
+            key=lambda x: int(x[13:]),
+        )
         lrows = []
         for r in data["linear"]:
-            lrows.append([r["dtype"], r["pass"], _ms(r, "attnkit"), _ms(r, "sdpa_is_causal"), _ratio(r, "attnkit", "sdpa_is_causal"),
-                          _ms(r, "attnkit_eager")] + [_ms(r, c) for c in chunk_keys])
-        lines.append(_table(["dtype", "pass", "attnkit ms", "sdpa is_causal ms", "speed vs sdpa", "eager engine ms"]
-                                    + [f"chunk {c[13:]} ms" for c in chunk_keys], lrows))
+            lrows.append(
+                [
+                    r["dtype"],
+                    r["pass"],
+                    _ms(r, "attnkit"),
+                    _ms(r, "sdpa_is_causal"),
+                    _ratio(r, "attnkit", "sdpa_is_causal"),
+                    _ms(r, "attnkit_eager"),
+                ]
+                + [_ms(r, c) for c in chunk_keys]
+            )
+        lines.append(
+            _table(
+                ["dtype", "pass", "attnkit ms", "sdpa is_causal ms", "speed vs sdpa", "eager engine ms"]
+                + [f"chunk {c[13:]} ms" for c in chunk_keys],
+                lrows,
+            )
+        )
     if "many_masks" in data:
         mm = data["many_masks"]
         firsts = [m["first_s"] for m in mm["masks"]]
-        lines += ["", f"A new mask in a warm process (10 sliding windows in a row, bf16, s={mm['s']}): first call "
-                  f"{min(firsts):.2f}–{max(firsts):.2f} s (block mask and compile), steady time of the slowest "
-                  f"{mm['worst_steady_over_first_mask']:.2f}× the first mask's: all stay compiled."]
-    block_rows = [[r["row"], r["dtype"], f"{r['block_mask_s']['attnkit']:.3f}", f"{r['block_mask_s']['flex_hand']:.3f}"]
-                  for r in data["rows"] if "block_mask_s" in r and r["pass"] == "fwd"]
+        lines += [
+            "",
+            f"A new mask in a warm process (10 sliding windows in a row, bf16, s={mm['s']}): first call "
+            f"{min(firsts):.2f}–{max(firsts):.2f} s (block mask and compile), steady time of the slowest "
+            f"{mm['worst_steady_over_first_mask']:.2f}× the first mask's: all stay compiled.",
+        ]
+    block_rows = [
+        [r["row"], r["dtype"], f"{r['block_mask_s']['attnkit']:.3f}", f"{r['block_mask_s']['flex_hand']:.3f}"]
+        for r in data["rows"]
+        if "block_mask_s" in r and r["pass"] == "fwd"
+    ]
     if block_rows:
-        lines += ["", "Block-mask build, seconds (attnkit from the mask's block test where it has one; "
-                  "`create_block_mask` for the hand-written one):", "",
-                  _table(["mask", "dtype", "attnkit s", "create_block_mask s"], block_rows)]
+        lines += [
+            "",
+            "Block-mask build, seconds (attnkit from the mask's block test where it has one; "
+            "`create_block_mask` for the hand-written one):",
+            "",
+            _table(["mask", "dtype", "attnkit s", "create_block_mask s"], block_rows),
+        ]
     check = data.get("check") or {}
     if check:
-        lines += ["", "Correctness on the device (`--check`), relative error against float64 on the CPU "
-                  "(outputs and gradients of q, k, v; tolerance 1e-5 fp32, 2e-2 bf16):", ""]
+        lines += [
+            "",
+            "Correctness on the device (`--check`), relative error against float64 on the CPU "
+            "(outputs and gradients of q, k, v; tolerance 1e-5 fp32, 2e-2 bf16):",
+            "",
+        ]
         crow = []
         for name in DTYPES:
             for r in check.get(name, []):
@@ -504,8 +649,13 @@ def markdown(data: dict) -> str:
             lines.append(_table(["case", "dtype", "out", "dq", "dk", "dv", "lse", "weights", "within tolerance"], crow))
         bits = check.get("mask_bits", {})
         if bits:
-            lines += ["", "Every built-in mask inside one compiled Flex kernel on the device, against eager evaluation "
-                      "(float32 relative error): " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k}: {v}" for k, v in bits.items()) + "."]
+            lines += [
+                "",
+                "Every built-in mask inside one compiled Flex kernel on the device, against eager evaluation "
+                "(float32 relative error): "
+                + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k}: {v}" for k, v in bits.items())
+                + ".",
+            ]
     if errors or data["skipped"]:
         lines += ["", "Errors and skipped rows:", ""] + errors + [f"- skipped: {s_}" for s_ in data["skipped"]]
     return "\n".join(lines)

@@ -93,7 +93,11 @@ class Cell:
 
     def quadratic_skip(self, *, mask: bool = False) -> str | None:
         if self.full:
-            return None if not (mask and self.s > DENSE_MASK_MAX) else f"a dense [s, s] mask is {self.s**2 / 2**30:.0f} GiB"
+            return (
+                None
+                if not (mask and self.s > DENSE_MASK_MAX)
+                else f"a dense [s, s] mask is {self.s**2 / 2**30:.0f} GiB"
+            )
         if mask and self.s > DENSE_MASK_MAX:
             return f"a dense [s, s] mask is {self.s**2 / 2**30:.0f} GiB"
         if self.grad and self.s > QUADRATIC_BWD_MAX:
@@ -142,7 +146,9 @@ def contender(name: str, cell: Cell) -> tuple[Callable[[], torch.Tensor] | None,
     if name == "tiled_doc":
         return (lambda: attention(q, k, v, mask=cell.doc_mask)), long_backward
     if name == "sparse_strided":
-        return (lambda: sparse_attention(q, k, v, mask=masks.strided(STRIDE), causal=True, permute=STRIDE)), long_backward
+        return (
+            lambda: sparse_attention(q, k, v, mask=masks.strided(STRIDE), causal=True, permute=STRIDE)
+        ), long_backward
     raise KeyError(name)
 
 
@@ -163,8 +169,9 @@ def flex_block_mask(mask: masks.Mask, s: int, block: int = 128):
     def mask_mod(b, h, q_idx, kv_idx):
         return fn(b, h, q_idx, kv_idx)
 
-    return BlockMask.from_kv_blocks(*pack(status == PARTIAL), *pack(status == FULL), BLOCK_SIZE=block,
-                                    mask_mod=mask_mod, seq_lengths=(s, s))
+    return BlockMask.from_kv_blocks(
+        *pack(status == PARTIAL), *pack(status == FULL), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(s, s)
+    )
 
 
 def _compile_flex(s: int):
@@ -188,8 +195,19 @@ def _compile_flex(s: int):
 
 FLEX_SETUP: dict[int, dict[str, float]] = {}
 TARGET_BASELINES = {"sdpa_full", "sdpa_causal", "sdpa_window_mask"}
-FORWARD = ["sdpa_full", "sdpa_causal", "sdpa_window_mask", "flex_window", "local", "linear", "linear_favor",
-           "sdpa_doc_mask", "tiled_doc", "sdpa_strided_mask", "sparse_strided"]
+FORWARD = [
+    "sdpa_full",
+    "sdpa_causal",
+    "sdpa_window_mask",
+    "flex_window",
+    "local",
+    "linear",
+    "linear_favor",
+    "sdpa_doc_mask",
+    "tiled_doc",
+    "sdpa_strided_mask",
+    "sparse_strided",
+]
 
 
 def _run(fn: Callable[[], torch.Tensor], grad: bool, cell: Cell) -> None:
@@ -275,8 +293,15 @@ def memory_child(lengths: list[int], full: bool) -> dict:
 
 
 def measure_memory(lengths: list[int], full: bool) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-child", "--lengths", ",".join(map(str, lengths)),
-           "--threads", str(torch.get_num_threads())]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--memory-child",
+        "--lengths",
+        ",".join(map(str, lengths)),
+        "--threads",
+        str(torch.get_num_threads()),
+    ]
     if full:
         cmd.append("--full")
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -319,7 +344,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--full", action="store_true", help="also run the cells skipped for time")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument(
-        "--threads", default="auto",
+        "--threads",
+        default="auto",
         help="torch threads for every contender: a number, or 'auto' = 1 when the machine is oversubscribed "
         "(1-min load average above the core count) and torch's default otherwise",
     )
@@ -354,7 +380,9 @@ def main(argv: list[str] | None = None) -> dict:
     plans = {}
     for s in lengths:
         x = torch.empty(1, 1, s, 1)
-        plan = make_plan(x, x, x, mask=masks.document(torch.arange(s) // DOC) & masks.causal(), bias=None, causal=False, scale=1.0)
+        plan = make_plan(
+            x, x, x, mask=masks.document(torch.arange(s) // DOC) & masks.causal(), bias=None, causal=False, scale=1.0
+        )
         plans[s] = {
             "tiled_kept_fraction": plan.kept_fraction,
             "strided_kept_fraction_permuted": kept_fraction(masks.strided(STRIDE), s, s, causal=True, permute=STRIDE),
@@ -396,18 +424,33 @@ def _targets(times: dict, memory: dict, plans: dict, lengths: list[int]) -> list
         r = _ratio(_get(times, s, False, "local"), _get(times, s, False, "sdpa_window_mask"))
         add("local w=256, 16K, causal, fwd: speed ÷ SDPA dense window mask", r, "≥ 20×", None if r is None else r >= 20)
         r = _ratio(_get(times, s, False, "local"), _get(times, s, False, "flex_window"))
-        add("local w=256, 16K, causal, fwd: speed ÷ compiled Flex (compile excluded)", r, "≥ 1.0×", None if r is None else r >= 1.0)
+        add(
+            "local w=256, 16K, causal, fwd: speed ÷ compiled Flex (compile excluded)",
+            r,
+            "≥ 1.0×",
+            None if r is None else r >= 1.0,
+        )
         r = _ratio(_get(times, s, True, "local"), _get(times, s, True, "sdpa_causal"))
         add("local w=256, 16K, fwd+bwd: speed ÷ SDPA is_causal fwd+bwd", r, "≥ 10×", None if r is None else r >= 10)
         r = _ratio(_get(times, s, False, "linear"), _get(times, s, False, "sdpa_causal"))
         add("linear causal, 16K, fwd: speed ÷ SDPA is_causal", r, "≥ 5×", None if r is None else r >= 5)
         mem = memory.get(f"tiled_doc|{s}|0")
-        add("exact attention, 16K, document+causal pattern: peak extra memory (MiB)", mem, "< 64 MiB", None if mem is None else mem < 64)
+        add(
+            "exact attention, 16K, document+causal pattern: peak extra memory (MiB)",
+            mem,
+            "< 64 MiB",
+            None if mem is None else mem < 64,
+        )
         full, tiled = _get(times, s, False, "sdpa_full"), _get(times, s, False, "tiled_doc")
         if full and tiled and "seconds" in full and "seconds" in tiled:
             frac = plans[s]["tiled_kept_fraction"]
             r = tiled["seconds"] / (full["seconds"] * frac)
-            add(f"exact attention, 16K, document+causal: time ÷ (SDPA no mask × {frac:.3f} blocks kept)", r, "≤ 1.5", r <= 1.5)
+            add(
+                f"exact attention, 16K, document+causal: time ÷ (SDPA no mask × {frac:.3f} blocks kept)",
+                r,
+                "≤ 1.5",
+                r <= 1.5,
+            )
     if 65536 in lengths:
         r = _ratio(_get(times, 65536, False, "linear"), _get(times, 65536, False, "sdpa_causal"))
         add("linear causal, 64K, fwd: speed ÷ SDPA is_causal", r, "≥ 20×", None if r is None else r >= 20)
@@ -416,8 +459,12 @@ def _targets(times: dict, memory: dict, plans: dict, lengths: list[int]) -> list
     if len(mems) >= 2:
         (s0, m0), (s1, m1) = mems[-2], mems[-1]
         growth = math.log(m1 / m0) / math.log(s1 / s0)
-        add(f"local fwd+bwd: peak extra memory growth exponent from s={s0} to s={s1} (1 = linear, 2 = quadratic)",
-            growth, "≤ 1.1 (linear in s)", growth <= 1.1)
+        add(
+            f"local fwd+bwd: peak extra memory growth exponent from s={s0} to s={s1} (1 = linear, 2 = quadratic)",
+            growth,
+            "≤ 1.1 (linear in s)",
+            growth <= 1.1,
+        )
     return out
 
 
@@ -437,8 +484,13 @@ def _plot(times: dict, lengths: list[int]) -> str | None:
             pts = [(s, _get(times, s, grad, name)) for s in lengths]
             pts = [(s, r["seconds"]) for s, r in pts if r and "seconds" in r]
             style = "--" if name.startswith(("sdpa", "flex")) else "-"
-            ax.plot(*(zip(*pts) if pts else ([], [])), style, marker="o", color=colors[(2 * i) % 20 + (i >= 10)],
-                    label=LABELS[name].replace("`", ""))
+            ax.plot(
+                *(zip(*pts) if pts else ([], [])),
+                style,
+                marker="o",
+                color=colors[(2 * i) % 20 + (i >= 10)],
+                label=LABELS[name].replace("`", ""),
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length s")
@@ -491,23 +543,43 @@ def _markdown(data: dict, lengths: list[int], targets: list[dict], plot: str | N
         rows.append(row)
     lines += ["Time / peak extra memory per call:", "", markdown_table(headers, rows), ""]
     if FLEX_SETUP:
-        lines.append("FlexAttention setup, not in the times above (first call, compiled; later lengths reuse "
-                     "Inductor's cache, so only the first compile is cold; the block mask is built from attnkit's "
-                     "block classification): " + "; ".join(
-            f"s={s}: compile {v['compile_s']:.1f} s, block mask {v['block_mask_s'] * 1e3:.0f} ms" for s, v in sorted(FLEX_SETUP.items())) + ".")
+        lines.append(
+            "FlexAttention setup, not in the times above (first call, compiled; later lengths reuse "
+            "Inductor's cache, so only the first compile is cold; the block mask is built from attnkit's "
+            "block classification): "
+            + "; ".join(
+                f"s={s}: compile {v['compile_s']:.1f} s, block mask {v['block_mask_s'] * 1e3:.0f} ms"
+                for s, v in sorted(FLEX_SETUP.items())
+            )
+            + "."
+        )
         lines.append("")
     lines += ["Targets (issue 4), ratios from this run:", ""]
-    lines.append(markdown_table(
-        ["target", "measured", "goal", "met"],
-        [[t["target"], "—" if t["measured"] is None else f"{t['measured']:.2f}", t["goal"],
-          "—" if t["met"] is None else ("yes" if t["met"] else "**no**")] for t in targets],
-    ))
+    lines.append(
+        markdown_table(
+            ["target", "measured", "goal", "met"],
+            [
+                [
+                    t["target"],
+                    "—" if t["measured"] is None else f"{t['measured']:.2f}",
+                    t["goal"],
+                    "—" if t["met"] is None else ("yes" if t["met"] else "**no**"),
+                ]
+                for t in targets
+            ],
+        )
+    )
     lines.append("")
     pat = data["patterns"]
-    lines.append("Blocks kept (of all query-block × key-block pairs): " + "; ".join(
-        f"s={s}: document+causal {pat[str(s)]['tiled_kept_fraction']:.3f}, strided natural order "
-        f"{pat[str(s)]['strided_kept_fraction_natural']:.3f}, strided permuted {pat[str(s)]['strided_kept_fraction_permuted']:.4f}"
-        for s in lengths) + ".")
+    lines.append(
+        "Blocks kept (of all query-block × key-block pairs): "
+        + "; ".join(
+            f"s={s}: document+causal {pat[str(s)]['tiled_kept_fraction']:.3f}, strided natural order "
+            f"{pat[str(s)]['strided_kept_fraction_natural']:.3f}, strided permuted {pat[str(s)]['strided_kept_fraction_permuted']:.4f}"
+            for s in lengths
+        )
+        + "."
+    )
     c = data["counting_1000_tokens_window_10"]
     lines += [
         "",

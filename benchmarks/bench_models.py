@@ -149,8 +149,14 @@ def _section(r: dict) -> str:
         f"`torch.mm` ceiling: {r['matmul_gflops']:.0f} GFLOP/s; largest prefill logit difference to transformers "
         f"{r['prefill_max_abs_logit_difference']:.1e}.\n\n"
         + markdown_table(
-            ["", "prefill ms (last logits)", "% of mm ceiling", "prefill ms (all logits)", "decode tokens/s",
-             "% of decode floor"],
+            [
+                "",
+                "prefill ms (last logits)",
+                "% of mm ceiling",
+                "prefill ms (all logits)",
+                "decode tokens/s",
+                "% of decode floor",
+            ],
             rows,
         )
         + f"\n\nattnkit prefill: {r['prefill_speedup_vs_sdpa']:.2f}× transformers-sdpa, "
@@ -217,7 +223,7 @@ def main() -> dict:
         "## Real models (`bench_models.py`)\n\n"
         f"SmolLM2-135M-Instruct, float32, the same weights in attnkit and transformers; medians of {repeat} "
         f"interleaved rounds. Prefill: {PREFILL} random tokens, no cache. Decoding: {NEW_TOKENS} greedy tokens "
-        f"after \"{PROMPT}\", identical in all three, prompt included. The decode floor is one matrix-vector "
+        f'after "{PROMPT}", identical in all three, prompt included. The decode floor is one matrix-vector '
         "product per weight matrix per token: no float32 implementation decodes faster on this machine. On a "
         "shared machine the multi-threaded figures swing with the other load; one thread is the stable "
         "comparison.\n\n"

@@ -165,8 +165,10 @@ def abuse_test(url: str, *, hangups: int, flood: int) -> dict:
     """Clients that hang up, then a flood past the queue limit; a fresh request after each."""
     address = urlsplit(url)
     body = json.dumps({"text": TEXT}).encode()
-    request = (b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    request = (
+        b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     sockets = []
     for _ in range(hangups):
         connection = socket.create_connection((address.hostname, address.port))
@@ -238,63 +240,120 @@ def main(argv: list[str] | None = None) -> int:
             # kept in the JSON).
             rounds = [load_test(url, args.clients, args.requests) for _ in range(args.rounds)]
             ordered = sorted(rounds, key=lambda x: x["p95_ms"] / x["alone_ms"])
-            r = {**ordered[len(ordered) // 2], "rounds": rounds,
-                 "p95_ratios": [x["p95_ms"] / x["alone_ms"] for x in rounds]}
+            r = {
+                **ordered[len(ordered) // 2],
+                "rounds": rounds,
+                "p95_ratios": [x["p95_ms"] / x["alone_ms"] for x in rounds],
+            }
             r["errors"] = sum(x["errors"] for x in rounds)
             r["busy_429"] = sum(x["busy_429"] for x in rounds)
-            print(f"{name}: p95 / alone in {args.rounds} rounds: "
-                  f"{', '.join(f'{x:.1f}x' for x in r['p95_ratios'])}; the median round:", flush=True)
-            print(f"{name}: {r['requests']} requests, {r['errors']} errors, {r['busy_429']} x 429, alone "
-                  f"{r['alone_ms']:.1f} ms, p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms "
-                  f"({r['p95_ms'] / r['alone_ms']:.1f}x alone), {r['throughput_rps']:.1f} req/s", flush=True)
+            print(
+                f"{name}: p95 / alone in {args.rounds} rounds: "
+                f"{', '.join(f'{x:.1f}x' for x in r['p95_ratios'])}; the median round:",
+                flush=True,
+            )
+            print(
+                f"{name}: {r['requests']} requests, {r['errors']} errors, {r['busy_429']} x 429, alone "
+                f"{r['alone_ms']:.1f} ms, p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms "
+                f"({r['p95_ms'] / r['alone_ms']:.1f}x alone), {r['throughput_rps']:.1f} req/s",
+                flush=True,
+            )
             r["abuse"] = a = abuse_test(url, hangups=args.hangups, flood=args.flood)
-            print(f"{name}: after {a['hangups']} hang-ups a request took {a['after_hangups_ms']:.1f} ms; flood of "
-                  f"{a['flood']}: {a['flood_ok']} x 200, {a['flood_429']} x 429, {a['flood_errors']} errors in "
-                  f"{a['flood_s']:.1f} s; then a request took {a['after_flood_ms']:.1f} ms", flush=True)
+            print(
+                f"{name}: after {a['hangups']} hang-ups a request took {a['after_hangups_ms']:.1f} ms; flood of "
+                f"{a['flood']}: {a['flood_ok']} x 200, {a['flood_429']} x 429, {a['flood_errors']} errors in "
+                f"{a['flood_s']:.1f} s; then a request took {a['after_flood_ms']:.1f} ms",
+                flush=True,
+            )
         finally:
             process.terminate()
             process.join()
         results[name] = r
 
     rows = [
-        [name, str(r["tokens"]), str(r["requests"]), str(r["errors"]), str(r["busy_429"]), f"{r['alone_ms']:.1f}",
-         f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['max_ms']:.1f}",
-         " / ".join(f"{x:.1f}×" for x in sorted(r["p95_ratios"])),
-         f"{r['throughput_rps']:.1f}"]
+        [
+            name,
+            str(r["tokens"]),
+            str(r["requests"]),
+            str(r["errors"]),
+            str(r["busy_429"]),
+            f"{r['alone_ms']:.1f}",
+            f"{r['p50_ms']:.1f}",
+            f"{r['p95_ms']:.1f}",
+            f"{r['max_ms']:.1f}",
+            " / ".join(f"{x:.1f}×" for x in sorted(r["p95_ratios"])),
+            f"{r['throughput_rps']:.1f}",
+        ]
         for name, r in results.items()
     ]
     abuse_rows = [
-        [name, f"{a['after_hangups_ms']:.1f} ({a['after_hangups_ms'] / r['alone_ms']:.1f}×)", str(a["flood_ok"]),
-         str(a["flood_429"]), str(a["flood_errors"]), f"{a['flood_s']:.1f}",
-         f"{a['after_flood_ms']:.1f} ({a['after_flood_ms'] / r['alone_ms']:.1f}×)"]
+        [
+            name,
+            f"{a['after_hangups_ms']:.1f} ({a['after_hangups_ms'] / r['alone_ms']:.1f}×)",
+            str(a["flood_ok"]),
+            str(a["flood_429"]),
+            str(a["flood_errors"]),
+            f"{a['flood_s']:.1f}",
+            f"{a['after_flood_ms']:.1f} ({a['after_flood_ms'] / r['alone_ms']:.1f}×)",
+        ]
         for name, r in results.items()
         for a in [r["abuse"]]
     ]
-    markdown = "\n".join([
-        "## Serve: load test (`benchmarks/bench_serve.py`)",
-        "",
-        f"{args.clients} concurrent clients × {args.requests} requests each of `POST /api/attention` "
-        f'("{TEXT}", every layer and head) on 127.0.0.1, the server in its own process, in {args.rounds} rounds; '
-        "\"alone\" is the median of one request at a time, measured first in each round. The table shows the "
-        "median round by p95 / alone (every round's ratio in its column); errors and 429s count all rounds. "
-        "`tiny` is a two-layer random model: the server's own overhead. Concurrent requests for one model run "
-        f"in batches (one forward pass for several texts); the target is a SmolLM2 p95 of at most {TARGET_RATIO:.0f}× "
-        "one request alone, with no errors. "
-        f"Load average (1 min) on this {os.cpu_count()}-core machine: {load_before:.1f} before, "
-        f"{os.getloadavg()[0]:.1f} after.",
-        "",
-        markdown_table(["model", "tokens", "requests", "errors", "429", "alone (ms)", "p50 (ms)", "p95 (ms)",
-                        "max (ms)", "p95 / alone (rounds, sorted)", "req/s"], rows),
-        "",
-        f"Abuse, right after: {args.hangups} clients send a request and hang up after {HANGUP_AFTER_S} s, then one "
-        f"request is timed; then {args.flood} requests at once, past the queue limit of 32 per model "
-        "(429 with Retry-After is the documented answer), and one request timed after.",
-        "",
-        markdown_table(["model", "request after hang-ups (ms)", "flood 200", "flood 429", "flood errors",
-                        "flood (s)", "request after flood (ms)"], abuse_rows),
-    ] + ([""] + [f"Not measured: {name} ({why})." for name, why in skipped.items()] if skipped else []))
-    write_results("serve", {"text": TEXT, "load_average": [load_before, os.getloadavg()[0]], "results": results,
-                            "skipped": skipped}, markdown)
+    markdown = "\n".join(
+        [
+            "## Serve: load test (`benchmarks/bench_serve.py`)",
+            "",
+            f"{args.clients} concurrent clients × {args.requests} requests each of `POST /api/attention` "
+            f'("{TEXT}", every layer and head) on 127.0.0.1, the server in its own process, in {args.rounds} rounds; '
+            '"alone" is the median of one request at a time, measured first in each round. The table shows the '
+            "median round by p95 / alone (every round's ratio in its column); errors and 429s count all rounds. "
+            "`tiny` is a two-layer random model: the server's own overhead. Concurrent requests for one model run "
+            f"in batches (one forward pass for several texts); the target is a SmolLM2 p95 of at most {TARGET_RATIO:.0f}× "
+            "one request alone, with no errors. "
+            f"Load average (1 min) on this {os.cpu_count()}-core machine: {load_before:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after.",
+            "",
+            markdown_table(
+                [
+                    "model",
+                    "tokens",
+                    "requests",
+                    "errors",
+                    "429",
+                    "alone (ms)",
+                    "p50 (ms)",
+                    "p95 (ms)",
+                    "max (ms)",
+                    "p95 / alone (rounds, sorted)",
+                    "req/s",
+                ],
+                rows,
+            ),
+            "",
+            f"Abuse, right after: {args.hangups} clients send a request and hang up after {HANGUP_AFTER_S} s, then one "
+            f"request is timed; then {args.flood} requests at once, past the queue limit of 32 per model "
+            "(429 with Retry-After is the documented answer), and one request timed after.",
+            "",
+            markdown_table(
+                [
+                    "model",
+                    "request after hang-ups (ms)",
+                    "flood 200",
+                    "flood 429",
+                    "flood errors",
+                    "flood (s)",
+                    "request after flood (ms)",
+                ],
+                abuse_rows,
+            ),
+        ]
+        + ([""] + [f"Not measured: {name} ({why})." for name, why in skipped.items()] if skipped else [])
+    )
+    write_results(
+        "serve",
+        {"text": TEXT, "load_average": [load_before, os.getloadavg()[0]], "results": results, "skipped": skipped},
+        markdown,
+    )
     errors = sum(r["errors"] + r["abuse"]["flood_errors"] for r in results.values())
     # The target is for SmolLM2, where the model's work dominates; tiny's and MiniLM's few
     # milliseconds are mostly HTTP overhead, which 20 clients in one Python process on a

@@ -48,22 +48,42 @@ def main() -> int:
     by_value = torch.stack([value.heads[i][:, it, animal] for i in range(model.num_layers)])  # [L, h]
     fig = Figure(figsize=(10, 9))
     plot_head_grid(by_weight, title='"it" → "animal": attention weight', label="weight", ax=fig.add_subplot(1, 2, 1))
-    plot_head_grid(by_value, title='"it" → "animal": value-weighted ‖α·f(x)‖', label="norm",
-                   ax=fig.add_subplot(1, 2, 2))
+    plot_head_grid(
+        by_value, title='"it" → "animal": value-weighted ‖α·f(x)‖', label="norm", ax=fig.add_subplot(1, 2, 2)
+    )
     fig.tight_layout()
     fig.savefig(OUT / "analysis-it-animal-weight-vs-value.png", dpi=90)
 
     fig = Figure(figsize=(12, 5.5))
-    plot_attention(run.attentions[13][0, 8], amap.labels, amap.labels, title="Layer 13, head 8: weight",
-                   causal=True, ax=fig.add_subplot(1, 2, 1))
-    plot_attention(value.heads[13][8], amap.labels, amap.labels, title="Layer 13, head 8: value-weighted",
-                   causal=True, ax=fig.add_subplot(1, 2, 2))
+    plot_attention(
+        run.attentions[13][0, 8],
+        amap.labels,
+        amap.labels,
+        title="Layer 13, head 8: weight",
+        causal=True,
+        ax=fig.add_subplot(1, 2, 1),
+    )
+    plot_attention(
+        value.heads[13][8],
+        amap.labels,
+        amap.labels,
+        title="Layer 13, head 8: value-weighted",
+        causal=True,
+        ax=fig.add_subplot(1, 2, 2),
+    )
     fig.tight_layout()
     fig.savefig(OUT / "analysis-layer13-head8-raw-vs-value.png", dpi=90)
 
     rollout = methods.method_map(model, TEXT, method="rollout", layer=13)
-    draw_heatmap(rollout.weights[0], rollout.labels, rollout.labels, OUT / "analysis-rollout-layer13.png",
-                 title="Attention rollout up to layer 13 — smollm2", causal=True, dpi=90)
+    draw_heatmap(
+        rollout.weights[0],
+        rollout.labels,
+        rollout.labels,
+        OUT / "analysis-rollout-layer13.png",
+        title="Attention rollout up to layer 13 — smollm2",
+        causal=True,
+        dpi=90,
+    )
 
     for effects, name in (
         (interventions.head_ablation(model, ABLATION_TEXT, target=ABLATION_TARGET), "analysis-ablation"),

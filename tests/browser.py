@@ -18,8 +18,14 @@ CHROMIUM = os.environ.get("ATTNKIT_CHROMIUM", "/usr/bin/chromium")
 # Headless, and quiet on a closed network: without the background-networking flags
 # Chromium keeps trying to reach Google's services.
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 READY = "body[data-state=ready]"
 

@@ -15,7 +15,13 @@ from torch import Tensor
 
 
 def dense_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, allowed: Tensor | None = None, bias: Tensor | None = None, scale: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    allowed: Tensor | None = None,
+    bias: Tensor | None = None,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(out [b, h, s_q, d_v], weights [b, h, s_q, s_k], lse [b, h, s_q])`` in float64.
 
@@ -45,7 +51,13 @@ def dense_attention(
 
 
 def naive_attention(
-    q: Tensor, k: Tensor, v: Tensor, *, allowed: Tensor | None = None, bias: Tensor | None = None, scale: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    allowed: Tensor | None = None,
+    bias: Tensor | None = None,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`dense_attention` without the log-sum-exp: ``(out, weights)`` in float64."""
     out, weights, _ = dense_attention(q, k, v, allowed=allowed, bias=bias, scale=scale)

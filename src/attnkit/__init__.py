@@ -35,8 +35,15 @@ _LAZY = {
     **{
         name: "attnkit.functional"
         for name in (
-            "AttentionResult", "LinearAttentionState", "attention", "linear_attention", "linear_attention_step",
-            "local_attention", "sparse_attention", "tiled_attention", "weights_on_demand",
+            "AttentionResult",
+            "LinearAttentionState",
+            "attention",
+            "linear_attention",
+            "linear_attention_step",
+            "local_attention",
+            "sparse_attention",
+            "tiled_attention",
+            "weights_on_demand",
         )
     },
 }

@@ -68,8 +68,11 @@ def test_sizes():
     assert [format_size(n) for n in (12, 3_400, 3_400_000, 1_200_000_000)] == ["12 B", "3.4 kB", "3.4 MB", "1.2 GB"]
     check_sizes({"a": 10}, None, advice="x")
     check_sizes({"a": 10}, 10, advice="x")
-    with pytest.raises(CommandError, match=r"^b would be about 11 B, over the 10 B limit per file, so nothing was "
-                                           r"written\. Ask less, or raise the limit with --max-size"):
+    with pytest.raises(
+        CommandError,
+        match=r"^b would be about 11 B, over the 10 B limit per file, so nothing was "
+        r"written\. Ask less, or raise the limit with --max-size",
+    ):
         check_sizes({"a": 10, "b": 11}, 10, advice="Ask less")
 
 

@@ -24,8 +24,19 @@ def test_default_reproduces_the_notes_numbers(capsys):
     code, out, _ = run(capsys)
     assert code == 0
     softmax = out.split("Step 3.")[1].split("Step 4.")[0]
-    rows = {line.split()[0]: line.split()[-1] for line in softmax.splitlines() if line.split() and line.split()[0] in {"the₁", "cat", "sat", "on", "the₂", "mat"}}
-    assert rows == {"the₁": "0.1296", "cat": "0.1296", "sat": "0.3522", "on": "0.1296", "the₂": "0.1296", "mat": "0.1296"}
+    rows = {
+        line.split()[0]: line.split()[-1]
+        for line in softmax.splitlines()
+        if line.split() and line.split()[0] in {"the₁", "cat", "sat", "on", "the₂", "mat"}
+    }
+    assert rows == {
+        "the₁": "0.1296",
+        "cat": "0.1296",
+        "sat": "0.3522",
+        "on": "0.1296",
+        "the₂": "0.1296",
+        "mat": "0.1296",
+    }
     assert "context" in out and "[0.1575, 0.1575, 0.1316, 0.1575]" in out
     for step in ("Step 0.", "Step 1.", "Step 2.", "Step 3.", "Step 4.", "Summary of shapes"):
         assert step in out
@@ -63,7 +74,7 @@ def test_causal_masks_later_tokens_and_rows_sum_to_one(capsys):
     assert len(queries) == 6
     for row in queries:
         i = row["index"]
-        assert all(w == 0 for w in row["weights"][i + 1:])
+        assert all(w == 0 for w in row["weights"][i + 1 :])
         assert abs(sum(row["weights"]) - 1) < 1e-9
     assert queries[0]["weights"][0] == 1.0
     _, text, _ = run(capsys, "--causal")
@@ -79,12 +90,18 @@ def test_query_by_row_number_and_case_insensitive_token(capsys):
 
 def test_input_file_with_korean_tokens_stays_aligned(capsys, tmp_path):
     path = tmp_path / "ko.json"
-    path.write_text(json.dumps({
-        "tokens": ["어제", "밤에", "배가", "고파서"],
-        "q": [[1, 0], [0, 1], [1, 1], [0.5, 0.5]],
-        "k": [[1, 0], [0, 1], [1, 1], [0.5, 0.5]],
-        "v": [[1, 2], [3, 4], [5, 6], [7, 8]],
-    }, ensure_ascii=False), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {
+                "tokens": ["어제", "밤에", "배가", "고파서"],
+                "q": [[1, 0], [0, 1], [1, 1], [0.5, 0.5]],
+                "k": [[1, 0], [0, 1], [1, 1], [0.5, 0.5]],
+                "v": [[1, 2], [3, 4], [5, 6], [7, 8]],
+            },
+            ensure_ascii=False,
+        ),
+        encoding="utf-8",
+    )
     code, out, _ = run(capsys, "--input", str(path), "--query", "배가")
     assert code == 0
     table = out.split("Step 0.")[1].split("\n\n")[0].splitlines()[1:]
@@ -97,7 +114,11 @@ def test_input_file_with_korean_tokens_stays_aligned(capsys, tmp_path):
 
 def test_cross_attention_input_with_query_tokens(capsys, tmp_path):
     path = tmp_path / "cross.json"
-    path.write_text(json.dumps({"query_tokens": ["je"], "tokens": ["I", "am"], "q": [[1, 0]], "k": [[1, 0], [0, 1]], "v": [[1], [0]]}))
+    path.write_text(
+        json.dumps(
+            {"query_tokens": ["je"], "tokens": ["I", "am"], "q": [[1, 0]], "k": [[1, 0], [0, 1]], "v": [[1], [0]]}
+        )
+    )
     code, out, _ = run(capsys, "--input", str(path), "--json")
     data = json.loads(out)
     assert code == 0 and data["queries"][0]["token"] == "je" and len(data["queries"][0]["weights"]) == 2
@@ -110,7 +131,11 @@ def test_cross_attention_input_with_query_tokens(capsys, tmp_path):
         (None, ["--query", "the"], "matches rows [0, 4]"),
         ("{", [], "is not valid JSON"),
         ('{"tokens": ["a"], "q": [[1]]}', [], "is missing k, v"),
-        ('{"tokens": ["a", "b"], "q": [[1], [2]], "k": [[1]], "v": [[1]]}', [], "k has 1 rows and v 1, but there are 2 tokens"),
+        (
+            '{"tokens": ["a", "b"], "q": [[1], [2]], "k": [[1]], "v": [[1]]}',
+            [],
+            "k has 1 rows and v 1, but there are 2 tokens",
+        ),
         ('{"tokens": ["a"], "q": [[1, 2]], "k": [[1]], "v": [[1]]}', [], "q and k must have the same width"),
         ('{"tokens": ["a"], "q": [1], "k": [[1]], "v": [[1]]}', [], "q must be a 2-D list"),
     ],
@@ -131,7 +156,9 @@ def test_missing_input_file(capsys, tmp_path):
 
 
 def test_console_script_runs():
-    result = subprocess.run([sys.executable, "-m", "attnkit.cli", "explain"], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "attnkit.cli", "explain"], capture_output=True, text=True, check=True
+    )
     assert "0.3522" in result.stdout
 
 
@@ -140,7 +167,7 @@ def columns(line: str) -> list[tuple[int, int]]:
     two or more spaces, wide characters counting two columns."""
     spans = []
     for match in re.finditer(r"\S+(?: \S+)*", line):
-        start = display_width(line[:match.start()])
+        start = display_width(line[: match.start()])
         spans.append((start, start + display_width(match.group())))
     return spans
 
@@ -158,7 +185,7 @@ def test_every_table_stays_aligned_with_wide_and_combining_characters(capsys, tm
     assert len(rules) > 10
     for r in rules:
         rule = columns(lines[r])
-        body = [lines[r - 1]] + list(itertools.takewhile(str.strip, lines[r + 1:]))
+        body = [lines[r - 1]] + list(itertools.takewhile(str.strip, lines[r + 1 :]))
         for line in body:
             for start, end in columns(line):
                 # Each cell starts where its column starts (left-aligned) or ends where it

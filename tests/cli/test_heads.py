@@ -50,8 +50,21 @@ def test_minilm_from_a_file_with_pictures(capsys, tmp_path, minilm_path):
     texts = tmp_path / "texts.txt"
     texts.write_text(f"{ANIMAL}\n\nThe cat sat on the mat.\n", encoding="utf-8")
     out_dir = tmp_path / "out"
-    code, out, err = run(capsys, "--file", str(texts), "--model", "minilm", "--from", "it", "--to", "animal",
-                         "--stat", "first", "--out", str(out_dir))
+    code, out, err = run(
+        capsys,
+        "--file",
+        str(texts),
+        "--model",
+        "minilm",
+        "--from",
+        "it",
+        "--to",
+        "animal",
+        "--stat",
+        "first",
+        "--out",
+        str(out_dir),
+    )
     assert code == 0, err
     assert "minilm · 6 layers × 12 heads · 2 texts" in out
     assert "How much 'it' attends to 'animal' (1 text;" in out
@@ -86,8 +99,22 @@ def test_a_token_not_in_the_text_lists_the_tokens(capsys, tmp_path, minilm_path)
 
 def test_minilm_word_pair_in_korean(capsys, tmp_path, minilm_path):
     text = "어제 밤에 배가 고파서 피자를 먹었다"
-    code, out, err = run(capsys, text, "--model", "minilm", "--from", "배가", "--to", "고파서", "--level", "word",
-                         "--format", "json", "--out", str(tmp_path))
+    code, out, err = run(
+        capsys,
+        text,
+        "--model",
+        "minilm",
+        "--from",
+        "배가",
+        "--to",
+        "고파서",
+        "--level",
+        "word",
+        "--format",
+        "json",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0, err
     assert "How much '배가' attends to '고파서' (words, 1 text;" in out
     assert max(display_width(line) for line in out.splitlines()) <= 100

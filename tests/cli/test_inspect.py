@@ -42,7 +42,13 @@ def test_default_is_the_notes_example(capsys, tmp_path, smollm2_path):
     assert data["tokens"] == EXAMPLE_TOKENS and data["labels"] == ["The", "cat", "sat", "on", "the", "mat", "."]
     assert data["level"] == "token" and "words" not in data
     assert data["token_info"][1] == {
-        "token": "Ġcat", "text": " cat", "span": [3, 7], "partial": False, "part": None, "special": False, "label": "cat",
+        "token": "Ġcat",
+        "text": " cat",
+        "span": [3, 7],
+        "partial": False,
+        "part": None,
+        "special": False,
+        "label": "cat",
     }
     weights = torch.tensor(data["weights"])  # [1, 7, 7]
     assert weights.shape == (1, 7, 7)
@@ -54,8 +60,22 @@ def test_default_is_the_notes_example(capsys, tmp_path, smollm2_path):
 
 
 def test_minilm_all_heads_as_svg(capsys, tmp_path, minilm_path):
-    code, out, err = run(capsys, "The animal was tired.", "--model", "minilm",
-                         "--layer", "-2", "--head", "all", "--format", "svg,json", "--top", "2", "--out", str(tmp_path))
+    code, out, err = run(
+        capsys,
+        "The animal was tired.",
+        "--model",
+        "minilm",
+        "--layer",
+        "-2",
+        "--head",
+        "all",
+        "--format",
+        "svg,json",
+        "--top",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0, err
     assert "minilm · layer 4 (0..5) · heads 0..11 · 7 tokens" in out
     assert out.count("the keys each query attends to most") == 12
@@ -131,11 +151,19 @@ def test_korean_word_level_end_to_end(capsys, tmp_path, smollm2_path):
     data = json.loads(doc.read_text(encoding="utf-8"))
     assert data["level"] == "word" and data["labels"] == EOJEOL
     assert [w["text"] for w in data["words"]] == EOJEOL and data["words"][3] == {
-        "text": "고파서", "span": [9, 12], "tokens": list(range(18, 27)),
+        "text": "고파서",
+        "span": [9, 12],
+        "tokens": list(range(18, 27)),
     }
     assert len(data["tokens"]) == len(data["token_info"]) == 44
     assert data["token_info"][6] == {
-        "token": "Ġë", "text": " 밤", "span": [2, 4], "partial": True, "part": [1, 3], "special": False, "label": "밤(1/3)",
+        "token": "Ġë",
+        "text": " 밤",
+        "span": [2, 4],
+        "partial": True,
+        "part": [1, 3],
+        "special": False,
+        "label": "밤(1/3)",
     }
     weights = torch.tensor(data["weights"])  # [1, 6, 6]
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 6), atol=1e-5, rtol=0)
@@ -149,7 +177,9 @@ def test_korean_word_level_end_to_end(capsys, tmp_path, smollm2_path):
 
 
 def test_minilm_korean_tokens_read_as_the_text(capsys, tmp_path, minilm_path):
-    code, out, err = run(capsys, KOREAN, "--model", "minilm", "--format", "svg,json", "--top", "1", "--out", str(tmp_path))
+    code, out, err = run(
+        capsys, KOREAN, "--model", "minilm", "--format", "svg,json", "--top", "1", "--out", str(tmp_path)
+    )
     assert code == 0, err
     assert "tokens: [CLS] | 어(1/2) | 어(2/2) |" in out and "먹었다 | [SEP]\n" in out
     data = json.loads((tmp_path / "minilm_layer5_head0.json").read_text(encoding="utf-8"))
@@ -189,7 +219,8 @@ def test_html_between_words(capsys, tmp_path, smollm2_path):
     code, out, err = run(capsys, KOREAN, "--level", "word", "--format", "html,json", "--out", str(tmp_path))
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "smollm2_layer29_head0_words.json", "smollm2_viewer_words.html",
+        "smollm2_layer29_head0_words.json",
+        "smollm2_viewer_words.html",
     ]
     data = embedded_viewer_data((tmp_path / "smollm2_viewer_words.html").read_text(encoding="utf-8"))
     section = data.sections["self"]
@@ -230,8 +261,24 @@ def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path,
     code, out, err = run(capsys, text, "--model", "minilm", "--format", "png,json,html", "--out", str(tmp_path))
     # Every layer and head of 500 tokens is too large a page: refused, with the way out.
     assert code == 2 and "the viewer page of 6 layers × 12 heads would be about 32.5 MB" in err
-    code, out, err = run(capsys, text, "--model", "minilm", "--format", "png,json,html", "--layers", "-1",
-                         "--heads", "0,3", "--dpi", "60", "--cmap", "magma", "--out", str(tmp_path))
+    code, out, err = run(
+        capsys,
+        text,
+        "--model",
+        "minilm",
+        "--format",
+        "png,json,html",
+        "--layers",
+        "-1",
+        "--heads",
+        "0,3",
+        "--dpi",
+        "60",
+        "--cmap",
+        "magma",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0, err
     progress = [line for line in err.splitlines() if line.startswith("attnkit: ") and "done in" not in line]
     assert progress == [
@@ -256,17 +303,19 @@ def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path,
 
 
 def test_quiet_prints_no_status(capsys, tmp_path, minilm_path):
-    code, out, err = run(capsys, "The cat sat.", "--model", "minilm", "--format", "json", "--quiet", "--out", str(tmp_path))
+    code, out, err = run(
+        capsys, "The cat sat.", "--model", "minilm", "--format", "json", "--quiet", "--out", str(tmp_path)
+    )
     assert code == 0 and err == "" and "wrote " in out
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--layers", "1,x"], '--layers takes layers such as 29 or 0,5,-1 or "all", got \'1,x\''),
+        (["--layers", "1,x"], "--layers takes layers such as 29 or 0,5,-1 or \"all\", got '1,x'"),
         (["--layers", "6"], "layer 6 is out of range: this model has 6 layers"),
         (["--heads", "0,12"], "head 12 is out of range"),
-        (["--max-size", "big"], '--max-size takes a size such as 20MB, 500kB, 2GB or "none", got \'big\''),
+        (["--max-size", "big"], "--max-size takes a size such as 20MB, 500kB, 2GB or \"none\", got 'big'"),
         (["--format", "png", "--cmap", "Bluez"], "unknown colour map 'Bluez'"),
         (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "nope"], "--device"),
     ],

@@ -30,8 +30,23 @@ def test_the_notes_pictures_and_numbers(capsys, tmp_path) -> None:
 
 
 def test_options(capsys, tmp_path) -> None:
-    code, out, err = pe(capsys, "--d-model", "32", "--out", str(tmp_path), "--pairs", "1:2", "--dims", "0,31",
-                        "--max-position", "20", "--max-distance", "5", "--head-dim", "8")
+    code, out, err = pe(
+        capsys,
+        "--d-model",
+        "32",
+        "--out",
+        str(tmp_path),
+        "--pairs",
+        "1:2",
+        "--dims",
+        "0,31",
+        "--max-position",
+        "20",
+        "--max-distance",
+        "5",
+        "--head-dim",
+        "8",
+    )
     assert code == 0, err
     assert "PE(1) and PE(2)" in out and "dimension 31:" in out and "Δ=1" in out and "Δ=10" not in out
     written = sorted(p.name for p in tmp_path.iterdir())
@@ -41,7 +56,10 @@ def test_options(capsys, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--d-model", "7"], "--d-model must be even and at least 2 (each position is written as sine and cosine pairs), got 7"),
+        (
+            ["--d-model", "7"],
+            "--d-model must be even and at least 2 (each position is written as sine and cosine pairs), got 7",
+        ),
         (["--d-model", "511"], "--d-model must be even and at least 2"),
         (["--dims", "0,600"], r"dimensions must be in [0, 512)"),
         (["--max-distance", "0"], "max_distance and max_position must be >= 1"),

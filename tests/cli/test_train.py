@@ -13,8 +13,27 @@ import torch
 from attnkit.cli import main
 
 TINY = [
-    "--length", "5", "--symbols", "6", "--d-model", "16", "--heads", "2", "--layers", "1", "--ff", "32",
-    "--steps", "20", "--batch-size", "8", "--warmup", "4", "--eval-size", "20", "--no-progress",
+    "--length",
+    "5",
+    "--symbols",
+    "6",
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--ff",
+    "32",
+    "--steps",
+    "20",
+    "--batch-size",
+    "8",
+    "--warmup",
+    "4",
+    "--eval-size",
+    "20",
+    "--no-progress",
 ]
 
 
@@ -97,9 +116,19 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(capsys, tmp_path) -> N
     # A real SIGKILL right after the first checkpoint (one after every step), then --resume.
     options = ["--task", "copy", *TINY, "--steps", "300"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "attnkit.cli", "train", "--out", str(tmp_path / "killed"), *options,
-         "--checkpoint-every", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "attnkit.cli",
+            "train",
+            "--out",
+            str(tmp_path / "killed"),
+            *options,
+            "--checkpoint-every",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     checkpoint = tmp_path / "killed" / "checkpoint.pt"
     deadline = time.monotonic() + 60

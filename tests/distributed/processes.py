@@ -28,11 +28,16 @@ class RanksFailed(AssertionError):
     """A rank raised, or the ranks did not finish in time."""
 
 
-def _rank_main(rank: int, fn: Callable[..., Any], world_size: int, store_file: str, collective_timeout: float, args: tuple) -> None:
+def _rank_main(
+    rank: int, fn: Callable[..., Any], world_size: int, store_file: str, collective_timeout: float, args: tuple
+) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"file://{store_file}", rank=rank, world_size=world_size,
+        "gloo",
+        init_method=f"file://{store_file}",
+        rank=rank,
+        world_size=world_size,
         timeout=datetime.timedelta(seconds=collective_timeout),
     )
     try:
@@ -46,7 +51,9 @@ def _rank_main(rank: int, fn: Callable[..., Any], world_size: int, store_file: s
         dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 90.0, collective_timeout: float = 60.0) -> None:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 90.0, collective_timeout: float = 60.0
+) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes.
 
     Raises:
@@ -55,8 +62,11 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     with tempfile.TemporaryDirectory(prefix="attnkit-dist-") as tmp:
         store_file = os.path.join(tmp, "store")
         context = mp.start_processes(
-            _rank_main, args=(fn, world_size, store_file, collective_timeout, args), nprocs=world_size,
-            join=False, start_method="spawn",
+            _rank_main,
+            args=(fn, world_size, store_file, collective_timeout, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + timeout
         try:
@@ -64,7 +74,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
                 if time.monotonic() > deadline:
                     raise RanksFailed(f"{world_size} ranks of {fn.__name__} did not finish within {timeout:.0f} s")
         except ProcessException as err:
-            raise RanksFailed(_first_errors(store_file, world_size) or f"rank {err.error_index} of {world_size} failed:\n{err}") from None
+            raise RanksFailed(
+                _first_errors(store_file, world_size) or f"rank {err.error_index} of {world_size} failed:\n{err}"
+            ) from None
         finally:
             for process in context.processes:
                 if process.is_alive():

@@ -16,15 +16,40 @@ from attnkit.train import load_checkpoint
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TINY = [
-    "--task", "reverse", "--length", "5", "--symbols", "6", "--d-model", "16", "--heads", "2", "--layers", "1",
-    "--ff", "32", "--steps", "30", "--batch-size", "8", "--warmup", "4", "--eval-size", "20", "--no-progress",
+    "--task",
+    "reverse",
+    "--length",
+    "5",
+    "--symbols",
+    "6",
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--ff",
+    "32",
+    "--steps",
+    "30",
+    "--batch-size",
+    "8",
+    "--warmup",
+    "4",
+    "--eval-size",
+    "20",
+    "--no-progress",
 ]
 
 
 def _attnkit(*argv: str, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [sys.executable, "-m", "attnkit.cli", *argv], capture_output=True, text=True, timeout=timeout, env=env,
+        [sys.executable, "-m", "attnkit.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 

@@ -22,7 +22,11 @@ def _check_ring_module(rank: int, world: int) -> None:
         for mask, causal in ((None, True), (masks.sliding_window(5), False)):
             torch.manual_seed(0)
             ring = MultiHeadAttention(
-                24, 4, num_kv_heads=2, positional=RotaryEmbedding(6), kernel="ring",
+                24,
+                4,
+                num_kv_heads=2,
+                positional=RotaryEmbedding(6),
+                kernel="ring",
                 kernel_options={"layout": layout, "block_size": 4},
             ).double()
             whole = MultiHeadAttention(24, 4, num_kv_heads=2, positional=RotaryEmbedding(6)).double()

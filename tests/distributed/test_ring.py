@@ -39,16 +39,26 @@ def _cases(seq_len: int) -> list[dict]:
             dict(name=f"sliding window {layout}", layout=layout, mask=masks.sliding_window(4)),
             dict(name=f"symmetric window {layout}", layout=layout, mask=masks.sliding_window(3, 3)),
             dict(name=f"document {layout}", layout=layout, mask=masks.document(_document_ids(seq_len))),
-            dict(name=f"document causal {layout}", layout=layout, causal=True,
-                 mask=masks.document(_document_ids(seq_len))),
+            dict(
+                name=f"document causal {layout}",
+                layout=layout,
+                causal=True,
+                mask=masks.document(_document_ids(seq_len)),
+            ),
             dict(name=f"GQA causal {layout}", layout=layout, causal=True, heads=(4, 2)),
             dict(name=f"MQA window {layout}", layout=layout, mask=masks.sliding_window(6), heads=(3, 1)),
             # Query 0 may attend to nothing: zero output, lse -inf, zero gradient.
-            dict(name=f"row with nothing allowed {layout}", layout=layout, causal=True,
-                 mask=~masks.sliding_window(0, 0)),
+            dict(
+                name=f"row with nothing allowed {layout}", layout=layout, causal=True, mask=~masks.sliding_window(0, 0)
+            ),
             dict(name=f"float32 causal {layout}", layout=layout, causal=True, dtype=torch.float32),
-            dict(name=f"float32 document GQA {layout}", layout=layout, heads=(4, 2), dtype=torch.float32,
-                 mask=masks.document(_document_ids(seq_len))),
+            dict(
+                name=f"float32 document GQA {layout}",
+                layout=layout,
+                heads=(4, 2),
+                dtype=torch.float32,
+                mask=masks.document(_document_ids(seq_len)),
+            ),
         ]
     return cases
 
@@ -98,8 +108,15 @@ def _check_ring_cases(rank: int, world: int, seq_lens: list[int]) -> None:
             q_l, k_l, v_l = (shard(t, layout=layout).requires_grad_() for t in (q, k, v))
             timings = RingTimings()
             result = ring_attention(
-                q_l, k_l, v_l, causal=case.get("causal", False), mask=case.get("mask"), layout=layout,
-                return_lse=True, block_size=(4, 3), timings=timings,
+                q_l,
+                k_l,
+                v_l,
+                causal=case.get("causal", False),
+                mask=case.get("mask"),
+                layout=layout,
+                return_lse=True,
+                block_size=(4, 3),
+                timings=timings,
             )
             (result.output * shard(dout, layout=layout)).sum().backward()
             got = (result.output, result.lse, q_l.grad, k_l.grad, v_l.grad)

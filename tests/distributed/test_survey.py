@@ -76,7 +76,10 @@ def test_heads_file_nproc_equals_one_process(tmp_path, capsys, minilm_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-m", "attnkit.cli", "heads", *options, "--nproc", "2", "--out", str(two)],
-        capture_output=True, text=True, timeout=240, env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.replace(str(two), str(one)) == single_out

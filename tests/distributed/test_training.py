@@ -13,8 +13,19 @@ from attnkit.train import TrainConfig, load_checkpoint, run
 from tests.distributed.processes import run_ranks
 
 CONFIG = TrainConfig(
-    task="reverse", length=6, symbols=8, layers=1, d_model=32, heads=2, ff=64, steps=100, batch_size=16,
-    warmup=10, eval_size=20, checkpoint_every=40, seed=3,
+    task="reverse",
+    length=6,
+    symbols=8,
+    layers=1,
+    d_model=32,
+    heads=2,
+    ff=64,
+    steps=100,
+    batch_size=16,
+    warmup=10,
+    eval_size=20,
+    checkpoint_every=40,
+    seed=3,
 )
 RELATIVE_TOLERANCE = 1e-4
 

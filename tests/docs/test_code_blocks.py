@@ -48,8 +48,12 @@ SLOW_PAGES = {"training.md", "inspect.md", "korean-and-words.md", "distributed.m
 TEXTS_TXT = "The cat sat on the mat.\nThe animal didn't cross the road because it was too tired.\n"
 
 # A text file the README's `attnkit explain --input mine.json` reads.
-MINE_JSON = {"tokens": ["I", "like", "tea"], "q": [[1, 0], [0, 1], [1, 1]], "k": [[1, 0], [0, 1], [1, 1]],
-             "v": [[1, 2], [3, 4], [5, 6]]}
+MINE_JSON = {
+    "tokens": ["I", "like", "tea"],
+    "q": [[1, 0], [0, 1], [1, 1]],
+    "k": [[1, 0], [0, 1], [1, 1]],
+    "v": [[1, 2], [3, 4], [5, 6]],
+}
 
 
 @dataclass(frozen=True)
@@ -107,9 +111,7 @@ def assert_shown_in(expected: str, actual: str, command: str) -> None:
         prefix = line.removesuffix("...").removesuffix("…").rstrip()
         elided = prefix != line
         if not any(candidate.startswith(prefix) if elided else line == candidate for candidate in remaining):
-            raise AssertionError(
-                f"`{command}` did not print, in this order, the line\n  {line}\nIt printed:\n{actual}"
-            )
+            raise AssertionError(f"`{command}` did not print, in this order, the line\n  {line}\nIt printed:\n{actual}")
 
 
 # ---------------------------------------------------------------- running commands
@@ -157,10 +159,12 @@ def run_serve(argv: list[str]) -> tuple[int, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     if "--port" in argv:
-        argv = [*argv[: argv.index("--port")], *argv[argv.index("--port") + 2:]]
+        argv = [*argv[: argv.index("--port")], *argv[argv.index("--port") + 2 :]]
     server = subprocess.Popen(
         [sys.executable, "-m", "attnkit", "serve", *argv, "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     lines = []
     try:
@@ -302,12 +306,14 @@ def shared_models(smollm2, minilm, monkeypatch):
 def page_blocks(language_set: set[str]) -> list:
     return [
         pytest.param(block, id=block.id, marks=[pytest.mark.slow] if block.page.name in SLOW_PAGES else [])
-        for block in ALL_BLOCKS if block.language in language_set
+        for block in ALL_BLOCKS
+        if block.language in language_set
     ]
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, id=p.name) for p in PAGES
-                                  if any(b.language == "python" for b in code_blocks(p))])
+@pytest.mark.parametrize(
+    "page", [pytest.param(p, id=p.name) for p in PAGES if any(b.language == "python" for b in code_blocks(p))]
+)
 def test_python_blocks_run(page, in_tmp, shared_models):
     blocks = [block for block in code_blocks(page) if block.language == "python"]
     if any("attnkit.distributed" in block.text and re.search(r"\.init\(", block.text) for block in blocks):

@@ -11,8 +11,14 @@ OUTSIDE = re.compile(r"the notes|seed 00[0-4]|note 00[0-4]|DESIGN\.md", re.I)
 
 
 def test_no_references_to_material_outside_the_repository():
-    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "docs").rglob("*.py"),
-             *(ROOT / "src").rglob("*.py"), *(ROOT / "src").rglob("*.js"), *(ROOT / "src").rglob("*.html")]
+    files = [
+        ROOT / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "docs").rglob("*.py"),
+        *(ROOT / "src").rglob("*.py"),
+        *(ROOT / "src").rglob("*.js"),
+        *(ROOT / "src").rglob("*.html"),
+    ]
     found = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
         for path in files

@@ -67,7 +67,9 @@ def test_unmasked_and_causal_match_reference(shape, causal, seed):
 
 
 @settings(max_examples=80, deadline=None)
-@given(shape=qkv_shapes(), kind=st.sampled_from(sorted(MASK_FACTORIES)), causal=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    shape=qkv_shapes(), kind=st.sampled_from(sorted(MASK_FACTORIES)), causal=st.booleans(), seed=st.integers(0, 2**16)
+)
 def test_every_mask_kind_matches_reference(shape, kind, causal, seed):
     q, k, v = make_qkv(shape, seed)
     b, h, _, s_q, s_k, _, _ = shape
@@ -79,7 +81,9 @@ def test_every_mask_kind_matches_reference(shape, kind, causal, seed):
     result = attnkit.attention(q, k, v, mask=mask, causal=causal, return_weights=True)
     torch.testing.assert_close(result.output.double(), expected, atol=ATOL, rtol=0)
     torch.testing.assert_close(result.weights.double(), expected_w, atol=ATOL, rtol=0)
-    torch.testing.assert_close(attnkit.attention(q, k, v, mask=mask, causal=causal).double(), expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        attnkit.attention(q, k, v, mask=mask, causal=causal).double(), expected, atol=ATOL, rtol=0
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -175,8 +179,12 @@ def test_permutation_equivariance_without_masks():
 
 
 def test_two_dimensional_inputs_reproduce_the_notes_example():
-    qk = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 1, 1], [0, 0, 1, 1], [1, 0, 0, 1], [1, 1, 0, 0]], dtype=torch.float32)
-    v = torch.tensor([[0.1, 0, 0.1, 0], [0, 0.2, 0, 0.2], [0.3] * 4, [0, 0, 0.1, 0.1], [0.1, 0, 0, 0.1], [0.2, 0.2, 0, 0]])
+    qk = torch.tensor(
+        [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 1, 1], [0, 0, 1, 1], [1, 0, 0, 1], [1, 1, 0, 0]], dtype=torch.float32
+    )
+    v = torch.tensor(
+        [[0.1, 0, 0.1, 0], [0, 0.2, 0, 0.2], [0.3] * 4, [0, 0, 0.1, 0.1], [0.1, 0, 0, 0.1], [0.2, 0.2, 0, 0]]
+    )
     result = attnkit.attention(qk, qk, v, return_weights=True)
     assert result.weights.shape == (6, 6) and result.output.shape == (6, 4)
     expected_w = torch.full((6,), math.e / (5 * math.e + math.e**2))
@@ -231,34 +239,88 @@ def test_empty_key_sequence_gives_zeros():
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        (dict(q=torch.randn(2, 8, 16, 64), k=torch.randn(2, 8, 16, 32), v=torch.randn(2, 8, 16, 32)), ValueError,
-         r"q and k must have the same head dim, got q \[2, 8, 16, 64\] and k \[2, 8, 16, 32\]"),
-        (dict(q=torch.randn(1, 6, 4, 8), k=torch.randn(1, 4, 4, 8), v=torch.randn(1, 4, 4, 8)), ValueError,
-         r"query heads must be a multiple of key/value heads, got h=6"),
-        (dict(q=torch.randn(1, 2, 4, 8), k=torch.randn(1, 2, 5, 8), v=torch.randn(1, 2, 4, 8)), ValueError,
-         r"k and v must agree on every dim but the last"),
-        (dict(q=torch.randn(2, 2, 4, 8), k=torch.randn(1, 2, 4, 8), v=torch.randn(1, 2, 4, 8)), ValueError,
-         r"same batch size"),
-        (dict(q=torch.ones(4, 8, dtype=torch.long), k=torch.ones(4, 8), v=torch.ones(4, 8)), TypeError,
-         r"q must be a floating-point tensor, got dtype torch.int64"),
-        (dict(q=torch.randn(4, 8), k=torch.randn(4, 8, dtype=torch.float64), v=torch.randn(4, 8)), TypeError,
-         r"same dtype"),
-        (dict(q=torch.randn(4, 8), k=torch.randn(1, 1, 4, 8), v=torch.randn(1, 1, 4, 8)), ValueError,
-         r"must all be \[b, h, s, d\] or all be \[s, d\]"),
-        (dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), mask=torch.ones(4, 5, dtype=torch.bool)),
-         ValueError, r"mask of shape \[4, 5\] does not broadcast to \[b, h, s_q, s_k\] = \[1, 1, 4, 4\]"),
-        (dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), mask=torch.ones(4, 4)), TypeError,
-         r"mask must be a bool tensor .* pass additive float scores as bias="),
-        (dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), bias=torch.ones(3, 4)), ValueError,
-         r"bias of shape \[3, 4\] does not broadcast"),
-        (dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), score="cosine"), TypeError,
-         r'score must be "scaled_dot", "dot" or a callable'),
-        (dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), dropout_p=1.0), ValueError,
-         r"dropout_p must be in \[0, 1\), got 1.0"),
-        (dict(q=torch.randn(1, 1, 4, 8), k=torch.randn(1, 1, 4, 8), v=torch.randn(1, 1, 4, 8), mask=masks.padding([1, 2, 3])),
-         ValueError, r"mask padding\(\[1, 2, 3\]\) is for batch size 3, got batch size 1"),
-        (dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), mask=masks.from_dense(torch.ones(3, 3, dtype=torch.bool))),
-         ValueError, r"is defined for \(s_q, s_k\) = \(3, 3\), got \(4, 4\)"),
+        (
+            dict(q=torch.randn(2, 8, 16, 64), k=torch.randn(2, 8, 16, 32), v=torch.randn(2, 8, 16, 32)),
+            ValueError,
+            r"q and k must have the same head dim, got q \[2, 8, 16, 64\] and k \[2, 8, 16, 32\]",
+        ),
+        (
+            dict(q=torch.randn(1, 6, 4, 8), k=torch.randn(1, 4, 4, 8), v=torch.randn(1, 4, 4, 8)),
+            ValueError,
+            r"query heads must be a multiple of key/value heads, got h=6",
+        ),
+        (
+            dict(q=torch.randn(1, 2, 4, 8), k=torch.randn(1, 2, 5, 8), v=torch.randn(1, 2, 4, 8)),
+            ValueError,
+            r"k and v must agree on every dim but the last",
+        ),
+        (
+            dict(q=torch.randn(2, 2, 4, 8), k=torch.randn(1, 2, 4, 8), v=torch.randn(1, 2, 4, 8)),
+            ValueError,
+            r"same batch size",
+        ),
+        (
+            dict(q=torch.ones(4, 8, dtype=torch.long), k=torch.ones(4, 8), v=torch.ones(4, 8)),
+            TypeError,
+            r"q must be a floating-point tensor, got dtype torch.int64",
+        ),
+        (
+            dict(q=torch.randn(4, 8), k=torch.randn(4, 8, dtype=torch.float64), v=torch.randn(4, 8)),
+            TypeError,
+            r"same dtype",
+        ),
+        (
+            dict(q=torch.randn(4, 8), k=torch.randn(1, 1, 4, 8), v=torch.randn(1, 1, 4, 8)),
+            ValueError,
+            r"must all be \[b, h, s, d\] or all be \[s, d\]",
+        ),
+        (
+            dict(
+                q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), mask=torch.ones(4, 5, dtype=torch.bool)
+            ),
+            ValueError,
+            r"mask of shape \[4, 5\] does not broadcast to \[b, h, s_q, s_k\] = \[1, 1, 4, 4\]",
+        ),
+        (
+            dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), mask=torch.ones(4, 4)),
+            TypeError,
+            r"mask must be a bool tensor .* pass additive float scores as bias=",
+        ),
+        (
+            dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), bias=torch.ones(3, 4)),
+            ValueError,
+            r"bias of shape \[3, 4\] does not broadcast",
+        ),
+        (
+            dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), score="cosine"),
+            TypeError,
+            r'score must be "scaled_dot", "dot" or a callable',
+        ),
+        (
+            dict(q=torch.randn(4, 8), k=torch.randn(4, 8), v=torch.randn(4, 8), dropout_p=1.0),
+            ValueError,
+            r"dropout_p must be in \[0, 1\), got 1.0",
+        ),
+        (
+            dict(
+                q=torch.randn(1, 1, 4, 8),
+                k=torch.randn(1, 1, 4, 8),
+                v=torch.randn(1, 1, 4, 8),
+                mask=masks.padding([1, 2, 3]),
+            ),
+            ValueError,
+            r"mask padding\(\[1, 2, 3\]\) is for batch size 3, got batch size 1",
+        ),
+        (
+            dict(
+                q=torch.randn(4, 8),
+                k=torch.randn(4, 8),
+                v=torch.randn(4, 8),
+                mask=masks.from_dense(torch.ones(3, 3, dtype=torch.bool)),
+            ),
+            ValueError,
+            r"is defined for \(s_q, s_k\) = \(3, 3\), got \(4, 4\)",
+        ),
     ],
 )
 def test_bad_input_errors_say_what_was_expected_and_got(kwargs, error, message):
@@ -314,4 +376,6 @@ def test_block_sizes_beyond_the_sequence_allocate_nothing_more():
     q = torch.randn(1, 2, 8, 16, dtype=torch.float64)
     want = attnkit.local_attention(q, q, q, window=2, engine="blockwise")
     assert torch.allclose(attnkit.local_attention(q, q, q, window=2, block_size=10**9), want)
-    assert torch.allclose(attnkit.tiled_attention(q, q, q, causal=True, block_size=10**9), attnkit.attention(q, q, q, causal=True))
+    assert torch.allclose(
+        attnkit.tiled_attention(q, q, q, causal=True, block_size=10**9), attnkit.attention(q, q, q, causal=True)
+    )

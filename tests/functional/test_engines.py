@@ -53,13 +53,30 @@ def _builtin_masks() -> dict[str, masks.Mask]:
 
 # Ops that a mask function inlined into a GPU FlexAttention kernel may not use: creating,
 # moving or reducing tensors ("Buffers cannot be created while lowering a pointwise subgraph").
-_NOT_POINTWISE = ("zeros", "ones", "full", "empty", "arange", "_to_copy", "to.", "any", "all", "sum", "amax", "isin", "scalar_tensor")
+_NOT_POINTWISE = (
+    "zeros",
+    "ones",
+    "full",
+    "empty",
+    "arange",
+    "_to_copy",
+    "to.",
+    "any",
+    "all",
+    "sum",
+    "amax",
+    "isin",
+    "scalar_tensor",
+)
 
 
 @pytest.mark.parametrize("name", sorted(_builtin_masks()))
 def test_every_builtin_mask_is_pointwise(name):
     mask = _builtin_masks()[name]
-    idx = [torch.arange(n, dtype=torch.int32).view(shape) for n, shape in ((B, (B, 1, 1, 1)), (3, (1, 3, 1, 1)), (S, (1, 1, S, 1)), (S, (1, 1, 1, S)))]
+    idx = [
+        torch.arange(n, dtype=torch.int32).view(shape)
+        for n, shape in ((B, (B, 1, 1, 1)), (3, (1, 3, 1, 1)), (S, (1, 1, S, 1)), (S, (1, 1, 1, S)))
+    ]
     graph = make_fx(mask.fn)(*idx).graph
     ops = [str(node.target) for node in graph.nodes if node.op == "call_function"]
     offending = [op for op in ops if any(bad in op.split("aten.")[-1] for bad in _NOT_POINTWISE)]
@@ -85,8 +102,8 @@ def test_every_builtin_mask_gives_the_same_bits_inside_compiled_flex():
     out = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=block_mask)
     for i, (name, mask) in enumerate(named.items()):
         allowed = mask.to_dense(S, S, batch_size=B)  # [B, 1, S, S]
-        expected = dense_attention(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], allowed=allowed)[0]
-        err = (out[:, i:i + 1].double() - expected).abs().max().item()
+        expected = dense_attention(q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], allowed=allowed)[0]
+        err = (out[:, i : i + 1].double() - expected).abs().max().item()
         assert err < 1e-5, f"{name}: compiled Flex differs from the eager mask by {err}"
 
 
@@ -160,7 +177,9 @@ def test_engine_errors_say_what_was_asked():
     q, k, v = _qkv(h=2, h_kv=2, s_q=32, s_k=32)
     with pytest.raises(ValueError, match=r"engine must be one of .* got 'cuda'"):
         attnkit.attention(q, k, v, causal=True, engine="cuda")
-    with pytest.raises(ValueError, match=r"local_attention runs on the engines \['auto', 'flex', 'blockwise'\], got engine='sdpa'"):
+    with pytest.raises(
+        ValueError, match=r"local_attention runs on the engines \['auto', 'flex', 'blockwise'\], got engine='sdpa'"
+    ):
         attnkit.local_attention(q, k, v, window=3, engine="sdpa")
     with pytest.raises(ValueError, match=r"engine='flex' cannot return weights"):
         attnkit.attention(q, k, v, causal=True, return_weights=True, engine="flex")

@@ -66,9 +66,17 @@ def test_linear_matches_its_dense_definition_outputs_and_gradients(case):
     v = torch.randn(b, h_kv, s_k, d_v, generator=g, dtype=torch.float64, requires_grad=True)
     omega = favor_projection(d, 12, seed=case["seed"], dtype=torch.float64)
     fm = case["feature_map"]
-    phi = {"elu": lambda x: F.elu(x) + 1, "relu": F.relu, "favor": favor_phi(omega), "callable": lambda x: x.square()}[fm]
+    phi = {"elu": lambda x: F.elu(x) + 1, "relu": F.relu, "favor": favor_phi(omega), "callable": lambda x: x.square()}[
+        fm
+    ]
     out = linear_attention(
-        q, k, v, feature_map=phi if fm == "callable" else fm, causal=case["causal"], projection=omega, chunk_size=case["chunk"]
+        q,
+        k,
+        v,
+        feature_map=phi if fm == "callable" else fm,
+        causal=case["causal"],
+        projection=omega,
+        chunk_size=case["chunk"],
     )
     want = dense_linear(q, k, v, phi, case["causal"])
     torch.testing.assert_close(out, want, atol=1e-9, rtol=1e-9)
@@ -101,7 +109,9 @@ def test_recurrent_step_equals_the_causal_rows_with_a_constant_size_state(featur
     state = linear_attention_state(k[:, :, :5], v[:, :, :5], feature_map=feature_map)  # a prompt
     sizes = set()
     for t in range(5, s):
-        out, state = linear_attention_step(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state, feature_map=feature_map)
+        out, state = linear_attention_step(
+            q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, feature_map=feature_map
+        )
         torch.testing.assert_close(out[:, :, 0], full[:, :, t], atol=1e-10, rtol=1e-8)
         sizes.add((tuple(state.kv.shape), tuple(state.z.shape)))
     assert len(sizes) == 1 and state.length == s
@@ -116,7 +126,9 @@ def test_favor_approximates_softmax_attention():
     exact, _, _ = dense_attention(q, k, v)
     errors = []
     for m in (16, 1024):
-        approx = linear_attention(q, k, v, feature_map="favor", projection=favor_projection(16, m, seed=1, dtype=torch.float64))
+        approx = linear_attention(
+            q, k, v, feature_map="favor", projection=favor_projection(16, m, seed=1, dtype=torch.float64)
+        )
         errors.append((approx - exact).abs().mean().item())
     assert errors[1] < 0.03 and errors[1] < errors[0]
 
@@ -169,9 +181,15 @@ def test_step_with_eps_equals_the_causal_rows(feature_map):
     state = None
     for i in range(16):
         row, state = linear_attention_step(
-            q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], state, feature_map=feature_map, projection=omega, eps=1e-3
+            q[:, :, i : i + 1],
+            k[:, :, i : i + 1],
+            v[:, :, i : i + 1],
+            state,
+            feature_map=feature_map,
+            projection=omega,
+            eps=1e-3,
         )
-        assert (row - full[:, :, i:i + 1]).abs().max().item() < 1e-12
+        assert (row - full[:, :, i : i + 1]).abs().max().item() < 1e-12
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -183,7 +201,9 @@ def test_half_precision_is_accumulated_in_float32(dtype, feature_map):
     std = 4 if feature_map == "favor" else 8
     q, k, v = (torch.randn(1, 2, 4096, 16).mul(std).to(dtype) for _ in range(3))
     omega = favor_projection(16)
-    want = linear_attention(q.double(), k.double(), v.double(), feature_map=feature_map, projection=omega.double(), causal=True)
+    want = linear_attention(
+        q.double(), k.double(), v.double(), feature_map=feature_map, projection=omega.double(), causal=True
+    )
     got = linear_attention(q, k, v, feature_map=feature_map, projection=omega, causal=True)
     assert got.dtype == dtype and torch.isfinite(got).all()
     assert not (got == 0).all(-1).any(), "rows of exact zeros"
@@ -198,5 +218,7 @@ def test_compiled_engine_equals_eager():
         eager = linear_attention(q, k, v, feature_map=feature_map, causal=True, eps=1e-3, engine="eager")
         compiled = linear_attention(q, k, v, feature_map=feature_map, causal=True, eps=1e-3, engine="compiled")
         assert (eager - compiled).abs().max().item() < 1e-5
-    with pytest.raises(ValueError, match=r"linear_attention runs on the engines \['auto', 'eager', 'compiled'\], got engine='flex'"):
+    with pytest.raises(
+        ValueError, match=r"linear_attention runs on the engines \['auto', 'eager', 'compiled'\], got engine='flex'"
+    ):
         linear_attention(q, k, v, engine="flex")

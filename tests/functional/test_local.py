@@ -44,7 +44,9 @@ def test_local_matches_dense_reference_outputs_lse_and_gradients(case):
     q = torch.randn(b, h, s_q, d, generator=g, dtype=torch.float64, requires_grad=True)
     k = torch.randn(b, h_kv, s_k, d, generator=g, dtype=torch.float64, requires_grad=True)
     v = torch.randn(b, h_kv, s_k, d_v, generator=g, dtype=torch.float64, requires_grad=True)
-    out, lse = local_core(q, k, v, left=left, right=right, scale=d**-0.5, block_size=case["block"], block_engine=case["engine"])
+    out, lse = local_core(
+        q, k, v, left=left, right=right, scale=d**-0.5, block_size=case["block"], block_engine=case["engine"]
+    )
     allowed = masks.sliding_window(left, right).to_dense(s_q, s_k)
     want, _, want_lse = dense_attention(q, k, v, allowed=allowed)
     torch.testing.assert_close(out, want, atol=1e-10, rtol=0)

@@ -66,7 +66,9 @@ def test_from_dense_roundtrips_and_aligns_rows():
     assert torch.equal(mask.to_dense(4, 6), allowed)
     two_d = torch.rand(4, 6) > 0.5
     assert torch.equal(masks.from_dense(two_d).to_dense(4, 6)[0, 0], two_d)
-    assert torch.equal((masks.from_dense(two_d) & masks.causal()).to_dense(4, 6)[0, 0], two_d & dense(lambda i, j: j <= i, 4, 6))
+    assert torch.equal(
+        (masks.from_dense(two_d) & masks.causal()).to_dense(4, 6)[0, 0], two_d & dense(lambda i, j: j <= i, 4, 6)
+    )
 
 
 def test_torch_mha_adapters_invert_the_convention():
@@ -128,10 +130,18 @@ def test_names_are_readable():
         (lambda: masks.global_tokens([[1]]), ValueError, r"indices must be 1-D"),
         (lambda: masks.from_dense(torch.ones(3, 3)), TypeError, r"bool tensor .* got torch.float32"),
         (lambda: masks.from_dense(torch.ones(3, dtype=torch.bool)), ValueError, r"2 to 4 dimensions, got shape \[3\]"),
-        (lambda: masks.causal() & torch.ones(2, 2, dtype=torch.bool), TypeError, r"can only combine a Mask with a Mask"),
+        (
+            lambda: masks.causal() & torch.ones(2, 2, dtype=torch.bool),
+            TypeError,
+            r"can only combine a Mask with a Mask",
+        ),
         (lambda: masks.padding([1, 2]) & masks.padding([1, 2, 3]), ValueError, r"different batch_size: 2 and 3"),
         (lambda: masks.causal().to_dense(-1, 3), ValueError, r"s_q and s_k must be >= 0"),
-        (lambda: masks.padding([1, 2]).to_dense(2, 2, batch_size=3), ValueError, r"varies over 2 entries of batch_size"),
+        (
+            lambda: masks.padding([1, 2]).to_dense(2, 2, batch_size=3),
+            ValueError,
+            r"varies over 2 entries of batch_size",
+        ),
     ],
 )
 def test_bad_arguments_get_clear_errors(make, error, message):

@@ -71,9 +71,17 @@ def test_sparse_matches_dense_reference_outputs_and_gradients(case):
 
 
 BLOCK_TESTED = [
-    masks.causal(), masks.full(), masks.sliding_window(3, 1), masks.strided(4), masks.fixed(5, 2),
-    masks.global_tokens([2, 9]), masks.padding([11]), masks.document([0] * 5 + [1] * 9 + [2] * 10),
-    block_random(4, 0.5, seed=2), masks.causal() & masks.strided(3), ~(masks.sliding_window(2) | masks.global_tokens([0])),
+    masks.causal(),
+    masks.full(),
+    masks.sliding_window(3, 1),
+    masks.strided(4),
+    masks.fixed(5, 2),
+    masks.global_tokens([2, 9]),
+    masks.padding([11]),
+    masks.document([0] * 5 + [1] * 9 + [2] * 10),
+    block_random(4, 0.5, seed=2),
+    masks.causal() & masks.strided(3),
+    ~(masks.sliding_window(2) | masks.global_tokens([0])),
 ]
 
 

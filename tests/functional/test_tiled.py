@@ -21,7 +21,9 @@ MASKS = {
     "none": lambda b, h, s_q, s_k, g: None,
     "window": lambda b, h, s_q, s_k, g: masks.sliding_window(3, 2),
     "document": lambda b, h, s_q, s_k, g: masks.document(torch.sort(torch.randint(0, 4, (s_k,), generator=g)).values),
-    "document_per_batch": lambda b, h, s_q, s_k, g: masks.document(torch.sort(torch.randint(0, 3, (b, s_k), generator=g)).values),
+    "document_per_batch": lambda b, h, s_q, s_k, g: masks.document(
+        torch.sort(torch.randint(0, 3, (b, s_k), generator=g)).values
+    ),
     "random": lambda b, h, s_q, s_k, g: masks.random(0.4, seed=3),  # no block test: evaluated densely
     "padding": lambda b, h, s_q, s_k, g: masks.padding([(i * 5) % (s_k + 1) for i in range(b)]),
     "strided_or_global": lambda b, h, s_q, s_k, g: masks.strided(3) | masks.global_tokens([1]),
@@ -35,7 +37,9 @@ MASKS = {
 def _allowed(mask, b, h, s_q, s_k, causal):
     allowed = None
     if isinstance(mask, masks.Mask):
-        allowed = mask.to_dense(s_q, s_k, batch_size=b if mask.batch_size else None, num_heads=h if mask.num_heads else None)
+        allowed = mask.to_dense(
+            s_q, s_k, batch_size=b if mask.batch_size else None, num_heads=h if mask.num_heads else None
+        )
     elif mask is not None:
         allowed = mask
     if causal:
@@ -75,13 +79,23 @@ def test_tiled_matches_dense_reference_outputs_lse_and_gradients(case):
     if case["bias"] == "full":
         bias = torch.randn(1, h, s_q, s_k, generator=g, dtype=torch.float64).requires_grad_()
     elif case["bias"] == "per_key":
-        bias = torch.randn(s_k, generator=g, dtype=torch.float64).masked_fill(torch.rand(s_k, generator=g) < 0.2, float("-inf"))
+        bias = torch.randn(s_k, generator=g, dtype=torch.float64).masked_fill(
+            torch.rand(s_k, generator=g) < 0.2, float("-inf")
+        )
         bias.requires_grad_()
     if bias is not None:
         inputs.append(bias)
     mask = MASKS[case["mask"]](b, h, s_q, s_k, g)
     out, lse = tiled_core(
-        q, k, v, mask=mask, bias=bias, causal=case["causal"], scale=d**-0.5, block_size=case["block"], block_engine=case["engine"]
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        causal=case["causal"],
+        scale=d**-0.5,
+        block_size=case["block"],
+        block_engine=case["engine"],
     )
     allowed = _allowed(mask, b, h, s_q, s_k, case["causal"])
     want, _, want_lse = dense_attention(q, k, v, allowed=allowed, bias=bias)
@@ -96,7 +110,9 @@ def test_float32_public_entry_point_and_two_dimensional_inputs():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(37, 8, generator=g) for _ in range(3))
     result = tiled_attention(q, k, v, mask=masks.sliding_window(4), block_size=8, return_lse=True)
-    want, _, want_lse = dense_attention(q[None, None], k[None, None], v[None, None], allowed=masks.sliding_window(4).to_dense(37, 37))
+    want, _, want_lse = dense_attention(
+        q[None, None], k[None, None], v[None, None], allowed=masks.sliding_window(4).to_dense(37, 37)
+    )
     assert result.weights is None and result.output.shape == (37, 8) and result.lse.shape == (37,)
     torch.testing.assert_close(result.output.double(), want[0, 0], atol=2e-6, rtol=0)
     torch.testing.assert_close(result.lse.double(), want_lse[0, 0], atol=2e-6, rtol=0)
@@ -131,7 +147,7 @@ def test_block_status_is_exact_for_masks_with_block_tests():
         dense = mask.to_dense(s, s)[0, 0]
         for i in range(status.shape[0]):
             for j in range(status.shape[1]):
-                tile = dense[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk]
+                tile = dense[i * bq : (i + 1) * bq, j * bk : (j + 1) * bk]
                 want = EMPTY if not tile.any() else FULL if tile.all() else PARTIAL
                 assert int(status[i, j]) == want, (mask, i, j)
 
@@ -174,7 +190,9 @@ def test_attention_takes_the_tiled_path_for_masks_without_building_them(monkeypa
     calls = []
     real = attention_module.tiled_core
     monkeypatch.setattr(attention_module, "tiled_core", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(masks.Mask, "to_dense", lambda *a, **kw: pytest.fail("the tiled path must not densify the mask"))
+    monkeypatch.setattr(
+        masks.Mask, "to_dense", lambda *a, **kw: pytest.fail("the tiled path must not densify the mask")
+    )
     q, k, v = (torch.randn(1, 2, 40, 8) for _ in range(3))
     attnkit.attention(q, k, v, mask=masks.sliding_window(5))
     attnkit.attention(q[:, :, :7], k, v, causal=True)
@@ -197,8 +215,13 @@ def test_bad_block_size_and_mask_errors():
 def test_private_cpu_flash_ops_keep_the_signature_attnkit_calls():
     from attnkit.functional import _blockwise
 
-    assert _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu", _blockwise.FUSED_FORWARD_ARGS) is not None
-    assert _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu_backward", _blockwise.FUSED_BACKWARD_ARGS) is not None
+    assert (
+        _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu", _blockwise.FUSED_FORWARD_ARGS) is not None
+    )
+    assert (
+        _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu_backward", _blockwise.FUSED_BACKWARD_ARGS)
+        is not None
+    )
     assert _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu", ("query", "key")) is None
     assert _blockwise.private_op("no_such_op_in_any_torch", _blockwise.FUSED_FORWARD_ARGS) is None
 

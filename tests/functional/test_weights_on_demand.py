@@ -15,11 +15,21 @@ from tests.functional.dense_reference import causal_allowed, dense_attention
 
 @settings(max_examples=40, deadline=None)
 @given(
-    b=st.integers(1, 2), h_kv=st.integers(1, 2), group=st.integers(1, 3), s_q=st.integers(1, 30), s_k=st.integers(1, 30),
-    use_lse=st.booleans(), causal=st.booleans(), with_mask=st.booleans(), with_bias=st.booleans(),
-    chunk=st.integers(1, 7), seed=st.integers(0, 2**16),
+    b=st.integers(1, 2),
+    h_kv=st.integers(1, 2),
+    group=st.integers(1, 3),
+    s_q=st.integers(1, 30),
+    s_k=st.integers(1, 30),
+    use_lse=st.booleans(),
+    causal=st.booleans(),
+    with_mask=st.booleans(),
+    with_bias=st.booleans(),
+    chunk=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
 )
-def test_chosen_weights_match_dense_reference(b, h_kv, group, s_q, s_k, use_lse, causal, with_mask, with_bias, chunk, seed):
+def test_chosen_weights_match_dense_reference(
+    b, h_kv, group, s_q, s_k, use_lse, causal, with_mask, with_bias, chunk, seed
+):
     h = h_kv * group
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, s_q, 8, generator=g, dtype=torch.float64)
@@ -31,11 +41,17 @@ def test_chosen_weights_match_dense_reference(b, h_kv, group, s_q, s_k, use_lse,
     if causal:
         allowed = causal_allowed(s_q, s_k) if allowed is None else allowed & causal_allowed(s_q, s_k)
     _, want, _ = dense_attention(q, k, v, allowed=allowed, bias=bias)
-    lse = tiled_attention(q, k, v, mask=mask, bias=bias, causal=causal, block_size=4, return_lse=True).lse if use_lse else None
+    lse = (
+        tiled_attention(q, k, v, mask=mask, bias=bias, causal=causal, block_size=4, return_lse=True).lse
+        if use_lse
+        else None
+    )
     heads = [h - 1, 0]
     rows = torch.randperm(s_q, generator=g)[: max(1, s_q // 2)]
     keys = slice(s_k // 3, None)
-    got = weights_on_demand(q, k, lse, heads=heads, rows=rows, keys=keys, mask=mask, bias=bias, causal=causal, chunk_size=chunk)
+    got = weights_on_demand(
+        q, k, lse, heads=heads, rows=rows, keys=keys, mask=mask, bias=bias, causal=causal, chunk_size=chunk
+    )
     torch.testing.assert_close(got, want[:, heads][:, :, rows][:, :, :, keys], atol=1e-10, rtol=0)
 
 
@@ -51,8 +67,11 @@ def test_weights_of_a_long_sequence_without_the_full_matrix():
     assert (w[0, 0, 2, : 4095 - 64] == 0).all()
     out_row = w[0, 0] @ v[0, 1]  # the weights reproduce the kernel's output
     torch.testing.assert_close(out_row, result.output[0, 1, rows], atol=1e-5, rtol=0)
-    chunks = list(iter_weights_on_demand(q, k, result.lse, heads=[0], rows=slice(0, 10), causal=True,
-                                         mask=masks.sliding_window(64), chunk_size=4))
+    chunks = list(
+        iter_weights_on_demand(
+            q, k, result.lse, heads=[0], rows=slice(0, 10), causal=True, mask=masks.sliding_window(64), chunk_size=4
+        )
+    )
     assert [c[0].tolist() for c in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 

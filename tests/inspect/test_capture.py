@@ -15,8 +15,13 @@ def tiny_llama():
     """LLaMA with grouped-query attention: 6 query heads share 2 key/value heads."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=6,
-        num_key_value_heads=2, max_position_embeddings=32,
+        vocab_size=64,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
     )
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -24,7 +29,11 @@ def tiny_llama():
 def tiny_bert():
     torch.manual_seed(0)
     config = transformers.BertConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
         max_position_embeddings=32,
     )
     return transformers.BertModel(config).eval()
@@ -47,7 +56,7 @@ def inputs(batch: int, length: int, pad_side: str | None = None, pad: int = 0):
     if pad_side == "left":
         mask[-1, :pad] = 0
     elif pad_side == "right":
-        mask[-1, length - pad:] = 0
+        mask[-1, length - pad :] = 0
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -114,8 +123,14 @@ def test_implementation_is_restored_when_the_forward_raises():
 
 def test_a_model_loaded_in_eager_mode_stays_eager():
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                     intermediate_size=48, attn_implementation="eager")
+    config = transformers.BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=48,
+        attn_implementation="eager",
+    )
     model = transformers.BertModel(config).eval()
     capture(model, input_ids=torch.tensor([[1, 2, 3]]))
     assert model.config._attn_implementation == "eager"

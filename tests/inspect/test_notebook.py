@@ -20,8 +20,15 @@ def word_map() -> AttentionMap:
     weights = torch.ones(6, 6).tril()
     weights = torch.stack([weights / weights.sum(-1, keepdim=True), torch.eye(6)])  # [2, 6, 6]
     return AttentionMap(
-        model="smollm2", text=" ".join(WORDS), tokens=["x"] * 44, labels=WORDS, layer=11, num_layers=30,
-        heads=[2, 5], weights=weights, causal=True,
+        model="smollm2",
+        text=" ".join(WORDS),
+        tokens=["x"] * 44,
+        labels=WORDS,
+        layer=11,
+        num_layers=30,
+        heads=[2, 5],
+        weights=weights,
+        causal=True,
     )
 
 
@@ -32,7 +39,9 @@ def test_repr_html_is_one_frame_holding_the_whole_viewer():
     assert frame.count("</iframe><script>") == 1 and frame.endswith("</script>")
     assert 'sandbox="allow-scripts"' in frame
     page_source = html.unescape(re.search(r'srcdoc="([^"]*)"', frame).group(1))
-    data = json.loads(re.search(r'<script type="application/json" id="attnkit-data">(.*?)</script>', page_source, re.S).group(1))
+    data = json.loads(
+        re.search(r'<script type="application/json" id="attnkit-data">(.*?)</script>', page_source, re.S).group(1)
+    )
     section = data["sections"]["self"]
     assert data["kind"] == "causal" and section["query_tokens"] == WORDS
     assert section["layers"] == [11] and section["heads"] == [2, 5]
@@ -52,8 +61,17 @@ def test_the_frame_runs_in_a_browser(page):  # noqa: F811 (the fixture)
 def long_map(s: int) -> AttentionMap:
     labels = [f"w{i}" for i in range(s)]
     weights = torch.softmax(torch.randn(1, s, s), dim=-1).tril()
-    return AttentionMap(model="toy", text=" ".join(labels), tokens=labels, labels=labels, layer=0, num_layers=1,
-                        heads=[0], weights=weights, causal=True)
+    return AttentionMap(
+        model="toy",
+        text=" ".join(labels),
+        tokens=labels,
+        labels=labels,
+        layer=0,
+        num_layers=1,
+        heads=[0],
+        weights=weights,
+        causal=True,
+    )
 
 
 def test_the_frame_fits_its_content(page):  # noqa: F811 (the fixture)
@@ -61,8 +79,10 @@ def test_the_frame_fits_its_content(page):  # noqa: F811 (the fixture)
     for s in (3, 200):
         page.set_content(f"<!DOCTYPE html><html><body>{notebook_html_of(long_map(s))}</body></html>")
         page.frame_locator("iframe").locator(READY).wait_for()
-        inner = page.frame_locator("iframe").locator("body").evaluate(
-            "b => Math.ceil(b.getBoundingClientRect().bottom + parseFloat(getComputedStyle(b).marginBottom))"
+        inner = (
+            page.frame_locator("iframe")
+            .locator("body")
+            .evaluate("b => Math.ceil(b.getBoundingClientRect().bottom + parseFloat(getComputedStyle(b).marginBottom))")
         )
         page.wait_for_function(f"document.querySelector('iframe').getBoundingClientRect().height === {inner}")
         heights[s] = inner

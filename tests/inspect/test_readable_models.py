@@ -28,7 +28,7 @@ def joined(text: str, spans) -> str:
     share its span)."""
     out, pos = [], 0
     for start, end in spans:
-        out.append(text[max(start, pos):end])
+        out.append(text[max(start, pos) : end])
         pos = max(pos, end)
     return "".join(out)
 
@@ -45,7 +45,7 @@ def test_spans_join_back_to_the_text_and_word_maps_aggregate_tokens(loaded, name
     assert all(t.span is not None for t in tokens if not t.special)
     expected = text if name == "smollm2" else "".join(text.split())
     assert joined(text, spans) == expected
-    assert all(t.text == text[t.span[0]:t.span[1]] for t in tokens if t.span is not None)
+    assert all(t.text == text[t.span[0] : t.span[1]] for t in tokens if t.span is not None)
     assert not any("\ufffd" in t.label or "\ufffd" in t.text for t in tokens)
     if name == "minilm":
         assert tokens[0].label == "[CLS]" and tokens[-1].label == "[SEP]"

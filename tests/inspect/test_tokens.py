@@ -27,8 +27,18 @@ KO_OFFSETS = [(0, 1)] * 3 + [(1, 2)] * 3 + [(2, 4), (3, 4), (3, 4)] + [(4, 5)] *
 def test_byte_level_pieces_show_the_character_they_belong_to():
     tokens = readable_tokens(KO_TEXT, KO_TOKENS, KO_OFFSETS)
     assert [t.label for t in tokens] == [
-        "어(1/3)", "어(2/3)", "어(3/3)", "제(1/3)", "제(2/3)", "제(3/3)",
-        "밤(1/3)", "밤(2/3)", "밤(3/3)", "에(1/3)", "에(2/3)", "에(3/3)",
+        "어(1/3)",
+        "어(2/3)",
+        "어(3/3)",
+        "제(1/3)",
+        "제(2/3)",
+        "제(3/3)",
+        "밤(1/3)",
+        "밤(2/3)",
+        "밤(3/3)",
+        "에(1/3)",
+        "에(2/3)",
+        "에(3/3)",
     ]
     assert all(t.partial and not t.special for t in tokens)
     # The token with the space keeps it in its text and span; the label drops it.
@@ -45,7 +55,13 @@ def test_special_tokens_show_as_themselves_and_unk_as_the_text():
     assert [t.special for t in readable] == [True, False, False, False, False, False, True]
     assert readable[0].span is None and readable[5].text == "먹었다" and not readable[5].partial
     assert json.loads(json.dumps(readable[0].to_dict())) == {
-        "token": "[CLS]", "text": "[CLS]", "span": None, "partial": False, "part": None, "special": True, "label": "[CLS]",
+        "token": "[CLS]",
+        "text": "[CLS]",
+        "span": None,
+        "partial": False,
+        "part": None,
+        "special": True,
+        "label": "[CLS]",
     }
 
 
@@ -67,8 +83,11 @@ def test_byte_level_ids_decode_to_the_text_and_its_spans():
     text, spans = decode_tokens(KO_TOKENS, scheme="byte-level")
     assert text == KO_TEXT and spans == KO_OFFSETS
     # Newlines, tabs and spaces are Ċ, ĉ, Ġ; special tokens stand for no text.
-    text, spans = decode_tokens(["<|im_start|>", "user", "Ċ", "Hi", "Ġthere", "ĉ"], scheme="byte-level",
-                                special=[True, False, False, False, False, False])
+    text, spans = decode_tokens(
+        ["<|im_start|>", "user", "Ċ", "Hi", "Ġthere", "ĉ"],
+        scheme="byte-level",
+        special=[True, False, False, False, False, False],
+    )
     assert text == "user\nHi there\t" and spans == [None, (0, 4), (4, 5), (5, 7), (7, 13), (13, 14)]
 
 
@@ -79,8 +98,9 @@ def test_ids_cut_inside_a_character_never_show_the_replacement_character():
 
 
 def test_wordpiece_and_metaspace_ids_decode():
-    text, spans = decode_tokens(["[CLS]", "the", "ani", "##mal", "[SEP]"], scheme="wordpiece",
-                                special=[True, False, False, False, True])
+    text, spans = decode_tokens(
+        ["[CLS]", "the", "ani", "##mal", "[SEP]"], scheme="wordpiece", special=[True, False, False, False, True]
+    )
     assert text == "the animal" and spans == [None, (0, 3), (3, 7), (7, 10), None]
     # SentencePiece: ▁ is a space; <0xNN> tokens are bytes ("배" is EB B0 B0).
     text, spans = decode_tokens(["▁The", "▁", "<0xEB>", "<0xB0>", "<0xB0>"], scheme="metaspace")
@@ -99,7 +119,9 @@ def test_scheme_and_special_ids_from_the_real_tokenizers(smollm2_path, minilm_pa
 
 
 def test_scheme_of_sentencepiece_style_decoders():
-    llama2 = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    llama2 = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     assert token_scheme(SimpleNamespace(decoder=llama2)) == "metaspace"
     assert token_scheme(SimpleNamespace(decoder=decoders.Metaspace())) == "metaspace"
     assert token_scheme(SimpleNamespace(decoder=None)) == "plain"

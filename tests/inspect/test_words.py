@@ -16,10 +16,27 @@ def words_of(text: str) -> list[str]:
 def test_words_are_whitespace_and_punctuation_units():
     assert words_of("어제 밤에 배가 고파서 피자를 먹었다") == ["어제", "밤에", "배가", "고파서", "피자를", "먹었다"]
     assert words_of("The animal didn't cross, it was tired...") == [
-        "The", "animal", "didn't", "cross", ",", "it", "was", "tired", "...",
+        "The",
+        "animal",
+        "didn't",
+        "cross",
+        ",",
+        "it",
+        "was",
+        "tired",
+        "...",
     ]
     assert words_of("pi is 3.14, a well-known attention_map (café)") == [
-        "pi", "is", "3.14", ",", "a", "well-known", "attention_map", "(", "café", ")",
+        "pi",
+        "is",
+        "3.14",
+        ",",
+        "a",
+        "well-known",
+        "attention_map",
+        "(",
+        "café",
+        ")",
     ]
 
 
@@ -46,21 +63,25 @@ def test_word_groups_of_tokens():
 
 def test_aggregate_matches_a_hand_computed_word_map():
     # Four tokens, three words: [0], [1, 2], [3].
-    weights = torch.tensor([
-        [1.0, 0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0, 0.0],
-        [0.2, 0.3, 0.5, 0.0],
-        [0.1, 0.2, 0.3, 0.4],
-    ])
+    weights = torch.tensor(
+        [
+            [1.0, 0.0, 0.0, 0.0],
+            [0.5, 0.5, 0.0, 0.0],
+            [0.2, 0.3, 0.5, 0.0],
+            [0.1, 0.2, 0.3, 0.4],
+        ]
+    )
     groups = [[0], [1, 2], [3]]
     # Word 1 as query: mean of token rows 1 and 2 -> on word 0: (0.5 + 0.2) / 2 = 0.35;
     # on word 1: ((0.5 + 0.0) + (0.3 + 0.5)) / 2 = 0.65; on word 2: 0.
     # Word 2 as query (token 3): 0.1, 0.2 + 0.3 = 0.5, 0.4.
-    expected = torch.tensor([
-        [1.0, 0.0, 0.0],
-        [0.35, 0.65, 0.0],
-        [0.1, 0.5, 0.4],
-    ])
+    expected = torch.tensor(
+        [
+            [1.0, 0.0, 0.0],
+            [0.35, 0.65, 0.0],
+            [0.1, 0.5, 0.4],
+        ]
+    )
     word_map = aggregate(weights, groups)
     torch.testing.assert_close(word_map, expected)
     torch.testing.assert_close(word_map.sum(-1), torch.ones(3))
@@ -78,7 +99,7 @@ def test_aggregate_random_maps_keep_rows_summing_to_one_and_fully_masked_rows_at
     word_map = aggregate(weights, [[0, 1], [2], [3, 4, 5], [6]])
     assert word_map.dtype == torch.float64
     sums = word_map.sum(-1)
-    sums[0, 0, 2] += (1 / 3)  # the masked token is one of three in word 2
+    sums[0, 0, 2] += 1 / 3  # the masked token is one of three in word 2
     torch.testing.assert_close(sums, torch.ones(2, 3, 4, dtype=torch.float64))
 
 

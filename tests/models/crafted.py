@@ -14,9 +14,19 @@ from safetensors.torch import save_file
 
 WORDS = ["<eos>", "the", "cat", "sat", "on", "mat", "a", "b", "c", "[UNK]"]
 TINY_LLAMA_CONFIG: dict[str, Any] = {
-    "model_type": "llama", "vocab_size": 16, "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "intermediate_size": 16, "max_position_embeddings": 32, "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0, "tie_word_embeddings": True, "eos_token_id": 0, "hidden_act": "silu",
+    "model_type": "llama",
+    "vocab_size": 16,
+    "hidden_size": 8,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 16,
+    "max_position_embeddings": 32,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "eos_token_id": 0,
+    "hidden_act": "silu",
 }
 
 
@@ -34,10 +44,14 @@ def tiny_llama_tensors(config: dict[str, Any] = TINY_LLAMA_CONFIG) -> dict[str, 
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         tensors |= {
-            p + "input_layernorm.weight": torch.ones(e), p + "post_attention_layernorm.weight": torch.ones(e),
-            p + "self_attn.q_proj.weight": w(e, e), p + "self_attn.k_proj.weight": w(kv, e),
-            p + "self_attn.v_proj.weight": w(kv, e), p + "self_attn.o_proj.weight": w(e, e),
-            p + "mlp.gate_proj.weight": w(ff, e), p + "mlp.up_proj.weight": w(ff, e),
+            p + "input_layernorm.weight": torch.ones(e),
+            p + "post_attention_layernorm.weight": torch.ones(e),
+            p + "self_attn.q_proj.weight": w(e, e),
+            p + "self_attn.k_proj.weight": w(kv, e),
+            p + "self_attn.v_proj.weight": w(kv, e),
+            p + "self_attn.o_proj.weight": w(e, e),
+            p + "mlp.gate_proj.weight": w(ff, e),
+            p + "mlp.up_proj.weight": w(ff, e),
             p + "mlp.down_proj.weight": w(e, ff),
         }
     return tensors

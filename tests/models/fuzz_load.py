@@ -35,7 +35,9 @@ EXAMPLES = 300
 OUTCOMES: Counter[str] = Counter()
 
 numbers = st.one_of(
-    st.integers(-(2**70), 2**70), st.integers(-2, 40), st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(2**70), 2**70),
+    st.integers(-2, 40),
+    st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from([10**12, 2**31, 2**63, 1e9, 0, -1]),
 )
 json_values = st.recursive(
@@ -43,8 +45,9 @@ json_values = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
     max_leaves=6,
 )
-config_keys = st.sampled_from(sorted(TINY_LLAMA_CONFIG) + ["head_dim", "rope_parameters", "rope_scaling",
-                                                            "attention_bias", "type_vocab_size"])
+config_keys = st.sampled_from(
+    sorted(TINY_LLAMA_CONFIG) + ["head_dim", "rope_parameters", "rope_scaling", "attention_bias", "type_vocab_size"]
+)
 config_edits = st.dictionaries(config_keys, st.one_of(numbers, json_values), min_size=1, max_size=3)
 header_fields = st.sampled_from(["dtype", "shape", "data_offsets"])
 shapes = st.lists(st.one_of(st.just(0), st.integers(0, 2**70)), max_size=3)
@@ -73,8 +76,7 @@ def _tamper(folder: Path, config: dict[str, Any], header: list[tuple[int, str, A
     kind, value = tokenizer
     if kind == "pattern":
         spec = tokenizer_json()
-        spec["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": value}, "behavior": "Isolated",
-                                 "invert": False}
+        spec["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": value}, "behavior": "Isolated", "invert": False}
         (folder / "tokenizer.json").write_text(json.dumps(spec))
     elif kind == "words":
         (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json([f"w{i}" for i in range(value)] + ["[UNK]"])))

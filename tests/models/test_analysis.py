@@ -85,6 +85,7 @@ def hf_value_weighted(hf_model, ids, parts, num_heads):
     inputs = {}
     handles = []
     for layer, (attn, _, _) in enumerate(parts):
+
         def keep(module, args, kwargs, layer=layer):
             inputs[layer] = (kwargs.get("hidden_states") if "hidden_states" in kwargs else args[0]).double()
 
@@ -355,8 +356,11 @@ def test_patching_matches_transformers_minilm(minilm, hf_minilm):
 
 
 def test_target_that_is_not_one_token_says_how_it_tokenises(smollm2):
-    with pytest.raises(ValueError, match=r"the target ' Parisians' must be a single token of smollm2, but it "
-                                         r"tokenises as 'ĠParis' \+ 'ians' \(2 tokens\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"the target ' Parisians' must be a single token of smollm2, but it "
+        r"tokenises as 'ĠParis' \+ 'ians' \(2 tokens\)",
+    ):
         interventions.head_ablation(smollm2, SMOLLM2_TEXT, target=" Parisians", layers=[0])
     with pytest.raises(ValueError, match=r"a word after a space is its own token with the space: ' Parisians'"):
         methods.gradient_weighted(smollm2, SMOLLM2_TEXT, "Parisians")
@@ -378,6 +382,9 @@ def test_encoders_take_no_target_token(minilm):
 
 def test_flow_above_its_limit_is_refused(minilm):
     text = " ".join(["word"] * FLOW_MAX_TOKENS)
-    with pytest.raises(ValueError, match=rf"takes at most {FLOW_MAX_TOKENS} tokens, got {FLOW_MAX_TOKENS + 2}; "
-                                         "use rollout for longer texts"):
+    with pytest.raises(
+        ValueError,
+        match=rf"takes at most {FLOW_MAX_TOKENS} tokens, got {FLOW_MAX_TOKENS + 2}; "
+        "use rollout for longer texts",
+    ):
         methods.flow(minilm, text)

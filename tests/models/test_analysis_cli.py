@@ -46,8 +46,21 @@ def test_heads_ablate_writes_the_grid(capsys, tmp_path, minilm_path):
     assert (tmp_path / "minilm_ablation.png").stat().st_size > 0
     reference = tmp_path / "reference.txt"
     reference.write_text("dogs bark\nbirds sing at dawn\n")
-    argv = ["heads", "cats sleep", "--model", "minilm", "--ablate", "--mean", "--file", str(reference),
-            "--out", str(tmp_path), "--format", "json", "--quiet"]
+    argv = [
+        "heads",
+        "cats sleep",
+        "--model",
+        "minilm",
+        "--ablate",
+        "--mean",
+        "--file",
+        str(reference),
+        "--out",
+        str(tmp_path),
+        "--format",
+        "json",
+        "--quiet",
+    ]
     assert main(argv) == 0
     assert json.loads((tmp_path / "minilm_mean-ablation.json").read_text())["replacement"] == "mean"
 
@@ -62,14 +75,34 @@ def test_heads_ablate_errors(capsys, minilm_path, smollm2_path):
 
 
 def test_patch_writes_the_grid_and_refuses_unequal_lengths(capsys, tmp_path, minilm_path, smollm2_path):
-    argv = ["patch", "--clean", "The cat sat.", "--corrupt", "The dog sat.", "--model", "minilm",
-            "--out", str(tmp_path), "--quiet"]
+    argv = [
+        "patch",
+        "--clean",
+        "The cat sat.",
+        "--corrupt",
+        "The dog sat.",
+        "--model",
+        "minilm",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    ]
     assert main(argv) == 0
     assert "patching each head of 'The cat sat.' into 'The dog sat.'" in capsys.readouterr().out
     data = json.loads((tmp_path / "minilm_patching.json").read_text())
     assert data["clean"] == "The cat sat." and len(data["effects"]) == 6
-    argv = ["patch", "--clean", "The capital of France is", "--corrupt", "The capital city of Italy is",
-            "--target", " Paris", "--wrong", " Rome", "--quiet"]
+    argv = [
+        "patch",
+        "--clean",
+        "The capital of France is",
+        "--corrupt",
+        "The capital city of Italy is",
+        "--target",
+        " Paris",
+        "--wrong",
+        " Rome",
+        "--quiet",
+    ]
     assert main(argv) == 2
     assert "same number of tokens, got 5 ('The' 'Ġcapital'" in capsys.readouterr().err
     assert main(["patch", "--clean", "a b", "--corrupt", "a c", "--target", " b", "--quiet"]) == 2
@@ -81,8 +114,19 @@ def test_inspect_html_adds_the_method_as_a_colour_mode(capsys, tmp_path, minilm_
     from attnkit.viz.viewer import ViewerData
     from tests.viz.test_viewer_html import page_parts
 
-    argv = ["inspect", "cats sleep", "--model", "minilm", "--method", method, "--format", "html", "--out",
-            str(tmp_path), "--quiet"]
+    argv = [
+        "inspect",
+        "cats sleep",
+        "--model",
+        "minilm",
+        "--method",
+        method,
+        "--format",
+        "html",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    ]
     assert main(argv) == 0
     data = ViewerData.from_json(page_parts((tmp_path / "minilm_viewer.html").read_text())["data"])
     assert list(data.sections) == ["self", method]

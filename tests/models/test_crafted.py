@@ -77,9 +77,13 @@ def test_crafted_config_fields_are_refused_by_name(tiny, field, value, match):
 
 def test_weights_that_do_not_fit_are_refused_before_building(tiny):
     _config(tiny, intermediate_size=2**17)
-    _refused(tiny, "model.safetensors", "model.layers.0.mlp.up_proj.weight",
-             r"wrong shape for config.json's sizes: \[model.layers.0.mlp.up_proj.weight is \[16, 8\], expected "
-             r"\[131072, 8\]")
+    _refused(
+        tiny,
+        "model.safetensors",
+        "model.layers.0.mlp.up_proj.weight",
+        r"wrong shape for config.json's sizes: \[model.layers.0.mlp.up_proj.weight is \[16, 8\], expected "
+        r"\[131072, 8\]",
+    )
 
 
 def test_malformed_json_is_refused(tiny):
@@ -94,8 +98,11 @@ def test_malformed_json_is_refused(tiny):
     [
         (lambda h: h["model.norm.weight"].update(shape=[-1, -8]), "model.norm.weight", "bad header entry"),
         (lambda h: h["model.norm.weight"].update(shape=[True] * 8), "model.norm.weight", "bad header entry"),
-        (lambda h: h.update(empty={"dtype": "F32", "shape": [0, 2**70], "data_offsets": [0, 0]}), "empty",
-         "bad header entry"),
+        (
+            lambda h: h.update(empty={"dtype": "F32", "shape": [0, 2**70], "data_offsets": [0, 0]}),
+            "empty",
+            "bad header entry",
+        ),
         (lambda h: h["model.norm.weight"].update(dtype="F8_E9"), "model.norm.weight", "dtype 'F8_E9'"),
         (lambda h: h["model.norm.weight"].update(data_offsets=[1.5, 2]), "model.norm.weight", "bad header entry"),
         (lambda h: h.update(__metadata__={"format": 1}), "__metadata__", "__metadata__ must map names to strings"),
@@ -144,8 +151,7 @@ def test_a_broken_tokenizer_is_refused(tiny):
 
 def test_a_catastrophic_tokenizer_pattern_is_a_clear_error(tiny):
     spec = tokenizer_json()
-    spec["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated",
-                             "invert": False}
+    spec["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
     (tiny / "tokenizer.json").write_text(json.dumps(spec))
     model = models.load(tiny)
     with pytest.raises(ValueError, match=r"tokenizer.json failed on this text: .*retry-limit"):
@@ -164,7 +170,14 @@ def test_fuzzed_checkpoints_give_a_clear_error_or_load_under_a_memory_limit():
     sizes needs about 1): every case loads and runs, or raises a CheckpointError naming the
     file. Never a hang, a raw exception or an allocation past the limit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    done = subprocess.run([sys.executable, "-m", "tests.models.fuzz_load"], check=False, cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.models.fuzz_load"],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "fuzzed" in done.stdout

@@ -182,10 +182,16 @@ def test_a_killed_fetch_takes_its_pip_child_with_it(tmp_path):
     """pip runs through ``run_child``: SIGKILL the fetching process, and the child goes too."""
     pid_file = tmp_path / "child.pid"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    fetcher = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from attnkit.models.cache import run_child; "
-        f"run_child([sys.executable, '-c', {child!r}], check=False)"
-    )])
+    fetcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from attnkit.models.cache import run_child; "
+                f"run_child([sys.executable, '-c', {child!r}], check=False)"
+            ),
+        ]
+    )
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and pid_file.read_text()):
         assert time.monotonic() < deadline and fetcher.poll() is None, "the child never started"

@@ -25,7 +25,11 @@ def test_hook_names_follow_the_architecture(smollm2, minilm):
     names = smollm2.hook_names()
     assert len(names) == 30 * 10 + 1 and names[-1] == "final"
     assert names[:6] == [
-        "layers.0.resid_pre", "layers.0.attn.q", "layers.0.attn.k", "layers.0.attn.v", "layers.0.attn.pattern",
+        "layers.0.resid_pre",
+        "layers.0.attn.q",
+        "layers.0.attn.k",
+        "layers.0.attn.v",
+        "layers.0.attn.pattern",
         "layers.0.attn.z",
     ]
     assert "layers.5.mlp_out" in minilm.hook_names() and "layers.6.mlp_out" not in minilm.hook_names()
@@ -46,8 +50,18 @@ def test_identity_hooks_leave_logits_identical(model):
 
 
 def test_cache_returns_the_named_activations(smollm2):
-    run = smollm2.run(TEXT, attention=[2], cache=["layers.2.attn.q", "layers.2.attn.k", "layers.2.attn.pattern",
-                                                  "layers.2.attn.z", "layers.2.resid_post", "final"])
+    run = smollm2.run(
+        TEXT,
+        attention=[2],
+        cache=[
+            "layers.2.attn.q",
+            "layers.2.attn.k",
+            "layers.2.attn.pattern",
+            "layers.2.attn.z",
+            "layers.2.resid_post",
+            "final",
+        ],
+    )
     cache = run.cache
     assert cache["layers.2.attn.q"].shape == (1, 9, 5, 64) and cache["layers.2.attn.k"].shape == (1, 3, 5, 64)
     assert cache["layers.2.attn.z"].shape == (1, 9, 5, 64) and cache["layers.2.resid_post"].shape == (1, 5, 576)
@@ -67,6 +81,7 @@ def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(smollm2, minilm):
         ablation = interventions.head_ablation(model, TEXT, target=target, layers=[1])
         plain = model.run(TEXT, attention=False)
         for head in (0, model.num_heads - 1):
+
             def zero(z, head=head):
                 z = z.clone()
                 z[:, head] = 0
@@ -80,9 +95,12 @@ def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(smollm2, minilm):
                     target_id
                 ]
             else:
-                effect = torch.nn.functional.cosine_similarity(
-                    ablated.hidden_states[0].mean(0), plain.hidden_states[0].mean(0), dim=0
-                ) - 1
+                effect = (
+                    torch.nn.functional.cosine_similarity(
+                        ablated.hidden_states[0].mean(0), plain.hidden_states[0].mean(0), dim=0
+                    )
+                    - 1
+                )
             assert abs(float(effect) - float(ablation.effects[0, head])) < 1e-5, (model.name, head)
             assert float(effect) != 0.0
 
@@ -131,8 +149,11 @@ def test_run_with_hooks_takes_a_batch_and_lets_gradients_flow(smollm2):
 
 
 def test_unknown_hook_names_are_listed(smollm2):
-    with pytest.raises(ValueError, match=r"unknown hook name 'layers.3.attn.out'; smollm2 has "
-                                         r"layers.\{0..29\}.\{resid_pre, attn.q, .*, resid_post\} and final"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown hook name 'layers.3.attn.out'; smollm2 has "
+        r"layers.\{0..29\}.\{resid_pre, attn.q, .*, resid_post\} and final",
+    ):
         with smollm2.hooks({"layers.3.attn.out": print}):
             pass
     with pytest.raises(ValueError, match="unknown cache names 'layers.30.attn.z', 'embed'"):
@@ -140,7 +161,10 @@ def test_unknown_hook_names_are_listed(smollm2):
     with pytest.raises(TypeError, match="the hook on 'final' must be a function of the activation, got int"):
         with smollm2.hooks({"final": 3}):
             pass
-    with pytest.raises(ValueError, match=r"hook on 'layers.0.attn.z' must return None or a tensor shaped like its "
-                                         r"input \[b, 9, 5, 64\], got \[1, 9, 5\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"hook on 'layers.0.attn.z' must return None or a tensor shaped like its "
+        r"input \[b, 9, 5, 64\], got \[1, 9, 5\]",
+    ):
         with smollm2.hooks({"layers.0.attn.z": lambda z: z[..., 0]}):
             smollm2.run(TEXT, attention=False)

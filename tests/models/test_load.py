@@ -156,8 +156,15 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
 def test_llama_config_checks():
     from attnkit.models.llama import LlamaConfig
 
-    base = {"vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "intermediate_size": 16, "rope_theta": 500.0, "eos_token_id": [3, 4]}
+    base = {
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 16,
+        "rope_theta": 500.0,
+        "eos_token_id": [3, 4],
+    }
     config = LlamaConfig.from_hf(base)
     assert config.rope_theta == 500.0 and config.num_kv_heads == 2 and config.eos_token_ids == (3, 4)
     transformers5 = {**base, "rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}}

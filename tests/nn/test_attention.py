@@ -61,8 +61,13 @@ def test_from_torch_matches_forward_and_gradients(case: str, batch_first: bool) 
         return t if batch_first else t.transpose(0, 1)
 
     ref_out, ref_weights = ref(
-        to_torch(query), to_torch(key), to_torch(value), attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-        need_weights=True, average_attn_weights=False,
+        to_torch(query),
+        to_torch(key),
+        to_torch(value),
+        attn_mask=attn_mask,
+        key_padding_mask=key_padding_mask,
+        need_weights=True,
+        average_attn_weights=False,
     )
     ref_out = to_torch(ref_out)
     context = None if case == "self" else (key if key is value else (key, value))
@@ -332,7 +337,11 @@ def test_dropout_applies_only_in_training() -> None:
         (lambda: MultiHeadAttention(0, 1), ValueError, "embed_dim must be >= 1"),
         (lambda: MultiHeadAttention(8.0, 2), TypeError, "embed_dim must be an int"),
         (lambda: MultiHeadAttention(E, H, dropout=1.0), ValueError, r"dropout must be in \[0, 1\)"),
-        (lambda: MultiHeadAttention(E, H, kernel="flash"), ValueError, "unknown attention kernel 'flash'; expected one of"),
+        (
+            lambda: MultiHeadAttention(E, H, kernel="flash"),
+            ValueError,
+            "unknown attention kernel 'flash'; expected one of",
+        ),
         (lambda: MultiHeadAttention(E, H, score="cosine"), TypeError, "score must be"),
         (
             lambda: MultiHeadAttention(E, H, positional=SinusoidalPositionalEncoding(E)),
@@ -373,7 +382,6 @@ def test_forward_errors() -> None:
         rotary(x, positions=torch.arange(4))
     with pytest.raises(ValueError, match="cannot move ALiBi"):
         MultiHeadAttention(E, H, positional=ALiBi(H))(x, positions=torch.arange(5))
-
 
 
 def test_long_sequence_kernels_are_chosen_by_option():

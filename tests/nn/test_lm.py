@@ -16,15 +16,18 @@ def _tiny(**kwargs) -> DecoderLM:
     return DecoderLM(V, E, H, 2, 32, **kwargs).eval()
 
 
-LLAMA_LIKE = dict(
-    positional="rotary", num_kv_heads=2, rope_theta=1e5, activation="swiglu", norm="rms", bias=False
-)
+LLAMA_LIKE = dict(positional="rotary", num_kv_heads=2, rope_theta=1e5, activation="swiglu", norm="rms", bias=False)
 
 
 @pytest.mark.parametrize(
     "options",
-    [dict(positional="learned"), dict(positional="sinusoidal"), dict(positional="alibi"), LLAMA_LIKE,
-     dict(positional="none", norm_first=False)],
+    [
+        dict(positional="learned"),
+        dict(positional="sinusoidal"),
+        dict(positional="alibi"),
+        LLAMA_LIKE,
+        dict(positional="none", norm_first=False),
+    ],
     ids=["learned", "sinusoidal", "alibi", "llama", "none-postnorm"],
 )
 def test_cached_logits_equal_full_recomputation(options: dict) -> None:
@@ -123,7 +126,9 @@ def test_weights_of_chosen_layers_only() -> None:
     assert_close(chosen.logits, everything.logits)
     none_asked = model(tokens, return_weights=[])
     assert isinstance(none_asked, LMOutput) and none_asked.weights == [None, None]
-    with pytest.raises(ValueError, match=r"layer 2 is out of range: the stack has 2 layers, 0\.\.1 \(or -2\.\.-1 from the end\)"):
+    with pytest.raises(
+        ValueError, match=r"layer 2 is out of range: the stack has 2 layers, 0\.\.1 \(or -2\.\.-1 from the end\)"
+    ):
         model(tokens, return_weights=[2])
     with pytest.raises(TypeError, match="layer indices must be ints"):
         model(tokens, return_weights=[True])

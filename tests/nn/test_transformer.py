@@ -44,8 +44,15 @@ def test_from_torch_matches_forward_and_gradients(batch_first: bool, norm_first:
     torch.manual_seed(0)
     activation = "gelu" if norm_first else "relu"
     ref = nn.Transformer(
-        E, H, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=FF, dropout=0.0,
-        activation=activation, batch_first=batch_first, norm_first=norm_first,
+        E,
+        H,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dim_feedforward=FF,
+        dropout=0.0,
+        activation=activation,
+        batch_first=batch_first,
+        norm_first=norm_first,
     )
     ours = Transformer.from_torch(ref)
     b, s_src, s_tgt = 3, 6, 5
@@ -71,7 +78,8 @@ def test_from_torch_matches_forward_and_gradients(batch_first: bool, norm_first:
 
     expected = to_torch(ref(to_torch(src), to_torch(tgt), **torch_masks))
     result = ours(
-        src, tgt,
+        src,
+        tgt,
         src_mask=mask_from_torch(torch_masks.get("src_mask"), torch_masks.get("src_key_padding_mask")),
         tgt_mask=mask_from_torch(None, torch_masks.get("tgt_key_padding_mask")),
         memory_mask=mask_from_torch(torch_masks.get("memory_mask"), torch_masks.get("memory_key_padding_mask")),
@@ -175,8 +183,17 @@ def test_decoder_only_stack_with_rotary_gqa_rms_swiglu_caches() -> None:
     decoder = Decoder(
         [
             DecoderLayer(
-                E, H, FF, num_kv_heads=1, cross_attention=False, dropout=0.0, activation="swiglu", norm="rms",
-                norm_first=True, bias=False, positional=rope,
+                E,
+                H,
+                FF,
+                num_kv_heads=1,
+                cross_attention=False,
+                dropout=0.0,
+                activation="swiglu",
+                norm="rms",
+                norm_first=True,
+                bias=False,
+                positional=rope,
             )
             for _ in range(3)
         ],

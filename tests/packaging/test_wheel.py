@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def run(*command: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
     # Without PYTHONPATH: the new environment must not see this checkout's sources.
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
-    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, cwd=cwd, timeout=600,
-                          env=env)
+    done = subprocess.run(
+        [str(part) for part in command], capture_output=True, text=True, cwd=cwd, timeout=600, env=env
+    )
     assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 

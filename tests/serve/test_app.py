@@ -34,8 +34,9 @@ def client(loaded) -> TestClient:
         loaded.append(name)
         return TinyModel(seed=len(loaded))
 
-    app = create_app(["tiny", "tiny2"], loader=loader, max_tokens=64, max_weights=20_000, max_chars=2_000,
-                     max_body_bytes=4_096)
+    app = create_app(
+        ["tiny", "tiny2"], loader=loader, max_tokens=64, max_weights=20_000, max_chars=2_000, max_body_bytes=4_096
+    )
     return TestClient(app, base_url=LOCAL)
 
 
@@ -48,8 +49,14 @@ def test_models_load_once_at_creation(client, loaded):
 def test_info(client):
     info = client.get("/api/info").json()
     assert info["default_model"] == "tiny"
-    assert info["models"][0] == {"name": "tiny", "family": "llama", "kind": "causal", "layers": 2, "heads": 4,
-                                 "max_tokens": 64}
+    assert info["models"][0] == {
+        "name": "tiny",
+        "family": "llama",
+        "kind": "causal",
+        "layers": 2,
+        "heads": 4,
+        "max_tokens": 64,
+    }
     assert (info["max_chars"], info["max_weights"], info["max_body_bytes"]) == (2_000, 20_000, 4_096)
 
 
@@ -77,8 +84,12 @@ def test_attention_matches_the_model(client):
         ({"text": " \n\t "}, 422, "the text is empty"),
         ({"text": "a " * 65}, 422, "the text is 65 tokens, more than the limit of 64 for tiny"),
         ({"text": "a" * 2_001}, 422, "2001 characters, more than this server's limit of 2000"),
-        ({"text": "a " * 60}, 422, "2 layers x 4 heads x 60^2 tokens is 28800 weights, more than this server's "
-                                   "limit of 20000: ask for at most 1 layers or fewer heads"),
+        (
+            {"text": "a " * 60},
+            422,
+            "2 layers x 4 heads x 60^2 tokens is 28800 weights, more than this server's "
+            "limit of 20000: ask for at most 1 layers or fewer heads",
+        ),
         ({"text": "a", "model": "gpt-5"}, 422, "unknown model 'gpt-5': this server has 'tiny', 'tiny2'"),
         ({"text": "a", "layers": [2]}, 422, "layer 2 is out of range: tiny has 2 layers, 0..1"),
         ({"text": "a", "layers": [-1]}, 422, "layer -1 is out of range"),
@@ -112,7 +123,7 @@ def test_malformed_and_oversized_bodies(client):
     # A body streamed without Content-Length is counted as it arrives.
     def chunks():
         for n in range(0, len(big), 1000):
-            yield big[n:n + 1000]
+            yield big[n : n + 1000]
 
     streamed = client.post("/api/attention", content=chunks(), headers={"content-type": "application/json"})
     assert "content-length" not in streamed.request.headers
@@ -129,8 +140,16 @@ def test_security_headers_and_no_other_files(client):
         assert policy == content_security_policy(app=True) + "; frame-ancestors 'none'"
         assert policy.startswith("default-src 'none'") and "connect-src 'self'" in policy
         assert response.headers["x-content-type-options"] == "nosniff"
-    for path in ["/../pyproject.toml", "/static/../../pyproject.toml", "/%2e%2e/pyproject.toml",
-                 "/viewer.js", "/static/viewer.js", "/docs", "/redoc", "/etc/passwd"]:
+    for path in [
+        "/../pyproject.toml",
+        "/static/../../pyproject.toml",
+        "/%2e%2e/pyproject.toml",
+        "/viewer.js",
+        "/static/viewer.js",
+        "/docs",
+        "/redoc",
+        "/etc/passwd",
+    ]:
         assert client.get(path).status_code == 404, path
     schema = client.get("/openapi.json").json()
     assert {"/api/attention", "/api/info"} <= set(schema["paths"])
@@ -172,8 +191,10 @@ def test_word_level_on_a_real_model(minilm_path):
     response = client.post("/api/attention", json={**body, "level": "word"})
     assert response.status_code == 200, response.text[:300]
     words = ViewerData.from_json(response.text).sections["self"]
-    assert words.query_tokens == words.key_tokens == (
-        "[CLS]", "The", "animal", "didn't", "cross", "the", "road", ".", "[SEP]"
+    assert (
+        words.query_tokens
+        == words.key_tokens
+        == ("[CLS]", "The", "animal", "didn't", "cross", "the", "road", ".", "[SEP]")
     )
     assert words.layers == (1, 5) and words.heads == (0, 7)
     torch.testing.assert_close(words.weights.sum(-1), torch.ones(2, 2, 9), atol=1e-4, rtol=0)
@@ -201,7 +222,9 @@ def test_cli_serves_a_real_model(minilm_path):
         port = s.getsockname()[1]
     server = subprocess.Popen(
         [sys.executable, "-m", "attnkit", "serve", "--model", "minilm", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -214,8 +237,9 @@ def test_cli_serves_a_real_model(minilm_path):
             except httpx.TransportError:
                 assert time.monotonic() < deadline, "attnkit serve did not start in 60 s"
                 time.sleep(0.2)
-        assert info["models"] == [{"name": "minilm", "family": "bert", "kind": "bidirectional", "layers": 6,
-                                   "heads": 12, "max_tokens": 512}]
+        assert info["models"] == [
+            {"name": "minilm", "family": "bert", "kind": "bidirectional", "layers": 6, "heads": 12, "max_tokens": 512}
+        ]
         response = httpx.post(f"{url}/api/attention", json={"text": "it was tired", "layers": [5]}, timeout=30)
         data = ViewerData.from_json(response.text)
         assert data.sections["self"].query_tokens == ("[CLS]", "it", "was", "tired", "[SEP]")

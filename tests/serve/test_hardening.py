@@ -20,8 +20,11 @@ from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData, content_security_policy
 from tests.serve.tiny_model import TinyModel
 
-SECURITY = {"content-security-policy": content_security_policy(app=True) + "; frame-ancestors 'none'",
-            "x-content-type-options": "nosniff", "x-frame-options": "DENY"}
+SECURITY = {
+    "content-security-policy": content_security_policy(app=True) + "; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+}
 
 
 def _secured(response: httpx.Response) -> bool:
@@ -157,8 +160,10 @@ def test_abandoned_requests_never_run():
         for n in range(5):
             body = json.dumps({"text": f"gone {n}"}).encode()
             s = socket.create_connection((address.hostname, address.port))
-            s.sendall(b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            s.sendall(
+                b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             sockets.append(s)
         _until(lambda: batcher.waiting() == 5, "five waiting requests")
         for s in sockets:

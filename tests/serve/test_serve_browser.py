@@ -18,8 +18,7 @@ TEXT = "the cat sat on the mat because it was tired"
 
 @pytest.fixture(scope="module")
 def server():
-    app = create_app(["tiny"], loader=lambda name: TinyModel(), max_tokens=48,
-                     allowed_hosts=["127.0.0.1", "localhost"])
+    app = create_app(["tiny"], loader=lambda name: TinyModel(), max_tokens=48, allowed_hosts=["127.0.0.1", "localhost"])
     with background(app) as url:
         yield url
 
@@ -126,8 +125,22 @@ def test_real_model_through_serve(page, minilm_path):
         page.get_by_role("button", name="Show attention").click()
         viewer.wait()
         words = page.locator("#ak-queries .ak-token").all_text_contents()
-        assert words == ["[CLS]", "The", "animal", "didn't", "cross", "the", "road", "because", "it", "was", "too",
-                         "tired", ".", "[SEP]"]
+        assert words == [
+            "[CLS]",
+            "The",
+            "animal",
+            "didn't",
+            "cross",
+            "the",
+            "road",
+            "because",
+            "it",
+            "was",
+            "too",
+            "tired",
+            ".",
+            "[SEP]",
+        ]
         assert page.text_content("#ak-status").startswith("14 words in ")
         viewer.view("matrix")
         viewer.select("Head", "head 7")

@@ -101,9 +101,34 @@ def test_an_output_folder_that_stops_being_writable_is_a_clear_error(tmp_path, m
         run(TINY, tmp_path / "lib", progress=False)
     assert load_checkpoint(tmp_path / "lib" / CHECKPOINT_NAME)["step"] == 5
     writes.clear()
-    code = main(["train", "--task", "reverse", "--out", str(tmp_path / "cli"), "--length", "5", "--symbols", "6",
-                 "--d-model", "16", "--heads", "2", "--layers", "1", "--ff", "32", "--steps", "20",
-                 "--checkpoint-every", "5", "--batch-size", "8", "--no-progress"])
+    code = main(
+        [
+            "train",
+            "--task",
+            "reverse",
+            "--out",
+            str(tmp_path / "cli"),
+            "--length",
+            "5",
+            "--symbols",
+            "6",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--layers",
+            "1",
+            "--ff",
+            "32",
+            "--steps",
+            "20",
+            "--checkpoint-every",
+            "5",
+            "--batch-size",
+            "8",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("attnkit: error: cannot write the checkpoint") and "Traceback" not in err
 
@@ -122,8 +147,10 @@ def test_absurd_options_are_clear_errors(tmp_path, change, message):
         run(dataclasses.replace(TINY, **change), tmp_path, progress=False)
 
 
-@pytest.mark.parametrize(("argv", "message"), [(["--steps", "2000000000"], "steps must be at most"),
-                                               (["--lr", "inf"], "lr must be a finite number")])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--steps", "2000000000"], "steps must be at most"), (["--lr", "inf"], "lr must be a finite number")],
+)
 def test_absurd_options_on_the_command_line(capsys, tmp_path, argv, message):
     code = main(["train", "--task", "reverse", "--out", str(tmp_path), "--no-progress", *argv])
     err = capsys.readouterr().err

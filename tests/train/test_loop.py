@@ -15,8 +15,20 @@ from attnkit.train.loop import TrainConfig, alignment_fractions, check_resumable
 
 # Tiny, with dropout so that resuming must restore the dropout RNG too.
 TINY = TrainConfig(
-    task="reverse", length=5, symbols=6, d_model=16, heads=2, layers=1, ff=32, dropout=0.1, steps=24,
-    batch_size=8, warmup=4, eval_size=20, checkpoint_every=5, seed=3,
+    task="reverse",
+    length=5,
+    symbols=6,
+    d_model=16,
+    heads=2,
+    layers=1,
+    ff=32,
+    dropout=0.1,
+    steps=24,
+    batch_size=8,
+    warmup=4,
+    eval_size=20,
+    checkpoint_every=5,
+    seed=3,
 )
 
 
@@ -26,8 +38,19 @@ def without_time(metrics: dict) -> dict:
 
 def test_a_tiny_model_learns_to_copy(tmp_path) -> None:
     config = TrainConfig(
-        task="copy", length=6, symbols=8, d_model=32, heads=2, layers=2, ff=64, steps=200, batch_size=64,
-        lr=3e-3, warmup=20, eval_size=200, checkpoint_every=200,
+        task="copy",
+        length=6,
+        symbols=8,
+        d_model=32,
+        heads=2,
+        layers=2,
+        ff=64,
+        steps=200,
+        batch_size=64,
+        lr=3e-3,
+        warmup=20,
+        eval_size=200,
+        checkpoint_every=200,
     )
     result = run(config, tmp_path, progress=False)
     metrics = json.loads((tmp_path / "metrics.json").read_text())

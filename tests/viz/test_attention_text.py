@@ -19,8 +19,14 @@ def causal_map() -> AttentionMap:
     weights[:, 0] += 3  # most attention on "The"
     weights = weights.tril() / weights.tril().sum(-1, keepdim=True)
     return AttentionMap(
-        model="toy", text="The cat sat on the mat.", tokens=["The", *("Ġ" + t for t in labels[1:6]), "."],
-        labels=labels, layer=29, num_layers=30, heads=[0], weights=weights[None],
+        model="toy",
+        text="The cat sat on the mat.",
+        tokens=["The", *("Ġ" + t for t in labels[1:6]), "."],
+        labels=labels,
+        layer=29,
+        num_layers=30,
+        heads=[0],
+        weights=weights[None],
     )
 
 
@@ -30,7 +36,11 @@ def test_render_map_lists_tokens_and_top_keys_per_query():
     # Tokens as they read in the text, not as the tokenizer spells them ("Ġcat").
     assert "tokens: The | cat | sat | on | the | mat | .\n" in text
     assert "Layer 29, head 0" in text
-    rows = {line.split()[1]: line.split()[2:] for line in text.splitlines() if line.split()[:1] and line.split()[0].isdigit()}
+    rows = {
+        line.split()[1]: line.split()[2:]
+        for line in text.splitlines()
+        if line.split()[:1] and line.split()[0].isdigit()
+    }
     # Query 0 sees only itself; a causal map shows no weight on later keys.
     assert rows["The"] == ["The", "1.00"]
     assert rows["cat"] == ["The", "0.80", "cat", "0.20"]
@@ -54,8 +64,15 @@ def survey(pair: bool = False) -> HeadSurvey:
     mass[13, 8] = 0.76
     token_pair = TokenPair("it", "animal", mass, texts=1, uniform=0.11) if pair else None
     return HeadSurvey(
-        model="toy", num_layers=layers, num_heads=heads, texts=1, tokens=13, statistics=stats,
-        induction_period=50, induction_seed=0, pair=token_pair,
+        model="toy",
+        num_layers=layers,
+        num_heads=heads,
+        texts=1,
+        tokens=13,
+        statistics=stats,
+        induction_period=50,
+        induction_seed=0,
+        pair=token_pair,
     )
 
 
@@ -100,13 +117,23 @@ def test_long_maps_print_a_shortened_table_saying_what_was_left_out():
     s = 300
     labels = [f"w{i}" for i in range(s)]
     weights = torch.softmax(torch.randn(s, s), dim=-1)
-    amap = AttentionMap(model="toy", text=" ".join(labels), tokens=labels, labels=labels, layer=0, num_layers=1,
-                        heads=[0], weights=weights[None])
+    amap = AttentionMap(
+        model="toy",
+        text=" ".join(labels),
+        tokens=labels,
+        labels=labels,
+        layer=0,
+        num_layers=1,
+        heads=[0],
+        weights=weights[None],
+    )
     lines = render_map(amap).splitlines()
     numbered_rows = [line.split()[0] for line in lines if line.split()[:1] and line.split()[0].isdigit()]
     assert numbered_rows == [*map(str, range(MAX_ROWS - TAIL_ROWS)), *map(str, range(s - TAIL_ROWS, s))]
-    assert f"… {s - MAX_ROWS} query rows left out ({MAX_ROWS - TAIL_ROWS}..{s - TAIL_ROWS - 1}); " \
-           "the JSON file (--format json) has every row" in lines
+    assert (
+        f"… {s - MAX_ROWS} query rows left out ({MAX_ROWS - TAIL_ROWS}..{s - TAIL_ROWS - 1}); "
+        "the JSON file (--format json) has every row" in lines
+    )
     assert any(line.endswith(f"| … {s - MAX_LISTED} more") for line in lines)
     assert len(lines) < 80
 

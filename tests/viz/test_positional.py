@@ -49,8 +49,10 @@ def test_rotary_score_depends_on_the_distance_only() -> None:
     # With equal energy in every rotation pair, q·k is Σ cos(ω_j Δ): the sinusoidal curve
     # exactly, since both use the frequencies base^(-2j/d).
     torch.testing.assert_close(
-        rotary_similarity(rope, torch.ones(64), 300), sinusoidal_similarity(SinusoidalPositionalEncoding(64), 300),
-        atol=1e-5, rtol=0,
+        rotary_similarity(rope, torch.ones(64), 300),
+        sinusoidal_similarity(SinusoidalPositionalEncoding(64), 300),
+        atol=1e-5,
+        rtol=0,
     )
     with pytest.raises(ValueError, match=r"vector must be \[d\] with d = 64, got \[32\]"):
         rotary_similarity(rope, torch.ones(32), 10)

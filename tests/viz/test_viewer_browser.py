@@ -24,12 +24,15 @@ def open_export(page, tmp_path, data: ViewerData) -> Viewer:
 
 def ink(page, selector: str) -> int:
     """How many pixels of a canvas are drawn on."""
-    return page.eval_on_selector(selector, """c => {
+    return page.eval_on_selector(
+        selector,
+        """c => {
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         let n = 0;
         for (let p = 3; p < d.length; p += 4) if (d[p] > 0) n++;
         return n;
-    }""")
+    }""",
+    )
 
 
 def test_causal_export_views_switching_and_tooltip(page, tmp_path):
@@ -122,14 +125,20 @@ def test_encoder_decoder_sections(page, tmp_path):
     src, tgt = ["a", "b", "c", "d", "e"], ["<s>", "E", "D", "C"]
     cross = {layer: softmax_maps(2, 4, 5, seed=10 + layer) for layer in range(2)}
     data = ViewerData.encoder_decoder(
-        "seq2seq", src, tgt, cross=cross,
+        "seq2seq",
+        src,
+        tgt,
+        cross=cross,
         encoder={layer: softmax_maps(2, 5, 5, seed=layer) for layer in range(2)},
         decoder={layer: softmax_maps(2, 4, 4, causal=True, seed=20 + layer) for layer in range(2)},
     )
     viewer = open_export(page, tmp_path, data)
     section = page.get_by_label("Attention", exact=True)
     assert [o.strip() for o in section.locator("option").all_text_contents()] == [
-        "encoder self-attention", "decoder self-attention (causal)", "cross-attention (decoder to encoder)"]
+        "encoder self-attention",
+        "decoder self-attention (causal)",
+        "cross-attention (decoder to encoder)",
+    ]
     assert page.locator("#ak-queries .ak-token").count() == 5
     viewer.select("Attention", "cross-attention (decoder to encoder)")
     assert page.locator("#ak-queries .ak-token").all_text_contents() == tgt
@@ -205,20 +214,27 @@ def test_colour_modes_switch_in_the_attention_menu(page, tmp_path):
 
     tokens = ["The", "cat", "sat", "down"]
     weights = {layer: softmax_maps(3, 4, 4, causal=True, seed=layer) for layer in range(2)}
-    value = {layer: w / w.amax(dim=(-2, -1), keepdim=True) for layer, w in
-             ((layer, softmax_maps(3, 4, 4, causal=True, seed=5 + layer)) for layer in range(2))}
+    value = {
+        layer: w / w.amax(dim=(-2, -1), keepdim=True)
+        for layer, w in ((layer, softmax_maps(3, 4, 4, causal=True, seed=5 + layer)) for layer in range(2))
+    }
     rollout = {layer: softmax_maps(1, 4, 4, causal=True, seed=9 + layer) for layer in range(2)}
     data = ViewerData.from_run("m", tokens, weights, causal=True)
-    data = replace(data, sections={
-        **data.sections,
-        "rollout": Section.from_layers(tokens, tokens, rollout, heads=[0], causal=True),
-        "value": Section.from_layers(tokens, tokens, value, causal=True),
-    })
+    data = replace(
+        data,
+        sections={
+            **data.sections,
+            "rollout": Section.from_layers(tokens, tokens, rollout, heads=[0], causal=True),
+            "value": Section.from_layers(tokens, tokens, value, causal=True),
+        },
+    )
     viewer = open_export(page, tmp_path, data)
     section = page.get_by_label("Attention", exact=True)
     assert [o.strip() for o in section.locator("option").all_text_contents()] == [
-        "self-attention", "value-weighted ‖α·f(x)‖ (each map scaled to its largest)",
-        "attention rollout (layers below and heads merged)"]
+        "self-attention",
+        "value-weighted ‖α·f(x)‖ (each map scaled to its largest)",
+        "attention rollout (layers below and heads merged)",
+    ]
     viewer.view("matrix")
     viewer.select("Attention", "value-weighted ‖α·f(x)‖ (each map scaled to its largest)")
     viewer.select("Layer", "layer 1")

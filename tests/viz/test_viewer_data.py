@@ -63,7 +63,11 @@ def test_json_schema_fields():
     assert d["format"] == "attnkit-viewer" and d["version"] == 1 and d["kind"] == "causal"
     w = d["sections"]["self"]["weights"]
     assert {k: w[k] for k in ("shape", "dtype", "byteorder", "compression", "encoding")} == {
-        "shape": [1, 1, 2, 2], "dtype": "uint16", "byteorder": "little", "compression": "zlib", "encoding": "base64"
+        "shape": [1, 1, 2, 2],
+        "dtype": "uint16",
+        "byteorder": "little",
+        "compression": "zlib",
+        "encoding": "base64",
     }
     assert w["scale"] == pytest.approx(1 / 65535)
     # Decoding by hand, as docs/viewer.md describes it.
@@ -76,7 +80,9 @@ def test_json_schema_fields():
 def test_encoder_decoder_sections_and_display_order():
     src, tgt = ["a", "b", "c", "d"], ["<s>", "x", "y"]
     data = ViewerData.encoder_decoder(
-        "seq2seq", src, tgt,
+        "seq2seq",
+        src,
+        tgt,
         cross={0: softmax_maps(2, 3, 4)},
         encoder={0: softmax_maps(2, 4, 4)},
         decoder={0: softmax_maps(2, 3, 3, causal=True)},
@@ -113,8 +119,10 @@ def test_from_lm_output_is_causal():
 def test_from_model_run_uses_labels_heads_and_model_attributes():
     model = SimpleNamespace(name="fake", causal=False)
     run = SimpleNamespace(
-        tokens=["[CLS]", "the", "Ġcat", "[SEP]"], offsets=[(0, 0), (0, 3), (3, 7), (0, 0)],
-        attentions={1: softmax_maps(2, 4, 4)[None]}, heads=[4, 7],
+        tokens=["[CLS]", "the", "Ġcat", "[SEP]"],
+        offsets=[(0, 0), (0, 3), (3, 7), (0, 0)],
+        attentions={1: softmax_maps(2, 4, 4)[None]},
+        heads=[4, 7],
     )
     data = viewer_data_from_run(model, run, text="the cat")
     s = data.sections["self"]
@@ -133,7 +141,8 @@ def test_from_model_run_between_words_keeps_rows_summing_to_one():
     text = "The cat sat."
     model = SimpleNamespace(name="fake", causal=True)
     run = SimpleNamespace(
-        tokens=["The", "Ġcat", "Ġs", "at", "."], offsets=[(0, 3), (3, 7), (7, 9), (9, 11), (11, 12)],
+        tokens=["The", "Ġcat", "Ġs", "at", "."],
+        offsets=[(0, 3), (3, 7), (7, 9), (9, 11), (11, 12)],
         attentions={0: softmax_maps(3, 5, 5, causal=True)[None], 2: softmax_maps(3, 5, 5, causal=True, seed=1)[None]},
         heads=None,
     )
@@ -163,8 +172,9 @@ def test_from_model_run_between_words_keeps_rows_summing_to_one():
     ],
 )
 def test_section_rejects_bad_input(change, error, match):
-    fields = dict(query_tokens=("a", "b"), key_tokens=("a", "b"), layers=(0,), heads=(0,),
-                  weights=torch.full((1, 1, 2, 2), 0.5))
+    fields = dict(
+        query_tokens=("a", "b"), key_tokens=("a", "b"), layers=(0,), heads=(0,), weights=torch.full((1, 1, 2, 2), 0.5)
+    )
     fields.update(change)
     with pytest.raises(error, match=match):
         Section(**fields)

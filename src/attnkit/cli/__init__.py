@@ -70,8 +70,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
 
 
-def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                  file: TextIO | None = None, line: str | None = None) -> None:
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
     print(f"attnkit: warning: {message}", file=file or sys.stderr, flush=True)
 
 

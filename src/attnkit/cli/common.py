@@ -47,16 +47,23 @@ LEVEL_HELP = (
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
     """``--model smollm2|minilm|PATH`` and ``--device``."""
-    parser.add_argument("--model", default=DEFAULT_MODEL, metavar="smollm2|minilm|PATH",
-                        help="a fetched model, or a local folder with config.json and safetensors "
-                             f"(default: {DEFAULT_MODEL})")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        metavar="smollm2|minilm|PATH",
+        help=f"a fetched model, or a local folder with config.json and safetensors (default: {DEFAULT_MODEL})",
+    )
     add_device_argument(parser)
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """``--device cpu|cuda|cuda:N|mps``."""
-    parser.add_argument("--device", default="cpu", metavar="DEVICE",
-                        help='where the model runs: a torch device such as "cpu", "cuda", "cuda:1" (default: cpu)')
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help='where the model runs: a torch device such as "cpu", "cuda", "cuda:1" (default: cpu)',
+    )
 
 
 def add_quiet_argument(parser: argparse.ArgumentParser) -> None:
@@ -75,9 +82,7 @@ def check_model_name(name: str) -> None:
         return
     close = difflib.get_close_matches(name.lower(), KNOWN_MODELS, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise CommandError(
-        f"--model {name!r} is neither a known model ({', '.join(KNOWN_MODELS)}) nor a folder{hint}"
-    )
+    raise CommandError(f"--model {name!r} is neither a known model ({', '.join(KNOWN_MODELS)}) nor a folder{hint}")
 
 
 def model_names_in(argv: Sequence[str]) -> list[str]:
@@ -162,24 +167,46 @@ def check_sizes(estimates: dict[str, int], limit: int | None, *, advice: str) ->
 
 def add_size_argument(parser: argparse.ArgumentParser) -> None:
     """``--max-size SIZE``."""
-    parser.add_argument("--max-size", default=DEFAULT_MAX_SIZE, metavar="SIZE",
-                        help="refuse to write a file estimated larger than this, before computing it "
-                             f'(e.g. 500kB, 2GB, or "none"; default: {DEFAULT_MAX_SIZE})')
+    parser.add_argument(
+        "--max-size",
+        default=DEFAULT_MAX_SIZE,
+        metavar="SIZE",
+        help="refuse to write a file estimated larger than this, before computing it "
+        f'(e.g. 500kB, 2GB, or "none"; default: {DEFAULT_MAX_SIZE})',
+    )
 
 
 def add_figure_arguments(parser: argparse.ArgumentParser, *, scale: bool = True) -> None:
     """``--dpi``, ``--figsize``, ``--cmap`` and (for attention maps) ``--scale`` for PNG and
     SVG pictures."""
     figures = parser.add_argument_group("pictures (png, svg)")
-    figures.add_argument("--dpi", type=float, default=None, metavar="N",
-                         help="dots per inch of PNG files (default: 120 for maps, 100 for head grids)")
-    figures.add_argument("--figsize", type=_figsize, default=None, metavar="W,H",
-                         help="figure size in inches, e.g. 8,6 (default: from the number of tokens)")
-    figures.add_argument("--cmap", default="Blues", metavar="NAME",
-                         help="a matplotlib colour map, e.g. Blues, viridis, magma (default: Blues)")
+    figures.add_argument(
+        "--dpi",
+        type=float,
+        default=None,
+        metavar="N",
+        help="dots per inch of PNG files (default: 120 for maps, 100 for head grids)",
+    )
+    figures.add_argument(
+        "--figsize",
+        type=_figsize,
+        default=None,
+        metavar="W,H",
+        help="figure size in inches, e.g. 8,6 (default: from the number of tokens)",
+    )
+    figures.add_argument(
+        "--cmap",
+        default="Blues",
+        metavar="NAME",
+        help="a matplotlib colour map, e.g. Blues, viridis, magma (default: Blues)",
+    )
     if scale:
-        figures.add_argument("--scale", choices=SCALES, default=None,
-                             help="colour scale of the weights (default: linear up to 24 tokens, sqrt above)")
+        figures.add_argument(
+            "--scale",
+            choices=SCALES,
+            default=None,
+            help="colour scale of the weights (default: linear up to 24 tokens, sqrt above)",
+        )
 
 
 def figure_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -216,9 +243,15 @@ def add_output_arguments(
     parser: argparse.ArgumentParser, *, default_formats: str, formats: tuple[str, ...] = FORMATS
 ) -> None:
     """``--out DIR`` and ``--format FMT[,FMT]``."""
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"where to write files (default: {DEFAULT_OUT}/)")
-    parser.add_argument("--format", default=default_formats, metavar="FMT[,FMT]",
-                        help=f"files to write, any of {','.join(formats)} (default: {default_formats})")
+    parser.add_argument(
+        "--out", default=DEFAULT_OUT, metavar="DIR", help=f"where to write files (default: {DEFAULT_OUT}/)"
+    )
+    parser.add_argument(
+        "--format",
+        default=default_formats,
+        metavar="FMT[,FMT]",
+        help=f"files to write, any of {','.join(formats)} (default: {default_formats})",
+    )
 
 
 def prepare_out(out: str) -> Path:

@@ -28,14 +28,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             '"The cat sat on the mat" (d_model = 4) and explains the query "sat".'
         ),
     )
-    parser.add_argument("--query", default=None, metavar="TOKEN",
-                        help=f'query row to explain: a token, a row number, or "all" (default: "{EXAMPLE_QUERY}" for the example, else all)')
-    parser.add_argument("--score", choices=["scaled_dot", "dot"], default="scaled_dot",
-                        help="scaled_dot divides by √d_k (Transformer); dot does not (Luong)")
+    parser.add_argument(
+        "--query",
+        default=None,
+        metavar="TOKEN",
+        help=f'query row to explain: a token, a row number, or "all" (default: "{EXAMPLE_QUERY}" for the example, else all)',
+    )
+    parser.add_argument(
+        "--score",
+        choices=["scaled_dot", "dot"],
+        default="scaled_dot",
+        help="scaled_dot divides by √d_k (Transformer); dot does not (Luong)",
+    )
     parser.add_argument("--causal", action="store_true", help="each token may only attend to itself and earlier tokens")
-    parser.add_argument("--input", metavar="FILE",
-                        help='JSON file {"tokens": [...], "q": [[...]], "k": [[...]], "v": [[...]]}; '
-                             'add "query_tokens" when the queries are other tokens than the keys')
+    parser.add_argument(
+        "--input",
+        metavar="FILE",
+        help='JSON file {"tokens": [...], "q": [[...]], "k": [[...]], "v": [[...]]}; '
+        'add "query_tokens" when the queries are other tokens than the keys',
+    )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     parser.set_defaults(func=run)
 

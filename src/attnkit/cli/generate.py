@@ -23,14 +23,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue (no chat template is applied)")
     parser.add_argument("--model", default="smollm2", help="a LLaMA-family model name or folder (default: smollm2)")
     add_device_argument(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
-                        help="the most tokens to add (default: 64)")
-    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                        help="0 = greedy (default); above 0 samples from softmax(logits / T)")
-    parser.add_argument("--top-k", type=int, default=None, metavar="K",
-                        help="sample only from the K most likely tokens")
-    parser.add_argument("--seed", type=int, default=None, metavar="S",
-                        help="seed for sampling, for reproducible output")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=64, metavar="N", help="the most tokens to add (default: 64)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 = greedy (default); above 0 samples from softmax(logits / T)",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=None, metavar="K", help="sample only from the K most likely tokens"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="seed for sampling, for reproducible output"
+    )
     parser.set_defaults(func=run)
 
 
@@ -38,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device)
     try:
         pieces = model.generate(
-            args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
             seed=args.seed,
         )
     except ValueError as err:

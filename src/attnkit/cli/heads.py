@@ -33,41 +33,63 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "first token (attention sink) and on the token itself, averaged over the texts, "
             f"and an induction score on {INDUCTION_PERIOD} random tokens repeated twice. "
             "With --from and --to, ranks the heads by how much one token attends to another "
-            '(e.g. --from it --to animal), or one word to another with --level word. Prints the top heads and a layers × heads grid, '
+            "(e.g. --from it --to animal), or one word to another with --level word. Prints the top heads and a layers × heads grid, "
             "and writes one layers × heads picture per statistic and the numbers as JSON."
         ),
     )
     parser.add_argument("text", nargs="?", metavar="TEXT", help="the text to run")
     parser.add_argument("--file", metavar="FILE", help="texts to run, one per line (blank lines skipped)")
     add_model_argument(parser)
-    parser.add_argument("--from", dest="source", metavar="TOKEN",
-                        help="the attending token (or word, with --level word), matched with the text it "
-                             "stands for, ignoring case")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        metavar="TOKEN",
+        help="the attending token (or word, with --level word), matched with the text it stands for, ignoring case",
+    )
     parser.add_argument("--to", dest="target", metavar="TOKEN", help="the attended token (or word)")
-    add_level_argument(parser, help="--from and --to name tokens, or words of the text, whose attention is the "
-                                    "sum over the key word's tokens averaged over the query word's (default: token)")
+    add_level_argument(
+        parser,
+        help="--from and --to name tokens, or words of the text, whose attention is the "
+        "sum over the key word's tokens averaged over the query word's (default: token)",
+    )
     parser.add_argument("--top", type=int, default=5, metavar="N", help="heads listed per statistic (default: 5)")
-    parser.add_argument("--stat", choices=list(DESCRIPTIONS), metavar="NAME",
-                        help=f"print this statistic's layers × heads values instead of the role grid: "
-                             f"{', '.join(DESCRIPTIONS)}")
+    parser.add_argument(
+        "--stat",
+        choices=list(DESCRIPTIONS),
+        metavar="NAME",
+        help=f"print this statistic's layers × heads values instead of the role grid: {', '.join(DESCRIPTIONS)}",
+    )
     ablation = parser.add_argument_group("head ablation")
-    ablation.add_argument("--ablate", action="store_true",
-                          help="instead of statistics, ablate each head in turn (its output z set to zero) and report "
-                               "the change in log p(--target) at the last position (causal models) or in the "
-                               "sentence-embedding cosine to the unablated text (encoders): a layers × heads grid, "
-                               "PNG and JSON with effects[layer][head]")
-    ablation.add_argument("--mean", action="store_true",
-                          help="with --ablate, replace z by its mean over the positions of the --file texts "
-                               "(default: of TEXT) instead of zero")
-    ablation.add_argument("--target", dest="ablate_target", metavar="TOKEN",
-                          help='with --ablate on a causal model, the next token to measure, leading space included '
-                               '(" Paris"); it must be a single token')
+    ablation.add_argument(
+        "--ablate",
+        action="store_true",
+        help="instead of statistics, ablate each head in turn (its output z set to zero) and report "
+        "the change in log p(--target) at the last position (causal models) or in the "
+        "sentence-embedding cosine to the unablated text (encoders): a layers × heads grid, "
+        "PNG and JSON with effects[layer][head]",
+    )
+    ablation.add_argument(
+        "--mean",
+        action="store_true",
+        help="with --ablate, replace z by its mean over the positions of the --file texts "
+        "(default: of TEXT) instead of zero",
+    )
+    ablation.add_argument(
+        "--target",
+        dest="ablate_target",
+        metavar="TOKEN",
+        help="with --ablate on a causal model, the next token to measure, leading space included "
+        '(" Paris"); it must be a single token',
+    )
     add_output_arguments(parser, default_formats="png,json")
     add_figure_arguments(parser, scale=False)
     add_quiet_argument(parser)
-    add_nproc_argument(parser, help="survey the --file texts with N processes of this machine (launches torchrun; "
-                                    "each runs its share of the texts, rank 0 prints and writes the same table as "
-                                    "one process)")
+    add_nproc_argument(
+        parser,
+        help="survey the --file texts with N processes of this machine (launches torchrun; "
+        "each runs its share of the texts, rank 0 prints and writes the same table as "
+        "one process)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -100,8 +122,9 @@ def run(args: argparse.Namespace) -> int:
     check_nproc(args)
     distributed = launched_by_torchrun()
     if (args.nproc is not None or distributed) and (args.ablate or args.file is None):
-        raise CommandError("--nproc (and torchrun) split the texts of --file across processes; give --file, "
-                           "without --ablate")
+        raise CommandError(
+            "--nproc (and torchrun) split the texts of --file across processes; give --file, without --ablate"
+        )
     if args.ablate:
         return run_ablation(args)
     if args.mean or args.ablate_target is not None:
@@ -177,7 +200,9 @@ def run_ablation(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device, status=status)
     try:
         with status.step(f"ablating {model.num_layers} layers × {model.num_heads} heads of {model.name}"):
-            effects = head_ablation(model, args.text, target=args.ablate_target, mean_over=reference if args.mean else None)
+            effects = head_ablation(
+                model, args.text, target=args.ablate_target, mean_over=reference if args.mean else None
+            )
         print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_effects(effects, out, formats, **figure)

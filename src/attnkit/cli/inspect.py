@@ -52,26 +52,46 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Models come from `attnkit models fetch NAME`."
         ),
     )
-    parser.add_argument("text", nargs="?", default=EXAMPLE_TEXT, metavar="TEXT",
-                        help=f'the text to run (default: "{EXAMPLE_TEXT}")')
+    parser.add_argument(
+        "text", nargs="?", default=EXAMPLE_TEXT, metavar="TEXT", help=f'the text to run (default: "{EXAMPLE_TEXT}")'
+    )
     add_model_argument(parser)
-    parser.add_argument("--layers", "--layer", dest="layers", default=None, metavar="L[,L]|all",
-                        help="layers, from 0, negative from the end, comma-separated, or all: the printed maps, "
-                             "pictures and JSON show each (default: -1, the last); the html page shows these "
-                             "(default: all)")
-    parser.add_argument("--heads", "--head", dest="heads", default=None, metavar="H[,H]|all",
-                        help="heads, from 0, comma-separated, or all; several heads are drawn as small multiples "
-                             "in one picture (default: 0; the html page: all)")
+    parser.add_argument(
+        "--layers",
+        "--layer",
+        dest="layers",
+        default=None,
+        metavar="L[,L]|all",
+        help="layers, from 0, negative from the end, comma-separated, or all: the printed maps, "
+        "pictures and JSON show each (default: -1, the last); the html page shows these "
+        "(default: all)",
+    )
+    parser.add_argument(
+        "--heads",
+        "--head",
+        dest="heads",
+        default=None,
+        metavar="H[,H]|all",
+        help="heads, from 0, comma-separated, or all; several heads are drawn as small multiples "
+        "in one picture (default: 0; the html page: all)",
+    )
     parser.add_argument("--top", type=int, default=3, metavar="K", help="keys shown per query token (default: 3)")
-    parser.add_argument("--method", choices=METHODS, default="raw",
-                        help="what the maps show: raw attention weights; rollout or flow (every layer below merged, "
-                             f"heads merged; flow takes at most {FLOW_MAX_TOKENS} tokens); value (weights times the "
-                             "norm of what each key token sends through the head); grad (weights times the gradient "
-                             "of --target); with --format html, value and rollout are added to the page as "
-                             "colour modes beside the weights, in its Attention menu (default: raw)")
-    parser.add_argument("--target", metavar="TOKEN|TEXT",
-                        help='for --method grad: the next token whose log-probability to explain, leading space '
-                             'included (" Paris"), or for an encoder a text whose sentence-embedding similarity to explain')
+    parser.add_argument(
+        "--method",
+        choices=METHODS,
+        default="raw",
+        help="what the maps show: raw attention weights; rollout or flow (every layer below merged, "
+        f"heads merged; flow takes at most {FLOW_MAX_TOKENS} tokens); value (weights times the "
+        "norm of what each key token sends through the head); grad (weights times the gradient "
+        "of --target); with --format html, value and rollout are added to the page as "
+        "colour modes beside the weights, in its Attention menu (default: raw)",
+    )
+    parser.add_argument(
+        "--target",
+        metavar="TOKEN|TEXT",
+        help="for --method grad: the next token whose log-probability to explain, leading space "
+        'included (" Paris"), or for an encoder a text whose sentence-embedding similarity to explain',
+    )
     add_level_argument(parser)
     add_output_arguments(parser, default_formats="png,json", formats=INSPECT_FORMATS)
     add_size_argument(parser)
@@ -93,7 +113,11 @@ def parse_layers(spec: str | None, num_layers: int) -> list[int] | None:
     try:
         return list(dict.fromkeys(resolve_layer(int(part), num_layers) for part in spec.split(",")))
     except ValueError as err:
-        message = str(err) if "out of range" in str(err) else f'--layers takes layers such as 29 or 0,5,-1 or "all", got {spec!r}'
+        message = (
+            str(err)
+            if "out of range" in str(err)
+            else f'--layers takes layers such as 29 or 0,5,-1 or "all", got {spec!r}'
+        )
         raise CommandError(message) from None
 
 
@@ -161,21 +185,31 @@ def run(args: argparse.Namespace) -> int:
     if "html" in formats:
         # A value colour mode doubles the weights of the page; rollout adds one map per layer.
         mode_heads = {"value": len(page_heads), "rollout": 1}.get(args.method, 0)
-        estimates[f"the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"] = estimate_viewer_html(
-            tokens, len(page_layers), len(page_heads) + mode_heads, causal=causal
+        estimates[f"the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"] = (
+            estimate_viewer_html(tokens, len(page_layers), len(page_heads) + mode_heads, causal=causal)
         )
-    check_sizes(estimates, limit, advice=(
-        f"The text is {tokens} tokens: ask for fewer layers or heads (--layers, --heads), "
-        "a shorter text, or other formats (--format)"
-    ))
+    check_sizes(
+        estimates,
+        limit,
+        advice=(
+            f"The text is {tokens} tokens: ask for fewer layers or heads (--layers, --heads), "
+            "a shorter text, or other formats (--format)"
+        ),
+    )
 
     written = []
     try:
         for layer in map_layers:
             with status.step(f"running {model.name} on {tokens} tokens for layer {layer}"):
-                amap = method_map(model, args.text, method=args.method, layer=layer,
-                                  head="all" if len(map_heads) > 1 else map_heads[0], level=args.level,
-                                  target=args.target)
+                amap = method_map(
+                    model,
+                    args.text,
+                    method=args.method,
+                    layer=layer,
+                    head="all" if len(map_heads) > 1 else map_heads[0],
+                    level=args.level,
+                    target=args.target,
+                )
                 if len(map_heads) > 1 and amap.heads:
                     amap = replace(amap, heads=map_heads, weights=amap.weights[map_heads])  # [h, n, n]
             print(terminal_safe(render_map(amap, top=args.top)), end="", flush=True)
@@ -184,9 +218,20 @@ def run(args: argparse.Namespace) -> int:
                 with status.step(f"writing {', '.join(files)} of layer {layer}"):
                     written += write_map(amap, out, files, **figure)
         if "html" in formats:
-            with status.step(f"writing the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"):
-                written.append(write_viewer(model, args.text, out, level=args.level, layers=layers, heads=heads,
-                                            modes=[args.method] if args.method in VIEWER_MODES else []))
+            with status.step(
+                f"writing the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"
+            ):
+                written.append(
+                    write_viewer(
+                        model,
+                        args.text,
+                        out,
+                        level=args.level,
+                        layers=layers,
+                        heads=heads,
+                        modes=[args.method] if args.method in VIEWER_MODES else [],
+                    )
+                )
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
     except OSError as err:

@@ -43,8 +43,15 @@ def relaunch(args: argparse.Namespace, *, threads: int = 1) -> int:
         CommandError: a process failed (torchrun has printed its error).
     """
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-        "-m", "attnkit.cli", *without_nproc(args.argv),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.nproc),
+        "-m",
+        "attnkit.cli",
+        *without_nproc(args.argv),
     ]
     # torchrun would otherwise set one OpenMP thread per process and say so.
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -61,5 +68,7 @@ def check_world_size(args: argparse.Namespace, world_size: int) -> None:
         CommandError: it is not.
     """
     if args.nproc is not None and args.nproc != world_size:
-        raise CommandError(f"--nproc {args.nproc} differs from the number of processes torchrun started "
-                           f"({world_size}); under torchrun leave --nproc out")
+        raise CommandError(
+            f"--nproc {args.nproc} differs from the number of processes torchrun started "
+            f"({world_size}); under torchrun leave --nproc out"
+        )

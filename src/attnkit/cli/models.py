@@ -29,12 +29,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Download, check and convert a model; a model already in the cache is left as it is.",
     )
     names = [*MODELS, _ALL]
-    fetch.add_argument("name", nargs="?", default=_ALL, choices=names, metavar="|".join(names),
-                       help=f"which model (default: {_ALL})")
+    fetch.add_argument(
+        "name", nargs="?", default=_ALL, choices=names, metavar="|".join(names), help=f"which model (default: {_ALL})"
+    )
     fetch.add_argument("--quiet", action="store_true", help="no progress bars")
     fetch.set_defaults(func=run_fetch)
-    listing = actions.add_parser("list", help="show the models in the cache",
-                                 description="Show the models in the cache, their family, size and folder.")
+    listing = actions.add_parser(
+        "list",
+        help="show the models in the cache",
+        description="Show the models in the cache, their family, size and folder.",
+    )
     listing.set_defaults(func=run_list)
 
 

@@ -33,10 +33,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--clean", required=True, metavar="TEXT", help="the clean text")
-    parser.add_argument("--corrupt", required=True, metavar="TEXT",
-                        help="the corrupted text, as many tokens as the clean one")
-    parser.add_argument("--target", metavar="TOKEN",
-                        help='causal models: the clean continuation, leading space included (" Mary")')
+    parser.add_argument(
+        "--corrupt", required=True, metavar="TEXT", help="the corrupted text, as many tokens as the clean one"
+    )
+    parser.add_argument(
+        "--target", metavar="TOKEN", help='causal models: the clean continuation, leading space included (" Mary")'
+    )
     parser.add_argument("--wrong", metavar="TOKEN", help="causal models: the corrupted continuation")
     add_model_argument(parser)
     parser.add_argument("--top", type=int, default=5, metavar="N", help="heads listed (default: 5)")

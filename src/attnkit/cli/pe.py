@@ -22,18 +22,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--d-model", type=int, default=512, help="encoding dim (default: 512)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory for the PNG files")
-    parser.add_argument("--base", type=float, default=10000.0,
-                        help="the 10000 of the sinusoidal formula, also the rotary theta (default: 10000)")
-    parser.add_argument("--pairs", type=_pairs, default=list(NOTE_PAIRS), metavar="A:B,C:D",
-                        help="pairs of positions to compare (default: 3:4,3:500)")
-    parser.add_argument("--dims", type=_ints, default=None, metavar="I,J,...",
-                        help="dimensions to draw across positions (default: 0,10,300,511, scaled to --d-model)")
-    parser.add_argument("--max-position", type=int, default=200,
-                        help="last position of the per-dimension picture (default: 200)")
-    parser.add_argument("--max-distance", type=int, default=1000,
-                        help="largest distance of the similarity picture (default: 1000)")
-    parser.add_argument("--head-dim", type=int, default=None,
-                        help="rotary head dim (default: --d-model, the sinusoidal frequencies)")
+    parser.add_argument(
+        "--base",
+        type=float,
+        default=10000.0,
+        help="the 10000 of the sinusoidal formula, also the rotary theta (default: 10000)",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=_pairs,
+        default=list(NOTE_PAIRS),
+        metavar="A:B,C:D",
+        help="pairs of positions to compare (default: 3:4,3:500)",
+    )
+    parser.add_argument(
+        "--dims",
+        type=_ints,
+        default=None,
+        metavar="I,J,...",
+        help="dimensions to draw across positions (default: 0,10,300,511, scaled to --d-model)",
+    )
+    parser.add_argument(
+        "--max-position", type=int, default=200, help="last position of the per-dimension picture (default: 200)"
+    )
+    parser.add_argument(
+        "--max-distance", type=int, default=1000, help="largest distance of the similarity picture (default: 1000)"
+    )
+    parser.add_argument(
+        "--head-dim", type=int, default=None, help="rotary head dim (default: --d-model, the sinusoidal frequencies)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random vector the rotary curve rotates")
     parser.set_defaults(func=run)
 
@@ -66,8 +83,15 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         pictures = draw_positional_pictures(
-            args.out, d_model=args.d_model, base=args.base, pairs=args.pairs, dims=args.dims,
-            max_position=args.max_position, max_distance=args.max_distance, head_dim=args.head_dim, seed=args.seed,
+            args.out,
+            d_model=args.d_model,
+            base=args.base,
+            pairs=args.pairs,
+            dims=args.dims,
+            max_position=args.max_position,
+            max_distance=args.max_distance,
+            head_dim=args.head_dim,
+            seed=args.seed,
         )
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None

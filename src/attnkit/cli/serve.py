@@ -24,21 +24,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "address or an --allow-host name. JSON API: POST /api/attention, GET /api/info (docs/viewer.md)."
         ),
     )
-    parser.add_argument("--model", action="append", metavar="smollm2|minilm|PATH",
-                        help="a model to serve; repeat to serve several, the first is the default "
-                             f"(default: {DEFAULT_MODEL})")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default: 127.0.0.1, this machine only)")
-    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                        help="also answer requests whose Host is NAME (this machine's name or address as other "
-                             "machines reach it); repeat for several")
+    parser.add_argument(
+        "--model",
+        action="append",
+        metavar="smollm2|minilm|PATH",
+        help=f"a model to serve; repeat to serve several, the first is the default (default: {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host is NAME (this machine's name or address as other "
+        "machines reach it); repeat for several",
+    )
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     add_device_argument(parser)
     add_quiet_argument(parser)
-    parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
-                        help="longest text accepted, in tokens (default: 1024, or the model's context if shorter)")
-    parser.add_argument("--max-queue", type=int, default=None, metavar="N",
-                        help="requests that may wait for one model; more get 429 Too Many Requests (default: 32)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="longest text accepted, in tokens (default: 1024, or the model's context if shorter)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests that may wait for one model; more get 429 Too Many Requests (default: 32)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -98,14 +117,20 @@ def run(args: argparse.Namespace) -> int:
     status = Status(args.quiet)
     try:
         app = create_app(
-            names, loader=lambda name: load_model(name, args.device, status=status), max_tokens=max_tokens,
-            max_queue=max_queue, allowed_hosts=hosts,
+            names,
+            loader=lambda name: load_model(name, args.device, status=status),
+            max_tokens=max_tokens,
+            max_queue=max_queue,
+            allowed_hosts=hosts,
         )
     except (OSError, ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
     if not is_loopback(args.host):
-        print(f"attnkit serve: warning: listening on {args.host} lets other machines use this server; it answers "
-              f"requests addressed to {', '.join(hosts)} (add names with --allow-host)", file=sys.stderr)
+        print(
+            f"attnkit serve: warning: listening on {args.host} lets other machines use this server; it answers "
+            f"requests addressed to {', '.join(hosts)} (add names with --allow-host)",
+            file=sys.stderr,
+        )
     shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
     print(f"attnkit serve: open http://{shown}:{args.port}/ (Ctrl+C to stop)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host.strip("[]"), port=args.port, log_level="warning")

@@ -31,8 +31,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--task", choices=list(TASKS), help="the toy task (required unless --resume)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (created if needed)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run whose checkpoint is in DIR; options not given are taken from it")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run whose checkpoint is in DIR; options not given are taken from it",
+    )
     data = parser.add_argument_group("task size")
     _option(data, "--length", int, "input length of copy/reverse/sort")
     _option(data, "--symbols", int, "distinct symbols of copy/reverse/sort")
@@ -55,15 +58,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _option(training, "--eval-size", int, "held-out examples in the final evaluation")
     _option(training, "--checkpoint-every", int, "steps between checkpoints")
     _option(training, "--device", str, 'torch device, e.g. "cpu", "cuda"')
-    training.add_argument("--stop-after", type=int, metavar="STEP",
-                          help="stop with a checkpoint after this step (continue later with --resume)")
-    training.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                          help=f"CPU threads of torch (default: {DEFAULT_THREADS}; see docs/training.md for the "
-                               "measurements)")
+    training.add_argument(
+        "--stop-after",
+        type=int,
+        metavar="STEP",
+        help="stop with a checkpoint after this step (continue later with --resume)",
+    )
+    training.add_argument(
+        "--threads",
+        type=int,
+        default=DEFAULT_THREADS,
+        help=f"CPU threads of torch (default: {DEFAULT_THREADS}; see docs/training.md for the measurements)",
+    )
     training.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_nproc_argument(training, help="train data-parallel on N processes of this machine (launches torchrun; each "
-                                      "takes its share of every batch, the loss curve stays that of one process); "
-                                      "see docs/distributed.md for several machines")
+    add_nproc_argument(
+        training,
+        help="train data-parallel on N processes of this machine (launches torchrun; each "
+        "takes its share of every batch, the loss curve stays that of one process); "
+        "see docs/distributed.md for several machines",
+    )
     parser.set_defaults(func=run_command)
 
 
@@ -111,8 +124,10 @@ def _launch(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     if config.batch_size < args.nproc:
-        raise CommandError(f"--batch-size ({config.batch_size}) must be >= --nproc ({args.nproc}): every process "
-                           "takes a share of each batch")
+        raise CommandError(
+            f"--batch-size ({config.batch_size}) must be >= --nproc ({args.nproc}): every process "
+            "takes a share of each batch"
+        )
     return relaunch(args, threads=args.threads)
 
 
@@ -138,11 +153,24 @@ def _train(args: argparse.Namespace, *, distributed: bool) -> int:
                 f"({args.threads} thread{'s' if args.threads > 1 else ''}{' each' if distributed else ''})"
             )
         if distributed:
-            result = dist_train.train(config, args.out, info, resume=args.resume, stop_after=args.stop_after,
-                                      progress=not args.no_progress, threads=args.threads)
+            result = dist_train.train(
+                config,
+                args.out,
+                info,
+                resume=args.resume,
+                stop_after=args.stop_after,
+                progress=not args.no_progress,
+                threads=args.threads,
+            )
         else:
-            result = run(config, args.out, resume=args.resume, stop_after=args.stop_after,
-                         progress=not args.no_progress, threads=args.threads)
+            result = run(
+                config,
+                args.out,
+                resume=args.resume,
+                stop_after=args.stop_after,
+                progress=not args.no_progress,
+                threads=args.threads,
+            )
     except (ValueError, ImportError, OSError) as err:
         raise CommandError(str(err)) from None
     if not talk:
@@ -162,10 +190,14 @@ def _print_summary(metrics: dict[str, Any]) -> None:
     held_out = metrics["held_out"]
     train = metrics["train"]
     print(f"parameters: {metrics['model']['parameters']:,}")
-    print(f"training loss: {train['first_loss']:.4f} → {train['final_loss']:.4f} in {metrics['steps']} steps, "
-          f"{metrics['time']['train_seconds']:.1f} s")
-    print(f"held-out exact match: {held_out['exact_match']:.2%} of {held_out['examples']} "
-          f"(token accuracy {held_out['token_accuracy']:.2%})")
+    print(
+        f"training loss: {train['first_loss']:.4f} → {train['final_loss']:.4f} in {metrics['steps']} steps, "
+        f"{metrics['time']['train_seconds']:.1f} s"
+    )
+    print(
+        f"held-out exact match: {held_out['exact_match']:.2%} of {held_out['examples']} "
+        f"(token accuracy {held_out['token_accuracy']:.2%})"
+    )
     example = metrics["example"]
     print(f"example: {' '.join(example['input'])}  →  {' '.join(example['prediction'])}")
     alignment = metrics.get("alignment")

@@ -80,6 +80,9 @@ def init(backend: str | None = None, *, device: str | None = None, timeout_s: fl
             )
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return ProcessInfo(
-        rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=dev,
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        device=dev,
         backend=dist.get_backend(),
     )

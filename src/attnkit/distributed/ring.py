@@ -113,8 +113,16 @@ class _Ring:
         for r0 in range(0, s_local, rows):
             r1 = min(s_local, r0 + rows)
             plan = make_plan(
-                q[:, :, r0:r1], k, v, mask=self.pattern, bias=None, causal=False, scale=self.scale,
-                block_size=self.block_size, q_pos=self.positions[self.rank][r0:r1], kv_pos=kv_pos,
+                q[:, :, r0:r1],
+                k,
+                v,
+                mask=self.pattern,
+                bias=None,
+                causal=False,
+                scale=self.scale,
+                block_size=self.block_size,
+                q_pos=self.positions[self.rank][r0:r1],
+                kv_pos=kv_pos,
             )
             if not bool((plan.status == EMPTY).all()):
                 chunks.append((r0, r1, plan))
@@ -238,8 +246,15 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 
 def _make_ring(
-    q: Tensor, k: Tensor, mask: masks_mod.Mask | None, causal: bool, scale: float | None,
-    group: dist.ProcessGroup | None, layout: Layout, block_size: int | tuple[int, int], timings: RingTimings | None,
+    q: Tensor,
+    k: Tensor,
+    mask: masks_mod.Mask | None,
+    causal: bool,
+    scale: float | None,
+    group: dist.ProcessGroup | None,
+    layout: Layout,
+    block_size: int | tuple[int, int],
+    timings: RingTimings | None,
 ) -> _Ring:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     lengths = gather_lengths(q.shape[2], q.device, group) if world > 1 else [q.shape[2]]

@@ -46,7 +46,9 @@ def survey_heads(
         RuntimeError: torch.distributed is not initialised.
     """
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("torch.distributed is not initialised: launch with torchrun and call attnkit.distributed.init()")
+        raise RuntimeError(
+            "torch.distributed is not initialised: launch with torchrun and call attnkit.distributed.init()"
+        )
     if not texts:
         raise ValueError("give at least one text")
     if (source is None) != (target is None):

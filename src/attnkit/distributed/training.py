@@ -37,7 +37,10 @@ def ddp_replicas(info: ProcessInfo, group: dist.ProcessGroup | None = None) -> R
         dist.barrier(group=group)
 
     return Replicas(
-        rank=dist.get_rank(group), world_size=dist.get_world_size(group), wrap=wrap, all_reduce_sum=all_reduce_sum,
+        rank=dist.get_rank(group),
+        world_size=dist.get_world_size(group),
+        wrap=wrap,
+        all_reduce_sum=all_reduce_sum,
         barrier=barrier,
     )
 
@@ -66,6 +69,11 @@ def train(
     """
     config = dataclasses.replace(config, device=str(info.device))
     return run(
-        config, out_dir, resume=resume, stop_after=stop_after, progress=progress, threads=threads,
+        config,
+        out_dir,
+        resume=resume,
+        stop_after=stop_after,
+        progress=progress,
+        threads=threads,
         replicas=ddp_replicas(info),
     )

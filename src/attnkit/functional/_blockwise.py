@@ -37,7 +37,16 @@ _NEG_INF = float("-inf")
 # The arguments attnkit passes to torch's private CPU flash-attention ops, by name.
 FUSED_FORWARD_ARGS = ("query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale")
 FUSED_BACKWARD_ARGS = (
-    "grad_out", "query", "key", "value", "out", "logsumexp", "dropout_p", "is_causal", "attn_mask", "scale",
+    "grad_out",
+    "query",
+    "key",
+    "value",
+    "out",
+    "logsumexp",
+    "dropout_p",
+    "is_causal",
+    "attn_mask",
+    "scale",
 )
 
 
@@ -71,7 +80,9 @@ def use_fused(q: Tensor, v: Tensor, engine: BlockEngine = "auto") -> bool:
         and q.dtype in _FUSED_DTYPES
     )
     if engine == "fused" and not ok:
-        raise ValueError(f"the fused engine needs CPU tensors with d == d_v, got {q.device} d={q.shape[-1]} d_v={v.shape[-1]}")
+        raise ValueError(
+            f"the fused engine needs CPU tensors with d == d_v, got {q.device} d={q.shape[-1]} d_v={v.shape[-1]}"
+        )
     return ok
 
 
@@ -81,7 +92,13 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def block_forward(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, engine: BlockEngine = "auto", alive: Tensor | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    scale: float,
+    engine: BlockEngine = "auto",
+    alive: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``softmax(q kᵀ · scale + bias) v`` and its log-sum-exp.
 
@@ -171,7 +188,15 @@ def _eager_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: 
 
 
 def _eager_backward(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, bias: Tensor | None, scale: float, need_dbias: bool
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    bias: Tensor | None,
+    scale: float,
+    need_dbias: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     ct = _compute_dtype(q.dtype)
     dout_c, v_c, k_c = dout.to(ct), v.to(ct), k.to(ct)

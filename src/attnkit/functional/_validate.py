@@ -99,9 +99,7 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor) -> bool:
     if q.shape[-1] == 0:
         raise ValueError(f"the head dim must be at least 1, got q {list(q.shape)}")
     if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(
-            f"k and v must agree on every dim but the last, got k {list(k.shape)} and v {list(v.shape)}"
-        )
+        raise ValueError(f"k and v must agree on every dim but the last, got k {list(k.shape)} and v {list(v.shape)}")
     if q.ndim == 4:
         if q.shape[0] != k.shape[0]:
             raise ValueError(f"q and k must have the same batch size, got q {list(q.shape)} and k {list(k.shape)}")

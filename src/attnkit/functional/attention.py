@@ -43,15 +43,33 @@ MaskLike = masks_mod.Mask | Tensor
 
 @overload
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, *, mask: MaskLike | None = ..., bias: Tensor | None = ...,
-    causal: bool = ..., scale: float | None = ..., score: Score = ..., dropout_p: float = ...,
-    return_weights: Literal[False] = ..., engine: Engine = ...,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: MaskLike | None = ...,
+    bias: Tensor | None = ...,
+    causal: bool = ...,
+    scale: float | None = ...,
+    score: Score = ...,
+    dropout_p: float = ...,
+    return_weights: Literal[False] = ...,
+    engine: Engine = ...,
 ) -> Tensor: ...
 @overload
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, *, mask: MaskLike | None = ..., bias: Tensor | None = ...,
-    causal: bool = ..., scale: float | None = ..., score: Score = ..., dropout_p: float = ...,
-    return_weights: Literal[True], engine: Engine = ...,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: MaskLike | None = ...,
+    bias: Tensor | None = ...,
+    causal: bool = ...,
+    scale: float | None = ...,
+    score: Score = ...,
+    dropout_p: float = ...,
+    return_weights: Literal[True],
+    engine: Engine = ...,
 ) -> AttentionResult: ...
 
 
@@ -113,19 +131,32 @@ def attention(
     check_options(score, dropout_p, scale)
     sdpa_serves = _sdpa_can_serve(score, bias, mask, causal, s_q, s_k)
     chosen = choose_attention_engine(
-        engine, q, v, sdpa_serves=sdpa_serves,
+        engine,
+        q,
+        v,
+        sdpa_serves=sdpa_serves,
         needs_reference=return_weights or not isinstance(score, str) or (dropout_p > 0 and not sdpa_serves) or s_k == 0,
         bias=bias,
     )
     if chosen == "sdpa" and sdpa_serves:
-        out = _sdpa(q, k, v, causal=causal and s_q == s_k and s_q > 1, scale=_scale(score, scale, d), dropout_p=dropout_p)
+        out = _sdpa(
+            q, k, v, causal=causal and s_q == s_k and s_q > 1, scale=_scale(score, scale, d), dropout_p=dropout_p
+        )
         return out[0, 0] if single else out
     if chosen in ("flex", "blockwise"):
         # Masks, biases and offset causal: exact attention that skips the key blocks a mask
         # leaves empty, in O(s · block) memory (attnkit.functional.tiled / .flex).
         out, _ = tiled_core(
-            q, k, v, mask=mask, bias=bias, causal=causal, scale=_scale(score, scale, d), engine=chosen,
-            kernel="attention", need_lse=False,
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            scale=_scale(score, scale, d),
+            engine=chosen,
+            kernel="attention",
+            need_lse=False,
         )
         return out[0, 0] if single else out
 

@@ -58,11 +58,15 @@ def classify_blocks(
         if mask.blocks is not None:
             qs, ks = spans(q_pos, block_q, period), spans(kv_pos, block_k, period)
             q_span = masks_mod.Span(
-                qs.lo.view(1, 1, nq, 1), qs.hi.view(1, 1, nq, 1), qs.period,
+                qs.lo.view(1, 1, nq, 1),
+                qs.hi.view(1, 1, nq, 1),
+                qs.period,
                 None if qs.residue is None else qs.residue.view(1, 1, nq, 1),
             )
             k_span = masks_mod.Span(
-                ks.lo.view(1, 1, 1, nk), ks.hi.view(1, 1, 1, nk), ks.period,
+                ks.lo.view(1, 1, 1, nk),
+                ks.hi.view(1, 1, 1, nk),
+                ks.period,
                 None if ks.residue is None else ks.residue.view(1, 1, 1, nk),
             )
             some, every = mask.blocks(b_idx, h_idx, q_span, k_span)
@@ -90,7 +94,7 @@ def _dense_block_bounds(
     pad = nk * block_k - s_k
     somes, everies = [], []
     for i in range(nq):
-        rows = q_pos[i * block_q:(i + 1) * block_q]
+        rows = q_pos[i * block_q : (i + 1) * block_q]
         allowed = masks_mod._as_bool(mask.fn(b_idx, h_idx, rows.view(1, 1, -1, 1), kv_pos.view(1, 1, 1, -1)))
         allowed = allowed.expand(*allowed.shape[:2], rows.numel(), s_k)  # [b|1, h|1, m, s_k]
         some = allowed.any(2).any(1).any(0)  # [s_k]

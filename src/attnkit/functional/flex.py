@@ -221,8 +221,13 @@ def _build_block_mask(
 
     if mask.blocks is None:
         return create_block_mask(
-            mask_mod, B=mask.batch_size and b, H=mask.num_heads and h, Q_LEN=s_q, KV_LEN=s_k,
-            device=device, BLOCK_SIZE=BLOCK,
+            mask_mod,
+            B=mask.batch_size and b,
+            H=mask.num_heads and h,
+            Q_LEN=s_q,
+            KV_LEN=s_k,
+            device=device,
+            BLOCK_SIZE=BLOCK,
         )
     # The exact block test, taken over every batch entry and head (a block partial for one
     # of them is partial for all: the kernel evaluates mask_mod there).
@@ -245,4 +250,3 @@ def _ordered(kept: Tensor) -> tuple[Tensor, Tensor]:
 def clear_cache() -> None:
     """Forget every cached block mask (compiled code stays with torch.compile)."""
     _block_masks.clear()
-

@@ -13,9 +13,7 @@ import operator
 from collections.abc import Iterable
 
 
-def normalize_index(
-    value: int, count: int, what: str, *, context: str | None = None, from_end: bool = True
-) -> int:
+def normalize_index(value: int, count: int, what: str, *, context: str | None = None, from_end: bool = True) -> int:
     """One index as ``0 .. count - 1``.
 
     Args:

@@ -148,7 +148,8 @@ def resolve_kernel_name(name: str) -> str:
         new = DEPRECATED_NAMES[name]
         warnings.warn(
             f"attention kernel {name!r} is now called {new!r}; the old name will be removed in the next release",
-            DeprecationWarning, stacklevel=3,
+            DeprecationWarning,
+            stacklevel=3,
         )
         return new
     if not isinstance(name, str) or name not in KERNEL_SPECS:

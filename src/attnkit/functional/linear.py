@@ -50,7 +50,11 @@ _compiled_core: Callable | None = None
 
 
 def favor_projection(
-    d: int, num_features: int | None = None, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+    d: int,
+    num_features: int | None = None,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> Tensor:
     """FAVOR+ projection ``ω`` ``[m, d]``: blocks of orthogonal rows (QR of a Gaussian),
@@ -78,8 +82,13 @@ def favor_projection(
 
 
 def feature_map_fn(
-    feature_map: FeatureMap, *, d: int, projection: Tensor | None = None, seed: int = 0,
-    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+    feature_map: FeatureMap,
+    *,
+    d: int,
+    projection: Tensor | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
 ) -> tuple[Callable[[Tensor, bool], tuple[Tensor, Tensor | None]], int]:
     """The feature map as ``phi(x, is_query) -> (features, log_shift)`` and its size ``m``.
 
@@ -106,13 +115,18 @@ def feature_map_fn(
         m = omega.shape[0]
 
         def favor(x: Tensor, is_query: bool) -> tuple[Tensor, Tensor]:
-            x = x * d ** -0.25
+            x = x * d**-0.25
             logits = x @ omega.T - 0.5 * x.square().sum(-1, keepdim=True)  # [..., s, m]
             if is_query:
                 shift = logits.amax(-1, keepdim=True).detach()  # per row
             else:
-                shift = logits.amax(dim=(-2, -1), keepdim=True).detach() if logits.shape[-2] else torch.zeros_like(logits[..., :1, :1])
+                shift = (
+                    logits.amax(dim=(-2, -1), keepdim=True).detach()
+                    if logits.shape[-2]
+                    else torch.zeros_like(logits[..., :1, :1])
+                )
             return torch.exp(logits - shift) / math.sqrt(m), shift
+
         return favor, m
     raise TypeError(f'feature_map must be "elu", "relu", "favor" or a callable, got {feature_map!r}')
 
@@ -173,7 +187,9 @@ def linear_attention(
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     d = q.shape[-1]
-    phi, _ = feature_map_fn(feature_map, d=d, projection=projection, seed=seed, dtype=compute_dtype(q.dtype), device=q.device)
+    phi, _ = feature_map_fn(
+        feature_map, d=d, projection=projection, seed=seed, dtype=compute_dtype(q.dtype), device=q.device
+    )
     compiled = engine == "compiled" or (engine == "auto" and q.device.type != "cpu" and hasattr(torch, "compile"))
     segment = _CPU_SEGMENT if q.device.type == "cpu" else max(q.shape[2], 1)
     out = (_compiled_linear_core() if compiled else _linear_core)(q, k, v, phi, causal, chunk_size, eps, segment)
@@ -322,7 +338,15 @@ class LinearAttentionState:
     length: int = 0
 
     @staticmethod
-    def empty(b: int, h_kv: int, m: int, d_v: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> LinearAttentionState:
+    def empty(
+        b: int,
+        h_kv: int,
+        m: int,
+        d_v: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> LinearAttentionState:
         """A state that has seen no key."""
         return LinearAttentionState(
             torch.zeros(b, h_kv, m, d_v, dtype=dtype, device=device),
@@ -335,7 +359,9 @@ class LinearAttentionState:
         """The state after keys with features ``fk [b, h_kv, n, m]`` (already divided by
         ``exp(log_shift [b, h_kv, 1, 1])``) and values ``v [b, h_kv, n, d_v]``."""
         if log_shift is None:
-            return LinearAttentionState(self.kv + fk.transpose(-1, -2) @ v, self.z + fk.sum(-2), self.log_shift, self.length + fk.shape[-2])
+            return LinearAttentionState(
+                self.kv + fk.transpose(-1, -2) @ v, self.z + fk.sum(-2), self.log_shift, self.length + fk.shape[-2]
+            )
         new_shift = torch.maximum(self.log_shift, log_shift.view(self.log_shift.shape))
         old_scale = torch.exp(self.log_shift - new_shift)  # [b, h_kv]
         new_scale = torch.exp(log_shift.view(self.log_shift.shape) - new_shift)
@@ -346,7 +372,12 @@ class LinearAttentionState:
 
 
 def linear_attention_state(
-    k: Tensor, v: Tensor, *, feature_map: FeatureMap = "elu", projection: Tensor | None = None, seed: int = 0,
+    k: Tensor,
+    v: Tensor,
+    *,
+    feature_map: FeatureMap = "elu",
+    projection: Tensor | None = None,
+    seed: int = 0,
     state: LinearAttentionState | None = None,
 ) -> LinearAttentionState:
     """Absorb keys ``[b, h_kv, s, d]`` and values ``[b, h_kv, s, d_v]`` (a prompt) into a

@@ -112,7 +112,9 @@ def _window(window: int | tuple[int, int], causal: bool) -> tuple[int, int]:
         if value < 0:
             raise ValueError(f"window must be >= 0 on both sides, got (left, right) = ({left}, {right})")
     if causal and right > 0:
-        raise ValueError(f"causal local attention sees no keys to the right, got window (left, right) = ({left}, {right})")
+        raise ValueError(
+            f"causal local attention sees no keys to the right, got window (left, right) = ({left}, {right})"
+        )
     return left, right
 
 
@@ -175,7 +177,14 @@ class _Geometry:
 
 
 def local_core(
-    q: Tensor, k: Tensor, v: Tensor, *, left: int, right: int, scale: float, block_size: int | None = None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    left: int,
+    right: int,
+    scale: float,
+    block_size: int | None = None,
     block_engine: BlockEngine = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Local attention on validated 4-D inputs; returns ``(out, lse)``."""
@@ -210,9 +219,9 @@ def _query_blocks(x: Tensor, geo: _Geometry) -> Tensor:
     whole, rest = divmod(geo.s_q, geo.bs)
     view[:, :, :, :whole] = grouped[:, :, :, : whole * geo.bs].view(geo.b, geo.h_kv, geo.g, whole, geo.bs, e)
     if rest:
-        view[:, :, :, whole, :rest] = grouped[:, :, :, whole * geo.bs:]
+        view[:, :, :, whole, :rest] = grouped[:, :, :, whole * geo.bs :]
         view[:, :, :, whole, rest:] = 0
-    view[:, :, :, whole + (1 if rest else 0):] = 0  # phantom blocks: zeros, so no NaN can leak
+    view[:, :, :, whole + (1 if rest else 0) :] = 0  # phantom blocks: zeros, so no NaN can leak
     return buf.view(geo.total, 1, geo.g * geo.bs, e)
 
 
@@ -242,10 +251,10 @@ def _key_buffer(x: Tensor, geo: _Geometry) -> Tensor:
     heads = buf[: geo.total * geo.bs].view(geo.b, geo.h_kv, rows, e)
     lo, hi = max(0, geo.key_front), min(geo.s_k, geo.key_front + rows)  # key positions held
     heads[:, :, : max(0, lo - geo.key_front)].zero_()
-    heads[:, :, max(0, hi - geo.key_front):].zero_()
+    heads[:, :, max(0, hi - geo.key_front) :].zero_()
     if hi > lo:
-        heads[:, :, lo - geo.key_front: hi - geo.key_front] = x[:, :, lo:hi]
-    buf[geo.total * geo.bs:].zero_()
+        heads[:, :, lo - geo.key_front : hi - geo.key_front] = x[:, :, lo:hi]
+    buf[geo.total * geo.bs :].zero_()
     return buf
 
 
@@ -255,7 +264,7 @@ def _from_key_buffer(x: Tensor, geo: _Geometry) -> Tensor:
     x = x[: geo.total * geo.bs].view(geo.b, geo.h_kv, geo.per_head * geo.bs, e)
     front, back = _key_pads(geo)
     if front >= 0 and back >= 0:  # the buffer holds every key: a view is enough
-        return x[:, :, front: front + geo.s_k]
+        return x[:, :, front : front + geo.s_k]
     return F.pad(x, (0, 0, -front, -back))
 
 
@@ -320,10 +329,12 @@ def _forward_flat(geo: _Geometry, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tens
         lse = q.new_empty(geo.total, 1, geo.g * geo.bs, dtype=lse_dtype(q.dtype))
         for c0 in range(0, geo.total, step):
             c1 = min(geo.total, c0 + step)
-            out[c0:c1], lse[c0:c1] = block_forward(qb[c0:c1], kw[c0:c1], vw[c0:c1], band, geo.scale, geo.block_engine, alive)
+            out[c0:c1], lse[c0:c1] = block_forward(
+                qb[c0:c1], kw[c0:c1], vw[c0:c1], band, geo.scale, geo.block_engine, alive
+            )
     flat, allowed = _edges(geo, q.device)
     for c0 in range(0, flat.numel(), step):
-        idx = flat[c0:c0 + step]
+        idx = flat[c0 : c0 + step]
         bias = _additive(allowed[torch.arange(c0, c0 + idx.numel(), device=q.device) % allowed.shape[0]], q.dtype)
         o, l_ = block_forward(qb[idx], kw[idx], vw[idx], bias, geo.scale, geo.block_engine)
         out[idx], lse[idx] = o, l_
@@ -342,10 +353,12 @@ def _add_windows(buf: Tensor, grad_windows: Tensor, c0: int, geo: _Geometry) -> 
     per = geo.width // geo.bs
     parts = grad_windows.view(n, per, geo.bs, e)
     for t in range(per):
-        blocks[c0 + t:c0 + t + n] += parts[:, t]
+        blocks[c0 + t : c0 + t + n] += parts[:, t]
 
 
-def _backward(geo: _Geometry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _backward(
+    geo: _Geometry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     qb = _query_blocks(q, geo)
     kbuf, vbuf = _key_buffer(k, geo), _key_buffer(v, geo)
     kw, vw = _windows(kbuf, geo), _windows(vbuf, geo)
@@ -363,7 +376,14 @@ def _backward(geo: _Geometry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out
     for c0 in range(0, geo.total, step):
         c1 = min(geo.total, c0 + step)
         dq, dkw, dvw, _ = block_backward(
-            dob[c0:c1], qb[c0:c1], kw[c0:c1], vw[c0:c1], ob[c0:c1], lseb[c0:c1], band, geo.scale,
+            dob[c0:c1],
+            qb[c0:c1],
+            kw[c0:c1],
+            vw[c0:c1],
+            ob[c0:c1],
+            lseb[c0:c1],
+            band,
+            geo.scale,
             engine=geo.block_engine,
         )
         dqb[c0:c1] = dq
@@ -371,10 +391,12 @@ def _backward(geo: _Geometry, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out
         _add_windows(dvbuf, dvw, c0, geo)
     offsets = torch.arange(geo.width, device=q.device)
     for c0 in range(0, flat.numel(), step):
-        idx = flat[c0:c0 + step]
+        idx = flat[c0 : c0 + step]
         bias = _additive(allowed[torch.arange(c0, c0 + idx.numel(), device=q.device) % allowed.shape[0]], q.dtype)
-        do_e, lse_e = edge_inputs[0][c0:c0 + step], edge_inputs[1][c0:c0 + step]
-        dq, dkw, dvw, _ = block_backward(do_e, qb[idx], kw[idx], vw[idx], ob[idx], lse_e, bias, geo.scale, engine=geo.block_engine)
+        do_e, lse_e = edge_inputs[0][c0 : c0 + step], edge_inputs[1][c0 : c0 + step]
+        dq, dkw, dvw, _ = block_backward(
+            do_e, qb[idx], kw[idx], vw[idx], ob[idx], lse_e, bias, geo.scale, engine=geo.block_engine
+        )
         dqb[idx] = dq
         rows = (idx.view(-1, 1) * geo.bs + offsets.view(1, -1)).reshape(-1)
         dkbuf.index_add_(0, rows, dkw.reshape(-1, dkw.shape[-1]))
@@ -399,7 +421,9 @@ class _LocalFunction(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def scores_computed(s_q: int, s_k: int, *, window: int | tuple[int, int], causal: bool = False, block_size: int | None = None) -> dict[str, int]:
+def scores_computed(
+    s_q: int, s_k: int, *, window: int | tuple[int, int], causal: bool = False, block_size: int | None = None
+) -> dict[str, int]:
     """How many query-key scores local attention needs and computes, against full attention.
 
     Returns:

@@ -179,10 +179,7 @@ class Mask:
         if s_q < 0 or s_k < 0:
             raise ValueError(f"s_q and s_k must be >= 0, got s_q={s_q}, s_k={s_k}")
         if self.shape is not None and self.shape != (s_q, s_k):
-            raise ValueError(
-                f"mask {self.name} is defined for (s_q, s_k) = {self.shape}, "
-                f"got ({s_q}, {s_k})"
-            )
+            raise ValueError(f"mask {self.name} is defined for (s_q, s_k) = {self.shape}, got ({s_q}, {s_k})")
         n_b = _resolve_size("batch_size", self.batch_size, batch_size)
         n_h = _resolve_size("num_heads", self.num_heads, num_heads)
         b, h, q_idx, kv_idx = index_grid(n_b, n_h, s_q, s_k, device=device)
@@ -286,7 +283,10 @@ def full() -> Mask:
 def causal() -> Mask:
     """Query at position ``i`` may attend to keys ``<= i`` (aligned bottom-right)."""
     return Mask(
-        lambda b, h, q, kv: kv <= q, "causal", blocks=lambda b, h, q, kv: (kv.lo <= q.hi, kv.hi <= q.lo), key=("causal",)
+        lambda b, h, q, kv: kv <= q,
+        "causal",
+        blocks=lambda b, h, q, kv: (kv.lo <= q.hi, kv.hi <= q.lo),
+        key=("causal",),
     )
 
 
@@ -343,7 +343,11 @@ def _padding(lengths: Tensor, name: str, key: Hashable) -> Mask:
         return kv.lo < length, kv.hi < length
 
     return Mask(
-        fn, name, batch_size=lengths.numel(), blocks=blocks, key=key,
+        fn,
+        name,
+        batch_size=lengths.numel(),
+        blocks=blocks,
+        key=key,
         relocate=lambda device: _padding(lengths.to(device), name, key),
     )
 
@@ -365,8 +369,12 @@ def strided(stride: int) -> Mask:
         some = torch.div(hi, stride, rounding_mode="floor") * stride >= lo
         every = ((lo == hi) & (torch.remainder(lo, stride) == 0)) | (stride == 1)
         residues_known = (
-            q.residue is not None and kv.residue is not None and q.period > 0 and kv.period > 0
-            and q.period % stride == 0 and kv.period % stride == 0
+            q.residue is not None
+            and kv.residue is not None
+            and q.period > 0
+            and kv.period > 0
+            and q.period % stride == 0
+            and kv.period % stride == 0
         )
         if residues_known:  # blocks of tokens that share their position mod stride
             known = (q.residue >= 0) & (kv.residue >= 0)
@@ -375,7 +383,9 @@ def strided(stride: int) -> Mask:
         return some, every
 
     return Mask(
-        lambda b, h, q, kv: torch.remainder(q - kv, stride) == 0, f"strided({stride})", blocks=blocks,
+        lambda b, h, q, kv: torch.remainder(q - kv, stride) == 0,
+        f"strided({stride})",
+        blocks=blocks,
         key=("strided", stride),
     )
 
@@ -395,7 +405,10 @@ def fixed(block: int, summary: int) -> Mask:
 
     def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
         q_first, q_last = torch.div(q.lo, block, rounding_mode="floor"), torch.div(q.hi, block, rounding_mode="floor")
-        kv_first, kv_last = torch.div(kv.lo, block, rounding_mode="floor"), torch.div(kv.hi, block, rounding_mode="floor")
+        kv_first, kv_last = (
+            torch.div(kv.lo, block, rounding_mode="floor"),
+            torch.div(kv.hi, block, rounding_mode="floor"),
+        )
         # A key span that crosses a block boundary holds the last token of a block.
         holds_summary = ((kv_last > kv_first) | (torch.remainder(kv.hi, block) >= block - summary)) & (summary > 0)
         some = ((q_first <= kv_last) & (kv_first <= q_last)) | holds_summary
@@ -404,8 +417,10 @@ def fixed(block: int, summary: int) -> Mask:
         return some, one_block | all_summary
 
     return Mask(
-        lambda b, h, q, kv: (torch.div(q, block, rounding_mode="floor") == torch.div(kv, block, rounding_mode="floor"))
-        | (torch.remainder(kv, block) >= block - summary),
+        lambda b, h, q, kv: (
+            (torch.div(q, block, rounding_mode="floor") == torch.div(kv, block, rounding_mode="floor"))
+            | (torch.remainder(kv, block) >= block - summary)
+        ),
         f"fixed(block={block}, summary={summary})",
         blocks=blocks,
         key=("fixed", block, summary),
@@ -465,7 +480,9 @@ def global_tokens(indices: Sequence[int] | Tensor) -> Mask:
     is_global = torch.zeros(int(idx.max()) + 1 if idx.numel() else 1, dtype=torch.bool)
     is_global[idx] = True
     sorted_unique = torch.unique(idx)
-    return _global_tokens(is_global, sorted_unique, f"global_tokens({idx.tolist()})", ("global_tokens", tuple(sorted_unique.tolist())))
+    return _global_tokens(
+        is_global, sorted_unique, f"global_tokens({idx.tolist()})", ("global_tokens", tuple(sorted_unique.tolist()))
+    )
 
 
 def _global_tokens(is_global: Tensor, sorted_unique: Tensor, name: str, key: Hashable) -> Mask:
@@ -495,7 +512,10 @@ def _global_tokens(is_global: Tensor, sorted_unique: Tensor, name: str, key: Has
         return some, every
 
     return Mask(
-        fn, name, blocks=blocks, key=key,
+        fn,
+        name,
+        blocks=blocks,
+        key=key,
         relocate=lambda device: _global_tokens(is_global.to(device), sorted_unique.to(device), name, key),
     )
 
@@ -558,7 +578,11 @@ def _document(table: Tensor, per_batch: bool, monotone: bool, name: str, key: Ha
             return some, every
 
     return Mask(
-        fn, name, batch_size=table.shape[0] if per_batch else None, blocks=blocks, key=key,
+        fn,
+        name,
+        batch_size=table.shape[0] if per_batch else None,
+        blocks=blocks,
+        key=key,
         relocate=lambda device: _document(table.to(device), per_batch, monotone, name, key),
     )
 

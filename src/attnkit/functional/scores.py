@@ -64,9 +64,7 @@ def general_scores(q: Tensor, k: Tensor, weight: Tensor) -> Tensor:
         ValueError: ``weight`` does not fit the head dims.
     """
     if weight.shape != (q.shape[-1], k.shape[-1]):
-        raise ValueError(
-            f"weight must be [d_q, d_k] = [{q.shape[-1]}, {k.shape[-1]}], got {list(weight.shape)}"
-        )
+        raise ValueError(f"weight must be [d_q, d_k] = [{q.shape[-1]}, {k.shape[-1]}], got {list(weight.shape)}")
     return dot_scores(q @ weight, k)  # q W: [b, h, s_q, d_k]
 
 

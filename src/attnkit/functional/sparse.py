@@ -96,16 +96,36 @@ def sparse_attention(
         block_size = default_block_size(s_k, permute)
     if permute is None or permute == 1:
         out, lse = tiled_core(
-            q, k, v, mask=mask, bias=None, causal=causal, scale=scale_f, block_size=(block_size, block_size),
-            engine=engine, kernel="sparse_attention", need_lse=return_lse,
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=None,
+            causal=causal,
+            scale=scale_f,
+            block_size=(block_size, block_size),
+            engine=engine,
+            kernel="sparse_attention",
+            need_lse=return_lse,
         )
     else:
         q_order, q_pos = residue_order(s_q, permute, offset=s_k - s_q, device=q.device)
         k_order, kv_pos = residue_order(s_k, permute, device=q.device)
         out_p, lse_p = tiled_core(
-            q.index_select(2, q_order), k.index_select(2, k_order), v.index_select(2, k_order),
-            mask=mask, bias=None, causal=causal, scale=scale_f, block_size=(block_size, block_size),
-            q_pos=q_pos, kv_pos=kv_pos, period=permute, engine=engine, kernel="sparse_attention", need_lse=return_lse,
+            q.index_select(2, q_order),
+            k.index_select(2, k_order),
+            v.index_select(2, k_order),
+            mask=mask,
+            bias=None,
+            causal=causal,
+            scale=scale_f,
+            block_size=(block_size, block_size),
+            q_pos=q_pos,
+            kv_pos=kv_pos,
+            period=permute,
+            engine=engine,
+            kernel="sparse_attention",
+            need_lse=return_lse,
         )
         inverse = torch.argsort(q_order)
         out = out_p.index_select(2, inverse)
@@ -124,7 +144,9 @@ def default_block_size(s_k: int, permute: int | None) -> int:
     return max(8, min(64, 1 << (per_class.bit_length() - 1)))
 
 
-def residue_order(n: int, period: int, *, offset: int = 0, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+def residue_order(
+    n: int, period: int, *, offset: int = 0, device: torch.device | str | None = None
+) -> tuple[Tensor, Tensor]:
     """Rows ``0..n-1`` at positions ``offset + row``, ordered by (position mod ``period``,
     position): returns ``(order [n], positions [n] in that order)``."""
     pos = torch.arange(n, device=device) + offset
@@ -134,7 +156,12 @@ def residue_order(n: int, period: int, *, offset: int = 0, device: torch.device 
 
 
 def kept_fraction(
-    pattern: masks_mod.Mask, s_q: int, s_k: int, *, causal: bool = False, block_size: int | None = None,
+    pattern: masks_mod.Mask,
+    s_q: int,
+    s_k: int,
+    *,
+    causal: bool = False,
+    block_size: int | None = None,
     permute: int | None = None,
 ) -> float:
     """Fraction of blocks :func:`sparse_attention` computes for ``pattern`` (same defaults)."""
@@ -149,8 +176,17 @@ def kept_fraction(
         _, kv_pos = residue_order(s_k, permute)
         period = permute
     plan = make_plan(
-        q, k, k, mask=pattern, bias=None, causal=causal, scale=1.0, block_size=(block_size, block_size),
-        q_pos=q_pos, kv_pos=kv_pos, period=period,
+        q,
+        k,
+        k,
+        mask=pattern,
+        bias=None,
+        causal=causal,
+        scale=1.0,
+        block_size=(block_size, block_size),
+        q_pos=q_pos,
+        kv_pos=kv_pos,
+        period=period,
     )
     return plan.kept_fraction
 
@@ -193,7 +229,9 @@ def block_random(block: int, density: float, seed: int = 0) -> masks_mod.Mask:
 
     def blocks(b: Tensor, h: Tensor, q: masks_mod.Span, kv: masks_mod.Span) -> tuple[Tensor, Tensor]:
         q_tile, kv_tile = torch.div(q.lo, block, rounding_mode="floor"), torch.div(kv.lo, block, rounding_mode="floor")
-        one_tile = (q_tile == torch.div(q.hi, block, rounding_mode="floor")) & (kv_tile == torch.div(kv.hi, block, rounding_mode="floor"))
+        one_tile = (q_tile == torch.div(q.hi, block, rounding_mode="floor")) & (
+            kv_tile == torch.div(kv.hi, block, rounding_mode="floor")
+        )
         kept = tile.fn(b, h, q_tile, kv_tile)
         return kept | ~one_tile, kept & one_tile
 
@@ -201,7 +239,12 @@ def block_random(block: int, density: float, seed: int = 0) -> masks_mod.Mask:
 
 
 def bigbird_pattern(
-    window: int, global_indices: Sequence[int] | Tensor = (), *, block: int = 64, random_density: float = 0.0, seed: int = 0
+    window: int,
+    global_indices: Sequence[int] | Tensor = (),
+    *,
+    block: int = 64,
+    random_density: float = 0.0,
+    seed: int = 0,
 ) -> masks_mod.Mask:
     """BigBird: a ``±window`` sliding window, global tokens, and random ``block × block``
     tiles kept with probability ``random_density``."""

@@ -136,8 +136,16 @@ def tiled_attention(
     d = q.shape[-1]
     check_options("scaled_dot", 0.0, scale)
     out, lse = tiled_core(
-        q, k, v, mask=mask, bias=bias, causal=causal, scale=1.0 / math.sqrt(d) if scale is None else float(scale),
-        block_size=block_size, engine=engine, need_lse=return_lse,
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        scale=1.0 / math.sqrt(d) if scale is None else float(scale),
+        block_size=block_size,
+        engine=engine,
+        need_lse=return_lse,
     )
     if single:
         out, lse = out[0, 0], (None if lse is None else lse[0, 0])
@@ -179,12 +187,31 @@ def tiled_core(
         mask_obj, dense, _ = resolve_mask(q, k, mask=mask, bias=bias, causal=causal)
         bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
         return flex_core(
-            q, k, v, mask=mask_obj, dense=dense, bias=bias4, scale=scale, q_pos=q_pos, kv_pos=kv_pos, period=period,
+            q,
+            k,
+            v,
+            mask=mask_obj,
+            dense=dense,
+            bias=bias4,
+            scale=scale,
+            q_pos=q_pos,
+            kv_pos=kv_pos,
+            period=period,
             need_lse=need_lse,
         )
     plan = make_plan(
-        q, k, v, mask=mask, bias=bias, causal=causal, scale=scale, block_size=block_size,
-        q_pos=q_pos, kv_pos=kv_pos, period=period, block_engine=block_engine,
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        scale=scale,
+        block_size=block_size,
+        q_pos=q_pos,
+        kv_pos=kv_pos,
+        period=period,
+        block_engine=block_engine,
     )
     bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias4)):
@@ -226,9 +253,22 @@ def make_plan(
 
     status = classify_blocks(mask_obj, dense, q_pos, kv_pos, block_q, block_k, period=period)
     plan = TiledPlan(
-        b=b, h=h, h_kv=h_kv, s_q=s_q, s_k=s_k, block_q=block_q, block_k=block_k, scale=scale,
-        q_pos=q_pos, kv_pos=kv_pos, mask=mask_obj, dense=dense, bias_shape=bias_shape, status=status,
-        runs=[], block_engine=block_engine,
+        b=b,
+        h=h,
+        h_kv=h_kv,
+        s_q=s_q,
+        s_k=s_k,
+        block_q=block_q,
+        block_k=block_k,
+        scale=scale,
+        q_pos=q_pos,
+        kv_pos=kv_pos,
+        mask=mask_obj,
+        dense=dense,
+        bias_shape=bias_shape,
+        status=status,
+        runs=[],
+        block_engine=block_engine,
     )
     # Calls that build a [rows, keys] bias block, and every eager call, are cut short.
     materialise_all = not use_fused(q, v, block_engine) or bias is not None
@@ -295,9 +335,13 @@ def _runs(status: Tensor, block_k: int, s_k: int, *, materialise_all: bool) -> l
         i = 0
         while i < len(segs):
             j = i  # extend a group of touching segments while it stays short
-            while j + 1 < len(segs) and segs[j + 1][0] == segs[j][1] and segs[j + 1][1] - segs[i][0] <= _MAX_KEYS_COALESCED:
+            while (
+                j + 1 < len(segs)
+                and segs[j + 1][0] == segs[j][1]
+                and segs[j + 1][1] - segs[i][0] <= _MAX_KEYS_COALESCED
+            ):
                 j += 1
-            group = segs[i:j + 1]
+            group = segs[i : j + 1]
             if len(group) > 1 and any(p for _, _, p in group):
                 runs[row].append((group[0][0], group[-1][1], tuple((a, b) for a, b, p in group if p)))
                 i = j + 1
@@ -344,7 +388,13 @@ def _allowed_range(plan: TiledPlan, r0: int, r1: int, a: int, b: int) -> Tensor:
 
 
 def _block_bias(
-    plan: TiledPlan, bias4: Tensor | None, r0: int, r1: int, c0: int, c1: int, partial: tuple[tuple[int, int], ...],
+    plan: TiledPlan,
+    bias4: Tensor | None,
+    r0: int,
+    r1: int,
+    c0: int,
+    c1: int,
+    partial: tuple[tuple[int, int], ...],
     dtype: torch.dtype,
 ) -> tuple[Tensor | None, Tensor | None]:
     """Additive float bias of one call in grouped layout ``[b|1, h_kv|1, g*m, l]`` (or None),
@@ -363,7 +413,7 @@ def _block_bias(
         else:  # full blocks between the partial ones: allowed everywhere
             allowed = torch.ones(n0, n1, m, n_keys, dtype=torch.bool, device=device)
             for a, b, piece in pieces:
-                allowed[:, :, :, a - c0:b - c0] = piece
+                allowed[:, :, :, a - c0 : b - c0] = piece
     neg_inf = torch.full((), float("-inf"), dtype=dtype, device=device)
     alive = None
     if bias4 is None:
@@ -427,7 +477,14 @@ def _forward(plan: TiledPlan, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | N
 
 
 def _backward(
-    plan: TiledPlan, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | None, out: Tensor, lse: Tensor,
+    plan: TiledPlan,
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias4: Tensor | None,
+    out: Tensor,
+    lse: Tensor,
     need_dbias: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     b, h, h_kv = plan.b, plan.h, plan.h_kv
@@ -435,7 +492,13 @@ def _backward(
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
-    dbias = torch.zeros(bias4.shape, dtype=torch.float64 if bias4.dtype == torch.float64 else torch.float32, device=q.device) if need_dbias else None
+    dbias = (
+        torch.zeros(
+            bias4.shape, dtype=torch.float64 if bias4.dtype == torch.float64 else torch.float32, device=q.device
+        )
+        if need_dbias
+        else None
+    )
     dq_g = dq.view(b, h_kv, g, plan.s_q, q.shape[-1])
     for i, runs in enumerate(plan.runs):
         if not runs:
@@ -448,8 +511,16 @@ def _backward(
         for c0, c1, partial in runs:
             bias_blk, _ = _block_bias(plan, bias4, r0, r1, c0, c1, partial, q.dtype)
             dq_p, dk_p, dv_p, ds = block_backward(
-                do_i, q_i, k[:, :, c0:c1], v[:, :, c0:c1], o_i, lse_i, bias_blk, plan.scale,
-                need_dbias=need_dbias, engine=plan.block_engine,
+                do_i,
+                q_i,
+                k[:, :, c0:c1],
+                v[:, :, c0:c1],
+                o_i,
+                lse_i,
+                bias_blk,
+                plan.scale,
+                need_dbias=need_dbias,
+                engine=plan.block_engine,
             )
             dq_i = dq_p if dq_i is None else dq_i.add_(dq_p)
             dk[:, :, c0:c1] += dk_p

@@ -64,9 +64,22 @@ def weights_on_demand(
     Raises:
         ValueError, TypeError: shapes or options that do not fit.
     """
-    parts = [w for _, w in iter_weights_on_demand(
-        q, k, lse, heads=heads, rows=rows, keys=keys, mask=mask, bias=bias, causal=causal, scale=scale, chunk_size=chunk_size,
-    )]
+    parts = [
+        w
+        for _, w in iter_weights_on_demand(
+            q,
+            k,
+            lse,
+            heads=heads,
+            rows=rows,
+            keys=keys,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            scale=scale,
+            chunk_size=chunk_size,
+        )
+    ]
     if not parts:
         b = q.shape[0]
         n_h = _indices(heads, q.shape[1], "head", q.device).numel()
@@ -133,7 +146,7 @@ def iter_weights_on_demand(
         return s
 
     for start in range(0, row_idx.numel(), chunk_size):
-        r = row_idx[start:start + chunk_size]
+        r = row_idx[start : start + chunk_size]
         if lse is not None:
             lse_r = lse.index_select(1, head_idx).index_select(2, r).to(q.dtype)  # [b, n_h, n_r]
         else:
@@ -173,7 +186,9 @@ def _allowed(mask, causal: bool, heads: Tensor, rows: Tensor, cols: Tensor, s_q:
     if isinstance(mask, masks_mod.Mask):
         n_b = mask.batch_size or 1
         b_idx = torch.arange(n_b, device=rows.device).view(n_b, 1, 1, 1)
-        h_idx = heads.view(1, -1, 1, 1) if mask.num_heads else torch.zeros(1, 1, 1, 1, dtype=torch.long, device=rows.device)
+        h_idx = (
+            heads.view(1, -1, 1, 1) if mask.num_heads else torch.zeros(1, 1, 1, 1, dtype=torch.long, device=rows.device)
+        )
         allowed = masks_mod._as_bool(mask(b_idx, h_idx, q_pos, kv_pos))
     elif isinstance(mask, Tensor):
         allowed = _take(mask, heads, rows, cols)

@@ -11,6 +11,17 @@ from attnkit.inspect.tokens import ReadableToken, readable_tokens
 from attnkit.inspect.words import Word, aggregate, word_groups
 
 __all__ = [
-    "AttentionMap", "AttentionView", "CapturedAttention", "ReadableRun", "ReadableToken", "Word", "aggregate",
-    "attention_map", "capture", "readable_run", "readable_tokens", "view", "word_groups",
+    "AttentionMap",
+    "AttentionView",
+    "CapturedAttention",
+    "ReadableRun",
+    "ReadableToken",
+    "Word",
+    "aggregate",
+    "attention_map",
+    "capture",
+    "readable_run",
+    "readable_tokens",
+    "view",
+    "word_groups",
 ]

@@ -171,9 +171,7 @@ def capture_attention_forward(
         # No mask means "rely on is_causal", which SDPA aligns top-left: with a prefilled
         # static cache the keys past s_q are empty slots that no query may see.
         mask = torch.ones(s_q, s_k, dtype=torch.bool, device=query.device).tril()  # [s_q, s_k]
-    result = attention(
-        query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=dropout, return_weights=True
-    )
+    result = attention(query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=dropout, return_weights=True)
     recorder = _RECORDER.get()
     if recorder is not None:
         recorder.append((module, result.weights.detach()))

@@ -122,7 +122,9 @@ class Explanation:
 def example_input() -> ExplainInput:
     """The worked "The cat sat on the mat" example, with Q = K."""
     qk = torch.tensor(EXAMPLE_QK, dtype=torch.float64)
-    return ExplainInput(list(EXAMPLE_TOKENS), list(EXAMPLE_TOKENS), qk, qk.clone(), torch.tensor(EXAMPLE_V, dtype=torch.float64))
+    return ExplainInput(
+        list(EXAMPLE_TOKENS), list(EXAMPLE_TOKENS), qk, qk.clone(), torch.tensor(EXAMPLE_V, dtype=torch.float64)
+    )
 
 
 def load_input(path: str | Path) -> ExplainInput:

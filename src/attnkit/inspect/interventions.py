@@ -146,9 +146,17 @@ def head_ablation(
     if model.causal:
         effects = effects - base
     return HeadEffects(
-        model=model.name, kind="ablation", metric=metric, layers=layer_list, effects=effects.float(),
-        texts={"text": text}, tokens=list(encoded.tokens), target=target, wrong=None,
-        replacement="zero" if mean_over is None else "mean", baseline=float(base) if model.causal else 0.0,
+        model=model.name,
+        kind="ablation",
+        metric=metric,
+        layers=layer_list,
+        effects=effects.float(),
+        texts={"text": text},
+        tokens=list(encoded.tokens),
+        target=target,
+        wrong=None,
+        replacement="zero" if mean_over is None else "mean",
+        baseline=float(base) if model.causal else 0.0,
     )
 
 
@@ -213,9 +221,16 @@ def activation_patching(
             f"the clean and corrupted texts give the same measure ({clean_value:.6g}); there is no difference to restore"
         )
     return HeadEffects(
-        model=model.name, kind="patching", metric=metric, layers=layer_list,
-        effects=((patched - corrupt_value) / gap).float(), texts={"clean": clean, "corrupt": corrupt},
-        tokens=list(clean_enc.tokens), target=target, wrong=wrong, replacement="clean",
+        model=model.name,
+        kind="patching",
+        metric=metric,
+        layers=layer_list,
+        effects=((patched - corrupt_value) / gap).float(),
+        texts={"clean": clean, "corrupt": corrupt},
+        tokens=list(clean_enc.tokens),
+        target=target,
+        wrong=wrong,
+        replacement="clean",
         baseline={"clean": clean_value, "corrupt": float(corrupt_value)},
     )
 

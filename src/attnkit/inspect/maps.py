@@ -93,9 +93,7 @@ class AttentionMap:
                 raise ValueError("this map has no readable tokens to group into words; pass the groups")
             groups = word_groups(self.text, self.readable)
         groups = list(groups)
-        return replace(
-            self, labels=[g.label for g in groups], weights=aggregate(self.weights, groups), words=groups
-        )
+        return replace(self, labels=[g.label for g in groups], weights=aggregate(self.weights, groups), words=groups)
 
     def to_dict(self, digits: int = 6) -> dict[str, Any]:
         """A JSON-ready dict; weights rounded to ``digits`` decimals and nested as

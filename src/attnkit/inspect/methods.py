@@ -258,5 +258,3 @@ def layer_indices(model: Model, layers: Sequence[int] | None) -> list[int]:
     """
     context = f"{model.name} has {model.num_layers} layers"
     return sorted(set(normalize_indices(layers, model.num_layers, "layer", context=context)))
-
-

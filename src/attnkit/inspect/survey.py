@@ -155,8 +155,10 @@ def survey_heads(
         raise ValueError("give both the token that attends (source) and the token attended to (target)")
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
-    parts = [survey_text(model, text, number, source=source, target=target, level=level)
-             for number, text in enumerate(texts, 1)]
+    parts = [
+        survey_text(model, text, number, source=source, target=target, level=level)
+        for number, text in enumerate(texts, 1)
+    ]
     return combine_surveys(model, parts, source=source, target=target, level=level, period=period, seed=seed)
 
 
@@ -182,7 +184,12 @@ class TextSurvey:
 
 
 def survey_text(
-    model: Model, text: str, number: int, *, source: str | None = None, target: str | None = None,
+    model: Model,
+    text: str,
+    number: int,
+    *,
+    source: str | None = None,
+    target: str | None = None,
     level: str = "token",
 ) -> TextSurvey:
     """The statistics of one text, the ``number``-th of a survey (arguments as
@@ -214,7 +221,10 @@ def survey_text(
     if groups is not None:
         pair_weights, uniform = aggregate(weights, groups), aggregate(uniform, groups)  # [..., w, w]
     return TextSurvey(
-        number, weights.shape[-1], statistics, pair_mass=H.token_mass(pair_weights, queries, keys),
+        number,
+        weights.shape[-1],
+        statistics,
+        pair_mass=H.token_mass(pair_weights, queries, keys),
         pair_uniform=float(H.token_mass(uniform, queries, keys)),
     )
 
@@ -252,7 +262,9 @@ def combine_surveys(
     pair = None
     if source is not None and target is not None:
         if pair_total is None:
-            raise ValueError(misses[0] if len(misses) == 1 else f"no text contains both {source!r} and {target!r}; {misses[0]}")
+            raise ValueError(
+                misses[0] if len(misses) == 1 else f"no text contains both {source!r} and {target!r}; {misses[0]}"
+            )
         pair = TokenPair(source, target, pair_total / pair_texts, pair_texts, uniform_total / pair_texts, level)
     statistics = {name: total / len(parts) for name, total in totals.items()}
     statistics["induction"] = induction_scores(model, period=period, seed=seed)
@@ -290,7 +302,9 @@ def induction_scores(model: Model, *, period: int = INDUCTION_PERIOD, seed: int 
     segment = random_token_ids(model.tokenizer.vocab_size, period, seed=seed, exclude=added)  # [period]
     ids = torch.cat([prefix, segment, segment, suffix])[None]  # [1, s]
     if ids.shape[1] > model.max_length:
-        raise ValueError(f"an induction period of {period} needs {ids.shape[1]} tokens; {model.name} takes {model.max_length}")
+        raise ValueError(
+            f"an induction period of {period} needs {ids.shape[1]} tokens; {model.name} takes {model.max_length}"
+        )
     run = model.run(ids)
     return H.induction_score(_stack(run.attentions), start=len(prefix), period=period)
 

@@ -38,7 +38,9 @@ def single_token(model: Model, token: str, *, what: str = "target") -> int:
     pieces = [(i, t) for i, t, special in zip(encoded.ids[0].tolist(), encoded.tokens, encoded.special) if not special]
     if len(pieces) != 1:
         spelled = " + ".join(repr(t) for _, t in pieces) or "no token"
-        hint = "" if token.startswith(" ") else f"; a word after a space is its own token with the space: {' ' + token!r}"
+        hint = (
+            "" if token.startswith(" ") else f"; a word after a space is its own token with the space: {' ' + token!r}"
+        )
         raise ValueError(
             f"the {what} {token!r} must be a single token of {model.name}, but it tokenises as {spelled} "
             f"({len(pieces)} tokens){hint}"

@@ -135,7 +135,9 @@ def readable_tokens(
             continue
         start, end = int(offset[0]), int(offset[1])
         if start < 0 or end > len(text):
-            raise ValueError(f"token {i} ({tokens[i]!r}) has span {(start, end)} outside the text of {len(text)} characters")
+            raise ValueError(
+                f"token {i} ({tokens[i]!r}) has span {(start, end)} outside the text of {len(text)} characters"
+            )
         spans.append((start, end))
     # Which tokens hold a piece of each character: a character held by more than one
     # token was split by the tokenizer (bytes of one syllable, jamo of one syllable).
@@ -149,7 +151,7 @@ def readable_tokens(
         if span is None:
             out.append(ReadableToken(token, token, None, special=True if special is None else bool(special[i])))
             continue
-        piece = text[span[0]:span[1]]
+        piece = text[span[0] : span[1]]
         shared = [pos for pos in range(*span) if len(holders[pos]) > 1]
         part = None
         if len(shared) == 1:
@@ -262,7 +264,7 @@ def _spans_of_pieces(pieces: Sequence[bytes | None]) -> tuple[str, list[tuple[in
     while pos < len(data):
         length = _utf8_length(data, pos)
         if length:
-            chars.append(data[pos:pos + length].decode("utf-8"))
+            chars.append(data[pos : pos + length].decode("utf-8"))
         else:
             length = 1
             chars.append(f"\\x{data[pos]:02x}")
@@ -287,11 +289,21 @@ def _utf8_length(data: bytes, pos: int) -> int:
     """The length of the UTF-8 character starting at ``data[pos]``, or 0 when the bytes
     there are not a complete, valid one."""
     lead = data[pos]
-    length = 1 if lead < 0x80 else 2 if 0xC2 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF5 else 0
+    length = (
+        1
+        if lead < 0x80
+        else 2
+        if 0xC2 <= lead < 0xE0
+        else 3
+        if 0xE0 <= lead < 0xF0
+        else 4
+        if 0xF0 <= lead < 0xF5
+        else 0
+    )
     if not length or pos + length > len(data):
         return 0
     try:
-        data[pos:pos + length].decode("utf-8")
+        data[pos : pos + length].decode("utf-8")
     except UnicodeDecodeError:
         return 0
     return length

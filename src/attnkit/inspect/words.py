@@ -126,7 +126,7 @@ def word_groups(text: str, tokens: Sequence[ReadableToken]) -> list[Word]:
     for i, key in enumerate(keys):
         if key is not None:
             continue
-        later = next((k for k in keys[i + 1:] if k is not None), None)
+        later = next((k for k in keys[i + 1 :] if k is not None), None)
         earlier = next((k for k in reversed(keys[:i]) if k is not None), None)
         if later is not None and later[0] == "word":
             keys[i] = later
@@ -213,8 +213,10 @@ def aggregate(
         raise ValueError(f"weights must be [..., s_q, s_k], got shape {list(weights.shape)}")
     s_q, s_k = weights.shape[-2:]
     members_q = group_matrix(groups, s_q, what="query groups").to(weights)  # [w_q, s_q]
-    members_k = members_q if key_groups is None and s_k == s_q else group_matrix(
-        groups if key_groups is None else key_groups, s_k, what="key groups"
-    ).to(weights)  # [w_k, s_k]
+    members_k = (
+        members_q
+        if key_groups is None and s_k == s_q
+        else group_matrix(groups if key_groups is None else key_groups, s_k, what="key groups").to(weights)
+    )  # [w_k, s_k]
     average_q = members_q / members_q.sum(-1, keepdim=True)  # [w_q, s_q]
     return average_q @ weights @ members_k.T  # [..., w_q, w_k]

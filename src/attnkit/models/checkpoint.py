@@ -30,7 +30,16 @@ from attnkit.models.registry import MANIFEST, MODELS, fetch_hint, home
 
 # Bytes per element of the safetensors dtypes that torch can hold.
 _DTYPE_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
 }
 # A header above this is not a header: real ones are a few hundred kilobytes at most.
 _MAX_HEADER = 100 * 2**20
@@ -69,8 +78,9 @@ class CheckpointError(ValueError):
     def __init__(self, path: str | os.PathLike[str], detail: str, *, field: str | None = None) -> None:
         self.path = Path(path)
         self.field = field
-        super().__init__(f"{self.path} {detail}" if detail.startswith(("is ", "has ", "names ")) else
-                         f"{self.path}: {detail}")
+        super().__init__(
+            f"{self.path} {detail}" if detail.startswith(("is ", "has ", "names ")) else f"{self.path}: {detail}"
+        )
 
 
 # Limits on the sizes a config.json may give, far above any checkpoint attnkit runs on two
@@ -90,7 +100,12 @@ REQUIRED = object()
 
 
 def config_int(
-    config: dict[str, Any], key: str, *, path: Path, default: Any = REQUIRED, minimum: int = 1,
+    config: dict[str, Any],
+    key: str,
+    *,
+    path: Path,
+    default: Any = REQUIRED,
+    minimum: int = 1,
     maximum: int | None = None,
 ) -> int:
     """An integer field of a ``config.json``, checked.
@@ -119,9 +134,7 @@ def config_int(
     return value
 
 
-def config_float(
-    config: dict[str, Any], key: str, *, path: Path, default: float, low: float, high: float
-) -> float:
+def config_float(config: dict[str, Any], key: str, *, path: Path, default: float, low: float, high: float) -> float:
     """A number field of a ``config.json``, finite and ``low < value <= high``.
 
     Raises:
@@ -131,8 +144,9 @@ def config_float(
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
-        raise CheckpointError(path, f"{key} must be a number above {low} and at most {high}, got {short_repr(value)}",
-                              field=key)
+        raise CheckpointError(
+            path, f"{key} must be a number above {low} and at most {high}, got {short_repr(value)}", field=key
+        )
     return float(value)
 
 
@@ -174,9 +188,7 @@ def resolve(name_or_path: str | os.PathLike[str]) -> tuple[str, Path]:
     if key in MODELS:
         folder = home() / key
         if not (folder / MANIFEST).is_file():
-            raise ModelNotFound(
-                f"model {key!r} is not fetched yet (looked in {folder}); run {fetch_hint(key)} first"
-            )
+            raise ModelNotFound(f"model {key!r} is not fetched yet (looked in {folder}); run {fetch_hint(key)} first")
         return key, folder
     path = Path(key).expanduser()
     if path.is_dir():
@@ -229,10 +241,14 @@ def weight_files(folder: Path) -> list[Path]:
             weight_map = _strict_json(index.read_bytes())["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (ValueError, UnicodeDecodeError, KeyError, AttributeError, TypeError, RecursionError) as err:
-            raise CheckpointError(index, f"is not a valid safetensors index: {short_repr(err)}", field="weight_map") from None
+            raise CheckpointError(
+                index, f"is not a valid safetensors index: {short_repr(err)}", field="weight_map"
+            ) from None
         bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s]
         if bad:
-            raise CheckpointError(index, f"shard names must be plain file names, got {short_repr(bad)}", field="weight_map")
+            raise CheckpointError(
+                index, f"shard names must be plain file names, got {short_repr(bad)}", field="weight_map"
+            )
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
             raise CheckpointError(index, f"names shards that are missing: {missing}", field="weight_map")
@@ -263,8 +279,8 @@ def check_safetensors(path: Path) -> dict[str, dict[str, Any]]:
         header_len = int.from_bytes(prefix, "little")
         if header_len > min(size - 8, _MAX_HEADER):
             raise CheckpointError(
-                path, f"is truncated or not a safetensors file: its header claims {header_len} bytes "
-                f"but the file has {size}"
+                path,
+                f"is truncated or not a safetensors file: its header claims {header_len} bytes but the file has {size}",
             )
         try:
             header = _strict_json(f.read(header_len))
@@ -285,8 +301,9 @@ def check_safetensors(path: Path) -> dict[str, dict[str, Any]]:
             raise CheckpointError(path, f"is corrupt: bad header entry for {name!r}: {short_repr(info)}", field=name)
         dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
         if dtype not in _DTYPE_BYTES:
-            raise CheckpointError(path, f"tensor {name!r} has dtype {short_repr(dtype)}, which attnkit cannot load",
-                                  field=name)
+            raise CheckpointError(
+                path, f"tensor {name!r} has dtype {short_repr(dtype)}, which attnkit cannot load", field=name
+            )
         if not 0 <= begin <= end or end - begin != math.prod(shape) * _DTYPE_BYTES[dtype]:
             raise CheckpointError(
                 path, f"is corrupt: tensor {name!r} ({dtype} {shape}) has byte range [{begin}, {end})", field=name
@@ -296,8 +313,9 @@ def check_safetensors(path: Path) -> dict[str, dict[str, Any]]:
     covered = 0
     for begin, end, name in spans:
         if begin != covered:
-            raise CheckpointError(path, f"is corrupt: tensor {name!r} starts at byte {begin}, expected {covered}",
-                                  field=name)
+            raise CheckpointError(
+                path, f"is corrupt: tensor {name!r} starts at byte {begin}, expected {covered}", field=name
+            )
         covered = end
     if covered != data_size:
         state = "truncated" if covered > data_size else "corrupt (trailing bytes)"
@@ -320,8 +338,12 @@ def _valid_entry(info: Any) -> bool:
         return False
     shape, offsets = info["shape"], info["data_offsets"]
     return (
-        isinstance(info["dtype"], str) and isinstance(shape, list) and all(whole(n) for n in shape)
-        and isinstance(offsets, list) and len(offsets) == 2 and all(whole(n) for n in offsets)
+        isinstance(info["dtype"], str)
+        and isinstance(shape, list)
+        and all(whole(n) for n in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(whole(n) for n in offsets)
     )
 
 
@@ -338,8 +360,9 @@ def read_headers(files: list[Path]) -> dict[str, tuple[Path, str, list[int]]]:
     for path in files:
         for name, info in check_safetensors(path).items():
             if name in out:
-                raise CheckpointError(path, f"tensor {name!r} appears in two weight files (first: {out[name][0]})",
-                                      field=name)
+                raise CheckpointError(
+                    path, f"tensor {name!r} appears in two weight files (first: {out[name][0]})", field=name
+                )
             out[name] = (path, info["dtype"], info["shape"])
     return out
 
@@ -403,10 +426,17 @@ def sha256_file(path: Path, *, progress: bool = False, label: str | None = None)
     """The SHA-256 of a file, hex, read in 1 MiB chunks (with a progress bar if asked)."""
     tqdm = require("tqdm.auto").tqdm
     digest = hashlib.sha256()
-    with path.open("rb") as f, tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, desc=label or f"sha256 {path.name}",
-        disable=not progress, leave=False,
-    ) as bar:
+    with (
+        path.open("rb") as f,
+        tqdm(
+            total=path.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            desc=label or f"sha256 {path.name}",
+            disable=not progress,
+            leave=False,
+        ) as bar,
+    ):
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             digest.update(chunk)
             bar.update(len(chunk))
@@ -444,9 +474,7 @@ def verify_manifest(folder: Path, manifest: dict[str, Any], name: str) -> None:
             raise ValueError(f"{path} is missing{hint}")
         stat = path.stat()
         if stat.st_size != info["size"]:
-            raise ValueError(
-                f"{path} is truncated or changed: {stat.st_size} bytes, expected {info['size']}{hint}"
-            )
+            raise ValueError(f"{path} is truncated or changed: {stat.st_size} bytes, expected {info['size']}{hint}")
         if stat.st_mtime_ns != info.get("mtime_ns") and sha256_file(path) != info["sha256"]:
             raise ValueError(f"{path} is corrupt: its SHA-256 differs from the one recorded at fetch time{hint}")
 

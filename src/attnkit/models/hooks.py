@@ -48,7 +48,15 @@ HookFn = Callable[[Tensor], "Tensor | None"]
 
 # The per-layer names, in the order a forward pass meets them.
 LAYER_HOOKS = (
-    "resid_pre", "attn.q", "attn.k", "attn.v", "attn.pattern", "attn.z", "attn_out", "resid_mid", "mlp_out",
+    "resid_pre",
+    "attn.q",
+    "attn.k",
+    "attn.v",
+    "attn.pattern",
+    "attn.z",
+    "attn_out",
+    "resid_mid",
+    "mlp_out",
     "resid_post",
 )
 

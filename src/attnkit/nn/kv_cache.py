@@ -89,10 +89,14 @@ class KVCache:
                 f"{list(keys.shape)} and values {list(values.shape)}"
             )
         end = self._length + keys.shape[2]
-        if self._keys is not None and self._values is not None and (
-            keys.shape[:2] != self._keys.shape[:2]
-            or keys.shape[3] != self._keys.shape[3]
-            or values.shape[3] != self._values.shape[3]
+        if (
+            self._keys is not None
+            and self._values is not None
+            and (
+                keys.shape[:2] != self._keys.shape[:2]
+                or keys.shape[3] != self._keys.shape[3]
+                or values.shape[3] != self._values.shape[3]
+            )
         ):
             raise ValueError(
                 f"new keys {list(keys.shape)} / values {list(values.shape)} do not fit the cached "

@@ -100,8 +100,11 @@ class EncoderLayer(_ResidualLayer):
         self.norm_first = norm_first
         kernel = resolve_kernel_name(kernel)
         attention_options: dict[str, Any] = {
-            "num_kv_heads": num_kv_heads, "bias": bias, "dropout": _attention_dropout(kernel, dropout, attention_dropout),
-            "kernel": kernel, "kernel_options": kernel_options,
+            "num_kv_heads": num_kv_heads,
+            "bias": bias,
+            "dropout": _attention_dropout(kernel, dropout, attention_dropout),
+            "kernel": kernel,
+            "kernel_options": kernel_options,
         }
         self.self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
         self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
@@ -137,9 +140,11 @@ class EncoderLayer(_ResidualLayer):
     ) -> LayerOutput:
         """:meth:`forward`, always as a record (weights ``None`` unless asked for): the one
         path the layer runs through."""
-        attn = _attention_record(self.self_attn(
-            self._sublayer_input(x, self.self_attn_norm), mask=mask, positions=positions, return_weights=weights
-        ))
+        attn = _attention_record(
+            self.self_attn(
+                self._sublayer_input(x, self.self_attn_norm), mask=mask, positions=positions, return_weights=weights
+            )
+        )
         x = self._add_and_norm(x, attn.output, self.self_attn_norm)
         x = self._add_and_norm(x, self.ff(self._sublayer_input(x, self.ff_norm)), self.ff_norm)
         return LayerOutput(x, LayerWeights(attn.weights) if weights else None)
@@ -209,8 +214,11 @@ class DecoderLayer(_ResidualLayer):
         self.norm_first = norm_first
         kernel = resolve_kernel_name(kernel)
         attention_options: dict[str, Any] = {
-            "num_kv_heads": num_kv_heads, "bias": bias, "dropout": _attention_dropout(kernel, dropout, attention_dropout),
-            "kernel": kernel, "kernel_options": kernel_options,
+            "num_kv_heads": num_kv_heads,
+            "bias": bias,
+            "dropout": _attention_dropout(kernel, dropout, attention_dropout),
+            "kernel": kernel,
+            "kernel_options": kernel_options,
         }
         self.self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
         self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
@@ -262,8 +270,15 @@ class DecoderLayer(_ResidualLayer):
                 one with it (and the errors of the attention modules).
         """
         record = self.forward_record(
-            x, memory, mask=mask, memory_mask=memory_mask, causal=causal, positions=positions,
-            self_cache=self_cache, cross_cache=cross_cache, weights=return_weights,
+            x,
+            memory,
+            mask=mask,
+            memory_mask=memory_mask,
+            causal=causal,
+            positions=positions,
+            self_cache=self_cache,
+            cross_cache=cross_cache,
+            weights=return_weights,
         )
         return record if return_weights else record.output
 
@@ -291,17 +306,28 @@ class DecoderLayer(_ResidualLayer):
                 "memory is required by a decoder layer with cross-attention and not accepted without one; "
                 f"this layer has cross_attention={self.cross_attn is not None}, memory given: {memory is not None}"
             )
-        attn = _attention_record(self.self_attn(
-            self._sublayer_input(x, self.self_attn_norm), mask=mask, causal=causal, positions=positions,
-            kv_cache=self_cache, return_weights=weights,
-        ))
+        attn = _attention_record(
+            self.self_attn(
+                self._sublayer_input(x, self.self_attn_norm),
+                mask=mask,
+                causal=causal,
+                positions=positions,
+                kv_cache=self_cache,
+                return_weights=weights,
+            )
+        )
         x = self._add_and_norm(x, attn.output, self.self_attn_norm)
         cross_weights = None
         if self.cross_attn is not None:
-            cross = _attention_record(self.cross_attn(
-                self._sublayer_input(x, self.cross_attn_norm), memory, mask=memory_mask, kv_cache=cross_cache,
-                return_weights=weights,
-            ))
+            cross = _attention_record(
+                self.cross_attn(
+                    self._sublayer_input(x, self.cross_attn_norm),
+                    memory,
+                    mask=memory_mask,
+                    kv_cache=cross_cache,
+                    return_weights=weights,
+                )
+            )
             x = self._add_and_norm(x, cross.output, self.cross_attn_norm)
             cross_weights = cross.weights
         x = self._add_and_norm(x, self.ff(self._sublayer_input(x, self.ff_norm)), self.ff_norm)
@@ -317,7 +343,10 @@ class DecoderLayer(_ResidualLayer):
             ValueError: its activation is neither ReLU nor GELU.
         """
         return _from_torch_layer(
-            cls, m, nn.TransformerDecoderLayer, {"self_attn_norm": "norm1", "cross_attn_norm": "norm2", "ff_norm": "norm3"},
+            cls,
+            m,
+            nn.TransformerDecoderLayer,
+            {"self_attn_norm": "norm1", "cross_attn_norm": "norm2", "ff_norm": "norm3"},
             cross_attention="multihead_attn",
         )
 
@@ -372,8 +401,13 @@ def _from_torch_layer(
     # Built without storage, then given copies of the source's tensors.
     with torch.device("meta"):
         new = cls(
-            m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features, dropout=m.dropout.p,
-            activation=_torch_activation(m.activation), norm_eps=m.norm1.eps, norm_first=m.norm_first,
+            m.self_attn.embed_dim,
+            m.self_attn.num_heads,
+            m.linear1.out_features,
+            dropout=m.dropout.p,
+            activation=_torch_activation(m.activation),
+            norm_eps=m.norm1.eps,
+            norm_first=m.norm_first,
             bias=m.linear1.bias is not None,
         )
     state = _prefixed("self_attn", state_dict_from_torch_attention(m.self_attn))

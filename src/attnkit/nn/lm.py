@@ -116,9 +116,20 @@ class DecoderLM(nn.Module):
         kernel = resolve_kernel_name(kernel)
         layers = [
             DecoderLayer(
-                embed_dim, num_heads, ff_dim, num_kv_heads=num_kv_heads, cross_attention=False, dropout=dropout,
-                activation=activation, norm=norm, norm_eps=norm_eps, norm_first=norm_first, bias=bias,
-                positional=in_attention, kernel=kernel, kernel_options=kernel_options,
+                embed_dim,
+                num_heads,
+                ff_dim,
+                num_kv_heads=num_kv_heads,
+                cross_attention=False,
+                dropout=dropout,
+                activation=activation,
+                norm=norm,
+                norm_eps=norm_eps,
+                norm_first=norm_first,
+                bias=bias,
+                positional=in_attention,
+                kernel=kernel,
+                kernel_options=kernel_options,
                 attention_dropout=attention_dropout,
             )
             for _ in range(num_layers)
@@ -212,7 +223,10 @@ class DecoderLM(nn.Module):
         """
         # Always a record inside (no layer's weights when none are asked for): one path.
         decoded = self.hidden_states(
-            tokens, mask=mask, positions=positions, cache=cache,
+            tokens,
+            mask=mask,
+            positions=positions,
+            cache=cache,
             return_weights=[] if return_weights is False else return_weights,
         )
         logits = self.lm_head(decoded.output)  # [b, s, v]
@@ -306,7 +320,11 @@ class DecoderLM(nn.Module):
         return self._steps(tokens, max_new_tokens, temperature, top_k, generator)
 
     def _steps(
-        self, tokens: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
         generator: torch.Generator | None,
     ) -> Iterator[Tensor]:
         cache = self.new_cache(capacity=tokens.shape[1] + max_new_tokens)

@@ -48,7 +48,8 @@ class PackedLinears:
             raise ValueError("nothing to pack")
         first = linears[0].weight
         if any(
-            lin.in_features != linears[0].in_features or lin.weight.dtype != first.dtype
+            lin.in_features != linears[0].in_features
+            or lin.weight.dtype != first.dtype
             or lin.weight.device != first.device
             for lin in linears
         ):

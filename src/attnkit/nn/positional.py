@@ -508,8 +508,7 @@ class RelativePositionBias(AttentionPositional):
         exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
         if exact < 1:
             raise ValueError(
-                f"num_buckets must be >= {4 if bidirectional else 2} "
-                f"(bidirectional={bidirectional}), got {num_buckets}"
+                f"num_buckets must be >= {4 if bidirectional else 2} (bidirectional={bidirectional}), got {num_buckets}"
             )
         if max_distance <= exact:
             raise ValueError(f"max_distance must be > {exact} (the exact buckets), got {max_distance}")

@@ -95,9 +95,7 @@ class AttentionScore(nn.Module):
         if keys.ndim != 3 or keys.shape[-1] != self.key_dim:
             raise ValueError(f"keys must be [b, s_k, d_k] with d_k = {self.key_dim}, got {list(keys.shape)}")
         if values.ndim != 3 or values.shape[:2] != keys.shape[:2]:
-            raise ValueError(
-                f"values must be [b, s_k, d_v] matching keys {list(keys.shape)}, got {list(values.shape)}"
-            )
+            raise ValueError(f"values must be [b, s_k, d_v] matching keys {list(keys.shape)}, got {list(values.shape)}")
         if query.shape[0] != keys.shape[0]:
             raise ValueError(
                 f"query and keys must have the same batch size, got {list(query.shape)} and {list(keys.shape)}"

@@ -134,7 +134,10 @@ class Encoder(nn.Module):
             ValueError: a layer index out of range (and the layers' errors).
         """
         return _run_stack(
-            self.layers, self.final_norm, x, return_weights,
+            self.layers,
+            self.final_norm,
+            x,
+            return_weights,
             lambda i, layer, h, weights: layer(h, mask=mask, positions=positions, return_weights=weights),
         )
 
@@ -219,9 +222,17 @@ class Decoder(nn.Module):
                     "make it with new_cache()"
                 )
         return _run_stack(
-            self.layers, self.final_norm, x, return_weights,
+            self.layers,
+            self.final_norm,
+            x,
+            return_weights,
             lambda i, layer, h, weights: layer(
-                h, memory, mask=mask, memory_mask=memory_mask, causal=causal, positions=positions,
+                h,
+                memory,
+                mask=mask,
+                memory_mask=memory_mask,
+                causal=causal,
+                positions=positions,
                 self_cache=None if cache is None else cache.self_attention[i],
                 cross_cache=None if cache is None else cache.cross_attention[i],
                 return_weights=weights,
@@ -296,8 +307,15 @@ class Transformer(nn.Module):
                 f"{num_decoder_layers}"
             )
         layer_options = dict(
-            num_kv_heads=num_kv_heads, dropout=dropout, activation=activation, norm=norm, norm_eps=norm_eps,
-            norm_first=norm_first, bias=bias, kernel=resolve_kernel_name(kernel), kernel_options=kernel_options,
+            num_kv_heads=num_kv_heads,
+            dropout=dropout,
+            activation=activation,
+            norm=norm,
+            norm_eps=norm_eps,
+            norm_first=norm_first,
+            bias=bias,
+            kernel=resolve_kernel_name(kernel),
+            kernel_options=kernel_options,
             attention_dropout=attention_dropout,
         )
         final_norm = norm_first if final_norm is None else final_norm
@@ -352,7 +370,12 @@ class Transformer(nn.Module):
             ``[b, s_tgt, e]``, or a :class:`attnkit.nn.StackOutput`.
         """
         return self.decoder(
-            tgt, memory, mask=tgt_mask, memory_mask=memory_mask, causal=causal, cache=cache,
+            tgt,
+            memory,
+            mask=tgt_mask,
+            memory_mask=memory_mask,
+            causal=causal,
+            cache=cache,
             return_weights=return_weights,
         )
 
@@ -415,11 +438,13 @@ class Transformer(nn.Module):
         encoder, decoder = Encoder.from_torch(m.encoder), Decoder.from_torch(m.decoder)
         first = encoder.layers[0]
         new = cls(
-            first.self_attn.embed_dim, first.self_attn.num_heads, len(encoder.layers), len(decoder.layers),
+            first.self_attn.embed_dim,
+            first.self_attn.num_heads,
+            len(encoder.layers),
+            len(decoder.layers),
             first.ff.up_proj.out_features,
         )
         # The converted stacks carry torch's whole configuration (sizes, activation, norms,
         # bias) along with the weights; they replace the freshly built ones.
         new.encoder, new.decoder = encoder, decoder
         return new
-

@@ -17,6 +17,13 @@ from attnkit.serve.app import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_CHARS", "DEFAULT_MAX_QUEUE", "DEFAULT_MAX_TOKENS", "DEFAULT_MAX_WEIGHTS", "LOOPBACK_HOSTS",
-    "AttentionRequest", "background", "create_app",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CHARS",
+    "DEFAULT_MAX_QUEUE",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_MAX_WEIGHTS",
+    "LOOPBACK_HOSTS",
+    "AttentionRequest",
+    "background",
+    "create_app",
 ]

@@ -78,7 +78,7 @@ class AttentionRequest(BaseModel):
     level: Literal["token", "word"] = Field(
         "token",
         description='"token", or "word" for the attention between the words of the text: rows and columns are '
-                    "words, a word's row the average of its tokens' rows, summed over each key word's tokens.",
+        "words, a word's row the average of its tokens' rows, summed over each key word's tokens.",
     )
 
 
@@ -158,9 +158,12 @@ class ServedModel:
     def info(self) -> ModelInfo:
         """What ``GET /api/info`` says about this model."""
         return ModelInfo(
-            name=self.name, family=str(getattr(self.model, "family", "")),
+            name=self.name,
+            family=str(getattr(self.model, "family", "")),
             kind="causal" if self.model.causal else "bidirectional",
-            layers=self.model.num_layers, heads=self.model.num_heads, max_tokens=self.max_tokens,
+            layers=self.model.num_layers,
+            heads=self.model.num_heads,
+            max_tokens=self.max_tokens,
         )
 
 
@@ -339,8 +342,13 @@ def create_app(
     names = [public_name(spec) for spec in models]
     if not models or len(set(names)) != len(names):
         raise ValueError(f"models must be one or more distinct names, got {names}")
-    for name, value in (("max_tokens", max_tokens), ("max_weights", max_weights), ("max_chars", max_chars),
-                        ("max_body_bytes", max_body_bytes), ("max_queue", max_queue)):
+    for name, value in (
+        ("max_tokens", max_tokens),
+        ("max_weights", max_weights),
+        ("max_chars", max_chars),
+        ("max_body_bytes", max_body_bytes),
+        ("max_queue", max_queue),
+    ):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     if loader is None:
@@ -351,8 +359,12 @@ def create_app(
     }
     default = next(iter(served))
     info = InfoBody(
-        version=__version__, models=[s.info() for s in served.values()], default_model=default,
-        max_chars=max_chars, max_weights=max_weights, max_body_bytes=max_body_bytes,
+        version=__version__,
+        models=[s.info() for s in served.values()],
+        default_model=default,
+        max_chars=max_chars,
+        max_weights=max_weights,
+        max_body_bytes=max_body_bytes,
     )
     page = render_html(None, app=True)
     security = [
@@ -367,7 +379,10 @@ def create_app(
     # Swagger UI and ReDoc load their script from a CDN, which the policy forbids;
     # the schema itself stays at /openapi.json.
     app = FastAPI(
-        title="attnkit serve", version=__version__, docs_url=None, redoc_url=None,
+        title="attnkit serve",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
         description="Attention weights of a text, for the attnkit viewer. Schema: docs/viewer.md.",
     )
     app.state.models = served

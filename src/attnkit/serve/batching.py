@@ -197,7 +197,9 @@ class Batcher:
                 self._run_alone(batch[0])
             self._last_batch_seconds = time.perf_counter() - started
             seconds = self._last_batch_seconds / len(batch)
-            self._seconds_per_text = seconds if not self._seconds_per_text else 0.8 * self._seconds_per_text + 0.2 * seconds
+            self._seconds_per_text = (
+                seconds if not self._seconds_per_text else 0.8 * self._seconds_per_text + 0.2 * seconds
+            )
 
     def _run_together(self, batch: list[Job]) -> None:
         """One pass for the batch; stopped once every client has gone."""
@@ -208,7 +210,10 @@ class Batcher:
         first = batch[0]
         try:
             runs = self.model.run_batch(
-                [job.text for job in batch], attention=list(first.layers), heads=list(first.heads), logits=False,
+                [job.text for job in batch],
+                attention=list(first.layers),
+                heads=list(first.heads),
+                logits=False,
                 stop=everyone_gone,
             )
         except Exception as err:  # noqa: BLE001 - handed to the requests, which report it

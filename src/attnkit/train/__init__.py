@@ -20,6 +20,20 @@ from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTr
 from attnkit.train.tasks import TASKS, Batch, Task, make_task
 
 __all__ = [
-    "TASKS", "AttentionMaps", "Batch", "DecoderOnlyTransformer", "Evaluation", "Replicas", "RunResult", "Seq2SeqTransformer",
-    "Task", "TrainConfig", "build_model", "evaluate", "load_checkpoint", "make_task", "run", "save_checkpoint",
+    "TASKS",
+    "AttentionMaps",
+    "Batch",
+    "DecoderOnlyTransformer",
+    "Evaluation",
+    "Replicas",
+    "RunResult",
+    "Seq2SeqTransformer",
+    "Task",
+    "TrainConfig",
+    "build_model",
+    "evaluate",
+    "load_checkpoint",
+    "make_task",
+    "run",
+    "save_checkpoint",
 ]

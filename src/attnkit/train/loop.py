@@ -52,9 +52,24 @@ from attnkit.train.tasks import Task
 
 # Names of the pieces this module was split into, kept importable from here.
 __all__ = [
-    "DEFAULT_THREADS", "MAX_STEPS", "METRICS_NAME", "TASK_DEFAULTS", "Evaluation", "Replicas", "RunResult",
-    "TrainConfig", "alignment_fractions", "alignment_report", "check_resumable", "evaluate", "held_out_generator",
-    "lr_factor", "prepare_output_dir", "resolve_device", "run", "saved_config",
+    "DEFAULT_THREADS",
+    "MAX_STEPS",
+    "METRICS_NAME",
+    "TASK_DEFAULTS",
+    "Evaluation",
+    "Replicas",
+    "RunResult",
+    "TrainConfig",
+    "alignment_fractions",
+    "alignment_report",
+    "check_resumable",
+    "evaluate",
+    "held_out_generator",
+    "lr_factor",
+    "prepare_output_dir",
+    "resolve_device",
+    "run",
+    "saved_config",
 ]
 
 CHECKPOINT_FORMAT = 1
@@ -173,8 +188,16 @@ def _load_run_checkpoint(out_dir: Path) -> dict[str, Any]:
         config.validate()
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
-    expected = {"step": int, "model": dict, "optimizer": dict, "scheduler": dict, "rng": dict, "losses": Tensor,
-                "accuracies": Tensor, "seconds": (int, float)}
+    expected = {
+        "step": int,
+        "model": dict,
+        "optimizer": dict,
+        "scheduler": dict,
+        "rng": dict,
+        "losses": Tensor,
+        "accuracies": Tensor,
+        "seconds": (int, float),
+    }
     for key, kind in expected.items():
         if isinstance(state.get(key), bool) or not isinstance(state.get(key), kind):
             raise ValueError(f"{path} is not a usable checkpoint: field {key!r} is missing or of the wrong type")
@@ -183,8 +206,10 @@ def _load_run_checkpoint(out_dir: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not a usable checkpoint: step {step} is outside 0..{config.steps}")
     for key in ("losses", "accuracies"):
         if state[key].shape != (step,) or not state[key].is_floating_point():
-            raise ValueError(f"{path} is not a usable checkpoint: {key} must be {step} floats, got "
-                             f"{state[key].dtype} {list(state[key].shape)}")
+            raise ValueError(
+                f"{path} is not a usable checkpoint: {key} must be {step} floats, got "
+                f"{state[key].dtype} {list(state[key].shape)}"
+            )
     rng = state["rng"]
     if not all(isinstance(rng.get(k), Tensor) and rng[k].dtype == torch.uint8 for k in ("torch", "data")):
         raise ValueError(f"{path} is not a usable checkpoint: field 'rng' must hold the generator states")
@@ -214,8 +239,13 @@ def build_for_config(config: TrainConfig, task: Task) -> Model:
     """The run's model, freshly initialised from ``torch.manual_seed(config.seed)``."""
     torch.manual_seed(config.seed)
     return build_model(
-        task.vocab_size, decoder_only=task.decoder_only, d_model=config.d_model, heads=config.heads,
-        layers=config.layers, ff=config.ff, dropout=config.dropout,
+        task.vocab_size,
+        decoder_only=task.decoder_only,
+        d_model=config.d_model,
+        heads=config.heads,
+        layers=config.layers,
+        ff=config.ff,
+        dropout=config.dropout,
     )
 
 
@@ -274,7 +304,12 @@ def run(
 
 
 def _run(
-    config: TrainConfig, out_dir: str | Path, *, resume: bool, stop_after: int | None, progress: bool,
+    config: TrainConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool,
+    stop_after: int | None,
+    progress: bool,
     replicas: Replicas | None,
 ) -> RunResult:
     task = config.validate()
@@ -283,8 +318,10 @@ def _run(
     if stop_after is not None and stop_after < 1:
         raise ValueError(f"stop_after must be >= 1, got {stop_after}")
     if config.batch_size < replicas.world_size:
-        raise ValueError(f"batch_size must be >= the number of processes, got {config.batch_size} for "
-                         f"{replicas.world_size} processes")
+        raise ValueError(
+            f"batch_size must be >= the number of processes, got {config.batch_size} for "
+            f"{replicas.world_size} processes"
+        )
     out = prepare_output_dir(out_dir)
     if replicas.writes_files:
         remove_stale_temporaries(out / CHECKPOINT_NAME)
@@ -293,9 +330,7 @@ def _run(
         state = _load_run_checkpoint(out)
         check_resumable(TrainConfig.from_dict(state["config"]), config)
     elif (out / CHECKPOINT_NAME).exists():
-        raise ValueError(
-            f"{out} already holds a {CHECKPOINT_NAME}; resume it, or train into a new output directory"
-        )
+        raise ValueError(f"{out} already holds a {CHECKPOINT_NAME}; resume it, or train into a new output directory")
 
     replicas.barrier()  # every replica has read (or looked for) the checkpoint before one is written
 
@@ -321,20 +356,32 @@ def _run(
     try:
         heatmap = draw_example(task, maps, evaluation, alignment, out)
     except OSError as err:
-        raise OSError(f"cannot write the heatmap into {out}: {err.strerror or err}; the training itself is saved in "
-                      f"{checkpoint_path}") from err
+        raise OSError(
+            f"cannot write the heatmap into {out}: {err.strerror or err}; the training itself is saved in "
+            f"{checkpoint_path}"
+        ) from err
     eval_seconds = time.perf_counter() - eval_start
 
     metrics = run_metrics(
-        config, task, model, trainer.loss_curve(), trainer.step, trainer.seconds, evaluation, alignment, heatmap,
-        eval_seconds, device,
+        config,
+        task,
+        model,
+        trainer.loss_curve(),
+        trainer.step,
+        trainer.seconds,
+        evaluation,
+        alignment,
+        heatmap,
+        eval_seconds,
+        device,
     )
     metrics_path = out / METRICS_NAME
     try:
         metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
     except OSError as err:
-        raise OSError(f"cannot write {metrics_path}: {err.strerror or err}; the training itself is saved in "
-                      f"{checkpoint_path}") from err
+        raise OSError(
+            f"cannot write {metrics_path}: {err.strerror or err}; the training itself is saved in {checkpoint_path}"
+        ) from err
     return RunResult(config, trainer.step, True, metrics, [checkpoint_path, metrics_path, heatmap])
 
 
@@ -351,6 +398,7 @@ class _Trainer:
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay
         )
+
         # A function, not a callable object: LambdaLR's state_dict would pickle an
         # object's attributes, and a checkpoint must hold plain data only.
         def factor(step: int) -> float:
@@ -446,8 +494,11 @@ class _Trainer:
                     try:
                         save_checkpoint(self.state(), checkpoint_path)
                     except OSError as err:
-                        kept = f"the previous checkpoint in {checkpoint_path.parent} is intact; " if \
-                            checkpoint_path.exists() else ""
+                        kept = (
+                            f"the previous checkpoint in {checkpoint_path.parent} is intact; "
+                            if checkpoint_path.exists()
+                            else ""
+                        )
                         raise OSError(
                             f"cannot write the checkpoint {checkpoint_path} at step {self.step}: "
                             f"{err.strerror or err}; {kept}training stopped"
@@ -476,5 +527,3 @@ def _progress_bar(**kwargs: Any):
     except ImportError:
         raise ImportError("the training progress bar needs tqdm: pip install 'attnkit[train]'") from None
     return tqdm(unit="step", dynamic_ncols=True, **kwargs)
-
-

@@ -138,9 +138,7 @@ class Seq2SeqTransformer(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            out = self.transformer(
-                self._embed(inputs), self._embed(_with_bos(targets[:, :-1])), return_weights=True
-            )
+            out = self.transformer(self._embed(inputs), self._embed(_with_bos(targets[:, :-1])), return_weights=True)
         finally:
             self.train(was_training)
         weights = torch.stack([layer.cross_attention for layer in out.decoder_weights])  # [L, b, h, s_out, s_in]

@@ -100,8 +100,10 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
         if len(shown) < n:
             head_rows = max_rows - TAIL_ROWS
             left_out = n - len(shown)
-            note = (f"… {left_out} {query} rows left out ({head_rows}..{n - TAIL_ROWS - 1}); "
-                    "the JSON file (--format json) has every row")
+            note = (
+                f"… {left_out} {query} rows left out ({head_rows}..{n - TAIL_ROWS - 1}); "
+                "the JSON file (--format json) has every row"
+            )
             table.insert(2 + head_rows, note)
         lines += table
     return "\n".join(lines) + "\n"
@@ -131,7 +133,10 @@ def render_effects(effects: HeadEffects, *, top: int = 5) -> str:
     rows = [[f"{effects.layers[row]}", f"{head}", f"{value:+.4f}"] for row, head, value in order]
     lines += format_table(["layer", "head", "effect"], rows, align=">>>").splitlines()
     lines += ["", f"layers × heads ({effects.metric}):"]
-    grid = [[f"{effects.layers[row]}"] + [f"{v:+.3f}" for v in values] for row, values in enumerate(effects.effects.tolist())]
+    grid = [
+        [f"{effects.layers[row]}"] + [f"{v:+.3f}" for v in values]
+        for row, values in enumerate(effects.effects.tolist())
+    ]
     header = ["layer"] + [str(h) for h in range(effects.effects.shape[1])]
     lines += format_table(header, grid, align=">" * len(header)).splitlines()
     return "\n".join(lines) + "\n"
@@ -218,10 +223,12 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
         # Long words (wide Hangul counts two columns) push the line past the width: break it.
         lines += ["", line] if display_width(line) <= WIDTH else ["", f"{intro}{texts};", f"  {tail}"]
         ranked = rank_heads(pair.mass, top=max(top, 10))
-        lines.append(format_table(
-            ["rank", "layer", "head", "weight"],
-            [[str(r), str(layer), str(head), f"{value:.2f}"] for r, (layer, head, value) in enumerate(ranked, 1)],
-        ))
+        lines.append(
+            format_table(
+                ["rank", "layer", "head", "weight"],
+                [[str(r), str(layer), str(head), f"{value:.2f}"] for r, (layer, head, value) in enumerate(ranked, 1)],
+            )
+        )
     lines.append("")
     lines += _value_grid(survey, stat) if stat is not None else _role_grid(survey)
     return "\n".join(lines) + "\n"

@@ -41,14 +41,23 @@ def _qkv_tables(expl: Explanation) -> list[str]:
     same_tokens = inputs.query_tokens == inputs.key_tokens
     if same_tokens:
         rows = [
-            [tok, fmt_vector(inputs.q[i].tolist(), True), fmt_vector(inputs.k[i].tolist(), True), fmt_vector(inputs.v[i].tolist(), True)]
+            [
+                tok,
+                fmt_vector(inputs.q[i].tolist(), True),
+                fmt_vector(inputs.k[i].tolist(), True),
+                fmt_vector(inputs.v[i].tolist(), True),
+            ]
             for i, tok in enumerate(inputs.key_tokens)
         ]
         table = format_table(["token", "Q", "K", "V"], rows, "<<<<")
         if table_width(table) <= WIDTH:
             return [table]
     tables = []
-    for name, tokens, matrix in (("Q", inputs.query_tokens, inputs.q), ("K", inputs.key_tokens, inputs.k), ("V", inputs.key_tokens, inputs.v)):
+    for name, tokens, matrix in (
+        ("Q", inputs.query_tokens, inputs.q),
+        ("K", inputs.key_tokens, inputs.k),
+        ("V", inputs.key_tokens, inputs.v),
+    ):
         rows = [[tok, fmt_vector(matrix[i].tolist(), True)] for i, tok in enumerate(tokens)]
         tables.append(format_table(["token", name], rows, "<<"))
     return ["\n\n".join(tables)]
@@ -70,22 +79,36 @@ def _query_section(expl: Explanation, step: QueryStep) -> str:
         table = format_table(["key", "score"], [[r[0], r[2]] for r in rows])
     lines += [table, ""]
 
-    scale_title = f"divide by √d_k = {fmt_compact(1 / expl.scale)}" if expl.score == "scaled_dot" else "none for dot scores (scale 1)"
+    scale_title = (
+        f"divide by √d_k = {fmt_compact(1 / expl.scale)}"
+        if expl.score == "scaled_dot"
+        else "none for dot scores (scale 1)"
+    )
     lines.append(f"Step 2. Scale: {scale_title}")
-    rows = [[tok, fmt(step.scores[j]), fmt(step.scaled[j]) if step.allowed[j] else "masked"] for j, tok in enumerate(inputs.key_tokens)]
+    rows = [
+        [tok, fmt(step.scores[j]), fmt(step.scaled[j]) if step.allowed[j] else "masked"]
+        for j, tok in enumerate(inputs.key_tokens)
+    ]
     lines += [format_table(["key", "score", "scaled"], rows), ""]
 
     lines.append("Step 3. Softmax: weightᵢ = exp(scaledᵢ) / Σ exp(scaled)")
     exps = [_exp(step, j) for j in range(n_k)]
-    rows = [[tok, fmt(step.scaled[j]) if step.allowed[j] else "masked", fmt(exps[j]), fmt(step.weights[j])] for j, tok in enumerate(inputs.key_tokens)]
+    rows = [
+        [tok, fmt(step.scaled[j]) if step.allowed[j] else "masked", fmt(exps[j]), fmt(step.weights[j])]
+        for j, tok in enumerate(inputs.key_tokens)
+    ]
     rows.append(["sum", "", fmt(sum(exps)), fmt(sum(step.weights))])
     lines += [format_table(["key", "scaled", "exp", "weight"], rows), ""]
 
-    lines.append(f"Step 4. Weighted sum Σ weightᵢ × vᵢ: (1 x {n_k}) × ({n_k} x {inputs.v.shape[1]}) → (1 x {inputs.v.shape[1]})")
+    lines.append(
+        f"Step 4. Weighted sum Σ weightᵢ × vᵢ: (1 x {n_k}) × ({n_k} x {inputs.v.shape[1]}) → (1 x {inputs.v.shape[1]})"
+    )
     rows = []
     for j, tok in enumerate(inputs.key_tokens):
         v_row = inputs.v[j].tolist()
-        rows.append([tok, fmt(step.weights[j]), fmt_vector(v_row, True), fmt_vector([step.weights[j] * x for x in v_row])])
+        rows.append(
+            [tok, fmt(step.weights[j]), fmt_vector(v_row, True), fmt_vector([step.weights[j] * x for x in v_row])]
+        )
     rows.append(["context", "", "", fmt_vector(step.context)])
     table = format_table(["key", "weight", "v", "weight × v"], rows, "<><<")
     if table_width(table) > WIDTH:

@@ -130,15 +130,36 @@ def write_map(
             path = out / f"{stem}{suffix}.{fmt}"
             if len(amap.heads) <= 1:
                 name = f"head {amap.heads[0]}" if amap.heads else "all heads"
-                written.append(draw_heatmap(
-                    amap.weights[0], amap.labels, amap.labels, path, title=f"Layer {amap.layer}, {name} — {what}",
-                    causal=amap.causal, xlabel=xlabel, ylabel=ylabel, **saving, **figure,
-                ))
+                written.append(
+                    draw_heatmap(
+                        amap.weights[0],
+                        amap.labels,
+                        amap.labels,
+                        path,
+                        title=f"Layer {amap.layer}, {name} — {what}",
+                        causal=amap.causal,
+                        xlabel=xlabel,
+                        ylabel=ylabel,
+                        **saving,
+                        **figure,
+                    )
+                )
             else:
-                written.append(draw_attention_heads(
-                    amap.weights, amap.labels, amap.labels, path, heads=amap.heads, title=f"Layer {amap.layer} — {what}",
-                    causal=amap.causal, xlabel=xlabel, ylabel=ylabel, **saving, **figure,
-                ))
+                written.append(
+                    draw_attention_heads(
+                        amap.weights,
+                        amap.labels,
+                        amap.labels,
+                        path,
+                        heads=amap.heads,
+                        title=f"Layer {amap.layer} — {what}",
+                        causal=amap.causal,
+                        xlabel=xlabel,
+                        ylabel=ylabel,
+                        **saving,
+                        **figure,
+                    )
+                )
     if "json" in formats:
         written.append(write_json(amap.to_dict(), out / f"{stem}{suffix}.json"))
     return written
@@ -219,10 +240,16 @@ def write_effects(
         from attnkit.viz.head_grid import draw_head_grid
 
         options = {"cmap": "RdBu", "symmetric": True, **figure}
-        written.append(draw_head_grid(
-            effects.effects, out / f"{stem}.{fmt}", title=f"{kind} — {effects.model}", label=effects.metric,
-            **({} if dpi is None else {"dpi": dpi}), **options,
-        ))
+        written.append(
+            draw_head_grid(
+                effects.effects,
+                out / f"{stem}.{fmt}",
+                title=f"{kind} — {effects.model}",
+                label=effects.metric,
+                **({} if dpi is None else {"dpi": dpi}),
+                **options,
+            )
+        )
     if "json" in formats:
         written.append(write_json(effects.to_dict(), out / f"{stem}.json"))
     return written
@@ -260,10 +287,16 @@ def write_survey(
             grids.append((name, pair.mass, f"attention of {pair.source!r} on {pair.target!r}"))
         for name, values, label in grids:
             for fmt in pictures:
-                written.append(draw_head_grid(
-                    values, out / f"{stem}_{name}.{fmt}", title=f"{label} — {survey.model}", label=label,
-                    **({} if dpi is None else {"dpi": dpi}), **figure,
-                ))
+                written.append(
+                    draw_head_grid(
+                        values,
+                        out / f"{stem}_{name}.{fmt}",
+                        title=f"{label} — {survey.model}",
+                        label=label,
+                        **({} if dpi is None else {"dpi": dpi}),
+                        **figure,
+                    )
+                )
     if "json" in formats:
         written.append(write_json(survey.to_dict(), out / f"{stem}.json"))
     return written

@@ -243,14 +243,19 @@ def plot_attention(
         ax = fig.add_subplot() if ax is None else ax
         # In token coordinates whatever the reduction: cell (i, j) spans i-0.5 .. i+0.5.
         image = ax.imshow(
-            np.ma.masked_invalid(values), cmap=colours, norm=norm, aspect="auto",
-            interpolation="nearest", extent=(-0.5, s_k - 0.5, s_q - 0.5, -0.5),
+            np.ma.masked_invalid(values),
+            cmap=colours,
+            norm=norm,
+            aspect="auto",
+            interpolation="nearest",
+            extent=(-0.5, s_k - 0.5, s_q - 0.5, -0.5),
         )
         if colorbar:
             bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
             bar.set_label(f"weight ({scale} scale)", fontsize=8)
-        ax.set_xticks(col_ticks, labels=col_labels, rotation=45, ha="right", rotation_mode="anchor",
-                      fontfamily=families)
+        ax.set_xticks(
+            col_ticks, labels=col_labels, rotation=45, ha="right", rotation_mode="anchor", fontfamily=families
+        )
         ax.set_yticks(row_ticks, labels=row_labels, fontfamily=families)
         ax.set_xlabel(xlabel, fontfamily=families)
         ax.set_ylabel(ylabel, fontfamily=families)
@@ -323,17 +328,27 @@ def plot_attention_heads(
             continue
         row, col = divmod(index, cols)
         plot_attention(
-            weights[index], query_labels, key_labels, ax=ax, title=f"head {heads[index]}",
-            xlabel=xlabel if row == rows - 1 else "", ylabel=ylabel if col == 0 else "",
-            annotate=False, scale=scale, cmap=cmap, causal=causal, colorbar=False, max_cells=max_cells, vmax=top,
+            weights[index],
+            query_labels,
+            key_labels,
+            ax=ax,
+            title=f"head {heads[index]}",
+            xlabel=xlabel if row == rows - 1 else "",
+            ylabel=ylabel if col == 0 else "",
+            annotate=False,
+            scale=scale,
+            cmap=cmap,
+            causal=causal,
+            colorbar=False,
+            max_cells=max_cells,
+            vmax=top,
         )
         if row != rows - 1 and index + cols < count:
             ax.set_xticklabels([])
         if col != 0:
             ax.set_yticklabels([])
         ax.tick_params(labelsize=6)
-    fig.colorbar(grid.flat[0].images[0], ax=list(grid.flat), fraction=0.02, pad=0.02,
-                 label=f"weight ({scale} scale)")
+    fig.colorbar(grid.flat[0].images[0], ax=list(grid.flat), fraction=0.02, pad=0.02, label=f"weight ({scale} scale)")
     return fig
 
 
@@ -431,7 +446,9 @@ def colour_map(name: str) -> Any:
     try:
         colours = matplotlib.colormaps[name]
     except KeyError:
-        raise ValueError(f"unknown colour map {name!r}; any of matplotlib's works, e.g. Blues, viridis, magma") from None
+        raise ValueError(
+            f"unknown colour map {name!r}; any of matplotlib's works, e.g. Blues, viridis, magma"
+        ) from None
     return colours.with_extremes(bad=MASKED_COLOUR)
 
 

@@ -27,12 +27,20 @@ def notebook_html_of(shown: AttentionMap | AttentionView) -> str:
     """
     if isinstance(shown, AttentionMap):
         return notebook_html(
-            shown.model, shown.labels, {shown.layer: shown.weights}, causal=shown.causal, heads=shown.heads,
+            shown.model,
+            shown.labels,
+            {shown.layer: shown.weights},
+            causal=shown.causal,
+            heads=shown.heads,
             text=shown.text,
         )
     if isinstance(shown, AttentionView):
         return notebook_html(
-            shown.model, shown.run.labels, shown.run.attentions, causal=shown.causal, heads=shown.heads,
+            shown.model,
+            shown.run.labels,
+            shown.run.attentions,
+            causal=shown.causal,
+            heads=shown.heads,
             text=shown.run.text,
         )
     raise TypeError(f"expected an AttentionMap or an AttentionView, got {type(shown).__name__}")

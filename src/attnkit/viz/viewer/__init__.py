@@ -18,7 +18,16 @@ from attnkit.viz.viewer.data import KINDS, SCALE, Section, ViewerData
 from attnkit.viz.viewer.render import content_security_policy, embed_json, render_html, write_html
 
 __all__ = [
-    "KINDS", "SCALE", "Section", "ViewerData", "content_security_policy", "embed_json", "model_name",
-    "render_html", "viewer_data_from_lm_output", "viewer_data_from_run", "viewer_data_from_transformer_output",
+    "KINDS",
+    "SCALE",
+    "Section",
+    "ViewerData",
+    "content_security_policy",
+    "embed_json",
+    "model_name",
+    "render_html",
+    "viewer_data_from_lm_output",
+    "viewer_data_from_run",
+    "viewer_data_from_transformer_output",
     "write_html",
 ]

@@ -56,8 +56,13 @@ def viewer_data_from_run(
     heads = getattr(run, "heads", None)
     readable = readable_run(model, run, text or None, level=level)
     return ViewerData.from_run(
-        name or model_name(model), readable.labels, readable.attentions, causal=bool(model.causal),
-        heads=None if heads is None else list(heads), text=text, level=level,
+        name or model_name(model),
+        readable.labels,
+        readable.attentions,
+        causal=bool(model.causal),
+        heads=None if heads is None else list(heads),
+        text=text,
+        level=level,
     )
 
 
@@ -100,13 +105,15 @@ def mode_sections(
         value = methods.value_weighted(model, text, layers=layers)
         maps = {layer: between(value.heads[layer][list(heads)]) for layer in layers}  # [h, n, n]
         maps = {layer: m / m.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12) for layer, m in maps.items()}
-        sections["value"] = Section.from_layers(readable.labels, readable.labels, maps, heads=heads,
-                                                causal=bool(model.causal))
+        sections["value"] = Section.from_layers(
+            readable.labels, readable.labels, maps, heads=heads, causal=bool(model.causal)
+        )
     if "rollout" in modes:
         rollout = methods.rollout(model, text)  # [L, s, s]
         maps = {layer: between(rollout[layer][None]) for layer in layers}  # [1, n, n]
-        sections["rollout"] = Section.from_layers(readable.labels, readable.labels, maps, heads=[0],
-                                                  causal=bool(model.causal))
+        sections["rollout"] = Section.from_layers(
+            readable.labels, readable.labels, maps, heads=[0], causal=bool(model.causal)
+        )
     return sections
 
 
@@ -166,7 +173,9 @@ def viewer_data_from_transformer_output(
         Data of kind ``"encoder-decoder"`` with encoder, decoder and cross sections.
     """
     return ViewerData.encoder_decoder(
-        model, source_tokens, target_tokens,
+        model,
+        source_tokens,
+        target_tokens,
         encoder=_by_layer(output.encoder_weights, index, cross=False),
         decoder=_by_layer(output.decoder_weights, index, cross=False),
         cross=_by_layer(output.decoder_weights, index, cross=True),

@@ -197,8 +197,7 @@ class Section:
                 "compression": "zlib",
                 "encoding": "base64",
                 "data": [
-                    base64.b64encode(zlib.compress(layer.tobytes(), _ZLIB_LEVEL)).decode("ascii")
-                    for layer in quantised
+                    base64.b64encode(zlib.compress(layer.tobytes(), _ZLIB_LEVEL)).decode("ascii") for layer in quantised
                 ],
             },
         }

@@ -60,15 +60,17 @@ def content_security_policy(*, app: bool = False) -> str:
         (a header should add ``frame-ancestors 'none'``, which a meta tag cannot carry).
     """
     assets = _assets()
-    return "; ".join([
-        "default-src 'none'",
-        f"script-src {_sha256(assets.script)}",
-        f"style-src {_sha256(assets.style)}",
-        "img-src data:",
-        "connect-src 'self'" if app else "connect-src 'none'",
-        "base-uri 'none'",
-        "form-action 'none'",
-    ])
+    return "; ".join(
+        [
+            "default-src 'none'",
+            f"script-src {_sha256(assets.script)}",
+            f"style-src {_sha256(assets.style)}",
+            "img-src data:",
+            "connect-src 'self'" if app else "connect-src 'none'",
+            "base-uri 'none'",
+            "form-action 'none'",
+        ]
+    )
 
 
 def embed_json(text: str) -> str:
