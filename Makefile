@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test check format-check bench clean
+.PHONY: install demo test check bench clean
 
 install: $(STAMP)
 
@@ -37,10 +37,6 @@ check: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks docs
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-
-# The formatter's verdict: every file as `ruff format` would write it.
-format-check: $(STAMP)
-	$(BIN)/ruff format --check src tests benchmarks docs
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
