@@ -162,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         what = f"{len(texts)} text" + ("s" if len(texts) != 1 else "")
         with status.step(f"surveying {model.num_layers} layers × {model.num_heads} heads of {model.name} on {what}"):
             survey = survey_fn(model, texts, source=args.source, target=args.target, level=args.level)
+        if distributed:
+            dist_survey.leave()
         if not talks:
             return 0
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)

@@ -162,6 +162,7 @@ def _train(args: argparse.Namespace, *, distributed: bool) -> int:
                 progress=not args.no_progress,
                 threads=args.threads,
             )
+            dist_train.leave()
         else:
             result = run(
                 config,

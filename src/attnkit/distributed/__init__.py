@@ -11,7 +11,7 @@ GPU), launched by ``torchrun``.
   ``MultiHeadAttention(kernel="ring")`` runs a model sequence-parallel inside a torchrun job.
 """
 
-from attnkit.distributed.env import ProcessInfo, init, launched_by_torchrun
+from attnkit.distributed.env import ProcessInfo, init, launched_by_torchrun, leave
 from attnkit.distributed.layout import LAYOUTS, gather, shard, shard_length, shard_positions, shard_ranges
 from attnkit.distributed.ring import RingTimings, ring_attention, ring_kernel
 from attnkit.distributed.survey import survey_heads
@@ -28,6 +28,7 @@ __all__ = [
     "gather",
     "init",
     "launched_by_torchrun",
+    "leave",
     "ring_attention",
     "shard",
     "shard_length",

@@ -86,3 +86,15 @@ def init(backend: str | None = None, *, device: str | None = None, timeout_s: fl
         device=dev,
         backend=dist.get_backend(),
     )
+
+
+def leave() -> None:
+    """Leave this job's process group once every rank has got here.
+
+    A rank that simply exits while the group still exists may abort at interpreter exit
+    ("terminate called without an active exception") while the others still use the group;
+    commands call this when their last collective is done.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
