@@ -11,30 +11,9 @@ import pytest
 import torch
 
 from attnkit.cli import main
+from tests.train.tiny import TINY_TRAIN_ARGS
 
-TINY = [
-    "--length",
-    "5",
-    "--symbols",
-    "6",
-    "--d-model",
-    "16",
-    "--heads",
-    "2",
-    "--layers",
-    "1",
-    "--ff",
-    "32",
-    "--steps",
-    "20",
-    "--batch-size",
-    "8",
-    "--warmup",
-    "4",
-    "--eval-size",
-    "20",
-    "--no-progress",
-]
+TINY = [*TINY_TRAIN_ARGS, "--steps", "20"]
 
 
 def train(capsys, *argv):

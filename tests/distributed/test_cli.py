@@ -13,33 +13,10 @@ import torch
 
 from attnkit.cli import main
 from attnkit.train import load_checkpoint
+from tests.train.tiny import TINY_TRAIN_ARGS
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-TINY = [
-    "--task",
-    "reverse",
-    "--length",
-    "5",
-    "--symbols",
-    "6",
-    "--d-model",
-    "16",
-    "--heads",
-    "2",
-    "--layers",
-    "1",
-    "--ff",
-    "32",
-    "--steps",
-    "30",
-    "--batch-size",
-    "8",
-    "--warmup",
-    "4",
-    "--eval-size",
-    "20",
-    "--no-progress",
-]
+TINY = ["--task", "reverse", *TINY_TRAIN_ARGS, "--steps", "30"]
 
 
 def _attnkit(*argv: str, timeout: float) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ from attnkit.train import loop
 from attnkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from attnkit.train.loop import TrainConfig, run
 from tests.train.test_loop import TINY
+from tests.train.tiny import TINY_TRAIN_ARGS
 
 
 def _dead_pid() -> int:
@@ -104,29 +105,9 @@ def test_an_output_folder_that_stops_being_writable_is_a_clear_error(tmp_path, m
     code = main(
         [
             "train",
-            "--task",
-            "reverse",
-            "--out",
-            str(tmp_path / "cli"),
-            "--length",
-            "5",
-            "--symbols",
-            "6",
-            "--d-model",
-            "16",
-            "--heads",
-            "2",
-            "--layers",
-            "1",
-            "--ff",
-            "32",
-            "--steps",
-            "20",
-            "--checkpoint-every",
-            "5",
-            "--batch-size",
-            "8",
-            "--no-progress",
+            *("--task", "reverse", "--out", str(tmp_path / "cli")),
+            *TINY_TRAIN_ARGS,
+            *("--steps", "20", "--checkpoint-every", "5"),
         ]
     )
     err = capsys.readouterr().err
