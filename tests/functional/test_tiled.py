@@ -240,3 +240,28 @@ def test_without_the_private_ops_the_eager_engine_gives_the_same_result(monkeypa
     eager_grads = torch.autograd.grad(eager.sum(), (q, k, v))
     assert torch.allclose(fused, eager, atol=1e-12)
     assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(fused_grads, eager_grads))
+
+
+@pytest.mark.parametrize("engine", ["fused", "eager"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_nan_in_a_query_or_key_reaches_exactly_the_rows_that_may_attend_to_it(engine, causal):
+    # The fused CPU kernel reported a row whose every score is NaN as a finite zero (lse 0),
+    # and the eager one a NaN total as lse -inf: merged with other key blocks, the NaN vanished.
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 12, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    q[0, 1, 2, 0] = float("nan")
+    k[0, 0, 7, 3] = float("nan")
+    out, lse = tiled_core(
+        q, k, v, mask=None, bias=None, causal=causal, scale=0.5, block_size=(4, 3), block_engine=engine
+    )
+    expected = torch.zeros(1, 2, 12, dtype=torch.bool)
+    expected[0, 1, 2] = True
+    expected[0, 0, 7:] = True
+    if not causal:
+        expected[0, 0, :] = True
+    assert torch.equal(out.isnan().all(-1), expected)
+    assert torch.equal(lse.isnan(), expected)
+    allowed = causal_allowed(12, 12) if causal else None
+    want, _, want_lse = dense_attention(q.nan_to_num(), k.nan_to_num(), v, allowed=allowed, scale=0.5)
+    assert torch.allclose(out[~expected], want[~expected], atol=1e-10)
+    assert torch.allclose(lse[~expected], want_lse[~expected], atol=1e-10)

@@ -38,7 +38,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from attnkit.distributed.layout import Layout, check_layout, check_lengths, gather_lengths, shard_positions
+from attnkit.distributed.agreement import Setting, agree, code_float, float_code, text_code
+from attnkit.distributed.layout import LAYOUTS, Layout, check_layout, check_lengths, shard_positions
 from attnkit.functional import masks as masks_mod
 from attnkit.functional._blockwise import lse_dtype, merge
 from attnkit.functional.records import AttentionResult
@@ -195,9 +196,41 @@ def ring_attention(
         TypeError: non-tensor or non-float inputs, differing dtypes, a mask that is not a
             ``Mask``.
         ValueError: shapes that do not fit together, an unknown layout, a sized mask, shard
-            lengths that the layout does not produce.
+            lengths that the layout does not produce; on every rank alike, a rank that
+            refused its arguments or ranks that differ in shapes, dtype or options (the ranks
+            compare them in one small all-gather before any data moves).
         RuntimeError: torch.distributed is not initialised.
     """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialised: start the script with torchrun and call "
+            "attnkit.distributed.init() (or torch.distributed.init_process_group) first"
+        )
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (q, k, v))
+    try:
+        _check_arguments(q, k, v, mask, scale, layout)
+    except (TypeError, ValueError):
+        if dist.get_world_size(group) > 1:
+            agree("ring attention", None, group, _SETTING_COUNT)  # the other ranks stop too
+        raise
+    lengths = [q.shape[2]]
+    if dist.get_world_size(group) > 1:
+        every = agree(
+            "ring attention", _settings(q, k, v, causal, mask, scale, layout, needs_grad), group, _SETTING_COUNT
+        )
+        lengths = [values[0] for values in every]
+    ring = _make_ring(q, lengths, mask, causal, scale, group, layout, block_size, timings)
+    if needs_grad:
+        out, lse = _RingFunction.apply(q, k, v, ring)
+    else:
+        out, lse = _ring_forward(ring, q, k, v)
+    return AttentionResult(out, None, lse) if return_lse else out
+
+
+def _check_arguments(
+    q: Tensor, k: Tensor, v: Tensor, mask: masks_mod.Mask | None, scale: float | None, layout: Layout
+) -> None:
+    """This rank's own checks, before the ranks compare their arguments."""
     _check_inputs(q, k, v)
     check_layout(layout)
     if mask is not None and not isinstance(mask, masks_mod.Mask):
@@ -209,17 +242,54 @@ def ring_attention(
         )
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise TypeError(f"scale must be a finite number or None, got {scale!r}")
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "torch.distributed is not initialised: start the script with torchrun and call "
-            "attnkit.distributed.init() (or torch.distributed.init_process_group) first"
-        )
-    ring = _make_ring(q, k, mask, causal, scale, group, layout, block_size, timings)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        out, lse = _RingFunction.apply(q, k, v, ring)
-    else:
-        out, lse = _ring_forward(ring, q, k, v)
-    return AttentionResult(out, None, lse) if return_lse else out
+
+
+_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+# How many settings _settings gives (a rank that refused its own arguments has none to count).
+_SETTING_COUNT = 13
+
+
+def _settings(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: bool,
+    mask: masks_mod.Mask | None,
+    scale: float | None,
+    layout: Layout,
+    needs_grad: bool,
+) -> list[Setting]:
+    """What every rank must pass alike, and its shard length (gathered in the same call, but
+    checked apart: lengths differ by design). The mask is compared by its name, which spells
+    out its parameters."""
+    b, h, s_local, d = q.shape
+    dtype = _DTYPES.index(q.dtype) if q.dtype in _DTYPES else len(_DTYPES)
+    settings = [
+        Setting("shard length", s_local, same=False),
+        Setting("batch size", b),
+        Setting("number of query heads", h),
+        Setting("number of key/value heads", k.shape[1]),
+        Setting("head dim", d),
+        Setting("value head dim", v.shape[-1]),
+        Setting("dtype", dtype, lambda i: str(_DTYPES[i]) if i < len(_DTYPES) else "another dtype"),
+        Setting("device type", text_code(q.device.type), None),
+        Setting("causal", int(bool(causal)), _show_bool),
+        Setting("layout", LAYOUTS.index(layout), lambda i: repr(LAYOUTS[i])),
+        Setting("mask", -1 if mask is None else text_code(mask.name), None),
+        Setting("scale", float_code(math.nan if scale is None else float(scale)), _show_scale),
+        Setting("need for gradients (q, k or v requiring grad under grad mode)", int(needs_grad), _show_bool),
+    ]
+    assert len(settings) == _SETTING_COUNT
+    return settings
+
+
+def _show_bool(value: int) -> str:
+    return str(bool(value))
+
+
+def _show_scale(code: int) -> str:
+    scale = code_float(code)
+    return "the default" if math.isnan(scale) else repr(scale)
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -247,7 +317,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 def _make_ring(
     q: Tensor,
-    k: Tensor,
+    lengths: list[int],
     mask: masks_mod.Mask | None,
     causal: bool,
     scale: float | None,
@@ -257,7 +327,6 @@ def _make_ring(
     timings: RingTimings | None,
 ) -> _Ring:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    lengths = gather_lengths(q.shape[2], q.device, group) if world > 1 else [q.shape[2]]
     seq_len = check_lengths(lengths, layout)
     pattern = mask
     if causal:

@@ -109,8 +109,46 @@ def block_forward(
             one finite bias entry, when the caller knows it more cheaply than from ``bias``.
 
     Returns:
-        ``(out [n0, n1, m, d_v], lse [n0, n1, m])``.
+        ``(out [n0, n1, m, d_v], lse [n0, n1, m])``; ``NaN`` in both on every row whose
+        query holds a NaN or that may attend to a key holding one, so that merging partial
+        results can never turn a NaN into a number (a NaN value reaches, as in the
+        reference, the output column it is in).
     """
+    q_nan, k_nan = q.isnan().any(-1), k.isnan().any(-1)  # [n0, n1, m], [n0, n1, l]
+    if bool(q_nan.any() | k_nan.any()):
+        return _forward_with_nan(q, k, v, bias, scale, engine, q_nan, k_nan)
+    return _forward(q, k, v, bias, scale, engine, alive)
+
+
+def _forward_with_nan(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    scale: float,
+    engine: BlockEngine,
+    q_nan: Tensor,
+    k_nan: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """:func:`block_forward` on queries or keys holding NaN. The kernels disagree on them
+    (the fused one reports a row whose every score is NaN as a finite zero, and a NaN score
+    plus a masking ``-inf`` spreads the NaN to rows that may not attend to it), so the NaN
+    rows are decided here: the NaN vectors are zeroed for the kernel, and the rows that
+    meet one where the mask allows it are set to NaN after."""
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    q, k = torch.where(q_nan.unsqueeze(-1), zero, q), torch.where(k_nan.unsqueeze(-1), zero, k)
+    out, lse = _forward(q, k, v, bias, scale, engine)
+    meets_nan = q_nan.unsqueeze(-1) | k_nan.unsqueeze(-2)  # [n0, n1, m, l]
+    if bias is not None:
+        meets_nan = meets_nan & (bias > _NEG_INF)
+    nan_rows = meets_nan.any(-1)  # [n0, n1, m]
+    out = out.masked_fill(nan_rows.unsqueeze(-1), float("nan"))
+    return out, lse.masked_fill(nan_rows, float("nan"))
+
+
+def _forward(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, engine: BlockEngine, alive: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     if use_fused(q, v, engine):
         out, lse = _FUSED_FORWARD(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
         if bias is not None:
@@ -145,8 +183,9 @@ def block_backward(
         ``(dq, dk, dv, dbias)``, where ``dbias`` is the score gradient ``[n0, n1, m, l]``
         when ``need_dbias`` and ``None`` otherwise.
     """
-    # exp(score - (+inf)) = 0: rows that attended to nothing get no gradient.
-    lse = torch.where(torch.isfinite(lse), lse, torch.full((), float("inf"), dtype=lse.dtype, device=lse.device))
+    # exp(score - (+inf)) = 0: rows that attended to nothing get no gradient (NaN rows keep
+    # their NaN, which reaches the gradients as in the reference).
+    lse = torch.where(lse == _NEG_INF, torch.full((), float("inf"), dtype=lse.dtype, device=lse.device), lse)
     if not need_dbias and use_fused(q, v, engine):
         dq, dk, dv = _FUSED_BACKWARD(dout, q, k, v, out, lse, 0.0, False, attn_mask=bias, scale=scale)
         return dq, dk, dv, None
