@@ -91,7 +91,7 @@ def test_bert_style_projections_with_biases() -> None:
 def test_errors() -> None:
     with pytest.raises(ValueError, match="only self-attention projections can be packed"):
         MultiHeadAttention(E, H, kdim=8, vdim=8).pack_projections()
-    with pytest.raises(ValueError, match="only the gated"):
+    with pytest.raises(ValueError, match="only gated blocks"):
         FeedForward(E, 32, activation="gelu").pack_projections()
     with pytest.raises(ValueError, match="all have a bias or all have none"):
         PackedLinears([nn.Linear(4, 4), nn.Linear(4, 4, bias=False)])

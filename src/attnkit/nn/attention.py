@@ -6,12 +6,20 @@ the key / value inputs of cross-attention.
 
 ``e`` is split into ``h`` heads of ``d = e / h``: each head attends in its own ``d``-dim
 subspace, the heads' outputs are concatenated back to ``e`` and mixed by the output
-projection. For a fixed ``e`` the parameter count and FLOPs do not depend on ``h``.
+projection. For a fixed ``e`` the parameter count and FLOPs do not depend on ``h``. Some
+checkpoints choose ``d`` themselves (``h · d != e``: Gemma, Qwen 3); the projections then
+map ``e`` to ``h · d`` and back.
+
+What the open checkpoints add to attention is one option each: per-head query/key norms
+(``q_norm``, ``k_norm``), a score scale other than ``1/√d`` (``scale``), logit soft-capping
+(``softcap``), a sliding window over the keys (``window``, an :mod:`attnkit.masks`
+mask), biases on the input projections only (``out_bias=False``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -19,7 +27,8 @@ from torch import Tensor, nn
 
 from attnkit.functional import AttentionResult, attention
 from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resolve_kernel_name
-from attnkit.functional.masks import Mask
+from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
+from attnkit.functional.scores import dot_scores
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
 from attnkit.nn.positional import AttentionPositional
@@ -63,12 +72,30 @@ class MultiHeadAttention(nn.Module):
             (:func:`attnkit.functional.kernels.check_kernel_options`), e.g.
             ``{"window": 256}`` for ``"local"``, the pattern for ``"sparse"``,
             ``{"feature_map": "favor"}`` for ``"linear"``.
+        head_dim: ``d``, the size of each head (default ``embed_dim / num_heads``); with it
+            ``embed_dim`` need not be divisible by ``num_heads``.
+        out_bias: give the output projection a bias (default ``bias``); ``False`` with
+            ``bias=True`` biases the query, key and value projections only (Qwen 2).
+        q_norm: a module applied to each head's queries ``[b, h, s_q, d]`` over ``d``,
+            before the positional rotation (Qwen 3's and Gemma 3's per-head RMSNorm).
+        k_norm: the same for the keys.
+        scale: multiplies the scores (default ``1/√d`` for ``"scaled_dot"``, ``1`` for
+            ``"dot"``); Gemma's ``query_pre_attn_scalar ** -0.5``.
+        softcap: soft-cap the scaled scores to ``softcap · tanh(scores / softcap)`` before
+            masking (Gemma 2's attention logit soft-capping); computed on the reference
+            path, which materialises the scores.
+        window: each query attends only to the ``window`` keys ending at its own position
+            (``query - key < window``; Mistral's and Gemma's sliding window), through an
+            :func:`attnkit.masks.sliding_window` mask that joins the call's mask once there
+            are more than ``window`` keys.
 
     Raises:
-        ValueError: non-positive sizes, ``embed_dim`` not divisible by ``num_heads``,
-            ``num_heads`` not divisible by ``num_kv_heads``, ``dropout`` outside ``[0, 1)``,
-            a score or positional encoding built for other sizes, an unknown kernel, a
-            kernel option out of range.
+        ValueError: non-positive sizes, ``embed_dim`` not divisible by ``num_heads`` (without
+            ``head_dim``), ``num_heads`` not divisible by ``num_kv_heads``, ``dropout``
+            outside ``[0, 1)``, a score or positional encoding built for other sizes, an
+            unknown kernel, a kernel option out of range, ``scale``, ``softcap`` or
+            ``window`` with a kernel other than ``"auto"`` or out of range, ``softcap``
+            with a score module.
         TypeError: a score or positional encoding of the wrong type, a kernel option the
             kernel does not take or needs.
     """
@@ -87,12 +114,19 @@ class MultiHeadAttention(nn.Module):
         positional: AttentionPositional | None = None,
         kernel: str = "auto",
         kernel_options: Mapping[str, Any] | None = None,
+        head_dim: int | None = None,
+        out_bias: bool | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         kdim = embed_dim if kdim is None else kdim
         vdim = embed_dim if vdim is None else vdim
-        _check_sizes(embed_dim, num_heads, num_kv_heads, kdim, vdim)
+        _check_sizes(embed_dim, num_heads, num_kv_heads, kdim, vdim, head_dim)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         kernel = resolve_kernel_name(kernel)  # raises on an unknown name, listing the known ones
@@ -101,18 +135,24 @@ class MultiHeadAttention(nn.Module):
                 f"kernel {kernel!r} computes scaled dot-product attention without dropout; "
                 f"got score={score!r}, dropout={dropout} (use kernel='auto')"
             )
+        _check_score_options(kernel, score, scale, softcap, window)
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.kdim, self.vdim = kdim, vdim
-        self.head_dim = embed_dim // num_heads
+        self.head_dim = embed_dim // num_heads if head_dim is None else head_dim
         self.dropout = dropout
         self.kernel = kernel
         self.kernel_options = check_kernel_options(kernel, kernel_options)
         self.score = _check_score(score, self.head_dim)
         self.positional = _check_positional(positional, num_heads, self.head_dim)
+        self.scale = scale
+        self.softcap = softcap
+        self.window = window
         self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(kdim, num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(vdim, num_kv_heads * self.head_dim, bias=bias)
-        self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias if out_bias is None else out_bias)
+        self.q_norm = q_norm
+        self.k_norm = k_norm
         self._packed: PackedLinears | None = None
 
     @property
@@ -214,12 +254,12 @@ class MultiHeadAttention(nn.Module):
             if kv_cache is not None:
                 k, v = kv_cache.append(k, v)  # [b, h_kv, s_k, d], s_k = cached + s_q
         else:
-            q = self._split_heads(self.q_proj(x), self.num_heads)  # [b, h, s_q, d]
+            q = self._norm_heads(self.q_norm, self._split_heads(self.q_proj(x), self.num_heads))  # [b, h, s_q, d]
             if kv_cache is not None and len(kv_cache) > 0:
                 # Cross-attention keys and values depend only on the context: reuse them.
                 k, v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
             else:
-                k = self._split_heads(self.k_proj(key_input), self.num_kv_heads)  # [b, h_kv, s_k, d]
+                k = self._norm_heads(self.k_norm, self._split_heads(self.k_proj(key_input), self.num_kv_heads))
                 v = self._split_heads(self.v_proj(value_input), self.num_kv_heads)  # [b, h_kv, s_k, d]
                 if kv_cache is not None:
                     kv_cache.append(k, v)
@@ -245,13 +285,22 @@ class MultiHeadAttention(nn.Module):
         h, h_kv = self.num_heads, self.num_kv_heads
         if self._packed is not None and self._packed.usable():
             qkv = self._split_heads(self._packed(x), h + 2 * h_kv)  # [b, h + 2 h_kv, s, d]
-            # Queries and keys side by side: one rotation pass for both.
-            qk = self._rotate(qkv[:, : h + h_kv], positions, past)  # [b, h + h_kv, s, d]
-            return qk[:, :h], qk[:, h:], qkv[:, h + h_kv :]
-        q = self._split_heads(self.q_proj(x), h)  # [b, h, s, d]
-        k = self._split_heads(self.k_proj(x), h_kv)  # [b, h_kv, s, d]
-        v = self._split_heads(self.v_proj(x), h_kv)  # [b, h_kv, s, d]
+            if self.q_norm is None and self.k_norm is None:
+                # Queries and keys side by side: one rotation pass for both.
+                qk = self._rotate(qkv[:, : h + h_kv], positions, past)  # [b, h + h_kv, s, d]
+                return qk[:, :h], qk[:, h:], qkv[:, h + h_kv :]
+            q, k, v = qkv[:, :h], qkv[:, h : h + h_kv], qkv[:, h + h_kv :]
+        else:
+            q = self._split_heads(self.q_proj(x), h)  # [b, h, s, d]
+            k = self._split_heads(self.k_proj(x), h_kv)  # [b, h_kv, s, d]
+            v = self._split_heads(self.v_proj(x), h_kv)  # [b, h_kv, s, d]
+        q, k = self._norm_heads(self.q_norm, q), self._norm_heads(self.k_norm, k)
         return self._rotate(q, positions, past), self._rotate(k, positions, past), v
+
+    @staticmethod
+    def _norm_heads(norm: nn.Module | None, t: Tensor) -> Tensor:
+        """A per-head norm over the head dim of ``[b, heads, s, d]``, if there is one."""
+        return t if norm is None else norm(t)
 
     def _rotate(self, t: Tensor, positions: Tensor | None, past: int) -> Tensor:
         """The positional encoding's rotation of queries or keys ``[b, heads, s, d]``."""
@@ -277,7 +326,15 @@ class MultiHeadAttention(nn.Module):
         if self.kernel != "auto":
             out = self._attend_with_kernel(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
             return AttentionResult(out)
-        score = self.score.scores if isinstance(self.score, AttentionScore) else self.score
+        score: Any = self.score.scores if isinstance(self.score, AttentionScore) else self.score
+        scale = self.scale
+        if self.softcap is not None:
+            # The scaled scores, capped: a score function, so scale is already in it.
+            default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
+            score = partial(_softcapped_scores, scale=default if scale is None else scale, softcap=self.softcap)
+            scale = None
+        if self.window is not None and k.shape[2] > self.window:
+            mask = _with_window(mask, self.window, q.shape[2], k.shape[2])
         result = attention(
             q,
             k,
@@ -285,6 +342,7 @@ class MultiHeadAttention(nn.Module):
             mask=mask,
             bias=bias,
             causal=causal,
+            scale=scale,
             score=score,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
@@ -411,22 +469,62 @@ class MultiHeadAttention(nn.Module):
             parts.append(f"kernel={self.kernel!r}")
         if self.kernel_options:
             parts.append(f"kernel_options={self.kernel_options}")
+        if self.head_dim * self.num_heads != self.embed_dim:
+            parts.append(f"head_dim={self.head_dim}")
+        parts += [f"{name}={value}" for name in ("scale", "softcap", "window") if (value := getattr(self, name))]
         return ", ".join(parts)
 
 
-def _check_sizes(embed_dim: int, num_heads: int, num_kv_heads: int, kdim: int, vdim: int) -> None:
+def _softcapped_scores(q: Tensor, k: Tensor, *, scale: float, softcap: float) -> Tensor:
+    """``softcap · tanh(q·k · scale / softcap)``, ``[b, h, s_q, s_k]``, in the order of
+    operations of Gemma 2."""
+    return torch.tanh(dot_scores(q, k) * scale / softcap) * softcap
+
+
+def _with_window(mask: Mask | Tensor | None, window: int, s_q: int, s_k: int) -> Mask | Tensor:
+    """``mask`` and a sliding window that keeps the ``window`` keys ending at each query."""
+    # Keys later than the query are the causal mask's business, not the window's.
+    recent = sliding_window(window - 1, INDEX_MAX)
+    if mask is None:
+        return recent
+    if isinstance(mask, Mask):
+        return mask & recent
+    return mask & recent.to_dense(s_q, s_k, device=mask.device)
+
+
+def _check_score_options(
+    kernel: str, score: Score, scale: float | None, softcap: float | None, window: int | None
+) -> None:
+    """``scale``, ``softcap`` and ``window`` are options of the ``"auto"`` kernel, each a
+    positive number."""
+    given = [name for name, value in (("scale", scale), ("softcap", softcap), ("window", window)) if value is not None]
+    if kernel != "auto" and given:
+        raise ValueError(f"{', '.join(given)} need kernel='auto', got kernel={kernel!r}")
+    for name, value in (("scale", scale), ("softcap", softcap)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    if softcap is not None and not isinstance(score, str):
+        raise ValueError(f"softcap applies to dot-product scores, got score={score!r}")
+
+
+def _check_sizes(
+    embed_dim: int, num_heads: int, num_kv_heads: int, kdim: int, vdim: int, head_dim: int | None = None
+) -> None:
     for name, value in (
         ("embed_dim", embed_dim),
         ("num_heads", num_heads),
         ("num_kv_heads", num_kv_heads),
         ("kdim", kdim),
         ("vdim", vdim),
+        *((("head_dim", head_dim),) if head_dim is not None else ()),
     ):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    if embed_dim % num_heads:
+    if head_dim is None and embed_dim % num_heads:
         raise ValueError(
             f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim} and num_heads={num_heads}"
         )
@@ -467,7 +565,7 @@ def _check_positional(
     if positional.head_dim is not None and positional.head_dim != head_dim:
         raise ValueError(
             f"{type(positional).__name__} was built for head_dim {positional.head_dim}, but this attention has "
-            f"head_dim {head_dim} (embed_dim / num_heads)"
+            f"head_dim {head_dim}"
         )
     return positional
 

@@ -2,9 +2,11 @@
 
 Shape letters: ``e`` model dim, ``f`` hidden (feed-forward) dim; ``...`` any leading dims.
 
-- ``"relu"`` and ``"gelu"``: ``down(dropout(act(up(x))))`` — the paper's FFN(x) =
-  max(0, x W₁ + b₁) W₂ + b₂ and BERT's GELU variant (exact, erf-based GELU).
-- ``"swiglu"``: ``down(dropout(silu(gate(x)) * up(x)))`` (Shazeer, 2020), as in LLaMA.
+- ``"relu"``, ``"gelu"`` and ``"gelu_tanh"``: ``down(dropout(act(up(x))))`` — the paper's
+  FFN(x) = max(0, x W₁ + b₁) W₂ + b₂, BERT's GELU variant (exact, erf-based GELU) and
+  GPT-2's (GELU's tanh approximation, ``gelu_new``).
+- Gated, ``down(dropout(act(gate(x)) * up(x)))`` (Shazeer, 2020): ``"swiglu"`` (SiLU, as in
+  LLaMA), ``"geglu"`` (exact GELU) and ``"geglu_tanh"`` (tanh-approximated GELU, Gemma).
 
 Projection names (``up_proj``, ``gate_proj``, ``down_proj``) follow LLaMA checkpoints so
 that weights map over one to one.
@@ -12,6 +14,8 @@ that weights map over one to one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import torch.nn.functional as F
@@ -19,8 +23,18 @@ from torch import Tensor, nn
 
 from attnkit.nn.packing import PackedLinears
 
-Activation = Literal["relu", "gelu", "swiglu"]
-ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "swiglu")
+Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"]
+ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
+# The nonlinearity of each activation; the gated ones multiply it with the up projection.
+_NONLINEARITY: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "swiglu": F.silu,
+    "geglu": F.gelu,
+    "geglu_tanh": partial(F.gelu, approximate="tanh"),
+}
+GATED_ACTIVATIONS = frozenset({"swiglu", "geglu", "geglu_tanh"})
 
 
 class FeedForward(nn.Module):
@@ -29,7 +43,7 @@ class FeedForward(nn.Module):
     Args:
         embed_dim: model dim ``e`` (input and output).
         hidden_dim: hidden dim ``f`` (the paper's d_ff = 2048 for e = 512).
-        activation: ``"relu"``, ``"gelu"`` or ``"swiglu"``.
+        activation: one of :data:`ACTIVATIONS` (see the module docstring).
         bias: give the linear maps a bias.
         dropout: dropout on the hidden activations.
 
@@ -54,20 +68,22 @@ class FeedForward(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.activation = activation
+        self._nonlinearity = _NONLINEARITY[activation]
         self.up_proj = nn.Linear(embed_dim, hidden_dim, bias=bias)
-        # Only the gated variant has a third matrix; the others must not carry an unused one.
-        self.gate_proj = nn.Linear(embed_dim, hidden_dim, bias=bias) if activation == "swiglu" else None
+        # Only gated variants have a third matrix; the others must not carry an unused one.
+        gated = activation in GATED_ACTIVATIONS
+        self.gate_proj = nn.Linear(embed_dim, hidden_dim, bias=bias) if gated else None
         self.down_proj = nn.Linear(hidden_dim, embed_dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self._packed: PackedLinears | None = None
 
     @property
     def packable(self) -> bool:
-        """Whether :meth:`pack_projections` applies: a gated (SwiGLU) block."""
+        """Whether :meth:`pack_projections` applies: a gated block."""
         return self.gate_proj is not None
 
     def pack_projections(self) -> None:
-        """Store SwiGLU's gate and up weights as one matrix, so that inference without
+        """Store the gate and up weights as one matrix, so that inference without
         gradients runs one matrix product for both (see :mod:`attnkit.nn.packing`).
         Parameters, ``state_dict`` and results stay the same.
 
@@ -75,7 +91,10 @@ class FeedForward(nn.Module):
             ValueError: an ungated activation (one up projection: nothing to pack).
         """
         if not self.packable:
-            raise ValueError(f"only the gated (swiglu) block has projections to pack, this one is {self.activation!r}")
+            raise ValueError(
+                f"only gated blocks ({', '.join(sorted(GATED_ACTIVATIONS))}) have projections to pack, "
+                f"this one is {self.activation!r}"
+            )
         self._packed = PackedLinears([self.gate_proj, self.up_proj])
 
     def forward(self, x: Tensor) -> Tensor:
@@ -89,13 +108,9 @@ class FeedForward(nn.Module):
         """
         if self._packed is not None and self._packed.usable():
             gate, up = self._packed(x).chunk(2, dim=-1)  # [..., f] each
-            hidden = F.silu(gate) * up
+            hidden = self._nonlinearity(gate) * up
+        elif self.gate_proj is not None:
+            hidden = self._nonlinearity(self.gate_proj(x)) * self.up_proj(x)  # [..., f]
         else:
-            up = self.up_proj(x)  # [..., f]
-            if self.activation == "relu":
-                hidden = F.relu(up)
-            elif self.activation == "gelu":
-                hidden = F.gelu(up)
-            else:
-                hidden = F.silu(self.gate_proj(x)) * up
+            hidden = self._nonlinearity(self.up_proj(x))  # [..., f]
         return self.down_proj(self.dropout(hidden))  # [..., e]

@@ -60,7 +60,7 @@ class EncoderLayer(_ResidualLayer):
         num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
         dropout: dropout on attention weights, feed-forward activations and each
             sublayer's output before the residual sum.
-        activation: ``"relu"``, ``"gelu"`` or ``"swiglu"``.
+        activation: a name in :data:`attnkit.nn.feedforward.ACTIVATIONS`.
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
         norm_eps: the norms' epsilon (BERT: 1e-12).
         norm_first: pre-norm instead of the paper's post-norm.
@@ -173,7 +173,7 @@ class DecoderLayer(_ResidualLayer):
         num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
         cross_attention: include the cross-attention sublayer.
         dropout: as in :class:`EncoderLayer`.
-        activation: ``"relu"``, ``"gelu"`` or ``"swiglu"``.
+        activation: a name in :data:`attnkit.nn.feedforward.ACTIVATIONS`.
         norm: ``"layer"`` or ``"rms"``.
         norm_eps: the norms' epsilon.
         norm_first: pre-norm instead of post-norm.
@@ -185,10 +185,22 @@ class DecoderLayer(_ResidualLayer):
         attention_dropout: dropout on the attention weights; default ``dropout`` with the
             ``"auto"`` kernel, and 0 with the kernels that never materialise the weights
             (which refuse a value above 0).
+        self_attn: a built self-attention module, used instead of one made from
+            ``num_heads``, ``num_kv_heads``, ``bias``, ``positional``, ``kernel`` and
+            ``kernel_options`` (for per-head norms, soft-capping, windows, explicit head
+            dims: see :class:`attnkit.nn.MultiHeadAttention`); its ``embed_dim`` must be
+            ``embed_dim``.
+        parallel: attention and feed-forward both read the layer's input and add to it,
+            ``x + attn(norm(x)) + ff(ff_norm(x))`` (GPT-J, GPT-NeoX); pre-norm layers
+            without cross-attention only.
+        output_norms: also normalise each sublayer's output before the residual sum
+            (``self_attn_out_norm``, ``ff_out_norm``; Gemma 2's pre- and post-norms).
 
     Raises:
-        ValueError: inconsistent sizes or unknown options (from the parts).
-        TypeError: kernel options the kernel does not take or needs.
+        ValueError: inconsistent sizes or unknown options (from the parts), ``parallel``
+            with post-norm or cross-attention.
+        TypeError: kernel options the kernel does not take or needs, a ``self_attn`` that
+            is not a ``MultiHeadAttention``.
     """
 
     def __init__(
@@ -209,9 +221,18 @@ class DecoderLayer(_ResidualLayer):
         kernel: str = "auto",
         kernel_options: Mapping[str, Any] | None = None,
         attention_dropout: float | None = None,
+        self_attn: MultiHeadAttention | None = None,
+        parallel: bool = False,
+        output_norms: bool = False,
     ) -> None:
         super().__init__()
+        if parallel and (cross_attention or not norm_first):
+            raise ValueError(
+                "parallel attention and feed-forward need a pre-norm layer without cross-attention, got "
+                f"norm_first={norm_first}, cross_attention={cross_attention}"
+            )
         self.norm_first = norm_first
+        self.parallel = parallel
         kernel = resolve_kernel_name(kernel)
         attention_options: dict[str, Any] = {
             "num_kv_heads": num_kv_heads,
@@ -220,8 +241,15 @@ class DecoderLayer(_ResidualLayer):
             "kernel": kernel,
             "kernel_options": kernel_options,
         }
-        self.self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
+        if self_attn is None:
+            self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
+        elif not isinstance(self_attn, MultiHeadAttention):
+            raise TypeError(f"self_attn must be an attnkit.nn.MultiHeadAttention, got {type(self_attn).__name__}")
+        elif self_attn.embed_dim != embed_dim:
+            raise ValueError(f"self_attn has embed_dim={self_attn.embed_dim}, the layer has embed_dim={embed_dim}")
+        self.self_attn = self_attn
         self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
+        self.self_attn_out_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if output_norms else None
         self.cross_attn: MultiHeadAttention | None = None
         self.cross_attn_norm: nn.Module | None = None
         if cross_attention:
@@ -229,6 +257,7 @@ class DecoderLayer(_ResidualLayer):
             self.cross_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
         self.ff = FeedForward(embed_dim, ff_dim, activation=activation, bias=bias, dropout=dropout)
         self.ff_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
+        self.ff_out_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if output_norms else None
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -316,7 +345,12 @@ class DecoderLayer(_ResidualLayer):
                 return_weights=weights,
             )
         )
-        x = self._add_and_norm(x, attn.output, self.self_attn_norm)
+        attn_out = _normed(self.self_attn_out_norm, attn.output)  # [b, s, e]
+        if self.parallel:
+            ff_out = _normed(self.ff_out_norm, self.ff(self.ff_norm(x)))  # [b, s, e], from the layer's input
+            x = x + self.dropout(attn_out) + self.dropout(ff_out)
+            return LayerOutput(x, LayerWeights(attn.weights) if weights else None)
+        x = self._add_and_norm(x, attn_out, self.self_attn_norm)
         cross_weights = None
         if self.cross_attn is not None:
             cross = _attention_record(
@@ -330,7 +364,8 @@ class DecoderLayer(_ResidualLayer):
             )
             x = self._add_and_norm(x, cross.output, self.cross_attn_norm)
             cross_weights = cross.weights
-        x = self._add_and_norm(x, self.ff(self._sublayer_input(x, self.ff_norm)), self.ff_norm)
+        ff_out = _normed(self.ff_out_norm, self.ff(self._sublayer_input(x, self.ff_norm)))  # [b, s, e]
+        x = self._add_and_norm(x, ff_out, self.ff_norm)
         return LayerOutput(x, LayerWeights(attn.weights, cross_weights) if weights else None)
 
     @classmethod
@@ -349,6 +384,11 @@ class DecoderLayer(_ResidualLayer):
             {"self_attn_norm": "norm1", "cross_attn_norm": "norm2", "ff_norm": "norm3"},
             cross_attention="multihead_attn",
         )
+
+
+def _normed(norm: nn.Module | None, x: Tensor) -> Tensor:
+    """``norm(x)``, or ``x`` when there is no norm."""
+    return x if norm is None else norm(x)
 
 
 def _attention_record(out: Tensor | MultiHeadOutput) -> MultiHeadOutput:

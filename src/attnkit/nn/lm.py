@@ -7,7 +7,7 @@ Shape letters: ``b`` batch, ``s`` sequence length, ``n`` generated tokens, ``e``
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import torch
@@ -37,7 +37,10 @@ class DecoderLM(nn.Module):
     cross-attention.
 
     With ``positional="rotary", norm="rms", activation="swiglu", norm_first=True,
-    bias=False`` it is the LLaMA architecture; with the defaults, GPT-2's.
+    bias=False`` it is the LLaMA architecture; with the defaults, GPT-2's. Architectures
+    whose layers differ from one another or carry more options (Gemma's alternating
+    windows, per-head norms, soft-capping) are assembled from built layers with
+    :meth:`from_parts`.
 
     Args:
         vocab_size: ``v``.
@@ -52,7 +55,7 @@ class DecoderLM(nn.Module):
         max_length: positions of the ``"learned"`` table, or of the cosine/sine tables
             precomputed for ``"rotary"`` (which still encodes longer sequences).
         rope_theta: base of the rotary frequencies.
-        activation: ``"relu"``, ``"gelu"`` or ``"swiglu"``.
+        activation: a name in :data:`attnkit.nn.feedforward.ACTIVATIONS`.
         norm: ``"layer"`` or ``"rms"``.
         norm_eps: the norms' epsilon.
         norm_first: pre-norm layers, followed by a final norm.
@@ -100,19 +103,16 @@ class DecoderLM(nn.Module):
             raise ValueError(
                 f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim} and num_heads={num_heads}"
             )
-        self.vocab_size = vocab_size
-        self.token_embedding = nn.Embedding(vocab_size, embed_dim)
-        self.position: LearnedPositionalEmbedding | SinusoidalPositionalEncoding | None = None
+        position: LearnedPositionalEmbedding | SinusoidalPositionalEncoding | None = None
         in_attention: AttentionPositional | None = None
         if positional == "learned":
-            self.position = LearnedPositionalEmbedding(max_length, embed_dim)
+            position = LearnedPositionalEmbedding(max_length, embed_dim)
         elif positional == "sinusoidal":
-            self.position = SinusoidalPositionalEncoding(embed_dim)
+            position = SinusoidalPositionalEncoding(embed_dim)
         elif positional == "rotary":
             in_attention = RotaryEmbedding(embed_dim // num_heads, theta=rope_theta, max_positions=max_length)
         elif positional == "alibi":
             in_attention = ALiBi(num_heads)
-        self.dropout = nn.Dropout(dropout)
         kernel = resolve_kernel_name(kernel)
         layers = [
             DecoderLayer(
@@ -136,10 +136,108 @@ class DecoderLM(nn.Module):
         ]
         # Pre-norm leaves the residual stream unnormalised after the last layer.
         final_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if norm_first else None
-        self.decoder = Decoder(layers, final_norm=final_norm)
-        self.lm_head = nn.Linear(embed_dim, vocab_size, bias=False)
+        self._assemble(
+            nn.Embedding(vocab_size, embed_dim),
+            Decoder(layers, final_norm=final_norm),
+            position=position,
+            dropout=dropout,
+            tie_embeddings=tie_embeddings,
+            embedding_scale=None,
+            logit_softcap=None,
+        )
+
+    @classmethod
+    def from_parts(
+        cls,
+        token_embedding: nn.Embedding,
+        layers: Iterable[DecoderLayer],
+        *,
+        final_norm: nn.Module | None = None,
+        position: LearnedPositionalEmbedding | SinusoidalPositionalEncoding | None = None,
+        dropout: float = 0.0,
+        tie_embeddings: bool = True,
+        embedding_scale: float | None = None,
+        logit_softcap: float | None = None,
+    ) -> DecoderLM:
+        """A language model around built parts: layers that differ from one another (a
+        sliding window on some, other rotary frequencies on others) or that carry options
+        the constructor does not take.
+
+        Args:
+            token_embedding: ``[v, e]``.
+            layers: decoder layers without cross-attention, applied in order.
+            final_norm: the norm after the last layer (pre-norm stacks), or ``None``.
+            position: an absolute encoding added to the embeddings, or ``None``.
+            dropout: dropout on the embeddings.
+            tie_embeddings: the output head shares the token embedding matrix.
+            embedding_scale: multiplies the token embeddings (Gemma: ``√e``), rounded to
+                their dtype first as Gemma does; ``None`` for none.
+            logit_softcap: soft-cap the logits to ``c · tanh(logits / c)`` (Gemma 2's final
+                logit soft-capping); ``None`` for none.
+
+        Returns:
+            The model.
+
+        Raises:
+            ValueError: no layers, layers with cross-attention, a non-positive
+                ``embedding_scale`` or ``logit_softcap``.
+            TypeError: a layer that is not a ``DecoderLayer``.
+        """
+        model = cls.__new__(cls)
+        nn.Module.__init__(model)
+        decoder = Decoder(layers, final_norm=final_norm)
+        if any(layer.cross_attn is not None for layer in decoder.layers):
+            raise ValueError("a DecoderLM's layers have no cross-attention; build them with cross_attention=False")
+        model._assemble(
+            token_embedding,
+            decoder,
+            position=position,
+            dropout=dropout,
+            tie_embeddings=tie_embeddings,
+            embedding_scale=embedding_scale,
+            logit_softcap=logit_softcap,
+        )
+        return model
+
+    def _assemble(
+        self,
+        token_embedding: nn.Embedding,
+        decoder: Decoder,
+        *,
+        position: LearnedPositionalEmbedding | SinusoidalPositionalEncoding | None,
+        dropout: float,
+        tie_embeddings: bool,
+        embedding_scale: float | None,
+        logit_softcap: float | None,
+    ) -> None:
+        """Set the parts every constructor shares."""
+        for name, value in (("embedding_scale", embedding_scale), ("logit_softcap", logit_softcap)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        self.vocab_size = token_embedding.num_embeddings
+        self.token_embedding = token_embedding
+        self.position = position
+        self.dropout = nn.Dropout(dropout)
+        self.decoder = decoder
+        self.embedding_scale = embedding_scale
+        self.logit_softcap = logit_softcap
+        self.lm_head = nn.Linear(token_embedding.embedding_dim, self.vocab_size, bias=False)
         if tie_embeddings:
             self.lm_head.weight = self.token_embedding.weight
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The head on hidden states (soft-capped when the model says so).
+
+        Args:
+            hidden: ``[..., e]``, what :meth:`hidden_states` returns.
+
+        Returns:
+            Next-token logits ``[..., v]``.
+        """
+        logits = self.lm_head(hidden)  # [..., v]
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
     def new_cache(self, *, capacity: int | None = None) -> DecoderCache:
         """An empty cache for incremental decoding with :meth:`forward`; with
@@ -184,6 +282,8 @@ class DecoderLM(nn.Module):
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
         x = self.token_embedding(tokens)  # [b, s, e]
+        if self.embedding_scale is not None:
+            x = x * torch.tensor(self.embedding_scale, dtype=x.dtype)
         if self.position is not None:
             past = 0 if cache is None else len(cache)
             start = torch.arange(past, past + tokens.shape[1], device=tokens.device)
@@ -229,7 +329,7 @@ class DecoderLM(nn.Module):
             cache=cache,
             return_weights=[] if return_weights is False else return_weights,
         )
-        logits = self.lm_head(decoded.output)  # [b, s, v]
+        logits = self.logits(decoded.output)  # [b, s, v]
         return logits if return_weights is False else LMOutput(logits, decoded.weights)
 
     @torch.no_grad()
@@ -332,7 +432,7 @@ class DecoderLM(nn.Module):
         for _ in range(max_new_tokens):
             with torch.inference_mode():
                 # The head on the last position only: the others' logits are not needed.
-                logits = self.lm_head(self.hidden_states(step_input, cache=cache)[:, -1])  # [b, v]
+                logits = self.logits(self.hidden_states(step_input, cache=cache)[:, -1])  # [b, v]
                 next_token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [b]
             yield next_token
             step_input = next_token[:, None]  # [b, 1]

@@ -1,4 +1,5 @@
-"""Normalisation layers: torch's ``LayerNorm`` and an ``RMSNorm`` that matches LLaMA.
+"""Normalisation layers: torch's ``LayerNorm`` and an ``RMSNorm`` that matches LLaMA (and,
+scaled by ``1 + weight``, Gemma).
 
 Shape letters: ``e`` model (embedding) dim; ``...`` any leading dims.
 """
@@ -11,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-NormKind = Literal["layer", "rms"]
+NormKind = Literal["layer", "rms", "rms_plus_one"]
+NORM_KINDS: tuple[str, ...] = ("layer", "rms", "rms_plus_one")
 
 
 class RMSNorm(nn.Module):
@@ -22,22 +24,27 @@ class RMSNorm(nn.Module):
     applied, as LLaMA checkpoints expect: in half precision the mean of squares would
     otherwise lose most of its digits.
 
+    With ``plus_one`` the scale is ``1 + weight`` (the weight stores the deviation from 1,
+    initialised to 0) and it is applied in float32 before the cast back, as in Gemma.
+
     Args:
         dim: size ``e`` of the last dimension.
         eps: added to the mean of squares.
+        plus_one: scale by ``1 + weight`` (Gemma) instead of ``weight``.
 
     Raises:
         ValueError: ``dim < 1`` or ``eps < 0``.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+    def __init__(self, dim: int, eps: float = 1e-6, *, plus_one: bool = False) -> None:
         super().__init__()
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
         if eps < 0:
             raise ValueError(f"eps must be >= 0, got {eps}")
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.plus_one = plus_one
+        self.weight = nn.Parameter(torch.zeros(dim) if plus_one else torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalise the last dimension.
@@ -53,6 +60,10 @@ class RMSNorm(nn.Module):
         """
         if x.shape[-1] != self.weight.shape[0]:
             raise ValueError(f"expected last dim {self.weight.shape[0]}, got input of shape {list(x.shape)}")
+        if self.plus_one:
+            x32 = x.float()
+            normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (normed * (1.0 + self.weight.float())).to(x.dtype)
         if x.dtype == self.weight.dtype == torch.float32:
             # torch's fused kernel: the same float32 arithmetic in one pass instead of six
             # (bit-identical, tested against the expression below and Hugging Face's LLaMA).
@@ -62,14 +73,15 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        return f"{self.weight.shape[0]}, eps={self.eps}" + (", plus_one=True" if self.plus_one else "")
 
 
 def make_norm(kind: NormKind, dim: int, eps: float, *, bias: bool = True) -> nn.Module:
     """Build the normalisation a layer asks for by name.
 
     Args:
-        kind: ``"layer"`` (``torch.nn.LayerNorm``) or ``"rms"`` (:class:`RMSNorm`).
+        kind: ``"layer"`` (``torch.nn.LayerNorm``), ``"rms"`` (:class:`RMSNorm`) or
+            ``"rms_plus_one"`` (:class:`RMSNorm` scaled by ``1 + weight``, Gemma).
         dim: the model dim ``e``.
         eps: the norm's epsilon.
         bias: give a LayerNorm its additive bias (RMSNorm never has one).
@@ -84,4 +96,6 @@ def make_norm(kind: NormKind, dim: int, eps: float, *, bias: bool = True) -> nn.
         return nn.LayerNorm(dim, eps=eps, bias=bias)
     if kind == "rms":
         return RMSNorm(dim, eps=eps)
-    raise ValueError(f'norm must be "layer" or "rms", got {kind!r}')
+    if kind == "rms_plus_one":
+        return RMSNorm(dim, eps=eps, plus_one=True)
+    raise ValueError(f"norm must be one of {NORM_KINDS}, got {kind!r}")

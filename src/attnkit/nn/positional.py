@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.nn.rope_scaling import RopeScaling, rotary_frequencies
+
 
 def _check_positions(positions: Tensor, seq_len: int, what: str) -> None:
     """``positions`` must be integer ``[s]`` or ``[b, s]`` with ``s == seq_len``.
@@ -231,9 +233,10 @@ class RotaryEmbedding(AttentionPositional):
     """Rotary position embedding, RoPE (Su et al., 2021), in the half-split layout of
     LLaMA checkpoints.
 
-    Dimension ``j`` of the first half and ``j + d/2`` of the second form a pair, rotated by
-    the angle ``pos · θ^(-2j/d)``. Rotating both q (at position m) and k (at n) makes
-    ``q·k`` depend on ``m - n`` only: absolute positions in, relative attention out.
+    Dimension ``j`` of the first half and ``j + r/2`` of the second form a pair, rotated by
+    the angle ``pos · θ^(-2j/r)``, where ``r`` is the number of rotated dims (``d`` unless
+    the rotation is partial). Rotating both q (at position m) and k (at n) makes ``q·k``
+    depend on ``m - n`` only: absolute positions in, relative attention out.
 
     Args:
         head_dim: ``d``, even; the dimension of one query/key head.
@@ -242,24 +245,45 @@ class RotaryEmbedding(AttentionPositional):
             max_positions - 1`` once, so that :meth:`rotate_from` (every layer, every
             decoding step) slices a table instead of evaluating ``cos``/``sin`` again. The
             results are bit-identical; positions beyond it are computed on the fly.
+        rotary_dim: ``r``, rotate only the first ``r`` dims of each head and pass the others
+            through unchanged (partial rotary, GPT-NeoX's ``rotary_pct``); default ``d``.
+        scaling: an :class:`attnkit.nn.rope_scaling.RopeScaling` that changes the
+            frequencies for longer contexts (linear, Llama 3, dynamic NTK); default none.
 
     Raises:
-        ValueError: ``head_dim`` odd or < 2, ``theta <= 1``, ``max_positions < 1``.
+        ValueError: ``head_dim`` or ``rotary_dim`` odd or < 2, ``rotary_dim > head_dim``,
+            ``theta <= 1``, ``max_positions < 1``.
+        TypeError: a ``scaling`` that is not a ``RopeScaling``.
     """
 
     takes_positions: ClassVar[bool] = True
 
-    def __init__(self, head_dim: int, *, theta: float = 10000.0, max_positions: int | None = None) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        theta: float = 10000.0,
+        max_positions: int | None = None,
+        rotary_dim: int | None = None,
+        scaling: RopeScaling | None = None,
+    ) -> None:
         super().__init__()
         if head_dim < 2 or head_dim % 2:
             raise ValueError(f"head_dim must be even and >= 2 (rotation pairs), got {head_dim}")
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be even, >= 2 and at most head_dim={head_dim}, got {rotary_dim}")
         if theta <= 1:
             raise ValueError(f"theta must be > 1, got {theta}")
         if max_positions is not None and max_positions < 1:
             raise ValueError(f"max_positions must be >= 1, got {max_positions}")
+        if scaling is not None and not isinstance(scaling, RopeScaling):
+            raise TypeError(f"scaling must be an attnkit.nn.rope_scaling.RopeScaling, got {type(scaling).__name__}")
         self.head_dim = head_dim
+        self.rotary_dim = rotary_dim
         self.theta = theta
         self.max_positions = max_positions
+        self.scaling = scaling
         for name in ("inv_freq", "half_signs", "cos_table", "signed_sin_table"):
             self.register_buffer(name, None, persistent=False)
         self.cos_table: Tensor | None
@@ -270,20 +294,38 @@ class RotaryEmbedding(AttentionPositional):
         """Compute the frequencies and tables from the arguments again (float32), on
         ``device`` (default: the current default device): for a module built on the
         ``meta`` device."""
-        self.inv_freq = _rotary_frequencies(self.head_dim, self.theta).to(device)  # [d/2]
+        self.inv_freq = self._frequencies().to(device)  # [r/2]
         # Rotation as x * cos + swap_halves(x) * signed_sin, with the sign of the first half
         # folded into the table: (-a) * b == a * (-b) exactly, and it saves a negation pass.
-        half = torch.ones(self.head_dim // 2, device=device)
-        self.half_signs = torch.cat((-half, half))  # [d]
+        half = torch.ones(self.rotary_dim // 2, device=device)
+        self.half_signs = torch.cat((-half, half))  # [r]
         self._fill_tables()
+
+    def _frequencies(self, length: int | None = None) -> Tensor:
+        """The frequencies (float32 ``[r/2]``) for positions below ``length`` (``None``: the
+        ones that hold up to the scaling's ``max_positions``)."""
+        if self.scaling is None:
+            return rotary_frequencies(self.rotary_dim, self.theta)
+        return self.scaling.frequencies(self.theta, self.rotary_dim, length)
+
+    def _frequencies_for(self, end: int) -> Tensor | None:
+        """Frequencies other than :attr:`inv_freq` for a call reaching position ``end - 1``
+        (dynamic scaling past its ``max_positions``), or ``None``."""
+        scaling = self.scaling
+        if scaling is None or not scaling.varies_with_length or end <= (scaling.max_positions or 0):
+            return None
+        return self._frequencies(end).to(self.inv_freq)
 
     def _fill_tables(self) -> None:
         """Compute the cosine and sine tables from the frequencies, in their dtype and on
         their device: the tables then hold exactly what :meth:`rotate` computes."""
         if self.max_positions is None:
             return
-        positions = torch.arange(self.max_positions, device=self.inv_freq.device)
-        cos, sin = self.cos_sin(positions)  # [max_positions, d] each
+        rows = self.max_positions
+        if self.scaling is not None and self.scaling.varies_with_length:
+            rows = min(rows, self.scaling.max_positions or rows)  # past it the frequencies change
+        positions = torch.arange(rows, device=self.inv_freq.device)
+        cos, sin = self.cos_sin(positions)  # [rows, r] each
         self.cos_table, self.signed_sin_table = cos, sin * self.half_signs
 
     def _apply(self, fn, recurse=True):  # torch.nn.Module's signature
@@ -294,26 +336,28 @@ class RotaryEmbedding(AttentionPositional):
         before = (self.inv_freq.dtype, self.inv_freq.device)
         out = super()._apply(fn, recurse)
         if self.inv_freq.dtype.itemsize < 4:
-            self.inv_freq = _rotary_frequencies(self.head_dim, self.theta).to(self.inv_freq.device)
+            self.inv_freq = self._frequencies().to(self.inv_freq.device)
         now = (self.inv_freq.dtype, self.inv_freq.device)
         table = self.cos_table
         if table is not None and now[1].type != "meta" and (now != before or (table.dtype, table.device) != now):
             self._fill_tables()
         return out
 
-    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def cos_sin(self, positions: Tensor, frequencies: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Cosines and sines of every angle, in the dtype of the frequencies (float32, or
         float64 in a module made float64).
 
         Args:
             positions: integer ``[s]`` or ``[b, s]``.
+            frequencies: ``[r/2]``, default :attr:`inv_freq`.
 
         Returns:
-            ``(cos, sin)``, each ``[s, d]`` or ``[b, s, d]`` (the ``d/2`` angles repeated
+            ``(cos, sin)``, each ``[s, r]`` or ``[b, s, r]`` (the ``r/2`` angles repeated
             for both halves).
         """
-        angles = positions.float().unsqueeze(-1) * self.inv_freq  # [..., s, d/2]
-        angles = torch.cat((angles, angles), dim=-1)  # [..., s, d]
+        inv_freq = self.inv_freq if frequencies is None else frequencies
+        angles = positions.float().unsqueeze(-1) * inv_freq  # [..., s, r/2]
+        angles = torch.cat((angles, angles), dim=-1)  # [..., s, r]
         return angles.cos(), angles.sin()
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
@@ -331,7 +375,10 @@ class RotaryEmbedding(AttentionPositional):
         """
         self._check_x(x)
         _check_positions(positions, x.shape[2], "x")
-        cos, sin = self.cos_sin(positions)
+        frequencies = None
+        if self.scaling is not None and self.scaling.varies_with_length and positions.numel():
+            frequencies = self._frequencies_for(int(positions.max()) + 1)
+        cos, sin = self.cos_sin(positions, frequencies)
         if positions.ndim == 2:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [b, 1, s, d]: the same for every head
         return self._rotate(x, cos, sin * self.half_signs)
@@ -354,12 +401,13 @@ class RotaryEmbedding(AttentionPositional):
         if self.cos_table is None or end > self.cos_table.shape[0]:
             return self.rotate(x, torch.arange(start, end, device=x.device))
         self._check_x(x)
-        return self._rotate(x, self.cos_table[start:end], self.signed_sin_table[start:end])  # tables: [s, d] views
+        return self._rotate(x, self.cos_table[start:end], self.signed_sin_table[start:end])  # tables: [s, r] views
 
     def _rotate(self, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
-        half = self.head_dim // 2
-        swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [b, h, s, d]
-        return x * cos.to(x.dtype) + swapped * signed_sin.to(x.dtype)
+        if self.rotary_dim < self.head_dim:
+            rotated = _rotate_pairs(x[..., : self.rotary_dim], cos, signed_sin)  # [b, h, s, r]
+            return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)  # [b, h, s, d]
+        return _rotate_pairs(x, cos, signed_sin)
 
     def _check_x(self, x: Tensor) -> None:
         if x.ndim != 4 or x.shape[-1] != self.head_dim:
@@ -373,15 +421,16 @@ class RotaryEmbedding(AttentionPositional):
 
     def extra_repr(self) -> str:
         table = "" if self.max_positions is None else f", max_positions={self.max_positions}"
-        return f"head_dim={self.head_dim}, theta={self.theta}{table}"
+        partial = "" if self.rotary_dim == self.head_dim else f", rotary_dim={self.rotary_dim}"
+        scaling = "" if self.scaling is None else f", scaling={self.scaling}"
+        return f"head_dim={self.head_dim}, theta={self.theta}{partial}{table}{scaling}"
 
 
-def _rotary_frequencies(head_dim: int, theta: float) -> Tensor:
-    """``theta^(-2i/d)`` for ``i < d/2``, float32 ``[d/2]``: the same expression as Hugging
-    Face's LLaMA, so that the frequencies are bit-identical to the ones the checkpoints
-    were trained with."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [d/2]
-    return 1.0 / (theta**exponents)
+def _rotate_pairs(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """``x * cos + swap_halves(x) * signed_sin`` over the last dim ``r`` of ``x [..., r]``."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [..., r]
+    return x * cos.to(x.dtype) + swapped * signed_sin.to(x.dtype)
 
 
 def alibi_slopes(num_heads: int) -> list[float]:

@@ -263,7 +263,7 @@ class Transformer(nn.Module):
         ff_dim: feed-forward hidden dim.
         dropout: dropout everywhere (see :class:`attnkit.nn.EncoderLayer`).
         num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
-        activation: ``"relu"``, ``"gelu"`` or ``"swiglu"``.
+        activation: a name in :data:`attnkit.nn.feedforward.ACTIVATIONS`.
         norm: ``"layer"`` or ``"rms"``.
         norm_eps: the norms' epsilon.
         norm_first: pre-norm layers.
