@@ -14,7 +14,8 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
   :func:`pack_projections` (one matrix product for q/k/v and for SwiGLU's gate/up at
   inference).
 - Transformers: :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`,
-  :class:`Decoder`, :class:`Transformer`, :class:`DecoderLM`.
+  :class:`Decoder`, :class:`Transformer`, :class:`DecoderLM`, :class:`EncoderDecoderLM`
+  (over token ids, with :class:`SequenceEmbedding` and :class:`LMHead`).
 """
 
 from attnkit.functional.kernels import KERNELS
@@ -41,10 +42,12 @@ from attnkit.nn.records import (
     LayerWeights,
     LMOutput,
     MultiHeadOutput,
+    Seq2SeqLMOutput,
     StackOutput,
     TransformerOutput,
 )
 from attnkit.nn.rnn_attention import AdditiveAttention, AttentionScore, LuongAttention
+from attnkit.nn.seq2seq import EncoderDecoderLM, LMHead, SequenceEmbedding, source_padding_mask
 from attnkit.nn.torch_compat import mask_from_torch
 from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer, selected_layers
 
@@ -60,9 +63,11 @@ __all__ = [
     "DecoderLM",
     "DecoderLayer",
     "Encoder",
+    "EncoderDecoderLM",
     "EncoderLayer",
     "FeedForward",
     "KVCache",
+    "LMHead",
     "LMOutput",
     "LayerOutput",
     "LayerSelection",
@@ -75,6 +80,8 @@ __all__ = [
     "RMSNorm",
     "RelativePositionBias",
     "RotaryEmbedding",
+    "Seq2SeqLMOutput",
+    "SequenceEmbedding",
     "SinusoidalPositionalEncoding",
     "StackOutput",
     "Transformer",
@@ -86,4 +93,5 @@ __all__ = [
     "pick_next_token",
     "relative_position_bucket",
     "selected_layers",
+    "source_padding_mask",
 ]

@@ -72,10 +72,16 @@ class EncoderLayer(_ResidualLayer):
         attention_dropout: dropout on the attention weights; default ``dropout`` with the
             ``"auto"`` kernel, and 0 with the kernels that never materialise the weights
             (which refuse a value above 0).
+        self_attn: a built self-attention module, used instead of one made from
+            ``num_heads``, ``num_kv_heads``, ``bias``, ``positional``, ``kernel`` and
+            ``kernel_options`` (unscaled scores, explicit head dims: see
+            :class:`attnkit.nn.MultiHeadAttention`); its ``embed_dim`` must be
+            ``embed_dim``.
 
     Raises:
         ValueError: inconsistent sizes or unknown options (from the parts).
-        TypeError: kernel options the kernel does not take or needs.
+        TypeError: kernel options the kernel does not take or needs, a ``self_attn`` that
+            is not a ``MultiHeadAttention``.
     """
 
     def __init__(
@@ -95,6 +101,7 @@ class EncoderLayer(_ResidualLayer):
         kernel: str = "auto",
         kernel_options: Mapping[str, Any] | None = None,
         attention_dropout: float | None = None,
+        self_attn: MultiHeadAttention | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
@@ -106,7 +113,9 @@ class EncoderLayer(_ResidualLayer):
             "kernel": kernel,
             "kernel_options": kernel_options,
         }
-        self.self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
+        if self_attn is None:
+            self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
+        self.self_attn = _built_attention("self_attn", self_attn, embed_dim)
         self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
         self.ff = FeedForward(embed_dim, ff_dim, activation=activation, bias=bias, dropout=dropout)
         self.ff_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
@@ -195,12 +204,15 @@ class DecoderLayer(_ResidualLayer):
             without cross-attention only.
         output_norms: also normalise each sublayer's output before the residual sum
             (``self_attn_out_norm``, ``ff_out_norm``; Gemma 2's pre- and post-norms).
+        cross_attn: a built cross-attention module, used instead of one made from the
+            options above (T5's unscaled scores and explicit head dims); needs
+            ``cross_attention=True`` and ``embed_dim`` equal to the layer's.
 
     Raises:
         ValueError: inconsistent sizes or unknown options (from the parts), ``parallel``
             with post-norm or cross-attention.
-        TypeError: kernel options the kernel does not take or needs, a ``self_attn`` that
-            is not a ``MultiHeadAttention``.
+        TypeError: kernel options the kernel does not take or needs, a ``self_attn`` or
+            ``cross_attn`` that is not a ``MultiHeadAttention``.
     """
 
     def __init__(
@@ -224,6 +236,7 @@ class DecoderLayer(_ResidualLayer):
         self_attn: MultiHeadAttention | None = None,
         parallel: bool = False,
         output_norms: bool = False,
+        cross_attn: MultiHeadAttention | None = None,
     ) -> None:
         super().__init__()
         if parallel and (cross_attention or not norm_first):
@@ -241,19 +254,19 @@ class DecoderLayer(_ResidualLayer):
             "kernel": kernel,
             "kernel_options": kernel_options,
         }
+        if cross_attn is not None and not cross_attention:
+            raise ValueError("cross_attn was given to a layer built with cross_attention=False")
         if self_attn is None:
             self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
-        elif not isinstance(self_attn, MultiHeadAttention):
-            raise TypeError(f"self_attn must be an attnkit.nn.MultiHeadAttention, got {type(self_attn).__name__}")
-        elif self_attn.embed_dim != embed_dim:
-            raise ValueError(f"self_attn has embed_dim={self_attn.embed_dim}, the layer has embed_dim={embed_dim}")
-        self.self_attn = self_attn
+        self.self_attn = _built_attention("self_attn", self_attn, embed_dim)
         self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
         self.self_attn_out_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if output_norms else None
         self.cross_attn: MultiHeadAttention | None = None
         self.cross_attn_norm: nn.Module | None = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(embed_dim, num_heads, **attention_options)
+            if cross_attn is None:
+                cross_attn = MultiHeadAttention(embed_dim, num_heads, **attention_options)
+            self.cross_attn = _built_attention("cross_attn", cross_attn, embed_dim)
             self.cross_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
         self.ff = FeedForward(embed_dim, ff_dim, activation=activation, bias=bias, dropout=dropout)
         self.ff_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
@@ -384,6 +397,20 @@ class DecoderLayer(_ResidualLayer):
             {"self_attn_norm": "norm1", "cross_attn_norm": "norm2", "ff_norm": "norm3"},
             cross_attention="multihead_attn",
         )
+
+
+def _built_attention(name: str, module: MultiHeadAttention, embed_dim: int) -> MultiHeadAttention:
+    """A layer's attention module given built: a ``MultiHeadAttention`` of the layer's dim.
+
+    Raises:
+        TypeError: another kind of module.
+        ValueError: another ``embed_dim``.
+    """
+    if not isinstance(module, MultiHeadAttention):
+        raise TypeError(f"{name} must be an attnkit.nn.MultiHeadAttention, got {type(module).__name__}")
+    if module.embed_dim != embed_dim:
+        raise ValueError(f"{name} has embed_dim={module.embed_dim}, the layer has embed_dim={embed_dim}")
+    return module
 
 
 def _normed(norm: nn.Module | None, x: Tensor) -> Tensor:

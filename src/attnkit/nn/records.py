@@ -115,3 +115,23 @@ class LMOutput:
 
     logits: Tensor
     weights: list[LayerWeights | None]
+
+
+@dataclass(frozen=True)
+class Seq2SeqLMOutput:
+    """The result of an :class:`attnkit.nn.EncoderDecoderLM` with its weights: the three
+    kinds of attention of an encoder–decoder.
+
+    Attributes:
+        logits: ``[b, s_tgt, v]``.
+        encoder_weights: one :class:`LayerWeights` per encoder layer (self-attention over
+            the source, ``[b, h, s_src, s_src]``); ``None`` for a layer not asked for.
+        decoder_weights: one :class:`LayerWeights` per decoder layer: masked
+            self-attention ``[b, h, s_tgt, s_tgt]`` and ``cross_attention``
+            ``[b, h, s_tgt, s_src]`` (target positions as rows, source tokens as columns);
+            ``None`` for a layer not asked for.
+    """
+
+    logits: Tensor
+    encoder_weights: list[LayerWeights | None]
+    decoder_weights: list[LayerWeights | None]
