@@ -219,6 +219,7 @@ def test_compiled_engine_equals_eager():
         compiled = linear_attention(q, k, v, feature_map=feature_map, causal=True, eps=1e-3, engine="compiled")
         assert (eager - compiled).abs().max().item() < 1e-5
     with pytest.raises(
-        ValueError, match=r"linear_attention runs on the engines \['auto', 'eager', 'compiled'\], got engine='flex'"
+        ValueError,
+        match=r"linear_attention runs on the engines \['auto', 'eager', 'compiled', 'triton'\], got engine='flex'",
     ):
         linear_attention(q, k, v, engine="flex")

@@ -18,8 +18,13 @@ everywhere in attnkit). Feature maps ``φ``:
 The causal form is computed by chunks, as matrix products only: inside a chunk of
 ``chunk_size`` tokens the masked ``[C, C]`` products are explicit, across chunks a prefix sum
 of the per-chunk states ``φ(K_c)ᵀ V_c`` (and ``Σ φ(K_c)``) carries the past; autograd
-differentiates the same products, so the backward pass is matmul-bound too. :func:`linear_attention_step` decodes one token at a time
-with a constant-size :class:`LinearAttentionState`.
+differentiates the same products, so the backward pass is matmul-bound too. On CUDA the
+causal form runs as fused Triton kernels instead (:mod:`attnkit.functional.linear_fused`):
+a few launches per pass, whatever the length, with a hand-written backward pass.
+:func:`linear_attention_step` decodes one token at a time with a constant-size
+:class:`LinearAttentionState`; ``linear_attention(..., state=, return_state=True)`` starts
+from one and returns the state after its keys, so a prompt and the decoding that follows it
+continue each other exactly.
 
 Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads (grouped queries
 share one state per key/value head), ``s_q``/``s_k`` lengths, ``d`` head dim, ``d_v`` value
@@ -28,7 +33,9 @@ dim, ``m`` features, ``C`` chunk size, ``n_c`` chunks.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -38,9 +45,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.functional._validate import check_inputs
+from attnkit.functional.linear_fused import FUSED_CHUNK, fused_causal
 
 FeatureMap = Literal["elu", "relu", "favor"] | Callable[[Tensor], Tensor]
-LinearEngine = Literal["auto", "eager", "compiled"]
+LinearEngine = Literal["auto", "eager", "compiled", "triton"]
+_ENGINES = ("auto", "eager", "compiled", "triton")
+# dtypes the Triton kernels take (half types are computed with bfloat16 products, fp32 sums).
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _NAMED = ("elu", "relu", "favor")
 # Tokens per segment of the causal scan on the CPU: the chunk-level prefix sums are taken a
 # segment at a time, carrying the state across, so temporaries stay bounded (and in cache).
@@ -143,7 +154,9 @@ def linear_attention(
     chunk_size: int | None = None,
     eps: float | None = None,
     engine: LinearEngine = "auto",
-) -> Tensor:
+    state: LinearAttentionState | None = None,
+    return_state: bool = False,
+) -> Tensor | tuple[Tensor, LinearAttentionState]:
     """Linear attention ``φ(q)(φ(K)ᵀV) / φ(q)·Σφ(K)`` in O(s · m · d_v).
 
     Every step is a matrix product (or a prefix sum over chunks), forward and backward, so on
@@ -160,7 +173,8 @@ def linear_attention(
         projection: FAVOR+ ``ω`` ``[m, d]`` (see :func:`favor_projection`); default: drawn
             from ``seed`` with ``m = 2d``. Pass your own to redraw features during training.
         seed: seed of the default FAVOR+ projection.
-        chunk_size: tokens per chunk of the causal scan; default :func:`default_chunk_size`
+        chunk_size: tokens per chunk of the causal scan; default 64 for the ``"triton"``
+            engine (which takes powers of two from 16), else :func:`default_chunk_size`
             (64 on the CPU, 256 on GPUs).
         eps: ``None`` (default): the exact ratio, and a zero output for a query whose
             features meet no key (nothing visible, or all-zero ``relu`` features); a float:
@@ -168,32 +182,96 @@ def linear_attention(
             with ``eps`` in the units of the true normaliser, so the causal form stays causal.
         engine: ``"eager"`` (tensor operations as written), ``"compiled"`` (the same code under
             ``torch.compile``, which fuses the elementwise steps around the matmuls; the first
-            call of a shape compiles), or ``"auto"``: compiled on GPUs, eager on the CPU.
+            call of a shape compiles), ``"triton"`` (the causal form as fused Triton kernels,
+            forward and backward: CUDA tensors of float32, float16 or bfloat16, or any
+            device under Triton's interpreter, ``TRITON_INTERPRET=1``), or ``"auto"``: triton
+            for causal calls on CUDA (when Triton is installed, as it is with CUDA builds of
+            PyTorch), compiled for the other GPU calls, eager on the CPU.
+        state: keys absorbed before these (a :class:`LinearAttentionState` from
+            :func:`linear_attention_state`, :func:`linear_attention_step` or an earlier
+            ``return_state=True``): every query also sees them.
+        return_state: also return the state after this call's keys, from which
+            :func:`linear_attention_step` (or another call with ``state=``) continues.
 
     Returns:
-        ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``).
+        ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``); with ``return_state``, ``(output, state)``.
 
     Raises:
         TypeError, ValueError: bad tensors (as :func:`attnkit.attention`), an unknown feature
-            map, a bad projection, ``chunk_size < 1``, an unknown engine.
+            map, a bad projection, ``chunk_size < 1``, an unknown engine, a state that does
+            not fit the keys and values, the ``"triton"`` engine where it cannot run.
+        ImportError: the ``"triton"`` engine without Triton installed.
     """
-    if engine not in ("auto", "eager", "compiled"):
-        raise ValueError(f"linear_attention runs on the engines ['auto', 'eager', 'compiled'], got engine={engine!r}")
+    if engine not in _ENGINES:
+        raise ValueError(f"linear_attention runs on the engines {list(_ENGINES)}, got engine={engine!r}")
     single = check_inputs(q, k, v)
     if single:
         q, k, v = q[None, None], k[None, None], v[None, None]
-    if chunk_size is None:
-        chunk_size = default_chunk_size(q.device)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     d = q.shape[-1]
-    phi, _ = feature_map_fn(
+    phi, m = feature_map_fn(
         feature_map, d=d, projection=projection, seed=seed, dtype=compute_dtype(q.dtype), device=q.device
     )
-    compiled = engine == "compiled" or (engine == "auto" and q.device.type != "cpu" and hasattr(torch, "compile"))
-    segment = _CPU_SEGMENT if q.device.type == "cpu" else max(q.shape[2], 1)
-    out = (_compiled_linear_core() if compiled else _linear_core)(q, k, v, phi, causal, chunk_size, eps, segment)
-    return out[0, 0] if single else out
+    if state is not None:
+        _check_state(state, k, v, m)
+    chosen = _pick_engine(engine, q, causal)
+    if chunk_size is None:
+        chunk_size = FUSED_CHUNK if chosen == "triton" else default_chunk_size(q.device)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    start = (None, None, None) if state is None else (state.kv, state.z, state.log_shift)
+    if chosen == "triton":
+        out, kv, z, log_shift = _triton_core(q, k, v, phi, chunk_size, eps, *start)
+    else:
+        segment = _CPU_SEGMENT if q.device.type == "cpu" else max(q.shape[2], 1)
+        core = _compiled_linear_core() if chosen == "compiled" else _linear_core
+        out, kv, z, log_shift = core(q, k, v, phi, causal, chunk_size, eps, segment, *start)
+    if single:
+        out = out[0, 0]
+    if not return_state:
+        return out
+    length = k.shape[2] + (0 if state is None else state.length)
+    return out, LinearAttentionState(kv, z, log_shift, length)
+
+
+def _pick_engine(engine: str, q: Tensor, causal: bool) -> str:
+    """The engine that runs the call: ``engine`` itself, checked, or what ``"auto"`` picks."""
+    if engine == "triton":
+        if not causal:
+            raise ValueError(
+                "engine='triton' computes causal linear attention; bidirectional linear attention is two "
+                "matrix products: use engine='eager' (or 'auto')"
+            )
+        if q.dtype not in _TRITON_DTYPES:
+            raise ValueError(f"engine='triton' takes float32, float16 or bfloat16 tensors, got {q.dtype}")
+        if q.device.type != "cuda" and not _interpreting():
+            raise ValueError(
+                f"engine='triton' runs on CUDA tensors (or on any device under Triton's interpreter, "
+                f"TRITON_INTERPRET=1), got tensors on {q.device}"
+            )
+        if importlib.util.find_spec("triton") is None:
+            raise ImportError("engine='triton' needs Triton: pip install triton (CUDA builds of PyTorch include it)")
+        return engine
+    if engine != "auto":
+        return engine
+    if causal and q.device.type == "cuda" and q.dtype in _TRITON_DTYPES and importlib.util.find_spec("triton"):
+        return "triton"
+    return "compiled" if q.device.type != "cpu" and hasattr(torch, "compile") else "eager"
+
+
+def _interpreting() -> bool:
+    """Whether Triton's interpreter runs kernels (on CPU tensors) instead of compiling them."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on")
+
+
+def _check_state(state: LinearAttentionState, k: Tensor, v: Tensor, m: int) -> None:
+    want = [k.shape[0], k.shape[1], m, v.shape[-1]]
+    if list(state.kv.shape) != want or list(state.z.shape) != want[:3]:
+        raise ValueError(
+            f"state must hold kv [b, h_kv, m, d_v] = {want} and z [b, h_kv, m] = {want[:3]} for these keys, values "
+            f"and feature map, got kv {list(state.kv.shape)} and z {list(state.z.shape)}"
+        )
+    if state.kv.device != k.device:
+        raise ValueError(f"state is on {state.kv.device} but k is on {k.device}")
 
 
 def _compiled_linear_core() -> Callable:
@@ -205,10 +283,21 @@ def _compiled_linear_core() -> Callable:
 
 
 def _linear_core(
-    q: Tensor, k: Tensor, v: Tensor, phi: Callable, causal: bool, chunk_size: int, eps: float | None, segment: int
-) -> Tensor:
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    phi: Callable,
+    causal: bool,
+    chunk_size: int,
+    eps: float | None,
+    segment: int,
+    start_kv: Tensor | None,
+    start_z: Tensor | None,
+    start_shift: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Linear attention on validated 4-D inputs, computed in :func:`compute_dtype` and
-    returned in q's dtype."""
+    returned in q's dtype, with the state after the keys (kv, z, log_shift), from the state
+    ``start_*`` before them (``None``: no earlier key)."""
     b, h, s_q, d = q.shape
     h_kv, s_k, d_v = k.shape[1], k.shape[2], v.shape[-1]
     g = h // h_kv
@@ -216,17 +305,90 @@ def _linear_core(
     q_c, k_c, v_c = q.to(ct), k.to(ct), v.to(ct)
     fq, q_shift = phi(q_c, True)  # [b, h, s_q, m]
     fk, k_shift = phi(k_c, False)  # [b, h_kv, s_k, m]
+    fk, start_kv, start_z, log_shift = _continue_state(fk, k_shift, start_kv, start_z, start_shift)
     m = fq.shape[-1]
     fq = fq.view(b, h_kv, g, s_q, m)  # [b, h_kv, g, s_q, m]
     # Values with a column of ones: one product gives the numerator and the normaliser.
     v1 = torch.cat([v_c, v_c.new_ones(b, h_kv, s_k, 1)], dim=-1)  # [b, h_kv, s_k, d_v + 1]
+    start = None if start_kv is None else torch.cat([start_kv, start_z.unsqueeze(-1)], -1)  # [b, h_kv, m, d_v + 1]
     if not causal:
         state = fk.transpose(-1, -2) @ v1  # [b, h_kv, m, d_v + 1]
+        if start is not None:
+            state = state + start
         out1 = fq @ state.unsqueeze(2)  # [b, h_kv, g, s_q, d_v + 1]
     else:
-        out1 = _causal(fq, fk, v1, s_q, s_k, chunk_size, segment)
-    eps_t = _true_eps(eps, q_shift, k_shift, b, h_kv, g, s_q)
-    return _divide(out1[..., :d_v], out1[..., d_v:], eps_t).reshape(b, h, s_q, d_v).to(q.dtype)
+        out1, state = _causal(fq, fk, v1, s_q, s_k, chunk_size, segment, start)
+    eps_t = _true_eps(eps, q_shift, log_shift, b, h_kv, g, s_q)
+    out = _divide(out1[..., :d_v], out1[..., d_v:], eps_t).reshape(b, h, s_q, d_v).to(q.dtype)
+    return out, state[..., :d_v], state[..., d_v], log_shift
+
+
+def _continue_state(
+    fk: Tensor, k_shift: Tensor | None, kv: Tensor | None, z: Tensor | None, log_shift: Tensor | None
+) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+    """Key features and a starting state in one scale: ``(fk, kv, z, log_shift)`` with
+    ``log_shift [b, h_kv]`` common to both (FAVOR+ rescales the side with the smaller
+    stabiliser; 0 for the other maps), ``kv`` and ``z`` in ``fk``'s dtype."""
+    b, h_kv = fk.shape[:2]
+    if kv is not None:
+        kv, z = kv.to(fk.dtype), z.to(fk.dtype)
+    if k_shift is None:
+        return fk, kv, z, fk.new_zeros(b, h_kv) if log_shift is None else log_shift.to(fk.dtype)
+    k_shift = k_shift.view(b, h_kv)
+    if kv is None:
+        return fk, None, None, k_shift
+    log_shift = log_shift.to(fk.dtype)
+    shift = torch.maximum(log_shift, k_shift)
+    old_scale = torch.exp(log_shift - shift)  # [b, h_kv]
+    fk = fk * torch.exp(k_shift - shift)[..., None, None]
+    return fk, kv * old_scale[..., None, None], z * old_scale[..., None], shift
+
+
+def _triton_core(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    phi: Callable,
+    chunk_size: int,
+    eps: float | None,
+    start_kv: Tensor | None,
+    start_z: Tensor | None,
+    start_shift: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Causal linear attention by the fused kernels, as :func:`_linear_core`. The feature
+    maps run before the kernels (in float32); half types enter the kernels as bfloat16
+    features and values (the range of float32, so FAVOR+ features do not underflow)."""
+    b, h, s_q, d = q.shape
+    h_kv, s_k, d_v = k.shape[1], k.shape[2], v.shape[-1]
+    g = h // h_kv
+    ct = compute_dtype(q.dtype)
+    kernel_dtype = torch.bfloat16 if q.dtype in (torch.float16, torch.bfloat16) else ct
+    fq, q_shift = phi(q.to(ct), True)  # [b, h, s_q, m]
+    fk, k_shift = phi(k.to(ct), False)  # [b, h_kv, s_k, m]
+    fk, kv0, z0, log_shift = _continue_state(fk, k_shift, start_kv, start_z, start_shift)
+    m = fq.shape[-1]
+    if kv0 is None or z0 is None:
+        kv0, z0 = fk.new_zeros(b, h_kv, m, d_v), fk.new_zeros(b, h_kv, m)
+    offset = s_k - s_q
+    if offset > 0:  # keys before the first query: every query sees them
+        kv0 = kv0 + fk[:, :, :offset].transpose(-1, -2) @ v[:, :, :offset].to(ct)
+        z0 = z0 + fk[:, :, :offset].sum(-2)
+        fk, v = fk[:, :, offset:], v[:, :, offset:]
+    elif offset < 0:  # queries before the first key: keys of zero features stand in
+        fk, v = F.pad(fk, (0, 0, -offset, 0)), F.pad(v, (0, 0, -offset, 0))
+    eps_t = _true_eps(eps, q_shift, log_shift, b, h_kv, g, s_q)
+    out, kv, z = fused_causal(
+        fq.to(kernel_dtype),
+        fk.to(kernel_dtype),
+        v.to(kernel_dtype),
+        kv0,
+        z0,
+        eps=eps_t if not isinstance(eps_t, Tensor) else None,
+        eps_rows=eps_t.reshape(b, h, s_q) if isinstance(eps_t, Tensor) else None,
+        chunk=chunk_size,
+        out_dtype=q.dtype,
+    )
+    return out, kv, z, log_shift
 
 
 def default_chunk_size(device: torch.device) -> int:
@@ -264,28 +426,36 @@ def _divide(num: Tensor, den: Tensor, eps: Tensor | float | None) -> Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
-def _causal(fq: Tensor, fk: Tensor, v1: Tensor, s_q: int, s_k: int, chunk: int, segment: int) -> Tensor:
+def _causal(
+    fq: Tensor, fk: Tensor, v1: Tensor, s_q: int, s_k: int, chunk: int, segment: int, start: Tensor | None
+) -> tuple[Tensor, Tensor]:
     """Causal ``[φ(q)·Σφ(k)v, φ(q)·Σφ(k)]`` by chunks: ``fq [b, h_kv, g, s_q, m]``,
-    ``fk [b, h_kv, s_k, m]``, ``v1 [b, h_kv, s_k, e]`` (values and a ones column); the
-    chunk-level prefix sums are taken ``segment`` tokens at a time."""
+    ``fk [b, h_kv, s_k, m]``, ``v1 [b, h_kv, s_k, e]`` (values and a ones column), from the
+    state ``start [b, h_kv, m, e]`` of earlier keys (``None``: none), with the state after the
+    last key; the chunk-level prefix sums are taken ``segment`` tokens at a time."""
     b, h_kv, g, _, m = fq.shape
     e = v1.shape[-1]
     offset = s_k - s_q
-    state = fk.new_zeros(b, h_kv, m, e)
+    state = fk.new_zeros(b, h_kv, m, e) if start is None else start
     if offset > 0:  # keys before the first query: every query sees them
         state = state + fk[:, :, :offset].transpose(-1, -2) @ v1[:, :, :offset]
         fk, v1 = fk[:, :, offset:], v1[:, :, offset:]
-    blind = max(0, -offset)  # queries before the first key see nothing
+    blind = max(0, -offset)  # queries before the first key see only the earlier keys
     aligned = s_q - blind  # queries aligned one-to-one with the remaining keys
-    outs = [fq.new_zeros(b, h_kv, g, blind, e)] if blind else []
+    if not blind:
+        outs = []
+    elif start is None:
+        outs = [fq.new_zeros(b, h_kv, g, blind, e)]
+    else:
+        outs = [fq[:, :, :, :blind] @ state.unsqueeze(2)]
     fq = fq[:, :, :, blind:]
     for s0 in range(0, aligned, segment):
         s1 = min(aligned, s0 + segment)
         o, state = _causal_segment(fq[:, :, :, s0:s1], fk[:, :, s0:s1], v1[:, :, s0:s1], state, chunk)
         outs.append(o)
     if not outs:
-        return fq.new_zeros(b, h_kv, g, 0, e)
-    return torch.cat(outs, dim=3) if len(outs) != 1 else outs[0]
+        return fq.new_zeros(b, h_kv, g, 0, e), state
+    return (torch.cat(outs, dim=3) if len(outs) != 1 else outs[0]), state
 
 
 def _causal_segment(fq: Tensor, fk: Tensor, v1: Tensor, state: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
