@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from attnkit.train.budget import check_field_limits, check_memory
 from attnkit.train.tasks import TASKS, Task, make_task
 
 # The loss and accuracy of every step are kept (8 bytes a step): 10 million steps, 80 MB,
@@ -89,7 +90,9 @@ class TrainConfig:
             The task the config describes.
 
         Raises:
-            ValueError: the first invalid option, with what was expected and what was got.
+            ValueError: the first invalid option, with what was expected and what was got;
+                sizes beyond :data:`attnkit.train.budget.FIELD_LIMITS`, or a run whose
+                estimated memory is over :data:`attnkit.train.budget.TRAIN_MEMORY_LIMIT`.
         """
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
@@ -114,7 +117,15 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.warmup < 0 or self.weight_decay < 0:
             raise ValueError(f"warmup and weight_decay must be >= 0, got {self.warmup} and {self.weight_decay}")
-        return make_task(self.task, length=self.length, symbols=self.symbols, digits=self.digits)
+        for name in ("warmup", "checkpoint_every"):
+            if getattr(self, name) > MAX_STEPS:
+                raise ValueError(f"{name} must be at most {MAX_STEPS:,}, got {getattr(self, name):,}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        check_field_limits(self)
+        task = make_task(self.task, length=self.length, symbols=self.symbols, digits=self.digits)
+        check_memory(self, task)
+        return task
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, for checkpoints and ``metrics.json``."""

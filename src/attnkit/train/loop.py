@@ -16,7 +16,6 @@ run that is stopped and resumed computes exactly the same numbers as one that is
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import tempfile
 import time
@@ -47,7 +46,8 @@ from attnkit.train.evaluation import (
     inspect_attention,
 )
 from attnkit.train.model import build_model
-from attnkit.train.report import METRICS_NAME, draw_example, run_metrics
+from attnkit.train.report import METRICS_NAME, draw_example, metrics_json, run_metrics
+from attnkit.train.state_checks import check_model, check_state
 from attnkit.train.tasks import Task
 
 # Names of the pieces this module was split into, kept importable from here.
@@ -334,10 +334,22 @@ def _run(
 
     replicas.barrier()  # every replica has read (or looked for) the checkpoint before one is written
 
+    if state is not None:
+        with torch.device("meta"):
+            expected = build_for_config(config, task).state_dict()
+        try:
+            check_model(state["model"], expected)
+        except ValueError as err:
+            raise ValueError(f"{out / CHECKPOINT_NAME} is not a usable checkpoint: {err}"[:500]) from None
     model = build_for_config(config, task).to(device)
     trainer = _Trainer(config, task, model, device, replicas)
     checkpoint_path = out / CHECKPOINT_NAME
     if state is not None:
+        try:
+            parameter_shapes = [p.shape for group in trainer.optimizer.param_groups for p in group["params"]]
+            check_state(state, trainer.state(), parameter_shapes)
+        except ValueError as err:
+            raise ValueError(f"{checkpoint_path} is not a usable checkpoint: {err}"[:500]) from None
         try:
             trainer.load_state(state)
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
@@ -377,7 +389,7 @@ def _run(
     )
     metrics_path = out / METRICS_NAME
     try:
-        metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
+        metrics_path.write_text(metrics_json(metrics))
     except OSError as err:
         raise OSError(
             f"cannot write {metrics_path}: {err.strerror or err}; the training itself is saved in {checkpoint_path}"

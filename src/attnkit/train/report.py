@@ -3,6 +3,8 @@ example."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,19 @@ def run_metrics(
     if alignment is not None:
         metrics["alignment"] = alignment
     return metrics
+
+
+def metrics_json(metrics: dict[str, Any]) -> str:
+    """``metrics`` as strict JSON: a number that is not finite (the losses of a run that
+    diverged) is written as ``null``, since ``NaN`` and ``Infinity`` are not JSON."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(item) for item in value]
+        return value
+
+    return json.dumps(finite(metrics), indent=2, allow_nan=False) + "\n"
