@@ -1,8 +1,11 @@
-"""attnkit on a GPU: masked, local, sparse and linear attention against FlexAttention given a
-hand-written ``mask_mod`` for the same pattern, and against SDPA with a dense bool mask.
+"""attnkit on a GPU: masked, local and sparse attention against FlexAttention given a
+hand-written ``mask_mod`` for the same pattern and against SDPA with a dense bool mask; causal
+linear attention against SDPA ``is_causal`` and flash-linear-attention (fla-core, when it is
+installed), with the memory bandwidth it achieves.
 
-    python benchmarks/bench_gpu.py            # timings, results/gpu.{json,md}
+    python benchmarks/bench_gpu.py            # timings, results/gpu.* and results/gpu_linear.*
     python benchmarks/bench_gpu.py --check    # also: every kernel on CUDA vs float64 CPU
+    python benchmarks/bench_gpu.py --only linear --check   # linear attention alone (a few minutes)
     python benchmarks/bench_gpu.py --quick --device cpu   # a small dry run of the script
 
 Every contender of a row runs in the same process on the same inputs; times are medians of
@@ -57,6 +60,8 @@ def gpu_time(fn: Callable[[], object], device: torch.device, *, batches: int = 5
     fn()
     _sync(device)
     one = max(time.perf_counter() - start, 1e-6)
+    if one > 0.5:  # slow baselines (SDPA at 256K tokens): fewer batches of one call
+        batches = min(batches, 3)
     per_batch = max(1, min(200, int(min_batch_s / one)))
     times = []
     for _ in range(batches):
@@ -219,41 +224,6 @@ def bench_masked(dtype_name: str, s: int, h: int, d: int, device: torch.device, 
     return results
 
 
-def bench_linear(
-    dtype_name: str, s: int, h: int, d: int, device: torch.device, backward: bool, log, chunks: list[int]
-) -> list[dict]:
-    dtype = DTYPES[dtype_name]
-    gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (
-        torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_(backward) for _ in range(3)
-    )
-    fns = {
-        f"attnkit_chunk{c}": (
-            lambda c=c: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True, chunk_size=c, engine="eager")
-        )
-        for c in chunks
-    }
-    fns["attnkit"] = lambda: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True)
-    fns["attnkit_eager"] = lambda: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True, engine="eager")
-    fns["sdpa_is_causal"] = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    row = {
-        "row": "linear_attention(elu, causal=True)",
-        "dtype": dtype_name,
-        "pass": "fwd+bwd" if backward else "fwd",
-        "s": s,
-        "h": h,
-    }
-    for who, fn in fns.items():
-        try:
-            run = with_backward(fn, (q, k, v)) if backward else fn
-            row[f"{who}_first_s"] = first_call(run, device)
-            row[f"{who}_ms"] = gpu_time(run, device) * 1e3
-        except Exception as err:
-            row[f"{who}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    log(row)
-    return [row]
-
-
 def bench_many_masks(s: int, h: int, d: int, device: torch.device, log) -> dict:
     """A new mask in a warm process: first-call time, and whether 10 masks in a row (more
     than torch.compile's default limit of 8) all stay compiled (steady time of each against
@@ -374,25 +344,13 @@ def check_kernels(dtype_name: str, device: torch.device, log) -> list[dict]:
         "sparse_attention strided(16) permute": lambda q, k, v, **e: attnkit.sparse_attention(
             q, k, v, mask=masks.strided(16), causal=True, permute=16, **e
         ),
-        "linear_attention elu causal": lambda q, k, v, **e: attnkit.linear_attention(
-            q, k, v, feature_map="elu", causal=True
-        ),
-        "linear_attention favor causal": lambda q, k, v, **e: attnkit.linear_attention(
-            q, k, v, feature_map="favor", causal=True
-        ),
     }
     rows = []
     for name, fn in cases.items():
         row = {"case": name, "dtype": dtype_name}
         try:
             ref_in = [t.clone().requires_grad_() for t in base]
-            engine = (
-                {}
-                if name.startswith("linear")
-                else {"engine": "reference"}
-                if name.startswith("attention")
-                else {"engine": "blockwise"}
-            )
+            engine = {"engine": "reference"} if name.startswith("attention") else {"engine": "blockwise"}
             ref = fn(*ref_in, **engine)
             ref.backward(torch.ones_like(ref))
             dev_in = [t.to(device=device, dtype=dtype).requires_grad_() for t in base]
@@ -427,6 +385,288 @@ def check_kernels(dtype_name: str, device: torch.device, log) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------
+# Causal linear attention: the fused kernels against SDPA is_causal and flash-linear-attention
+# ---------------------------------------------------------------------------------------
+
+LINEAR_LENGTHS = "16384,65536,262144"
+LINEAR_HEADS, LINEAR_HEAD_DIM = 8, 64
+# Nominal memory bandwidth (bytes/s) by device name, for the fraction of the datasheet figure;
+# the fraction of a measured device-to-device copy is reported for every device.
+NOMINAL_BANDWIDTH = (
+    ("H200", 4.8e12),
+    ("H100 NVL", 3.9e12),
+    ("H100 80GB HBM3", 3.35e12),
+    ("H100 PCIe", 2.0e12),
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100 80GB PCIe", 1.935e12),
+    ("A100-SXM4-40GB", 1.555e12),
+    ("A100-PCIE-40GB", 1.555e12),
+)
+
+
+def fla_linear_ops():
+    """flash-linear-attention's chunked linear attention (``pip install fla-core``), or the
+    reason it is not here."""
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn, fused_chunk_linear_attn
+    except Exception as err:  # absent, or unable to start on this machine
+        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    return {"fla_chunk": chunk_linear_attn, "fla_fused_chunk": fused_chunk_linear_attn}, None
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Bytes per second of a device-to-device copy of ``nbytes`` (read and written)."""
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    seconds = gpu_time(lambda: y.copy_(x), device, batches=3)
+    return 2 * nbytes / seconds
+
+
+def nominal_bandwidth(device_name: str) -> float | None:
+    return next((bw for key, bw in NOMINAL_BANDWIDTH if key in device_name), None)
+
+
+def linear_io_bytes(b: int, h: int, s: int, d: int, element_size: int, backward: bool) -> int:
+    """The least memory traffic of a call: q, k, v read and the output written; the backward
+    pass also reads q, k, v, the output and its gradient, and writes three gradients."""
+    tensors = 4 + (8 if backward else 0)
+    return tensors * b * h * s * d * element_size
+
+
+def bench_linear(
+    dtype_name: str,
+    s: int,
+    device: torch.device,
+    backward: bool,
+    log,
+    *,
+    engine: str,
+    bandwidth: dict,
+    with_compiled: bool,
+) -> dict:
+    """One row: causal linear attention (elu) at length ``s`` by each contender, on the same
+    inputs (fla-core's in its own ``[b, s, h, d]`` layout, made once outside the timing)."""
+    dtype = DTYPES[dtype_name]
+    h, d = LINEAR_HEADS, LINEAR_HEAD_DIM
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (
+        torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_(backward) for _ in range(3)
+    )
+    contenders: dict[str, tuple[Callable[[], torch.Tensor], tuple[torch.Tensor, ...]]] = {
+        "attnkit": (
+            lambda: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True, engine=engine),
+            (q, k, v),
+        ),
+        "sdpa_is_causal": (
+            lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+            (q, k, v),
+        ),
+    }
+    if with_compiled:
+        contenders["attnkit_compiled"] = (
+            lambda: attnkit.linear_attention(q, k, v, feature_map="elu", causal=True, engine="compiled"),
+            (q, k, v),
+        )
+    row: dict = {"row": "linear_attention(elu, causal=True)", "dtype": dtype_name, "pass": _pass(backward), "s": s}
+    fla, why_not = fla_linear_ops()
+    if fla is None:
+        row["fla_missing"] = why_not
+    else:
+        q_t, k_t, v_t = (x.detach().transpose(1, 2).contiguous().requires_grad_(backward) for x in (q, k, v))
+        for name, fn in fla.items():
+            contenders[name] = (
+                lambda fn=fn: fn(
+                    torch.nn.functional.elu(q_t) + 1,
+                    torch.nn.functional.elu(k_t) + 1,
+                    v_t,
+                    scale=1.0,
+                    normalize=True,
+                )[0],
+                (q_t, k_t, v_t),
+            )
+    for who, (fn, inputs) in contenders.items():
+        try:
+            run = with_backward(fn, inputs) if backward else fn
+            row[f"{who}_first_s"] = first_call(run, device)
+            row[f"{who}_ms"] = gpu_time(run, device) * 1e3
+        except Exception as err:  # recorded, so one failure does not end the run
+            row[f"{who}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    row["io_bytes"] = linear_io_bytes(1, h, s, d, q.element_size(), backward)
+    if "attnkit_ms" in row:
+        achieved = row["io_bytes"] / (row["attnkit_ms"] / 1e3)
+        row["attnkit_bytes_per_s"] = achieved
+        row["fraction_of_copy"] = achieved / bandwidth["copy"]
+        if bandwidth.get("nominal"):
+            row["fraction_of_nominal"] = achieved / bandwidth["nominal"]
+    log(row)
+    return row
+
+
+def _pass(backward: bool) -> str:
+    return "fwd+bwd" if backward else "fwd"
+
+
+def check_linear(dtype_name: str, device: torch.device, log, *, engine: str, quick: bool) -> list[dict]:
+    """linear_attention on the device against the eager engine in float64 on the CPU: the
+    output, the gradients of q, k, v and the final state (``kv`` and ``z`` at the scale of the
+    true features), each as ``max|got - ref| / max|ref|``."""
+    dtype = DTYPES[dtype_name]
+    b, h, h_kv, s, d = (1, 4, 2, 200, 16) if quick else (2, 4, 2, 1000, 64)
+    gen = torch.Generator().manual_seed(3)
+    base = [torch.randn(b, n, s, d, generator=gen, dtype=torch.float64) for n in (h, h_kv, h_kv)]
+    cut = s // 5  # the prompt absorbed into a state before the "from a state" case
+    cases: dict[str, dict] = {
+        "elu, grouped heads": {"feature_map": "elu"},
+        "relu": {"feature_map": "relu"},
+        "favor, eps=1e-3": {"feature_map": "favor", "eps": 1e-3},
+        "callable x², chunk 32": {"feature_map": lambda x: x.square(), "chunk_size": 32},
+        f"elu from a {cut}-token state, {s - 2 * cut} queries of {s - cut} keys": {"feature_map": "elu", "prompt": cut},
+    }
+    rows = []
+    for name, spec in cases.items():
+        row: dict = {"case": name, "dtype": dtype_name}
+        try:
+            spec = dict(spec)
+            prompt = spec.pop("prompt", 0)
+            row.update(_linear_errors(base, prompt, spec, device, dtype, engine))
+            row["ok"] = max(v for k, v in row.items() if k in LINEAR_CHECKED) <= TOLERANCE[dtype_name]
+        except Exception as err:
+            row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            row["ok"] = False
+        rows.append(row)
+        log(row)
+    return rows
+
+
+LINEAR_CHECKED = ("out", "dq", "dk", "dv", "kv", "z")
+
+
+def _linear_errors(
+    base: list[torch.Tensor], prompt: int, kw: dict, device: torch.device, dtype: torch.dtype, engine: str
+) -> dict:
+    """Relative errors of one call on the device (``engine``) against float64 eager on the CPU."""
+    weights: list[torch.Tensor] = []
+
+    def run(inputs: list[torch.Tensor], **extra) -> tuple[dict, tuple[torch.Tensor, ...]]:
+        q, k, v = inputs
+        state = None
+        if prompt:
+            fm = kw["feature_map"]
+            state = attnkit.functional.linear_attention_state(k[:, :, :prompt], v[:, :, :prompt], feature_map=fm)
+            q, k, v = q[:, :, 2 * prompt :], k[:, :, prompt:], v[:, :, prompt:]
+        out, end = attnkit.linear_attention(q, k, v, causal=True, state=state, return_state=True, **kw, **extra)
+        scale = torch.exp(end.log_shift.double())  # the state at the scale of the true features
+        kv, z = end.kv.double() * scale[..., None, None], end.z.double() * scale[..., None]
+        results = (out.double(), kv, z)
+        if not weights:  # a fixed random direction, the same for both runs
+            gen = torch.Generator().manual_seed(4)
+            weights.extend(torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in results)
+        loss = sum((t * w.to(t.device)).sum() for t, w in zip(results, weights))
+        grads = torch.autograd.grad(loss, inputs)
+        return dict(zip(("out", "kv", "z"), results)), grads
+
+    ref_in = [t.clone().requires_grad_() for t in base]
+    ref, ref_grads = run(ref_in, engine="eager")
+    dev_in = [t.to(device=device, dtype=dtype).requires_grad_() for t in base]
+    got, got_grads = run(dev_in, engine=engine)
+    errors = {key: _rel(got[key], ref[key]) for key in ref}
+    errors.update({f"d{n}": _rel(g, r) for n, g, r in zip("qkv", got_grads, ref_grads)})
+    return errors
+
+
+def linear_markdown(data: dict) -> str:
+    """The section of the linear-attention rows and checks (``results/gpu_linear.md``)."""
+    bw = data.get("bandwidth", {})
+    device = f"Device: **{data['device']}**. " if data.get("device") else ""
+    lines = [
+        "## GPU: fused causal linear attention (`bench_gpu.py --only linear`)",
+        "",
+        f"{device}Causal linear attention (elu), b=1, h={LINEAR_HEADS}, d={LINEAR_HEAD_DIM}; "
+        "attnkit's default engine (the fused Triton kernels on CUDA), against SDPA `is_causal` (exact softmax "
+        "attention), flash-linear-attention's `chunk_linear_attn` and `fused_chunk_linear_attn` (fla-core, "
+        "its own `[b, s, h, d]` layout, the same elu features and normaliser) and attnkit's compiled engine (64K "
+        'only). Medians of batches of calls between synchronisations, compile excluded. "vs X" = X\'s time ÷ '
+        "attnkit's. Bandwidth: the least bytes a call must move (q, k, v read, output written; backward also "
+        "reads q, k, v, output and its gradient and writes three gradients) per second, as a fraction of a "
+        "measured device copy"
+        + (f" ({bw['copy'] / 1e9:.0f} GB/s)" if bw.get("copy") else "")
+        + (f" and of the datasheet's {bw['nominal'] / 1e9:.0f} GB/s" if bw.get("nominal") else "")
+        + ". Run: `python benchmarks/bench_gpu.py --only linear --check`.",
+        "",
+    ]
+    rows = data.get("linear", [])
+    if not rows:
+        lines.append(f"Not measured yet: no GPU has run it (lengths {LINEAR_LENGTHS}, bf16 and fp32, fwd and fwd+bwd).")
+    else:
+        table = []
+        for r in rows:
+            table.append(
+                [
+                    f"{r['s'] // 1024}K" if r["s"] % 1024 == 0 else str(r["s"]),
+                    r["dtype"],
+                    r["pass"],
+                    _ms(r, "attnkit"),
+                    _ms(r, "sdpa_is_causal"),
+                    _ms(r, "fla_chunk"),
+                    _ms(r, "fla_fused_chunk"),
+                    _ms(r, "attnkit_compiled"),
+                    _ratio(r, "attnkit", "sdpa_is_causal"),
+                    _ratio(r, "attnkit", "fla_chunk"),
+                    _ratio(r, "attnkit", "fla_fused_chunk"),
+                    f"{r['fraction_of_copy']:.2f}" if "fraction_of_copy" in r else "–",
+                    f"{r['fraction_of_nominal']:.2f}" if "fraction_of_nominal" in r else "–",
+                ]
+            )
+        lines.append(
+            _table(
+                [
+                    "s",
+                    "dtype",
+                    "pass",
+                    "attnkit ms",
+                    "sdpa is_causal ms",
+                    "fla chunk ms",
+                    "fla fused_chunk ms",
+                    "compiled engine ms",
+                    "vs sdpa",
+                    "vs fla chunk",
+                    "vs fla fused_chunk",
+                    "bandwidth / copy",
+                    "bandwidth / datasheet",
+                ],
+                table,
+            )
+        )
+        missing = {r["fla_missing"] for r in rows if "fla_missing" in r}
+        if missing:
+            lines += ["", f"fla-core was not measured: {'; '.join(sorted(missing))}."]
+    check = data.get("check", {})
+    crows = [
+        [r["case"], r["dtype"], *(f"{r[key]:.1e}" if key in r else "–" for key in LINEAR_CHECKED)]
+        + ["yes" if r.get("ok") else f"**no** {r.get('error', '')}"]
+        for name in DTYPES
+        for r in check.get(name, [])
+    ]
+    if crows:
+        lines += [
+            "",
+            "Correctness on the device (`--check`), relative error against the eager engine in float64 on the CPU "
+            "(output, gradients of q, k, v through the output and the final state, the final state `kv` and `z`; "
+            "tolerance 1e-5 fp32, 2e-2 bf16):",
+            "",
+            _table(["case", "dtype", *LINEAR_CHECKED, "within tolerance"], crows),
+        ]
+    errors = [
+        f"- {r['s']} {r['dtype']} {r['pass']}: " + "; ".join(f"{k}: {v}" for k, v in r.items() if k.endswith("_error"))
+        for r in rows
+        if any(k.endswith("_error") for k in r)
+    ]
+    if errors or data.get("skipped"):
+        lines += ["", "Errors and skipped rows:", ""] + errors + [f"- skipped: {s_}" for s_ in data.get("skipped", [])]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -438,19 +678,48 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda", help="device to run on (default cuda)")
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp32")
     parser.add_argument(
-        "--out", type=Path, default=None, help="write gpu.json and gpu.md here instead of benchmarks/results"
+        "--only",
+        choices=("masked", "linear"),
+        default=None,
+        help="run only the masked, local and sparse rows (results gpu.*) or only causal linear attention "
+        "(results gpu_linear.*); default both",
+    )
+    parser.add_argument(
+        "--lengths",
+        default=None,
+        help=f"comma-separated sequence lengths of the linear rows (default {LINEAR_LENGTHS}; 1024 with --quick)",
+    )
+    parser.add_argument(
+        "--linear-engine",
+        default="auto",
+        choices=("auto", "eager", "compiled", "triton"),
+        help="engine of attnkit's linear_attention in the linear rows and checks (default auto: triton on CUDA)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write gpu.{json,md} and gpu_linear.{json,md} here instead of benchmarks/results",
     )
     parser.add_argument("--budget", type=float, default=480.0, help="seconds; rows left when it runs out are skipped")
     args = parser.parse_args(argv)
+    dtypes = args.dtypes.split(",")
+    unknown = [name for name in dtypes if name not in DTYPES]
+    if unknown:
+        parser.error(f"--dtypes takes {', '.join(DTYPES)}, got {', '.join(unknown)}")
+    lengths_arg = args.lengths or ("1024" if args.quick else LINEAR_LENGTHS)
+    try:
+        lengths = [int(x) for x in lengths_arg.split(",")]
+    except ValueError:
+        parser.error(f"--lengths takes comma-separated integers, got {lengths_arg!r}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here; nothing measured (run it on a machine with a GPU)")
         return {}
     deadline = time.perf_counter() + args.budget
-    flex.raise_recompile_limit()  # for the hand-written baselines too
     s, h, d = (512, 4, 64) if args.quick else (16384, 16, 64)
-    s_lin, h_lin = (2048, 4) if args.quick else (65536, 8)
     backward_ok = device.type != "cpu"  # torch's CPU FlexAttention is forward only
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     log_lines: list[str] = []
 
     def log(item: dict) -> None:
@@ -459,56 +728,85 @@ def main(argv: list[str] | None = None) -> dict:
         print(line, flush=True)
 
     data: dict = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "shape": {"b": 1, "h": h, "s": s, "d": d, "linear": {"h": h_lin, "s": s_lin}},
+        "device": device_name,
+        "shape": {"b": 1, "h": h, "s": s, "d": d},
         "rows": [],
-        "linear": [],
         "check": {},
         "skipped": [],
     }
+    linear: dict = {"device": device_name, "lengths": lengths, "linear": [], "check": {}, "skipped": []}
     out_dir = args.out
 
     def save() -> None:
-        if out_dir is not None:
+        parts = [("gpu", "masked", data, markdown), ("gpu_linear", "linear", linear, linear_markdown)]
+        for name, kind, part, render in parts:
+            if args.only not in (None, kind):
+                continue
+            if out_dir is None:
+                write_results(name, part, render(part))
+                continue
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "gpu.json").write_text(
-                json.dumps({"environment": environment(), **data}, indent=2, default=str) + "\n"
+            (out_dir / f"{name}.json").write_text(
+                json.dumps({"environment": environment(), **part}, indent=2, default=str) + "\n"
             )
-            (out_dir / "gpu.md").write_text(markdown(data) + "\n")
-        else:
-            write_results("gpu", data, markdown(data))
+            (out_dir / f"{name}.md").write_text(render(part) + "\n")
 
-    def in_time(what: str) -> bool:
+    def in_time(what: str, part: dict) -> bool:
         if time.perf_counter() > deadline:
-            data["skipped"].append(what)
+            part["skipped"].append(what)
             return False
         return True
 
+    masked, linear_rows = args.only in (None, "masked"), args.only in (None, "linear")
+    if masked:
+        flex.raise_recompile_limit()  # for the hand-written baselines too
     if args.check:
-        data["check"]["mask_bits"] = check_masks_bits(device, log)
-        for name in args.dtypes.split(","):
-            if in_time(f"check {name}"):
+        if masked:
+            data["check"]["mask_bits"] = check_masks_bits(device, log)
+        for name in dtypes:
+            if masked and in_time(f"check {name}", data):
                 data["check"][name] = check_kernels(name, device, log)
+            if linear_rows and in_time(f"check {name}", linear):
+                linear["check"][name] = check_linear(name, device, log, engine=args.linear_engine, quick=args.quick)
         save()
+    passes = [(name, backward) for name in dtypes for backward in ((False, True) if backward_ok else (False,))]
+    if linear_rows:
+        # The fused kernels' work is bounded by memory traffic: measure what the device can move.
+        linear["bandwidth"] = {
+            "copy": copy_bandwidth(device, (1 << 30) if device.type == "cuda" else (1 << 26)),
+            "nominal": nominal_bandwidth(device_name),
+        }
+        log(linear["bandwidth"])
+        for s_lin in lengths:
+            for name, backward in passes:
+                if in_time(f"linear s={s_lin} {name} {_pass(backward)}", linear):
+                    linear["linear"].append(
+                        bench_linear(
+                            name,
+                            s_lin,
+                            device,
+                            backward,
+                            log,
+                            engine=args.linear_engine,
+                            bandwidth=linear["bandwidth"],
+                            with_compiled=device.type == "cuda" and s_lin == 65536,
+                        )
+                    )
+                    save()
     # Most wanted first: a run cut short by --budget keeps what matters.
-    passes = [
-        (name, backward) for name in args.dtypes.split(",") for backward in ((False, True) if backward_ok else (False,))
-    ]
-    for i, (name, backward) in enumerate(passes):
-        what = f"{name} {'fwd+bwd' if backward else 'fwd'}"
-        if in_time(what):
+    for i, (name, backward) in enumerate(passes if masked else []):
+        what = f"{name} {_pass(backward)}"
+        if in_time(what, data):
             try:
                 data["rows"] += bench_masked(name, s, h, d, device, backward, log)
             except Exception:
                 data["skipped"].append(f"{what}: {traceback.format_exc(limit=2)}")
             save()
-            if in_time(f"linear {what}"):
-                data["linear"] += bench_linear(name, s_lin, h_lin, d, device, backward, log, [64, 128, 512])
-            save()
-        if i == 1 and in_time("many masks"):
+        if i == 1 and in_time("many masks", data):
             data["many_masks"] = bench_many_masks(s, h, d, device, log)
             save()
-    return data
+    save()
+    return {"masked": data, "linear": linear}
 
 
 def _ms(row: dict, who: str) -> str:
@@ -531,10 +829,9 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 def markdown(data: dict) -> str:
     sh = data["shape"]
     lines = [
-        "## GPU: masked, local, sparse and linear attention (`bench_gpu.py`)",
+        "## GPU: masked, local and sparse attention (`bench_gpu.py`)",
         "",
-        f"Device: **{data['device']}**. b=1, h={sh['h']}, s={sh['s']}, d={sh['d']} (linear: h={sh['linear']['h']}, "
-        f"s={sh['linear']['s']}). Medians of batches of calls between synchronisations, compile excluded "
+        f"Device: **{data['device']}**. b=1, h={sh['h']}, s={sh['s']}, d={sh['d']}. Medians of batches of calls between synchronisations, compile excluded "
         "(first calls listed apart). \"speed vs X\" = X's time ÷ attnkit's time (above 1: attnkit is faster). "
         "`flex_hand` is compiled FlexAttention with a hand-written `mask_mod` and `create_block_mask`; "
         "`sdpa` uses a dense bool mask (or `is_causal`). Run: `python benchmarks/bench_gpu.py --check`.",
@@ -576,40 +873,9 @@ def markdown(data: dict) -> str:
     errors = [
         f"- {r['row']} ({r['dtype']}, {r['pass']}): "
         + "; ".join(f"{k}: {v}" for k, v in r.items() if k.endswith("_error"))
-        for r in data["rows"] + data["linear"]
+        for r in data["rows"]
         if any(k.endswith("_error") for k in r)
     ]
-    if data["linear"]:
-        lines += [
-            "",
-            "Causal linear attention (elu) against SDPA `is_causal` on the same shape; attnkit's default "
-            "(compiled engine on a GPU, chunks of 256), its eager engine, and the eager engine by chunk size:",
-            "",
-        ]
-        chunk_keys = sorted(
-            {k[:-3] for r in data["linear"] for k in r if k.startswith("attnkit_chunk") and k.endswith("_ms")},
-            key=lambda x: int(x[13:]),
-        )
-        lrows = []
-        for r in data["linear"]:
-            lrows.append(
-                [
-                    r["dtype"],
-                    r["pass"],
-                    _ms(r, "attnkit"),
-                    _ms(r, "sdpa_is_causal"),
-                    _ratio(r, "attnkit", "sdpa_is_causal"),
-                    _ms(r, "attnkit_eager"),
-                ]
-                + [_ms(r, c) for c in chunk_keys]
-            )
-        lines.append(
-            _table(
-                ["dtype", "pass", "attnkit ms", "sdpa is_causal ms", "speed vs sdpa", "eager engine ms"]
-                + [f"chunk {c[13:]} ms" for c in chunk_keys],
-                lrows,
-            )
-        )
     if "many_masks" in data:
         mm = data["many_masks"]
         firsts = [m["first_s"] for m in mm["masks"]]
