@@ -379,3 +379,24 @@ def test_block_sizes_beyond_the_sequence_allocate_nothing_more():
     assert torch.allclose(
         attnkit.tiled_attention(q, q, q, causal=True, block_size=10**9), attnkit.attention(q, q, q, causal=True)
     )
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        attnkit.attention,
+        attnkit.functional.tiled_attention,
+        partial(attnkit.functional.local_attention, window=3),
+        partial(attnkit.functional.sparse_attention, mask=masks.sliding_window(2)),
+    ],
+    ids=["attention", "tiled", "local", "sparse"],
+)
+def test_every_kernel_takes_one_head_as_s_d_by_position_or_by_name(kernel):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(7, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    batched = kernel(q[None, None], k[None, None], v[None, None], causal=True)  # [1, 1, 7, 4]
+    assert torch.equal(kernel(q, k, v, causal=True), batched[0, 0])
+    assert torch.equal(kernel(q, k=k, v=v, causal=True), batched[0, 0])
+    assert torch.equal(kernel(q=q, k=k, v=v, causal=True), batched[0, 0])
+    with pytest.raises(ValueError, match=r"must all be \[b, h, s, d\] or all be \[s, d\]"):
+        kernel(q, k[None, None], v, causal=True)

@@ -45,7 +45,7 @@ def test_local_matches_dense_reference_outputs_lse_and_gradients(case):
     k = torch.randn(b, h_kv, s_k, d, generator=g, dtype=torch.float64, requires_grad=True)
     v = torch.randn(b, h_kv, s_k, d_v, generator=g, dtype=torch.float64, requires_grad=True)
     out, lse = local_core(
-        q, k, v, left=left, right=right, scale=d**-0.5, block_size=case["block"], block_engine=case["engine"]
+        q, k, v, left=left, right=right, scale=d**-0.5, block_size=case["block"], block_op=case["engine"]
     )
     allowed = masks.sliding_window(left, right).to_dense(s_q, s_k)
     want, _, want_lse = dense_attention(q, k, v, allowed=allowed)

@@ -137,12 +137,3 @@ def test_pattern_and_argument_errors():
         sparse_attention(q, q, q, mask="strided")
     with pytest.raises(ValueError, match=r"permute must be an int >= 1 or None, got 0"):
         sparse_attention(q, q, q, mask=masks.causal(), permute=0)
-
-
-def test_pattern_is_the_deprecated_name_of_mask():
-    q = torch.randn(1, 2, 16, 4, dtype=torch.float64)
-    with pytest.warns(DeprecationWarning, match=r"pattern=\.\.\.\) is now mask="):
-        old = sparse_attention(q, q, q, pattern=masks.strided(3), causal=True)
-    assert torch.equal(old, sparse_attention(q, q, q, mask=masks.strided(3), causal=True))
-    with pytest.raises(ValueError, match="pass the pattern once"):
-        sparse_attention(q, q, q, mask=masks.strided(3), pattern=masks.strided(3))

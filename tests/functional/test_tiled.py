@@ -95,7 +95,7 @@ def test_tiled_matches_dense_reference_outputs_lse_and_gradients(case):
         causal=case["causal"],
         scale=d**-0.5,
         block_size=case["block"],
-        block_engine=case["engine"],
+        block_op=case["engine"],
     )
     allowed = _allowed(mask, b, h, s_q, s_k, case["causal"])
     want, _, want_lse = dense_attention(q, k, v, allowed=allowed, bias=bias)
@@ -157,9 +157,9 @@ def test_empty_blocks_are_never_computed(monkeypatch):
     seen = []
     real = tiled.block_forward
 
-    def spy(q, k, v, bias, scale, engine="auto", alive=None):
+    def spy(q, k, v, bias, scale, op="auto", alive=None):
         seen.append((q.shape[2], k.shape[2]))
-        return real(q, k, v, bias, scale, engine, alive)
+        return real(q, k, v, bias, scale, op, alive)
 
     monkeypatch.setattr(tiled, "block_forward", spy)
     s, block = 512, 64
@@ -213,29 +213,27 @@ def test_bad_block_size_and_mask_errors():
 
 
 def test_private_cpu_flash_ops_keep_the_signature_attnkit_calls():
-    from attnkit.functional import _blockwise
+    from attnkit.functional import blockwise
 
+    assert blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu", blockwise.FUSED_FORWARD_ARGS) is not None
     assert (
-        _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu", _blockwise.FUSED_FORWARD_ARGS) is not None
-    )
-    assert (
-        _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu_backward", _blockwise.FUSED_BACKWARD_ARGS)
+        blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu_backward", blockwise.FUSED_BACKWARD_ARGS)
         is not None
     )
-    assert _blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu", ("query", "key")) is None
-    assert _blockwise.private_op("no_such_op_in_any_torch", _blockwise.FUSED_FORWARD_ARGS) is None
+    assert blockwise.private_op("_scaled_dot_product_flash_attention_for_cpu", ("query", "key")) is None
+    assert blockwise.private_op("no_such_op_in_any_torch", blockwise.FUSED_FORWARD_ARGS) is None
 
 
 def test_without_the_private_ops_the_eager_engine_gives_the_same_result(monkeypatch):
-    from attnkit.functional import _blockwise
+    from attnkit.functional import blockwise
 
     q, k, v = (torch.randn(1, 2, 300, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = masks.causal() & masks.sliding_window(40)
     fused = tiled_attention(q, k, v, mask=mask)
     fused_grads = torch.autograd.grad(fused.sum(), (q, k, v))
-    monkeypatch.setattr(_blockwise, "_FUSED_FORWARD", None)
-    monkeypatch.setattr(_blockwise, "_FUSED_BACKWARD", None)
-    assert not _blockwise.use_fused(q, v)
+    monkeypatch.setattr(blockwise, "_FUSED_FORWARD", None)
+    monkeypatch.setattr(blockwise, "_FUSED_BACKWARD", None)
+    assert not blockwise.use_fused(q, v)
     eager = tiled_attention(q, k, v, mask=mask)
     eager_grads = torch.autograd.grad(eager.sum(), (q, k, v))
     assert torch.allclose(fused, eager, atol=1e-12)
@@ -251,9 +249,7 @@ def test_nan_in_a_query_or_key_reaches_exactly_the_rows_that_may_attend_to_it(en
     q, k, v = (torch.randn(1, 2, 12, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     q[0, 1, 2, 0] = float("nan")
     k[0, 0, 7, 3] = float("nan")
-    out, lse = tiled_core(
-        q, k, v, mask=None, bias=None, causal=causal, scale=0.5, block_size=(4, 3), block_engine=engine
-    )
+    out, lse = tiled_core(q, k, v, mask=None, bias=None, causal=causal, scale=0.5, block_size=(4, 3), block_op=engine)
     expected = torch.zeros(1, 2, 12, dtype=torch.bool)
     expected[0, 1, 2] = True
     expected[0, 0, 7:] = True

@@ -426,24 +426,21 @@ def test_from_torch_keeps_float64_weights_exactly() -> None:
     assert torch.equal(MultiHeadAttention.from_torch(separate).k_proj.weight, separate.k_proj_weight)
 
 
-def test_the_dispatcher_kernel_is_called_auto_and_dense_still_works_with_a_warning() -> None:
+def test_the_dispatcher_kernel_is_called_auto() -> None:
     from attnkit.functional import attention, get_kernel
     from attnkit.nn import KERNELS
 
-    assert "auto" in list(KERNELS) and "dense" not in list(KERNELS)
-    assert KERNELS["auto"] is attention and "dense" in KERNELS
-    with pytest.warns(DeprecationWarning, match="'dense' is now called 'auto'"):
-        assert get_kernel("dense") is attention
-    with pytest.warns(DeprecationWarning, match="'dense' is now called 'auto'"):
-        old = MultiHeadAttention(E, H, kernel="dense")
-    assert old.kernel == "auto" and "kernel" not in repr(old)
+    assert KERNELS["auto"] is attention and get_kernel("auto") is attention
+    assert "dense" not in KERNELS
+    with pytest.raises(ValueError, match="unknown attention kernel 'dense'"):
+        MultiHeadAttention(E, H, kernel="dense")
 
 
 def test_kernel_options_are_checked_at_construction() -> None:
     with pytest.raises(TypeError, match="kernel 'sparse' needs the option"):
         MultiHeadAttention(32, 4, kernel="sparse")
     with pytest.raises(TypeError, match="needs an attnkit.masks.Mask"):
-        MultiHeadAttention(32, 4, kernel="sparse", kernel_options={"pattern": torch.ones(4, 4, dtype=torch.bool)})
+        MultiHeadAttention(32, 4, kernel="sparse", kernel_options={"mask": torch.ones(4, 4, dtype=torch.bool)})
     with pytest.raises(TypeError, match="kernel 'auto' takes no option 'window'; its options: "):
         MultiHeadAttention(32, 4, kernel_options={"window": 2})
     with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):

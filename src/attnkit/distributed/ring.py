@@ -41,11 +41,10 @@ from torch.autograd.function import once_differentiable
 from attnkit.distributed.agreement import Setting, agree, code_float, float_code, text_code
 from attnkit.distributed.layout import LAYOUTS, Layout, check_layout, check_lengths, shard_positions
 from attnkit.functional import masks as masks_mod
-from attnkit.functional._blockwise import lse_dtype, merge
+from attnkit.functional.blockwise import lse_dtype, merge
 from attnkit.functional.records import AttentionResult
-from attnkit.functional.tiled import EMPTY, TiledPlan, make_plan
-from attnkit.functional.tiled import _backward as plan_backward
-from attnkit.functional.tiled import _forward as plan_forward
+from attnkit.functional.scores import resolve_scale
+from attnkit.functional.tiled import EMPTY, TiledPlan, make_plan, plan_backward, plan_forward
 
 # Tags that keep the two streams between a pair of ranks apart (keys/values and their
 # gradient accumulators have the same shapes).
@@ -339,7 +338,7 @@ def _make_ring(
         lengths=lengths,
         positions=[shard_positions(seq_len, r, world, layout, device=q.device) for r in range(world)],
         pattern=pattern,
-        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
+        scale=resolve_scale(scale, q.shape[-1]),
         block_size=(block_size, block_size) if isinstance(block_size, int) else (block_size[0], block_size[1]),
         timings=timings,
     )

@@ -1,15 +1,62 @@
 """Validation shared by every kernel's entry point: tensors, options, masks and biases, each
 checked once here so that every kernel raises the same errors, naming what was expected
-and what was got. Also the one conversion of a mask (and ``causal``) to a bool tensor."""
+and what was got. Also the one conversion of a mask (and ``causal``) to a bool tensor, and
+:func:`accepts_single_head`, which lets every kernel take one head as ``[s, d]``."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, cast
 
 import torch
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
+from attnkit.functional.records import AttentionResult
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_QKV = ("q", "k", "v")
+
+
+def accepts_single_head(kernel: Callable[P, R]) -> Callable[P, R]:
+    """Check a kernel's ``q``, ``k``, ``v`` with :func:`check_inputs` before it runs, and let
+    it take one head without a batch: ``[s, d]`` inputs are passed to the kernel as
+    ``[1, 1, s, d]`` and the two leading dims are taken off what it returns (a tensor, an
+    :class:`~attnkit.functional.AttentionResult` or a tuple of them). The kernel itself then
+    sees only validated ``[b, h, s, d]`` inputs.
+
+    ``q``, ``k`` and ``v`` must be the kernel's first three parameters, given by position
+    or by name.
+    """
+
+    @functools.wraps(kernel)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        positional = len(args[:3])
+        if any(name not in kwargs for name in _QKV[positional:]):
+            return kernel(*args, **kwargs)  # a missing q, k or v: Python's own TypeError
+        qkv = cast(list[Tensor], [*args[:positional], *(kwargs[name] for name in _QKV[positional:])])
+        if not check_inputs(qkv[0], qkv[1], qkv[2]):
+            return kernel(*args, **kwargs)
+        batched = [t[None, None] for t in qkv]  # [1, 1, s, d]
+        kwargs.update(zip(_QKV[positional:], batched[positional:]))
+        args = (*batched[:positional], *args[3:])  # type: ignore[assignment]
+        return cast(R, _first_head(kernel(*args, **kwargs)))
+
+    return checked
+
+
+def _first_head(result: Any) -> Any:
+    """``result`` with its leading ``[1, 1]`` dims taken off (``None`` stays ``None``)."""
+    if isinstance(result, Tensor):
+        return result[0, 0]
+    if isinstance(result, AttentionResult):
+        return AttentionResult(*(_first_head(t) for t in (result.output, result.weights, result.lse)))
+    if isinstance(result, tuple):
+        return tuple(_first_head(t) for t in result)
+    return result
 
 
 def dense_allowed(

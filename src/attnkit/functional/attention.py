@@ -20,7 +20,6 @@ Four engines compute the same thing; :mod:`attnkit.functional.engines` chooses o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Literal, overload
 
@@ -29,10 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
-from attnkit.functional._validate import check_bias, check_inputs, check_options, dense_allowed
+from attnkit.functional._validate import accepts_single_head, check_bias, check_options, dense_allowed
 from attnkit.functional.engines import Engine, choose_attention_engine
 from attnkit.functional.records import AttentionResult
-from attnkit.functional.scores import dot_scores
+from attnkit.functional.scores import dot_scores, resolve_scale
 from attnkit.functional.softmax import masked_softmax
 from attnkit.functional.tiled import tiled_core
 
@@ -73,6 +72,7 @@ def attention(
 ) -> AttentionResult: ...
 
 
+@accepts_single_head
 def attention(
     q: Tensor,
     k: Tensor,
@@ -123,9 +123,6 @@ def attention(
             tensors on different devices, a mask of the wrong shape, ``dropout_p``
             outside ``[0, 1)``, an unknown engine or one that cannot compute the call.
     """
-    single = check_inputs(q, k, v)
-    if single:
-        q, k, v = q[None, None], k[None, None], v[None, None]  # [1, 1, s, d]
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
     check_options(score, dropout_p, scale)
@@ -139,10 +136,9 @@ def attention(
         bias=bias,
     )
     if chosen == "sdpa" and sdpa_serves:
-        out = _sdpa(
+        return _sdpa(
             q, k, v, causal=causal and s_q == s_k and s_q > 1, scale=_scale(score, scale, d), dropout_p=dropout_p
         )
-        return out[0, 0] if single else out
     if chosen in ("flex", "blockwise"):
         # Masks, biases and offset causal: exact attention that skips the key blocks a mask
         # leaves empty, in O(s · block) memory (attnkit.functional.tiled / .flex).
@@ -155,23 +151,20 @@ def attention(
             causal=causal,
             scale=_scale(score, scale, d),
             engine=chosen,
-            kernel="attention",
+            caller="attention",
             need_lse=False,
         )
-        return out[0, 0] if single else out
+        return out
 
     # Only the engines below need the mask as a tensor; building it is O(s_q * s_k).
     allowed = dense_allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
     if bias is not None:
         check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
     if chosen == "sdpa":
-        out = _sdpa_dense(q, k, v, allowed, bias, scale=_scale(score, scale, d), dropout_p=dropout_p)
-        return out[0, 0] if single else out
+        return _sdpa_dense(q, k, v, allowed, bias, scale=_scale(score, scale, d), dropout_p=dropout_p)
     result = reference_attention(
         q, k, v, allowed=allowed, bias=bias, scale=_scale(score, scale, d), score=score, dropout_p=dropout_p
     )
-    if single:
-        result = AttentionResult(result.output[0, 0], result.weights[0, 0], result.lse[0, 0])
     return result if return_weights else result.output
 
 
@@ -240,6 +233,5 @@ def _sdpa_dense(
 
 
 def _scale(score: Score, scale: float | None, d: int) -> float:
-    if scale is not None:
-        return float(scale)
-    return 1.0 / math.sqrt(d) if score == "scaled_dot" else 1.0
+    """The scale of a call: ``1/sqrt(d)`` by default for ``"scaled_dot"``, 1 for the others."""
+    return resolve_scale(scale, d) if scale is not None or score == "scaled_dot" else 1.0

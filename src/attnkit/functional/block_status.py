@@ -74,7 +74,7 @@ def classify_blocks(
             some = torch.as_tensor(some, device=device).expand(shape).any(1).any(0)
             every = torch.as_tensor(every, device=device).expand(shape).all(1).all(0)
         else:
-            some, every = _dense_block_bounds(mask, b_idx, h_idx, q_pos, kv_pos, block_q, block_k)
+            some, every = _dense_block_bounds(mask, q_pos, kv_pos, block_q, block_k)
         status = _status(some, every)
     if dense is not None:
         status = torch.minimum(status, _tensor_block_status(dense, block_q, block_k, nq, nk))
@@ -86,7 +86,7 @@ def _status(some: Tensor, every: Tensor) -> Tensor:
 
 
 def _dense_block_bounds(
-    mask: masks_mod.Mask, b_idx: Tensor, h_idx: Tensor, q_pos: Tensor, kv_pos: Tensor, block_q: int, block_k: int
+    mask: masks_mod.Mask, q_pos: Tensor, kv_pos: Tensor, block_q: int, block_k: int
 ) -> tuple[Tensor, Tensor]:
     """Evaluate a mask with no block test pair by pair, one query block at a time."""
     s_q, s_k = q_pos.numel(), kv_pos.numel()
@@ -95,8 +95,7 @@ def _dense_block_bounds(
     somes, everies = [], []
     for i in range(nq):
         rows = q_pos[i * block_q : (i + 1) * block_q]
-        allowed = masks_mod._as_bool(mask.fn(b_idx, h_idx, rows.view(1, 1, -1, 1), kv_pos.view(1, 1, 1, -1)))
-        allowed = allowed.expand(*allowed.shape[:2], rows.numel(), s_k)  # [b|1, h|1, m, s_k]
+        allowed = mask.evaluate(rows, kv_pos)  # [b|1, h|1, m, s_k]
         some = allowed.any(2).any(1).any(0)  # [s_k]
         every = allowed.all(2).all(1).all(0)
         if pad:

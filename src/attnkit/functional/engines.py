@@ -35,17 +35,22 @@ _FLEX_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FLEX_MIN_HEAD_DIM = 16
 
 
-def check_engine(engine: object, offered: tuple[str, ...], kernel: str) -> None:
+def check_engine(engine: object, offered: tuple[str, ...], caller: str) -> None:
     """Raise unless ``engine`` is ``"auto"`` or one of ``offered``.
 
+    Args:
+        engine: what the caller of a kernel asked for.
+        offered: the engines the kernel runs on.
+        caller: the public function called, named in the message (``"local_attention"``).
+
     Raises:
-        ValueError: an unknown engine, or one ``kernel`` does not offer.
+        ValueError: an unknown engine, or one the kernel does not offer.
     """
     if engine == "auto" or engine in offered:
         return
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
-    raise ValueError(f"{kernel} runs on the engines {['auto', *offered]}, got engine={engine!r}")
+    raise ValueError(f"{caller} runs on the engines {['auto', *offered]}, got engine={engine!r}")
 
 
 @functools.cache
@@ -72,23 +77,24 @@ def flex_serves(q: Tensor, v: Tensor, bias: Tensor | None = None) -> bool:
     )
 
 
-def choose_masked_engine(engine: str, q: Tensor, v: Tensor, bias: Tensor | None, kernel: str) -> str:
-    """``"flex"`` or ``"blockwise"`` for a masked kernel (tiled, local, sparse)."""
-    check_engine(engine, ("flex", "blockwise"), kernel)
+def choose_masked_engine(engine: Engine, q: Tensor, v: Tensor, bias: Tensor | None, caller: str) -> Engine:
+    """``"flex"`` or ``"blockwise"`` for a masked kernel (tiled, local, sparse); ``caller``
+    as in :func:`check_engine`."""
+    check_engine(engine, ("flex", "blockwise"), caller)
     if engine != "auto":
         return engine
     return "flex" if flex_serves(q, v, bias) else "blockwise"
 
 
 def choose_attention_engine(
-    engine: str,
+    engine: Engine,
     q: Tensor,
     v: Tensor,
     *,
     sdpa_serves: bool,
     needs_reference: bool,
     bias: Tensor | None,
-) -> str:
+) -> Engine:
     """The engine of one :func:`attnkit.attention` call.
 
     Args:

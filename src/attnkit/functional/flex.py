@@ -88,7 +88,7 @@ def flex_core(
     h_kv, s_k = k.shape[1], k.shape[2]
     if dense is not None:
         expanded = dense.expand(dense.shape[0], dense.shape[1], s_q, s_k)  # [b|1, h|1, s_q, s_k]
-        as_mask = masks_mod._from_dense(expanded, "bool tensor", None)
+        as_mask = masks_mod.from_dense(expanded, reusable=False)
         mask = as_mask if mask is None else mask & as_mask
     block_mask = _block_mask(mask, b, h, s_q, s_k, q.device, q_pos, kv_pos, period)
     score_mod = None
@@ -169,7 +169,7 @@ def _block_mask(
     if mask is None:
         mask = masks_mod.full()
     permuted = q_pos is not None or kv_pos is not None
-    key = None
+    key: Hashable | None = None
     if mask.key is not None and not permuted:
         key = (mask.key, b if mask.batch_size else 1, h if mask.num_heads else 1, s_q, s_k, str(device))
     elif mask.key is not None and permuted and period > 0:
@@ -200,15 +200,15 @@ def _build_block_mask(
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
     fn = mask.fn
+    mask_mod: masks_mod.MaskFn
     if q_pos is None and kv_pos is None:
         offset = s_k - s_q
 
-        def mask_mod(b_idx: Tensor, h_idx: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        def shifted(b_idx: Tensor, h_idx: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return fn(b_idx, h_idx, q_idx + offset, kv_idx)
 
-        if offset == 0:  # row i is at position i: nothing to add in the kernel's inner loop
-            mask_mod = fn  # noqa: F811
-
+        # Row i at position i: nothing to add in the kernel's inner loop.
+        mask_mod = fn if offset == 0 else shifted
         q_pos = torch.arange(s_q, device=device) + offset
         kv_pos = torch.arange(s_k, device=device)
     else:
@@ -216,8 +216,10 @@ def _build_block_mask(
         kv_pos = torch.arange(s_k, device=device) if kv_pos is None else kv_pos.to(device)
         q_at, kv_at = q_pos, kv_pos
 
-        def mask_mod(b_idx: Tensor, h_idx: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        def at_positions(b_idx: Tensor, h_idx: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return fn(b_idx, h_idx, q_at[q_idx], kv_at[kv_idx])
+
+        mask_mod = at_positions
 
     if mask.blocks is None:
         return create_block_mask(

@@ -24,17 +24,15 @@ block_size) runs one sequence across the ranks of a torchrun job; ``import
 attnkit.distributed`` registers it (:func:`register_kernel`).
 
 ``"auto"`` is the dispatcher: it picks PyTorch's fused SDPA, or the reference path when
-weights, a score variant or a mask SDPA cannot take are asked for. It was called
-``"dense"`` before; that name still works for one release, with a ``DeprecationWarning``.
+weights, a score variant or a mask SDPA cannot take are asked for.
 """
 
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor
 
@@ -45,12 +43,12 @@ from attnkit.functional.masks import Mask
 from attnkit.functional.sparse import sparse_attention
 from attnkit.functional.tiled import tiled_attention
 
-# Old kernel names, still accepted for one release: old name → new name.
-DEPRECATED_NAMES = {"dense": "auto"}
 # Keywords that every kernel takes per call, never as a module's options.
 _PER_CALL = frozenset({"causal", "return_weights", "return_lse"})
-# The sparse kernel's pattern: ``mask`` (new) or ``pattern`` (old), whichever it takes.
-_PATTERN_NAMES = ("mask", "pattern")
+
+
+# A kernel: (q, k, v, *, causal, **options) -> [b, h, s_q, d_v].
+KernelFn = Callable[..., Tensor]
 
 
 @dataclass(frozen=True)
@@ -83,22 +81,23 @@ class KernelSpec:
         return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in skip]
 
 
+# Called as modules call them (no return_weights, no return_lse), the kernels return a tensor.
 KERNEL_SPECS: dict[str, KernelSpec] = {
     spec.name: spec
     for spec in (
         KernelSpec(
             "auto", attention, frozenset({"mask", "bias", "scale", "score", "dropout_p"}), takes_mask=True, full=True
         ),
-        KernelSpec("tiled", tiled_attention, frozenset({"mask", "bias"}), takes_mask=True, full=False),
-        KernelSpec("local", local_attention, frozenset(), takes_mask=False, full=False),
-        KernelSpec("sparse", sparse_attention, frozenset(), takes_mask=False, full=False),
+        KernelSpec("tiled", cast(KernelFn, tiled_attention), frozenset({"mask", "bias"}), takes_mask=True, full=False),
+        KernelSpec("local", cast(KernelFn, local_attention), frozenset(), takes_mask=False, full=False),
+        KernelSpec("sparse", cast(KernelFn, sparse_attention), frozenset(), takes_mask=False, full=False),
         KernelSpec("linear", linear_attention, frozenset(), takes_mask=False, full=False),
     )
 }
 
 
 class _KernelTable(Mapping[str, Callable[..., Tensor]]):
-    """Kernel name → function; a deprecated name still finds its kernel, with a warning."""
+    """Kernel name → function, read-only; :func:`register_kernel` adds to it."""
 
     def __getitem__(self, name: str) -> Callable[..., Tensor]:
         return KERNEL_SPECS[resolve_kernel_name(name)].function
@@ -110,7 +109,7 @@ class _KernelTable(Mapping[str, Callable[..., Tensor]]):
         return len(KERNEL_SPECS)
 
     def __contains__(self, name: object) -> bool:
-        return name in KERNEL_SPECS or name in DEPRECATED_NAMES
+        return name in KERNEL_SPECS
 
     def __repr__(self) -> str:
         return repr({name: spec.function for name, spec in KERNEL_SPECS.items()})
@@ -129,7 +128,7 @@ def register_kernel(name: str, kernel: Callable[..., Tensor]) -> None:
         ValueError: ``name`` is already taken by another kernel.
     """
     known = KERNEL_SPECS.get(name)
-    if (known is not None and known.function is not kernel) or name in DEPRECATED_NAMES:
+    if known is not None and known.function is not kernel:
         raise ValueError(f"attention kernel {name!r} is already registered as {KERNELS[name]!r}")
     params = inspect.signature(kernel).parameters
     takes_mask = "mask" in params and "bias" in params
@@ -138,20 +137,11 @@ def register_kernel(name: str, kernel: Callable[..., Tensor]) -> None:
 
 
 def resolve_kernel_name(name: str) -> str:
-    """The current name of a kernel: ``name`` itself, or the new name of a deprecated one
-    (with a ``DeprecationWarning``).
+    """``name``, checked against the kernel table.
 
     Raises:
         ValueError: an unknown name (the message lists the known ones).
     """
-    if isinstance(name, str) and name in DEPRECATED_NAMES:
-        new = DEPRECATED_NAMES[name]
-        warnings.warn(
-            f"attention kernel {name!r} is now called {new!r}; the old name will be removed in the next release",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return new
     if not isinstance(name, str) or name not in KERNEL_SPECS:
         hint = " (import attnkit.distributed to add it)" if name == "ring" else ""
         raise ValueError(f"unknown attention kernel {name!r}{hint}; expected one of {sorted(KERNEL_SPECS)}")
@@ -167,21 +157,12 @@ def get_kernel(name: str) -> Callable[..., Tensor]:
     return KERNEL_SPECS[resolve_kernel_name(name)].function
 
 
-def kernel_spec(name: str) -> KernelSpec:
-    """The :class:`KernelSpec` of the kernel called ``name`` (deprecated names warn).
-
-    Raises:
-        ValueError: an unknown name.
-    """
-    return KERNEL_SPECS[resolve_kernel_name(name)]
-
-
 def check_kernel_options(name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Check a module's options for a kernel before any call: the names the kernel takes,
     the ones it needs, and the values it would refuse at the first forward.
 
     Args:
-        name: a kernel name (current; see :func:`resolve_kernel_name`).
+        name: a kernel name (see :func:`resolve_kernel_name`).
         options: keyword options, e.g. ``{"window": 256}`` for ``"local"``.
 
     Returns:
@@ -204,12 +185,10 @@ def check_kernel_options(name: str, options: Mapping[str, Any] | None) -> dict[s
     if name == "local" and "window" not in options:
         raise TypeError("kernel 'local' needs the option 'window' (keys on each side a query attends to)")
     if name == "sparse":
-        given = [key for key in _PATTERN_NAMES if key in options]
-        if not given:
-            wanted = next(key for key in _PATTERN_NAMES if key in accepted)
-            raise TypeError(f"kernel 'sparse' needs the option {wanted!r} (an attnkit.masks.Mask pattern)")
-        if not isinstance(options[given[0]], Mask):
-            raise TypeError(f"kernel 'sparse' needs an attnkit.masks.Mask, got {type(options[given[0]]).__name__}")
+        if "mask" not in options:
+            raise TypeError("kernel 'sparse' needs the option 'mask' (an attnkit.masks.Mask pattern)")
+        if not isinstance(options["mask"], Mask):
+            raise TypeError(f"kernel 'sparse' needs an attnkit.masks.Mask, got {type(options['mask']).__name__}")
     for key, value in options.items():
         check = _VALUE_CHECKS.get(key)
         if check is not None:

@@ -4,7 +4,7 @@ its own position. Time and memory O(s · w): no ``[s_q, s_k]`` tensor, forward o
 How: queries are cut into blocks of ``bs`` rows. Block ``j`` needs the keys from
 ``bs·j − left`` to ``bs·j + bs − 1 + right`` — one window of ``W = bs + left + right``
 keys (rounded up to whole blocks). All windows are *views* of one flat key buffer
-(``as_strided`` with a step of ``bs`` rows, no copy), so one batched call of the block engine
+(``as_strided`` with a step of ``bs`` rows, no copy), so one batched block call
 computes every block of every head at once: ``[blocks, rows, d] × [blocks, W, d]``. A fixed
 band mask ``[bs, W]`` keeps each row's own window. The few blocks whose window runs past
 either end of the sequence are recomputed with their exact mask in a second, small call.
@@ -29,17 +29,19 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attnkit.functional import masks as masks_mod
-from attnkit.functional._blockwise import BlockEngine, block_backward, block_forward, lse_dtype, use_fused
-from attnkit.functional._validate import check_inputs, check_options
+from attnkit.functional._validate import accepts_single_head
+from attnkit.functional.blockwise import BlockOp, block_backward, block_forward, lse_dtype, use_fused
 from attnkit.functional.engines import Engine, choose_masked_engine
 from attnkit.functional.flex import flex_core
 from attnkit.functional.records import AttentionResult
+from attnkit.functional.scores import resolve_scale
 
-# Bytes of [rows, W] scores (eager engine) or of key-window gradients (backward) per engine
+# Bytes of [rows, W] scores (eager block op) or of key-window gradients (backward) per block
 # call: bounds the working set. The fused forward materialises neither and runs in one call.
 _CHUNK_BYTES = 32 << 20
 
 
+@accepts_single_head
 def local_attention(
     q: Tensor,
     k: Tensor,
@@ -80,22 +82,15 @@ def local_attention(
         TypeError, ValueError: bad tensors (as :func:`attnkit.attention`), a negative window,
             a right-hand window with ``causal=True``, a block size below 1.
     """
-    single = check_inputs(q, k, v)
-    if single:
-        q, k, v = q[None, None], k[None, None], v[None, None]
-    check_options("scaled_dot", 0.0, scale)
     left, right = _window(window, causal)
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
         raise ValueError(f"block_size must be an int >= 1 or None, got {block_size!r}")
-    d = q.shape[-1]
-    scale_f = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale_f = resolve_scale(scale, q.shape[-1])
     if choose_masked_engine(engine, q, v, None, "local_attention") == "flex":
         window_mask = masks_mod.sliding_window(left, right)
         out, lse = flex_core(q, k, v, mask=window_mask, dense=None, bias=None, scale=scale_f, need_lse=return_lse)
     else:
         out, lse = local_core(q, k, v, left=left, right=right, scale=scale_f, block_size=block_size)
-    if single:
-        out, lse = out[0, 0], (None if lse is None else lse[0, 0])
     return AttentionResult(out, None, lse) if return_lse else out
 
 
@@ -137,7 +132,7 @@ class _Geometry:
     right: int
     bs: int
     scale: float
-    block_engine: BlockEngine
+    block_op: BlockOp
 
     @property
     def g(self) -> int:
@@ -185,7 +180,7 @@ def local_core(
     right: int,
     scale: float,
     block_size: int | None = None,
-    block_engine: BlockEngine = "auto",
+    block_op: BlockOp = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Local attention on validated 4-D inputs; returns ``(out, lse)``."""
     b, h, s_q, _ = q.shape
@@ -195,7 +190,7 @@ def local_core(
     right = min(right, max(s_k + s_q, 0))
     # More rows per block than there are queries would only pad (and allocate) for nothing.
     bs = min(block_size or default_block_size(left, right, s_q), max(s_q, 1))
-    geo = _Geometry(b, h, h_kv, s_q, s_k, left, right, bs, scale, block_engine)
+    geo = _Geometry(b, h, h_kv, s_q, s_k, left, right, bs, scale, block_op)
     if s_q == 0 or s_k == 0:
         out = q.new_zeros(b, h, s_q, v.shape[-1])
         return out, torch.full((b, h, s_q), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
@@ -322,21 +317,21 @@ def _forward_flat(geo: _Geometry, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tens
     band = _additive(_band(geo, torch.bool, q.device), q.dtype).view(1, 1, geo.g * geo.bs, geo.width)
     alive = torch.ones((), dtype=torch.bool, device=q.device)  # every row of the band sees a key
     step = _chunk(geo, q.element_size())
-    if use_fused(qb, vw, geo.block_engine):
-        out, lse = block_forward(qb, kw, vw, band, geo.scale, geo.block_engine, alive)
+    if use_fused(qb, vw, geo.block_op):
+        out, lse = block_forward(qb, kw, vw, band, geo.scale, geo.block_op, alive)
     else:
         out = q.new_empty(geo.total, 1, geo.g * geo.bs, v.shape[-1])
         lse = q.new_empty(geo.total, 1, geo.g * geo.bs, dtype=lse_dtype(q.dtype))
         for c0 in range(0, geo.total, step):
             c1 = min(geo.total, c0 + step)
             out[c0:c1], lse[c0:c1] = block_forward(
-                qb[c0:c1], kw[c0:c1], vw[c0:c1], band, geo.scale, geo.block_engine, alive
+                qb[c0:c1], kw[c0:c1], vw[c0:c1], band, geo.scale, geo.block_op, alive
             )
     flat, allowed = _edges(geo, q.device)
     for c0 in range(0, flat.numel(), step):
         idx = flat[c0 : c0 + step]
         bias = _additive(allowed[torch.arange(c0, c0 + idx.numel(), device=q.device) % allowed.shape[0]], q.dtype)
-        o, l_ = block_forward(qb[idx], kw[idx], vw[idx], bias, geo.scale, geo.block_engine)
+        o, l_ = block_forward(qb[idx], kw[idx], vw[idx], bias, geo.scale, geo.block_op)
         out[idx], lse[idx] = o, l_
     return out, lse, flat
 
@@ -384,7 +379,7 @@ def _backward(
             lseb[c0:c1],
             band,
             geo.scale,
-            engine=geo.block_engine,
+            op=geo.block_op,
         )
         dqb[c0:c1] = dq
         _add_windows(dkbuf, dkw, c0, geo)
@@ -395,7 +390,7 @@ def _backward(
         bias = _additive(allowed[torch.arange(c0, c0 + idx.numel(), device=q.device) % allowed.shape[0]], q.dtype)
         do_e, lse_e = edge_inputs[0][c0 : c0 + step], edge_inputs[1][c0 : c0 + step]
         dq, dkw, dvw, _ = block_backward(
-            do_e, qb[idx], kw[idx], vw[idx], ob[idx], lse_e, bias, geo.scale, engine=geo.block_engine
+            do_e, qb[idx], kw[idx], vw[idx], ob[idx], lse_e, bias, geo.scale, op=geo.block_op
         )
         dqb[idx] = dq
         rows = (idx.view(-1, 1) * geo.bs + offsets.view(1, -1)).reshape(-1)
@@ -406,7 +401,7 @@ def _backward(
 
 class _LocalFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, geo: _Geometry):  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, geo: _Geometry):
         out, lse = _forward(geo, q, k, v)
         ctx.geo = geo
         ctx.save_for_backward(q, k, v, out, lse)
@@ -415,7 +410,7 @@ class _LocalFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout: Tensor, _dlse: Tensor):  # type: ignore[override]
+    def backward(ctx, dout: Tensor, _dlse: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(ctx.geo, dout, q, k, v, out, lse)
         return dq, dk, dv, None

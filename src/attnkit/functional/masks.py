@@ -114,6 +114,37 @@ class Mask:
     def __call__(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return self.to(q_idx.device).fn(b, h, q_idx, kv_idx)
 
+    def evaluate(self, q_pos: Tensor, kv_pos: Tensor, *, heads: Tensor | None = None) -> Tensor:
+        """The mask on every pair of query positions ``q_pos`` and key positions ``kv_pos``,
+        for every batch entry and head it distinguishes: what kernels call on the pairs of a
+        block (positions absolute, as everywhere).
+
+        Args:
+            q_pos: ``[m]`` integer positions of the queries.
+            kv_pos: ``[n]`` integer positions of the keys, on ``q_pos``'s device.
+            heads: ``[n_h]`` the heads to evaluate, for a mask that varies over heads
+                (default: all of its ``num_heads``); ignored by a mask that does not.
+
+        Returns:
+            Bool tensor ``[b|1, h|1, m, n]``: ``b`` is the mask's ``batch_size`` (1 when it
+            does not vary over the batch); ``h`` is ``len(heads)`` or its ``num_heads`` (1
+            when it does not vary over heads).
+        """
+        device = q_pos.device
+        n_b = self.batch_size or 1
+        b = torch.arange(n_b, device=device).view(n_b, 1, 1, 1)
+        if self.num_heads is None:
+            h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+        elif heads is None:
+            h = torch.arange(self.num_heads, device=device).view(1, -1, 1, 1)
+        else:
+            h = heads.view(1, -1, 1, 1)
+        m, n = q_pos.numel(), kv_pos.numel()
+        allowed = _as_bool(self.to(device).fn(b, h, q_pos.view(1, 1, m, 1), kv_pos.view(1, 1, 1, n)))
+        while allowed.ndim < 4:
+            allowed = allowed.unsqueeze(0)
+        return allowed.expand(allowed.shape[0], allowed.shape[1], m, n)  # [b|1, h|1, m, n]
+
     def __repr__(self) -> str:
         return f"Mask({self.name})"
 
@@ -301,8 +332,8 @@ def sliding_window(left: int, right: int = 0) -> Mask:
     Raises:
         ValueError: a negative window.
     """
-    _check_int("left", left, minimum=0)
-    _check_int("right", right, minimum=0)
+    check_int("left", left, minimum=0)
+    check_int("right", right, minimum=0)
     name = f"sliding_window(left={left}, right={right})"
     left, right = min(left, INDEX_MAX), min(right, INDEX_MAX)
     # Compared as a difference, so no bound is ever added to a position (no overflow).
@@ -361,7 +392,7 @@ def strided(stride: int) -> Mask:
     Raises:
         ValueError: ``stride < 1``.
     """
-    _check_int("stride", stride, minimum=1)
+    check_int("stride", stride, minimum=1)
     stride = min(stride, INDEX_MAX)
 
     def blocks(b: Tensor, h: Tensor, q: Span, kv: Span) -> tuple[Tensor, Tensor]:
@@ -377,6 +408,7 @@ def strided(stride: int) -> Mask:
             and kv.period % stride == 0
         )
         if residues_known:  # blocks of tokens that share their position mod stride
+            assert q.residue is not None and kv.residue is not None
             known = (q.residue >= 0) & (kv.residue >= 0)
             same = torch.remainder(q.residue - kv.residue, stride) == 0
             some, every = torch.where(known, same, some), torch.where(known, same, every)
@@ -397,8 +429,8 @@ def fixed(block: int, summary: int) -> Mask:
     Raises:
         ValueError: ``block < 1`` or ``summary`` outside ``[0, block]``.
     """
-    _check_int("block", block, minimum=1)
-    _check_int("summary", summary, minimum=0)
+    check_int("block", block, minimum=1)
+    check_int("summary", summary, minimum=0)
     if summary > block:
         raise ValueError(f"summary must be <= block, got summary={summary}, block={block}")
     block, summary = min(block, INDEX_MAX), min(summary, INDEX_MAX)
@@ -438,7 +470,7 @@ def random(density: float, seed: int = 0) -> Mask:
     """
     if not 0.0 <= float(density) <= 1.0:
         raise ValueError(f"density must be in [0, 1], got {density}")
-    _check_int("seed", seed, minimum=0)
+    check_int("seed", seed, minimum=0)
     threshold = int(round(float(density) * _HASH_PRIME))
     salt = seed % _HASH_PRIME
 
@@ -587,9 +619,16 @@ def _document(table: Tensor, per_batch: bool, monotone: bool, name: str, key: Ha
     )
 
 
-def from_dense(allowed: Tensor) -> Mask:
+def from_dense(allowed: Tensor, *, reusable: bool = True) -> Mask:
     """Wrap a boolean tensor ``[s_q, s_k]``, ``[b|1, h|1, s_q, s_k]`` (``True`` = may
     attend) as a mask. Row ``i`` of the tensor is query row ``i``.
+
+    Args:
+        allowed: the bool tensor.
+        reusable: give the mask a :attr:`~Mask.key`, so that kernels keep what they build
+            from it (a FlexAttention block mask, which holds the tensor) for later calls
+            with the same mask; ``False`` for a tensor made for one call, so that nothing
+            keeps it alive afterwards.
 
     Raises:
         TypeError: the tensor is not boolean.
@@ -603,7 +642,8 @@ def from_dense(allowed: Tensor) -> Mask:
     dense = allowed.reshape((1,) * (4 - allowed.ndim) + tuple(allowed.shape))  # [b|1, h|1, s_q, s_k]
     # Known by the identity of the view the mask keeps alive: a cache never mistakes another
     # tensor for it (modify the tensor afterwards and the mask changes with it, caches not).
-    return _from_dense(dense, f"from_dense({list(allowed.shape)})", ("from_dense", id(dense)))
+    key = ("from_dense", id(dense)) if reusable else None
+    return _from_dense(dense, f"from_dense({list(allowed.shape)})", key)
 
 
 def _from_dense(dense: Tensor, name: str, key: Hashable) -> Mask:
@@ -627,7 +667,13 @@ def _from_dense(dense: Tensor, name: str, key: Hashable) -> Mask:
     )
 
 
-def _check_int(name: str, value: int, *, minimum: int) -> None:
+def check_int(name: str, value: int, *, minimum: int) -> None:
+    """Check a mask's integer parameter (a window, a block, a seed).
+
+    Raises:
+        TypeError: ``value`` is not an int (a bool is not one).
+        ValueError: ``value`` is below ``minimum``.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:

@@ -20,6 +20,20 @@ import torch
 from torch import Tensor
 
 
+def resolve_scale(scale: float | None, d: int) -> float:
+    """The score scale of a call: ``scale`` as a float, or by default ``1/sqrt(d)``, the
+    Transformer's (which keeps the scores' variance near 1 for unit-variance q and k).
+
+    Raises:
+        TypeError: ``scale`` is neither ``None`` nor a finite number.
+    """
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite number or None, got {scale!r}")
+    return float(scale)
+
+
 def group_queries(q: Tensor, h_kv: int) -> Tensor:
     """View ``q [b, h, s_q, d]`` as ``[b, h_kv, h // h_kv, s_q, d]`` so that each group of
     query heads meets its one key/value head by broadcasting, not by copying k and v."""
@@ -45,8 +59,7 @@ def dot_scores(q: Tensor, k: Tensor) -> Tensor:
 
 def scaled_dot_scores(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
     """Scaled dot-product scores ``q · k * scale`` with ``scale = 1 / sqrt(d)`` by default."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return dot_scores(q * scale, k)
+    return dot_scores(q * resolve_scale(scale, q.shape[-1]), k)
 
 
 def general_scores(q: Tensor, k: Tensor, weight: Tensor) -> Tensor:

@@ -19,20 +19,20 @@ included, keeps its meaning.
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
-from attnkit.functional._validate import check_inputs, check_options
+from attnkit.functional._validate import accepts_single_head
 from attnkit.functional.engines import Engine
 from attnkit.functional.records import AttentionResult
+from attnkit.functional.scores import resolve_scale
 from attnkit.functional.tiled import make_plan, tiled_core
 
 
+@accepts_single_head
 def sparse_attention(
     q: Tensor,
     k: Tensor,
@@ -45,7 +45,6 @@ def sparse_attention(
     permute: int | None = None,
     return_lse: bool = False,
     engine: Engine = "auto",
-    pattern: masks_mod.Mask | None = None,
 ) -> Tensor | AttentionResult:
     """Exact attention restricted to the pattern ``mask``, computing only the blocks it keeps.
 
@@ -67,7 +66,6 @@ def sparse_attention(
         engine: ``"blockwise"`` (the tiled kernel), ``"flex"`` (compiled FlexAttention on the
             same, possibly permuted, layout; its blocks are 128 tokens and ``block_size``
             does not apply), or ``"auto"``: Flex on GPUs, blockwise on the CPU.
-        pattern: the former name of ``mask`` (deprecated; it warns).
 
     Returns:
         ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``); rows the pattern leaves empty are zeros.
@@ -75,23 +73,14 @@ def sparse_attention(
     Raises:
         TypeError: ``mask`` is not a Mask; bad tensors as :func:`attnkit.attention`.
         ValueError: ``block_size`` or ``permute`` below 1, a pattern for other sizes, an
-            unknown engine, or both ``mask`` and ``pattern``.
+            unknown engine.
     """
-    if pattern is not None:
-        if mask is not None:
-            raise ValueError("pass the pattern once, as mask= (pattern= is its former name)")
-        warnings.warn("sparse_attention(pattern=...) is now mask=...", DeprecationWarning, stacklevel=2)
-        mask = pattern
-    single = check_inputs(q, k, v)
-    if single:
-        q, k, v = q[None, None], k[None, None], v[None, None]
-    check_options("scaled_dot", 0.0, scale)
     if not isinstance(mask, masks_mod.Mask):
         raise TypeError(f"mask must be an attnkit.masks.Mask, got {type(mask).__name__}")
     if permute is not None and (isinstance(permute, bool) or not isinstance(permute, int) or permute < 1):
         raise ValueError(f"permute must be an int >= 1 or None, got {permute!r}")
-    s_q, s_k, d = q.shape[2], k.shape[2], q.shape[-1]
-    scale_f = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    s_q, s_k = q.shape[2], k.shape[2]
+    scale_f = resolve_scale(scale, q.shape[-1])
     if block_size is None:
         block_size = default_block_size(s_k, permute)
     if permute is None or permute == 1:
@@ -105,7 +94,7 @@ def sparse_attention(
             scale=scale_f,
             block_size=(block_size, block_size),
             engine=engine,
-            kernel="sparse_attention",
+            caller="sparse_attention",
             need_lse=return_lse,
         )
     else:
@@ -124,14 +113,12 @@ def sparse_attention(
             kv_pos=kv_pos,
             period=permute,
             engine=engine,
-            kernel="sparse_attention",
+            caller="sparse_attention",
             need_lse=return_lse,
         )
         inverse = torch.argsort(q_order)
         out = out_p.index_select(2, inverse)
         lse = None if lse_p is None else lse_p.index_select(2, inverse)
-    if single:
-        out, lse = out[0, 0], (None if lse is None else lse[0, 0])
     return AttentionResult(out, None, lse) if return_lse else out
 
 
@@ -221,7 +208,7 @@ def block_random(block: int, density: float, seed: int = 0) -> masks_mod.Mask:
     """Whole ``block × block`` tiles kept at random with probability ``density``
     (deterministic in ``seed``): BigBird's random attention, aligned to the blocks of the
     kernel when ``block`` is the kernel's block size."""
-    masks_mod._check_int("block", block, minimum=1)
+    masks_mod.check_int("block", block, minimum=1)
     tile = masks_mod.random(density, seed)
 
     def fn(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ A :class:`~attnkit.masks.Mask` with a block test (:attr:`Mask.blocks`: causal, w
 documents, padding, global tokens, strided, fixed, and their ``&``/``|``/``~``) is
 classified from the block boundaries alone; a mask without one is evaluated densely, one
 query block at a time, to classify. Runs of neighbouring key blocks of the same kind go to
-one call of the block engine (:mod:`attnkit.functional._blockwise`), and the partial
+one block call (:mod:`attnkit.functional.blockwise`), and the partial
 results of a query block are merged through their log-sum-exp.
 
 The backward pass is a custom ``autograd.Function`` that recomputes each block from
@@ -27,7 +27,6 @@ the rows of one problem, so k and v are never copied per head.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -35,23 +34,19 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attnkit.functional import masks as masks_mod
-from attnkit.functional._blockwise import BlockEngine, block_backward, block_forward, lse_dtype, merge, use_fused
-from attnkit.functional._validate import check_bias, check_inputs, check_mask_sizes, check_mask_tensor, check_options
+from attnkit.functional._validate import accepts_single_head, check_bias, check_mask_sizes, check_mask_tensor
 from attnkit.functional.block_status import EMPTY, PARTIAL, classify_blocks
+from attnkit.functional.blockwise import BlockOp, block_backward, block_forward, lse_dtype, merge, use_fused
 from attnkit.functional.engines import Engine, choose_masked_engine
 from attnkit.functional.flex import flex_core
 from attnkit.functional.records import AttentionResult
+from attnkit.functional.scores import resolve_scale
 
-# Largest number of keys per engine call for calls that materialise [rows, keys] floats
+# Largest number of keys per block call for calls that materialise [rows, keys] floats
 # (a mask/bias block, or every eager call): bounds the working set.
 _MAX_KEYS_MATERIALISED = 1024
-# Neighbouring full and partial blocks of a query block may be merged into one masked call
-# when they span at most this many keys (fewer, longer calls, no merging, but a mask over the
-# whole run). Measured on CPU with a document + causal mask at 16K: no gain (0.74 s against
-# 0.70 s), so it is off (0); raise it for patterns made of many short runs.
-_MAX_KEYS_COALESCED = 0
 
-Run = tuple[int, int, tuple[tuple[int, int], ...]]  # keys k0:k1, and the partial sub-ranges
+Run = tuple[int, int, bool]  # keys k0:k1 in one block call; True: the mask is evaluated on them
 
 
 @dataclass
@@ -59,9 +54,9 @@ class TiledPlan:
     """Which key blocks each query block visits, and how (built once, reused by backward).
 
     Attributes:
-        runs: for query block ``i``, a list of ``(k0, k1, partial_ranges)``: keys ``k0:k1``
-            in one engine call, evaluating the mask on the ``(a, b)`` sub-ranges of
-            ``partial_ranges`` (none: every pair of the run is allowed).
+        runs: for query block ``i``, a list of ``(k0, k1, partial)``: keys ``k0:k1`` in one
+            block call, evaluating the mask on them when ``partial`` (otherwise every pair
+            of the run is allowed).
         status: ``[n_q_blocks, n_k_blocks]`` int8, ``EMPTY``/``PARTIAL``/``FULL``.
     """
 
@@ -80,7 +75,7 @@ class TiledPlan:
     bias_shape: tuple[int, int, int, int] | None
     status: Tensor
     runs: list[list[Run]]
-    block_engine: BlockEngine
+    block_op: BlockOp
 
     @property
     def kept_fraction(self) -> float:
@@ -88,6 +83,7 @@ class TiledPlan:
         return float((self.status != EMPTY).float().mean()) if self.status.numel() else 0.0
 
 
+@accepts_single_head
 def tiled_attention(
     q: Tensor,
     k: Tensor,
@@ -130,11 +126,6 @@ def tiled_attention(
         TypeError, ValueError: as :func:`attnkit.attention` for bad inputs, masks and
             biases; ``ValueError`` for a block size below 1 or an unknown engine.
     """
-    single = check_inputs(q, k, v)
-    if single:
-        q, k, v = q[None, None], k[None, None], v[None, None]
-    d = q.shape[-1]
-    check_options("scaled_dot", 0.0, scale)
     out, lse = tiled_core(
         q,
         k,
@@ -142,13 +133,11 @@ def tiled_attention(
         mask=mask,
         bias=bias,
         causal=causal,
-        scale=1.0 / math.sqrt(d) if scale is None else float(scale),
+        scale=resolve_scale(scale, q.shape[-1]),
         block_size=block_size,
         engine=engine,
         need_lse=return_lse,
     )
-    if single:
-        out, lse = out[0, 0], (None if lse is None else lse[0, 0])
     return AttentionResult(out, None, lse) if return_lse else out
 
 
@@ -166,8 +155,8 @@ def tiled_core(
     kv_pos: Tensor | None = None,
     period: int = 0,
     engine: Engine = "auto",
-    block_engine: BlockEngine = "auto",
-    kernel: str = "tiled_attention",
+    block_op: BlockOp = "auto",
+    caller: str = "tiled_attention",
     need_lse: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """The kernel behind :func:`tiled_attention` on validated 4-D inputs.
@@ -176,14 +165,14 @@ def tiled_core(
     ``arange(s_q) + s_k - s_q`` and ``arange(s_k)``); a permuted layout passes permuted
     positions, and ``period`` > 0 tells the block tests that a block whose positions share
     their residue mod ``period`` is single-residue (see :class:`attnkit.masks.Span`).
-    ``engine`` picks FlexAttention or the blockwise schedule (``kernel`` names the caller in
-    errors); ``block_engine`` the block calls of the latter.
+    ``engine`` picks FlexAttention or the blockwise schedule (``caller``, the public function
+    called, is named in errors); ``block_op`` the block op of the latter.
 
     Returns:
         ``(out [b, h, s_q, d_v], lse [b, h, s_q])``; ``lse`` may be ``None`` when
         ``need_lse`` is False.
     """
-    if choose_masked_engine(engine, q, v, bias, kernel) == "flex":
+    if choose_masked_engine(engine, q, v, bias, caller) == "flex":
         mask_obj, dense, _ = resolve_mask(q, k, mask=mask, bias=bias, causal=causal)
         bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
         return flex_core(
@@ -211,12 +200,12 @@ def tiled_core(
         q_pos=q_pos,
         kv_pos=kv_pos,
         period=period,
-        block_engine=block_engine,
+        block_op=block_op,
     )
     bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias4)):
         return _TiledFunction.apply(q, k, v, bias4, plan)
-    return _forward(plan, q, k, v, bias4)
+    return plan_forward(plan, q, k, v, bias4)
 
 
 def make_plan(
@@ -232,7 +221,7 @@ def make_plan(
     q_pos: Tensor | None = None,
     kv_pos: Tensor | None = None,
     period: int = 0,
-    block_engine: BlockEngine = "auto",
+    block_op: BlockOp = "auto",
 ) -> TiledPlan:
     """Validate the mask and bias, classify every (query block, key block) pair, and group
     the kept key blocks of each query block into runs."""
@@ -268,10 +257,10 @@ def make_plan(
         bias_shape=bias_shape,
         status=status,
         runs=[],
-        block_engine=block_engine,
+        block_op=block_op,
     )
     # Calls that build a [rows, keys] bias block, and every eager call, are cut short.
-    materialise_all = not use_fused(q, v, block_engine) or bias is not None
+    materialise_all = not use_fused(q, v, block_op) or bias is not None
     plan.runs = _runs(status, block_k, s_k, materialise_all=materialise_all)
     return plan
 
@@ -302,20 +291,21 @@ def resolve_mask(
         raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
     if causal:
         mask_obj = masks_mod.causal() if mask_obj is None else masks_mod.causal() & mask_obj
-    bias_shape = None
+    bias_shape: tuple[int, int, int, int] | None = None
     if bias is not None:
         check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
-        bias_shape = tuple((1,) * (4 - bias.ndim) + tuple(bias.shape))
+        n0, n1, n2, n3 = (1,) * (4 - bias.ndim) + tuple(bias.shape)
+        bias_shape = (n0, n1, n2, n3)
     return mask_obj, dense, bias_shape
 
 
 def _runs(status: Tensor, block_k: int, s_k: int, *, materialise_all: bool) -> list[list[Run]]:
-    """Group the kept key blocks of each query block into engine calls.
+    """Group the kept key blocks of each query block into block calls.
 
-    Neighbouring blocks of the same kind form a segment; neighbouring segments that hold a
-    partial block and span at most ``_MAX_KEYS_COALESCED`` keys become one masked call.
-    Other segments are calls of their own, cut so that calls which materialise
-    ``[rows, keys]`` stay within ``_MAX_KEYS_MATERIALISED`` keys."""
+    Neighbouring blocks of the same kind form a segment, one call, cut so that calls which
+    materialise ``[rows, keys]`` stay within ``_MAX_KEYS_MATERIALISED`` keys. (Merging a
+    partial segment with its full neighbours into one masked call was measured on the CPU
+    with a document + causal mask at 16K: no gain, 0.74 s against 0.70 s.)"""
     nq, nk = status.shape
     if nq == 0:
         return []
@@ -323,35 +313,17 @@ def _runs(status: Tensor, block_k: int, s_k: int, *, materialise_all: bool) -> l
     edge = torch.ones(nq, nk, dtype=torch.bool)
     edge[:, 1:] = st[:, 1:] != st[:, :-1]
     starts = edge.nonzero().tolist()  # [(row, col)] where a segment of equal status begins
-    segments: list[list[tuple[int, int, bool]]] = [[] for _ in range(nq)]
+    cut = max(block_k, _MAX_KEYS_MATERIALISED // block_k * block_k)
+    runs: list[list[Run]] = [[] for _ in range(nq)]
     for idx, (row, col) in enumerate(starts):
         end = starts[idx + 1][1] if idx + 1 < len(starts) and starts[idx + 1][0] == row else nk
         kind = int(st[row, col])
-        if kind != EMPTY:
-            segments[row].append((col * block_k, min(end * block_k, s_k), kind == PARTIAL))
-    cut = max(block_k, _MAX_KEYS_MATERIALISED // block_k * block_k)
-    runs: list[list[Run]] = [[] for _ in range(nq)]
-    for row, segs in enumerate(segments):
-        i = 0
-        while i < len(segs):
-            j = i  # extend a group of touching segments while it stays short
-            while (
-                j + 1 < len(segs)
-                and segs[j + 1][0] == segs[j][1]
-                and segs[j + 1][1] - segs[i][0] <= _MAX_KEYS_COALESCED
-            ):
-                j += 1
-            group = segs[i : j + 1]
-            if len(group) > 1 and any(p for _, _, p in group):
-                runs[row].append((group[0][0], group[-1][1], tuple((a, b) for a, b, p in group if p)))
-                i = j + 1
-                continue
-            k0, k1, partial = segs[i]
-            step = cut if (partial or materialise_all) else k1 - k0
-            for c0 in range(k0, k1, step):
-                c1 = min(c0 + step, k1)
-                runs[row].append((c0, c1, ((c0, c1),) if partial else ()))
-            i += 1
+        if kind == EMPTY:
+            continue
+        k0, k1, partial = col * block_k, min(end * block_k, s_k), kind == PARTIAL
+        step = cut if (partial or materialise_all) else k1 - k0
+        for c0 in range(k0, k1, step):
+            runs[row].append((c0, min(c0 + step, k1), partial))
     return runs
 
 
@@ -364,38 +336,20 @@ def _allowed_range(plan: TiledPlan, r0: int, r1: int, a: int, b: int) -> Tensor:
     """The mask (and bool tensor mask) on rows ``r0:r1`` and keys ``a:b``:
     ``[b|1, h|1, m, b - a]`` bool."""
     m, n_keys = r1 - r0, b - a
-    device = plan.q_pos.device
     allowed = None
     if plan.mask is not None:
-        n_b, n_h = plan.mask.batch_size or 1, plan.mask.num_heads or 1
-        allowed = masks_mod._as_bool(
-            plan.mask.fn(
-                torch.arange(n_b, device=device).view(n_b, 1, 1, 1),
-                torch.arange(n_h, device=device).view(1, n_h, 1, 1),
-                plan.q_pos[r0:r1].view(1, 1, m, 1),
-                plan.kv_pos[a:b].view(1, 1, 1, n_keys),
-            )
-        )
+        allowed = plan.mask.evaluate(plan.q_pos[r0:r1], plan.kv_pos[a:b])  # [b|1, h|1, m, n_keys]
     if plan.dense is not None:
         d = plan.dense
         d = d[:, :, r0:r1] if d.shape[2] > 1 else d
         d = d[:, :, :, a:b] if d.shape[3] > 1 else d
         allowed = d if allowed is None else allowed & d
-    assert allowed is not None
-    while allowed.ndim < 4:
-        allowed = allowed.unsqueeze(0)
+    assert allowed is not None, "a partial block needs a mask"
     return allowed.expand(allowed.shape[0], allowed.shape[1], m, n_keys)
 
 
 def _block_bias(
-    plan: TiledPlan,
-    bias4: Tensor | None,
-    r0: int,
-    r1: int,
-    c0: int,
-    c1: int,
-    partial: tuple[tuple[int, int], ...],
-    dtype: torch.dtype,
+    plan: TiledPlan, bias4: Tensor | None, r0: int, r1: int, c0: int, c1: int, partial: bool, dtype: torch.dtype
 ) -> tuple[Tensor | None, Tensor | None]:
     """Additive float bias of one call in grouped layout ``[b|1, h_kv|1, g*m, l]`` (or None),
     and, when known cheaply, which of its rows allow some key ``[b|1, h_kv|1, g*m]``."""
@@ -403,23 +357,9 @@ def _block_bias(
         return None, None
     m, n_keys, g = r1 - r0, c1 - c0, plan.h // plan.h_kv
     device = plan.q_pos.device
-    allowed = None
-    if partial:
-        pieces = [(a, b, _allowed_range(plan, r0, r1, a, b)) for a, b in partial]
-        n0 = max(p.shape[0] for _, _, p in pieces)
-        n1 = max(p.shape[1] for _, _, p in pieces)
-        if len(pieces) == 1 and (pieces[0][0], pieces[0][1]) == (c0, c1):
-            allowed = pieces[0][2]
-        else:  # full blocks between the partial ones: allowed everywhere
-            allowed = torch.ones(n0, n1, m, n_keys, dtype=torch.bool, device=device)
-            for a, b, piece in pieces:
-                allowed[:, :, :, a - c0 : b - c0] = piece
+    allowed = _allowed_range(plan, r0, r1, c0, c1) if partial else None  # [b|1, h|1, m, l]
     neg_inf = torch.full((), float("-inf"), dtype=dtype, device=device)
     alive = None
-    if bias4 is None:
-        alive = allowed.any(-1)  # [..., m|1]
-        while alive.ndim < 3:
-            alive = alive.unsqueeze(0)
     if bias4 is not None:
         bb = bias4[:, :, r0:r1] if bias4.shape[2] > 1 else bias4
         bb = bb[:, :, :, c0:c1] if bb.shape[3] > 1 else bb
@@ -427,11 +367,9 @@ def _block_bias(
         out = bb if allowed is None else torch.where(allowed, bb, neg_inf)
     else:
         assert allowed is not None
+        alive = allowed.any(-1)  # [b|1, h|1, m]
         out = torch.where(allowed, torch.zeros((), dtype=dtype, device=device), neg_inf)
-    while out.ndim < 4:
-        out = out.unsqueeze(0)
-    n0, n1 = out.shape[0], out.shape[1]
-    out = out.expand(n0, n1, m, n_keys)
+    out = out.expand(out.shape[0], out.shape[1], m, n_keys)
     if alive is not None:
         alive = _group_rows(alive.expand(alive.shape[0], alive.shape[1], m), plan.h_kv, g)
     return _group_rows(out, plan.h_kv, g), alive
@@ -454,7 +392,19 @@ def _rows(x: Tensor, plan: TiledPlan, r0: int, r1: int) -> Tensor:
     return x.view(b, plan.h_kv, g, s, e)[:, :, :, r0:r1].reshape(b, plan.h_kv, g * (r1 - r0), e)
 
 
-def _forward(plan: TiledPlan, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | None) -> tuple[Tensor, Tensor]:
+def plan_forward(plan: TiledPlan, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Run a plan's forward pass (no autograd): every run of every query block, merged.
+
+    Args:
+        plan: from :func:`make_plan` on these inputs (or inputs of the same shapes).
+        q: ``[b, h, s_q, d]``; k: ``[b, h_kv, s_k, d]``; v: ``[b, h_kv, s_k, d_v]``.
+        bias4: the additive bias as 4-D ``[b|1, h|1, s_q|1, s_k|1]``, or ``None``.
+
+    Returns:
+        ``(out [b, h, s_q, d_v], lse [b, h, s_q])``: zeros and ``-inf`` on rows the plan
+        leaves without a key; :func:`attnkit.functional.blockwise.merge` combines them with
+        the results of other key sets (as ring attention does).
+    """
     b, h, h_kv, s_q = plan.b, plan.h, plan.h_kv, plan.s_q
     g, d_v = h // h_kv, v.shape[-1]
     out = q.new_zeros(b, h, s_q, d_v)
@@ -466,17 +416,18 @@ def _forward(plan: TiledPlan, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | N
         r0, r1 = i * plan.block_q, min(s_q, (i + 1) * plan.block_q)
         m = r1 - r0
         q_i = _rows(q, plan, r0, r1)  # [b, h_kv, g*m, d]
-        acc_o = acc_l = None
+        acc_o, acc_l = None, None
         for c0, c1, partial in runs:
             bias_blk, alive = _block_bias(plan, bias4, r0, r1, c0, c1, partial, q.dtype)
-            o, l_ = block_forward(q_i, k[:, :, c0:c1], v[:, :, c0:c1], bias_blk, plan.scale, plan.block_engine, alive)
-            acc_o, acc_l = (o, l_) if acc_o is None else merge(acc_o, acc_l, o, l_)
+            o, l_ = block_forward(q_i, k[:, :, c0:c1], v[:, :, c0:c1], bias_blk, plan.scale, plan.block_op, alive)
+            acc_o, acc_l = (o, l_) if acc_o is None or acc_l is None else merge(acc_o, acc_l, o, l_)
+        assert acc_o is not None and acc_l is not None  # runs is not empty
         out_g[:, :, :, r0:r1] = acc_o.view(b, h_kv, g, m, d_v)
         lse_g[:, :, :, r0:r1] = acc_l.view(b, h_kv, g, m)
     return out, lse
 
 
-def _backward(
+def plan_backward(
     plan: TiledPlan,
     dout: Tensor,
     q: Tensor,
@@ -487,18 +438,29 @@ def _backward(
     lse: Tensor,
     need_dbias: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Gradients of a plan's call, given the *final* ``out`` and ``lse`` of its rows (which
+    may hold the keys of other plans too: the gradients of separate key sets add up).
+
+    Args:
+        plan, q, k, v, bias4: as in :func:`plan_forward`.
+        dout: the output's gradient ``[b, h, s_q, d_v]``.
+        out: ``[b, h, s_q, d_v]``; lse: ``[b, h, s_q]``, the rows' final results.
+        need_dbias: also compute the gradient of ``bias4``.
+
+    Returns:
+        ``(dq, dk, dv, dbias)``, ``dbias`` in ``bias4``'s shape or ``None``.
+    """
     b, h, h_kv = plan.b, plan.h, plan.h_kv
     g = h // h_kv
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
-    dbias = (
-        torch.zeros(
+    dbias = None
+    if need_dbias:
+        assert bias4 is not None
+        dbias = torch.zeros(
             bias4.shape, dtype=torch.float64 if bias4.dtype == torch.float64 else torch.float32, device=q.device
         )
-        if need_dbias
-        else None
-    )
     dq_g = dq.view(b, h_kv, g, plan.s_q, q.shape[-1])
     for i, runs in enumerate(plan.runs):
         if not runs:
@@ -520,15 +482,17 @@ def _backward(
                 bias_blk,
                 plan.scale,
                 need_dbias=need_dbias,
-                engine=plan.block_engine,
+                op=plan.block_op,
             )
             dq_i = dq_p if dq_i is None else dq_i.add_(dq_p)
             dk[:, :, c0:c1] += dk_p
             dv[:, :, c0:c1] += dv_p
-            if need_dbias:
+            if dbias is not None:
+                assert ds is not None
                 _accumulate_dbias(dbias, ds.reshape(b, h, m, c1 - c0), r0, r1, c0, c1)
+        assert dq_i is not None  # runs is not empty
         dq_g[:, :, :, r0:r1] = dq_i.view(b, h_kv, g, m, q.shape[-1])
-    return dq, dk, dv, (None if dbias is None else dbias.to(bias4.dtype))
+    return dq, dk, dv, (None if dbias is None or bias4 is None else dbias.to(bias4.dtype))
 
 
 def _accumulate_dbias(dbias: Tensor, ds: Tensor, r0: int, r1: int, c0: int, c1: int) -> None:
@@ -544,8 +508,8 @@ def _accumulate_dbias(dbias: Tensor, ds: Tensor, r0: int, r1: int, c0: int, c1: 
 
 class _TiledFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | None, plan: TiledPlan):  # type: ignore[override]
-        out, lse = _forward(plan, q, k, v, bias4)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias4: Tensor | None, plan: TiledPlan):
+        out, lse = plan_forward(plan, q, k, v, bias4)
         ctx.plan = plan
         ctx.save_for_backward(q, k, v, bias4, out, lse)
         ctx.mark_non_differentiable(lse)
@@ -553,8 +517,8 @@ class _TiledFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dout: Tensor, _dlse: Tensor):  # type: ignore[override]
+    def backward(ctx, dout: Tensor, _dlse: Tensor):
         q, k, v, bias4, out, lse = ctx.saved_tensors
         need_dbias = bias4 is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = _backward(ctx.plan, dout.contiguous(), q, k, v, bias4, out, lse, need_dbias)
+        dq, dk, dv, dbias = plan_backward(ctx.plan, dout.contiguous(), q, k, v, bias4, out, lse, need_dbias)
         return dq, dk, dv, dbias, None

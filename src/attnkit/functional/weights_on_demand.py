@@ -14,15 +14,16 @@ lengths, ``d`` head dim; ``n_h``, ``n_r``, ``n_k`` the chosen heads, rows and ke
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
-from attnkit.functional._validate import check_bias, check_inputs, check_mask_sizes, check_mask_tensor, check_options
+from attnkit.functional._validate import check_inputs
 from attnkit.functional.indices import normalize_indices
+from attnkit.functional.scores import resolve_scale
+from attnkit.functional.tiled import resolve_mask
 
 Index = slice | Sequence[int] | Tensor | None
 
@@ -115,32 +116,21 @@ def iter_weights_on_demand(
     g = h // h_kv
     if lse is not None and tuple(lse.shape) != (b, h, s_q):
         raise ValueError(f"lse must be [b, h, s_q] = {[b, h, s_q]}, got {list(lse.shape)}")
-    check_options("scaled_dot", 0.0, scale)
-    scale_f = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale_f = resolve_scale(scale, d)
     head_idx = _indices(heads, h, "head", q.device)
     row_idx = _indices(rows, s_q, "row", q.device)
     key_idx = _indices(keys, s_k, "key", q.device)
     all_keys = torch.arange(s_k, device=q.device)
-    if isinstance(mask, masks_mod.Mask):
-        check_mask_sizes(mask, b=b, h=h)
-        if mask.shape is not None and mask.shape != (s_q, s_k):
-            raise ValueError(f"mask {mask.name} is defined for (s_q, s_k) = {mask.shape}, got ({s_q}, {s_k})")
-    elif isinstance(mask, Tensor):
-        mask = check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
-        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
-    elif mask is not None:
-        raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
-    if bias is not None:
-        check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
-        bias = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
+    mask_obj, dense, _ = resolve_mask(q, k, mask=mask, bias=bias, causal=causal)  # causal folded in
+    bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
     k_heads = k.index_select(1, torch.div(head_idx, g, rounding_mode="floor"))  # [b, n_h, s_k, d]
 
     def scores_for(r: Tensor, cols: Tensor) -> Tensor:
         q_r = q.index_select(1, head_idx).index_select(2, r)  # [b, n_h, n_r, d]
         s = (q_r * scale_f) @ k_heads.index_select(2, cols).transpose(-1, -2)  # [b, n_h, n_r, n_c]
-        if bias is not None:
-            s = s + _take(bias, head_idx, r, cols)
-        allowed = _allowed(mask, causal, head_idx, r, cols, s_q, s_k)
+        if bias4 is not None:
+            s = s + _take(bias4, head_idx, r, cols)
+        allowed = _allowed(mask_obj, dense, head_idx, r, cols, s_k - s_q)
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
         return s
@@ -179,20 +169,13 @@ def _take(x: Tensor, heads: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
     return x.index_select(3, cols) if x.shape[3] > 1 else x
 
 
-def _allowed(mask, causal: bool, heads: Tensor, rows: Tensor, cols: Tensor, s_q: int, s_k: int) -> Tensor | None:
-    q_pos = (rows + (s_k - s_q)).view(1, 1, -1, 1)
-    kv_pos = cols.view(1, 1, 1, -1)
-    allowed = None
-    if isinstance(mask, masks_mod.Mask):
-        n_b = mask.batch_size or 1
-        b_idx = torch.arange(n_b, device=rows.device).view(n_b, 1, 1, 1)
-        h_idx = (
-            heads.view(1, -1, 1, 1) if mask.num_heads else torch.zeros(1, 1, 1, 1, dtype=torch.long, device=rows.device)
-        )
-        allowed = masks_mod._as_bool(mask(b_idx, h_idx, q_pos, kv_pos))
-    elif isinstance(mask, Tensor):
-        allowed = _take(mask, heads, rows, cols)
-    if causal:
-        c = kv_pos <= q_pos
-        allowed = c if allowed is None else allowed & c
+def _allowed(
+    mask: masks_mod.Mask | None, dense: Tensor | None, heads: Tensor, rows: Tensor, cols: Tensor, offset: int
+) -> Tensor | None:
+    """Which of the chosen heads' query ``rows`` (at positions ``rows + offset``) may attend
+    to keys ``cols``: bool ``[b|1, n_h|1, n_r, n_c]``, or ``None`` when every pair may."""
+    allowed = None if mask is None else mask.evaluate(rows + offset, cols, heads=heads)
+    if dense is not None:
+        piece = _take(dense, heads, rows, cols)
+        allowed = piece if allowed is None else allowed & piece
     return allowed

@@ -1,20 +1,23 @@
-"""Exact attention of one batch of query blocks against one batch of key blocks, forward and
-backward, returning the log-sum-exp so that partial results over different key blocks merge
-exactly (the online softmax of FlashAttention). Every memory-bounded kernel here (tiled,
-local, sparse) is a schedule of calls to these two functions.
+"""The block call of the blockwise engine: exact attention of one batch of query blocks
+against one batch of key blocks, forward and backward, returning the log-sum-exp so that
+partial results over different key blocks merge exactly (the online softmax of
+FlashAttention). Every memory-bounded kernel (tiled, local, sparse, and ring attention in
+:mod:`attnkit.distributed`) is a schedule of calls to :func:`block_forward`,
+:func:`block_backward` and :func:`merge`.
 
 Shape letters: ``n`` independent problems (batch × heads × blocks, flattened or not), ``m``
 query rows, ``l`` keys, ``d`` head dim, ``d_v`` value dim. All tensors are 4-D
 ``[n0, n1, rows, dim]``; ``bias`` is an additive float tensor broadcastable to
 ``[n0, n1, m, l]`` whose ``-inf`` entries mask pairs out.
 
-Two engines compute the same thing:
+Two block ops compute the same thing (:data:`BlockOp`; ``"auto"`` takes the fused one
+where it applies):
 
 - **fused**: on CPU, PyTorch's flash-attention kernel
   (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward), which never
   materialises the ``[m, l]`` scores and already returns the log-sum-exp. These ops are
   private to torch: they are used only when this torch has them with the expected
-  arguments (:func:`private_op`), and the eager engine serves otherwise;
+  arguments (:func:`private_op`), and the eager op serves otherwise;
 - **eager**: plain tensor operations, for every other device, for ``d != d_v``, and for the
   gradient of ``bias``; callers keep ``m * l`` small.
 
@@ -28,7 +31,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-BlockEngine = Literal["auto", "fused", "eager"]
+BlockOp = Literal["auto", "fused", "eager"]
 
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _NEG_INF = float("-inf")
@@ -53,7 +56,7 @@ FUSED_BACKWARD_ARGS = (
 def private_op(name: str, expected_args: tuple[str, ...]):
     """torch's private op ``aten::name`` when this torch has it with exactly the arguments
     attnkit passes, else ``None``: private ops may change or vanish between releases, and the
-    eager engine then computes the same thing."""
+    eager op then computes the same thing."""
     packet = getattr(torch.ops.aten, name, None)
     if packet is None:
         return None
@@ -68,9 +71,13 @@ _FUSED_FORWARD = private_op("_scaled_dot_product_flash_attention_for_cpu", FUSED
 _FUSED_BACKWARD = private_op("_scaled_dot_product_flash_attention_for_cpu_backward", FUSED_BACKWARD_ARGS)
 
 
-def use_fused(q: Tensor, v: Tensor, engine: BlockEngine = "auto") -> bool:
-    """Whether the fused CPU kernel can serve these inputs under ``engine``."""
-    if engine == "eager":
+def use_fused(q: Tensor, v: Tensor, op: BlockOp = "auto") -> bool:
+    """Whether the fused CPU op serves these inputs when ``op`` is asked for.
+
+    Raises:
+        ValueError: ``op="fused"`` for inputs it cannot take.
+    """
+    if op == "eager":
         return False
     ok = (
         _FUSED_FORWARD is not None
@@ -79,9 +86,9 @@ def use_fused(q: Tensor, v: Tensor, engine: BlockEngine = "auto") -> bool:
         and q.shape[-1] == v.shape[-1]
         and q.dtype in _FUSED_DTYPES
     )
-    if engine == "fused" and not ok:
+    if op == "fused" and not ok:
         raise ValueError(
-            f"the fused engine needs CPU tensors with d == d_v, got {q.device} d={q.shape[-1]} d_v={v.shape[-1]}"
+            f"the fused block op needs CPU tensors with d == d_v, got {q.device} d={q.shape[-1]} d_v={v.shape[-1]}"
         )
     return ok
 
@@ -97,7 +104,7 @@ def block_forward(
     v: Tensor,
     bias: Tensor | None,
     scale: float,
-    engine: BlockEngine = "auto",
+    op: BlockOp = "auto",
     alive: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``softmax(q kᵀ · scale + bias) v`` and its log-sum-exp.
@@ -116,8 +123,8 @@ def block_forward(
     """
     q_nan, k_nan = q.isnan().any(-1), k.isnan().any(-1)  # [n0, n1, m], [n0, n1, l]
     if bool(q_nan.any() | k_nan.any()):
-        return _forward_with_nan(q, k, v, bias, scale, engine, q_nan, k_nan)
-    return _forward(q, k, v, bias, scale, engine, alive)
+        return _forward_with_nan(q, k, v, bias, scale, op, q_nan, k_nan)
+    return _forward(q, k, v, bias, scale, op, alive)
 
 
 def _forward_with_nan(
@@ -126,7 +133,7 @@ def _forward_with_nan(
     v: Tensor,
     bias: Tensor | None,
     scale: float,
-    engine: BlockEngine,
+    op: BlockOp,
     q_nan: Tensor,
     k_nan: Tensor,
 ) -> tuple[Tensor, Tensor]:
@@ -137,7 +144,7 @@ def _forward_with_nan(
     meet one where the mask allows it are set to NaN after."""
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
     q, k = torch.where(q_nan.unsqueeze(-1), zero, q), torch.where(k_nan.unsqueeze(-1), zero, k)
-    out, lse = _forward(q, k, v, bias, scale, engine)
+    out, lse = _forward(q, k, v, bias, scale, op)
     meets_nan = q_nan.unsqueeze(-1) | k_nan.unsqueeze(-2)  # [n0, n1, m, l]
     if bias is not None:
         meets_nan = meets_nan & (bias > _NEG_INF)
@@ -147,9 +154,9 @@ def _forward_with_nan(
 
 
 def _forward(
-    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, engine: BlockEngine, alive: Tensor | None = None
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, op: BlockOp, alive: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    if use_fused(q, v, engine):
+    if use_fused(q, v, op):
         out, lse = _FUSED_FORWARD(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
         if bias is not None:
             # The fused kernel reports lse = 0 on rows with nothing allowed; make it -inf.
@@ -171,7 +178,7 @@ def block_backward(
     scale: float,
     *,
     need_dbias: bool = False,
-    engine: BlockEngine = "auto",
+    op: BlockOp = "auto",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Gradients of one block call, given the rows' *final* ``out`` and ``lse``.
 
@@ -186,7 +193,7 @@ def block_backward(
     # exp(score - (+inf)) = 0: rows that attended to nothing get no gradient (NaN rows keep
     # their NaN, which reaches the gradients as in the reference).
     lse = torch.where(lse == _NEG_INF, torch.full((), float("inf"), dtype=lse.dtype, device=lse.device), lse)
-    if not need_dbias and use_fused(q, v, engine):
+    if not need_dbias and use_fused(q, v, op):
         dq, dk, dv = _FUSED_BACKWARD(dout, q, k, v, out, lse, 0.0, False, attn_mask=bias, scale=scale)
         return dq, dk, dv, None
     return _eager_backward(dout, q, k, v, out, lse, bias, scale, need_dbias)
