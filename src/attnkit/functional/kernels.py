@@ -81,7 +81,8 @@ class KernelSpec:
         return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in skip]
 
 
-# Called as modules call them (no return_weights, no return_lse), the kernels return a tensor.
+# Called as modules call them (no return_weights, return_lse or return_state), the kernels
+# return a tensor.
 KERNEL_SPECS: dict[str, KernelSpec] = {
     spec.name: spec
     for spec in (
@@ -91,7 +92,7 @@ KERNEL_SPECS: dict[str, KernelSpec] = {
         KernelSpec("tiled", cast(KernelFn, tiled_attention), frozenset({"mask", "bias"}), takes_mask=True, full=False),
         KernelSpec("local", cast(KernelFn, local_attention), frozenset(), takes_mask=False, full=False),
         KernelSpec("sparse", cast(KernelFn, sparse_attention), frozenset(), takes_mask=False, full=False),
-        KernelSpec("linear", linear_attention, frozenset(), takes_mask=False, full=False),
+        KernelSpec("linear", cast(KernelFn, linear_attention), frozenset(), takes_mask=False, full=False),
     )
 }
 
