@@ -5,7 +5,9 @@ what the code does.
 - ``console`` blocks are transcripts: each ``$ command`` runs, and every line shown after it
   must appear, in order, in what the command prints (stdout and stderr, as a terminal shows
   them). Timings and file sizes are compared as placeholders and progress bars are left
-  out; every other character, the printed numbers included, must match.
+  out. Text and whole numbers must match exactly; a number with decimals may differ by one
+  unit in its last shown digit (another processor sums floats in another order and may round
+  the other way), and a training run's figures by the tolerances of :data:`TRAINED`.
 - ``sh`` and ``bash`` blocks are commands to run; each must succeed.
 - ``json`` blocks must parse, as one document or one per line. Blocks without a language,
   or ``text``, are text (a layout, a formula, a usage line, an excerpt with elisions) and
@@ -112,16 +114,79 @@ def normalized(output: str) -> list[str]:
     return lines
 
 
+# A number with decimals, as the commands print them ("0.38", "-2.2524", "+0.5838", "−7.57",
+# "1,386.5"); a version or an address ("2.13.0", "127.0.0.1") is text.
+_DECIMAL = re.compile(r"(?<![\w.])([-+−]?\d{1,3}(?:,\d{3})*\.\d+|[-+−]?\d+\.\d+)(?![\w.])")
+
+
+@dataclass(frozen=True)
+class TrainedFigures:
+    """Lines whose numbers a training run computes. Another processor's floating-point path
+    (vector width, threads) takes a run elsewhere by a little, so each decimal number of such a
+    line may differ from the documented one by up to ``tolerance`` (in the line's own units)."""
+
+    line: re.Pattern[str]
+    tolerance: float
+    # Which head comes out best may differ where several heads are about equally good: the
+    # layer and head it names are placeholders, its fraction is still compared.
+    placeholders: re.Pattern[str] | None = None
+
+
+TRAINED = [
+    # the first loss (before any step) and the loss of the last steps
+    TrainedFigures(re.compile(r"training loss: "), tolerance=0.001),
+    # percentages of the held-out examples
+    TrainedFigures(re.compile(r"held-out exact match: "), tolerance=0.5),
+    # each head's fraction of queries whose most-attended input lies on the pattern
+    TrainedFigures(re.compile(r" *layer \d+: head \d+: "), tolerance=0.05),
+    TrainedFigures(re.compile(r"best head: "), tolerance=0.5, placeholders=re.compile(r"\d+(?=,)|(?<=head )\d+")),
+]
+
+
+def _decimal(text: str) -> float:
+    return float(text.replace("−", "-").replace(",", ""))
+
+
+def _last_digit(text: str) -> float:
+    return 10.0 ** -len(text.rsplit(".", 1)[1])
+
+
+def shows(expected: str, actual: str, elided: bool = False) -> bool:
+    """Whether the line ``actual`` shows the documented line ``expected`` (or, ``elided``,
+    starts with it): text and whole numbers equal, numbers with decimals within one unit of
+    their last shown digit, or within the tolerance of :data:`TRAINED` on a training run's
+    lines."""
+    trained = next((rule for rule in TRAINED if rule.line.match(expected)), None)
+    if trained is not None and trained.placeholders is not None:
+        expected, actual = trained.placeholders.sub("N", expected), trained.placeholders.sub("N", actual)
+    # text, number, text, number, ..., text
+    expected_parts, actual_parts = _DECIMAL.split(expected), _DECIMAL.split(actual)
+    if len(expected_parts) > len(actual_parts) or (not elided and len(expected_parts) != len(actual_parts)):
+        return False
+    last = len(expected_parts) - 1
+    for i, (shown, printed) in enumerate(zip(expected_parts, actual_parts)):
+        if i % 2 == 0:
+            if not (printed.startswith(shown) if elided and i == last else printed == shown):
+                return False
+            continue
+        tolerance = max(_last_digit(shown), _last_digit(printed), trained.tolerance if trained else 0.0)
+        # 1e-9: the decimal numbers' own rounding when subtracted
+        if abs(_decimal(shown) - _decimal(printed)) > tolerance + 1e-9:
+            return False
+    return True
+
+
 def assert_shown_in(expected: str, actual: str, command: str) -> None:
-    """Every line of ``expected`` appears in ``actual``, in order (placeholders aside); a
-    line that ends in ``...`` or ``…`` stands for the lines that start with what it shows."""
+    """Every line of ``expected`` appears in ``actual``, in order (placeholders aside, numbers
+    as :func:`shows` compares them); a line that ends in ``...`` or ``…`` stands for the lines
+    that start with what it shows."""
     remaining = iter(normalized(actual))
     for line in normalized(expected):
         if line.strip() in ("…", "...", "[…]"):
             continue
         prefix = line.removesuffix("...").removesuffix("…").rstrip()
         elided = prefix != line
-        if not any(candidate.startswith(prefix) if elided else line == candidate for candidate in remaining):
+        if not any(shows(prefix, candidate, elided) for candidate in remaining):
             raise AssertionError(f"`{command}` did not print, in this order, the line\n  {line}\nIt printed:\n{actual}")
 
 
@@ -375,3 +440,73 @@ def test_json_blocks_parse(block):
 def test_every_block_has_a_known_language():
     known = {"python", "console", "sh", "bash", "json", "text", ""}
     assert {block.id: block.language for block in ALL_BLOCKS if block.language not in known} == {}
+
+
+# ---------------------------------------------------------------- the comparison itself
+
+
+def test_a_training_run_elsewhere_shows_the_documented_transcript():
+    documented = """\
+training loss: 3.6611 → 0.0000 in 1000 steps, 117.1 s
+held-out exact match: 100.00% of 1000 (token accuracy 100.00%)
+  layer 0: head 0: 0.99  head 1: 1.00  head 2: 1.00  head 3: 1.00
+best head: layer 0, head 2 (99.96%)"""
+    # what another machine of the same kind printed: head 1 came out 0.99
+    elsewhere = """\
+training loss: 3.6612 → 0.0002 in 1000 steps, 121.4 s
+held-out exact match: 99.90% of 1000 (token accuracy 99.99%)
+  layer 0: head 0: 0.99  head 1: 0.99  head 2: 1.00  head 3: 1.00
+best head: layer 0, head 3 (99.93%)"""
+    assert_shown_in(documented, elsewhere, "attnkit train")
+
+
+@pytest.mark.parametrize(
+    "printed",
+    [
+        "training loss: 3.6611 → 0.0020 in 1000 steps, 117.1 s",  # the loss of the last steps
+        "training loss: 3.6611 → 0.0000 in 999 steps, 117.1 s",  # a count
+        "held-out exact match: 98.00% of 1000 (token accuracy 100.00%)",
+        "  layer 0: head 0: 0.90  head 1: 1.00",  # beyond the tolerance
+        "  layer 1: head 0: 0.99  head 1: 1.00",  # another layer
+        "best head: layer 0, head 2 (97.00%)",
+    ],
+)
+def test_a_training_run_that_went_elsewhere_does_not(printed):
+    documented = {
+        "training": "training loss: 3.6611 → 0.0000 in 1000 steps, 117.1 s",
+        "held-out": "held-out exact match: 100.00% of 1000 (token accuracy 100.00%)",
+        "  layer": "  layer 0: head 0: 0.99  head 1: 1.00",
+        "best head": "best head: layer 0, head 2 (99.96%)",
+    }
+    line = next(line for start, line in documented.items() if printed.startswith(start))
+    with pytest.raises(AssertionError, match="did not print"):
+        assert_shown_in(line, printed, "attnkit train")
+
+
+@pytest.mark.parametrize(
+    ("documented", "printed", "shown"),
+    [
+        # a float sum rounded the other way: one unit in the last digit
+        ("     4  the    the 0.38  The 0.26", "     4  the    the 0.37  The 0.26", True),
+        ("    1     4  -0.8484", "    1     4  -0.8485", True),
+        ("unablated log p(' animal') = −7.57", "unablated log p(' animal') = −7.58", True),
+        ("dimension 300: period 1,386.5 positions", "dimension 300: period 1,386.4 positions", True),
+        # more than that is another result
+        ("     4  the    the 0.38  The 0.26", "     4  the    the 0.36  The 0.26", False),
+        ("    1     4  -0.8484", "    1     4  +0.8484", False),
+        # whole numbers, tokens and words are exact
+        ("     4  the    the 0.38", "     5  the    the 0.38", False),
+        ("     4  the    the 0.38", "     4  the    The 0.38", False),
+        ("parameters: 671,266", "parameters: 671,267", False),
+        ("torch 2.13.0", "torch 2.14.0", False),
+        ("  layer 0: head 0: 0.99", "  layer 0: head 0: 0.99  head 1: 1.00", False),
+    ],
+)
+def test_numbers_with_decimals_compare_within_their_last_digit(documented, printed, shown):
+    assert shows(documented, printed) is shown
+
+
+def test_an_elided_line_compares_what_it_shows():
+    assert shows("  layer 0: head 0: 0.99", "  layer 0: head 0: 1.00  head 1: 1.00", elided=True)
+    assert not shows("  layer 0: head 0: 0.99", "  layer 1: head 0: 0.99  head 1: 1.00", elided=True)
+    assert shows("reverse: encoder-decoder, 2+2", "reverse: encoder-decoder, 2+2 layers", elided=True)
