@@ -1,6 +1,6 @@
-"""The one protocol of the test stand-ins for an :mod:`attnkit.models` model: what the code
-built on models (inspection, surveys, the viewer, the web app) reads from one, without a
-real checkpoint.
+"""Test stand-ins for an :mod:`attnkit.models` model: implementations of
+:class:`attnkit.models.InspectableModel`, what the code built on models (inspection,
+surveys, the viewer, the web app) reads from one, without a real checkpoint.
 
 A stand-in subclasses :class:`FakeModel` and gives:
 

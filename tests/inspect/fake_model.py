@@ -1,6 +1,6 @@
 """A stand-in for an :mod:`attnkit.models` model whose attention is known exactly, to test
-what is built on that contract without a real checkpoint (the protocol:
-:mod:`tests.fake_models`).
+what is built on that contract without a real checkpoint (an
+:class:`attnkit.models.InspectableModel`, built on :mod:`tests.fake_models`).
 
 Words are tokens (a ``<s>`` token first). One layer, two heads:
 head 0 attends to the previous token (query 0 to itself); head 1 is a perfect induction

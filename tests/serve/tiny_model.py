@@ -1,5 +1,5 @@
 """A tiny random :class:`attnkit.nn.DecoderLM` behind the :mod:`attnkit.models` interface
-(the protocol: :mod:`tests.fake_models`), with a whitespace tokenizer, so that the app can
+(an :class:`attnkit.models.InspectableModel`, built on :mod:`tests.fake_models`), with a whitespace tokenizer, so that the app can
 be tested without downloading a model.
 
 Its weights are real softmax outputs of a real attnkit model (not made up), computed on

@@ -25,6 +25,7 @@ from attnkit.cli.common import (
     parse_size,
     prepare_out,
 )
+from attnkit.functional.indices import IndexOutOfRange
 from attnkit.inspect.maps import (
     EXAMPLE_TEXT,
     resolve_heads,
@@ -112,13 +113,10 @@ def parse_layers(spec: str | None, num_layers: int) -> list[int] | None:
         return list(range(num_layers))
     try:
         return list(dict.fromkeys(resolve_layer(int(part), num_layers) for part in spec.split(",")))
-    except ValueError as err:
-        message = (
-            str(err)
-            if "out of range" in str(err)
-            else f'--layers takes layers such as 29 or 0,5,-1 or "all", got {spec!r}'
-        )
-        raise CommandError(message) from None
+    except IndexOutOfRange as err:
+        raise CommandError(str(err)) from None
+    except ValueError:
+        raise CommandError(f'--layers takes layers such as 29 or 0,5,-1 or "all", got {spec!r}') from None
 
 
 def parse_heads(spec: str | None, num_heads: int) -> list[int] | None:

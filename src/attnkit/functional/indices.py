@@ -3,14 +3,25 @@ counted from the end (``-1`` is the last), checked against the count, with one e
 message everywhere.
 
 Stacks (``return_weights=[...]``), models (``run(attention=[...], heads=[...])``), the
-inspection functions, the web app and :func:`attnkit.functional.weights_on_demand` all
-go through :func:`normalize_indices`.
+inspection functions, the command line, the web app and
+:func:`attnkit.functional.weights_on_demand` all go through :func:`normalize_indices` (or
+:func:`select_indices` for a selection that may be ``True``/``False``). The errors are typed:
+:class:`IndexOutOfRange` (a ``ValueError``) for an index past the count, :class:`NotAnIndex`
+(a ``TypeError``) for a value that is no index, so a caller tells them apart by type.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
+
+
+class IndexOutOfRange(ValueError):
+    """An index outside the valid range; the message gives the range."""
+
+
+class NotAnIndex(TypeError):
+    """A value given as an index that is not an int (a bool is not one)."""
 
 
 def normalize_index(value: int, count: int, what: str, *, context: str | None = None, from_end: bool = True) -> int:
@@ -28,20 +39,20 @@ def normalize_index(value: int, count: int, what: str, *, context: str | None = 
         The index in ``0 .. count - 1``.
 
     Raises:
-        TypeError: not an int (a bool is not an index).
-        ValueError: out of range; the message gives the valid range.
+        NotAnIndex: not an int (a bool is not an index).
+        IndexOutOfRange: out of range; the message gives the valid range.
     """
     if isinstance(value, bool):
-        raise TypeError(f"{what} indices must be ints, got {value!r}")
+        raise NotAnIndex(f"{what} indices must be ints, got {value!r}")
     try:
         index = operator.index(value)
     except TypeError:
-        raise TypeError(f"{what} indices must be ints, got {value!r}") from None
+        raise NotAnIndex(f"{what} indices must be ints, got {value!r}") from None
     lowest = -count if from_end else 0
     if not lowest <= index < count:
         said = context if context is not None else f"there are {count} {what}s"
         end = f" (or -{count}..-1 from the end)" if from_end else ""
-        raise ValueError(f"{what} {index} is out of range: {said}, 0..{count - 1}{end}")
+        raise IndexOutOfRange(f"{what} {index} is out of range: {said}, 0..{count - 1}{end}")
     return index % count
 
 
@@ -69,8 +80,9 @@ def normalize_indices(
         The normalised indices.
 
     Raises:
-        TypeError: an index that is not an int.
-        ValueError: an index out of range, or no index when ``allow_empty`` is false.
+        NotAnIndex: an index that is not an int.
+        IndexOutOfRange: an index out of range.
+        ValueError: no index when ``allow_empty`` is false.
     """
     if values is None:
         return list(range(count))
@@ -78,3 +90,27 @@ def normalize_indices(
     if not out and not allow_empty:
         raise ValueError(f"no {what}s selected; give at least one {what} index")
     return out
+
+
+def select_indices(
+    selection: bool | Iterable[int] | None, count: int, what: str, *, context: str | None = None, from_end: bool = True
+) -> list[int]:
+    """A selection of layers or heads as sorted distinct indices ``0 .. count - 1``.
+
+    Args:
+        selection: ``True`` or ``None`` for all, ``False`` for none, or indices (repeats
+            and order do not matter).
+        count, what, context, from_end: as in :func:`normalize_index`.
+
+    Returns:
+        The chosen indices, sorted, each once.
+
+    Raises:
+        NotAnIndex: an index that is not an int.
+        IndexOutOfRange: an index out of range.
+    """
+    if selection is None or selection is True:
+        return list(range(count))
+    if selection is False:
+        return []
+    return sorted(set(normalize_indices(selection, count, what, context=context, from_end=from_end, allow_empty=True)))

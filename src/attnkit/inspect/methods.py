@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnkit.functional.indices import normalize_indices
+from attnkit.functional.indices import select_indices
 from attnkit.inspect import targets
 from attnkit.inspect.maps import LEVELS, AttentionMap, attention_map, resolve_heads, resolve_layer
 from attnkit.inspect.rollout import attention_flow, attention_rollout
@@ -256,5 +256,4 @@ def layer_indices(model: Model, layers: Sequence[int] | None) -> list[int]:
     Raises:
         ValueError: a layer out of range; the message gives the valid range.
     """
-    context = f"{model.name} has {model.num_layers} layers"
-    return sorted(set(normalize_indices(layers, model.num_layers, "layer", context=context)))
+    return select_indices(layers, model.num_layers, "layer", context=f"{model.name} has {model.num_layers} layers")

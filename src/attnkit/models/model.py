@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.functional.indices import normalize_indices
+from attnkit.functional.indices import normalize_indices, select_indices
 from attnkit.models import bert, llama
 from attnkit.models.checkpoint import (
     CheckpointError,
@@ -591,10 +591,7 @@ class Model:
             raise ValueError(f"text is {n} tokens long; {self.name} reads at most {self.max_length} tokens")
 
     def _layers(self, attention: LayerSelection) -> list[int]:
-        if isinstance(attention, bool):
-            return list(range(self.num_layers)) if attention else []
-        context = f"{self.name} has {self.num_layers} layers"
-        return sorted(set(normalize_indices(attention, self.num_layers, "layer", context=context, allow_empty=True)))
+        return select_indices(attention, self.num_layers, "layer", context=f"{self.name} has {self.num_layers} layers")
 
 
 def load(

@@ -41,7 +41,8 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"attnkit serve needs FastAPI and uvicorn ({err}): pip install 'attnkit[serve]'") from None
 
 from attnkit import __version__
-from attnkit.functional.indices import normalize_indices
+from attnkit.functional.indices import select_indices
+from attnkit.models.protocol import InspectableModel
 from attnkit.serve.batching import Batcher, Job, QueueFull
 from attnkit.viz.viewer import (
     content_security_policy,
@@ -147,7 +148,7 @@ class ServedModel:
     its requests (on one thread, several texts per forward pass)."""
 
     name: str
-    model: Any
+    model: InspectableModel
     max_tokens: int
     max_queue: int = DEFAULT_MAX_QUEUE
     batcher: Batcher = field(init=False, repr=False)
@@ -196,10 +197,9 @@ def _indices(values: list[int] | None, count: int, what: str, model: str) -> lis
     if not values:
         raise _error(422, f"{what}s must not be an empty list; leave it out for all {count} {what}s")
     try:
-        chosen = normalize_indices(values, count, what, context=f"{model} has {count} {what}s", from_end=False)
+        return select_indices(values, count, what, context=f"{model} has {count} {what}s", from_end=False)
     except (TypeError, ValueError) as err:
         raise _error(422, str(err)) from None
-    return sorted(set(chosen))
 
 
 def _validation_message(errors: Sequence[dict[str, Any]]) -> tuple[int, str]:
@@ -303,7 +303,7 @@ async def _wait_unless_gone(job: Job, receive: Receive) -> Any:
 def create_app(
     models: Sequence[str] = ("smollm2",),
     *,
-    loader: Callable[[str], Any] | None = None,
+    loader: Callable[[str], InspectableModel] | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     max_weights: int = DEFAULT_MAX_WEIGHTS,
     max_chars: int = DEFAULT_MAX_CHARS,
@@ -316,12 +316,9 @@ def create_app(
     Args:
         models: names or paths to load, each with ``loader``; requests pick one by its
             :func:`public_name` (a path's last folder), and the first is the default.
-        loader: ``name -> model`` (default :func:`attnkit.models.load`). A model needs
-            ``num_layers``, ``num_heads``, ``max_length``, ``causal``, ``tokenize(text)``
-            (returning something with ``tokens``) and ``run(text, attention=layers,
-            heads=heads)`` returning a run with ``tokens``, ``offsets``, ``attentions``
-            (layer → ``[1, h, s, s]``) and ``heads``; with ``run_batch`` (as
-            :meth:`attnkit.models.Model.run_batch`) concurrent requests share passes.
+        loader: ``name -> model`` (default :func:`attnkit.models.load`): any
+            :class:`attnkit.models.protocol.InspectableModel`; concurrent requests for one
+            model share its ``run_batch`` passes.
         max_tokens: the longest text, in tokens (lowered to a model's ``max_length``).
         max_weights: the most weights in one response, ``layers * heads * tokens**2``.
         max_chars: the longest text in characters, checked before tokenizing.

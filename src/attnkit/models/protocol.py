@@ -1,0 +1,144 @@
+"""What the code built on models reads from one: the :class:`InspectableModel` protocol.
+
+Inspection (:mod:`attnkit.inspect`), the pictures and the viewer (:mod:`attnkit.viz`) and the
+web app (:mod:`attnkit.serve`) take any object with these attributes and methods, not only
+an :class:`attnkit.models.Model`: a test stand-in, or a wrapper around another library's
+model, works as well. :class:`attnkit.models.Model` implements it, which mypy checks here.
+
+Shape letters: ``b`` texts, ``s`` tokens, ``h_sel`` the heads asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from attnkit.models.model import Model
+
+
+class TokenizedLike(Protocol):
+    """A text split into tokens, as :class:`attnkit.models.TokenizedText` gives it."""
+
+    @property
+    def ids(self) -> Tensor:
+        """Token ids ``[1, s]``."""
+        ...
+
+    @property
+    def tokens(self) -> list[str]:
+        """The ``s`` token strings."""
+        ...
+
+
+class RunLike(Protocol):
+    """One text's forward pass, as :class:`attnkit.models.ModelRun` gives it."""
+
+    @property
+    def ids(self) -> Tensor:
+        """Token ids ``[1, s]``."""
+        ...
+
+    @property
+    def tokens(self) -> list[str]:
+        """The ``s`` token strings."""
+        ...
+
+    @property
+    def offsets(self) -> Sequence[tuple[int, int]] | None:
+        """Each token's ``(start, end)`` character span; ``None`` for a run given ids."""
+        ...
+
+    @property
+    def attentions(self) -> Mapping[int, Tensor]:
+        """Layer index → weights ``[1, h_sel, s, s]`` of the layers asked for."""
+        ...
+
+    @property
+    def heads(self) -> list[int]:
+        """The heads kept, in the order of dimension 1 of every map."""
+        ...
+
+
+@runtime_checkable
+class InspectableModel(Protocol):
+    """A model whose attention can be inspected: its sizes, its tokenizer, and runs that
+    hand back attention maps.
+
+    Attributes:
+        name: what messages call it (``"smollm2"``).
+        family: its family's name (``"llama"``, ``"bert"``).
+        num_layers: layers; ``num_heads``: query heads per layer; ``num_kv_heads``:
+            key/value heads per layer.
+        max_length: the longest input in tokens.
+        causal: a causal decoder (a token attends only to earlier ones).
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def num_heads(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def max_length(self) -> int: ...
+
+    @property
+    def causal(self) -> bool: ...
+
+    def tokenize(self, text: str) -> TokenizedLike:
+        """Split ``text`` into tokens.
+
+        Raises:
+            ValueError: a text the model cannot read (empty, longer than ``max_length``).
+        """
+        ...
+
+    def run(
+        self,
+        text_or_ids: str | Tensor | Sequence[int],
+        *,
+        attention: bool | Sequence[int] = True,
+        heads: Sequence[int] | None = None,
+    ) -> RunLike:
+        """One forward pass with the weights of the layers in ``attention`` (``True``: all;
+        negative indices count from the end) and of ``heads`` (default all).
+
+        Raises:
+            ValueError: a text the model cannot read, a layer or head out of range.
+        """
+        ...
+
+    def run_batch(
+        self,
+        inputs: Sequence[str | Tensor | Sequence[int]],
+        *,
+        attention: bool | Sequence[int] = True,
+        heads: Sequence[int] | None = None,
+        logits: bool = True,
+        stop: Callable[[], bool] | None = None,
+    ) -> Sequence[RunLike]:
+        """:meth:`run` on several inputs in as few passes as possible; ``stop()``, when
+        given, is asked before the work and may end it with an error.
+
+        Raises:
+            ValueError: as :meth:`run`, for any of the inputs.
+        """
+        ...
+
+
+if TYPE_CHECKING:
+
+    def _model_is_inspectable(model: Model) -> InspectableModel:
+        return model  # mypy: Model implements InspectableModel

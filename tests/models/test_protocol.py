@@ -1,0 +1,38 @@
+"""The model contract lives in src: attnkit.models.Model and the test stand-ins implement
+attnkit.models.InspectableModel (mypy checks Model's methods against it; here, the
+stand-ins' attributes and the parameters of their methods)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from attnkit.models import InspectableModel, Model
+from tests.fake_models import FakeModel
+from tests.inspect.fake_model import FakeModel as KnownAttentionModel
+from tests.serve.tiny_model import TinyModel
+
+METHODS = ("tokenize", "run", "run_batch")
+
+
+def _parameters(function) -> list[tuple[str, object]]:
+    return [(p.name, p.kind) for p in inspect.signature(function).parameters.values() if p.name != "self"]
+
+
+@pytest.mark.parametrize("implementation", [Model, KnownAttentionModel, TinyModel], ids=lambda c: c.__name__)
+def test_models_and_stand_ins_take_the_protocols_parameters(implementation):
+    for method in METHODS:
+        wanted = _parameters(getattr(InspectableModel, method))
+        given = _parameters(getattr(implementation, method))
+        assert given[: len(wanted)] == wanted, method
+        assert all(
+            inspect.signature(getattr(implementation, method)).parameters[name].default is not inspect.Parameter.empty
+            for name, _ in given[len(wanted) :]
+        ), f"{method}: parameters beyond the protocol's need defaults"
+
+
+@pytest.mark.parametrize("stand_in", [KnownAttentionModel, TinyModel], ids=lambda c: c.__name__)
+def test_the_stand_ins_are_inspectable_models(stand_in):
+    assert issubclass(stand_in, FakeModel)
+    assert isinstance(stand_in(), InspectableModel)
