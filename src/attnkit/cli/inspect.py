@@ -25,7 +25,6 @@ from attnkit.cli.common import (
     parse_size,
     prepare_out,
 )
-from attnkit.functional.indices import IndexOutOfRange
 from attnkit.inspect.maps import (
     EXAMPLE_TEXT,
     resolve_heads,
@@ -107,6 +106,8 @@ def parse_layers(spec: str | None, num_layers: int) -> list[int] | None:
     Raises:
         CommandError: not a comma-separated list of layers or ``all``, or a layer out of range.
     """
+    from attnkit.functional.indices import IndexOutOfRange
+
     if spec is None:
         return None
     if spec.strip().lower() == "all":

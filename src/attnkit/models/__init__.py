@@ -17,7 +17,7 @@ families loads too.
 from attnkit.models.cache import FetchError, ModelInfo, available, fetch
 from attnkit.models.checkpoint import CheckpointError, ModelNotFound
 from attnkit.models.model import ATTENTION_MEMORY_LIMIT, Model, ModelRun, RunStopped, load
-from attnkit.models.protocol import InspectableModel
+from attnkit.models.protocol import InspectableModel  # no torch: cheap to import
 from attnkit.models.registry import MODELS, home
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 

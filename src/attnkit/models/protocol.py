@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from torch import Tensor
-
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from attnkit.models.model import Model
 
 

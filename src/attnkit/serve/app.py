@@ -19,6 +19,7 @@ never runs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -339,40 +340,16 @@ def create_app(
     names = [public_name(spec) for spec in models]
     if not models or len(set(names)) != len(names):
         raise ValueError(f"models must be one or more distinct names, got {names}")
-    for name, value in (
-        ("max_tokens", max_tokens),
-        ("max_weights", max_weights),
-        ("max_chars", max_chars),
-        ("max_body_bytes", max_body_bytes),
-        ("max_queue", max_queue),
-    ):
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
+    limits = Limits(max_tokens, max_weights, max_chars, max_body_bytes, max_queue)
     if loader is None:
-        from attnkit.models import load as loader
+        from attnkit.models import load
+
+        loader = load
+    load_one = loader
     served = {
         name: ServedModel(name, model, min(max_tokens, int(model.max_length)), max_queue)
-        for name, model in ((name, loader(spec)) for name, spec in zip(names, models))
+        for name, model in ((name, load_one(spec)) for name, spec in zip(names, models))
     }
-    default = next(iter(served))
-    info = InfoBody(
-        version=__version__,
-        models=[s.info() for s in served.values()],
-        default_model=default,
-        max_chars=max_chars,
-        max_weights=max_weights,
-        max_body_bytes=max_body_bytes,
-    )
-    page = render_html(None, app=True)
-    security = [
-        (b"content-security-policy", (content_security_policy(app=True) + "; frame-ancestors 'none'").encode()),
-        (b"x-content-type-options", b"nosniff"),
-        (b"referrer-policy", b"no-referrer"),
-        (b"cross-origin-resource-policy", b"same-origin"),
-        (b"x-frame-options", b"DENY"),
-        (b"cache-control", b"no-store"),
-    ]
-
     # Swagger UI and ReDoc load their script from a CDN, which the policy forbids;
     # the schema itself stays at /openapi.json.
     app = FastAPI(
@@ -383,13 +360,75 @@ def create_app(
         description="Attention weights of a text, for the attnkit viewer. Schema: docs/viewer.md.",
     )
     app.state.models = served
+    _add_routes(app, served, limits)
+    app.add_middleware(_Guard, max_body_bytes=max_body_bytes, headers=_security_headers(), allowed_hosts=allowed_hosts)
+    return app
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the app (see :func:`create_app`), each at least 1.
+
+    Raises:
+        ValueError: a limit below 1.
+    """
+
+    max_tokens: int
+    max_weights: int
+    max_chars: int
+    max_body_bytes: int
+    max_queue: int
+
+    def __post_init__(self) -> None:
+        for limit in dataclasses.fields(self):
+            value = getattr(self, limit.name)
+            if value < 1:
+                raise ValueError(f"{limit.name} must be at least 1, got {value}")
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request that passed every check, ready to join its model's batch."""
+
+    served: ServedModel
+    text: str
+    layers: list[int]
+    heads: list[int]
+    tokens: int
+
+
+def _security_headers() -> list[tuple[bytes, bytes]]:
+    """The headers of every response: no framing, no sniffing, no referrer, no caching."""
+    return [
+        (b"content-security-policy", (content_security_policy(app=True) + "; frame-ancestors 'none'").encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+        (b"cross-origin-resource-policy", b"same-origin"),
+        (b"x-frame-options", b"DENY"),
+        (b"cache-control", b"no-store"),
+    ]
+
+
+def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) -> None:
+    """The page, ``GET /api/info`` and ``POST /api/attention``, and the 4xx body of
+    requests that do not parse."""
+    default = next(iter(served))
+    info = InfoBody(
+        version=__version__,
+        models=[s.info() for s in served.values()],
+        default_model=default,
+        max_chars=limits.max_chars,
+        max_weights=limits.max_weights,
+        max_body_bytes=limits.max_body_bytes,
+    )
+    page = render_html(None, app=True)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Any, exc: RequestValidationError) -> JSONResponse:
         status, detail = _validation_message(exc.errors())
         return JSONResponse({"detail": detail}, status_code=status)
 
-    errors = {code: {"model": ErrorBody} for code in (400, 413, 422, 429)}
+    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 413, 422, 429)}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> HTMLResponse:
@@ -411,34 +450,9 @@ def create_app(
         s = served[name]
         # Other requests' batch waits for this one while it is read and checked.
         with s.batcher.arriving():
-            text = request.text
-            if not text.strip():
-                raise _error(422, "the text is empty: give some words to look at")
-            if len(text) > max_chars:
-                raise _error(422, f"the text is {len(text)} characters, more than this server's limit of {max_chars}")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise _error(422, f"the text is not valid Unicode: a lone surrogate at character {err.start}") from None
-            layers = _indices(request.layers, s.model.num_layers, "layer", name)
-            heads = _indices(request.heads, s.model.num_heads, "head", name)
-            try:
-                count = len((await run_in_threadpool(s.model.tokenize, text)).tokens)
-            except ValueError as err:
-                raise _error(422, str(err)) from None
-            if count > s.max_tokens:
-                raise _error(422, f"the text is {count} tokens, more than the limit of {s.max_tokens} for {name}")
-            weights = len(layers) * len(heads) * count * count
-            if weights > max_weights:
-                per_layer = len(heads) * count * count
-                raise _error(
-                    422,
-                    f"{len(layers)} layers x {len(heads)} heads x {count}^2 tokens is {weights} weights, more than this "
-                    f"server's limit of {max_weights}: ask for at most {max(1, max_weights // per_layer)} layers "
-                    "or fewer heads",
-                )
+            admitted = await _admit(request, s, limits)
         try:
-            job = s.batcher.submit(text, layers, heads, count)
+            job = s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens)
         except QueueFull as full:
             raise HTTPException(429, str(full), headers={"Retry-After": str(full.retry_after)}) from None
         try:
@@ -447,12 +461,47 @@ def create_app(
             raise _error(422, str(err)) from None
         if run is None:  # the client has gone; nobody reads this
             return Response(status_code=499)
-        data = await run_in_threadpool(viewer_data_from_run, s.model, run, name=name, text=text, level=request.level)
+        data = await run_in_threadpool(
+            viewer_data_from_run, s.model, run, name=name, text=admitted.text, level=request.level
+        )
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
 
-    app.add_middleware(_Guard, max_body_bytes=max_body_bytes, headers=security, allowed_hosts=allowed_hosts)
-    return app
+
+async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> Admitted:
+    """Check a request for model ``s``: the text (blank, too long in characters, lone
+    surrogates, too many tokens), the layers and heads, and the weights it would return.
+
+    Raises:
+        HTTPException: 422 naming what is wrong and, for too many weights, what would fit.
+    """
+    text = request.text
+    if not text.strip():
+        raise _error(422, "the text is empty: give some words to look at")
+    if len(text) > limits.max_chars:
+        raise _error(422, f"the text is {len(text)} characters, more than this server's limit of {limits.max_chars}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise _error(422, f"the text is not valid Unicode: a lone surrogate at character {err.start}") from None
+    layers = _indices(request.layers, s.model.num_layers, "layer", s.name)
+    heads = _indices(request.heads, s.model.num_heads, "head", s.name)
+    try:
+        count = len((await run_in_threadpool(s.model.tokenize, text)).tokens)
+    except ValueError as err:
+        raise _error(422, str(err)) from None
+    if count > s.max_tokens:
+        raise _error(422, f"the text is {count} tokens, more than the limit of {s.max_tokens} for {s.name}")
+    weights = len(layers) * len(heads) * count * count
+    if weights > limits.max_weights:
+        per_layer = len(heads) * count * count
+        raise _error(
+            422,
+            f"{len(layers)} layers x {len(heads)} heads x {count}^2 tokens is {weights} weights, more than this "
+            f"server's limit of {limits.max_weights}: ask for at most {max(1, limits.max_weights // per_layer)} "
+            "layers or fewer heads",
+        )
+    return Admitted(s, text, layers, heads, count)
 
 
 @contextmanager
