@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import re
 import sys
 import tempfile
@@ -32,6 +33,8 @@ SCALES = ("linear", "sqrt", "log")
 # The largest file a command writes unless --max-size says otherwise.
 DEFAULT_MAX_SIZE = "20MB"
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+# The largest --max-size taken as a number (larger ones would overflow; "none" lifts it).
+MAX_SIZE_LIMIT = 10**15
 
 # Files that show the chosen layer and heads, or a survey's statistics.
 FORMATS = ("png", "svg", "json")
@@ -132,7 +135,10 @@ def parse_size(text: str) -> int | None:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?[bB]?)\s*", text)
     if not match or match.group(2).upper() not in _SIZE_UNITS:
         raise CommandError(f'--max-size takes a size such as 20MB, 500kB, 2GB or "none", got {text!r}')
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+    size = float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    if not size <= MAX_SIZE_LIMIT:
+        raise CommandError(f'--max-size must be at most 1 PB (or "none" for no limit), got {text[:40]!r}')
+    return int(size)
 
 
 def format_size(size: float) -> str:
@@ -182,7 +188,7 @@ def add_figure_arguments(parser: argparse.ArgumentParser, *, scale: bool = True)
     figures = parser.add_argument_group("pictures (png, svg)")
     figures.add_argument(
         "--dpi",
-        type=float,
+        type=_dpi,
         default=None,
         metavar="N",
         help="dots per inch of PNG files (default: 120 for maps, 100 for head grids)",
@@ -214,8 +220,6 @@ def figure_options(args: argparse.Namespace) -> dict[str, Any]:
     without those left at their defaults."""
     options: dict[str, Any] = {"cmap": args.cmap}
     if args.dpi is not None:
-        if args.dpi <= 0:
-            raise CommandError(f"--dpi must be above 0, got {args.dpi:g}")
         options["dpi"] = args.dpi
     if args.figsize is not None:
         options["figsize"] = args.figsize
@@ -224,13 +228,31 @@ def figure_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+# Bounds of --dpi and --figsize, checked when the arguments are read; the canvas they make
+# together is estimated with the other outputs (--max-size).
+MAX_DPI = 10_000.0
+MAX_FIGSIZE_INCHES = 1_000.0
+
+
+def _dpi(text: str) -> float:
+    try:
+        dpi = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of dots per inch such as 150, got {text!r}") from None
+    if not (math.isfinite(dpi) and 0 < dpi <= MAX_DPI):
+        raise argparse.ArgumentTypeError(f"must be a number above 0 and at most {MAX_DPI:g}, got {text!r}")
+    return dpi
+
+
 def _figsize(text: str) -> tuple[float, float]:
     try:
         width, height = (float(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected W,H in inches such as 8,6, got {text!r}") from None
-    if width <= 0 or height <= 0:
-        raise argparse.ArgumentTypeError(f"width and height must be above 0, got {text!r}")
+    if not all(math.isfinite(x) and 0 < x <= MAX_FIGSIZE_INCHES for x in (width, height)):
+        raise argparse.ArgumentTypeError(
+            f"width and height must be numbers above 0 and at most {MAX_FIGSIZE_INCHES:g} inches, got {text!r}"
+        )
     return width, height
 
 

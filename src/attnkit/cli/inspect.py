@@ -144,6 +144,7 @@ def counted(items: list[int], noun: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from attnkit.viz.attention_text import render_map
     from attnkit.viz.export import (
+        estimate_map_canvas,
         estimate_map_json,
         estimate_viewer_html,
         write_map,
@@ -181,6 +182,9 @@ def run(args: argparse.Namespace) -> int:
     if "json" in formats:
         for layer in map_layers:
             estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(map_heads), causal=causal)
+    if "png" in formats:
+        canvas = estimate_map_canvas(tokens, len(map_heads), dpi=figure.get("dpi"), figsize=figure.get("figsize"))
+        estimates["the canvas of each PNG (pixels × 4 bytes, drawn before compression)"] = canvas
     if "html" in formats:
         # A value colour mode doubles the weights of the page; rollout adds one map per layer.
         mode_heads = {"value": len(page_heads), "rollout": 1}.get(args.method, 0)
@@ -192,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         limit,
         advice=(
             f"The text is {tokens} tokens: ask for fewer layers or heads (--layers, --heads), "
-            "a shorter text, or other formats (--format)"
+            "a shorter text, a lower --dpi or --figsize, or other formats (--format)"
         ),
     )
 

@@ -49,6 +49,28 @@ def estimate_map_json(tokens: int, heads: int, *, causal: bool) -> int:
     return int(heads * tokens * tokens * JSON_BYTES_PER_WEIGHT[causal] + tokens * JSON_BYTES_PER_TOKEN)
 
 
+def estimate_map_canvas(
+    tokens: int, heads: int, *, dpi: float | None = None, figsize: tuple[float, float] | None = None
+) -> int:
+    """About how many bytes of memory the canvas of :func:`write_map`'s PNG takes (the
+    file is smaller, but the canvas is drawn whole before it is compressed).
+
+    Args:
+        tokens: the text's length in tokens (an upper bound for a word map).
+        heads: how many heads the map holds (several are drawn as a grid of panels).
+        dpi: the PNG's dots per inch (default: the drawing function's).
+        figsize: the figure size in inches (default: from the tokens or the heads).
+
+    Returns:
+        The estimate in bytes.
+    """
+    from attnkit.viz.heatmap import DEFAULT_DPI, canvas_bytes, default_figsize, heads_figsize
+
+    if figsize is None:
+        figsize = default_figsize(tokens, tokens) if heads <= 1 else heads_figsize(heads)
+    return canvas_bytes(figsize, DEFAULT_DPI if dpi is None else dpi)
+
+
 def estimate_viewer_html(tokens: int, layers: int, heads: int, *, causal: bool) -> int:
     """About how many bytes :func:`write_viewer` writes.
 

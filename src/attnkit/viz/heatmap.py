@@ -50,6 +50,10 @@ MASKED_COLOUR = "#d9d9d9"
 DEFAULT_DPI = 120
 # The largest default figure, in inches (width, height).
 MAX_FIGSIZE = (16.0, 14.0)
+# The largest canvas a raster picture is drawn on (width × height pixels × 4 bytes): a
+# 16 × 14 inch map at 120 dpi needs 13 MB; 2000 dpi would need 3.6 GB.
+MAX_CANVAS_BYTES = 500 * 10**6
+_VECTOR_SUFFIXES = (".svg", ".pdf", ".eps", ".ps")
 # Matplotlib's own warning for each glyph a font lacks; font_context already warned once.
 _MISSING_GLYPH = r"Glyph \d+ .*missing from font"
 
@@ -71,12 +75,56 @@ def require_matplotlib() -> Any:
     return plt
 
 
+def check_figure_size(figsize: tuple[float, float], dpi: float | None = None) -> None:
+    """Check a figure size (inches) and, for a raster picture, its dots per inch and the
+    canvas they make.
+
+    Raises:
+        ValueError: a size or dpi that is not a finite number above 0, or a canvas over
+            :data:`MAX_CANVAS_BYTES` (the message gives its size).
+    """
+    width, height = figsize
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in (width, height)):
+        raise ValueError(f"figsize must be two finite numbers of inches above 0, got {figsize!r}")
+    if dpi is None:
+        return
+    if not (isinstance(dpi, (int, float)) and math.isfinite(dpi) and dpi > 0):
+        raise ValueError(f"dpi must be a finite number above 0, got {dpi!r}")
+    needed = canvas_bytes(figsize, dpi)
+    if needed > MAX_CANVAS_BYTES:
+        raise ValueError(
+            f"a {width:g} × {height:g} inch picture at {dpi:g} dpi is drawn on a canvas of about "
+            f"{needed / 1e9:.1f} GB, over the {MAX_CANVAS_BYTES / 1e9:.1f} GB limit; lower the dpi or the figure size"
+        )
+
+
+def canvas_bytes(figsize: tuple[float, float], dpi: float) -> int:
+    """The memory of the RGBA canvas a raster picture of ``figsize`` inches at ``dpi`` is
+    drawn on (4 bytes a pixel); the PNG file is smaller."""
+    return 4 * math.ceil(figsize[0] * dpi) * math.ceil(figsize[1] * dpi)
+
+
+def heads_grid_shape(count: int) -> tuple[int, int]:
+    """``(columns, rows)`` of the panels of ``count`` heads in :func:`plot_attention_heads`."""
+    cols = math.ceil(math.sqrt(count))
+    return cols, math.ceil(count / cols)
+
+
+def heads_figsize(count: int) -> tuple[float, float]:
+    """The default figure size (inches) of :func:`plot_attention_heads` for ``count`` heads:
+    about 3 inches per panel, at most 24 inches a side."""
+    cols, rows = heads_grid_shape(count)
+    return min(1.5 + 3.2 * cols, 24.0), min(1.0 + 3.0 * rows, 24.0)
+
+
 def new_figure(figsize: tuple[float, float]) -> Figure:
     """A figure outside pyplot's list of open figures (nothing to close, no backend chosen).
 
     Raises:
         ImportError: matplotlib is missing.
+        ValueError: a size that is not two finite numbers above 0.
     """
+    check_figure_size(figsize)
     require_matplotlib()
     from matplotlib.figure import Figure
 
@@ -88,10 +136,16 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: float = DEFAULT_DPI) -> P
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: for a raster format, a dpi that is not a finite number above 0 or a
+            canvas over :data:`MAX_CANVAS_BYTES`, checked before anything is drawn.
     """
     import matplotlib
 
     path = Path(path)
+    if path.suffix.lower() not in _VECTOR_SUFFIXES:
+        check_figure_size(tuple(fig.get_size_inches()), dpi)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Text stays text in SVG files: searchable, editable, and any script renders.
     with warnings.catch_warnings(), matplotlib.rc_context({"svg.fonttype": "none"}):
@@ -313,13 +367,12 @@ def plot_attention_heads(
     if len(heads) != count:
         raise ValueError(f"weights hold {count} heads but got {len(heads)} head numbers")
     _check_map(weights[0], query_labels, key_labels)
-    cols = math.ceil(math.sqrt(count))
-    rows = math.ceil(count / cols)
+    cols, rows = heads_grid_shape(count)
     # Every panel on one scale, so that heads compare: the largest weight of any head.
     top = float(weights.detach().float().max()) if weights.numel() else 0.0
     scale = "sqrt" if scale is None else scale
     colour_norm(scale, top)  # an unknown scale fails before anything is drawn
-    fig = new_figure(figsize or (min(1.5 + 3.2 * cols, 24.0), min(1.0 + 3.0 * rows, 24.0)))
+    fig = new_figure(figsize or heads_figsize(count))
     fig.suptitle(title)
     grid = fig.subplots(rows, cols, squeeze=False)
     for index, ax in enumerate(grid.flat):
