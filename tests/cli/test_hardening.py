@@ -81,3 +81,42 @@ def test_terminal_safe_keeps_text_and_escapes_controls():
     text = json.dumps({"t": HOSTILE + "\ud800"}, ensure_ascii=False)
     assert json.loads(json_terminal_safe(text)) == {"t": HOSTILE + "\ud800"}
     assert not any(c in json_terminal_safe(text) for c in "\x1b\x07\x9b\ud800")
+
+
+def test_bidirectional_controls_are_escaped_like_other_controls():
+    # Before: U+202E (right-to-left override) and the isolates reached the terminal raw and
+    # reordered the rest of a table row.
+    controls = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    escaped = terminal_safe(f"cat{controls}dog")
+    assert escaped == "cat" + "".join(f"\\u{ord(c):04x}" for c in controls) + "dog"
+    assert json.loads(json_terminal_safe(json.dumps({"t": controls}, ensure_ascii=False))) == {"t": controls}
+    assert terminal_safe("שלום עולם مرحبا") == "שלום עולם مرحبا"  # right-to-left text itself stays
+
+
+@pytest.mark.parametrize("temperature", ["nan", "inf", "-1"])
+def test_a_temperature_that_is_not_a_finite_number_is_a_clear_error(capsys, monkeypatch, smollm2, temperature):
+    # Before: --temperature nan reached torch.multinomial ("probability tensor contains
+    # either inf, nan"), a traceback.
+    from attnkit.cli import generate
+
+    monkeypatch.setattr(generate, "load_model", lambda *args, **kwargs: smollm2)
+    code, out, err = _run(capsys, "generate", "--temperature", temperature, "Hi")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.startswith("attnkit: error: temperature must be a finite number >= 0, got"), err
+
+
+def test_a_file_of_texts_is_read_only_up_to_its_limit(capsys, monkeypatch, tmp_path):
+    # Before: --file /dev/zero read 7 GB, then MemoryError.
+    from attnkit.cli import heads
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(heads, "load_model", no_loading)
+    monkeypatch.setattr(heads, "MAX_FILE_BYTES", 1000)
+    big = tmp_path / "texts.txt"
+    big.write_text("the cat sat\n" * 100)
+    for argv in (["heads", "--file", str(big)], ["heads", "--ablate", "--mean", "--file", "/dev/zero", "the cat sat"]):
+        code, _, err = _run(capsys, *argv, "--out", str(tmp_path / "out"))
+        assert code == 2 and "Traceback" not in err, err
+        assert err.startswith(f"attnkit: error: --file {argv[argv.index('--file') + 1]} is larger than 1.0 kB"), err

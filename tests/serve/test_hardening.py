@@ -83,6 +83,11 @@ def _post_in_thread(url: str, text: str, results: dict[str, httpx.Response]) -> 
         ("0.0.0.0", ["box.lan", "192.168.1.5"], ["box.lan:8000", "192.168.1.5:8000"], ["evil.example"]),
         ("::1", [], ["[::1]:8000", "[::1]"], ["[::2]:8000", "evil.example"]),
         ("::", ["[fe80::1]"], ["[fe80::1]:8000", "[::1]:8000"], ["[::]:8000"]),
+        # "" and "0" bind every address too: they are wildcards, not names to answer to.
+        ("", [], ["127.0.0.1:8000"], ["", ":8000", "evil.example"]),
+        ("0", [], ["localhost:8000"], ["0", "0:8000", "evil.example"]),
+        # Only a port may follow the name.
+        ("::1", [], ["[::1]:8000"], ["[::1]evil", "[::1]:evil", "[::1]:8000x", "localhost:evil", "localhost:"]),
     ],
 )
 def test_the_host_is_always_checked(host, extra, accepted, refused):
@@ -229,3 +234,13 @@ def test_cli_checks_allow_host_and_max_queue(capsys):
     assert "without port or wildcard, got '*'" in capsys.readouterr().err
     assert main(["serve", "--max-queue", "0", "--model", "minilm"]) == 2
     assert "--max-queue must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_wildcard_and_loopback_addresses_in_their_short_forms():
+    from attnkit.cli.serve import is_loopback, is_wildcard
+
+    assert all(is_wildcard(h) for h in ("", "0", "0.0.0.0", "::", "[::]", "0.0"))
+    assert not any(is_wildcard(h) for h in ("127.0.0.1", "localhost", "box.lan", "192.168.1.5"))
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.1", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("", "0", "0.0.0.0", "box.lan"))
+    assert allowed_hosts("", []) == allowed_hosts("0", []) == allowed_hosts("0.0.0.0", [])

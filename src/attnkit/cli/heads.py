@@ -4,7 +4,6 @@ many texts, as a table, layers × heads pictures and JSON."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import (
@@ -15,6 +14,7 @@ from attnkit.cli.common import (
     add_output_arguments,
     add_quiet_argument,
     figure_options,
+    format_size,
     load_model,
     parse_formats,
     prepare_out,
@@ -93,11 +93,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+# The most --file bytes read: far more texts than a survey on this machine gets through.
+MAX_FILE_BYTES = 64 * 10**6
+
+
 def read_texts(text: str | None, file: str | None) -> list[str]:
     """The texts to survey: TEXT, or the non-blank lines of FILE.
 
     Raises:
-        CommandError: both or neither given, an unreadable file, or no text in it.
+        CommandError: both or neither given, an unreadable file, one over
+            :data:`MAX_FILE_BYTES`, or no text in it.
     """
     if (text is None) == (file is None):
         raise CommandError("give either a TEXT or --file FILE")
@@ -107,7 +112,13 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
         return [text]
     assert file is not None
     try:
-        lines = Path(file).read_text(encoding="utf-8").splitlines()
+        with open(file, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)  # never more: --file may be a device or a pipe
+        if len(data) > MAX_FILE_BYTES:
+            raise CommandError(
+                f"--file {file} is larger than {format_size(MAX_FILE_BYTES)}; give fewer texts at a time"
+            )
+        lines = data.decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise CommandError(f"cannot read --file {file}: {err}") from None
     texts = [line for line in lines if line.strip()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import socket
 import sys
 
 from attnkit.cli import CommandError
@@ -61,22 +62,34 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``host`` binds, as the socket library reads it: also the short IPv4
+    forms (``"0"`` is 0.0.0.0, ``"127.1"`` is 127.0.0.1) and ``""`` (every address);
+    ``None`` for a name."""
+    host = host.strip("[]")
+    if not host:
+        return ipaddress.IPv4Address(0)
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    address = _address(host)
+    return host == "localhost" or (address is not None and address.is_loopback)
 
 
 def is_wildcard(host: str) -> bool:
-    """Whether ``host`` is "every address" (``0.0.0.0``, ``::``), never a request's Host."""
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_unspecified
-    except ValueError:
-        return False
+    """Whether ``host`` is "every address" (``0.0.0.0``, ``::``, and the forms that bind
+    it: ``""``, ``"0"``), never a request's Host."""
+    address = _address(host)
+    return address is not None and address.is_unspecified
 
 
 def allowed_hosts(host: str, extra: list[str]) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import math
 import os
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -501,14 +502,15 @@ class Model:
 
         Raises:
             ValueError: a BERT model, an empty or too long prompt, ``max_new_tokens < 0``,
-                ``temperature < 0``, ``top_k < 1`` (at the call, before any token).
+                a ``temperature`` that is not a finite number ``>= 0``, ``top_k < 1``
+                (at the call, before any token).
         """
         if not self.causal:
             raise ValueError(f"{self.name} is a bidirectional encoder ({self.family}); it cannot generate text")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         ids, _, _ = self._input(prompt)

@@ -179,12 +179,20 @@ def public_name(spec: str) -> str:
 
 def host_name(header: str) -> str:
     """The name in an HTTP ``Host`` header: lower case, without the port, an IPv6 literal
-    without its brackets (``"[::1]:8000"`` → ``"::1"``)."""
+    without its brackets (``"[::1]:8000"`` → ``"::1"``); ``""`` (which no server answers
+    to) when anything but a port follows the name (``"[::1]evil"``, ``"localhost:evil"``)."""
     header = header.strip().lower()
     if header.startswith("["):
         end = header.find("]")
-        return header[1:end] if end > 0 else ""
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        name, rest = (header[1:end], header[end + 1 :]) if end > 0 else ("", "")
+    elif header.count(":") == 1:
+        name, port = header.split(":")
+        rest = f":{port}"
+    else:
+        name, rest = header, ""
+    if rest and not (rest.startswith(":") and rest[1:].isdigit() and rest[1:].isascii()):
+        return ""
+    return name
 
 
 def _error(status: int, detail: str) -> HTTPException:

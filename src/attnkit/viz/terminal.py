@@ -7,9 +7,11 @@ import unicodedata
 from collections.abc import Sequence
 
 # What a terminal acts on instead of showing: C0 controls but newline and tab (ESC starts
-# escape sequences, BEL rings, CR overwrites), DEL, C1 controls (U+009B is a CSI); and lone
-# surrogates, which cannot even be encoded.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+# escape sequences, BEL rings, CR overwrites), DEL, C1 controls (U+009B is a CSI); the
+# bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069), which
+# reorder the rest of the line, so that a table cell could show another text than it holds;
+# and lone surrogates, which cannot even be encoded.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def terminal_safe(text: str) -> str:
