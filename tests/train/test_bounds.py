@@ -20,6 +20,7 @@ from attnkit.train.budget import TRAIN_MEMORY_LIMIT, estimated_memory
 from attnkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from attnkit.train.loop import TrainConfig, run
 from tests.train.test_loop import TINY
+from tests.train.tiny import TINY_TRAIN_ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -140,3 +141,60 @@ def test_fuzzed_training_checkpoints_resume_or_give_a_clear_error_under_a_memory
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "fuzzed" in done.stdout
+
+
+def test_a_disk_that_fills_while_saving_is_a_clear_error_and_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch, capsys
+):
+    # Before: torch.save's RuntimeError escaped the OSError handling: a traceback.
+    from attnkit.train import checkpoint
+
+    real_save = torch.save
+    saves = []
+
+    def filling_save(obj, f):
+        saves.append(1)
+        if len(saves) > 1:
+            f.write(b"half")
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file")
+        real_save(obj, f)
+
+    monkeypatch.setattr(checkpoint.torch, "save", filling_save)
+    argv = ["train", "--task", "reverse", "--out", str(tmp_path), *TINY_TRAIN_ARGS, "--steps", "10"]
+    code = main([*argv, "--checkpoint-every", "5"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith("attnkit: error: cannot write the checkpoint") and "PytorchStreamWriter failed" in err
+    assert "the previous checkpoint in" in err and "is intact" in err
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)
+    assert load_checkpoint(tmp_path / CHECKPOINT_NAME)["step"] == 5
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))  # no temporary file left
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path):
+    # Before: two runs started together into one folder both exited 0; one's files were lost.
+    from attnkit.train.folder_lock import folder_lock
+
+    tmp_path.mkdir(exist_ok=True)
+    with folder_lock(tmp_path):
+        with pytest.raises(ValueError, match=rf"another attnkit train run \(process {os.getpid()}\) is writing into"):
+            run(TINY, tmp_path, progress=False)
+        assert not (tmp_path / CHECKPOINT_NAME).exists()
+    run(TINY, tmp_path, stop_after=5, progress=False)  # free again once the first run is done
+    with folder_lock(tmp_path):  # and the run released it
+        pass
+
+
+def test_two_runs_started_together_do_not_both_write(tmp_path):
+    argv = [sys.executable, "-m", "attnkit.cli", "train", "--task", "reverse", "--out", str(tmp_path)]
+    argv += [*TINY_TRAIN_ARGS, "--steps", "40"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    runs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in runs]
+    for p in runs:
+        p.stdout.close()
+        p.stderr.close()
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for code, err in results if code == 2)
+    assert "another attnkit train run" in refused or "already holds a checkpoint.pt" in refused, refused

@@ -42,8 +42,9 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
         The path written.
 
     Raises:
-        OSError: the directory is not writable or the disk is full; the previous
-            checkpoint, if any, is left untouched and the temporary file removed.
+        OSError: the directory is not writable or the disk is full (also when torch's
+            writer reports it as a ``RuntimeError``); the previous checkpoint, if any, is
+            left untouched and the temporary file removed.
         ValueError: ``state`` already has a :data:`CHECKSUM_KEY` entry.
     """
     path = Path(path)
@@ -55,7 +56,11 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
         # mkstemp makes the file private (0600); give it the mode of any new file.
         os.chmod(tmp_name, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
-            torch.save(stamped, f)
+            try:
+                torch.save(stamped, f)
+            except RuntimeError as err:
+                # torch's zip writer reports a failed write (a full disk) as a RuntimeError.
+                raise OSError(f"writing failed ({str(err).splitlines()[0][:200]})") from err
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)

@@ -15,6 +15,7 @@ run that is stopped and resumed computes exactly the same numbers as one that is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import tempfile
@@ -45,6 +46,7 @@ from attnkit.train.evaluation import (
     held_out_generator,
     inspect_attention,
 )
+from attnkit.train.folder_lock import folder_lock
 from attnkit.train.model import build_model
 from attnkit.train.report import METRICS_NAME, draw_example, metrics_json, run_metrics
 from attnkit.train.state_checks import check_model, check_state
@@ -285,9 +287,9 @@ def run(
         A :class:`RunResult`.
 
     Raises:
-        ValueError: invalid options, an output directory that cannot be written, a
-            checkpoint already there without ``resume``, or none (or an incompatible,
-            corrupt or crafted one) with it.
+        ValueError: invalid options, an output directory that cannot be written or that
+            another run is writing into, a checkpoint already there without ``resume``, or
+            none (or an incompatible, corrupt or crafted one) with it.
         OSError: the output directory stopped being writable during the run; the message
             says where training stopped and that the previous checkpoint is intact.
         ImportError: tqdm or matplotlib missing.
@@ -298,7 +300,10 @@ def run(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run(config, out_dir, resume=resume, stop_after=stop_after, progress=progress, replicas=replicas)
+        with contextlib.ExitStack() as held:
+            return _run(
+                config, out_dir, resume=resume, stop_after=stop_after, progress=progress, replicas=replicas, held=held
+            )
     finally:
         torch.set_num_threads(threads_before)
 
@@ -311,7 +316,10 @@ def _run(
     stop_after: int | None,
     progress: bool,
     replicas: Replicas | None,
+    held: contextlib.ExitStack,
 ) -> RunResult:
+    """:func:`run`; what must stay held until it returns (the output folder's lock) goes
+    on ``held``."""
     task = config.validate()
     device = resolve_device(config.device)
     replicas = Replicas() if replicas is None else replicas
@@ -324,6 +332,7 @@ def _run(
         )
     out = prepare_output_dir(out_dir)
     if replicas.writes_files:
+        held.enter_context(folder_lock(out))  # before looking for a checkpoint: one run at a time
         remove_stale_temporaries(out / CHECKPOINT_NAME)
     state = None
     if resume:
