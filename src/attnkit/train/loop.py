@@ -51,6 +51,7 @@ from attnkit.train.model import build_model
 from attnkit.train.report import METRICS_NAME, draw_example, metrics_json, run_metrics
 from attnkit.train.state_checks import check_model, check_state
 from attnkit.train.tasks import Task
+from attnkit.viz.files import write_text_atomic
 
 # Names of the pieces this module was split into, kept importable from here.
 __all__ = [
@@ -398,7 +399,7 @@ def _run(
     )
     metrics_path = out / METRICS_NAME
     try:
-        metrics_path.write_text(metrics_json(metrics))
+        write_text_atomic(metrics_path, metrics_json(metrics))
     except OSError as err:
         raise OSError(
             f"cannot write {metrics_path}: {err.strerror or err}; the training itself is saved in {checkpoint_path}"

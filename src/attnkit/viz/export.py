@@ -20,6 +20,7 @@ from typing import Any
 from attnkit.inspect.interventions import HeadEffects
 from attnkit.inspect.maps import AttentionMap
 from attnkit.inspect.survey import DESCRIPTIONS, HeadSurvey
+from attnkit.viz.files import write_text_atomic
 
 PICTURE_FORMATS = ("png", "svg")
 
@@ -103,14 +104,13 @@ def file_stem(model_name: str) -> str:
 
 
 def write_json(data: dict[str, Any], path: Path) -> Path:
-    """Write ``data`` as UTF-8 JSON on one line, creating the folder.
+    """Write ``data`` as UTF-8 JSON on one line, creating the folder; atomically (an
+    older file of that name is replaced only by a complete one).
 
     Returns:
         ``path``.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, ensure_ascii=False) + "\n", encoding="utf-8")
-    return path
+    return write_text_atomic(path, json.dumps(data, ensure_ascii=False) + "\n")
 
 
 def write_map(

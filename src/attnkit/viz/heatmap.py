@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnkit.viz.files import atomic_path
 from attnkit.viz.fonts import font_context
 
 if TYPE_CHECKING:
@@ -146,11 +147,10 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: float = DEFAULT_DPI) -> P
     path = Path(path)
     if path.suffix.lower() not in _VECTOR_SUFFIXES:
         check_figure_size(tuple(fig.get_size_inches()), dpi)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # Text stays text in SVG files: searchable, editable, and any script renders.
-    with warnings.catch_warnings(), matplotlib.rc_context({"svg.fonttype": "none"}):
+    with warnings.catch_warnings(), matplotlib.rc_context({"svg.fonttype": "none"}), atomic_path(path) as temporary:
         warnings.filterwarnings("ignore", message=_MISSING_GLYPH)
-        fig.savefig(path, dpi=dpi)
+        fig.savefig(temporary, dpi=dpi, format=path.suffix.lstrip(".").lower() or None)
     return path
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.nn import RotaryEmbedding, SinusoidalPositionalEncoding
+from attnkit.viz.files import atomic_path
 from attnkit.viz.heatmap import require_matplotlib
 
 # The classic pictures: positions 3 and 4 (alike), 3 and 500 (different), and
@@ -257,7 +258,7 @@ def _check_dims(dims: Sequence[int], embed_dim: int) -> None:
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_path(path) as temporary:
+        fig.savefig(temporary, dpi=100, format=path.suffix.lstrip(".").lower() or None)
     return path

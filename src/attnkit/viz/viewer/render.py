@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from attnkit import __version__
+from attnkit.viz.files import write_text_atomic
 from attnkit.viz.viewer.data import ViewerData
 
 _PLACEHOLDER = re.compile(r"\{\{(CSP|VERSION|TITLE|MODE|CSS|DATA|JS)\}\}")
@@ -125,7 +126,4 @@ def write_html(path: str | Path, data: ViewerData) -> Path:
     Returns:
         The path written.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(data), encoding="utf-8")
-    return path
+    return write_text_atomic(path, render_html(data))
