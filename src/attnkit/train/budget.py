@@ -8,15 +8,33 @@ memory) and the activations of one step, that must stay under :data:`TRAIN_MEMOR
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from attnkit.train.model import build_model
 from attnkit.train.tasks import Task
 
-if TYPE_CHECKING:
-    from attnkit.train.config import TrainConfig
+
+class Sizes(Protocol):
+    """The sizes of a run that the memory estimate reads (a
+    :class:`attnkit.train.config.TrainConfig`, which imports this module)."""
+
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def ff(self) -> int: ...
+    @property
+    def dropout(self) -> float: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def eval_size(self) -> int: ...
+
 
 # The largest value of each size; those of the steps live in attnkit.train.config.
 FIELD_LIMITS: dict[str, int] = {
@@ -37,7 +55,7 @@ TRAIN_MEMORY_LIMIT = 8 * 2**30
 _FLOAT_BYTES = 4
 
 
-def check_field_limits(config: TrainConfig) -> None:
+def check_field_limits(config: Any) -> None:
     """Raises:
     ValueError: a size above its :data:`FIELD_LIMITS` entry, naming the field."""
     for name, limit in FIELD_LIMITS.items():
@@ -46,7 +64,7 @@ def check_field_limits(config: TrainConfig) -> None:
             raise ValueError(f"{name} must be at most {limit:,}, got {value:,}")
 
 
-def estimated_memory(config: TrainConfig, task: Task) -> int:
+def estimated_memory(config: Sizes, task: Task) -> int:
     """Bytes a run of ``config`` on ``task`` needs at its peak, roughly (within a small
     factor): four copies of the parameters (weights, gradients, two AdamW moments), the
     activations kept for the backward pass (per token and layer: the projections, the
@@ -73,7 +91,7 @@ def estimated_memory(config: TrainConfig, task: Task) -> int:
     return _FLOAT_BYTES * (4 * parameters + activations + logits + held_out)
 
 
-def check_memory(config: TrainConfig, task: Task) -> None:
+def check_memory(config: Sizes, task: Task) -> None:
     """Raises:
     ValueError: :func:`estimated_memory` is over :data:`TRAIN_MEMORY_LIMIT`; the message
         gives the estimate and the sizes that drive it."""
