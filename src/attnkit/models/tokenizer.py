@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -75,7 +76,7 @@ class Tokenizer:
         path: the file it was read from, or ``None``.
     """
 
-    def __init__(self, backend: object, *, eos_token_ids: Iterable[int] = (), path: Path | None = None) -> None:
+    def __init__(self, backend: Any, *, eos_token_ids: Iterable[int] = (), path: Path | None = None) -> None:
         backend.no_truncation()
         backend.no_padding()
         self.backend = backend

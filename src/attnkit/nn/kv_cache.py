@@ -100,7 +100,8 @@ class KVCache:
         ):
             raise ValueError(
                 f"new keys {list(keys.shape)} / values {list(values.shape)} do not fit the cached "
-                f"keys {list(self.keys.shape)} / values {list(self.values.shape)} "
+                f"keys {[*self._keys.shape[:2], self._length, self._keys.shape[3]]} / values "
+                f"{[*self._values.shape[:2], self._length, self._values.shape[3]]} "
                 "(batch, heads and head dims must match)"
             )
         if self.capacity is None:
@@ -121,7 +122,7 @@ class KVCache:
             self._keys[:, :, self._length : end] = keys
             self._values[:, :, self._length : end] = values
         self._length = end
-        return self.keys, self.values
+        return self._keys[:, :, :end], self._values[:, :, :end]
 
     def reset(self) -> None:
         """Forget everything cached (a preallocated cache keeps its capacity)."""

@@ -81,6 +81,7 @@ class AttentionScore(nn.Module):
         # The reference kernel directly: the inputs are validated above, and unlike
         # attention()'s dot-product checks it lets d_q differ from d_k, as scores may.
         result = reference_attention(q, k, v, allowed=allowed, bias=None, scale=1.0, score=self.scores)
+        assert result.weights is not None  # the reference kernel always returns them
         context, weights = result.output[:, 0], result.weights[:, 0]  # [b, s_q, d_v], [b, s_q, s_k]
         if single:
             return AttentionContext(context[:, 0], weights[:, 0])
@@ -193,10 +194,12 @@ class LuongAttention(AttentionScore):
         """``[b, h, s_q, d_q]``, ``[b, h_kv, s_k, d_k]`` → ``[b, h, s_q, s_k]``."""
         if self.kind == "dot":
             return dot_scores(q, k)
+        assert self.w is not None  # "general" and "concat" build W
         if self.kind == "general":
             return general_scores(q, k, self.w.weight)
         # W [q; k] = W[:, :d_q] q + W[:, d_q:] k: the additive form, without concatenating
         # every (query, key) pair.
+        assert self.v is not None  # "concat" builds v
         w = self.w.weight
         return additive_scores(q, k, w[:, : self.query_dim], w[:, self.query_dim :], self.v.weight[0])
 
