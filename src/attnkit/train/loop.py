@@ -191,7 +191,7 @@ def _load_run_checkpoint(out_dir: Path) -> dict[str, Any]:
         config.validate()
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
-    expected = {
+    expected: dict[str, type | tuple[type, ...]] = {
         "step": int,
         "model": dict,
         "optimizer": dict,
@@ -332,48 +332,83 @@ def _run(
             f"{replicas.world_size} processes"
         )
     out = prepare_output_dir(out_dir)
-    if replicas.writes_files:
-        held.enter_context(folder_lock(out))  # before looking for a checkpoint: one run at a time
-        remove_stale_temporaries(out / CHECKPOINT_NAME)
-    state = None
-    if resume:
-        state = _load_run_checkpoint(out)
-        check_resumable(TrainConfig.from_dict(state["config"]), config)
-    elif (out / CHECKPOINT_NAME).exists():
-        raise ValueError(f"{out} already holds a {CHECKPOINT_NAME}; resume it, or train into a new output directory")
-
+    state = _open_output(out, config, resume=resume, replicas=replicas, held=held)
     replicas.barrier()  # every replica has read (or looked for) the checkpoint before one is written
-
+    checkpoint_path = out / CHECKPOINT_NAME
     if state is not None:
         with torch.device("meta"):
             expected = build_for_config(config, task).state_dict()
         try:
             check_model(state["model"], expected)
         except ValueError as err:
-            raise ValueError(f"{out / CHECKPOINT_NAME} is not a usable checkpoint: {err}"[:500]) from None
+            raise ValueError(f"{checkpoint_path} is not a usable checkpoint: {err}"[:500]) from None
     model = build_for_config(config, task).to(device)
     trainer = _Trainer(config, task, model, device, replicas)
-    checkpoint_path = out / CHECKPOINT_NAME
     if state is not None:
-        try:
-            parameter_shapes = [p.shape for group in trainer.optimizer.param_groups for p in group["params"]]
-            check_state(state, trainer.state(), parameter_shapes)
-        except ValueError as err:
-            raise ValueError(f"{checkpoint_path} is not a usable checkpoint: {err}"[:500]) from None
-        try:
-            trainer.load_state(state)
-        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
-            raise ValueError(f"{checkpoint_path} does not fit this run's model and optimizer: {err}"[:500]) from None
+        _restore(trainer, state, checkpoint_path)
     last = config.steps if stop_after is None else min(stop_after, config.steps)
     trainer.train_until(last, checkpoint_path, progress=progress and replicas.writes_files)
     if trainer.step < config.steps:
         return RunResult(config, trainer.step, False, None, [checkpoint_path])
     if not replicas.writes_files:
         return RunResult(config, trainer.step, True, None, [checkpoint_path])
+    return _evaluate_and_report(config, task, trainer, out, device)
 
+
+def _open_output(
+    out: Path, config: TrainConfig, *, resume: bool, replicas: Replicas, held: contextlib.ExitStack
+) -> dict[str, Any] | None:
+    """Take the output folder (its lock on ``held``, for the replica that writes) and read
+    the checkpoint to resume from.
+
+    Returns:
+        The checkpoint's state with ``resume``, else ``None``.
+
+    Raises:
+        ValueError: another run holds the folder; a checkpoint there without ``resume``, or
+            none (or one of another configuration) with it.
+    """
+    if replicas.writes_files:
+        held.enter_context(folder_lock(out))  # before looking for a checkpoint: one run at a time
+        remove_stale_temporaries(out / CHECKPOINT_NAME)
+    if resume:
+        state = _load_run_checkpoint(out)
+        check_resumable(TrainConfig.from_dict(state["config"]), config)
+        return state
+    if (out / CHECKPOINT_NAME).exists():
+        raise ValueError(f"{out} already holds a {CHECKPOINT_NAME}; resume it, or train into a new output directory")
+    return None
+
+
+def _restore(trainer: _Trainer, state: dict[str, Any], checkpoint_path: Path) -> None:
+    """Give ``trainer`` the optimizer, schedule, RNG and loss state of a checkpoint.
+
+    Raises:
+        ValueError: a state that does not fit this run's model and optimizer.
+    """
+    try:
+        parameter_shapes = [p.shape for group in trainer.optimizer.param_groups for p in group["params"]]
+        check_state(state, trainer.state(), parameter_shapes)
+    except ValueError as err:
+        raise ValueError(f"{checkpoint_path} is not a usable checkpoint: {err}"[:500]) from None
+    try:
+        trainer.load_state(state)
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+        raise ValueError(f"{checkpoint_path} does not fit this run's model and optimizer: {err}"[:500]) from None
+
+
+def _evaluate_and_report(
+    config: TrainConfig, task: Task, trainer: _Trainer, out: Path, device: torch.device
+) -> RunResult:
+    """After the last step: evaluate, draw the example heatmap and write ``metrics.json``.
+
+    Raises:
+        OSError: the heatmap or the metrics cannot be written (the checkpoint is intact).
+    """
+    checkpoint_path = out / CHECKPOINT_NAME
     eval_start = time.perf_counter()
-    evaluation = evaluate(model, task, size=config.eval_size, seed=config.seed, device=device)
-    maps, fractions = inspect_attention(model, task, evaluation, device)
+    evaluation = evaluate(trainer.model, task, size=config.eval_size, seed=config.seed, device=device)
+    maps, fractions = inspect_attention(trainer.model, task, evaluation, device)
     alignment = alignment_report(task, fractions)
     try:
         heatmap = draw_example(task, maps, evaluation, alignment, out)
@@ -383,11 +418,10 @@ def _run(
             f"{checkpoint_path}"
         ) from err
     eval_seconds = time.perf_counter() - eval_start
-
     metrics = run_metrics(
         config,
         task,
-        model,
+        trainer.model,
         trainer.loss_curve(),
         trainer.step,
         trainer.seconds,
