@@ -115,8 +115,9 @@ def capture(hf_model: torch.nn.Module, **inputs: Any) -> CapturedAttention:
         raise ValueError(f"{type(hf_model).__name__} ran no attention through the attention interface")
     names = {id(m): name for name, m in hf_model.named_modules()}
     indices = [getattr(m, "layer_idx", None) for m, _ in recorded]
-    if None not in indices and len(set(indices)) == len(indices):
-        recorded = [recorded[i] for i in sorted(range(len(recorded)), key=indices.__getitem__)]
+    layer_of = [index for index in indices if index is not None]
+    if len(layer_of) == len(indices) and len(set(layer_of)) == len(layer_of):
+        recorded = [recorded[i] for i in sorted(range(len(recorded)), key=layer_of.__getitem__)]
     return CapturedAttention(
         layers=[w for _, w in recorded],
         modules=[names.get(id(m), type(m).__name__) for m, _ in recorded],
@@ -172,10 +173,12 @@ def capture_attention_forward(
         # static cache the keys past s_q are empty slots that no query may see.
         mask = torch.ones(s_q, s_k, dtype=torch.bool, device=query.device).tril()  # [s_q, s_k]
     result = attention(query, key, value, mask=mask, bias=bias, scale=scaling, dropout_p=dropout, return_weights=True)
+    weights = result.weights
+    assert weights is not None  # asked for with return_weights=True
     recorder = _RECORDER.get()
     if recorder is not None:
-        recorder.append((module, result.weights.detach()))
-    return result.output.transpose(1, 2).contiguous(), result.weights  # [b, s_q, h, d_v], [b, h, s_q, s_k]
+        recorder.append((module, weights.detach()))
+    return result.output.transpose(1, 2).contiguous(), weights  # [b, s_q, h, d_v], [b, h, s_q, s_k]
 
 
 def _register() -> None:

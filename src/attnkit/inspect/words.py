@@ -123,19 +123,20 @@ def word_groups(text: str, tokens: Sequence[ReadableToken]) -> list[Word]:
             continue
         inside = [word_at[pos] for pos in range(*tok.span) if pos in word_at]
         keys.append(("word", inside[0]) if inside else None)
+    resolved: list[tuple[str, int]] = []
     for i, key in enumerate(keys):
-        if key is not None:
-            continue
-        later = next((k for k in keys[i + 1 :] if k is not None), None)
-        earlier = next((k for k in reversed(keys[:i]) if k is not None), None)
-        if later is not None and later[0] == "word":
-            keys[i] = later
-        elif earlier is not None and earlier[0] == "word":
-            keys[i] = earlier
-        else:  # nothing but white space and special tokens around it
-            keys[i] = ("own", i)
+        if key is None:
+            later = next((k for k in keys[i + 1 :] if k is not None), None)
+            earlier = resolved[-1] if resolved else None
+            if later is not None and later[0] == "word":
+                key = later
+            elif earlier is not None and earlier[0] == "word":
+                key = earlier
+            else:  # nothing but white space and special tokens around it
+                key = ("own", i)
+        resolved.append(key)
     members: dict[tuple[str, int], list[int]] = {}
-    for i, key in enumerate(keys):
+    for i, key in enumerate(resolved):
         members.setdefault(key, []).append(i)
     words = []
     for (kind, index), indices in members.items():
@@ -146,7 +147,7 @@ def word_groups(text: str, tokens: Sequence[ReadableToken]) -> list[Word]:
         # The word's text as far as its tokens cover it (a punctuation run may start
         # inside a special token such as "<|im_end|>.").
         start, end = spans[index]
-        covered = [tokens[i].span for i in indices if tokens[i].span is not None]
+        covered = [span for span in (tokens[i].span for i in indices) if span is not None]
         start = max(start, min(s for s, _ in covered))
         end = min(end, max(e for _, e in covered))
         words.append(Word(text[start:end], (start, end), tuple(indices)))

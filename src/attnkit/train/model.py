@@ -112,11 +112,13 @@ class Seq2SeqTransformer(nn.Module):
         self.eval()
         try:
             memory = self.transformer.encode(self._embed(inputs))  # [b, s_in, e]
+            assert isinstance(memory, Tensor)  # no weights asked for: a bare tensor
             cache = self.transformer.new_cache()
             token = _with_bos(inputs[:, :0])  # [b, 1]
             produced = []
             for step in range(length):
                 hidden = self.transformer.decode(self._embed(token, start=step), memory, cache=cache)  # [b, 1, e]
+                assert isinstance(hidden, Tensor)
                 token = self.head(hidden[:, -1]).argmax(-1, keepdim=True)  # [b, 1]
                 produced.append(token)
             return torch.cat(produced, dim=1)  # [b, length]

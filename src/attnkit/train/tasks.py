@@ -318,6 +318,7 @@ def make_task(name: str, *, length: int = 16, symbols: int = 32, digits: int = 3
     """
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; expected one of {', '.join(TASKS)}")
-    if name == "addition":
-        return AdditionTask(digits)
-    return TASKS[name](length, symbols)
+    task = TASKS[name]
+    if issubclass(task, SequenceTask):
+        return task(length, symbols)
+    return AdditionTask(digits)

@@ -234,18 +234,20 @@ def draw_positional_pictures(
     files.append(draw_dimensions(encoding, dims, max_position, out / "pe_dimensions.png"))
 
     sinusoidal = sinusoidal_similarity(encoding, max_distance)  # [max_distance + 1]
-    vector = torch.randn(rotary.head_dim, generator=torch.Generator().manual_seed(seed))  # [d]
+    d = rotary.head_dim
+    assert d is not None  # built for one head dim above
+    vector = torch.randn(d, generator=torch.Generator().manual_seed(seed))  # [d]
     rotary_curves = {start: rotary_similarity(rotary, vector, max_distance, start=start) for start in ROTARY_STARTS}
     curves = {f"sinusoidal: PE(p)·PE(p+Δ), d_model = {d_model}": sinusoidal}
     for start, curve in rotary_curves.items():
-        curves[f"rotary: q·k, one random q rotated to {start} and {start}+Δ, d = {rotary.head_dim}"] = curve
+        curves[f"rotary: q·k, one random q rotated to {start} and {start}+Δ, d = {d}"] = curve
     title = "Similarity of two positions by their distance"
     files.append(draw_similarity(curves, out / "pe_similarity.png", title=title))
 
-    pair_similarity = {}
+    pair_similarity: dict[tuple[int, int], float] = {}
     for pair in pairs:
         table = encoding.encodings(torch.tensor(pair))  # [2, e]
-        pair_similarity[tuple(pair)] = F.cosine_similarity(table[0], table[1], dim=0).item()
+        pair_similarity[(pair[0], pair[1])] = F.cosine_similarity(table[0], table[1], dim=0).item()
     periods = dict(zip(dims, sinusoidal_periods(encoding, dims)))
     return PositionalPictures(files, pair_similarity, periods, sinusoidal, rotary_curves)
 
