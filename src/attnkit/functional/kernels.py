@@ -43,8 +43,9 @@ from attnkit.functional.masks import Mask
 from attnkit.functional.sparse import sparse_attention
 from attnkit.functional.tiled import tiled_attention
 
-# Keywords that every kernel takes per call, never as a module's options.
-_PER_CALL = frozenset({"causal", "return_weights", "return_lse"})
+# Keywords a kernel takes per call, never as a module's options: what a module asks of each
+# call, and what would change the kernel's result from a tensor (weights, lse, a state).
+_PER_CALL = frozenset({"causal", "return_weights", "return_lse", "return_state", "state"})
 
 
 # A kernel: (q, k, v, *, causal, **options) -> [b, h, s_q, d_v].
