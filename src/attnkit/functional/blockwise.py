@@ -121,9 +121,12 @@ def block_forward(
         results can never turn a NaN into a number (a NaN value reaches, as in the
         reference, the output column it is in).
     """
-    q_nan, k_nan = q.isnan().any(-1), k.isnan().any(-1)  # [n0, n1, m], [n0, n1, l]
-    if bool(q_nan.any() | k_nan.any()):
-        return _forward_with_nan(q, k, v, bias, scale, op, q_nan, k_nan)
+    # One sum finds the rare call with a NaN (it makes the sum NaN; so may inf - inf, which
+    # only costs the closer look): about 0.4% of a block call, where per-row tests cost 4%.
+    if bool(torch.isnan(q.sum() + k.sum())):
+        q_nan, k_nan = q.isnan().any(-1), k.isnan().any(-1)  # [n0, n1, m], [n0, n1, l]
+        if bool(q_nan.any() | k_nan.any()):
+            return _forward_with_nan(q, k, v, bias, scale, op, q_nan, k_nan)
     return _forward(q, k, v, bias, scale, op, alive)
 
 
