@@ -107,3 +107,11 @@ def test_the_kernels_final_state_continues_in_single_steps():
             q[:, :, t : t + 1].float(), k[:, :, t : t + 1].float(), v[:, :, t : t + 1].float(), state
         )
         assert _relative(row, full[:, :, t : t + 1]) <= TOLERANCE
+
+
+def test_no_query_gives_an_empty_output_and_the_keys_state():
+    q, k, v = _inputs(1, 2, 2, 0, 7, 8, 8, seed=4)
+    want = linear_attention(q, k, v, causal=True, engine="eager", return_state=True)[1]
+    out, state = linear_attention(q.float(), k.float(), v.float(), causal=True, engine="triton", return_state=True)
+    assert out.shape == (1, 2, 0, 8) and state.length == 7
+    assert _relative(state.kv, want.kv) <= TOLERANCE and _relative(state.z, want.z) <= TOLERANCE

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.functional._validate import check_inputs
-from attnkit.functional.linear_fused import FUSED_CHUNK, fused_causal
+from attnkit.functional.linear_fused import fused_causal, fused_chunk_size
 
 FeatureMap = Literal["elu", "relu", "favor"] | Callable[[Tensor], Tensor]
 LinearEngine = Literal["auto", "eager", "compiled", "triton"]
@@ -173,9 +173,9 @@ def linear_attention(
         projection: FAVOR+ ``ω`` ``[m, d]`` (see :func:`favor_projection`); default: drawn
             from ``seed`` with ``m = 2d``. Pass your own to redraw features during training.
         seed: seed of the default FAVOR+ projection.
-        chunk_size: tokens per chunk of the causal scan; default 64 for the ``"triton"``
-            engine (which takes powers of two from 16), else :func:`default_chunk_size`
-            (64 on the CPU, 256 on GPUs).
+        chunk_size: tokens per chunk of the causal scan; default for the ``"triton"`` engine
+            (which takes powers of two from 16) 64 in half precision and 32 in float32, else
+            :func:`default_chunk_size` (64 on the CPU, 256 on GPUs).
         eps: ``None`` (default): the exact ratio, and a zero output for a query whose
             features meet no key (nothing visible, or all-zero ``relu`` features); a float:
             divide by ``normaliser + eps`` instead (the smoothing of Katharopoulos et al.),
@@ -215,7 +215,7 @@ def linear_attention(
         _check_state(state, k, v, m)
     chosen = _pick_engine(engine, q, causal)
     if chunk_size is None:
-        chunk_size = FUSED_CHUNK if chosen == "triton" else default_chunk_size(q.device)
+        chunk_size = fused_chunk_size(q.dtype) if chosen == "triton" else default_chunk_size(q.device)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     start = (None, None, None) if state is None else (state.kv, state.z, state.log_shift)
@@ -376,6 +376,8 @@ def _triton_core(
         fk, v = fk[:, :, offset:], v[:, :, offset:]
     elif offset < 0:  # queries before the first key: keys of zero features stand in
         fk, v = F.pad(fk, (0, 0, -offset, 0)), F.pad(v, (0, 0, -offset, 0))
+    if s_q == 0:  # no query: the keys went into the state above
+        return q.new_zeros(b, h, 0, d_v), kv0, z0, log_shift
     eps_t = _true_eps(eps, q_shift, log_shift, b, h_kv, g, s_q)
     out, kv, z = fused_causal(
         fq.to(kernel_dtype),

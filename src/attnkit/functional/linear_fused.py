@@ -44,10 +44,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# Tokens per chunk unless the caller says otherwise: [64, 64] score tiles.
-FUSED_CHUNK = 64
 # Programs to keep a GPU busy: segments are cut so that segments × heads reach about this.
 TARGET_PROGRAMS = 1024
+
+
+def fused_chunk_size(dtype: torch.dtype) -> int:
+    """Tokens per chunk unless the caller says otherwise: 64 for half-precision inputs
+    (``[64, 64]`` bfloat16 tiles on tensor cores), 32 for float32, whose exact products run
+    without tensor cores and would need most of a GPU's shared memory with tiles of 64."""
+    return 64 if dtype in (torch.float16, torch.bfloat16) else 32
 
 
 def segment_length(s: int, heads: int, chunk: int) -> int:

@@ -36,12 +36,24 @@ def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+def _stages(dtype: torch.dtype) -> int:
+    """Loads in flight per loop: two for float32 tiles (twice the bytes; three stages of them
+    overflow shared memory in the backward kernel), Triton's three otherwise."""
+    return 2 if dtype == torch.float32 else 3
+
+
 def _precision(dtype: torch.dtype) -> str:
-    """fp32 products in full precision unless PyTorch itself allows TF32 for matmuls."""
-    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    """fp32 products in full precision unless PyTorch itself allows TF32 for matmuls (other
+    dtypes: Triton's default, which does not apply to them)."""
+    return "ieee" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
 
 
-@triton.jit
+# Lengths and head counts change from call to call: compiled once for all of them (Triton
+# would otherwise compile again for each of their divisibilities by 16).
+_RUNTIME = ("s", "seg_len", "n_seg", "h", "g")
+
+
+@triton.jit(do_not_specialize=_RUNTIME[:3])
 def _segment_sums_kernel(
     FK, V, S, Z, s, seg_len, m, d_v, n_seg, C: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr
 ):
@@ -68,7 +80,7 @@ def _segment_sums_kernel(
     tl.store(Z + at * m + fm, z, mask=in_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME)
 def _forward_kernel(
     FQ,
     FK,
@@ -132,7 +144,7 @@ def _forward_kernel(
         z += tl.sum(fk.to(tl.float32), 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME[:3])
 def _backward_sums_kernel(
     FQ,
     DO,
@@ -179,7 +191,7 @@ def _backward_sums_kernel(
     tl.store(RZ + at * m + fm, rz, mask=in_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME)
 def _backward_kernel(
     FQ,
     FK,
@@ -286,7 +298,20 @@ def segment_sums(fk: Tensor, v: Tensor, seg_len: int, chunk: int) -> tuple[Tenso
     sums = fk.new_empty(b, h_kv, n_seg, m, d_v, dtype=torch.float32)
     z = fk.new_empty(b, h_kv, n_seg, m, dtype=torch.float32)
     _segment_sums_kernel[(n_seg, b * h_kv)](
-        fk, v, sums, z, s, seg_len, m, d_v, n_seg, C=chunk, BM=_pad(m), BD=_pad(d_v), PREC=_precision(fk.dtype)
+        fk,
+        v,
+        sums,
+        z,
+        s,
+        seg_len,
+        m,
+        d_v,
+        n_seg,
+        C=chunk,
+        BM=_pad(m),
+        BD=_pad(d_v),
+        PREC=_precision(fk.dtype),
+        num_stages=_stages(fk.dtype),
     )
     return sums, z
 
@@ -333,6 +358,7 @@ def forward(
         BM=_pad(m),
         BD=_pad(d_v),
         PREC=_precision(fq.dtype),
+        num_stages=_stages(fq.dtype),
     )
     return out, den
 
@@ -363,6 +389,7 @@ def backward_sums(
         BM=_pad(m),
         BD=_pad(d_v),
         PREC=_precision(fq.dtype),
+        num_stages=_stages(fq.dtype),
     )
     return sums, z
 
@@ -415,5 +442,6 @@ def backward(
         BM=_pad(m),
         BD=_pad(d_v),
         PREC=_precision(fq.dtype),
+        num_stages=_stages(fq.dtype),
     )
     return dfq, dfk, dv
