@@ -110,7 +110,7 @@ def hand_flex(mask_mod, s: int, device: torch.device):
 
 def _hand_flex_call(q, k, v, block_mask):
     # The same compiled function (and so the same raised recompile limit) as attnkit's calls.
-    return flex._compiled_flex()(q, k, v, block_mask=block_mask)
+    return flex.compiled_flex()(q, k, v, block_mask=block_mask)
 
 
 def masked_rows(s: int, device: torch.device) -> list[dict]:
@@ -181,7 +181,7 @@ def bench_masked(dtype_name: str, s: int, h: int, d: int, device: torch.device, 
         block_mask, build_s = hand_flex(spec["mask_mod"], s, device)
         flex.clear_cache()
         start = time.perf_counter()
-        flex._block_mask(spec["mask"](), 1, h, s, s, device, None, None, 0)
+        flex.cached_block_mask(spec["mask"](), 1, h, s, s, device, None, None, 0)
         _sync(device)
         attnkit_build_s = time.perf_counter() - start
         flex.clear_cache()
@@ -298,7 +298,7 @@ def check_masks_bits(device: torch.device, log) -> dict:
     out = {}
     try:
         block_mask = create_block_mask(by_head, b, h, s, s, device=device)
-        got = flex._compiled_flex()(q.to(device), k.to(device), v.to(device), block_mask=block_mask)
+        got = flex.compiled_flex()(q.to(device), k.to(device), v.to(device), block_mask=block_mask)
         for i, (name, mask) in enumerate(named.items()):
             ref = attnkit.attention(
                 q[:, i : i + 1].double(),

@@ -85,6 +85,17 @@ def test_no_module_uses_another_modules_private_names():
     assert found == {}
 
 
+def test_benchmarks_and_doc_scripts_use_no_private_names_of_attnkit():
+    known = set(module_files())
+    scripts = [*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "docs").glob("*.py")]
+    found = {
+        str(path.relative_to(ROOT)): uses
+        for path in sorted(scripts)
+        if (uses := _private_uses(f"scripts.{path.stem}", path, known))
+    }
+    assert found == {}
+
+
 def test_the_checker_sees_each_kind_of_private_use(tmp_path):
     source = tmp_path / "user.py"
     source.write_text(

@@ -167,9 +167,9 @@ def test_many_different_masks_stay_compiled(monkeypatch):
 
 def test_a_rebuilt_mask_reuses_its_block_mask():
     q, k, v = _qkv(h=2, h_kv=2, s_q=64, s_k=64)
-    first = flex._block_mask(masks.causal() & masks.sliding_window(9), B, 2, 64, 64, q.device, None, None, 0)
-    again = flex._block_mask(masks.causal() & masks.sliding_window(9), B, 2, 64, 64, q.device, None, None, 0)
-    other = flex._block_mask(masks.causal() & masks.sliding_window(10), B, 2, 64, 64, q.device, None, None, 0)
+    first = flex.cached_block_mask(masks.causal() & masks.sliding_window(9), B, 2, 64, 64, q.device, None, None, 0)
+    again = flex.cached_block_mask(masks.causal() & masks.sliding_window(9), B, 2, 64, 64, q.device, None, None, 0)
+    other = flex.cached_block_mask(masks.causal() & masks.sliding_window(10), B, 2, 64, 64, q.device, None, None, 0)
     assert again is first and other is not first
 
 

@@ -90,7 +90,7 @@ def flex_core(
         expanded = dense.expand(dense.shape[0], dense.shape[1], s_q, s_k)  # [b|1, h|1, s_q, s_k]
         as_mask = masks_mod.from_dense(expanded, reusable=False)
         mask = as_mask if mask is None else mask & as_mask
-    block_mask = _block_mask(mask, b, h, s_q, s_k, q.device, q_pos, kv_pos, period)
+    block_mask = cached_block_mask(mask, b, h, s_q, s_k, q.device, q_pos, kv_pos, period)
     score_mod = None
     if bias is not None:
         bias_e = bias.expand(b, h, s_q, s_k)  # [b, h, s_q, s_k], a view
@@ -106,7 +106,7 @@ def _call(
 ) -> tuple[Tensor, Tensor | None]:
     from torch.nn.attention import flex_attention as fa
 
-    compiled = _compiled_flex()
+    compiled = compiled_flex()
     if q.device.type == "cpu":
         # torch's compiled FlexAttention on the CPU is inference only.
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -128,7 +128,7 @@ def _call(
     return compiled(q, k, v, return_lse=True, **kwargs)
 
 
-def _compiled_flex() -> Callable:
+def compiled_flex() -> Callable:
     """``flex_attention`` under ``torch.compile``, created on first use (one per process,
     so every call shares its compiled code)."""
     global _compiled
@@ -154,7 +154,7 @@ def raise_recompile_limit() -> None:
     _limit_raised = True
 
 
-def _block_mask(
+def cached_block_mask(
     mask: masks_mod.Mask | None,
     b: int,
     h: int,
@@ -165,7 +165,22 @@ def _block_mask(
     kv_pos: Tensor | None,
     period: int,
 ):
-    """The cached ``BlockMask`` (with its ``mask_mod``) of ``mask`` for these sizes."""
+    """The ``BlockMask`` (with its ``mask_mod``) of ``mask`` for these sizes, built once
+    and kept while its key is among the last :data:`_CACHE_SIZE` used.
+
+    Args:
+        mask: the whole mask, or ``None`` for every pair.
+        b, h: batch size and query heads (a mask that varies over neither gets one mask
+            for all).
+        s_q, s_k: query and key lengths; query row ``i`` is at position ``i + s_k - s_q``.
+        device: where the kernel runs.
+        q_pos, kv_pos, period: a permuted layout's positions, as in :func:`flex_core`
+            (``None``, ``None``, ``0`` for the natural order).
+
+    Returns:
+        FlexAttention's ``BlockMask``; a mask known only by its function (no
+        :attr:`~attnkit.masks.Mask.key`) is built anew for each call.
+    """
     if mask is None:
         mask = masks_mod.full()
     permuted = q_pos is not None or kv_pos is not None
