@@ -155,7 +155,6 @@ class _FusedCausal(torch.autograd.Function):
         ctx.save_for_backward(fq, fk, v, out, den, kv_before, z_before)
         ctx.chunk, ctx.seg_len, ctx.backend = chunk, seg_len, backend
         ctx.state_dtypes = (kv0.dtype, z0.dtype)
-        ctx.mark_non_differentiable(den)
         return out, kv, z
 
     @staticmethod
