@@ -65,7 +65,9 @@ def main() -> None:
             hidden = model.architecture.hidden_states(model.module, ids, []).output
             model.architecture.logits(model.module, hidden)
 
-    identity = {name: (lambda t: None) for name in model.hook_names() if not name.endswith("pattern")}
+    identity = {
+        name: (lambda t: None) for name in model.hook_names() if not name.endswith(("pattern", "scores", "result"))
+    }
 
     def through_hook_points() -> None:
         with model.hooks(identity):

@@ -21,23 +21,33 @@ def model(request):
     return request.getfixturevalue(request.param)
 
 
-def test_hook_names_follow_the_architecture(smollm2, minilm):
+def test_hook_names_follow_the_module_tree(smollm2, minilm):
     names = smollm2.hook_names()
-    assert len(names) == 30 * 10 + 1 and names[-1] == "final"
-    assert names[:6] == [
-        "layers.0.resid_pre",
-        "layers.0.attn.q",
-        "layers.0.attn.k",
-        "layers.0.attn.v",
-        "layers.0.attn.pattern",
-        "layers.0.attn.z",
+    assert (
+        len(names) == 1 + 30 * 16 + 2
+        and names[0] == "embed"
+        and names[-2:] == ["decoder.final_norm.scale", "decoder.final"]
+    )
+    assert names[1:9] == [
+        "decoder.layers.0.resid_pre",
+        "decoder.layers.0.self_attn.q",
+        "decoder.layers.0.self_attn.k",
+        "decoder.layers.0.self_attn.v",
+        "decoder.layers.0.self_attn.scores",
+        "decoder.layers.0.self_attn.pattern",
+        "decoder.layers.0.self_attn.z",
+        "decoder.layers.0.self_attn.result",
     ]
-    assert "layers.5.mlp_out" in minilm.hook_names() and "layers.6.mlp_out" not in minilm.hook_names()
+    modules = dict(smollm2.module.named_modules())
+    assert all(name in modules for name in names)
+    assert "encoder.layers.5.mlp_out" in minilm.hook_names() and "encoder.layers.6.mlp_out" not in minilm.hook_names()
+    assert smollm2.hook_name("z", 3) == "decoder.layers.3.self_attn.z"
+    assert minilm.hook_name("self_attn.pattern", -1) == "encoder.layers.5.self_attn.pattern"
 
 
 def test_identity_hooks_leave_logits_identical(model):
     plain = model.run(TEXT, attention=False)
-    names = [name for name in model.hook_names() if not name.endswith("pattern")]
+    names = [name for name in model.hook_names() if not name.endswith(("pattern", "scores"))]
     with model.hooks({name: (lambda t: None) for name in names}):
         hooked = model.run(TEXT, attention=False)
     assert torch.equal(output(plain), output(hooked))
@@ -54,26 +64,27 @@ def test_cache_returns_the_named_activations(smollm2):
         TEXT,
         attention=[2],
         cache=[
-            "layers.2.attn.q",
-            "layers.2.attn.k",
-            "layers.2.attn.pattern",
-            "layers.2.attn.z",
-            "layers.2.resid_post",
-            "final",
+            "decoder.layers.2.self_attn.q",
+            "decoder.layers.2.self_attn.k",
+            "decoder.layers.2.self_attn.pattern",
+            "decoder.layers.2.self_attn.z",
+            "decoder.layers.2.resid_post",
+            "decoder.final",
         ],
     )
     cache = run.cache
-    assert cache["layers.2.attn.q"].shape == (1, 9, 5, 64) and cache["layers.2.attn.k"].shape == (1, 3, 5, 64)
-    assert cache["layers.2.attn.z"].shape == (1, 9, 5, 64) and cache["layers.2.resid_post"].shape == (1, 5, 576)
-    assert torch.equal(cache["layers.2.attn.pattern"], run.attentions[2])
-    assert torch.equal(cache["final"].float(), run.hidden_states)
+    assert cache["q", 2].shape == (1, 9, 5, 64) and cache["k", 2].shape == (1, 3, 5, 64)
+    assert cache["z", 2].shape == (1, 9, 5, 64) and cache["resid_post", 2].shape == (1, 5, 576)
+    assert torch.equal(cache["pattern", 2], run.attentions[2])
+    assert torch.equal(cache["decoder.final"].float(), run.hidden_states)
     # z is the pattern applied to the values of each head's key/value group.
-    values = smollm2.run(TEXT, attention=False, cache=["layers.2.attn.v"]).cache["layers.2.attn.v"]
+    values = smollm2.run(TEXT, attention=False, cache=["decoder.layers.2.self_attn.v"]).cache["v", 2]
     expected = run.attentions[2] @ values.repeat_interleave(3, dim=1)
-    assert (cache["layers.2.attn.z"] - expected).abs().max() < 1e-5
+    assert (cache["z", 2] - expected).abs().max() < 1e-5
     # The residual stream out of one layer is the stream into the next.
-    nxt = smollm2.run(TEXT, attention=False, cache=["layers.2.resid_post", "layers.3.resid_pre"]).cache
-    assert torch.equal(nxt["layers.2.resid_post"], nxt["layers.3.resid_pre"])
+    nxt = smollm2.run(TEXT, attention=False, cache=lambda name: name.endswith((".2.resid_post", ".3.resid_pre"))).cache
+    assert list(nxt) == ["decoder.layers.2.resid_post", "decoder.layers.3.resid_pre"]
+    assert torch.equal(nxt["resid_post", 2], nxt["resid_pre", 3])
 
 
 def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(smollm2, minilm):
@@ -87,7 +98,7 @@ def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(smollm2, minilm):
                 z[:, head] = 0
                 return z
 
-            with model.hooks({"layers.1.attn.z": zero}):
+            with model.hooks({model.hook_name("z", 1): zero}):
                 ablated = model.run(TEXT, attention=False)
             if model.causal:
                 target_id = model.tokenize(target).ids[0, 0]
@@ -113,18 +124,20 @@ def test_a_replaced_pattern_changes_the_output(smollm2):
         replaced[..., 0] = 1.0
         return replaced
 
-    with smollm2.hooks({"layers.0.attn.pattern": first_token_only}):
-        hooked = smollm2.run(TEXT, attention=[0], cache=["layers.0.attn.z", "layers.0.attn.v"])
+    with smollm2.hooks({"decoder.layers.0.self_attn.pattern": first_token_only}):
+        hooked = smollm2.run(
+            TEXT, attention=[0], cache=["decoder.layers.0.self_attn.z", "decoder.layers.0.self_attn.v"]
+        )
     assert torch.equal(hooked.attentions[0], torch.zeros(1, 9, 5, 5).index_fill_(-1, torch.tensor([0]), 1.0))
     # Every query now reads the first token's value.
-    z, v = hooked.cache["layers.0.attn.z"], hooked.cache["layers.0.attn.v"]
+    z, v = hooked.cache["z", 0], hooked.cache["v", 0]
     assert torch.allclose(z, v[:, :, :1].repeat_interleave(3, dim=1).expand_as(z))
     assert (hooked.logits - plain.logits).abs().max() > 1e-2
 
 
 def test_hooks_apply_only_inside_their_block_and_to_their_model(smollm2, minilm):
     calls = []
-    with smollm2.hooks({"final": calls.append}):
+    with smollm2.hooks({"decoder.final": calls.append}):
         minilm.run("hi", attention=False)
         assert calls == []
         smollm2.run("hi", attention=False)
@@ -142,29 +155,32 @@ def test_run_with_hooks_takes_a_batch_and_lets_gradients_flow(smollm2):
         return kept["pattern"]
 
     with torch.enable_grad():
-        hooked = smollm2.run_with_hooks(ids, hooks={"layers.4.attn.pattern": keep}, cache=["layers.4.attn.z"])
+        hooked = smollm2.run_with_hooks(
+            ids, hooks={"decoder.layers.4.self_attn.pattern": keep}, cache=["decoder.layers.4.self_attn.z"]
+        )
         (grad,) = torch.autograd.grad(hooked.hidden_states.sum(), kept["pattern"])
-    assert hooked.hidden_states.shape == (2, 5, 576) and hooked.cache["layers.4.attn.z"].shape == (2, 9, 5, 64)
+    assert hooked.hidden_states.shape == (2, 5, 576) and hooked.cache["z", 4].shape == (2, 9, 5, 64)
+    assert hooked.logits is not None and hooked.logits.shape == (2, 5, 49152)
     assert grad.shape == (2, 9, 5, 5) and grad.abs().max() > 0
 
 
 def test_unknown_hook_names_are_listed(smollm2):
     with pytest.raises(
         ValueError,
-        match=r"unknown hook name 'layers.3.attn.out'; smollm2 has "
-        r"layers.\{0..29\}.\{resid_pre, attn.q, .*, resid_post\} and final",
+        match=r"unknown hook name 'layers.3.attn.out'; the names are embed, "
+        r"decoder.layers.\{0..29\}.\{resid_pre, self_attn.q, .*, resid_post\}, decoder.final_norm.scale, decoder.final",
     ):
         with smollm2.hooks({"layers.3.attn.out": print}):
             pass
-    with pytest.raises(ValueError, match="unknown cache names 'layers.30.attn.z', 'embed'"):
-        smollm2.run(TEXT, cache=["layers.30.attn.z", "embed"])
-    with pytest.raises(TypeError, match="the hook on 'final' must be a function of the activation, got int"):
-        with smollm2.hooks({"final": 3}):
+    with pytest.raises(ValueError, match="unknown cache names 'decoder.layers.30.self_attn.z', 'final'"):
+        smollm2.run(TEXT, cache=["decoder.layers.30.self_attn.z", "final"])
+    with pytest.raises(TypeError, match="the hook on 'decoder.final' must be a function of the activation, got int"):
+        with smollm2.hooks({"decoder.final": 3}):
             pass
     with pytest.raises(
         ValueError,
-        match=r"hook on 'layers.0.attn.z' must return None or a tensor shaped like its "
+        match=r"hook on 'decoder.layers.0.self_attn.z' must return None or a tensor shaped like its "
         r"input \[b, 9, 5, 64\], got \[1, 9, 5\]",
     ):
-        with smollm2.hooks({"layers.0.attn.z": lambda z: z[..., 0]}):
+        with smollm2.hooks({"decoder.layers.0.self_attn.z": lambda z: z[..., 0]}):
             smollm2.run(TEXT, attention=False)

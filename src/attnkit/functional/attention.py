@@ -36,6 +36,8 @@ from attnkit.functional.softmax import masked_softmax
 from attnkit.functional.tiled import tiled_core
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
+# Reads or replaces an intermediate tensor of the reference engine (see ``attention``).
+EditFn = Callable[[Tensor], Tensor]
 Score = Literal["scaled_dot", "dot"] | ScoreFn
 MaskLike = masks_mod.Mask | Tensor
 
@@ -54,6 +56,8 @@ def attention(
     dropout_p: float = ...,
     return_weights: Literal[False] = ...,
     engine: Engine = ...,
+    edit_scores: EditFn | None = ...,
+    edit_weights: EditFn | None = ...,
 ) -> Tensor: ...
 @overload
 def attention(
@@ -69,6 +73,8 @@ def attention(
     dropout_p: float = ...,
     return_weights: Literal[True],
     engine: Engine = ...,
+    edit_scores: EditFn | None = ...,
+    edit_weights: EditFn | None = ...,
 ) -> AttentionResult: ...
 
 
@@ -86,6 +92,8 @@ def attention(
     dropout_p: float = 0.0,
     return_weights: bool = False,
     engine: Engine = "auto",
+    edit_scores: EditFn | None = None,
+    edit_weights: EditFn | None = None,
 ) -> Tensor | AttentionResult:
     """softmax(score(q, k) + bias, masked) @ v.
 
@@ -111,6 +119,11 @@ def attention(
         engine: ``"auto"`` (the fastest exact engine for the inputs and device), or force
             ``"sdpa"`` (a mask goes to SDPA as a dense bool tensor), ``"flex"``,
             ``"blockwise"`` or ``"reference"``; see :mod:`attnkit.functional.engines`.
+        edit_scores: called with the scores ``[b, h, s_q, s_k]`` before the softmax (after
+            scale and bias, ``-inf`` where the mask forbids); returns them or the scores to
+            use instead. Either edit runs the reference engine.
+        edit_weights: called with the weights ``[b, h, s_q, s_k]`` after the softmax
+            (before dropout); returns them or the weights to multiply the values with.
 
     Returns:
         ``[b, h, s_q, d_v]`` (or ``[s_q, d_v]``), or an :class:`AttentionResult` whose
@@ -132,7 +145,12 @@ def attention(
         q,
         v,
         sdpa_serves=sdpa_serves,
-        needs_reference=return_weights or not isinstance(score, str) or (dropout_p > 0 and not sdpa_serves) or s_k == 0,
+        needs_reference=return_weights
+        or edit_scores is not None
+        or edit_weights is not None
+        or not isinstance(score, str)
+        or (dropout_p > 0 and not sdpa_serves)
+        or s_k == 0,
         bias=bias,
     )
     if chosen == "sdpa" and sdpa_serves:
@@ -163,7 +181,16 @@ def attention(
     if chosen == "sdpa":
         return _sdpa_dense(q, k, v, allowed, bias, scale=_scale(score, scale, d), dropout_p=dropout_p)
     result = reference_attention(
-        q, k, v, allowed=allowed, bias=bias, scale=_scale(score, scale, d), score=score, dropout_p=dropout_p
+        q,
+        k,
+        v,
+        allowed=allowed,
+        bias=bias,
+        scale=_scale(score, scale, d),
+        score=score,
+        dropout_p=dropout_p,
+        edit_scores=edit_scores,
+        edit_weights=edit_weights,
     )
     return result if return_weights else result.output
 
@@ -178,9 +205,15 @@ def reference_attention(
     scale: float,
     score: Score,
     dropout_p: float = 0.0,
+    edit_scores: EditFn | None = None,
+    edit_weights: EditFn | None = None,
 ) -> AttentionResult:
     """Dense attention that materialises ``[b, h, s_q, s_k]``: exact, NaN-free, and the
     only path that can hand back the weights. Inputs are assumed validated.
+
+    ``edit_scores`` and ``edit_weights`` (see :func:`attention`) read or replace the scores
+    (shown with the mask applied as ``-inf``; a replacement is used as it is) and the
+    weights; the result holds the edited weights and the lse of the edited scores.
 
     Returns:
         :class:`AttentionResult` with output ``[b, h, s_q, d_v]``, weights and lse.
@@ -194,7 +227,15 @@ def reference_attention(
         scores = scores * scale
     if bias is not None:
         scores = scores + bias.to(scores.dtype)  # the bias takes the scores' dtype, as in every engine
+    if edit_scores is not None:
+        masked = scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
+        edited = edit_scores(masked)
+        if edited is not masked:
+            # The edit saw the mask applied (-inf): what it returns is taken as it is.
+            scores, allowed = edited, None
     weights, lse = masked_softmax(scores, allowed)  # [b, h, s_q, s_k], [b, h, s_q]
+    if edit_weights is not None:
+        weights = edit_weights(weights)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = dropped.view(b, h_kv, h // h_kv, s_q, s_k) @ v.unsqueeze(2)  # [b, h_kv, g, s_q, d_v]
     return AttentionResult(out.reshape(b, h, s_q, d_v), weights, lse)

@@ -1,7 +1,7 @@
 """What each head does, by intervening on it: head ablation and activation patching.
 
-Both replace one head's output ``z`` (before the output projection, hook
-``layers.{i}.attn.z``) at every position and measure the model's output:
+Both replace one head's output ``z`` (before the output projection, the hook point
+``self_attn.z`` of layer ``i``) at every position and measure the model's output:
 
 - **ablation** (:func:`head_ablation`): ``z`` of head ``(layer, head)`` set to zero, or to
   its mean over reference texts; the effect is the change in the log-probability of a
@@ -197,8 +197,8 @@ def activation_patching(
             f"({_spelled(clean_enc.tokens)}) and {corrupt_enc.ids.shape[1]} ({_spelled(corrupt_enc.tokens)})"
         )
     with torch.no_grad():
-        clean_run = model.run_with_hooks(clean_enc.ids, cache=[f"layers.{i}.attn.z" for i in layer_list])
-    replacements = {i: clean_run.cache[f"layers.{i}.attn.z"][0] for i in layer_list}  # [h, s, d] each
+        clean_run = model.run_with_hooks(clean_enc.ids, cache=[model.hook_name("self_attn.z", i) for i in layer_list])
+    replacements = {i: clean_run.cache["self_attn.z", i][0] for i in layer_list}  # [h, s, d] each
     if model.causal:
         metric = f"fraction of the logit difference {target!r} - {wrong!r} restored"
 
@@ -256,8 +256,8 @@ def _per_head_passes(
     for start in range(0, len(layers), layers_per_pass):
         hooks: dict[str, Callable[[Tensor], Tensor]] = {}
         for layer in layers[start : start + layers_per_pass]:
-            hooks[f"layers.{layer}.resid_pre"] = _branch(h)
-            hooks[f"layers.{layer}.attn.z"] = _replace_head_per_row(replacements[layer])
+            hooks[model.hook_name("resid_pre", layer)] = _branch(h)
+            hooks[model.hook_name("self_attn.z", layer)] = _replace_head_per_row(replacements[layer])
         with torch.no_grad():
             values = measure(model.run_with_hooks(ids, hooks=hooks).hidden_states)  # [1 + h * layers]
         base = values[0]
@@ -292,9 +292,9 @@ def _mean_z(model: Model, texts: Sequence[str], layers: list[int]) -> dict[int, 
     totals: dict[int, Tensor] = {}
     count = 0
     for text in texts:
-        run = model.run(text, attention=False, cache=[f"layers.{i}.attn.z" for i in layers])
+        run = model.run(text, attention=False, cache=[model.hook_name("self_attn.z", i) for i in layers])
         for i in layers:
-            z = run.cache[f"layers.{i}.attn.z"][0].double().sum(1, keepdim=True)  # [h, 1, d]
+            z = run.cache[model.hook_name("self_attn.z", i)][0].double().sum(1, keepdim=True)  # [h, 1, d]
             totals[i] = z if i not in totals else totals[i] + z
         count += run.ids.shape[1]
     return {i: (total / count).float() for i, total in totals.items()}

@@ -161,12 +161,12 @@ def value_weighted(model: Model, text: str, *, layers: Sequence[int] | None = No
         ValueError: the model refuses the text, or a layer out of range.
     """
     layer_list = layer_indices(model, layers)
-    run = model.run(text, attention=layer_list, cache=[f"layers.{i}.attn.v" for i in layer_list])
+    run = model.run(text, attention=layer_list, cache=[model.hook_name("self_attn.v", i) for i in layer_list])
     heads, summed, norms = {}, {}, {}
     for i in layer_list:
         attn = model.architecture.self_attention(model.module, i)
         h, d = attn.num_heads, attn.head_dim
-        v = run.cache[f"layers.{i}.attn.v"][0].double()  # [h_kv, s, d]
+        v = run.cache[model.hook_name("self_attn.v", i)][0].double()  # [h_kv, s, d]
         v = v.repeat_interleave(h // v.shape[0], dim=0)  # [h, s, d]
         w_o = attn.out_proj.weight.double().view(-1, h, d).permute(1, 2, 0)  # [h, d, e]
         sent = v @ w_o  # [h, s, e]: f_h(x_j), what token j sends through head h
@@ -221,7 +221,7 @@ def gradient_weighted(
         return hook
 
     with torch.enable_grad():
-        hooks = {f"layers.{i}.attn.pattern": keep(i) for i in layer_list}
+        hooks = {model.hook_name("self_attn.pattern", i): keep(i) for i in layer_list}
         hidden = model.run_with_hooks(ids, hooks=hooks).hidden_states  # [1, s, e]
         if model.causal:
             value = torch.log_softmax(targets.last_logits(model, hidden), dim=-1)[0, target_id]

@@ -45,10 +45,12 @@ from attnkit.models.checkpoint import (
     short_repr,
 )
 from attnkit.models.family import ModelFamily
-from attnkit.models.hooks import HookPoints, attention_block
 from attnkit.nn import (
     Encoder,
     EncoderLayer,
+    HookedModule,
+    HookPoint,
+    LayerNorm,
     LayerSelection,
     LearnedPositionalEmbedding,
     MultiHeadAttention,
@@ -150,8 +152,10 @@ class BertConfig:
         return out
 
 
-class BertModel(nn.Module):
-    """A BERT encoder: embeddings, then a stack of post-norm encoder layers.
+class BertModel(HookedModule):
+    """A BERT encoder: embeddings, then a stack of post-norm encoder layers. Its hook
+    points (:mod:`attnkit.nn.hooks`) are ``embed`` (the normalised embeddings), those of
+    ``encoder``'s layers and ``encoder.final``.
 
     Args:
         config: the sizes.
@@ -164,8 +168,9 @@ class BertModel(nn.Module):
         self.token_embedding = nn.Embedding(config.vocab_size, e)
         self.position = LearnedPositionalEmbedding(config.max_length, e)
         self.token_type_embedding = nn.Embedding(config.type_vocab_size, e)
-        self.embedding_norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
+        self.embedding_norm = LayerNorm(e, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(dropout)
+        self.embed = HookPoint()
         self.encoder = Encoder(
             EncoderLayer(
                 e,
@@ -215,31 +220,8 @@ class BertModel(nn.Module):
         # Summed in Hugging Face's order (token + segment, then position): float addition
         # is not associative, and parity is checked to 1e-5.
         x = self.token_embedding(tokens) + self.token_type_embedding(token_types)  # [b, s, e]
-        x = self.dropout(self.embedding_norm(self.position(x)))  # [b, s, e]
+        x = self.embed(self.dropout(self.embedding_norm(self.position(x))))  # [b, s, e]
         return self.encoder(x, mask=mask, return_weights=return_weights)
-
-
-def forward_with_hooks(module: BertModel, tokens: Tensor, hook: HookPoints) -> Tensor:
-    """The forward pass of :class:`BertModel` written out, with the hook points of
-    :mod:`attnkit.models.hooks` (inference: one segment, no padding, no dropout).
-
-    Args:
-        module: the network.
-        tokens: integer ids ``[b, s]``.
-        hook: the pass's hooks and cache.
-
-    Returns:
-        The last layer's output ``[b, s, e]``.
-    """
-    x = module.token_embedding(tokens) + module.token_type_embedding(torch.zeros_like(tokens))  # [b, s, e]
-    x = module.embedding_norm(module.position(x))  # [b, s, e]
-    for i, layer in enumerate(module.encoder.layers):
-        x = hook(f"layers.{i}.resid_pre", x)
-        attn_out = hook(f"layers.{i}.attn_out", attention_block(layer.self_attn, x, hook, i, causal=False))
-        x = hook(f"layers.{i}.resid_mid", layer.self_attn_norm(x + attn_out))  # post-norm: Add & Norm
-        mlp_out = hook(f"layers.{i}.mlp_out", layer.ff(x))
-        x = hook(f"layers.{i}.resid_post", layer.ff_norm(x + mlp_out))
-    return hook("final", x)  # [b, s, e]
 
 
 def build(config: BertConfig) -> BertModel:
@@ -312,6 +294,5 @@ FAMILY = ModelFamily(
     eos_token_ids=eos_token_ids,
     hidden_states=hidden_states,
     logits=logits,
-    forward_with_hooks=forward_with_hooks,
     self_attention=self_attention,
 )

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from torch import Tensor, nn
 
-from attnkit.nn import StackOutput
+from attnkit.nn import HookedModule, StackOutput
 
 
 class ModelConfig(Protocol):
@@ -54,21 +54,18 @@ class ModelFamily:
             the field, for what it cannot load or what exceeds
             :data:`attnkit.models.checkpoint.CONFIG_LIMITS`.
         build: config → the network on the ``meta`` device (no storage), whose weights
-            the checkpoint's replace.
+            the checkpoint's replace: an :class:`attnkit.nn.HookedModule` whose hook points
+            (:mod:`attnkit.nn.hooks`) every run, batch and generation goes through.
         state_dict_from_hf: ``(checkpoint tensors, config)`` → ``(state dict of the
             network, checkpoint keys with no place in it)``.
         finish: ``(network, config)`` → ``None``; what must happen once the weights are
             assigned (tying shared weights again).
         eos_token_ids: ``(config, checkpoint folder)`` → the ids that end a generation.
-        hidden_states: ``(network, ids [1, s], layers)`` → a
-            :class:`attnkit.nn.StackOutput` with the last hidden states ``[1, s, e]`` and the
+        hidden_states: ``(network, ids [b, s], layers)`` → a
+            :class:`attnkit.nn.StackOutput` with the last hidden states ``[b, s, e]`` and the
             attention weights of the layers with these indices (``None`` for the others).
-        logits: ``(network, hidden [1, s, e])`` → next-token logits ``[1, s, v]``, or
+        logits: ``(network, hidden [b, s, e])`` → next-token logits ``[b, s, v]``, or
             ``None`` for a family without a language-model head.
-        forward_with_hooks: ``(network, ids [b, s], hook points)`` → the last hidden states
-            ``[b, s, e]``, calling the hook points of :mod:`attnkit.models.hooks` at every
-            named activation, and bit for bit :attr:`hidden_states` when the hooks change
-            nothing.
         self_attention: ``(network, layer)`` → that layer's
             :class:`attnkit.nn.MultiHeadAttention` (whose projections value-weighted
             attention reads).
@@ -78,11 +75,10 @@ class ModelFamily:
     model_type: str
     causal: bool
     read_config: Callable[..., ModelConfig]
-    build: Callable[[Any], nn.Module]
+    build: Callable[[Any], HookedModule]
     state_dict_from_hf: Callable[[dict[str, Tensor], Any], tuple[dict[str, Tensor], list[str]]]
     finish: Callable[[Any, Any], None]
     eos_token_ids: Callable[[Any, Path], tuple[int, ...]]
     hidden_states: Callable[[Any, Tensor, Collection[int]], StackOutput]
     logits: Callable[[Any, Tensor], Tensor | None]
-    forward_with_hooks: Callable[[Any, Tensor, Any], Tensor]
     self_attention: Callable[[Any, int], nn.Module]

@@ -39,7 +39,6 @@ from attnkit.models.checkpoint import (
     short_repr,
 )
 from attnkit.models.family import ModelFamily
-from attnkit.models.hooks import HookPoints, attention_block
 from attnkit.nn import DecoderLM, MultiHeadAttention, StackOutput
 
 _LAYER_KEYS = {
@@ -236,29 +235,6 @@ def eos_token_ids(config: LlamaConfig, folder: Path) -> tuple[int, ...]:
     return tuple(dict.fromkeys(config.eos_token_ids + extra))
 
 
-def forward_with_hooks(module: DecoderLM, tokens: Tensor, hook: HookPoints) -> Tensor:
-    """The forward pass of :meth:`attnkit.nn.DecoderLM.hidden_states` written out, with the
-    hook points of :mod:`attnkit.models.hooks` (inference: no cache, no dropout).
-
-    Args:
-        module: the network.
-        tokens: integer ids ``[b, s]``.
-        hook: the pass's hooks and cache.
-
-    Returns:
-        The last hidden states ``[b, s, e]``, after the final norm (what the head reads).
-    """
-    x = module.token_embedding(tokens)  # [b, s, e]
-    for i, layer in enumerate(module.decoder.layers):
-        x = hook(f"layers.{i}.resid_pre", x)
-        attn_out = attention_block(layer.self_attn, layer.self_attn_norm(x), hook, i, causal=True)
-        attn_out = hook(f"layers.{i}.attn_out", attn_out)
-        x = hook(f"layers.{i}.resid_mid", x + attn_out)
-        mlp_out = hook(f"layers.{i}.mlp_out", layer.ff(layer.ff_norm(x)))
-        x = hook(f"layers.{i}.resid_post", x + mlp_out)
-    return hook("final", module.decoder.final_norm(x))  # [b, s, e]
-
-
 def hidden_states(module: DecoderLM, ids: Tensor, layers: Collection[int]) -> StackOutput:
     """The hidden states after the final norm ``[1, s, e]`` of ids ``[1, s]``, with the
     weights of ``layers``."""
@@ -298,6 +274,5 @@ FAMILY = ModelFamily(
     eos_token_ids=eos_token_ids,
     hidden_states=hidden_states,
     logits=logits,
-    forward_with_hooks=forward_with_hooks,
     self_attention=self_attention,
 )

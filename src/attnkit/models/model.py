@@ -12,7 +12,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +35,17 @@ from attnkit.models.checkpoint import (
     weight_files,
 )
 from attnkit.models.family import ModelConfig, ModelFamily
-from attnkit.models.hooks import LAYER_HOOKS, HookFn, HookPoints, hook_names
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
-from attnkit.nn import DecoderLayer, EncoderLayer, LayerSelection, pack_projections
+from attnkit.nn import (
+    ActivationCache,
+    DecoderLayer,
+    DecoderLM,
+    EncoderLayer,
+    HookedModule,
+    LayerSelection,
+    pack_projections,
+)
+from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
 
 # The attention weights one run may hand back, in bytes: all 30 layers of SmolLM2 on 2000
 # tokens would be 4.3 GB. Past this, ask for fewer layers or a shorter text.
@@ -45,12 +53,6 @@ ATTENTION_MEMORY_LIMIT = 2 * 2**30
 
 # The families :func:`load` knows, by the ``model_type`` of ``config.json``.
 FAMILIES: dict[str, ModelFamily] = {family.model_type: family for family in (llama.FAMILY, bert.FAMILY)}
-
-# The hooks installed by ``Model.hooks`` blocks, as (model, name → function) pairs. A context
-# variable rather than state on the model, so that runs in other threads stay unhooked.
-_ACTIVE_HOOKS: contextvars.ContextVar[tuple[tuple[Model, Mapping[str, HookFn]], ...]] = contextvars.ContextVar(
-    "attnkit_model_hooks", default=()
-)
 
 
 class LayerAttentions(dict[int, Tensor]):
@@ -102,7 +104,7 @@ class ModelRun:
             :class:`LayerAttentions`: ``attentions[-1]`` is the last layer's.
         heads: the selected head indices, in the order of dimension 1 of every map.
         cache: the activations asked for with ``cache=``, by name
-            (:mod:`attnkit.models.hooks`), batch dimension 1, in the model's dtype.
+            (:mod:`attnkit.nn.hooks`), batch dimension 1, in the model's dtype.
     """
 
     ids: Tensor
@@ -121,12 +123,14 @@ class HookedRun:
 
     Attributes:
         hidden_states: the last hidden states ``[b, s, e]`` (after the final norm for
-            LLaMA: ``model.module.lm_head`` turns them into logits).
+            LLaMA).
         cache: the activations asked for, by name.
+        logits: next-token logits ``[b, s, v]`` (LLaMA), or ``None`` (BERT).
     """
 
     hidden_states: Tensor
-    cache: dict[str, Tensor]
+    cache: ActivationCache
+    logits: Tensor | None
 
 
 class RunStopped(RuntimeError):
@@ -161,7 +165,7 @@ class Model:
         architecture: ModelFamily,
         path: Path,
         config: ModelConfig,
-        module: nn.Module,
+        module: HookedModule,
         tokenizer: Tokenizer,
     ) -> None:
         self.name = name
@@ -216,21 +220,21 @@ class Model:
         *,
         attention: LayerSelection = True,
         heads: Sequence[int] | None = None,
-        cache: Collection[str] = (),
+        cache: NameFilter = (),
     ) -> ModelRun:
         """One forward pass: logits (LLaMA) or hidden states, and attention weights.
 
         Layers whose weights are not asked for run on the fused kernel, which never
-        materialises the ``[h, s, s]`` weights. Inside a :meth:`hooks` block, or with
-        ``cache``, the run goes through the hook points (:mod:`attnkit.models.hooks`).
+        materialises the ``[h, s, s]`` weights. Hooks of enclosing :meth:`hooks` blocks
+        act on the run (:mod:`attnkit.nn.hooks`).
 
         Args:
             text_or_ids: a text, or token ids ``[s]`` / ``[1, s]``.
             attention: ``True`` for every layer's weights, ``False`` for none, or a list of
                 layer indices (negative ones count from the end: ``-1`` is the last layer).
             heads: the heads to keep (negative ones count from the end); default all.
-            cache: names of activations to return in :attr:`ModelRun.cache`
-                (:meth:`hook_names`).
+            cache: the activations to return in :attr:`ModelRun.cache`: names
+                (:meth:`hook_names`), a predicate on names, or ``None`` for every one.
 
         Returns:
             A :class:`ModelRun`.
@@ -241,7 +245,6 @@ class Model:
                 head out of range, weights that would exceed :data:`ATTENTION_MEMORY_LIMIT`
                 bytes, or an unknown name in ``cache`` (the message lists the names).
         """
-        cache_names = self._check_hook_names(cache, "cache")
         ids, tokens, offsets = self._input(text_or_ids)
         layers = self._layers(attention)
         head_list = normalize_indices(
@@ -257,19 +260,10 @@ class Model:
         select_heads = head_list != list(range(self.num_heads))
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
         # that callers may use in any mode.
-        with torch.no_grad():
-            ids_in = ids.to(self.device)
-            if cache_names or any(model is self for model, _ in _ACTIVE_HOOKS.get()):
-                pattern_names = [f"layers.{i}.attn.pattern" for i in layers]
-                hooked = self._forward_with_hooks(ids_in, {}, {*cache_names, *pattern_names})
-                hidden = hooked.hidden_states  # [1, s, e]
-                all_weights = {i: hooked.cache[f"layers.{i}.attn.pattern"] for i in layers}  # [1, h, s, s] each
-                kept = {name: hooked.cache[name] for name in cache_names}
-            else:
-                out = self.architecture.hidden_states(self.module, ids_in, layers)
-                hidden = out.output  # [1, s, e]
-                all_weights = {i: out.weights[i].self_attention for i in layers}  # [1, h, s, s] each
-                kept = {}
+        with torch.no_grad(), self.module.hook_session(cache=cache) as kept:
+            out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
+            hidden = out.output  # [1, s, e]
+            all_weights = {i: out.weights[i].self_attention for i in layers}  # [1, h, s, s] each
             logits = self.architecture.logits(self.module, hidden)  # [1, s, v], or None
             attentions = {}
             for i, weights in all_weights.items():
@@ -295,6 +289,7 @@ class Model:
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
+        cache: NameFilter = (),
     ) -> list[ModelRun]:
         """:meth:`run` on several inputs at once, in as few forward passes as possible.
 
@@ -313,6 +308,8 @@ class Model:
                 every run's ``logits`` is ``None``.
             stop: asked before every layer; when it returns ``True`` the pass ends with
                 :class:`RunStopped` (a server stops the work of clients that have gone).
+            cache: the activations to return in each run's :attr:`ModelRun.cache`, as
+                :meth:`run` takes them: each run's own row, without the padding.
 
         Returns:
             One :class:`ModelRun` per input, in order.
@@ -339,6 +336,7 @@ class Model:
                 f"GiB, over the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; run fewer at once"
             )
         runs: list[ModelRun | None] = [None] * len(prepared)
+        points = self.module.hook_points() if cache != () else {}
 
         def check(_module: nn.Module, _args: Any) -> None:
             if stop is not None and stop():
@@ -354,7 +352,8 @@ class Model:
                     ids = torch.zeros(b, s, dtype=torch.long)  # [b, s]; id 0 pads, unseen by earlier tokens
                     for row, i in enumerate(group):
                         ids[row, : lengths[i]] = prepared[i][0][0]
-                    out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
+                    with self.module.hook_session(cache=cache) as kept:
+                        out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
                     hidden = out.output  # [b, s, e]
                     scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
                     for row, i in enumerate(group):
@@ -374,6 +373,7 @@ class Model:
                                 self.num_layers,
                             ),  # [1, h_sel, n, n] each
                             heads=head_list,
+                            cache=_rows_of(kept, points, row, n),
                         )
         finally:
             for handle in handles:
@@ -381,25 +381,35 @@ class Model:
         return [run for run in runs if run is not None]
 
     def hook_names(self) -> list[str]:
-        """Every activation a hook or a cache can name, in the order of a forward pass
-        (see :mod:`attnkit.models.hooks`): ``layers.{i}.resid_pre``, ``layers.{i}.attn.q``,
-        ..., ``final``."""
-        return hook_names(self.num_layers)
+        """Every activation a hook or a cache can name, in module order
+        (:mod:`attnkit.nn.hooks`): ``decoder.layers.{i}.self_attn.pattern`` (LLaMA),
+        ``encoder.layers.{i}.self_attn.pattern`` (BERT), ..."""
+        return self.module.hook_names()
+
+    def hook_name(self, name: str, layer: int | None = None) -> str:
+        """The full name of a point given by the end of its name and its layer:
+        ``hook_name("self_attn.z", 3)`` (:meth:`attnkit.nn.HookedModule.hook_name`).
+
+        Raises:
+            ValueError: no point or several match.
+        """
+        return self.module.hook_name(name, layer)
 
     @contextlib.contextmanager
     def hooks(self, hooks: Mapping[str, HookFn]) -> Iterator[Model]:
         """Install functions that read or replace activations in every run of this model
-        inside the ``with`` block (in this thread).
+        inside the ``with`` block (in this thread): :meth:`run`, :meth:`run_batch`,
+        :meth:`run_with_hooks` and every step of :meth:`generate_ids` started inside it.
 
-        >>> def no_head_3(z):                     # [b, h, s, d]
+        >>> def no_head_3(z, hook):                 # [b, h, s, d]
         ...     z = z.clone(); z[:, 3] = 0; return z
-        >>> with model.hooks({"layers.5.attn.z": no_head_3}):
+        >>> with model.hooks({"decoder.layers.5.self_attn.z": no_head_3}):
         ...     run = model.run("The cat sat on the mat.")
 
         Args:
-            hooks: name (:meth:`hook_names`) → function of the activation that returns
-                ``None`` (reads only) or the tensor to use instead. Nested blocks apply the
-                outer block's hooks first.
+            hooks: name (:meth:`hook_names`) → function of ``(activation, hook)`` (or of
+                the activation alone) that returns ``None`` (reads only) or the tensor to
+                use instead. Nested blocks apply the outer block's hooks first.
 
         Yields:
             This model.
@@ -408,18 +418,11 @@ class Model:
             ValueError: an unknown name (the message lists the names).
             TypeError: a value that is not callable.
         """
-        self._check_hook_names(hooks, "hook")
-        for name, fn in hooks.items():
-            if not callable(fn):
-                raise TypeError(f"the hook on {name!r} must be a function of the activation, got {type(fn).__name__}")
-        token = _ACTIVE_HOOKS.set((*_ACTIVE_HOOKS.get(), (self, dict(hooks))))
-        try:
+        with self.module.hooks(hooks):
             yield self
-        finally:
-            _ACTIVE_HOOKS.reset(token)
 
     def run_with_hooks(
-        self, ids: Tensor, *, hooks: Mapping[str, HookFn] | None = None, cache: Collection[str] = ()
+        self, ids: Tensor, *, hooks: Mapping[str, HookFn] | None = None, cache: NameFilter = ()
     ) -> HookedRun:
         """A forward pass of a batch of ids through the hook points, in the caller's
         autograd mode (gradients flow when they are enabled): the building block of
@@ -428,51 +431,25 @@ class Model:
         Args:
             ids: integer token ids ``[b, s]``, on any device (moved to the model's).
             hooks: name → function, applied after those of enclosing :meth:`hooks` blocks.
-            cache: names of activations to return.
+            cache: the activations to return, as :meth:`run` takes them.
 
         Returns:
-            :class:`HookedRun` with the last hidden states ``[b', s, e]`` (``b'`` is ``b``
-            unless a hook changed the batch size).
+            :class:`HookedRun` with the last hidden states ``[b', s, e]`` and logits
+            (``b'`` is ``b`` unless a hook changed the batch size).
 
         Raises:
             ValueError: ids not ``[b, s]``, too long, outside the vocabulary, or an unknown
                 hook or cache name.
         """
-        hooks = dict(hooks or {})
-        self._check_hook_names(hooks, "hook")
-        cache_names = self._check_hook_names(cache, "cache")
         if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
             got = f"{ids.dtype} {list(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
             raise ValueError(f"ids must be an integer tensor [b, s], got {got}")
         for row in ids:
             self._input(row)
-        return self._forward_with_hooks(ids.to(self.device), hooks, cache_names)
-
-    def _forward_with_hooks(self, ids: Tensor, hooks: Mapping[str, HookFn], cache: Collection[str]) -> HookedRun:
-        chains: dict[str, list[HookFn]] = {}
-        for model, installed in (*_ACTIVE_HOOKS.get(), (self, hooks)):
-            if model is self:
-                for name, fn in installed.items():
-                    chains.setdefault(name, []).append(fn)
-        points = HookPoints(chains, set(cache))
-        hidden = self.architecture.forward_with_hooks(self.module, ids, points)  # [b, s, e]
-        return HookedRun(hidden, points.cache)
-
-    def _check_hook_names(self, names: Collection[str], what: str) -> list[str]:
-        """The names as a list, after checking that each is a hook point of this model."""
-        if isinstance(names, str):
-            raise TypeError(f"{what} names must be a collection of names, got the string {names!r}")
-        if not names:
-            return []
-        known = set(self.hook_names())
-        unknown = [name for name in names if name not in known]
-        if unknown:
-            per_layer = ", ".join(LAYER_HOOKS)
-            raise ValueError(
-                f"unknown {what} name{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                f"{self.name} has layers.{{0..{self.num_layers - 1}}}.{{{per_layer}}} and final"
-            )
-        return list(names)
+        with self.module.hook_session(hooks, cache=cache) as kept:
+            hidden = self.architecture.hidden_states(self.module, ids.to(self.device), ()).output  # [b, s, e]
+            logits = self.architecture.logits(self.module, hidden)  # [b, s, v], or None
+        return HookedRun(hidden, kept, logits)
 
     def generate_ids(
         self,
@@ -487,7 +464,9 @@ class Model:
 
         The prompt runs once (its logits computed for the last position only), then each
         step runs one token against the cache. Generation stops after ``max_new_tokens``,
-        at an end-of-sequence token (not yielded), or when the context is full.
+        at an end-of-sequence token (not yielded), or when the context is full. The hooks
+        active at this call act on every step (see :mod:`attnkit.nn.hooks` for what a
+        point sees with a KV cache).
 
         Args:
             prompt: a text, or token ids ``[s]`` / ``[1, s]``.
@@ -521,18 +500,29 @@ class Model:
             # command that only runs a text once.
             pack_projections(self.module)
             self._packed = True
-        return self._generate(ids, min(max_new_tokens, self.max_length - ids.shape[1]), temperature, top_k, seed)
+        # Every step runs in the context of this call: the hooks active here act on the
+        # whole generation, however late the caller consumes it.
+        context = contextvars.copy_context()
+        budget = min(max_new_tokens, self.max_length - ids.shape[1])
+        return self._generate(context, ids, budget, temperature, top_k, seed)
 
     def _generate(
-        self, ids: Tensor, budget: int, temperature: float, top_k: int | None, seed: int | None
+        self,
+        context: contextvars.Context,
+        ids: Tensor,
+        budget: int,
+        temperature: float,
+        top_k: int | None,
+        seed: int | None,
     ) -> Iterator[int]:
         generator = None
         if temperature > 0 and seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
+        assert isinstance(self.module, DecoderLM)  # a causal family's network
         steps = self.module.stream(
             ids.to(self.device), budget, temperature=temperature, top_k=top_k, generator=generator
         )
-        for token in steps:  # [1]
+        while (token := context.run(next, steps, None)) is not None:  # [1]
             token_id = int(token)
             if token_id in self.tokenizer.eos_token_ids:
                 return
@@ -665,6 +655,18 @@ def load(
     family.finish(module, config)
     module = module.to(device).eval()
     return Model(name=name, architecture=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+
+
+def _rows_of(cache: ActivationCache, points: Mapping[str, HookPoint], row: int, n: int) -> ActivationCache:
+    """One row of a batch's cache, its positions cut to the first ``n`` (the padding of a
+    shorter input removed), as copies."""
+    out = ActivationCache(cache.model)
+    for name, activation in cache.items():
+        index: list[slice] = [slice(row, row + 1)] + [slice(None)] * (activation.ndim - 1)
+        for dim in points[name].positions:
+            index[dim] = slice(0, n)
+        out[name] = activation[tuple(index)].clone()
+    return out
 
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")

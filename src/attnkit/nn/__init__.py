@@ -16,15 +16,20 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
 - Transformers: :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`,
   :class:`Decoder`, :class:`Transformer`, :class:`DecoderLM`, :class:`EncoderDecoderLM`
   (over token ids, with :class:`SequenceEmbedding` and :class:`LMHead`).
+- Hooks: :class:`HookPoint` (named points inside every module above where hooks read or
+  replace activations), :class:`HookedModule` (``hook_names``, ``hooks``,
+  ``run_with_cache``), :class:`ActivationCache`; see :mod:`attnkit.nn.hooks`.
 """
 
 from attnkit.functional.kernels import KERNELS
+from attnkit.nn.activation_cache import ActivationCache
 from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.feedforward import FeedForward
+from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache, KVCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer
 from attnkit.nn.lm import DecoderLM, pick_next_token
-from attnkit.nn.norms import RMSNorm, make_norm
+from attnkit.nn.norms import LayerNorm, RMSNorm, make_norm
 from attnkit.nn.packing import PackedLinears, pack_projections
 from attnkit.nn.positional import (
     ALiBi,
@@ -54,6 +59,7 @@ from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer
 __all__ = [
     "KERNELS",
     "ALiBi",
+    "ActivationCache",
     "AdditiveAttention",
     "AttentionContext",
     "AttentionPositional",
@@ -66,9 +72,12 @@ __all__ = [
     "EncoderDecoderLM",
     "EncoderLayer",
     "FeedForward",
+    "HookPoint",
+    "HookedModule",
     "KVCache",
     "LMHead",
     "LMOutput",
+    "LayerNorm",
     "LayerOutput",
     "LayerSelection",
     "LayerWeights",

@@ -18,7 +18,7 @@ mask), biases on the input projections only (``out_bias=False``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ from attnkit.functional import AttentionResult, attention
 from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resolve_kernel_name
 from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
 from attnkit.functional.scores import dot_scores
+from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
 from attnkit.nn.positional import AttentionPositional
@@ -154,6 +155,15 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = q_norm
         self.k_norm = k_norm
         self._packed: PackedLinears | None = None
+        # Hook points (attnkit.nn.hooks), in the order the forward pass meets them; the
+        # weights exist only where the kernel can form them.
+        self.q = HookPoint(positions=(2,))
+        self.k = HookPoint(positions=(2,))
+        self.v = HookPoint(positions=(2,))
+        self.scores = HookPoint(positions=(2, 3)) if KERNEL_SPECS[kernel].full else None
+        self.pattern = HookPoint(positions=(2, 3)) if KERNEL_SPECS[kernel].full else None
+        self.z = HookPoint(positions=(2,))
+        self.result = HookPoint(positions=(2,))
 
     @property
     def packable(self) -> bool:
@@ -251,25 +261,86 @@ class MultiHeadAttention(nn.Module):
         if context is None:
             past = 0 if kv_cache is None else len(kv_cache)
             q, k, v = self._self_projections(x, positions, past)  # [b, h, s_q, d], [b, h_kv, s_q, d] x 2
+            q, k, v = self.q(q), self.k(k), self.v(v)
             if kv_cache is not None:
                 k, v = kv_cache.append(k, v)  # [b, h_kv, s_k, d], s_k = cached + s_q
         else:
-            q = self._norm_heads(self.q_norm, self._split_heads(self.q_proj(x), self.num_heads))  # [b, h, s_q, d]
+            q = self.q(
+                self._norm_heads(self.q_norm, self._split_heads(self.q_proj(x), self.num_heads))
+            )  # [b, h, s_q, d]
             if kv_cache is not None and len(kv_cache) > 0:
                 # Cross-attention keys and values depend only on the context: reuse them.
                 k, v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
             else:
-                k = self._norm_heads(self.k_norm, self._split_heads(self.k_proj(key_input), self.num_kv_heads))
-                v = self._split_heads(self.v_proj(value_input), self.num_kv_heads)  # [b, h_kv, s_k, d]
+                k = self.k(self._norm_heads(self.k_norm, self._split_heads(self.k_proj(key_input), self.num_kv_heads)))
+                v = self.v(self._split_heads(self.v_proj(value_input), self.num_kv_heads))  # [b, h_kv, s_k, d]
                 if kv_cache is not None:
                     kv_cache.append(k, v)
         bias = None
         if self.positional is not None:
             bias = self.positional.score_bias(s_q, k.shape[2], device=q.device, dtype=q.dtype)  # [1, h, s_q, s_k]
-        result = self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=weights)
-        heads = result.output  # [b, h, s_q, d]
-        output = self.out_proj(heads.transpose(1, 2).reshape(b, s_q, self.num_heads * self.head_dim))  # [b, s_q, e]
+        result = self._attend_hooked(q, k, v, mask=mask, bias=bias, causal=causal, weights=weights)
+        heads = self.z(result.output)  # [b, h, s_q, d]
+        output = self.out_proj(heads.transpose(1, 2).reshape(heads.shape[0], s_q, self.num_heads * self.head_dim))
+        if self.result.active:
+            output = self._per_head_result(heads, output)  # [b, s_q, e]
         return MultiHeadOutput(output, result.weights)
+
+    def _attend_hooked(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
+        weights: bool,
+    ) -> AttentionResult:
+        """:meth:`_attend` with the ``scores`` and ``pattern`` hook points: when a hook or
+        cache is on either, the weights are formed and passed through them. The output is
+        then the fused kernel's unless a hook replaced them (or the weights were asked
+        for): hooks that change nothing change nothing."""
+        watched = [point for point in (self.scores, self.pattern) if point is not None and point.active]
+        if not watched:
+            return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=weights)
+        assert self.scores is not None and self.pattern is not None  # both exist when either does
+        replaced = []
+
+        def through(point: HookPoint) -> Callable[[Tensor], Tensor]:
+            def edit(t: Tensor) -> Tensor:
+                out = point(t)
+                if out is not t:
+                    replaced.append(point)
+                return out
+
+            return edit
+
+        result = self._attend(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            return_weights=True,
+            edit_scores=through(self.scores),
+            edit_weights=through(self.pattern),
+        )
+        if weights or replaced:
+            return result
+        return AttentionResult(self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False).output)
+
+    def _per_head_result(self, heads: Tensor, output: Tensor) -> Tensor:
+        """The ``result`` hook point: each head's share of the output projection,
+        ``[b, h, s, e]``; the output is their sum (plus the bias) if a hook replaced them."""
+        w_o = self.out_proj.weight.view(-1, self.num_heads, self.head_dim)  # [e, h, d]
+        per_head = torch.einsum("bhsd,ehd->bhse", heads, w_o)  # [b, h, s, e]
+        hooked = self.result(per_head)
+        if hooked is per_head:
+            return output
+        summed = hooked.sum(1)  # [b, s, e]
+        return summed if self.out_proj.bias is None else summed + self.out_proj.bias
 
     def _self_projections(self, x: Tensor, positions: Tensor | None, past: int) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values of self-attention, with the positional rotation.
@@ -320,9 +391,12 @@ class MultiHeadAttention(nn.Module):
         bias: Tensor | None,
         causal: bool,
         return_weights: bool,
+        edit_scores: Callable[[Tensor], Tensor] | None = None,
+        edit_weights: Callable[[Tensor], Tensor] | None = None,
     ) -> AttentionResult:
         """Every head at once, by the constructor's kernel: the one place attention runs.
-        The weights are ``None`` unless asked for."""
+        The weights are ``None`` unless asked for; the edits (only with the ``"auto"``
+        kernel) read or replace scores and weights (:func:`attnkit.functional.attention`)."""
         if self.kernel != "auto":
             out = self._attend_with_kernel(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
             return AttentionResult(out)
@@ -346,6 +420,8 @@ class MultiHeadAttention(nn.Module):
             score=score,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=return_weights,
+            edit_scores=edit_scores,
+            edit_weights=edit_weights,
             **self.kernel_options,
         )
         return result if isinstance(result, AttentionResult) else AttentionResult(result)

@@ -21,6 +21,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.nn.hooks import HookPoint
 from attnkit.nn.packing import PackedLinears
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"]
@@ -76,6 +77,8 @@ class FeedForward(nn.Module):
         self.down_proj = nn.Linear(hidden_dim, embed_dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self._packed: PackedLinears | None = None
+        self.pre = HookPoint()  # hidden pre-activation, the gate's when gated (attnkit.nn.hooks)
+        self.post = HookPoint()  # hidden activation
 
     @property
     def packable(self) -> bool:
@@ -106,11 +109,13 @@ class FeedForward(nn.Module):
         Returns:
             ``[..., e]``.
         """
+        up: Tensor | None = None
         if self._packed is not None and self._packed.usable():
-            gate, up = self._packed(x).chunk(2, dim=-1)  # [..., f] each
-            hidden = self._nonlinearity(gate) * up
+            pre, up = self._packed(x).chunk(2, dim=-1)  # [..., f] each: gate, up
         elif self.gate_proj is not None:
-            hidden = self._nonlinearity(self.gate_proj(x)) * self.up_proj(x)  # [..., f]
+            pre, up = self.gate_proj(x), self.up_proj(x)  # [..., f] each
         else:
-            hidden = self._nonlinearity(self.up_proj(x))  # [..., f]
-        return self.down_proj(self.dropout(hidden))  # [..., e]
+            pre = self.up_proj(x)  # [..., f]
+        pre = self.pre(pre)
+        hidden = self._nonlinearity(pre) if up is None else self._nonlinearity(pre) * up  # [..., f]
+        return self.down_proj(self.dropout(self.post(hidden)))  # [..., e]

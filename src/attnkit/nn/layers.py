@@ -25,6 +25,7 @@ from attnkit.functional.kernels import KERNEL_SPECS, resolve_kernel_name
 from attnkit.functional.masks import Mask
 from attnkit.nn.attention import MultiHeadAttention, state_dict_from_torch_attention
 from attnkit.nn.feedforward import Activation, FeedForward
+from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.norms import NormKind, make_norm
 from attnkit.nn.positional import AttentionPositional
@@ -115,10 +116,14 @@ class EncoderLayer(_ResidualLayer):
         }
         if self_attn is None:
             self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
+        # Hook points of the residual stream (attnkit.nn.hooks), registered in forward order.
+        self.resid_pre = HookPoint()
         self.self_attn = _built_attention("self_attn", self_attn, embed_dim)
         self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
+        self.attn_out, self.resid_mid = HookPoint(), HookPoint()
         self.ff = FeedForward(embed_dim, ff_dim, activation=activation, bias=bias, dropout=dropout)
         self.ff_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
+        self.mlp_out, self.resid_post = HookPoint(), HookPoint()
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -149,13 +154,15 @@ class EncoderLayer(_ResidualLayer):
     ) -> LayerOutput:
         """:meth:`forward`, always as a record (weights ``None`` unless asked for): the one
         path the layer runs through."""
+        x = self.resid_pre(x)
         attn = _attention_record(
             self.self_attn(
                 self._sublayer_input(x, self.self_attn_norm), mask=mask, positions=positions, return_weights=weights
             )
         )
-        x = self._add_and_norm(x, attn.output, self.self_attn_norm)
-        x = self._add_and_norm(x, self.ff(self._sublayer_input(x, self.ff_norm)), self.ff_norm)
+        x = self.resid_mid(self._add_and_norm(x, self.attn_out(attn.output), self.self_attn_norm))
+        ff_out = self.mlp_out(self.ff(self._sublayer_input(x, self.ff_norm)))  # [b, s, e]
+        x = self.resid_post(self._add_and_norm(x, ff_out, self.ff_norm))
         return LayerOutput(x, LayerWeights(attn.weights) if weights else None)
 
     @classmethod
@@ -258,19 +265,28 @@ class DecoderLayer(_ResidualLayer):
             raise ValueError("cross_attn was given to a layer built with cross_attention=False")
         if self_attn is None:
             self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
+        # Hook points of the residual stream (attnkit.nn.hooks), registered in forward order;
+        # a parallel layer has no stream between its sublayers.
+        self.resid_pre = HookPoint()
         self.self_attn = _built_attention("self_attn", self_attn, embed_dim)
         self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
         self.self_attn_out_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if output_norms else None
+        self.attn_out = HookPoint()
+        self.resid_mid = None if parallel else HookPoint()
         self.cross_attn: MultiHeadAttention | None = None
         self.cross_attn_norm: nn.Module | None = None
+        self.cross_attn_out: HookPoint | None = None
+        self.resid_mid_cross: HookPoint | None = None
         if cross_attention:
             if cross_attn is None:
                 cross_attn = MultiHeadAttention(embed_dim, num_heads, **attention_options)
             self.cross_attn = _built_attention("cross_attn", cross_attn, embed_dim)
             self.cross_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
+            self.cross_attn_out, self.resid_mid_cross = HookPoint(), HookPoint()
         self.ff = FeedForward(embed_dim, ff_dim, activation=activation, bias=bias, dropout=dropout)
         self.ff_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
         self.ff_out_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if output_norms else None
+        self.mlp_out, self.resid_post = HookPoint(), HookPoint()
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -348,6 +364,7 @@ class DecoderLayer(_ResidualLayer):
                 "memory is required by a decoder layer with cross-attention and not accepted without one; "
                 f"this layer has cross_attention={self.cross_attn is not None}, memory given: {memory is not None}"
             )
+        x = self.resid_pre(x)
         attn = _attention_record(
             self.self_attn(
                 self._sublayer_input(x, self.self_attn_norm),
@@ -358,14 +375,15 @@ class DecoderLayer(_ResidualLayer):
                 return_weights=weights,
             )
         )
-        attn_out = _normed(self.self_attn_out_norm, attn.output)  # [b, s, e]
-        if self.parallel:
-            ff_out = _normed(self.ff_out_norm, self.ff(self.ff_norm(x)))  # [b, s, e], from the layer's input
-            x = x + self.dropout(attn_out) + self.dropout(ff_out)
+        attn_out = self.attn_out(_normed(self.self_attn_out_norm, attn.output))  # [b, s, e]
+        if self.resid_mid is None:  # parallel: both sublayers read the layer's input
+            ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self.ff_norm(x))))  # [b, s, e]
+            x = self.resid_post(x + self.dropout(attn_out) + self.dropout(ff_out))
             return LayerOutput(x, LayerWeights(attn.weights) if weights else None)
-        x = self._add_and_norm(x, attn_out, self.self_attn_norm)
+        x = self.resid_mid(self._add_and_norm(x, attn_out, self.self_attn_norm))
         cross_weights = None
         if self.cross_attn is not None:
+            assert self.cross_attn_out is not None and self.resid_mid_cross is not None
             cross = _attention_record(
                 self.cross_attn(
                     self._sublayer_input(x, self.cross_attn_norm),
@@ -375,10 +393,10 @@ class DecoderLayer(_ResidualLayer):
                     return_weights=weights,
                 )
             )
-            x = self._add_and_norm(x, cross.output, self.cross_attn_norm)
+            x = self.resid_mid_cross(self._add_and_norm(x, self.cross_attn_out(cross.output), self.cross_attn_norm))
             cross_weights = cross.weights
-        ff_out = _normed(self.ff_out_norm, self.ff(self._sublayer_input(x, self.ff_norm)))  # [b, s, e]
-        x = self._add_and_norm(x, ff_out, self.ff_norm)
+        ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self._sublayer_input(x, self.ff_norm))))  # [b, s, e]
+        x = self.resid_post(self._add_and_norm(x, ff_out, self.ff_norm))
         return LayerOutput(x, LayerWeights(attn.weights, cross_weights) if weights else None)
 
     @classmethod

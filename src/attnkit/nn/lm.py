@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from attnkit.functional.kernels import resolve_kernel_name
 from attnkit.nn.feedforward import Activation
+from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, MaskLike
 from attnkit.nn.norms import NormKind, make_norm
@@ -32,7 +33,7 @@ PositionalKind = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
 POSITIONAL_KINDS: tuple[str, ...] = ("learned", "sinusoidal", "rotary", "alibi", "none")
 
 
-class DecoderLM(nn.Module):
+class DecoderLM(HookedModule):
     """A GPT-style language model over :class:`attnkit.nn.DecoderLayer` blocks without
     cross-attention.
 
@@ -218,6 +219,7 @@ class DecoderLM(nn.Module):
         self.token_embedding = token_embedding
         self.position = position
         self.dropout = nn.Dropout(dropout)
+        self.embed = HookPoint()  # what enters the first layer (attnkit.nn.hooks)
         self.decoder = decoder
         self.embedding_scale = embedding_scale
         self.logit_softcap = logit_softcap
@@ -289,7 +291,12 @@ class DecoderLM(nn.Module):
             start = torch.arange(past, past + tokens.shape[1], device=tokens.device)
             x = self.position(x, start if positions is None else positions)
         return self.decoder(
-            self.dropout(x), mask=mask, causal=True, positions=positions, cache=cache, return_weights=return_weights
+            self.embed(self.dropout(x)),
+            mask=mask,
+            causal=True,
+            positions=positions,
+            cache=cache,
+            return_weights=return_weights,
         )
 
     def forward(

@@ -1,5 +1,5 @@
 """Normalisation layers: torch's ``LayerNorm`` and an ``RMSNorm`` that matches LLaMA (and,
-scaled by ``1 + weight``, Gemma).
+scaled by ``1 + weight``, Gemma), each with a ``scale`` hook point (:mod:`attnkit.nn.hooks`).
 
 Shape letters: ``e`` model (embedding) dim; ``...`` any leading dims.
 """
@@ -11,6 +11,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from attnkit.nn.hooks import HookPoint
 
 NormKind = Literal["layer", "rms", "rms_plus_one"]
 NORM_KINDS: tuple[str, ...] = ("layer", "rms", "rms_plus_one")
@@ -45,6 +47,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.plus_one = plus_one
         self.weight = nn.Parameter(torch.zeros(dim) if plus_one else torch.ones(dim))
+        self.scale = HookPoint()  # sqrt(mean(x²) + eps), [..., 1]
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalise the last dimension.
@@ -60,6 +63,14 @@ class RMSNorm(nn.Module):
         """
         if x.shape[-1] != self.weight.shape[0]:
             raise ValueError(f"expected last dim {self.weight.shape[0]}, got input of shape {list(x.shape)}")
+        if self.scale.active:
+            x32 = x.float()
+            scale = (x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [..., 1]
+            hooked = self.scale(scale)
+            if hooked is not scale:
+                if self.plus_one:
+                    return (x32 / hooked * (1.0 + self.weight.float())).to(x.dtype)
+                return self.weight * (x32 / hooked).to(x.dtype)
         if self.plus_one:
             x32 = x.float()
             normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -76,11 +87,39 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}" + (", plus_one=True" if self.plus_one else "")
 
 
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` over the last dimension with a ``scale`` hook point
+    (:mod:`attnkit.nn.hooks`): ``sqrt(var(x) + eps)``, ``[..., 1]``. Same parameters and
+    results; a replaced scale divides the centred input.
+
+    Args:
+        dim: size ``e`` of the last dimension.
+        eps: added to the variance.
+        bias: an additive bias after the weight.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, *, bias: bool = True) -> None:
+        super().__init__(dim, eps=eps, bias=bias)
+        self.scale = HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalise the last dimension of ``x [..., e]``."""
+        if self.scale.active:
+            centred = x - x.mean(-1, keepdim=True)  # [..., e]
+            scale = (centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [..., 1]
+            hooked = self.scale(scale)
+            if hooked is not scale:
+                out = centred / hooked
+                out = out if self.weight is None else out * self.weight
+                return out if self.bias is None else out + self.bias
+        return super().forward(x)
+
+
 def make_norm(kind: NormKind, dim: int, eps: float, *, bias: bool = True) -> nn.Module:
     """Build the normalisation a layer asks for by name.
 
     Args:
-        kind: ``"layer"`` (``torch.nn.LayerNorm``), ``"rms"`` (:class:`RMSNorm`) or
+        kind: ``"layer"`` (:class:`LayerNorm`), ``"rms"`` (:class:`RMSNorm`) or
             ``"rms_plus_one"`` (:class:`RMSNorm` scaled by ``1 + weight``, Gemma).
         dim: the model dim ``e``.
         eps: the norm's epsilon.
@@ -93,7 +132,7 @@ def make_norm(kind: NormKind, dim: int, eps: float, *, bias: bool = True) -> nn.
         ValueError: an unknown ``kind``.
     """
     if kind == "layer":
-        return nn.LayerNorm(dim, eps=eps, bias=bias)
+        return LayerNorm(dim, eps=eps, bias=bias)
     if kind == "rms":
         return RMSNorm(dim, eps=eps)
     if kind == "rms_plus_one":

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer
 from attnkit.nn.lm import pick_next_token
@@ -76,6 +77,7 @@ class SequenceEmbedding(nn.Module):
         self.position_offset = position_offset
         self.norm = norm
         self.dropout = nn.Dropout(dropout)
+        self.embed = HookPoint()  # the embeddings as they enter the stack (attnkit.nn.hooks)
 
     def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
         """Embed ``tokens [b, s]`` at positions ``start .. start + s - 1``.
@@ -91,7 +93,7 @@ class SequenceEmbedding(nn.Module):
             x = self.position(x, positions)
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        return self.embed(self.dropout(x))
 
     def extra_repr(self) -> str:
         parts = [] if self.scale == 1.0 else [f"scale={self.scale:g}"]
@@ -144,7 +146,7 @@ def source_padding_mask(source_mask: Tensor | None) -> Tensor | None:
     return source_mask[:, None, None, :]  # [b, 1, 1, s_src]
 
 
-class EncoderDecoderLM(nn.Module):
+class EncoderDecoderLM(HookedModule):
     """An encoder–decoder language model.
 
     Args:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from attnkit.functional.indices import normalize_indices
 from attnkit.functional.kernels import resolve_kernel_name
 from attnkit.nn.feedforward import Activation
+from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, MaskLike
 from attnkit.nn.norms import NormKind, make_norm
@@ -56,6 +57,7 @@ def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozense
 def _run_stack(
     layers: nn.ModuleList,
     final_norm: nn.Module | None,
+    final: HookPoint,
     x: Tensor,
     return_weights: LayerSelection,
     run_layer: Callable[[int, nn.Module, Tensor, bool], Tensor | LayerOutput],
@@ -77,6 +79,7 @@ def _run_stack(
         weights.append(record.weights)
     if final_norm is not None:
         x = final_norm(x)
+    x = final(x)
     return x if wanted is None else StackOutput(x, weights)
 
 
@@ -90,7 +93,7 @@ def _layer_list(layers: Iterable[nn.Module], kind: type[nn.Module]) -> nn.Module
     return layer_list
 
 
-class Encoder(nn.Module):
+class Encoder(HookedModule):
     """A stack of :class:`attnkit.nn.EncoderLayer`, optionally followed by a final norm
     (needed after pre-norm layers).
 
@@ -107,6 +110,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = _layer_list(layers, EncoderLayer)
         self.final_norm = final_norm
+        self.final = HookPoint()  # the stack's output (attnkit.nn.hooks)
 
     def forward(
         self,
@@ -136,6 +140,7 @@ class Encoder(nn.Module):
         return _run_stack(
             self.layers,
             self.final_norm,
+            self.final,
             x,
             return_weights,
             lambda i, layer, h, weights: layer(h, mask=mask, positions=positions, return_weights=weights),
@@ -153,7 +158,7 @@ class Encoder(nn.Module):
         return cls([EncoderLayer.from_torch(layer) for layer in m.layers], final_norm=copy.deepcopy(m.norm))
 
 
-class Decoder(nn.Module):
+class Decoder(HookedModule):
     """A stack of :class:`attnkit.nn.DecoderLayer`, optionally followed by a final norm.
 
     Args:
@@ -171,6 +176,7 @@ class Decoder(nn.Module):
         if len({layer.cross_attn is None for layer in self.layers}) > 1:
             raise ValueError("either every decoder layer has cross-attention or none has")
         self.final_norm = final_norm
+        self.final = HookPoint()  # the stack's output (attnkit.nn.hooks)
 
     def new_cache(self, *, capacity: int | None = None) -> DecoderCache:
         """An empty :class:`attnkit.nn.DecoderCache` for this stack, its self-attention
@@ -224,6 +230,7 @@ class Decoder(nn.Module):
         return _run_stack(
             self.layers,
             self.final_norm,
+            self.final,
             x,
             return_weights,
             lambda i, layer, h, weights: layer(
@@ -251,7 +258,7 @@ class Decoder(nn.Module):
         return cls([DecoderLayer.from_torch(layer) for layer in m.layers], final_norm=copy.deepcopy(m.norm))
 
 
-class Transformer(nn.Module):
+class Transformer(HookedModule):
     """The encoder–decoder Transformer. Defaults are the paper's base model: ``e = 512``,
     8 heads, 6 + 6 layers, feed-forward 2048, dropout 0.1, ReLU, post-norm.
 

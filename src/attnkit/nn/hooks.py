@@ -1,0 +1,395 @@
+"""Hook points: named places inside the :mod:`attnkit.nn` modules where a function may read
+or replace an activation during a forward pass, and where an activation cache records it.
+
+A :class:`HookPoint` is an identity placed at one activation of a module (in the spirit of
+TransformerLens' ``HookPoint``). Its name is its path in the module tree, so the names of a
+model are those of ``model.named_modules()``: ``decoder.layers.3.self_attn.pattern`` is the
+attention pattern of the self-attention ``decoder.layers.3.self_attn``. Every module that
+holds hook points calls them in its one forward pass: plain calls, batches, cached
+generation and training all meet the same points. With no hook and no cache active, a
+point costs one context-variable read and the module runs its fused path unchanged
+(attention never materialises its weights, per-head results and norm scales are not
+computed).
+
+Any module that contains hook points and derives from :class:`HookedModule` (every
+stack and model of :mod:`attnkit.nn`, and the checkpoints of :mod:`attnkit.models`) has
+:meth:`~HookedModule.hook_names`, :meth:`~HookedModule.hooks`,
+:meth:`~HookedModule.run_with_hooks` and :meth:`~HookedModule.run_with_cache`.
+
+The points, by the module that holds them (shape letters: ``b`` batch, ``h`` query heads,
+``h_kv`` key/value heads, ``s`` query positions, ``s_k`` key positions (cached ones
+included), ``d`` head dim, ``e`` model dim, ``f`` feed-forward hidden dim):
+
+=============================  ======================  =============================================================
+point                          shape                   what
+=============================  ======================  =============================================================
+*MultiHeadAttention*
+``q``                          ``[b, h, s, d]``        queries per head, after the rotary encoding
+``k``                          ``[b, h_kv, s, d]``     new keys per key/value head, after the rotary encoding
+``v``                          ``[b, h_kv, s, d]``     new values per key/value head
+``scores``                     ``[b, h, s, s_k]``      pre-softmax scores: scaled, biased, ``-inf`` where masked
+``pattern``                    ``[b, h, s, s_k]``      attention weights after the softmax, queries as rows
+``z``                          ``[b, h, s, d]``        each head's output, before the output projection
+``result``                     ``[b, h, s, e]``        each head's output after its slice of the output projection
+*FeedForward*
+``pre``                        ``[b, s, f]``           hidden pre-activation (SwiGLU: the gate's)
+``post``                       ``[b, s, f]``           hidden activation, what the down projection reads
+*RMSNorm*, *LayerNorm*
+``scale``                      ``[b, s, 1]``           ``sqrt(mean(x²) + eps)`` (RMS) or ``sqrt(var(x) + eps)``
+*EncoderLayer*, *DecoderLayer*
+``resid_pre``                  ``[b, s, e]``           the residual stream into the layer
+``attn_out``                   ``[b, s, e]``           the self-attention block's output
+``resid_mid``                  ``[b, s, e]``           the stream after self-attention (normalised in post-norm)
+``cross_attn_out``             ``[b, s, e]``           the cross-attention block's output (decoder layers with one)
+``resid_mid_cross``            ``[b, s, e]``           the stream after cross-attention (idem)
+``mlp_out``                    ``[b, s, e]``           the feed-forward block's output
+``resid_post``                 ``[b, s, e]``           the residual stream out of the layer (normalised in post-norm)
+*Encoder*, *Decoder*
+``final``                      ``[b, s, e]``           the stack's output, after its final norm
+*DecoderLM*, BERT, *SequenceEmbedding*
+``embed``                      ``[b, s, e]``           the embeddings as they enter the first layer
+=============================  ======================  =============================================================
+
+In a :class:`attnkit.nn.DecoderLM` layer 3's pattern is ``decoder.layers.3.self_attn.pattern``
+and its MLP activation ``decoder.layers.3.ff.post``; in a :class:`attnkit.nn.Transformer`
+the decoder's cross-attention pattern is ``decoder.layers.3.cross_attn.pattern``; an
+:class:`attnkit.nn.EncoderDecoderLM` adds ``source_embedding.embed`` and
+``target_embedding.embed``. The
+points named ``scores`` and ``pattern`` exist only with the ``"auto"`` kernel (the others
+never form the weights), ``cross_attn_out`` and ``resid_mid_cross`` only in layers with
+cross-attention.
+
+A hook is a function of ``(activation, hook)`` (two required positional arguments) or of
+the activation alone, that returns
+``None`` (it only reads) or a tensor that replaces the activation; ``hook`` is the
+:class:`HookPoint`, with :attr:`HookPoint.name` and :attr:`HookPoint.layer`. A replacement
+keeps every dimension but the batch (a hook may add rows, to run variants side by side).
+A replaced ``scores`` goes through the softmax as it is; a replaced ``pattern`` multiplies
+the values; a replaced ``result`` is summed over heads (plus the output bias) into
+``attn_out``; a replaced ``scale`` divides the centred (LayerNorm) or raw (RMSNorm) input.
+Hooks that return their input (or ``None``) change nothing, bit for bit.
+
+With a KV cache (generation), each decoding step calls every point once: ``q``, ``k``,
+``v``, ``z`` and the residual points see the new positions only (``s = 1`` after the
+prompt), and a replaced ``k`` or ``v`` is what the cache keeps; ``scores`` and ``pattern``
+are ``[b, h, 1, s_k]`` over every cached position. Cross-attention projects its keys and
+values once, on the first step: its ``k`` and ``v`` are called on that step only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import re
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from attnkit.nn.activation_cache import ActivationCache
+
+HookFn = Callable[..., "Tensor | None"]
+# Which activations a cache keeps: every one (``None``), these names, or the names a
+# predicate accepts.
+NameFilter = Collection[str] | Callable[[str], bool] | None
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_Root = TypeVar("_Root", bound="HookedModule")
+
+
+class HookPoint(nn.Module):
+    """An identity on one activation, where hooks and caches act.
+
+    Modules call it on the activation; it returns the activation, or what the active hooks
+    replaced it with. Calling it skips ``nn.Module``'s hook machinery (a point is called
+    hundreds of times per forward pass): use :meth:`HookedModule.hooks`, not
+    ``register_forward_hook``, to act on it.
+
+    Args:
+        positions: the dimensions of the activation that run along token positions (the
+            query and key dimensions of ``pattern``), used to cut padding off a batch.
+
+    Attributes:
+        name: its path from the module whose :meth:`HookedModule.hook_names` or hooks were
+            last asked for (``""`` before).
+        layer: the layer index in ``name`` (``layers.N.``), or ``None``.
+        positions: as given.
+    """
+
+    def __init__(self, *, positions: tuple[int, ...] = (1,)) -> None:
+        super().__init__()
+        self.name = ""
+        self.layer: int | None = None
+        self.positions = positions
+
+    def forward(self, activation: Tensor) -> Tensor:
+        """The activation, after the active hooks on this point (and recorded by the active
+        caches that ask for it)."""
+        session = _SESSION.get()
+        return activation if session is None else session.apply(self, activation)
+
+    __call__ = forward
+
+    @property
+    def active(self) -> bool:
+        """Whether a hook or a cache is on this point now: modules compute what only a
+        hook needs (weights, per-head results, norm scales) only then."""
+        session = _SESSION.get()
+        return session is not None and session.wants(self)
+
+    def extra_repr(self) -> str:
+        return repr(self.name) if self.name else ""
+
+
+@dataclass(frozen=True)
+class _Session:
+    """The hooks and caches active in one context: point → hook functions (outer blocks'
+    first), and the caches with the points each records (point → its name)."""
+
+    hooks: Mapping[HookPoint, tuple[Callable[[Tensor, HookPoint], Tensor | None], ...]]
+    caches: tuple[tuple[Mapping[HookPoint, str], ActivationCache], ...]
+
+    def wants(self, point: HookPoint) -> bool:
+        return point in self.hooks or any(point in names for names, _ in self.caches)
+
+    def apply(self, point: HookPoint, activation: Tensor) -> Tensor:
+        for fn in self.hooks.get(point, ()):
+            replaced = fn(activation, point)
+            if replaced is not None:
+                if not isinstance(replaced, Tensor) or replaced.shape[1:] != activation.shape[1:]:
+                    got = list(replaced.shape) if isinstance(replaced, Tensor) else type(replaced).__name__
+                    raise ValueError(
+                        f"hook on {point.name!r} must return None or a tensor shaped like its input "
+                        f"[b, {', '.join(map(str, activation.shape[1:]))}], got {got}"
+                    )
+                activation = replaced
+        for names, cache in self.caches:
+            name = names.get(point)
+            if name is not None:
+                cache[name] = activation
+        return activation
+
+
+_SESSION: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("attnkit_hooks", default=None)
+
+
+class HookedModule(nn.Module):
+    """A module whose hook points can be named, hooked and cached (a mixin of every
+    :mod:`attnkit.nn` stack and model). Hooks are active in the ``with`` block that
+    installed them, in that thread (a context variable, not state on the module), for
+    every forward pass of this module and of its submodules.
+    """
+
+    def hook_points(self) -> dict[str, HookPoint]:
+        """Every hook point under this module by name (its path from here), in module
+        order; names each point (:attr:`HookPoint.name`, :attr:`HookPoint.layer`)."""
+        points = {}
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+                match = _LAYER_INDEX.search(name)
+                module.layer = int(match.group(1)) if match else None
+                points[name] = module
+        return points
+
+    def hook_names(self) -> list[str]:
+        """The names of :meth:`hook_points`, e.g. ``decoder.layers.0.self_attn.pattern``."""
+        return list(self.hook_points())
+
+    def hook_name(self, name: str, layer: int | None = None) -> str:
+        """The full name of a point given by the end of its name and its layer:
+        ``hook_name("self_attn.z", 3)`` is ``"decoder.layers.3.self_attn.z"`` in a
+        :class:`attnkit.nn.DecoderLM`.
+
+        Args:
+            name: the full name, or its last parts (``"z"``, ``"self_attn.z"``,
+                ``"final"``).
+            layer: the layer index (negative from the end), or ``None`` for a point
+                outside the layers.
+
+        Returns:
+            The one name that matches.
+
+        Raises:
+            ValueError: no point matches, or several do (the message lists them).
+        """
+        points = self.hook_points()
+        if layer is not None and layer < 0:
+            layer += 1 + max((p.layer for p in points.values() if p.layer is not None), default=-1)
+        found = [
+            full
+            for full, point in points.items()
+            if point.layer == layer and (full == name or full.endswith("." + name))
+        ]
+        if len(found) != 1:
+            where = "" if layer is None else f" in layer {layer}"
+            problem = f"matches several points ({', '.join(found)})" if found else "matches no point"
+            raise ValueError(f"hook name {name!r}{where} {problem}; the names are {summarize_names(points)}")
+        return found[0]
+
+    def run_with_hooks(self, *args: Any, hooks: Mapping[str, HookFn], **kwargs: Any) -> Any:
+        """This module's forward pass on ``args`` / ``kwargs`` with ``hooks`` active.
+
+        Raises:
+            ValueError: an unknown name.
+            TypeError: a hook that is not callable.
+        """
+        with self.hooks(hooks):
+            return self(*args, **kwargs)
+
+    def run_with_cache(self, *args: Any, names: NameFilter = None, **kwargs: Any) -> tuple[Any, ActivationCache]:
+        """This module's forward pass on ``args`` / ``kwargs``, keeping activations.
+
+        Args:
+            args, kwargs: what the forward pass takes.
+            names: which activations: every one (``None``), a collection of names, or a
+                predicate on names (``lambda name: name.endswith("pattern")``).
+
+        Returns:
+            ``(output of the forward pass, ActivationCache)``.
+
+        Raises:
+            ValueError: an unknown name.
+        """
+        with self.hook_session(cache=names) as cache:
+            out = self(*args, **kwargs)
+        return out, cache
+
+    @contextlib.contextmanager
+    def hooks(self: _Root, hooks: Mapping[str, HookFn]) -> Iterator[_Root]:
+        """Install functions that read or replace activations in every forward pass of this
+        module inside the ``with`` block (in this thread).
+
+        Args:
+            hooks: name (:meth:`hook_names`) → function of ``(activation, hook)`` or of the
+                activation, returning ``None`` or the tensor to use instead. Nested blocks
+                apply the outer block's hooks first.
+
+        Yields:
+            This module.
+
+        Raises:
+            ValueError: an unknown name (the message lists the names).
+            TypeError: a value that is not callable.
+        """
+        with self.hook_session(hooks):
+            yield self
+
+    @contextlib.contextmanager
+    def hook_session(
+        self, hooks: Mapping[str, HookFn] | None = None, *, cache: NameFilter = ()
+    ) -> Iterator[ActivationCache]:
+        """Hooks and a cache, active inside the ``with`` block (in this thread).
+
+        Args:
+            hooks: as :meth:`hooks` takes them.
+            cache: the activations to keep, as :meth:`run_with_cache` takes them; ``()``
+                keeps none.
+
+        Yields:
+            The :class:`attnkit.nn.ActivationCache`, filled as forward passes run.
+
+        Raises:
+            ValueError: an unknown name.
+            TypeError: a hook that is not callable, names given as one string.
+        """
+        from attnkit.nn.activation_cache import ActivationCache
+
+        hooks = dict(hooks or {})
+        if not hooks and cache == ():
+            # Nothing to add: no walk over the module tree, the context stays as it is.
+            yield ActivationCache(self)
+            return
+        points = self.hook_points()
+        check_hook_names(hooks, points, "hook")
+        for name, fn in hooks.items():
+            if not callable(fn):
+                raise TypeError(f"the hook on {name!r} must be a function of the activation, got {type(fn).__name__}")
+        outer = _SESSION.get()
+        chains: dict[HookPoint, tuple[Callable[[Tensor, HookPoint], Tensor | None], ...]] = dict(
+            outer.hooks if outer else {}
+        )
+        for name, fn in hooks.items():
+            point = points[name]
+            chains[point] = (*chains.get(point, ()), _with_hook_argument(fn))
+        cached = _cached_points(cache, points)
+        activation_cache = ActivationCache(self)
+        caches = outer.caches if outer else ()
+        if cached:
+            caches = (*caches, (cached, activation_cache))
+        token = _SESSION.set(_Session(chains, caches) if chains or caches else None)
+        try:
+            yield activation_cache
+        finally:
+            _SESSION.reset(token)
+
+
+def check_hook_names(names: Collection[str], points: Mapping[str, HookPoint], what: str) -> None:
+    """Check that every name is one of ``points``.
+
+    Raises:
+        TypeError: names given as one string.
+        ValueError: unknown names; the message lists the known ones.
+    """
+    if isinstance(names, str):
+        raise TypeError(f"{what} names must be a collection of names, got the string {names!r}")
+    unknown = [name for name in names if name not in points]
+    if unknown:
+        raise ValueError(
+            f"unknown {what} name{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"the names are {summarize_names(points)}"
+        )
+
+
+def summarize_names(names: Collection[str]) -> str:
+    """The names with the layer indices folded: ``decoder.layers.{0..29}.{resid_pre, ...}``."""
+    groups: dict[str, list[str]] = {}
+    layers: dict[str, set[int]] = {}
+    for name in names:
+        match = _LAYER_INDEX.search(name)
+        if match is None:
+            groups.setdefault(name, [])
+            continue
+        head = name[: match.start(1)]
+        tail = name[match.end(1) + 1 :]
+        if tail not in groups.setdefault(head, []):
+            groups[head].append(tail)
+        layers.setdefault(head, set()).add(int(match.group(1)))
+    parts = []
+    for head, tails in groups.items():
+        if head not in layers:
+            parts.append(head)
+            continue
+        indices = sorted(layers[head])
+        span = f"{{{indices[0]}..{indices[-1]}}}" if len(indices) > 1 else str(indices[0])
+        parts.append(f"{head}{span}.{{{', '.join(tails)}}}")
+    return ", ".join(parts)
+
+
+def _cached_points(cache: NameFilter, points: Mapping[str, HookPoint]) -> dict[HookPoint, str]:
+    """Point → name for the points a cache keeps."""
+    if cache is None:
+        return {point: name for name, point in points.items()}
+    if callable(cache) and not isinstance(cache, (str, Collection)):
+        return {point: name for name, point in points.items() if cache(name)}
+    check_hook_names(cache, points, "cache")
+    return {points[name]: name for name in cache}
+
+
+def _with_hook_argument(fn: HookFn) -> Callable[[Tensor, HookPoint], Tensor | None]:
+    """``fn`` as a function of ``(activation, hook)``: it gets both when it requires two
+    positional arguments (or takes ``*args``), the activation alone otherwise (so that
+    ``def f(z, head=head)`` keeps its default)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # builtins without a signature: pass both
+        return fn
+    required = [
+        p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters) or len(required) >= 2:
+        return fn
+    return lambda activation, hook: fn(activation)
