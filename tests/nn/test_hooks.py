@@ -3,10 +3,21 @@ of scores, patterns, per-head results and norm scales, cross-attention, kernels,
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
+from torch import nn
 
-from attnkit.nn import AdditiveAttention, DecoderLM, HookPoint, MultiHeadAttention, Transformer
+from attnkit.nn import (
+    AdditiveAttention,
+    DecoderLayer,
+    DecoderLM,
+    HookPoint,
+    MultiHeadAttention,
+    RMSNorm,
+    Transformer,
+)
 from attnkit.nn.hooks import HookedModule
 
 
@@ -181,3 +192,19 @@ def test_hook_point_is_an_identity_without_hooks():
     point = HookPoint()
     x = torch.randn(2, 3)
     assert point(x) is x and not point.active
+
+
+@pytest.mark.parametrize("options", [{"parallel": True}, {"output_norms": True}])
+def test_every_point_of_parallel_and_output_normed_layers_is_hit_once(options):
+    torch.manual_seed(0)
+    layers = [
+        DecoderLayer(16, 2, 32, cross_attention=False, norm="rms", norm_first=True, dropout=0.0, **options)
+        for _ in range(2)
+    ]
+    lm = DecoderLM.from_parts(nn.Embedding(20, 16), layers, final_norm=RMSNorm(16)).eval()
+    names = lm.hook_names()
+    assert ("decoder.layers.0.resid_mid" in names) != options.get("parallel", False)
+    calls: Counter[str] = Counter()
+    with lm.hooks({name: (lambda x, hook: calls.update([hook.name])) for name in names}):
+        lm(torch.randint(0, 20, (1, 4)))
+    assert calls == Counter(names)
