@@ -388,8 +388,9 @@ def test_block_sizes_beyond_the_sequence_allocate_nothing_more():
         attnkit.functional.tiled_attention,
         partial(attnkit.functional.local_attention, window=3),
         partial(attnkit.functional.sparse_attention, mask=masks.sliding_window(2)),
+        attnkit.functional.linear_attention,
     ],
-    ids=["attention", "tiled", "local", "sparse"],
+    ids=["attention", "tiled", "local", "sparse", "linear"],
 )
 def test_every_kernel_takes_one_head_as_s_d_by_position_or_by_name(kernel):
     gen = torch.Generator().manual_seed(0)

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.functional._validate import check_inputs
+from attnkit.functional._validate import accepts_single_head
 from attnkit.functional.linear_fused import fused_causal, fused_chunk_size
 
 FeatureMap = Literal["elu", "relu", "favor"] | Callable[[Tensor], Tensor]
@@ -142,6 +142,7 @@ def feature_map_fn(
     raise TypeError(f'feature_map must be "elu", "relu", "favor" or a callable, got {feature_map!r}')
 
 
+@accepts_single_head
 def linear_attention(
     q: Tensor,
     k: Tensor,
@@ -204,9 +205,6 @@ def linear_attention(
     """
     if engine not in _ENGINES:
         raise ValueError(f"linear_attention runs on the engines {list(_ENGINES)}, got engine={engine!r}")
-    single = check_inputs(q, k, v)
-    if single:
-        q, k, v = q[None, None], k[None, None], v[None, None]
     d = q.shape[-1]
     phi, m = feature_map_fn(
         feature_map, d=d, projection=projection, seed=seed, dtype=compute_dtype(q.dtype), device=q.device
@@ -225,8 +223,6 @@ def linear_attention(
         segment = _CPU_SEGMENT if q.device.type == "cpu" else max(q.shape[2], 1)
         core = _compiled_linear_core() if chosen == "compiled" else _linear_core
         out, kv, z, log_shift = core(q, k, v, phi, causal, chunk_size, eps, segment, *start)
-    if single:
-        out = out[0, 0]
     if not return_state:
         return out
     length = k.shape[2] + (0 if state is None else state.length)
@@ -310,7 +306,9 @@ def _linear_core(
     fq = fq.view(b, h_kv, g, s_q, m)  # [b, h_kv, g, s_q, m]
     # Values with a column of ones: one product gives the numerator and the normaliser.
     v1 = torch.cat([v_c, v_c.new_ones(b, h_kv, s_k, 1)], dim=-1)  # [b, h_kv, s_k, d_v + 1]
-    start = None if start_kv is None else torch.cat([start_kv, start_z.unsqueeze(-1)], -1)  # [b, h_kv, m, d_v + 1]
+    start = None  # [b, h_kv, m, d_v + 1]: the earlier keys' kv and z, side by side
+    if start_kv is not None and start_z is not None:
+        start = torch.cat([start_kv, start_z.unsqueeze(-1)], -1)
     if not causal:
         state = fk.transpose(-1, -2) @ v1  # [b, h_kv, m, d_v + 1]
         if start is not None:
@@ -330,14 +328,12 @@ def _continue_state(
     ``log_shift [b, h_kv]`` common to both (FAVOR+ rescales the side with the smaller
     stabiliser; 0 for the other maps), ``kv`` and ``z`` in ``fk``'s dtype."""
     b, h_kv = fk.shape[:2]
-    if kv is not None:
-        kv, z = kv.to(fk.dtype), z.to(fk.dtype)
+    if kv is None or z is None or log_shift is None:  # no earlier key (a state has all three)
+        return fk, None, None, fk.new_zeros(b, h_kv) if k_shift is None else k_shift.view(b, h_kv)
+    kv, z, log_shift = kv.to(fk.dtype), z.to(fk.dtype), log_shift.to(fk.dtype)
     if k_shift is None:
-        return fk, kv, z, fk.new_zeros(b, h_kv) if log_shift is None else log_shift.to(fk.dtype)
+        return fk, kv, z, log_shift
     k_shift = k_shift.view(b, h_kv)
-    if kv is None:
-        return fk, None, None, k_shift
-    log_shift = log_shift.to(fk.dtype)
     shift = torch.maximum(log_shift, k_shift)
     old_scale = torch.exp(log_shift - shift)  # [b, h_kv]
     fk = fk * torch.exp(k_shift - shift)[..., None, None]
@@ -411,7 +407,7 @@ def _true_eps(
     ``exp(q_shift)`` and key features by ``exp(k_shift)``): ``eps · exp(-q_shift - k_shift)``,
     so that adding it equals adding ``eps`` to the true normaliser, whatever the shifts (and
     a future key, which may raise ``k_shift``, changes nothing before it)."""
-    if eps is None or q_shift is None:
+    if eps is None or q_shift is None or k_shift is None:
         return eps
     log_eps = math.log(eps) if eps > 0 else float("-inf")
     q_shift = q_shift.view(b, h_kv, g, s_q, 1)
