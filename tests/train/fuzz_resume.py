@@ -27,7 +27,7 @@ from attnkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_chec
 from attnkit.train.loop import TrainConfig, run, saved_config
 
 MEMORY_LIMIT = 3 * 2**30
-EXAMPLES = 120
+EXAMPLES = 80
 OUTCOMES: Counter[str] = Counter()
 CONFIG = TrainConfig(
     task="reverse",
