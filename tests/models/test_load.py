@@ -128,8 +128,9 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
     def write(**changes):
         (folder / "config.json").write_text(json.dumps({**config, **changes}))
 
-    write(model_type="gpt2")
-    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported; attnkit loads llama, bert"):
+    write(model_type="falcon")
+    expected = r"model_type 'falcon' is not supported; attnkit loads llama, bert, gpt2, .*capture"
+    with pytest.raises(ValueError, match=expected):
         models.load(folder)
     write(hidden_act="relu")
     with pytest.raises(models.CheckpointError, match="config.json: hidden_act='relu' is not supported"):
@@ -154,7 +155,8 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
 
 
 def test_llama_config_checks():
-    from attnkit.models.llama import LlamaConfig
+    from attnkit.models.llama import read_config
+    from attnkit.nn.rope_scaling import Llama3RopeScaling
 
     base = {
         "vocab_size": 10,
@@ -165,16 +167,21 @@ def test_llama_config_checks():
         "rope_theta": 500.0,
         "eos_token_id": [3, 4],
     }
-    config = LlamaConfig.from_hf(base)
-    assert config.rope_theta == 500.0 and config.num_kv_heads == 2 and config.eos_token_ids == (3, 4)
+    config = read_config(base)
+    assert config.ropes[0].theta == 500.0 and config.num_kv_heads == 2 and config.eos_token_ids == (3, 4)
     transformers5 = {**base, "rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}}
-    assert LlamaConfig.from_hf(transformers5).rope_theta == 1e5
-    with pytest.raises(ValueError, match="rope_type='llama3'"):
-        LlamaConfig.from_hf({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
-    with pytest.raises(ValueError, match="attention_bias"):
-        LlamaConfig.from_hf({**base, "attention_bias": True})
+    assert read_config(transformers5).ropes[0].theta == 1e5
+    llama3 = read_config({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}).ropes[0].scaling
+    assert llama3 == Llama3RopeScaling(8.0, 1.0, 4.0, 8192)
+    with pytest.raises(ValueError, match="rope_type='yarn' is not supported"):
+        read_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})
+    with pytest.raises(ValueError, match="rope_scaling: factor must be >= 1"):
+        read_config({**base, "rope_scaling": {"rope_type": "linear", "factor": 0.5}})
+    assert read_config({**base, "attention_bias": True}).qkv_bias
     with pytest.raises(ValueError, match="intermediate_size is missing"):
-        LlamaConfig.from_hf({k: v for k, v in base.items() if k != "intermediate_size"})
+        read_config({k: v for k, v in base.items() if k != "intermediate_size"})
+    with pytest.raises(ValueError, match="hidden_act: 'gelu' is not supported"):
+        read_config({**base, "hidden_act": "gelu"})
 
 
 def test_pickled_weights_are_refused(minilm_path, tmp_path):

@@ -1,4 +1,5 @@
-"""``attnkit models``: fetch the real checkpoints once, and list what is cached."""
+"""``attnkit models``: fetch the real checkpoints once, list what is cached, and show the
+families a local checkpoint folder may belong to."""
 
 from __future__ import annotations
 
@@ -40,6 +41,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Show the models in the cache, their family, size and folder.",
     )
     listing.set_defaults(func=run_list)
+    families = actions.add_parser(
+        "families",
+        help="show the model families a checkpoint folder may belong to",
+        description=(
+            "Show the model families attnkit runs on its own modules, by the model_type of a checkpoint's "
+            "config.json, and what each adds. Any folder with config.json, safetensors weights (sharded too) "
+            "and tokenizer.json of these families loads by its path."
+        ),
+    )
+    families.set_defaults(func=run_families)
 
 
 def _help(parser: argparse.ArgumentParser) -> int:
@@ -77,4 +88,15 @@ def run_list(args: argparse.Namespace) -> int:
     missing = [name for name in MODELS if name not in {info.name for info in infos}]
     if missing:
         print(f"not fetched: {', '.join(missing)} (`attnkit models fetch NAME`)")
+    return 0
+
+
+def run_families(args: argparse.Namespace) -> int:
+    from attnkit.models.families import families_table
+
+    rows = families_table()
+    width = max(len(model_type) for model_type, _, _ in [("model_type", "", ""), *rows])
+    print(f"{'model_type':<{width}}  {'kind':<7}  what its blocks have")
+    for model_type, kind, summary in rows:
+        print(f"{model_type:<{width}}  {kind:<7}  {summary}")
     return 0

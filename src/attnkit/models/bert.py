@@ -295,4 +295,5 @@ FAMILY = ModelFamily(
     hidden_states=hidden_states,
     logits=logits,
     self_attention=self_attention,
+    summary="post-norm encoder: LayerNorm, exact GELU, learned positions and segment embeddings, biases",
 )

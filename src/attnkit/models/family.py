@@ -3,7 +3,7 @@ network, rename its checkpoint's tensors, and run it.
 
 :func:`attnkit.models.load` and :class:`attnkit.models.Model` know nothing about any
 particular family: they look the checkpoint's ``model_type`` up in
-:data:`attnkit.models.model.FAMILIES` and call the family's functions. A new family is
+:data:`attnkit.models.families.FAMILIES` and call the family's functions. A new family is
 one new file that defines a :class:`ModelFamily`, plus its entry in that table.
 
 Shape letters: ``s`` number of tokens, ``e`` model dim, ``v`` vocabulary size.
@@ -69,6 +69,7 @@ class ModelFamily:
         self_attention: ``(network, layer)`` → that layer's
             :class:`attnkit.nn.MultiHeadAttention` (whose projections value-weighted
             attention reads).
+        summary: what the family's blocks have, in a line (``attnkit models families``).
     """
 
     name: str
@@ -82,3 +83,4 @@ class ModelFamily:
     hidden_states: Callable[[Any, Tensor, Collection[int]], StackOutput]
     logits: Callable[[Any, Tensor], Tensor | None]
     self_attention: Callable[[Any, int], nn.Module]
+    summary: str

@@ -1,9 +1,13 @@
-"""LLaMA-family checkpoints (SmolLM2 and friends) on :class:`attnkit.nn.DecoderLM`.
+"""LLaMA-family checkpoints (SmolLM2, Llama 2 and 3, and friends) on
+:class:`attnkit.nn.DecoderLM`.
 
 A LLaMA block is exactly a pre-norm :class:`attnkit.nn.DecoderLayer` with RMSNorm, rotary
 positions in the half-split layout, grouped-query attention, SwiGLU and no biases; the
-head shares the token embedding when ``tie_word_embeddings`` is set. Only the key names
-differ from Hugging Face's ``LlamaForCausalLM``:
+head shares the token embedding when ``tie_word_embeddings`` is set. Rotary scaling of
+type ``linear``, ``llama3`` (Llama 3.1 and later) and ``dynamic`` is read from
+``rope_parameters`` (or transformers 4's ``rope_scaling``); ``attention_bias`` and
+``mlp_bias`` give the projections biases. Only the key names differ from Hugging Face's
+``LlamaForCausalLM``:
 
 =====================================================  ==========================================
 Hugging Face                                           attnkit
@@ -21,27 +25,17 @@ Hugging Face                                           attnkit
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Collection
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from attnkit.models.checkpoint import (
-    REQUIRED,
-    CheckpointError,
-    build_without_weights,
-    config_float,
-    config_int,
-    short_repr,
-)
-from attnkit.models.family import ModelFamily
-from attnkit.nn import DecoderLM, MultiHeadAttention, StackOutput
+from attnkit.models.checkpoint import short_repr
+from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family
 
-_LAYER_KEYS = {
+# Hugging Face's names → attnkit's, inside layer N (``model.layers.N.``).
+LAYER_KEYS = {
     "input_layernorm": "self_attn_norm",
     "self_attn.q_proj": "self_attn.q_proj",
     "self_attn.k_proj": "self_attn.k_proj",
@@ -52,130 +46,68 @@ _LAYER_KEYS = {
     "mlp.up_proj": "ff.up_proj",
     "mlp.down_proj": "ff.down_proj",
 }
-_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)\.weight")
+_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 
 
-@dataclass(frozen=True)
-class LlamaConfig:
-    """The sizes of a LLaMA-family checkpoint, read from its ``config.json``.
+def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> DecoderConfig:
+    """Read a Hugging Face ``LlamaConfig`` dict (transformers 4 or 5 layout).
 
-    Attributes:
-        vocab_size: ``v``.
-        hidden_size: model dim ``e``.
-        num_layers: depth.
-        num_heads: query heads ``h``.
-        num_kv_heads: key/value heads ``h_kv``.
-        intermediate_size: SwiGLU hidden dim.
-        rope_theta: base of the rotary frequencies.
-        rms_norm_eps: RMSNorm epsilon.
-        max_length: the context length (``max_position_embeddings``).
-        tie_embeddings: the head shares the token embedding matrix.
-        eos_token_ids: ids that end a generation.
+    Args:
+        config: the parsed ``config.json``.
+        path: its file, named in errors.
+
+    Raises:
+        CheckpointError: a missing size, one that is not an integer within
+            :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, or a feature attnkit does
+            not implement (rotary scaling other than linear, llama3 and dynamic, an
+            activation other than SiLU); the message names the field.
     """
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    rope_theta: float
-    rms_norm_eps: float
-    max_length: int
-    tie_embeddings: bool
-    eos_token_ids: tuple[int, ...]
-
-    @classmethod
-    def from_hf(cls, config: dict[str, Any], *, path: Path = Path("config.json")) -> LlamaConfig:
-        """Read a Hugging Face ``LlamaConfig`` dict (transformers 4 or 5 layout).
-
-        Args:
-            config: the parsed ``config.json``.
-            path: its file, named in errors.
-
-        Raises:
-            CheckpointError: a missing size, one that is not an integer within
-                :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, or a feature attnkit does
-                not implement (biases, scaled RoPE, an activation other than SiLU, a head
-                dim other than ``hidden_size / num_attention_heads``); the message names
-                the field.
-        """
-
-        def size(key: str, default: Any = REQUIRED, maximum: int | None = None) -> int:
-            return config_int(config, key, path=path, default=default, maximum=maximum)
-
-        def refuse(key: str, detail: str) -> CheckpointError:
-            return CheckpointError(path, f"{key}: {detail}", field=key)
-
-        rope_key = next((k for k in ("rope_parameters", "rope_scaling") if config.get(k)), "rope_parameters")
-        rope = config.get(rope_key) or {}
-        if not isinstance(rope, dict):
-            raise refuse(rope_key, f"must be an object, got {short_repr(rope)}")
-        rope = {"rope_theta": config["rope_theta"], **rope} if "rope_theta" in config else rope
-        hidden, heads = size("hidden_size"), size("num_attention_heads")
-        vocab = size("vocab_size")
-        out = cls(
-            vocab_size=vocab,
-            hidden_size=hidden,
-            num_layers=size("num_hidden_layers"),
-            num_heads=heads,
-            num_kv_heads=size("num_key_value_heads", heads, maximum=heads),
-            intermediate_size=size("intermediate_size"),
-            rope_theta=config_float(rope, "rope_theta", path=path, default=10000.0, low=1.0, high=1e12),
-            rms_norm_eps=config_float(config, "rms_norm_eps", path=path, default=1e-6, low=0.0, high=1.0),
-            max_length=size("max_position_embeddings", 2048),
-            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            eos_token_ids=_ids(config.get("eos_token_id"), vocab, path),
-        )
-        for key in ("attention_bias", "mlp_bias"):
-            if config.get(key):
-                raise refuse(key, "biases are not supported")
-        if config.get("hidden_act", "silu") != "silu":
-            raise refuse("hidden_act", f"{short_repr(config['hidden_act'])} is not supported (only 'silu')")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise refuse(rope_key, f"rope_type={short_repr(rope_type)} is not supported (only 'default')")
-        if hidden % heads:
-            raise refuse("num_attention_heads", f"hidden_size={hidden} is not a multiple of {heads} heads")
-        head_dim = size("head_dim", hidden // heads)
-        if head_dim * heads != hidden:
-            raise refuse("head_dim", f"{head_dim} with hidden_size={hidden} and {heads} heads is not supported")
-        if (hidden // heads) % 2:
-            raise refuse("num_attention_heads", f"the head dim hidden_size / heads = {hidden // heads} must be even")
-        if heads % out.num_kv_heads:
-            raise refuse("num_key_value_heads", f"{heads} query heads are not a multiple of {out.num_kv_heads}")
-        return out
+    return llama_like_config(ConfigReader(config, path))
 
 
-def build(config: LlamaConfig) -> DecoderLM:
-    """A :class:`attnkit.nn.DecoderLM` of the right shape on the ``meta`` device (no
-    storage), whose weights the checkpoint's replace (then :func:`finish`)."""
-    module = build_without_weights(
-        lambda: DecoderLM(
-            config.vocab_size,
-            config.hidden_size,
-            config.num_heads,
-            config.num_layers,
-            config.intermediate_size,
-            num_kv_heads=config.num_kv_heads,
-            positional="rotary",
-            max_length=config.max_length,
-            rope_theta=config.rope_theta,
-            activation="swiglu",
-            norm="rms",
-            norm_eps=config.rms_norm_eps,
-            norm_first=True,
-            bias=False,
-            dropout=0.0,
-            tie_embeddings=config.tie_embeddings,
-        )
-    )
-    assert isinstance(module, DecoderLM)
-    return module
+def llama_like_config(read: ConfigReader, **options: Any) -> DecoderConfig:
+    """The :class:`attnkit.models.decoder.DecoderConfig` of a LLaMA block as the
+    ``config.json`` describes it (sizes, rotary, biases, windows), with ``options`` set on
+    top: what the families built on LLaMA's layout (Qwen, Mistral, Phi 3) add.
+
+    Raises:
+        CheckpointError: as :func:`read_config`.
+    """
+    hidden = read.size("hidden_size")
+    vocab = read.size("vocab_size")
+    layers = read.size("num_hidden_layers")
+    heads, kv_heads, head_dim = read.heads(hidden)
+    if read.config.get("hidden_act", "silu") != "silu":
+        raise read.refuse("hidden_act", f"{short_repr(read.config['hidden_act'])} is not supported (only 'silu')")
+    rope, partial = read.rope(head_dim=head_dim)
+    bias = bool(read.config.get("attention_bias", False))
+    fields: dict[str, Any] = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": read.size("intermediate_size"),
+        "max_length": read.context_length(rope, 2048),
+        "tie_embeddings": bool(read.config.get("tie_word_embeddings", False)),
+        "eos_token_ids": read.eos(vocab),
+        "activation": "swiglu",
+        "norm": "rms",
+        "norm_eps": read.number("rms_norm_eps", 1e-6, high=1.0),
+        "positional": "rotary",
+        "rotary_dim": int(head_dim * partial),
+        "ropes": (rope,) * layers,
+        "windows": read.windows(layers, sliding_by_default=False),
+        "qkv_bias": bias,
+        "out_bias": bias,
+        "mlp_bias": bool(read.config.get("mlp_bias", False)),
+    }
+    return DecoderConfig(**(fields | options))
 
 
-def state_dict_from_hf(tensors: dict[str, Tensor], config: LlamaConfig) -> tuple[dict[str, Tensor], list[str]]:
-    """Rename a Hugging Face LLaMA state dict to :class:`attnkit.nn.DecoderLM` keys.
+def state_dict_from_hf(tensors: dict[str, Tensor], config: DecoderConfig) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename a Hugging Face LLaMA-layout state dict to :class:`attnkit.nn.DecoderLM` keys.
 
     Args:
         tensors: the checkpoint's tensors.
@@ -185,12 +117,25 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: LlamaConfig) -> tuple
         ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place in
         the model. With tied embeddings the head gets the embedding matrix.
     """
+    return rename_llama_layout(tensors, config, LAYER_KEYS)
+
+
+def rename_llama_layout(
+    tensors: dict[str, Tensor], config: DecoderConfig, layer_keys: dict[str, str]
+) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename ``model.embed_tokens``, ``model.layers.N.<layer_keys>``, ``model.norm`` and
+    ``lm_head`` to :class:`attnkit.nn.DecoderLM` keys (the layout of LLaMA and of the
+    families that copied it).
+
+    Returns:
+        ``(state, unknown)`` as :func:`state_dict_from_hf`.
+    """
     state: dict[str, Tensor] = {}
     unknown = []
     for key, value in tensors.items():
         match = _LAYER_KEY.fullmatch(key)
-        if match and match.group(2) in _LAYER_KEYS:
-            state[f"decoder.layers.{match.group(1)}.{_LAYER_KEYS[match.group(2)]}.weight"] = value
+        if match and match.group(2) in layer_keys:
+            state[f"decoder.layers.{match.group(1)}.{layer_keys[match.group(2)]}.{match.group(3)}"] = value
         elif key == "model.embed_tokens.weight":
             state["token_embedding.weight"] = value
         elif key == "model.norm.weight":
@@ -206,73 +151,10 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: LlamaConfig) -> tuple
     return state, unknown
 
 
-def finish(module: DecoderLM, config: LlamaConfig) -> None:
-    """Tie the head to the embedding again once the weights are assigned: assignment gives
-    each key its own Parameter object."""
-    if config.tie_embeddings:
-        module.lm_head.weight = module.token_embedding.weight
-
-
-def eos_token_ids(config: LlamaConfig, folder: Path) -> tuple[int, ...]:
-    """The ids that end a generation: those of ``config.json`` and of
-    ``generation_config.json``, which `transformers` uses when generating (it may list
-    more), without repeats.
-
-    Raises:
-        CheckpointError: a ``generation_config.json`` that is not a JSON object, or ids
-            outside the vocabulary.
-    """
-    path = folder / "generation_config.json"
-    extra: tuple[int, ...] = ()
-    if path.is_file():
-        try:
-            generation = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise CheckpointError(path, "is not valid JSON") from None
-        if not isinstance(generation, dict):
-            raise CheckpointError(path, "must hold a JSON object")
-        extra = _ids(generation.get("eos_token_id"), config.vocab_size, path)
-    return tuple(dict.fromkeys(config.eos_token_ids + extra))
-
-
-def hidden_states(module: DecoderLM, ids: Tensor, layers: Collection[int]) -> StackOutput:
-    """The hidden states after the final norm ``[1, s, e]`` of ids ``[1, s]``, with the
-    weights of ``layers``."""
-    return module.hidden_states(ids, return_weights=layers)
-
-
-def logits(module: DecoderLM, hidden: Tensor) -> Tensor:
-    """Next-token logits ``[1, s, v]`` of hidden states ``[1, s, e]``."""
-    return module.lm_head(hidden)
-
-
-def _ids(value: object, vocab_size: int, path: Path) -> tuple[int, ...]:
-    """``eos_token_id``: absent, one id or a list of ids, each in ``[0, vocab_size)``."""
-    if value is None:
-        return ()
-    values = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab_size for v in values):
-        raise CheckpointError(
-            path, f"eos_token_id must be token ids in [0, {vocab_size}), got {short_repr(value)}", field="eos_token_id"
-        )
-    return tuple(values)
-
-
-def self_attention(module: nn.Module, layer: int) -> MultiHeadAttention:
-    """The self-attention module of layer ``layer``."""
-    return module.decoder.layers[layer].self_attn
-
-
-FAMILY = ModelFamily(
+FAMILY = decoder_family(
     name="llama",
     model_type="llama",
-    causal=True,
-    read_config=LlamaConfig.from_hf,
-    build=build,
+    read_config=read_config,
     state_dict_from_hf=state_dict_from_hf,
-    finish=finish,
-    eos_token_ids=eos_token_ids,
-    hidden_states=hidden_states,
-    logits=logits,
-    self_attention=self_attention,
+    summary="RMSNorm, rotary (linear, llama3 and dynamic scaling), grouped-query attention, SwiGLU",
 )

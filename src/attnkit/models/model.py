@@ -21,7 +21,6 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.indices import normalize_indices, select_indices
-from attnkit.models import bert, llama
 from attnkit.models.checkpoint import (
     CheckpointError,
     load_tensors,
@@ -30,10 +29,10 @@ from attnkit.models.checkpoint import (
     read_headers,
     read_manifest,
     resolve,
-    short_repr,
     verify_manifest,
     weight_files,
 )
+from attnkit.models.families import FAMILIES, unsupported_model_type
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 from attnkit.nn import (
@@ -51,8 +50,6 @@ from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
 # tokens would be 4.3 GB. Past this, ask for fewer layers or a shorter text.
 ATTENTION_MEMORY_LIMIT = 2 * 2**30
 
-# The families :func:`load` knows, by the ``model_type`` of ``config.json``.
-FAMILIES: dict[str, ModelFamily] = {family.model_type: family for family in (llama.FAMILY, bert.FAMILY)}
 
 
 class LayerAttentions(dict[int, Tensor]):
@@ -625,11 +622,7 @@ def load(
     hf_config = read_config(folder)
     model_type = hf_config.get("model_type")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise CheckpointError(
-            folder / "config.json",
-            f"model_type {short_repr(model_type)} is not supported; attnkit loads {', '.join(FAMILIES)} checkpoints",
-            field="model_type",
-        )
+        raise CheckpointError(folder / "config.json", unsupported_model_type(model_type), field="model_type")
     family = FAMILIES[model_type]
     files = weight_files(folder)
     # Everything the folder says is compared before anything is built or read, so that a
@@ -686,7 +679,13 @@ def _check_weights_fit(
             misshaped or non-floating weights.
     """
     where = next(iter(headers.values()))[0] if len({f for f, _, _ in headers.values()}) == 1 else folder
-    layers = {int(m.group(1)) for key in headers if (m := _LAYER_INDEX.search(key))}
+    described = {
+        key: torch.empty(shape, dtype=torch.float32 if dtype in _FLOAT_DTYPES else torch.int64, device="meta")
+        for key, (_, dtype, shape) in headers.items()
+    }
+    state, unknown = family.state_dict_from_hf(described, config)
+    # Counted in attnkit's names, which every family gives as ``layers.N.``.
+    layers = {int(m.group(1)) for key in state if (m := _LAYER_INDEX.search(key))}
     if len(layers) != config.num_layers:
         raise CheckpointError(
             folder / "config.json",
@@ -695,11 +694,6 @@ def _check_weights_fit(
         )
     with torch.device("meta"):
         expected = family.build(config).state_dict()
-    described = {
-        key: torch.empty(shape, dtype=torch.float32 if dtype in _FLOAT_DTYPES else torch.int64, device="meta")
-        for key, (_, dtype, shape) in headers.items()
-    }
-    state, unknown = family.state_dict_from_hf(described, config)
     missing = sorted(set(expected) - set(state))
     if missing or unknown:
         raise CheckpointError(
@@ -707,9 +701,10 @@ def _check_weights_fit(
             f"the weights do not fit the configuration: missing {_few(missing)}, unexpected {_few(unknown)}",
             field=(missing or unknown)[0],
         )
-    file_name = {id(t): key for key, t in described.items()}  # a tensor's name in the file
+    # A tensor's name in the file; a piece of a fused tensor goes by attnkit's name.
+    file_name = {id(t): key for key, t in described.items()}
     wrong = [
-        (file_name[id(state[key])], list(state[key].shape), list(t.shape))
+        (file_name.get(id(state[key]), key), list(state[key].shape), list(t.shape))
         for key, t in expected.items()
         if state[key].shape != t.shape
     ]
@@ -718,7 +713,7 @@ def _check_weights_fit(
         raise CheckpointError(
             where, f"weights of the wrong shape for config.json's sizes: {_few(shown)}", field=wrong[0][0]
         )
-    integers = sorted({file_name[id(t)] for t in state.values() if not t.is_floating_point()})
+    integers = sorted({file_name.get(id(t), key) for key, t in state.items() if not t.is_floating_point()})
     if integers:
         raise CheckpointError(where, f"weights must be floating point: {_few(integers)}", field=integers[0])
 

@@ -185,7 +185,7 @@ class DecoderLM(HookedModule):
             TypeError: a layer that is not a ``DecoderLayer``.
         """
         model = cls.__new__(cls)
-        nn.Module.__init__(model)
+        super(DecoderLM, model).__init__()
         decoder = Decoder(layers, final_norm=final_norm)
         if any(layer.cross_attn is not None for layer in decoder.layers):
             raise ValueError("a DecoderLM's layers have no cross-attention; build them with cross_attention=False")

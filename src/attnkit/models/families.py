@@ -1,0 +1,41 @@
+"""The model families :func:`attnkit.models.load` knows, by the ``model_type`` of
+``config.json``: the one table a new family file is added to."""
+
+from __future__ import annotations
+
+from attnkit.models import bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3
+from attnkit.models.family import ModelFamily
+
+FAMILIES: dict[str, ModelFamily] = {
+    family.model_type: family
+    for family in (
+        llama.FAMILY,
+        bert.FAMILY,
+        gpt2.FAMILY,
+        gpt_neox.FAMILY,
+        qwen2.FAMILY,
+        qwen3.FAMILY,
+        mistral.FAMILY,
+        gemma2.FAMILY,
+        gemma2.GEMMA3_TEXT,
+        phi3.FAMILY,
+    )
+}
+
+
+def unsupported_model_type(model_type: object) -> str:
+    """The message for a ``config.json`` whose ``model_type`` no family loads: what is
+    supported, and what reads any ``transformers`` model instead."""
+    shown = repr(model_type) if isinstance(model_type, str) else f"{model_type!r} (not a string)"
+    return (
+        f"model_type {shown[:60]} is not supported; attnkit loads {', '.join(FAMILIES)} checkpoints "
+        "(`attnkit models families` shows what each adds). Any other transformers model: capture its "
+        "attention with attnkit.inspect.capture"
+    )
+
+
+def families_table() -> list[tuple[str, str, str]]:
+    """``(model_type, kind, what it adds)`` of every family, in the table's order."""
+    return [
+        (family.model_type, "decoder" if family.causal else "encoder", family.summary) for family in FAMILIES.values()
+    ]
