@@ -15,10 +15,19 @@ times; one thread is the stable comparison. The contenders always share the thre
 
 Run alone: ``python benchmarks/bench_models.py`` (``REPEAT=N`` for more rounds). The model is
 fetched first if needed.
+
+``python benchmarks/bench_models.py --family NAME`` (a ``model_type`` of
+``attnkit models families``) measures one family instead, on a random checkpoint that
+``transformers`` writes with its own config class: 12 layers, ``hidden_size`` 768, 12 query
+heads of 64 dims (4 key/value heads where the family groups them), vocabulary 32000, the
+family's other settings at transformers' defaults. One thread; prefill of 512 random
+tokens (last-position logits) and greedy decoding of 32 tokens after 16, attnkit against
+transformers with sdpa attention, interleaved in one run.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import statistics
@@ -166,11 +175,121 @@ def _section(r: dict) -> str:
     )
 
 
-def main() -> dict:
+FAMILY_PREFILL = 512
+FAMILY_PROMPT = 16
+_FAMILY_SIZES = {
+    "vocab_size": 32000,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 2048,
+}
+# model_type → (transformers config class, settings beyond the shared sizes)
+_FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", {"num_key_value_heads": 4}),
+    "gpt2": ("GPT2Config", {"vocab_size": 32000, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 2048}),
+    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.25}),
+    "qwen2": ("Qwen2Config", {"num_key_value_heads": 4}),
+    "qwen3": ("Qwen3Config", {"num_key_value_heads": 4, "head_dim": 64}),
+    "mistral": ("MistralConfig", {"num_key_value_heads": 4}),
+    "gemma2": ("Gemma2Config", {"num_key_value_heads": 4, "head_dim": 64}),
+    "gemma3_text": ("Gemma3TextConfig", {"num_key_value_heads": 4, "head_dim": 64}),
+    "phi3": ("Phi3Config", {"num_key_value_heads": 4, "pad_token_id": 0}),
+}
+
+
+def bench_family(family: str, repeat: int) -> dict:
+    """attnkit against transformers (sdpa) on a random 12-layer, hidden-768 checkpoint of
+    ``family``, one thread.
+
+    Returns:
+        The timings and ratios.
+    """
+    import transformers
+
+    from attnkit import models
+
+    class_name, settings = _FAMILY_CONFIGS[family]
+    sizes = {} if family == "gpt2" else _FAMILY_SIZES
+    no_special = {"bos_token_id": None, "eos_token_id": None}
+    torch.manual_seed(0)
+    config = getattr(transformers, class_name)(**sizes, **settings, **no_special)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as folder:
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        words = [f"w{i}" for i in range(config.vocab_size - 1)] + ["[UNK]"]
+        _write_word_tokenizer(Path(folder) / "tokenizer.json", words)
+        ours = models.load(folder)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    module = ours.module
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (1, FAMILY_PREFILL), generator=generator)
+    prompt = torch.randint(0, config.vocab_size, (1, FAMILY_PROMPT), generator=generator)
+
+    def generate_hf() -> list[int]:
+        out = hf.generate(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+        return out[0, FAMILY_PROMPT:].tolist()
+
+    with torch.inference_mode():
+        ours_last = module.logits(module.hidden_states(ids)[:, -1])
+        theirs_last = hf(ids, use_cache=False, logits_to_keep=1).logits[:, -1]
+        error = ((ours_last - theirs_last).abs().max() / theirs_last.abs().max()).item()
+        tokens = list(ours.generate_ids(prompt, max_new_tokens=NEW_TOKENS))
+        assert tokens == generate_hf(), "attnkit and transformers generate different tokens"
+        prefill = interleaved_times(
+            {
+                "attnkit": lambda: module.logits(module.hidden_states(ids)[:, -1]),
+                "hf_sdpa": lambda: hf(ids, use_cache=False, logits_to_keep=1),
+            },
+            repeat=repeat,
+        )
+        decode = interleaved_times(
+            {
+                "attnkit": lambda: list(ours.generate_ids(prompt, max_new_tokens=NEW_TOKENS)),
+                "hf_sdpa": generate_hf,
+            },
+            repeat=repeat,
+        )
+    return {
+        "family": family,
+        "threads": 1,
+        "prefill_tokens": FAMILY_PREFILL,
+        "decode_new_tokens": NEW_TOKENS,
+        "prefill_relative_logit_difference": error,
+        "prefill_s": prefill,
+        "decode_tokens_per_s": {k: NEW_TOKENS / t for k, t in decode.items()},
+        "prefill_ratio_vs_sdpa": prefill["hf_sdpa"] / prefill["attnkit"],
+        "decode_ratio_vs_sdpa": decode["hf_sdpa"] / decode["attnkit"],
+    }
+
+
+def _write_word_tokenizer(path: Path, words: list[str]) -> None:
+    """A word-level ``tokenizer.json`` over ``words`` (the benchmark feeds ids, not text)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[-1]))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path.write_text(backend.to_str())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=sorted(_FAMILY_CONFIGS), help="measure one family on a random checkpoint")
+    args = parser.parse_args(argv or [])
+    repeat = int(os.environ.get("REPEAT", "5"))
+    if args.family:
+        r = bench_family(args.family, repeat)
+        print(
+            f"{args.family}, 1 thread: prefill {FAMILY_PREFILL} tokens {r['prefill_s']['attnkit'] * 1e3:.0f} ms "
+            f"vs {r['prefill_s']['hf_sdpa'] * 1e3:.0f} ms transformers-sdpa ({r['prefill_ratio_vs_sdpa']:.2f}x); "
+            f"decode {r['decode_tokens_per_s']['attnkit']:.1f} vs {r['decode_tokens_per_s']['hf_sdpa']:.1f} tokens/s "
+            f"({r['decode_ratio_vs_sdpa']:.2f}x); relative logit difference {r['prefill_relative_logit_difference']:.1e}"
+        )
+        return r
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     default_threads = torch.get_num_threads()
     threads = sorted({int(n) for n in os.environ.get("THREADS", f"1,{default_threads}").split(",")})
-    repeat = int(os.environ.get("REPEAT", "5"))
     from transformers import AutoModelForCausalLM
 
     from attnkit import models
@@ -235,4 +354,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -252,6 +252,7 @@ def decoder_family(
     read_config: Callable[..., DecoderConfig],
     state_dict_from_hf: Callable[[dict[str, Tensor], Any], tuple[dict[str, Tensor], list[str]]],
     summary: str,
+    forward_with_hooks: Callable[[Any, Tensor, Any], Tensor] | None = None,
 ) -> ModelFamily:
     """The :class:`attnkit.models.family.ModelFamily` of a causal decoder family: its own
     config reader and tensor names, and everything else shared.
@@ -263,6 +264,7 @@ def decoder_family(
         state_dict_from_hf: renames its checkpoint's tensors to :class:`attnkit.nn.DecoderLM`
             keys.
         summary: what it adds to a plain LLaMA block, for ``attnkit models families``.
+        forward_with_hooks: its written-out pass with hook points, if it has one.
     """
     return ModelFamily(
         name=name,
@@ -277,6 +279,7 @@ def decoder_family(
         logits=logits,
         self_attention=self_attention,
         summary=summary,
+        forward_with_hooks=forward_with_hooks,
     )
 
 
@@ -372,7 +375,9 @@ class ConfigReader:
         if layer_type is not None and isinstance(params.get(layer_type), dict):
             params = params[layer_type]
             key = f"{key}.{layer_type}"
-        merged: dict[str, Any] = {k: self.config[k] for k in ("rope_theta", "partial_rotary_factor") if k in self.config}
+        merged: dict[str, Any] = {
+            k: self.config[k] for k in ("rope_theta", "partial_rotary_factor") if k in self.config
+        }
         merged |= params
         sub = ConfigReader(merged, self.path)
         theta = sub.number("rope_theta", 10000.0, low=1.0)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from attnkit.models import bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3
+from attnkit.models.checkpoint import short_repr
 from attnkit.models.family import ModelFamily
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -26,9 +27,8 @@ FAMILIES: dict[str, ModelFamily] = {
 def unsupported_model_type(model_type: object) -> str:
     """The message for a ``config.json`` whose ``model_type`` no family loads: what is
     supported, and what reads any ``transformers`` model instead."""
-    shown = repr(model_type) if isinstance(model_type, str) else f"{model_type!r} (not a string)"
     return (
-        f"model_type {shown[:60]} is not supported; attnkit loads {', '.join(FAMILIES)} checkpoints "
+        f"model_type {short_repr(model_type)} is not supported; attnkit loads {', '.join(FAMILIES)} checkpoints "
         "(`attnkit models families` shows what each adds). Any other transformers model: capture its "
         "attention with attnkit.inspect.capture"
     )
