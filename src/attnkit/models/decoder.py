@@ -252,7 +252,6 @@ def decoder_family(
     read_config: Callable[..., DecoderConfig],
     state_dict_from_hf: Callable[[dict[str, Tensor], Any], tuple[dict[str, Tensor], list[str]]],
     summary: str,
-    forward_with_hooks: Callable[[Any, Tensor, Any], Tensor] | None = None,
 ) -> ModelFamily:
     """The :class:`attnkit.models.family.ModelFamily` of a causal decoder family: its own
     config reader and tensor names, and everything else shared.
@@ -264,7 +263,6 @@ def decoder_family(
         state_dict_from_hf: renames its checkpoint's tensors to :class:`attnkit.nn.DecoderLM`
             keys.
         summary: what it adds to a plain LLaMA block, for ``attnkit models families``.
-        forward_with_hooks: its written-out pass with hook points, if it has one.
     """
     return ModelFamily(
         name=name,
@@ -279,7 +277,6 @@ def decoder_family(
         logits=logits,
         self_attention=self_attention,
         summary=summary,
-        forward_with_hooks=forward_with_hooks,
     )
 
 

@@ -33,8 +33,6 @@ from torch import Tensor
 
 from attnkit.models.checkpoint import short_repr
 from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family
-from attnkit.models.hooks import HookPoints, attention_block
-from attnkit.nn import DecoderLM
 
 # Hugging Face's names → attnkit's, inside layer N (``model.layers.N.``).
 LAYER_KEYS = {
@@ -153,34 +151,10 @@ def rename_llama_layout(
     return state, unknown
 
 
-def forward_with_hooks(module: DecoderLM, tokens: Tensor, hook: HookPoints) -> Tensor:
-    """The forward pass of :meth:`attnkit.nn.DecoderLM.hidden_states` written out, with the
-    hook points of :mod:`attnkit.models.hooks` (inference: no cache, no dropout).
-
-    Args:
-        module: the network.
-        tokens: integer ids ``[b, s]``.
-        hook: the pass's hooks and cache.
-
-    Returns:
-        The last hidden states ``[b, s, e]``, after the final norm (what the head reads).
-    """
-    x = module.token_embedding(tokens)  # [b, s, e]
-    for i, layer in enumerate(module.decoder.layers):
-        x = hook(f"layers.{i}.resid_pre", x)
-        attn_out = attention_block(layer.self_attn, layer.self_attn_norm(x), hook, i, causal=True)
-        attn_out = hook(f"layers.{i}.attn_out", attn_out)
-        x = hook(f"layers.{i}.resid_mid", x + attn_out)
-        mlp_out = hook(f"layers.{i}.mlp_out", layer.ff(layer.ff_norm(x)))
-        x = hook(f"layers.{i}.resid_post", x + mlp_out)
-    return hook("final", module.decoder.final_norm(x))  # [b, s, e]
-
-
 FAMILY = decoder_family(
     name="llama",
     model_type="llama",
     read_config=read_config,
     state_dict_from_hf=state_dict_from_hf,
     summary="RMSNorm, rotary (linear, llama3 and dynamic scaling), grouped-query attention, SwiGLU",
-    forward_with_hooks=forward_with_hooks,
 )

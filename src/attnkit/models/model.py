@@ -51,7 +51,6 @@ from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
 ATTENTION_MEMORY_LIMIT = 2 * 2**30
 
 
-
 class LayerAttentions(dict[int, Tensor]):
     """Layer index → attention weights, for the layers a run asked for. Negative indices
     count from the model's last layer, as in ``run(attention=[-1])``: ``attentions[-1]``
