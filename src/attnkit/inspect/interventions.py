@@ -250,7 +250,7 @@ def _per_head_passes(
     """
     h = model.num_heads
     s = ids.shape[1]
-    row_bytes = s * max(model.config.hidden_size, getattr(model.config, "intermediate_size", 0)) * 4 * 4
+    row_bytes = s * max(model.config.hidden_size, model.config.intermediate_size) * 4 * 4
     layers_per_pass = max(1, (BATCH_MEMORY // row_bytes - 1) // h)
     base, rows = None, []
     for start in range(0, len(layers), layers_per_pass):

@@ -22,10 +22,21 @@ from attnkit.nn import HookedModule, StackOutput
 
 
 class ModelConfig(Protocol):
-    """What :class:`attnkit.models.Model` reads from every family's config."""
+    """What :class:`attnkit.models.Model` and the analyses on it
+    (:mod:`attnkit.inspect.interventions`) read from every family's config."""
 
     @property
     def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int:
+        """The model dim ``e``."""
+        ...
+
+    @property
+    def intermediate_size(self) -> int:
+        """The feed-forward hidden dim."""
+        ...
 
     @property
     def num_layers(self) -> int: ...

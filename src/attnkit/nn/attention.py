@@ -64,11 +64,10 @@ class MultiHeadAttention(nn.Module):
             embeddings instead.
         kernel: which attention kernel computes the heads, by name in
             :data:`attnkit.functional.kernels.KERNELS`: ``"auto"`` (default; the dispatcher:
-            SDPA or the reference path, the only one that returns weights; ``"dense"`` is
-            its deprecated name), ``"tiled"`` (any mask, memory bounded), ``"local"``,
-            ``"sparse"``, ``"linear"``, ``"ring"`` (sequence-parallel across ranks, after
-            ``import attnkit.distributed``); all but ``"auto"`` compute scaled dot-product
-            attention without dropout.
+            SDPA or the reference path, the only one that returns weights), ``"tiled"``
+            (any mask, memory bounded), ``"local"``, ``"sparse"``, ``"linear"``, ``"ring"``
+            (sequence-parallel across ranks, after ``import attnkit.distributed``); all but
+            ``"auto"`` compute scaled dot-product attention without dropout.
         kernel_options: keyword options of that kernel, checked here
             (:func:`attnkit.functional.kernels.check_kernel_options`), e.g.
             ``{"window": 256}`` for ``"local"``, the pattern for ``"sparse"``,
