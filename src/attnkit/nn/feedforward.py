@@ -98,6 +98,7 @@ class FeedForward(nn.Module):
                 f"only gated blocks ({', '.join(sorted(GATED_ACTIVATIONS))}) have projections to pack, "
                 f"this one is {self.activation!r}"
             )
+        assert self.gate_proj is not None  # a gated block has one
         self._packed = PackedLinears([self.gate_proj, self.up_proj])
 
     def forward(self, x: Tensor) -> Tensor:

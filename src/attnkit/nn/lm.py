@@ -336,6 +336,7 @@ class DecoderLM(HookedModule):
             cache=cache,
             return_weights=[] if return_weights is False else return_weights,
         )
+        assert isinstance(decoded, StackOutput)  # weights asked for (none, maybe): a record
         logits = self.logits(decoded.output)  # [b, s, v]
         return logits if return_weights is False else LMOutput(logits, decoded.weights)
 
@@ -439,7 +440,9 @@ class DecoderLM(HookedModule):
         for _ in range(max_new_tokens):
             with torch.inference_mode():
                 # The head on the last position only: the others' logits are not needed.
-                logits = self.logits(self.hidden_states(step_input, cache=cache)[:, -1])  # [b, v]
+                hidden = self.hidden_states(step_input, cache=cache)  # [b, s, e]: no weights asked for
+                assert isinstance(hidden, Tensor)
+                logits = self.logits(hidden[:, -1])  # [b, v]
                 next_token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [b]
             yield next_token
             step_input = next_token[:, None]  # [b, 1]
