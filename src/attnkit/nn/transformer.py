@@ -313,7 +313,7 @@ class Transformer(HookedModule):
                 f"num_encoder_layers and num_decoder_layers must be >= 1, got {num_encoder_layers} and "
                 f"{num_decoder_layers}"
             )
-        layer_options = dict(
+        layer_options: dict[str, Any] = dict(
             num_kv_heads=num_kv_heads,
             dropout=dropout,
             activation=activation,
@@ -444,6 +444,7 @@ class Transformer(HookedModule):
             raise TypeError(f"expected torch.nn.Transformer, got {type(m).__name__}")
         encoder, decoder = Encoder.from_torch(m.encoder), Decoder.from_torch(m.decoder)
         first = encoder.layers[0]
+        assert isinstance(first, EncoderLayer)  # Encoder.from_torch builds them
         new = cls(
             first.self_attn.embed_dim,
             first.self_attn.num_heads,
