@@ -43,9 +43,11 @@ def _stages(dtype: torch.dtype) -> int:
 
 
 def _precision(dtype: torch.dtype) -> str:
-    """fp32 products in full precision unless PyTorch itself allows TF32 for matmuls (other
-    dtypes: Triton's default, which does not apply to them)."""
-    return "ieee" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+    """fp32 products as three TF32 products each (``tf32x3``, close to fp32 accuracy on tensor
+    cores: Triton's exact ``ieee`` products compile to kilobytes of stack per thread), or one
+    where PyTorch itself allows TF32 for matmuls; other dtypes: Triton's default, which does
+    not apply to them."""
+    return "tf32x3" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
 
 
 # Lengths and head counts change from call to call: compiled once for all of them (Triton
