@@ -128,8 +128,11 @@ def head_ablation(
     if mean_over is not None:
         replacements = _mean_z(model, mean_over, layer_list)
     else:
-        attn_shape = (model.num_heads, 1, model.config.hidden_size // model.num_heads)
-        replacements = {i: torch.zeros(attn_shape) for i in layer_list}
+        # Each layer's own head dim: some families choose it (num_heads · head_dim != hidden size).
+        replacements = {
+            i: torch.zeros(model.num_heads, 1, model.architecture.self_attention(model.module, i).head_dim)
+            for i in layer_list
+        }
     if model.causal:
         metric = f"change in log p({target!r}) at the last position"
 
