@@ -1,8 +1,11 @@
 """Analysis on SmolLM2: what hooks cost, and what head ablation costs against one inspect.
 
-- ``Model.run`` without hooks against the forward pass it made before hooks existed (the
-  family's ``hidden_states`` and ``logits``, called directly): the ratio should be 1. Also
-  a run through the hook points with a hook on every activation that returns it unchanged.
+- ``Model.run`` without hooks against the fused forward pass called directly (the family's
+  ``hidden_states`` and ``logits``, no hook point active): at most 1.02×. A run with a
+  reading hook on every point but the weights, and ``run_with_cache`` of every name (the
+  weights, per-head results and norm scales included) against a plain run: at most 1.5×.
+- ``generate_ids`` of 16 tokens with one hook (on a middle layer's ``resid_post``) against
+  the same generation without: at most 1.2×.
 - ``attnkit heads TEXT --ablate --target TOKEN`` (all 30 × 9 heads) against one
   ``attnkit inspect TEXT`` on the same 16-token text, both as fresh processes (what a user
   waits for: imports, load, run, picture and JSON), and the library calls alone in this
@@ -10,7 +13,8 @@
   :func:`attnkit.inspect.attention_map`).
 
 Contenders are interleaved (:func:`benchmarks.common.interleaved_times`): the runs at one
-thread, the ablation and inspect at torch's thread count. Run alone: ``python benchmarks/bench_analysis.py`` (``REPEAT=N`` for more rounds).
+thread, the ablation and inspect at torch's thread count. Run alone: ``python benchmarks/bench_analysis.py`` (``REPEAT=N`` for more rounds;
+``--only hooks`` skips the ablation and the commands).
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ from benchmarks.common import interleaved_times, markdown_table, matmul_gflops, 
 TEXT = "The animal didn't cross the street because it was too tired, so the animal"  # 16 tokens
 TARGET = " stayed"
 ABLATION_TARGET_RATIO = 3.0
+# The targets of the hook figures (ratios to the fused path in the same run).
+RUN_TARGET_RATIO = 1.02
+GENERATE_TARGET_RATIO = 1.2
+CACHE_TARGET_RATIO = 1.5
+GENERATED_TOKENS = 16
 
 
 def _process_times(commands: dict[str, list[str]], repeat: int) -> dict[str, float]:
@@ -65,13 +74,19 @@ def main() -> None:
             hidden = model.architecture.hidden_states(model.module, ids, []).output
             model.architecture.logits(model.module, hidden)
 
-    identity = {
+    reading = {
         name: (lambda t: None) for name in model.hook_names() if not name.endswith(("pattern", "scores", "result"))
     }
+    steer = {f"decoder.layers.{model.num_layers // 2}.resid_post": lambda t: None}
 
     def through_hook_points() -> None:
-        with model.hooks(identity):
+        with model.hooks(reading):
             model.run(ids, attention=False)
+
+    def generate(hooks: dict) -> None:
+        with model.hooks(hooks):
+            tokens = list(model.generate_ids(ids, max_new_tokens=GENERATED_TOKENS))
+        assert len(tokens) == GENERATED_TOKENS, "the benchmark generation should not stop early"
 
     # One thread for the comparison of runs: on a shared machine, multi-threaded regions
     # wait for descheduled threads and scatter the times of these short calls.
@@ -82,12 +97,50 @@ def main() -> None:
             {
                 "run": lambda: model.run(ids, attention=False),
                 "before": before,
-                "identity_hooks": through_hook_points,
+                "reading_hooks": through_hook_points,
+                "run_with_cache_all": lambda: model.run_with_cache(ids),
             },
             repeat=max(15, repeat),
         )
+        generation = interleaved_times(
+            {"plain": lambda: generate({}), "one_hook": lambda: generate(steer)}, repeat=repeat
+        )
     finally:
         torch.set_num_threads(threads)
+    hooks = {
+        "run_seconds": runs,
+        "run_ratio_vs_fused": runs["run"] / runs["before"],
+        "reading_hooks_ratio_vs_run": runs["reading_hooks"] / runs["run"],
+        "run_with_cache_ratio_vs_run": runs["run_with_cache_all"] / runs["run"],
+        "generate_seconds": generation,
+        "generate_one_hook_ratio": generation["one_hook"] / generation["plain"],
+        "targets": {"run": RUN_TARGET_RATIO, "generate": GENERATE_TARGET_RATIO, "cache": CACHE_TARGET_RATIO},
+    }
+    rows = [
+        [
+            "`run` without hooks / the fused path called directly",
+            f"{runs['run'] * 1e3:.1f} ms / {runs['before'] * 1e3:.1f} ms",
+            f"{hooks['run_ratio_vs_fused']:.3f} (≤ {RUN_TARGET_RATIO})",
+        ],
+        [
+            "`run` with a reading hook on every point but the weights / `run`",
+            f"{runs['reading_hooks'] * 1e3:.1f} ms",
+            f"{hooks['reading_hooks_ratio_vs_run']:.3f}",
+        ],
+        [
+            f"`run_with_cache` of all {len(model.hook_names())} names / `run`",
+            f"{runs['run_with_cache_all'] * 1e3:.1f} ms",
+            f"{hooks['run_with_cache_ratio_vs_run']:.3f} (≤ {CACHE_TARGET_RATIO})",
+        ],
+        [
+            f"`generate_ids` of {GENERATED_TOKENS} tokens, one hook / none",
+            f"{generation['one_hook']:.2f} s / {generation['plain']:.2f} s",
+            f"{hooks['generate_one_hook_ratio']:.3f} (≤ {GENERATE_TARGET_RATIO})",
+        ],
+    ]
+    if "--only" in sys.argv and sys.argv[sys.argv.index("--only") + 1 :][:1] == ["hooks"]:
+        print(markdown_table(["what", "time", "ratio"], rows))  # printed only: the report needs every row
+        return
     library = interleaved_times(
         {
             "inspect": lambda: attention_map(model, TEXT),
@@ -107,26 +160,14 @@ def main() -> None:
         "text": TEXT,
         "tokens": tokens,
         "matmul_gflops": mm,
-        "run_seconds": runs,
-        "run_ratio_vs_before": runs["run"] / runs["before"],
-        "identity_hooks_ratio_vs_before": runs["identity_hooks"] / runs["before"],
+        **hooks,
         "library_seconds": library,
         "library_ablate_ratio": library["ablate"] / library["inspect"],
         "cli_seconds": cli,
         "cli_ablate_ratio": cli["ablate"] / cli["inspect"],
         "cli_ablate_target_ratio": ABLATION_TARGET_RATIO,
     }
-    rows = [
-        [
-            "`run` without hooks / before hooks",
-            f"{runs['run'] * 1e3:.1f} ms / {runs['before'] * 1e3:.1f} ms",
-            f"{data['run_ratio_vs_before']:.3f}",
-        ],
-        [
-            "`run` through hook points, every hook identity / before",
-            f"{runs['identity_hooks'] * 1e3:.1f} ms",
-            f"{data['identity_hooks_ratio_vs_before']:.3f}",
-        ],
+    rows += [
         [
             "`head_ablation` (270 heads) / `attention_map` (library)",
             f"{library['ablate']:.2f} s / {library['inspect']:.2f} s",

@@ -266,3 +266,63 @@ def test_ablating_attention_changes_run_and_run_batch_alike(smollm2):
         batched = smollm2.run_batch([text], attention=False)[0]
     assert (run.logits - plain.logits).abs().max() > 1.0
     assert (batched.logits - run.logits).abs().max() < LOGITS_ATOL
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batches_match_transformers_with_a_changing_hook(tiny_llama, side):
+    model, reference = tiny_llama
+    texts = ["the cat sat on the mat", "a dog", "the dog ran"]
+    ids, mask = model.to_tokens(texts, padding_side=side)
+    assert ids.shape == (3, 6) and mask.sum(1).tolist() == [6, 2, 3]
+    with model.hooks({"decoder.layers.1.resid_post": _steer}):
+        batch = model.run_batch(texts, attention=[1], padding_side=side)
+        hooked = model.run_with_hooks(ids, attention_mask=mask)
+    for row, (text, run) in enumerate(zip(texts, batch)):
+        expected = _hf_logits(
+            reference, model.tokenize(text).ids, reference.model.layers[1], _replace_output(_steer)
+        )  # the row alone, unpadded
+        assert (run.logits - expected).abs().max() < LOGITS_ATOL, text
+        assert (hooked.logits[row, mask[row]] - expected[0]).abs().max() < LOGITS_ATOL, text
+        alone = model.run(text, attention=[1])
+        assert (run.attentions[1] - alone.attentions[1]).abs().max() < 1e-5
+
+
+def test_run_with_cache_and_the_weights_per_head(tiny_llama):
+    model, _ = tiny_llama
+    logits, cache = model.run_with_cache("the cat sat on the mat")
+    assert logits.shape == (1, 6, len(WORDS)) and len(cache) == len(model.hook_names())
+    layer = model.module.decoder.layers[1]
+    normed = layer.self_attn_norm(cache["resid_pre", 1])  # [1, s, e]
+    w_v, w_o = model.W_V[1], model.W_O[1]  # [h_kv, e, d], [h, d, e]
+    assert model.W_Q.shape == (3, 4, 32, 8) and model.W_K.shape == (3, 2, 32, 8) and w_o.shape == (4, 8, 32)
+    assert torch.allclose(cache["v", 1][0, 1], normed[0] @ w_v[1], atol=1e-5)
+    assert torch.allclose(cache["result", 1][0, 3], cache["z", 1][0, 3] @ w_o[3], atol=1e-5)
+    assert torch.allclose(cache["decoder.final"] @ model.W_U, logits, atol=1e-5)
+    batch_logits, batch_cache = model.run_with_cache(["the cat", "a dog ran"], names=["decoder.final"])
+    assert batch_logits.shape == (2, 3, len(WORDS)) and list(batch_cache) == ["decoder.final"]
+    assert model.to_single_token("cat") == WORDS.index("cat")
+    with pytest.raises(ValueError, match="must be a single token"):
+        model.to_single_token("the cat")
+
+
+def test_cache_helpers_decompose_the_residual_stream(tiny_llama):
+    model, _ = tiny_llama
+    logits, cache = model.run_with_cache("the cat sat on the mat")
+    decomposed, labels = cache.decompose_resid()
+    assert labels[:3] == ["embed", "0_attn_out", "0_mlp_out"] and decomposed.shape == (7, 1, 6, 32)
+    accumulated, names = cache.accumulated_resid()
+    assert names == ["0_pre", "1_pre", "2_pre", "final_post"]
+    assert torch.allclose(decomposed.sum(0), accumulated[-1], atol=1e-5)
+    assert torch.allclose(cache.decompose_resid(layer=2)[0].sum(0), cache["resid_pre", 2], atol=1e-5)
+    # The logit lens of the last entry is the model's own final hidden state and logits.
+    lens = cache.apply_ln_to_stack(accumulated, recompute=True)
+    assert torch.allclose(lens[-1], cache["decoder.final"], atol=1e-5)
+    # Direct logit attribution: the parts' contributions sum to the logit (RMSNorm, no bias).
+    token = WORDS.index("mat")
+    attrs = cache.logit_attrs(cache.apply_ln_to_stack(decomposed), token)  # [k, 1, s]
+    assert torch.allclose(attrs.sum(0), logits[..., token], atol=1e-4)
+    difference = cache.logit_attrs(cache.apply_ln_to_stack(decomposed), token, WORDS.index("cat")).sum(0)
+    assert torch.allclose(difference, logits[..., token] - logits[..., WORDS.index("cat")], atol=1e-4)
+    heads, head_labels = cache.stack_head_results()
+    assert heads.shape == (12, 1, 6, 32) and head_labels[4] == "L1H0"
+    assert torch.allclose(heads[4:8].sum(0), cache["attn_out", 1], atol=1e-5)

@@ -202,9 +202,10 @@ def add_figure_arguments(parser: argparse.ArgumentParser, *, scale: bool = True)
     )
     figures.add_argument(
         "--cmap",
-        default="Blues",
+        default=None,
         metavar="NAME",
-        help="a matplotlib colour map, e.g. Blues, viridis, magma (default: Blues)",
+        help="a matplotlib colour map, e.g. Blues, viridis, magma (default: Blues for weights, "
+        "RdBu centred on zero for signed values: ablation, patching, gradients)",
     )
     if scale:
         figures.add_argument(
@@ -218,7 +219,7 @@ def add_figure_arguments(parser: argparse.ArgumentParser, *, scale: bool = True)
 def figure_options(args: argparse.Namespace) -> dict[str, Any]:
     """The figure arguments as keyword arguments of :mod:`attnkit.viz` drawing functions,
     without those left at their defaults."""
-    options: dict[str, Any] = {"cmap": args.cmap}
+    options: dict[str, Any] = {} if args.cmap is None else {"cmap": args.cmap}
     if args.dpi is not None:
         options["dpi"] = args.dpi
     if args.figsize is not None:

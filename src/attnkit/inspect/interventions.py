@@ -200,7 +200,9 @@ def activation_patching(
             f"({_spelled(clean_enc.tokens)}) and {corrupt_enc.ids.shape[1]} ({_spelled(corrupt_enc.tokens)})"
         )
     with torch.no_grad():
-        clean_run = model.run_with_hooks(clean_enc.ids, cache=[model.hook_name("self_attn.z", i) for i in layer_list])
+        clean_run = model.run_with_hooks(
+            clean_enc.ids, cache=[model.hook_name("self_attn.z", i) for i in layer_list], logits=False
+        )
     replacements = {i: clean_run.cache["self_attn.z", i][0] for i in layer_list}  # [h, s, d] each
     if model.causal:
         metric = f"fraction of the logit difference {target!r} - {wrong!r} restored"
@@ -262,7 +264,7 @@ def _per_head_passes(
             hooks[model.hook_name("resid_pre", layer)] = _branch(h)
             hooks[model.hook_name("self_attn.z", layer)] = _replace_head_per_row(replacements[layer])
         with torch.no_grad():
-            values = measure(model.run_with_hooks(ids, hooks=hooks).hidden_states)  # [1 + h * layers]
+            values = measure(model.run_with_hooks(ids, hooks=hooks, logits=False).hidden_states)  # [1 + h * layers]
         base = values[0]
         rows.append(values[1:].view(-1, h))
     return base.cpu(), torch.cat(rows).cpu()

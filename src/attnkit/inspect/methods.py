@@ -208,7 +208,9 @@ def gradient_weighted(
         target_id = targets.single_token(model, target)
     else:
         with torch.no_grad():
-            reference = targets.sentence_embedding(model.run_with_hooks(model.tokenize(target).ids).hidden_states)[0]
+            reference = targets.sentence_embedding(
+                model.run_with_hooks(model.tokenize(target).ids, logits=False).hidden_states
+            )[0]
     patterns: dict[int, Tensor] = {}
 
     def keep(layer: int):
@@ -222,7 +224,7 @@ def gradient_weighted(
 
     with torch.enable_grad():
         hooks = {model.hook_name("self_attn.pattern", i): keep(i) for i in layer_list}
-        hidden = model.run_with_hooks(ids, hooks=hooks).hidden_states  # [1, s, e]
+        hidden = model.run_with_hooks(ids, hooks=hooks, logits=False).hidden_states  # [1, s, e]
         if model.causal:
             value = torch.log_softmax(targets.last_logits(model, hidden), dim=-1)[0, target_id]
         else:

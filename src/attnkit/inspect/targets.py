@@ -32,20 +32,7 @@ def single_token(model: Model, token: str, *, what: str = "target") -> int:
         ValueError: ``token`` is empty or is not exactly one token; the message says how it
             tokenises.
     """
-    if not isinstance(token, str) or not token:
-        raise ValueError(f"the {what} must be a non-empty string, got {token!r}")
-    encoded = model.tokenizer.encode(token)
-    pieces = [(i, t) for i, t, special in zip(encoded.ids[0].tolist(), encoded.tokens, encoded.special) if not special]
-    if len(pieces) != 1:
-        spelled = " + ".join(repr(t) for _, t in pieces) or "no token"
-        hint = (
-            "" if token.startswith(" ") else f"; a word after a space is its own token with the space: {' ' + token!r}"
-        )
-        raise ValueError(
-            f"the {what} {token!r} must be a single token of {model.name}, but it tokenises as {spelled} "
-            f"({len(pieces)} tokens){hint}"
-        )
-    return pieces[0][0]
+    return model.to_single_token(token, what=what)
 
 
 def last_logits(model: Model, hidden: Tensor) -> Tensor:

@@ -267,10 +267,13 @@ def eos_token_ids(config: BertConfig, folder: Path) -> tuple[int, ...]:
     return ()
 
 
-def hidden_states(module: BertModel, ids: Tensor, layers: Collection[int]) -> StackOutput:
-    """The last layer's output ``[1, s, e]`` of ids ``[1, s]``, with the weights of
-    ``layers``."""
-    return module(ids, return_weights=layers)
+def hidden_states(
+    module: BertModel, ids: Tensor, layers: Collection[int], padding: Tensor | None = None
+) -> StackOutput:
+    """The last layer's output ``[b, s, e]`` of ids ``[b, s]``, with the weights of
+    ``layers``; with ``padding`` (``[b, s]``, ``True`` on tokens), padded keys are masked
+    (positions stay ``0 .. s - 1``, as in Hugging Face's BERT)."""
+    return module(ids, mask=None if padding is None else padding[:, None, None, :], return_weights=layers)
 
 
 def logits(module: BertModel, hidden: Tensor) -> Tensor | None:

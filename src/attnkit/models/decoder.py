@@ -223,10 +223,18 @@ def eos_token_ids(config: DecoderConfig, folder: Path) -> tuple[int, ...]:
     return tuple(dict.fromkeys(config.eos_token_ids + extra))
 
 
-def hidden_states(module: DecoderLM, ids: Tensor, layers: Collection[int]) -> StackOutput:
+def hidden_states(
+    module: DecoderLM, ids: Tensor, layers: Collection[int], padding: Tensor | None = None
+) -> StackOutput:
     """The hidden states after the final norm ``[b, s, e]`` of ids ``[b, s]``, with the
-    weights of ``layers``."""
-    out = module.hidden_states(ids, return_weights=layers)
+    weights of ``layers``; with ``padding`` (``[b, s]``, ``True`` on tokens), padded keys
+    are masked and each row's positions count its tokens only (a left-padded row gives its
+    unpadded results)."""
+    if padding is None:
+        out = module.hidden_states(ids, return_weights=layers)
+    else:
+        positions = (padding.long().cumsum(-1) - 1).clamp(min=0)  # [b, s]
+        out = module.hidden_states(ids, mask=padding[:, None, None, :], positions=positions, return_weights=layers)
     assert isinstance(out, StackOutput)
     return out
 

@@ -72,9 +72,12 @@ class ModelFamily:
         finish: ``(network, config)`` → ``None``; what must happen once the weights are
             assigned (tying shared weights again).
         eos_token_ids: ``(config, checkpoint folder)`` → the ids that end a generation.
-        hidden_states: ``(network, ids [b, s], layers)`` → a
+        hidden_states: ``(network, ids [b, s], layers, padding)`` → a
             :class:`attnkit.nn.StackOutput` with the last hidden states ``[b, s, e]`` and the
-            attention weights of the layers with these indices (``None`` for the others).
+            attention weights of the layers with these indices (``None`` for the others);
+            ``padding`` is ``None`` or ``[b, s]`` bool, ``True`` on tokens, ``False`` on
+            padding (on either side), which no token may attend to; a causal family counts
+            each row's positions from its first token.
         logits: ``(network, hidden [b, s, e])`` → next-token logits ``[b, s, v]``, or
             ``None`` for a family without a language-model head.
         self_attention: ``(network, layer)`` → that layer's
@@ -91,7 +94,7 @@ class ModelFamily:
     state_dict_from_hf: Callable[[dict[str, Tensor], Any], tuple[dict[str, Tensor], list[str]]]
     finish: Callable[[Any, Any], None]
     eos_token_ids: Callable[[Any, Path], tuple[int, ...]]
-    hidden_states: Callable[[Any, Tensor, Collection[int]], StackOutput]
+    hidden_states: Callable[[Any, Tensor, Collection[int], Tensor | None], StackOutput]
     logits: Callable[[Any, Tensor], Tensor | None]
     self_attention: Callable[[Any, int], nn.Module]
     summary: str

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -286,14 +286,17 @@ class Model:
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
         cache: NameFilter = (),
+        padding_side: Literal["right", "left"] = "right",
     ) -> list[ModelRun]:
         """:meth:`run` on several inputs at once, in as few forward passes as possible.
 
-        A causal model runs every input in one pass, shorter ones padded at the end: a
-        token never attends to later ones, so the padding changes nothing before it. A
-        bidirectional model runs the inputs of each length together. Each run equals
-        :meth:`run` of its input up to float rounding (matrix products of another batch
-        size may sum in another order).
+        A causal model runs every input in one pass, shorter ones padded at the end (a
+        token never attends to later ones, so the padding changes nothing before it) or,
+        with ``padding_side="left"``, at the start, masked and with each row's positions
+        counted from its first token. A bidirectional model runs the inputs of each length
+        together. Each run equals :meth:`run` of its input up to float rounding (matrix
+        products of another batch size may sum in another order). Hooks of enclosing
+        :meth:`hooks` blocks see the padded batch.
 
         Args:
             inputs: texts or token ids, as :meth:`run` takes them.
@@ -306,6 +309,8 @@ class Model:
                 :class:`RunStopped` (a server stops the work of clients that have gone).
             cache: the activations to return in each run's :attr:`ModelRun.cache`, as
                 :meth:`run` takes them: each run's own row, without the padding.
+            padding_side: where a causal model pads shorter inputs, ``"right"`` or
+                ``"left"``.
 
         Returns:
             One :class:`ModelRun` per input, in order.
@@ -315,6 +320,8 @@ class Model:
                 memory limit counts the padded batch.
             RunStopped: ``stop`` returned ``True``.
         """
+        if padding_side not in ("right", "left"):
+            raise ValueError(f'padding_side must be "right" or "left", got {padding_side!r}')
         prepared = [self._input(item) for item in inputs]
         layers = self._layers(attention)
         head_list = normalize_indices(
@@ -344,32 +351,35 @@ class Model:
         handles = [layer.self_attn_norm.register_forward_pre_hook(check) for layer in layers_of_network] if stop else []
         try:
             with torch.no_grad():
-                for group, (b, s) in zip(groups.values(), padded):
-                    ids = torch.zeros(b, s, dtype=torch.long)  # [b, s]; id 0 pads, unseen by earlier tokens
-                    for row, i in enumerate(group):
-                        ids[row, : lengths[i]] = prepared[i][0][0]
+                for group, (_, s) in zip(groups.values(), padded):
+                    ids, padding = _padded([prepared[i][0][0] for i in group], s, padding_side)  # [b, s] x 2
+                    # Padding at the end is unseen by a causal model's tokens: no mask needed.
+                    needs_mask = padding_side == "left" and not bool(padding.all())
                     with self.module.hook_session(cache=cache) as kept:
-                        out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
+                        out = self.architecture.hidden_states(
+                            self.module, ids.to(self.device), layers, padding.to(self.device) if needs_mask else None
+                        )
                     hidden = out.output  # [b, s, e]
                     scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
                     for row, i in enumerate(group):
                         n = lengths[i]
+                        own = slice(s - n, s) if padding_side == "left" else slice(0, n)
                         own_ids, tokens, offsets = prepared[i]
                         runs[i] = ModelRun(
                             ids=own_ids,
                             tokens=tokens,
                             offsets=offsets,
-                            logits=None if scores is None else scores[row : row + 1, :n].float().clone(),  # [1, n, v]
-                            hidden_states=hidden[row : row + 1, :n].float().clone(),  # [1, n, e]
+                            logits=None if scores is None else scores[row : row + 1, own].float().clone(),  # [1, n, v]
+                            hidden_states=hidden[row : row + 1, own].float().clone(),  # [1, n, e]
                             attentions=LayerAttentions(
                                 {
-                                    layer: out.weights[layer].self_attention[row : row + 1, head_list, :n, :n].float()
+                                    layer: out.weights[layer].self_attention[row : row + 1, head_list, own, own].float()
                                     for layer in layers
                                 },
                                 self.num_layers,
                             ),  # [1, h_sel, n, n] each
                             heads=head_list,
-                            cache=_rows_of(kept, points, row, n),
+                            cache=_rows_of(kept, points, row, own),
                         )
         finally:
             for handle in handles:
@@ -418,7 +428,13 @@ class Model:
             yield self
 
     def run_with_hooks(
-        self, ids: Tensor, *, hooks: Mapping[str, HookFn] | None = None, cache: NameFilter = ()
+        self,
+        ids: Tensor,
+        *,
+        hooks: Mapping[str, HookFn] | None = None,
+        cache: NameFilter = (),
+        attention_mask: Tensor | None = None,
+        logits: bool = True,
     ) -> HookedRun:
         """A forward pass of a batch of ids through the hook points, in the caller's
         autograd mode (gradients flow when they are enabled): the building block of
@@ -428,24 +444,175 @@ class Model:
             ids: integer token ids ``[b, s]``, on any device (moved to the model's).
             hooks: name → function, applied after those of enclosing :meth:`hooks` blocks.
             cache: the activations to return, as :meth:`run` takes them.
+            attention_mask: ``[b, s]``, ``True`` (or 1) on tokens and ``False`` (0) on
+                padding, on either side (:meth:`to_tokens` makes both); padding is never
+                attended to, and a causal model counts each row's positions from its first
+                token, so that a left-padded row gives its unpadded results.
+            logits: compute the logits (LLaMA) at every position; ``False`` leaves them
+                ``None`` (a batch that needs a few positions' logits saves the vocabulary
+                projection).
 
         Returns:
             :class:`HookedRun` with the last hidden states ``[b', s, e]`` and logits
-            (``b'`` is ``b`` unless a hook changed the batch size).
+            ``[b', s, v]`` (``b'`` is ``b`` unless a hook changed the batch size).
 
         Raises:
-            ValueError: ids not ``[b, s]``, too long, outside the vocabulary, or an unknown
-                hook or cache name.
+            ValueError: ids not ``[b, s]``, too long, outside the vocabulary, an attention
+                mask of another shape, or an unknown hook or cache name.
         """
         if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
             got = f"{ids.dtype} {list(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
             raise ValueError(f"ids must be an integer tensor [b, s], got {got}")
+        padding = None
+        if attention_mask is not None:
+            if not isinstance(attention_mask, Tensor) or attention_mask.shape != ids.shape:
+                got = (
+                    list(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+                )
+                raise ValueError(f"attention_mask must be [b, s] = {list(ids.shape)} like the ids, got {got}")
+            padding = attention_mask.to(self.device).bool()  # [b, s]
         for row in ids:
             self._input(row)
         with self.module.hook_session(hooks, cache=cache) as kept:
-            hidden = self.architecture.hidden_states(self.module, ids.to(self.device), ()).output  # [b, s, e]
-            logits = self.architecture.logits(self.module, hidden)  # [b, s, v], or None
-        return HookedRun(hidden, kept, logits)
+            hidden = self.architecture.hidden_states(self.module, ids.to(self.device), (), padding).output  # [b, s, e]
+            scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
+        return HookedRun(hidden, kept, scores)
+
+    def run_with_cache(
+        self, inputs: str | Sequence[str] | Tensor | Sequence[int], *, names: NameFilter = None
+    ) -> tuple[Tensor, ActivationCache]:
+        """A forward pass that keeps activations, as TransformerLens' ``run_with_cache``.
+
+        Args:
+            inputs: a text, token ids ``[s]`` or ``[b, s]``, or several texts (padded on
+                the right by :meth:`to_tokens`, and masked).
+            names: which activations: every one (``None``), names (:meth:`hook_names`), or
+                a predicate on names.
+
+        Returns:
+            ``(logits [b, s, v], cache)`` for LLaMA, ``(hidden states [b, s, e], cache)``
+            for BERT, in the model's dtype; the cache is an
+            :class:`attnkit.nn.ActivationCache` (``cache["pattern", 3]`` looks a name up
+            by its end and layer).
+
+        Raises:
+            TypeError, ValueError: inputs :meth:`run` or :meth:`to_tokens` refuse, an
+                unknown name.
+        """
+        mask = None
+        if isinstance(inputs, str):
+            ids = self._input(inputs)[0]  # [1, s]
+        elif isinstance(inputs, Sequence) and inputs and all(isinstance(t, str) for t in inputs):
+            ids, mask = self.to_tokens(list(inputs))  # type: ignore[arg-type]
+        elif isinstance(inputs, Tensor) and inputs.ndim == 2:
+            ids = inputs
+        else:
+            ids = self._input(inputs)[0]  # type: ignore[arg-type]
+        with torch.no_grad():
+            run = self.run_with_hooks(ids, cache=names, attention_mask=mask)
+        return (run.hidden_states if run.logits is None else run.logits), run.cache
+
+    def to_tokens(
+        self, texts: str | Sequence[str], *, padding_side: Literal["right", "left"] = "right"
+    ) -> tuple[Tensor, Tensor]:
+        """Token ids of one text or several, padded to one length.
+
+        Args:
+            texts: a text or a list of texts.
+            padding_side: where shorter texts are padded (with id 0).
+
+        Returns:
+            ``(ids [b, s], attention_mask [b, s])``, the mask ``True`` on tokens and
+            ``False`` on padding: what :meth:`run_with_hooks` takes.
+
+        Raises:
+            TypeError, ValueError: what :meth:`tokenize` refuses, an empty list, an
+                unknown ``padding_side``.
+        """
+        if padding_side not in ("right", "left"):
+            raise ValueError(f'padding_side must be "right" or "left", got {padding_side!r}')
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts:
+            raise ValueError("to_tokens needs at least one text, got an empty list")
+        rows = [self.tokenize(text).ids[0] for text in texts]
+        return _padded(rows, max(len(row) for row in rows), padding_side)
+
+    def to_single_token(self, token: str, *, what: str = "token") -> int:
+        """The id of the one token that spells ``token``.
+
+        Args:
+            token: the token's text, leading space included where the word follows a space
+                (``" Paris"``).
+            what: what the token is, for the message (``"target"``, ``"wrong"``).
+
+        Returns:
+            The token id.
+
+        Raises:
+            ValueError: ``token`` is empty or is not exactly one token; the message says how
+                it tokenises.
+        """
+        if not isinstance(token, str) or not token:
+            raise ValueError(f"the {what} must be a non-empty string, got {token!r}")
+        encoded = self.tokenizer.encode(token)
+        pieces = [
+            (i, t) for i, t, special in zip(encoded.ids[0].tolist(), encoded.tokens, encoded.special) if not special
+        ]
+        if len(pieces) != 1:
+            spelled = " + ".join(repr(t) for _, t in pieces) or "no token"
+            hint = (
+                ""
+                if token.startswith(" ")
+                else f"; a word after a space is its own token with the space: {' ' + token!r}"
+            )
+            raise ValueError(
+                f"the {what} {token!r} must be a single token of {self.name}, but it tokenises as {spelled} "
+                f"({len(pieces)} tokens){hint}"
+            )
+        return pieces[0][0]
+
+    @property
+    def W_Q(self) -> Tensor:  # noqa: N802 (TransformerLens' names)
+        """Each head's query projection, ``[L, h, e, d]`` (``q = x @ W_Q[l, i]``, before
+        the rotary encoding)."""
+        return self._per_head("q_proj", self.num_heads)
+
+    @property
+    def W_K(self) -> Tensor:  # noqa: N802
+        """Each key/value head's key projection, ``[L, h_kv, e, d]``."""
+        return self._per_head("k_proj", self.num_kv_heads)
+
+    @property
+    def W_V(self) -> Tensor:  # noqa: N802
+        """Each key/value head's value projection, ``[L, h_kv, e, d]``."""
+        return self._per_head("v_proj", self.num_kv_heads)
+
+    @property
+    def W_O(self) -> Tensor:  # noqa: N802
+        """Each head's slice of the output projection, ``[L, h, d, e]`` (a head's
+        ``result = z @ W_O[l, i]``)."""
+        weights = [self._attention(i).out_proj.weight for i in range(self.num_layers)]  # [e, h * d] each
+        return torch.stack([w.view(w.shape[0], self.num_heads, -1).permute(1, 2, 0) for w in weights]).detach()
+
+    @property
+    def W_U(self) -> Tensor:  # noqa: N802
+        """The unembedding ``[e, v]`` (``logits = final @ W_U``).
+
+        Raises:
+            ValueError: a model without a language-model head (BERT).
+        """
+        head = getattr(self.module, "lm_head", None)
+        if head is None:
+            raise ValueError(f"{self.name} is an encoder ({self.family}) without a language-model head: no W_U")
+        return head.weight.detach().T
+
+    def _per_head(self, projection: str, heads: int) -> Tensor:
+        """An input projection of every layer as ``[L, heads, e, d]``."""
+        weights = [getattr(self._attention(i), projection).weight for i in range(self.num_layers)]  # [heads * d, e]
+        return torch.stack([w.view(heads, -1, w.shape[1]).transpose(1, 2) for w in weights]).detach()
+
+    def _attention(self, layer: int) -> nn.Module:
+        return self.architecture.self_attention(self.module, layer)
 
     def generate_ids(
         self,
@@ -649,16 +816,28 @@ def load(
     return Model(name=name, architecture=family, path=folder, config=config, module=module, tokenizer=tokenizer)
 
 
-def _rows_of(cache: ActivationCache, points: Mapping[str, HookPoint], row: int, n: int) -> ActivationCache:
-    """One row of a batch's cache, its positions cut to the first ``n`` (the padding of a
-    shorter input removed), as copies."""
+def _rows_of(cache: ActivationCache, points: Mapping[str, HookPoint], row: int, own: slice) -> ActivationCache:
+    """One row of a batch's cache, its positions cut to ``own`` (the padding of a shorter
+    input removed), as copies."""
     out = ActivationCache(cache.model)
     for name, activation in cache.items():
         index: list[slice] = [slice(row, row + 1)] + [slice(None)] * (activation.ndim - 1)
         for dim in points[name].positions:
-            index[dim] = slice(0, n)
+            index[dim] = own
         out[name] = activation[tuple(index)].clone()
     return out
+
+
+def _padded(rows: Sequence[Tensor], length: int, side: str) -> tuple[Tensor, Tensor]:
+    """Token id rows ``[n_i]`` padded to ``length`` on ``side`` with id 0: ``(ids [b, s],
+    padding [b, s])``, the padding ``True`` on tokens."""
+    ids = torch.zeros(len(rows), length, dtype=torch.long)  # [b, s]
+    padding = torch.zeros(len(rows), length, dtype=torch.bool)  # [b, s]
+    for row, tokens in enumerate(rows):
+        own = slice(length - len(tokens), length) if side == "left" else slice(0, len(tokens))
+        ids[row, own] = tokens
+        padding[row, own] = True
+    return ids, padding
 
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")

@@ -29,6 +29,15 @@ PICTURE_FORMATS = ("png", "svg")
 # viewer's zlib-compressed uint16 in base64 (masked zeros compress to almost nothing).
 JSON_BYTES_PER_WEIGHT = {False: 10.0, True: 7.5}
 VIEWER_BYTES_PER_WEIGHT = {False: 1.8, True: 1.0}
+# What each method's values are, on the colour bar of its map.
+MAP_QUANTITIES = {
+    "raw": "weight",
+    "rollout": "rollout weight",
+    "flow": "flow",
+    "value": "‖α·f(x)‖",
+    "grad": "α·∂/∂α",
+}
+
 # Per token: its strings, span and label in the JSON, its label in the viewer page.
 JSON_BYTES_PER_TOKEN = 160
 VIEWER_BYTES_PER_TOKEN = 40
@@ -147,7 +156,8 @@ def write_map(
 
         xlabel, ylabel = f"Key{unit} (attended to)", f"Query{unit} (attending)"
         what = f"{amap.model}" + ("" if amap.method == "raw" else f", {amap.method}") + (" (words)" if suffix else "")
-        saving = {} if dpi is None else {"dpi": dpi}
+        saving: dict[str, Any] = {} if dpi is None else {"dpi": dpi}
+        saving["label"] = MAP_QUANTITIES.get(amap.method, "weight")
         for fmt in pictures:
             path = out / f"{stem}{suffix}.{fmt}"
             if len(amap.heads) <= 1:

@@ -43,6 +43,9 @@ MAX_CELLS = 512
 MAX_TICKS = 40
 # The colour scales: weight as it is, its square root, or its logarithm.
 SCALES = ("linear", "sqrt", "log")
+# The colour maps: weights (0 up), and signed values (diverging, white at zero).
+WEIGHT_CMAP = "Blues"
+SIGNED_CMAP = "RdBu"
 # The log scale starts this far below the largest weight.
 LOG_RANGE = 1e-4
 # The colour of cells a causal model cannot attend to.
@@ -164,7 +167,7 @@ def causal_mask(s_q: int, s_k: int) -> Tensor:
     return torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q)
 
 
-def block_max(values: np.ndarray, factor_q: int, factor_k: int) -> np.ndarray:
+def block_max(values: np.ndarray, factor_q: int, factor_k: int, *, signed: bool = False) -> np.ndarray:
     """``values`` reduced by the maximum over blocks of ``factor_q × factor_k`` cells (the last
     blocks may be smaller). NaN cells are ignored; a block of NaN only stays NaN.
 
@@ -172,6 +175,7 @@ def block_max(values: np.ndarray, factor_q: int, factor_k: int) -> np.ndarray:
         values: ``[s_q, s_k]``.
         factor_q: rows per block.
         factor_k: columns per block.
+        signed: keep the value of largest magnitude, with its sign, instead.
 
     Returns:
         ``[ceil(s_q / factor_q), ceil(s_k / factor_k)]``.
@@ -183,7 +187,10 @@ def block_max(values: np.ndarray, factor_q: int, factor_k: int) -> np.ndarray:
     blocks = padded.reshape(rows, factor_q, cols, factor_k)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks: masked everywhere
-        return np.nanmax(blocks, axis=(1, 3))
+        if not signed:
+            return np.nanmax(blocks, axis=(1, 3))
+        high, low = np.nanmax(blocks, axis=(1, 3)), np.nanmin(blocks, axis=(1, 3))
+        return np.where(np.abs(low) > np.abs(high), low, high)
 
 
 def thinned_ticks(count: int, max_ticks: int = MAX_TICKS) -> list[int]:
@@ -198,6 +205,15 @@ def default_figsize(s_q: int, s_k: int) -> tuple[float, float]:
     ones within :data:`MAX_FIGSIZE`."""
     cols, rows = min(s_k, MAX_TICKS), min(s_q, MAX_TICKS)
     return min(4 + 0.45 * cols, MAX_FIGSIZE[0]), min(3 + 0.4 * rows, MAX_FIGSIZE[1])
+
+
+def signed_norm(vmax: float) -> Any:
+    """The matplotlib norm of a signed map: linear from ``-vmax`` to ``vmax``, zero in the
+    middle of a diverging colour map."""
+    from matplotlib import colors
+
+    vmax = max(vmax, 1e-12)
+    return colors.Normalize(vmin=-vmax, vmax=vmax)
 
 
 def colour_norm(scale: str, vmax: float) -> Any:
@@ -229,14 +245,16 @@ def plot_attention(
     ylabel: str = "Query (attending)",
     annotate: bool | None = None,
     scale: str | None = None,
-    cmap: str = "Blues",
+    cmap: str | None = None,
     causal: bool = False,
     figsize: tuple[float, float] | None = None,
     colorbar: bool = True,
     max_cells: int = MAX_CELLS,
     vmax: float | None = None,
+    label: str = "weight",
 ) -> Figure:
-    """Draw one attention map.
+    """Draw one attention map. A map with negative values (gradient-weighted attention)
+    is drawn on a diverging colour map centred on zero, linearly from ``-m`` to ``m``.
 
     Args:
         weights: ``[s_q, s_k]`` post-softmax weights.
@@ -250,13 +268,18 @@ def plot_attention(
             :data:`MAX_ANNOTATED_TOKENS` tokens (never on a reduced map).
         scale: ``"linear"``, ``"sqrt"`` or ``"log"``; default linear for annotated maps,
             square root otherwise.
-        cmap: a matplotlib colour map name.
+        cmap: a matplotlib colour map name (default: :data:`WEIGHT_CMAP`, or
+            :data:`SIGNED_CMAP` for a map with negative values).
         causal: grey out the cells a causal query cannot attend to (:func:`causal_mask`).
         figsize: the new figure's size in inches (default :func:`default_figsize`); ignored
             with ``ax``.
         colorbar: draw the colour scale beside the map.
-        max_cells: above this many rows or columns the map is reduced by block maximum.
-        vmax: the top of the colour scale (default: the map's largest weight).
+        max_cells: above this many rows or columns the map is reduced by block maximum
+            (by largest magnitude for a signed map).
+        vmax: the top of the colour scale (default: the map's largest weight, or its
+            largest magnitude for a signed map).
+        label: what the values are, on the colour bar (``"weight"``, ``"‖α·f(x)‖"``,
+            ``"α·∂/∂α"``).
 
     Labels in any script are drawn with a font that has their glyphs
     (:func:`attnkit.viz.fonts.font_context`, which warns when none is installed), and keep
@@ -277,15 +300,17 @@ def plot_attention(
         values[~causal_mask(s_q, s_k).numpy()] = np.nan
     factor_q, factor_k = math.ceil(s_q / max_cells), math.ceil(s_k / max_cells)
     reduced = factor_q > 1 or factor_k > 1
+    signed = bool(np.isfinite(values).any() and np.nanmin(values) < 0)
     if reduced:
-        values = block_max(values, factor_q, factor_k)
+        values = block_max(values, factor_q, factor_k, signed=signed)
     small = max(s_q, s_k) <= MAX_ANNOTATED_TOKENS
     annotate = small and not reduced if annotate is None else annotate and not reduced
-    scale = ("linear" if annotate else "sqrt") if scale is None else scale
+    scale = ("linear" if annotate or signed else "sqrt") if scale is None else scale
     if vmax is None:
-        vmax = float(np.nanmax(values)) if np.isfinite(values).any() else 0.0
-    norm = colour_norm(scale, vmax)
-    colours = colour_map(cmap)
+        magnitudes = np.abs(values) if signed else values
+        vmax = float(np.nanmax(magnitudes)) if np.isfinite(values).any() else 0.0
+    norm = signed_norm(vmax) if signed else colour_norm(scale, vmax)
+    colours = colour_map(cmap or (SIGNED_CMAP if signed else WEIGHT_CMAP))
 
     row_ticks, col_ticks = thinned_ticks(s_q), thinned_ticks(s_k)
     row_labels = _tick_labels(query_labels, row_ticks, s_q)
@@ -306,7 +331,7 @@ def plot_attention(
         )
         if colorbar:
             bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-            bar.set_label(f"weight ({scale} scale)", fontsize=8)
+            bar.set_label(f"{label} (centred on 0)" if signed else f"{label} ({scale} scale)", fontsize=8)
         ax.set_xticks(
             col_ticks, labels=col_labels, rotation=45, ha="right", rotation_mode="anchor", fontfamily=families
         )
@@ -331,10 +356,11 @@ def plot_attention_heads(
     xlabel: str = "Key (attended to)",
     ylabel: str = "Query (attending)",
     scale: str | None = None,
-    cmap: str = "Blues",
+    cmap: str | None = None,
     causal: bool = False,
     figsize: tuple[float, float] | None = None,
     max_cells: int = MAX_CELLS,
+    label: str = "weight",
 ) -> Figure:
     """Draw the maps of several heads as small multiples in one figure: one panel per head,
     one shared colour scale, labels on the outer panels only.
@@ -347,11 +373,13 @@ def plot_attention_heads(
         title: the figure's title.
         xlabel: the key axis' label (bottom row).
         ylabel: the query axis' label (left column).
-        scale: ``"linear"``, ``"sqrt"`` or ``"log"`` (default: square root).
-        cmap: a matplotlib colour map name.
+        scale: ``"linear"``, ``"sqrt"`` or ``"log"`` (default: square root; signed maps
+            are linear and centred on zero, as in :func:`plot_attention`).
+        cmap: a matplotlib colour map name (default as in :func:`plot_attention`).
         causal: grey out the cells a causal query cannot attend to.
         figsize: the figure's size in inches (default: about 3 inches per panel).
         max_cells: above this many rows or columns each map is reduced by block maximum.
+        label: what the values are, on the colour bar.
 
     Returns:
         The figure.
@@ -369,8 +397,9 @@ def plot_attention_heads(
     _check_map(weights[0], query_labels, key_labels)
     cols, rows = heads_grid_shape(count)
     # Every panel on one scale, so that heads compare: the largest weight of any head.
-    top = float(weights.detach().float().max()) if weights.numel() else 0.0
-    scale = "sqrt" if scale is None else scale
+    signed = bool(weights.numel() and float(weights.detach().float().min()) < 0)
+    top = float(weights.detach().float().abs().max()) if weights.numel() else 0.0
+    scale = ("linear" if signed else "sqrt") if scale is None else scale
     colour_norm(scale, top)  # an unknown scale fails before anything is drawn
     fig = new_figure(figsize or heads_figsize(count))
     fig.suptitle(title)
@@ -395,13 +424,15 @@ def plot_attention_heads(
             colorbar=False,
             max_cells=max_cells,
             vmax=top,
+            label=label,
         )
         if row != rows - 1 and index + cols < count:
             ax.set_xticklabels([])
         if col != 0:
             ax.set_yticklabels([])
         ax.tick_params(labelsize=6)
-    fig.colorbar(grid.flat[0].images[0], ax=list(grid.flat), fraction=0.02, pad=0.02, label=f"weight ({scale} scale)")
+    bar_label = f"{label} (centred on 0)" if signed else f"{label} ({scale} scale)"
+    fig.colorbar(grid.flat[0].images[0], ax=list(grid.flat), fraction=0.02, pad=0.02, label=bar_label)
     return fig
 
 
