@@ -92,3 +92,14 @@ def test_commands_take_a_family_folder(case, capsys, tmp_path, monkeypatch) -> N
     assert len(capsys.readouterr().out.split()) == 3
     assert main(["inspect", "w1 w2 w3 w4", "--model", str(folder), "--layer", "-1", "--format", "json"]) == 0
     assert f"{folder.name}_layer{models.load(folder).num_layers - 1}_head0.json" in capsys.readouterr().out
+
+
+def test_run_batch_equals_one_run_per_text(tiny) -> None:
+    _, folder = tiny
+    model = models.load(folder)
+    texts = ["w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11", "w5 w6 w7"]  # the longer passes every window
+    for text, batched in zip(texts, model.run_batch(texts)):
+        single = model.run(text)
+        torch.testing.assert_close(batched.logits, single.logits, rtol=0, atol=1e-4)
+        for i in range(model.num_layers):
+            torch.testing.assert_close(batched.attentions[i], single.attentions[i], rtol=0, atol=1e-5)
