@@ -76,6 +76,23 @@ def attention(
     edit_scores: EditFn | None = ...,
     edit_weights: EditFn | None = ...,
 ) -> AttentionResult: ...
+@overload
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: MaskLike | None = ...,
+    bias: Tensor | None = ...,
+    causal: bool = ...,
+    scale: float | None = ...,
+    score: Score = ...,
+    dropout_p: float = ...,
+    return_weights: bool,
+    engine: Engine = ...,
+    edit_scores: EditFn | None = ...,
+    edit_weights: EditFn | None = ...,
+) -> Tensor | AttentionResult: ...
 
 
 @accepts_single_head

@@ -269,7 +269,9 @@ class MultiHeadAttention(nn.Module):
             )  # [b, h, s_q, d]
             if kv_cache is not None and len(kv_cache) > 0:
                 # Cross-attention keys and values depend only on the context: reuse them.
-                k, v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
+                cached_k, cached_v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
+                assert cached_k is not None and cached_v is not None  # the cache is not empty
+                k, v = cached_k, cached_v
             else:
                 k = self.k(self._norm_heads(self.k_norm, self._split_heads(self.k_proj(key_input), self.num_kv_heads)))
                 v = self.v(self._split_heads(self.v_proj(value_input), self.num_kv_heads))  # [b, h_kv, s_k, d]
@@ -491,9 +493,9 @@ class MultiHeadAttention(nn.Module):
         key_input, value_input = context if isinstance(context, tuple) else (context, context)
         for name, t, dim in (("key input", key_input, self.kdim), ("value input", value_input, self.vdim)):
             if not isinstance(t, Tensor) or t.ndim != 3 or t.shape[-1] != dim or t.shape[0] != x.shape[0]:
-                got = list(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                shape = list(t.shape) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(
-                    f"context {name} must be [b, s_k, {dim}] with b = {x.shape[0]} (the batch of x), got {got}"
+                    f"context {name} must be [b, s_k, {dim}] with b = {x.shape[0]} (the batch of x), got {shape}"
                 )
         if key_input.shape[1] != value_input.shape[1]:
             raise ValueError(
