@@ -129,3 +129,14 @@ def test_heads_as_small_multiples_in_one_figure_on_one_scale(tmp_path):
 def test_dpi_and_figsize_set_the_picture_size(tmp_path):
     png = draw_heatmap(torch.eye(3), list("abc"), list("abc"), tmp_path / "map.png", dpi=50, figsize=(4, 3))
     assert struct.unpack(">II", png.read_bytes()[16:24]) == (200, 150)
+
+
+def test_a_signed_map_is_diverging_centred_on_zero_with_its_quantity_on_the_bar():
+    values = torch.tensor([[-0.5, 0.2], [0.1, 0.25]])
+    fig = plot_attention(values, ["a", "b"], ["a", "b"], label="α·∂/∂α")
+    image = fig.axes[0].images[0]
+    assert image.cmap.name == "RdBu" and image.norm.vmin == -0.5 and image.norm.vmax == 0.5
+    assert fig.axes[1].get_ylabel() == "α·∂/∂α (centred on 0)"
+    weights = plot_attention(values.abs(), ["a", "b"], ["a", "b"], label="‖α·f(x)‖")
+    assert weights.axes[0].images[0].cmap.name == "Blues" and weights.axes[0].images[0].norm.vmin == 0.0
+    assert weights.axes[1].get_ylabel() == "‖α·f(x)‖ (linear scale)"
