@@ -754,8 +754,9 @@ def load(
 ) -> Model:
     """Load a fetched model by name, or a local Hugging Face folder, onto attnkit modules.
 
-    The folder must hold ``config.json`` (``model_type`` ``llama`` or ``bert``),
-    safetensors weights and ``tokenizer.json``. Each safetensors header is checked against
+    The folder must hold ``config.json`` (a ``model_type`` of
+    :data:`attnkit.models.families.FAMILIES`), safetensors weights (sharded too, with
+    ``model.safetensors.index.json``) and ``tokenizer.json``. Each safetensors header is checked against
     its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
     fetch time. Weights are memory-mapped and become the parameters without copies or
     random initialisation.
