@@ -283,7 +283,10 @@ def logits(module: BertModel, hidden: Tensor) -> Tensor | None:
 
 def self_attention(module: nn.Module, layer: int) -> MultiHeadAttention:
     """The self-attention module of layer ``layer``."""
-    return module.encoder.layers[layer].self_attn
+    assert isinstance(module, BertModel)
+    attn = module.encoder.layers[layer].self_attn
+    assert isinstance(attn, MultiHeadAttention)
+    return attn
 
 
 FAMILY = ModelFamily(
