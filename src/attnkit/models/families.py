@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from attnkit.models import bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3
+from attnkit.models import bart, bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3, t5
 from attnkit.models.checkpoint import short_repr
 from attnkit.models.family import ModelFamily
 
@@ -20,6 +20,8 @@ FAMILIES: dict[str, ModelFamily] = {
         gemma2.FAMILY,
         gemma2.GEMMA3_TEXT,
         phi3.FAMILY,
+        t5.FAMILY,
+        bart.FAMILY,
     )
 }
 
@@ -36,6 +38,11 @@ def unsupported_model_type(model_type: object) -> str:
 
 def families_table() -> list[tuple[str, str, str]]:
     """``(model_type, kind, what it adds)`` of every family, in the table's order."""
-    return [
-        (family.model_type, "decoder" if family.causal else "encoder", family.summary) for family in FAMILIES.values()
-    ]
+    return [(family.model_type, _kind(family), family.summary) for family in FAMILIES.values()]
+
+
+def _kind(family: ModelFamily) -> str:
+    """``decoder``, ``encoder`` or ``encoder-decoder``."""
+    if family.encoder_decoder:
+        return "encoder-decoder"
+    return "decoder" if family.causal else "encoder"

@@ -60,6 +60,11 @@ class ModelFamily:
         model_type: the ``model_type`` of its Hugging Face ``config.json``.
         causal: a causal decoder, which can generate; its module is then an
             :class:`attnkit.nn.DecoderLM` (generation runs its cached decoding loop).
+        encoder_decoder: an encoder–decoder (T5, BART), whose module is an
+            :class:`attnkit.nn.EncoderDecoderLM`: a run over one text is its encoder's
+            (``hidden_states`` and ``self_attention`` read the encoder, ``logits`` is
+            ``None``), :meth:`attnkit.models.Model.run_seq2seq` runs a source and a target
+            with the three kinds of attention, and generation translates a source.
         read_config: ``(config.json as a dict, path=the file)`` → the family's config (a
             :class:`ModelConfig`); raises :class:`attnkit.models.CheckpointError`, naming
             the field, for what it cannot load or what exceeds
@@ -98,3 +103,4 @@ class ModelFamily:
     logits: Callable[[Any, Tensor], Tensor | None]
     self_attention: Callable[[Any, int], nn.Module]
     summary: str
+    encoder_decoder: bool = False

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.indices import normalize_indices, select_indices
+from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
 from attnkit.models.checkpoint import (
     CheckpointError,
     load_tensors,
@@ -32,6 +33,7 @@ from attnkit.models.checkpoint import (
     verify_manifest,
     weight_files,
 )
+from attnkit.models.encoder_decoder import Seq2SeqRun, run_seq2seq
 from attnkit.models.families import FAMILIES, unsupported_model_type
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
@@ -39,48 +41,13 @@ from attnkit.nn import (
     ActivationCache,
     DecoderLayer,
     DecoderLM,
+    EncoderDecoderLM,
     EncoderLayer,
     HookedModule,
     LayerSelection,
     pack_projections,
 )
 from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
-
-# The attention weights one run may hand back, in bytes: all 30 layers of SmolLM2 on 2000
-# tokens would be 4.3 GB. Past this, ask for fewer layers or a shorter text.
-ATTENTION_MEMORY_LIMIT = 2 * 2**30
-
-
-class LayerAttentions(dict[int, Tensor]):
-    """Layer index → attention weights, for the layers a run asked for. Negative indices
-    count from the model's last layer, as in ``run(attention=[-1])``: ``attentions[-1]``
-    is the last layer's map.
-
-    Args:
-        maps: layer index (``0 .. num_layers - 1``) → weights.
-        num_layers: the model's depth.
-    """
-
-    def __init__(self, maps: dict[int, Tensor], num_layers: int) -> None:
-        super().__init__(maps)
-        self.num_layers = num_layers
-
-    def _layer(self, layer: object) -> object:
-        if isinstance(layer, int) and not isinstance(layer, bool) and -self.num_layers <= layer < 0:
-            return layer + self.num_layers
-        return layer
-
-    def __getitem__(self, layer: int) -> Tensor:
-        key = self._layer(layer)
-        if not super().__contains__(key):
-            raise KeyError(f"layer {layer} was not asked for; this run has the weights of layers {sorted(self)}")
-        return super().__getitem__(key)
-
-    def __contains__(self, layer: object) -> bool:
-        return super().__contains__(self._layer(layer))
-
-    def get(self, layer: int, default: Tensor | None = None) -> Tensor | None:  # type: ignore[override]
-        return super().get(self._layer(layer), default)
 
 
 @dataclass(frozen=True)
@@ -149,6 +116,10 @@ class Model:
         num_kv_heads: key/value heads per layer (fewer than ``num_heads`` with GQA).
         max_length: the most tokens one text may have (the model's context).
         causal: whether a token attends only to itself and earlier tokens.
+        encoder_decoder: an encoder–decoder (T5, BART): :meth:`run` reads one text with
+            its encoder, :meth:`run_seq2seq` a source and a target with the three kinds of
+            attention, and generation translates a source.
+        num_decoder_layers: the decoder's depth (encoder–decoders; 0 otherwise).
         module: the network, an :class:`attnkit.nn.DecoderLM` or
             :class:`attnkit.models.bert.BertModel`, in evaluation mode.
         tokenizer: the :class:`attnkit.models.Tokenizer`.
@@ -176,6 +147,8 @@ class Model:
         self.num_kv_heads = config.num_kv_heads
         self.max_length = config.max_length
         self.causal = architecture.causal
+        self.encoder_decoder = architecture.encoder_decoder
+        self.num_decoder_layers = getattr(config, "num_decoder_layers", 0) if self.encoder_decoder else 0
         self._packed = False
 
     def __repr__(self) -> str:
@@ -275,6 +248,53 @@ class Model:
             attentions=LayerAttentions(attentions, self.num_layers),
             heads=head_list,
             cache=kept,
+        )
+
+    def run_seq2seq(
+        self,
+        source: str | Tensor | Sequence[int],
+        target: str | Tensor | Sequence[int] | None = None,
+        *,
+        encoder_layers: LayerSelection = True,
+        decoder_layers: LayerSelection = True,
+        heads: Sequence[int] | None = None,
+        max_new_tokens: int = 32,
+    ) -> Seq2SeqRun:
+        """A source and a target through an encoder–decoder, with its three kinds of
+        attention: the encoder's self-attention, the decoder's masked self-attention and
+        the decoder's cross-attention to the source (:mod:`attnkit.models.encoder_decoder`).
+
+        Without a target the model produces one first, greedily (the encoder once, the
+        decoder with its KV cache) until its end-of-sequence token or ``max_new_tokens``;
+        the maps are then those it computed while producing it.
+
+        Args:
+            source: a text, or token ids ``[s]`` / ``[1, s]``.
+            target: a text or ids (tokenized with the model's special tokens, e.g. T5's
+                closing ``</s>``), or ``None`` to generate it.
+            encoder_layers: the encoder layers whose weights to return (``True`` for all,
+                indices, negative from the end).
+            decoder_layers: the decoder layers whose self- and cross-attention weights to
+                return.
+            heads: the heads to keep; default all.
+            max_new_tokens: the most tokens to generate when no target is given.
+
+        Returns:
+            A :class:`attnkit.models.encoder_decoder.Seq2SeqRun`.
+
+        Raises:
+            ValueError: a model that is not an encoder–decoder, an empty or too long text,
+                a layer or head out of range, weights over :data:`ATTENTION_MEMORY_LIMIT`.
+            TypeError: ids that are not integers.
+        """
+        return run_seq2seq(
+            self,
+            source,
+            target,
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            heads=heads,
+            max_new_tokens=max_new_tokens,
         )
 
     def run_batch(
@@ -623,13 +643,14 @@ class Model:
         top_k: int | None = None,
         seed: int | None = None,
     ) -> Iterator[int]:
-        """Continue a prompt token by token with a KV cache (LLaMA only).
+        """Continue a prompt token by token with a KV cache (causal decoders), or produce
+        the target of a source (encoder–decoders: the prompt is the source).
 
-        The prompt runs once (its logits computed for the last position only), then each
-        step runs one token against the cache. Generation stops after ``max_new_tokens``,
-        at an end-of-sequence token (not yielded), or when the context is full. The hooks
-        active at this call act on every step (see :mod:`attnkit.nn.hooks` for what a
-        point sees with a KV cache).
+        The prompt runs once (its logits computed for the last position only; an
+        encoder–decoder's encoder reads it once), then each step runs one token against
+        the cache. Generation stops after ``max_new_tokens``, at an end-of-sequence token
+        (not yielded), or when the context is full. The hooks active at this call act on
+        every step (see :mod:`attnkit.nn.hooks` for what a point sees with a KV cache).
 
         Args:
             prompt: a text, or token ids ``[s]`` / ``[1, s]``.
@@ -647,7 +668,7 @@ class Model:
                 a ``temperature`` that is not a finite number ``>= 0``, ``top_k < 1``
                 (at the call, before any token).
         """
-        if not self.causal:
+        if not self.causal and not self.encoder_decoder:
             raise ValueError(f"{self.name} is a bidirectional encoder ({self.family}); it cannot generate text")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -666,8 +687,10 @@ class Model:
         # Every step runs in the context of this call: the hooks active here act on the
         # whole generation, however late the caller consumes it.
         context = contextvars.copy_context()
-        budget = min(max_new_tokens, self.max_length - ids.shape[1])
-        return self._generate(context, ids, budget, temperature, top_k, seed)
+        # A decoder-only model's prompt and continuation share the context; an
+        # encoder-decoder's target has the whole context to itself.
+        room = self.max_length - (0 if self.encoder_decoder else ids.shape[1])
+        return self._generate(context, ids, min(max_new_tokens, room), temperature, top_k, seed)
 
     def _generate(
         self,
@@ -681,7 +704,8 @@ class Model:
         generator = None
         if temperature > 0 and seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        assert isinstance(self.module, DecoderLM)  # a causal family's network
+        # A causal family's network continues the prompt; an encoder-decoder's translates it.
+        assert isinstance(self.module, (DecoderLM, EncoderDecoderLM))
         steps = self.module.stream(
             ids.to(self.device), budget, temperature=temperature, top_k=top_k, generator=generator
         )
@@ -841,7 +865,17 @@ def _padded(rows: Sequence[Tensor], length: int, side: str) -> tuple[Tensor, Ten
     return ids, padding
 
 
-_LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+_LAYER_INDEX = re.compile(r"^(\w+)\.layers\.(\d+)\.")
+
+
+def _layer_counts(state: Mapping[str, Any]) -> dict[str, int]:
+    """The number of layers of each stack (``encoder``, ``decoder``) that attnkit keys of a
+    state dict name."""
+    indices: dict[str, set[int]] = {}
+    for key in state:
+        if match := _LAYER_INDEX.match(key):
+            indices.setdefault(match.group(1), set()).add(int(match.group(2)))
+    return {stack: len(found) for stack, found in indices.items()}
 
 
 def _check_weights_fit(
@@ -858,21 +892,22 @@ def _check_weights_fit(
             misshaped or non-floating weights.
     """
     where = next(iter(headers.values()))[0] if len({f for f, _, _ in headers.values()}) == 1 else folder
+    with torch.device("meta"):
+        expected = family.build(config).state_dict()
     described = {
         key: torch.empty(shape, dtype=torch.float32 if dtype in _FLOAT_DTYPES else torch.int64, device="meta")
         for key, (_, dtype, shape) in headers.items()
     }
     state, unknown = family.state_dict_from_hf(described, config)
-    # Counted in attnkit's names, which every family gives as ``layers.N.``.
-    layers = {int(m.group(1)) for key in state if (m := _LAYER_INDEX.search(key))}
-    if len(layers) != config.num_layers:
-        raise CheckpointError(
-            folder / "config.json",
-            f"num_hidden_layers is {config.num_layers}, but the weights hold {len(layers)} layers",
-            field="num_hidden_layers",
-        )
-    with torch.device("meta"):
-        expected = family.build(config).state_dict()
+    # Depth first: the clearest message when config.json and the weights disagree on it.
+    fields = dict(getattr(config, "layer_count_fields", ()))
+    for stack, want in _layer_counts(expected).items():
+        got = _layer_counts(state).get(stack, 0)
+        if got != want:
+            field = fields.get(stack, "num_hidden_layers")
+            raise CheckpointError(
+                folder / "config.json", f"{field} is {want}, but the weights hold {got} layers", field=field
+            )
     missing = sorted(set(expected) - set(state))
     if missing or unknown:
         raise CheckpointError(

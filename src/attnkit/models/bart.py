@@ -1,0 +1,317 @@
+"""BART checkpoints on :class:`attnkit.nn.EncoderDecoderLM`.
+
+Shape letters: ``s`` tokens, ``e`` model dim (``d_model``), ``v`` vocabulary size.
+
+A BART layer is a post-norm layer with LayerNorm and biases everywhere, scaled
+dot-product attention and a GELU feed-forward (``activation_function``), as the original
+Transformer. Each stack embeds its tokens as ``layernorm(token · scale + position)``: the
+shared token matrix (times ``√d_model`` when ``scale_embedding``), a learned position table
+whose row of position ``p`` is ``p + 2`` (BART's offset: the table has two extra rows), and
+a LayerNorm (``layernorm_embedding``); no final norm after the stacks. The head is tied to
+the token matrix and adds ``final_logits_bias``. Keys map from Hugging Face's
+``BartForConditionalGeneration`` (``S`` a stack, ``encoder`` or ``decoder``; ``E`` its
+embedding, ``source_embedding`` or ``target_embedding``):
+
+===================================================  ===============================================
+Hugging Face                                         attnkit
+===================================================  ===============================================
+``model.shared``                                     ``source_embedding.token`` (and the target's)
+``model.S.embed_positions``                          ``E.position``
+``model.S.layernorm_embedding``                      ``E.norm``
+``model.S.layers.N.self_attn.{q,k,v,out}_proj``      ``S.layers.N.self_attn.{q,k,v,out}_proj``
+``model.S.layers.N.self_attn_layer_norm``            ``S.layers.N.self_attn_norm``
+``model.decoder.layers.N.encoder_attn.*``            ``decoder.layers.N.cross_attn.*``
+``model.decoder.layers.N.encoder_attn_layer_norm``   ``decoder.layers.N.cross_attn_norm``
+``model.S.layers.N.fc1``, ``fc2``                    ``S.layers.N.ff.up_proj``, ``ff.down_proj``
+``model.S.layers.N.final_layer_norm``                ``S.layers.N.ff_norm``
+``final_logits_bias`` ``[1, v]``                     ``head.proj.bias`` ``[v]``
+``lm_head`` (a copy of ``model.shared``)             ``head.proj.weight``
+===================================================  ===============================================
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from attnkit.models.checkpoint import (
+    CONFIG_LIMITS,
+    REQUIRED,
+    CheckpointError,
+    build_without_weights,
+    config_int,
+    short_repr,
+)
+from attnkit.models.decoder import eos_token_ids, token_ids
+from attnkit.models.family import ModelFamily
+from attnkit.nn import (
+    Decoder,
+    DecoderLayer,
+    Encoder,
+    EncoderDecoderLM,
+    EncoderLayer,
+    LearnedPositionalEmbedding,
+    LMHead,
+    MultiHeadAttention,
+    SequenceEmbedding,
+    StackOutput,
+)
+from attnkit.nn.feedforward import Activation
+
+# BART's learned positions start at row 2 of the table (rows 0 and 1 were once kept for
+# padding).
+POSITION_OFFSET = 2
+# activation_function → attnkit's activation.
+_ACTIVATIONS: dict[str, Activation] = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
+# BART's LayerNorms use torch's default epsilon.
+_NORM_EPS = 1e-5
+_LAYER_KEYS = {
+    "self_attn.q_proj": "self_attn.q_proj",
+    "self_attn.k_proj": "self_attn.k_proj",
+    "self_attn.v_proj": "self_attn.v_proj",
+    "self_attn.out_proj": "self_attn.out_proj",
+    "self_attn_layer_norm": "self_attn_norm",
+    "encoder_attn.q_proj": "cross_attn.q_proj",
+    "encoder_attn.k_proj": "cross_attn.k_proj",
+    "encoder_attn.v_proj": "cross_attn.v_proj",
+    "encoder_attn.out_proj": "cross_attn.out_proj",
+    "encoder_attn_layer_norm": "cross_attn_norm",
+    "fc1": "ff.up_proj",
+    "fc2": "ff.down_proj",
+    "final_layer_norm": "ff_norm",
+}
+_LAYER_KEY = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(.+)\.(weight|bias)")
+_EMBEDDING_KEY = re.compile(r"model\.(encoder|decoder)\.(embed_positions|layernorm_embedding)\.(weight|bias)")
+_EMBEDDING_OF = {"encoder": "source_embedding", "decoder": "target_embedding"}
+_EMBEDDING_PARTS = {"embed_positions": "position", "layernorm_embedding": "norm"}
+
+
+@dataclass(frozen=True)
+class BartConfig:
+    """The sizes of a BART checkpoint, read from its ``config.json``.
+
+    Attributes:
+        vocab_size: ``v``.
+        d_model: model dim ``e``.
+        num_layers: encoder depth (``encoder_layers``).
+        num_decoder_layers: decoder depth (``decoder_layers``).
+        num_heads: encoder attention heads.
+        num_decoder_heads: decoder attention heads (self and cross).
+        encoder_ffn_dim: encoder feed-forward hidden dim.
+        decoder_ffn_dim: decoder feed-forward hidden dim.
+        max_length: learned positions (``max_position_embeddings``).
+        activation: the feed-forward activation.
+        scale_embedding: token vectors are multiplied by ``√d_model``.
+        decoder_start_token_id: the decoder's first input (BART: ``</s>``, 2).
+        eos_token_ids: ids that end a generation.
+        layer_count_fields: the ``config.json`` field of each stack's depth.
+    """
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_decoder_layers: int
+    num_heads: int
+    num_decoder_heads: int
+    encoder_ffn_dim: int
+    decoder_ffn_dim: int
+    max_length: int
+    activation: Activation
+    scale_embedding: bool
+    decoder_start_token_id: int
+    eos_token_ids: tuple[int, ...]
+    layer_count_fields: tuple[tuple[str, str], ...] = (("encoder", "encoder_layers"), ("decoder", "decoder_layers"))
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads: as many as query heads."""
+        return self.num_heads
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any], *, path: Path = Path("config.json")) -> BartConfig:
+        """Read a Hugging Face ``BartConfig`` dict.
+
+        Args:
+            config: the parsed ``config.json``.
+            path: its file, named in errors.
+
+        Raises:
+            CheckpointError: a missing size, one that is not an integer within the limits
+                of :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, a width that the heads
+                do not divide, or an activation or norm placement attnkit does not
+                implement; the message names the field.
+        """
+
+        def size(key: str, limit: str, default: Any = REQUIRED) -> int:
+            return config_int(config, key, path=path, default=default, maximum=CONFIG_LIMITS[limit])
+
+        vocab = size("vocab_size", "vocab_size")
+        activation = config.get("activation_function", "gelu")
+        if activation not in _ACTIVATIONS:
+            raise CheckpointError(
+                path,
+                f"activation_function={short_repr(activation)} is not supported "
+                f"(only {', '.join(map(repr, _ACTIVATIONS))})",
+                field="activation_function",
+            )
+        for key in ("normalize_before", "add_final_layer_norm"):
+            if config.get(key):
+                raise CheckpointError(path, f"{key}: pre-norm BART variants are not supported", field=key)
+        out = cls(
+            vocab_size=vocab,
+            d_model=size("d_model", "hidden_size"),
+            num_layers=size("encoder_layers", "num_hidden_layers"),
+            num_decoder_layers=size("decoder_layers", "num_hidden_layers"),
+            num_heads=size("encoder_attention_heads", "num_attention_heads"),
+            num_decoder_heads=size("decoder_attention_heads", "num_attention_heads"),
+            encoder_ffn_dim=size("encoder_ffn_dim", "intermediate_size"),
+            decoder_ffn_dim=size("decoder_ffn_dim", "intermediate_size"),
+            max_length=size("max_position_embeddings", "max_position_embeddings", 1024),
+            activation=_ACTIVATIONS[activation],
+            scale_embedding=bool(config.get("scale_embedding", False)),
+            decoder_start_token_id=config_int(
+                config, "decoder_start_token_id", path=path, default=2, minimum=0, maximum=vocab - 1
+            ),
+            eos_token_ids=token_ids(config.get("eos_token_id"), vocab, path),
+        )
+        for key, heads in (
+            ("encoder_attention_heads", out.num_heads),
+            ("decoder_attention_heads", out.num_decoder_heads),
+        ):
+            if out.d_model % heads:
+                raise CheckpointError(path, f"d_model={out.d_model} is not a multiple of {key}={heads}", field=key)
+        return out
+
+
+def _embedding(config: BartConfig, token: nn.Embedding) -> SequenceEmbedding:
+    return SequenceEmbedding(
+        token,
+        scale=math.sqrt(config.d_model) if config.scale_embedding else 1.0,
+        position=LearnedPositionalEmbedding(config.max_length + POSITION_OFFSET, config.d_model),
+        position_offset=POSITION_OFFSET,
+        norm=nn.LayerNorm(config.d_model, eps=_NORM_EPS),
+    )
+
+
+def build_network(config: BartConfig) -> EncoderDecoderLM:
+    """A BART :class:`attnkit.nn.EncoderDecoderLM` with random weights (use :func:`build`
+    for one whose weights a checkpoint replaces)."""
+    e = config.d_model
+    token = nn.Embedding(config.vocab_size, e)
+    options: dict[str, Any] = {
+        "dropout": 0.0,
+        "activation": config.activation,
+        "norm": "layer",
+        "norm_eps": _NORM_EPS,
+        "norm_first": False,
+        "bias": True,
+    }
+    encoder = Encoder(
+        EncoderLayer(e, config.num_heads, config.encoder_ffn_dim, **options) for _ in range(config.num_layers)
+    )
+    decoder = Decoder(
+        DecoderLayer(e, config.num_decoder_heads, config.decoder_ffn_dim, **options)
+        for _ in range(config.num_decoder_layers)
+    )
+    head = LMHead(e, config.vocab_size, bias=True)
+    head.proj.weight = token.weight
+    return EncoderDecoderLM(
+        source_embedding=_embedding(config, token),
+        target_embedding=_embedding(config, token),
+        encoder=encoder,
+        decoder=decoder,
+        head=head,
+        decoder_start_token_id=config.decoder_start_token_id,
+    )
+
+
+def build(config: BartConfig) -> EncoderDecoderLM:
+    """The network on the ``meta`` device (no storage), whose weights the checkpoint's
+    replace (then :func:`finish`)."""
+    module = build_without_weights(lambda: build_network(config))
+    assert isinstance(module, EncoderDecoderLM)
+    return module
+
+
+def state_dict_from_hf(tensors: dict[str, Tensor], config: BartConfig) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename a Hugging Face BART state dict to :class:`attnkit.nn.EncoderDecoderLM` keys.
+
+    Returns:
+        ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place in
+        the model. The head gets the token matrix and ``final_logits_bias`` (zeros when the
+        checkpoint has none, as transformers assumes).
+    """
+    state: dict[str, Tensor] = {}
+    unknown = []
+    for key, value in tensors.items():
+        layer = _LAYER_KEY.fullmatch(key)
+        embedding = _EMBEDDING_KEY.fullmatch(key)
+        if layer and layer.group(3) in _LAYER_KEYS:
+            stack, index, name, leaf = layer.groups()
+            state[f"{stack}.layers.{index}.{_LAYER_KEYS[name]}.{leaf}"] = value
+        elif embedding:
+            stack, part, leaf = embedding.groups()
+            state[f"{_EMBEDDING_OF[stack]}.{_EMBEDDING_PARTS[part]}.{leaf}"] = value
+        elif key == "model.shared.weight":
+            for name in ("source_embedding.token", "target_embedding.token", "head.proj"):
+                state[f"{name}.weight"] = value
+        elif key == "final_logits_bias":
+            state["head.proj.bias"] = value.reshape(-1)
+        elif key not in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
+            unknown.append(key)  # (those are saved copies of the shared matrix)
+    if "head.proj.bias" not in state and "head.proj.weight" in state:
+        weight = state["head.proj.weight"]
+        state["head.proj.bias"] = weight.new_zeros(weight.shape[0])
+    return state, unknown
+
+
+def finish(module: EncoderDecoderLM, config: BartConfig) -> None:
+    """Tie the head to the token matrix again: assignment gives each key its own
+    Parameter object."""
+    head = module.head
+    assert isinstance(head, LMHead)
+    head.proj.weight = module.token_embedding.weight
+
+
+def hidden_states(module: EncoderDecoderLM, ids: Tensor, layers: Collection[int]) -> StackOutput:
+    """The encoder's output ``[b, s, e]`` of source ids ``[b, s]``, with the weights of
+    ``layers`` (a run over one text is the encoder's)."""
+    out = module.encode(ids, return_weights=layers)
+    assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
+    return out
+
+
+def logits(module: EncoderDecoderLM, hidden: Tensor) -> None:
+    """None: the encoder alone predicts no tokens (:meth:`attnkit.models.Model.run_seq2seq`
+    gives the decoder's logits)."""
+    return None
+
+
+def self_attention(module: EncoderDecoderLM, layer: int) -> MultiHeadAttention:
+    """The self-attention module of encoder layer ``layer``."""
+    attention = module.encoder.layers[layer].self_attn
+    assert isinstance(attention, MultiHeadAttention)
+    return attention
+
+
+FAMILY = ModelFamily(
+    name="bart",
+    model_type="bart",
+    causal=False,
+    encoder_decoder=True,
+    read_config=BartConfig.from_hf,
+    build=build,
+    state_dict_from_hf=state_dict_from_hf,
+    finish=finish,
+    eos_token_ids=eos_token_ids,
+    hidden_states=hidden_states,
+    logits=logits,
+    self_attention=self_attention,
+    summary="encoder-decoder, post-norm LayerNorm, learned positions from row 2, embedding LayerNorm, GELU, biases, final logits bias",
+)

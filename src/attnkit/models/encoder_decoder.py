@@ -1,0 +1,225 @@
+"""Runs of an encoder–decoder checkpoint (T5, BART) on a source and a target, with its
+three kinds of attention: :meth:`attnkit.models.Model.run_seq2seq`.
+
+Shape letters: ``s_src`` source tokens, ``s_tgt`` target tokens, ``h_sel`` selected heads,
+``e`` model dim, ``v`` vocabulary size.
+
+The decoder reads the target shifted right: its input is the decoder start token followed
+by every target token but the last, and position ``i`` predicts target token ``i``. Maps
+label each decoder position by the target token it produces, so a cross-attention map has
+the target tokens as rows and the source tokens as columns, and row ``i`` is where the
+model looked while producing target token ``i``. The columns of the decoder's
+self-attention are the decoder's input tokens (the start token, then the target).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from attnkit.functional.indices import normalize_indices
+from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
+from attnkit.nn import EncoderDecoderLM, LayerSelection, LayerWeights, StackOutput
+
+AttentionKind = Literal["encoder", "decoder", "cross"]
+ATTENTION_KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
+
+
+@dataclass(frozen=True)
+class Seq2SeqRun:
+    """What one teacher-forced pass of an encoder–decoder produced.
+
+    Attributes:
+        source_ids: ``[1, s_src]``.
+        source_tokens: the ``s_src`` source token strings.
+        source_offsets: each source token's character span in the source text (``None``
+            for a run on ids).
+        target_ids: ``[1, s_tgt]``, the tokens the decoder produces (its end-of-sequence
+            token included when the target has one).
+        target_tokens: their strings.
+        target_offsets: their character spans in :attr:`target_text` (``None`` when the
+            target was generated or given as ids).
+        target_text: the target as text (decoded when it was generated).
+        generated: the model produced the target itself (greedy decoding), no target
+            having been given.
+        decoder_input_ids: ``[1, s_tgt]``: the decoder start token, then the target but
+            its last token.
+        decoder_input_tokens: their strings (the columns of decoder self-attention).
+        logits: ``[1, s_tgt, v]``: row ``i`` predicts target token ``i``.
+        encoder_hidden_states: the encoder's output ``[1, s_src, e]`` (the memory the
+            cross-attention reads).
+        encoder_attentions: encoder layer → ``[1, h_sel, s_src, s_src]``.
+        decoder_attentions: decoder layer → ``[1, h_sel, s_tgt, s_tgt]`` (causal).
+        cross_attentions: decoder layer → ``[1, h_sel, s_tgt, s_src]``: target rows,
+            source columns.
+        heads: the selected head indices.
+    """
+
+    source_ids: Tensor
+    source_tokens: list[str]
+    source_offsets: list[tuple[int, int]] | None
+    target_ids: Tensor
+    target_tokens: list[str]
+    target_offsets: list[tuple[int, int]] | None
+    target_text: str
+    generated: bool
+    decoder_input_ids: Tensor
+    decoder_input_tokens: list[str]
+    logits: Tensor
+    encoder_hidden_states: Tensor
+    encoder_attentions: LayerAttentions
+    decoder_attentions: LayerAttentions
+    cross_attentions: LayerAttentions
+    heads: list[int]
+
+    def attentions(self, kind: str) -> LayerAttentions:
+        """The maps of one kind: ``"encoder"``, ``"decoder"`` or ``"cross"``.
+
+        Raises:
+            ValueError: another kind.
+        """
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f"attention kind must be one of {', '.join(ATTENTION_KINDS)}, got {kind!r}")
+        return {
+            "encoder": self.encoder_attentions,
+            "decoder": self.decoder_attentions,
+            "cross": self.cross_attentions,
+        }[kind]
+
+    def tokens(self, kind: str) -> tuple[list[str], list[str]]:
+        """``(row tokens, column tokens)`` of the maps of one kind.
+
+        Raises:
+            ValueError: an unknown kind.
+        """
+        self.attentions(kind)
+        if kind == "encoder":
+            return self.source_tokens, self.source_tokens
+        if kind == "decoder":
+            return self.target_tokens, self.decoder_input_tokens
+        return self.target_tokens, self.source_tokens
+
+
+def network(model: Any) -> EncoderDecoderLM:
+    """The :class:`attnkit.nn.EncoderDecoderLM` of an :class:`attnkit.models.Model`.
+
+    Raises:
+        ValueError: a model that is not an encoder–decoder.
+    """
+    if not isinstance(model.module, EncoderDecoderLM):
+        raise ValueError(
+            f"{model.name} is a {model.family} model, not an encoder-decoder; it has one text and one "
+            "self-attention (use run)"
+        )
+    return model.module
+
+
+def generate_target(model: Any, source_ids: Tensor, max_new_tokens: int) -> list[int]:
+    """Greedy decoding of a source (the encoder once, the decoder with its KV cache),
+    ending with the end-of-sequence token when the model produces one within
+    ``max_new_tokens``.
+
+    Args:
+        model: an encoder–decoder :class:`attnkit.models.Model`.
+        source_ids: ``[1, s_src]``.
+        max_new_tokens: the most tokens to produce.
+
+    Returns:
+        The produced ids, the end-of-sequence token included.
+    """
+    produced: list[int] = []
+    for token in network(model).stream(source_ids.to(model.device), max_new_tokens):  # [1]
+        produced.append(int(token))
+        if produced[-1] in model.tokenizer.eos_token_ids:
+            break
+    return produced
+
+
+def run_seq2seq(
+    model: Any,
+    source: str | Tensor | Sequence[int],
+    target: str | Tensor | Sequence[int] | None = None,
+    *,
+    encoder_layers: LayerSelection = True,
+    decoder_layers: LayerSelection = True,
+    heads: Sequence[int] | None = None,
+    max_new_tokens: int = 32,
+) -> Seq2SeqRun:
+    """:meth:`attnkit.models.Model.run_seq2seq` of ``model`` (an
+    :class:`attnkit.models.Model`)."""
+    module = network(model)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    source_ids, source_tokens, source_offsets = model._input(source)
+    num_decoder_layers = len(module.decoder.layers)
+    encoder_list = _layers(encoder_layers, model.num_layers, "encoder")
+    decoder_list = _layers(decoder_layers, num_decoder_layers, "decoder")
+    head_list = normalize_indices(
+        heads, model.num_heads, "head", context=f"{model.name} has {model.num_heads} heads per layer"
+    )
+    generated = target is None
+    if target is None:
+        target_ids = torch.tensor([generate_target(model, source_ids, max_new_tokens)])  # [1, s_tgt]
+        target_tokens = [model.tokenizer.id_to_token(i) for i in target_ids[0].tolist()]
+        target_offsets = None
+        target_text = model.tokenizer.decode(target_ids[0], skip_special_tokens=True)
+    else:
+        target_ids, target_tokens, target_offsets = model._input(target)
+        target_text = target if isinstance(target, str) else model.tokenizer.decode(target_ids[0])
+    s_src, s_tgt = source_ids.shape[1], target_ids.shape[1]
+    if s_tgt == 0:
+        raise ValueError(f"{model.name} produced no token for this source; give a target text")
+    needed = 4 * len(head_list) * (len(encoder_list) * s_src * s_src + len(decoder_list) * s_tgt * (s_tgt + s_src))
+    if needed > ATTENTION_MEMORY_LIMIT:
+        raise ValueError(
+            f"the attention weights of this source and target take {needed / 2**30:.1f} GiB, over the "
+            f"{ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or shorter texts"
+        )
+    start = torch.tensor([[module.decoder_start_token_id]])
+    decoder_input_ids = torch.cat((start, target_ids[:, :-1]), dim=1)  # [1, s_tgt]
+    select = head_list != list(range(model.num_heads))
+    with torch.no_grad():
+        encoded = module.encode(source_ids.to(model.device), return_weights=encoder_list)
+        assert isinstance(encoded, StackOutput)  # a record whenever return_weights is a list
+        decoded = module.decode(decoder_input_ids.to(model.device), encoded.output, return_weights=decoder_list)
+        assert isinstance(decoded, StackOutput)
+        logits = module.head(decoded.output)  # [1, s_tgt, v]
+
+    def kept(record: LayerWeights | None, cross: bool = False) -> Tensor:
+        assert record is not None  # every layer in the lists was asked for
+        weights = record.cross_attention if cross else record.self_attention  # [1, h, s_q, s_k]
+        assert weights is not None  # the decoder's layers all have cross-attention
+        return (weights[:, head_list] if select else weights).float()  # [1, h_sel, s_q, s_k]
+
+    encoder_maps = {i: kept(encoded.weights[i]) for i in encoder_list}
+    decoder_maps = {i: kept(decoded.weights[i]) for i in decoder_list}
+    cross_maps = {i: kept(decoded.weights[i], cross=True) for i in decoder_list}
+    return Seq2SeqRun(
+        source_ids=source_ids,
+        source_tokens=source_tokens,
+        source_offsets=source_offsets,
+        target_ids=target_ids,
+        target_tokens=target_tokens,
+        target_offsets=target_offsets,
+        target_text=target_text,
+        generated=generated,
+        decoder_input_ids=decoder_input_ids,
+        decoder_input_tokens=[model.tokenizer.id_to_token(i) for i in decoder_input_ids[0].tolist()],
+        logits=logits.float(),
+        encoder_hidden_states=encoded.output.float(),
+        encoder_attentions=LayerAttentions(encoder_maps, model.num_layers),
+        decoder_attentions=LayerAttentions(decoder_maps, num_decoder_layers),
+        cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),
+        heads=head_list,
+    )
+
+
+def _layers(selection: LayerSelection, depth: int, stack: str) -> list[int]:
+    if isinstance(selection, bool):
+        return list(range(depth)) if selection else []
+    context = f"the {stack} has {depth} layers"
+    return sorted(set(normalize_indices(selection, depth, "layer", context=context, allow_empty=True)))
