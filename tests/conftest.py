@@ -44,3 +44,19 @@ def minilm(minilm_path: Path):
     from attnkit import models
 
     return models.load("minilm")
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random T5 folder written by transformers (tests/models/seq2seq_checkpoints.py)."""
+    from tests.models.seq2seq_checkpoints import write_t5
+
+    return write_t5(tmp_path_factory.mktemp("tiny-t5") / "tiny-t5")
+
+
+@pytest.fixture(scope="session")
+def tiny_t5(tiny_t5_path: Path):
+    """The tiny random T5 on attnkit's modules."""
+    from attnkit import models
+
+    return models.load(tiny_t5_path)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import (
@@ -32,6 +34,7 @@ from attnkit.inspect.maps import (
 )
 from attnkit.inspect.methods import METHODS, method_map
 from attnkit.inspect.rollout import FLOW_MAX_TOKENS
+from attnkit.models.encoder_decoder import ATTENTION_KINDS
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
@@ -91,6 +94,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="TOKEN|TEXT",
         help="for --method grad: the next token whose log-probability to explain, leading space "
         'included (" Paris"), or for an encoder a text whose sentence-embedding similarity to explain',
+    )
+    seq2seq = parser.add_argument_group(
+        "encoder-decoder models (T5, BART)",
+        "TEXT is the source; the maps show one of the three kinds of attention, the decoder's with "
+        "target tokens as rows (each the token its position produces) and, for cross-attention, "
+        "source tokens as columns. --layers are then the decoder's layers (the encoder's for "
+        "--attention encoder); the html page shows the three kinds, every layer of both stacks.",
+    )
+    seq2seq.add_argument(
+        "--decoder-text",
+        metavar="TEXT",
+        help="the target the decoder reads (teacher forcing); without it the model generates the "
+        "target greedily, and says so",
+    )
+    seq2seq.add_argument(
+        "--attention",
+        choices=ATTENTION_KINDS,
+        default=None,
+        help="encoder (self-attention over the source), decoder (masked self-attention over the "
+        "target) or cross (target tokens attending to source tokens; the default)",
+    )
+    seq2seq.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=32,
+        metavar="N",
+        help="the most tokens to generate without --decoder-text (default: 32)",
     )
     add_level_argument(parser)
     add_output_arguments(parser, default_formats="png,json", formats=INSPECT_FORMATS)
@@ -165,6 +195,13 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--method grad needs --target, and --target is only for --method grad")
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
+    if getattr(model, "encoder_decoder", False):
+        return _run_seq2seq(args, model, status, formats, limit, figure, out)
+    if args.decoder_text is not None or args.attention is not None:
+        raise CommandError(
+            f"--decoder-text and --attention are for encoder-decoder models (T5, BART); {model.name} is a "
+            f"{model.family} model with one text and one self-attention"
+        )
     try:
         tokens = len(model.tokenize(args.text).tokens)
     except ValueError as err:
@@ -235,6 +272,101 @@ def run(args: argparse.Namespace) -> int:
                         modes=[args.method] if args.method in VIEWER_MODES else [],
                     )
                 )
+    except (ValueError, ImportError) as err:
+        raise CommandError(str(err)) from None
+    except OSError as err:
+        raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
+    print()
+    for path in written:
+        print(f"wrote {path} ({format_size(path.stat().st_size)})")
+    return 0
+
+
+def _run_seq2seq(
+    args: argparse.Namespace,
+    model: Any,
+    status: Status,
+    formats: list[str],
+    limit: int | None,
+    figure: dict,
+    out: Path,
+) -> int:
+    """``attnkit inspect`` on an encoder–decoder: one run of the source and the target (given
+    or generated), then the maps of one kind of attention and the viewer page of all three."""
+    from attnkit.inspect.seq2seq import SEQ2SEQ_METHODS, seq2seq_map
+    from attnkit.viz.attention_text import render_map
+    from attnkit.viz.export import estimate_map_json, estimate_viewer_html, write_map, write_seq2seq_viewer
+    from attnkit.viz.terminal import terminal_safe
+
+    kind = args.attention or "cross"
+    if args.method not in SEQ2SEQ_METHODS or (args.method == "value" and kind != "cross"):
+        raise CommandError(
+            f"--method {args.method} is not available for an encoder-decoder's {kind} attention; "
+            "it shows raw weights, and value-weighted cross-attention (--attention cross --method value)"
+        )
+    if args.max_new_tokens < 1:
+        raise CommandError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    try:
+        s_src = len(model.tokenize(args.text))
+        s_tgt = args.max_new_tokens if args.decoder_text is None else len(model.tokenize(args.decoder_text))
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
+    layers = parse_layers(args.layers, depth)
+    heads = parse_heads(args.heads, model.num_heads)
+    map_layers = layers or [depth - 1]
+    map_heads = heads or [0]
+    html = "html" in formats
+    tokens = max(s_src, s_tgt)
+    estimates = {}
+    if "json" in formats:
+        for layer in map_layers:
+            estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(map_heads), causal=False)
+    if html:
+        page_heads = len(heads or range(model.num_heads))
+        page_layers = model.num_layers + 2 * model.num_decoder_layers
+        estimates[f"the viewer page of {page_layers} maps × {counted(list(range(page_heads)), 'head')}"] = (
+            estimate_viewer_html(tokens, page_layers, page_heads, causal=False)
+        )
+    check_sizes(
+        estimates,
+        limit,
+        advice="ask for fewer layers or heads (--layers, --heads), shorter texts, or other formats (--format)",
+    )
+    # The html page shows every layer of both stacks; the other formats the chosen ones.
+    encoder_layers: bool | list[int] = True if html else (map_layers if kind == "encoder" else [])
+    decoder_layers: bool | list[int] = True if html else (map_layers if kind != "encoder" else [])
+    what = "the given target" if args.decoder_text is not None else "a greedily generated target"
+    written = []
+    try:
+        with status.step(f"running {model.name} on {s_src} source tokens and {what}"):
+            run = model.run_seq2seq(
+                args.text,
+                args.decoder_text,
+                encoder_layers=encoder_layers,
+                decoder_layers=decoder_layers,
+                heads=heads,
+                max_new_tokens=args.max_new_tokens,
+            )
+        if run.generated:
+            print(
+                terminal_safe(
+                    f"no --decoder-text: {model.name} generated the target greedily "
+                    f"({len(run.target_tokens)} tokens): {run.target_text!r}"
+                )
+            )
+        for layer in map_layers:
+            amap = seq2seq_map(
+                model, run, attention=kind, layer=layer, heads=map_heads, level=args.level, method=args.method
+            )
+            print(terminal_safe(render_map(amap, top=args.top)), end="", flush=True)
+            files = [f for f in formats if f != "html"]
+            if files:
+                with status.step(f"writing {', '.join(files)} of layer {layer}"):
+                    written += write_map(amap, out, files, **figure)
+        if html:
+            with status.step("writing the viewer page of the encoder, decoder and cross-attention"):
+                written.append(write_seq2seq_viewer(model, run, out, level=args.level))
     except (ValueError, ImportError) as err:
         raise CommandError(str(err)) from None
     except OSError as err:

@@ -50,6 +50,18 @@ class AttentionMap:
         method: what the values are (:data:`attnkit.inspect.methods.METHODS`):
             ``"raw"`` attention weights, or ``"rollout"``, ``"flow"`` (one map merging the
             heads: ``heads`` is empty and ``weights`` ``[1, n, n]``), ``"value"``, ``"grad"``.
+        attention: which attention: ``"self"`` (a model with one text), or of an
+            encoder–decoder ``"encoder"``, ``"decoder"`` or ``"cross"``
+            (:data:`attnkit.models.encoder_decoder.ATTENTION_KINDS`).
+        key_text: the text of the columns when they are another sequence than the rows
+            (cross-attention: the source; ``text`` is then the target); ``None`` when the
+            columns are the rows' tokens.
+        key_tokens: the columns' token strings, with ``key_text``.
+        key_labels: the columns' labels (tokens, or words of a word map), with ``key_text``.
+        key_readable: the columns' readable tokens, with ``key_text``.
+        key_words: for a word map with its own columns, their word groups.
+
+    ``weights`` is then ``[h, n, m]`` with ``m`` columns.
 
     In Jupyter, the map shows as the interactive viewer (:mod:`attnkit.viz.notebook`).
     """
@@ -66,21 +78,35 @@ class AttentionMap:
     words: list[Word] | None = None
     causal: bool = False
     method: str = "raw"
+    attention: str = "self"
+    key_text: str | None = None
+    key_tokens: list[str] | None = None
+    key_labels: list[str] | None = None
+    key_readable: list[ReadableToken] | None = None
+    key_words: list[Word] | None = None
+
+    @property
+    def column_labels(self) -> list[str]:
+        """The labels of the columns: :attr:`key_labels`, or the rows' own."""
+        return self.labels if self.key_labels is None else self.key_labels
 
     @property
     def level(self) -> str:
         """``"word"`` for a word map, ``"token"`` for a token map."""
         return "token" if self.words is None else "word"
 
-    def by_words(self, groups: Sequence[Word] | None = None) -> AttentionMap:
-        """This token map as a word map (:func:`attnkit.inspect.words.aggregate`).
+    def by_words(self, groups: Sequence[Word] | None = None, key_groups: Sequence[Word] | None = None) -> AttentionMap:
+        """This token map as a word map (:func:`attnkit.inspect.words.aggregate`), on both
+        sides when the columns are another sequence.
 
         Args:
-            groups: the token groups to use (default: the words of the text,
+            groups: the token groups of the rows (default: the words of the text,
                 :func:`attnkit.inspect.words.word_groups`).
+            key_groups: those of the columns, when they are another sequence (default: the
+                words of :attr:`key_text`).
 
         Returns:
-            An :class:`AttentionMap` with ``words`` set and ``weights`` ``[h, w, w]``.
+            An :class:`AttentionMap` with ``words`` set and ``weights`` ``[h, w, w_k]``.
 
         Raises:
             ValueError: already a word map, no readable tokens to group, or groups that do
@@ -88,12 +114,22 @@ class AttentionMap:
         """
         if self.words is not None:
             raise ValueError("this map is already between words")
-        if groups is None:
-            if len(self.readable) != len(self.tokens):
-                raise ValueError("this map has no readable tokens to group into words; pass the groups")
-            groups = word_groups(self.text, self.readable)
-        groups = list(groups)
-        return replace(self, labels=[g.label for g in groups], weights=aggregate(self.weights, groups), words=groups)
+        groups = list(groups if groups is not None else _words_of(self.text, self.readable, len(self.tokens)))
+        if self.key_text is None:
+            weights = aggregate(self.weights, groups)  # [h, w, w]
+            return replace(self, labels=[g.label for g in groups], weights=weights, words=groups)
+        key_tokens = self.key_tokens or []
+        if key_groups is None:
+            key_groups = _words_of(self.key_text, self.key_readable or [], len(key_tokens))
+        key_groups = list(key_groups)
+        return replace(
+            self,
+            labels=[g.label for g in groups],
+            weights=aggregate(self.weights, groups, key_groups),  # [h, w, w_k]
+            words=groups,
+            key_labels=[g.label for g in key_groups],
+            key_words=key_groups,
+        )
 
     def to_dict(self, digits: int = 6) -> dict[str, Any]:
         """A JSON-ready dict; weights rounded to ``digits`` decimals and nested as
@@ -102,7 +138,11 @@ class AttentionMap:
         ``tokens`` are the tokenizer's strings and ``token_info`` what each stands for
         (``text``, ``span``, ``partial``, ...: :meth:`ReadableToken.to_dict`); ``labels``
         name the rows and columns of ``weights``: tokens, or for ``level`` ``"word"`` the
-        ``words`` (``text``, ``span``, ``tokens`` — their token indices).
+        ``words`` (``text``, ``span``, ``tokens`` — their token indices). An encoder–decoder's
+        map adds ``attention`` (``"encoder"``, ``"decoder"``, ``"cross"``), and one whose
+        columns are another sequence (cross-attention: rows the target, columns the source)
+        adds ``key_text``, ``key_tokens``, ``key_token_info``, ``key_labels`` (and
+        ``key_words``) for the columns.
         """
         data = {
             "model": self.model,
@@ -119,7 +159,29 @@ class AttentionMap:
         }
         if self.words is not None:
             data["words"] = [w.to_dict() for w in self.words]
+        if self.attention != "self":
+            data["attention"] = self.attention
+        if self.key_text is not None:
+            data |= {
+                "key_text": self.key_text,
+                "key_tokens": self.key_tokens,
+                "key_token_info": [t.to_dict() for t in self.key_readable or []],
+                "key_labels": self.key_labels,
+            }
+            if self.key_words is not None:
+                data["key_words"] = [w.to_dict() for w in self.key_words]
         return data
+
+
+def _words_of(text: str, readable: Sequence[ReadableToken], count: int) -> list[Word]:
+    """The word groups of ``count`` tokens of ``text``.
+
+    Raises:
+        ValueError: tokens without readable forms to group.
+    """
+    if len(readable) != count:
+        raise ValueError("this map has no readable tokens to group into words; pass the groups")
+    return word_groups(text, readable)
 
 
 @dataclass(frozen=True)
@@ -202,6 +264,38 @@ def token_labels(text: str, tokens: Sequence[str], offsets: Sequence[tuple[int, 
     return [t.label for t in readable_tokens(text, tokens, offsets)]
 
 
+def readable_sequence(
+    model: Any,
+    tokens: Sequence[str],
+    ids: Tensor | None,
+    offsets: Sequence[tuple[int, int]] | None,
+    text: str | None,
+) -> tuple[str, list[ReadableToken]]:
+    """The text of a token sequence and its readable tokens.
+
+    Args:
+        model: the model whose tokenizer made the tokens (its special tokens and how its
+            tokens spell text); a stand-in without a tokenizer has plain-text tokens.
+        tokens: the token strings.
+        ids: their ids ``[1, s]`` (to tell special tokens), or ``None``.
+        offsets: each token's character span in ``text``, or ``None``.
+        text: the text they came from; without it (or without offsets) it is rebuilt from
+            the token strings (:func:`attnkit.inspect.tokens.decode_tokens`).
+
+    Returns:
+        ``(text, readable tokens)``.
+    """
+    # Read through getattr, so that stand-ins without a tokenizer or ids work too: their
+    # tokens are then plain text, special where they stand for no text.
+    backend = getattr(getattr(model, "tokenizer", None), "backend", None)
+    special_ids = special_token_ids(backend)
+    special = None if ids is None else [i in special_ids for i in ids.reshape(-1).tolist()]
+    if text is None or offsets is None:
+        text, spans = decode_tokens(tokens, scheme=token_scheme(backend), special=special)
+        return text, readable_tokens(text, tokens, spans, special=special)
+    return text, readable_tokens(text, tokens, offsets, special=special)
+
+
 def readable_run(model: Model, run: ModelRun, text: str | None = None, *, level: str = "token") -> ReadableRun:
     """A run's attention with labels people can read, between tokens or words.
 
@@ -222,17 +316,7 @@ def readable_run(model: Model, run: ModelRun, text: str | None = None, *, level:
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
-    # Read through getattr, so that stand-ins without a tokenizer or ids work too: their
-    # tokens are then plain text, special where they stand for no text.
-    backend = getattr(getattr(model, "tokenizer", None), "backend", None)
-    ids = getattr(run, "ids", None)
-    special_ids = special_token_ids(backend)
-    special = None if ids is None else [i in special_ids for i in ids.reshape(-1).tolist()]
-    if text is None or run.offsets is None:
-        text, spans = decode_tokens(run.tokens, scheme=token_scheme(backend), special=special)
-        tokens = readable_tokens(text, run.tokens, spans, special=special)
-    else:
-        tokens = readable_tokens(text, run.tokens, run.offsets, special=special)
+    text, tokens = readable_sequence(model, run.tokens, getattr(run, "ids", None), run.offsets, text)
     if level == "token":
         return ReadableRun(text, tokens, None, [t.label for t in tokens], dict(run.attentions))
     words = word_groups(text, tokens)

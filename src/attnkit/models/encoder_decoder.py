@@ -35,6 +35,7 @@ class Seq2SeqRun:
 
     Attributes:
         source_ids: ``[1, s_src]``.
+        source_text: the source as text (decoded when it was given as ids).
         source_tokens: the ``s_src`` source token strings.
         source_offsets: each source token's character span in the source text (``None``
             for a run on ids).
@@ -60,6 +61,7 @@ class Seq2SeqRun:
     """
 
     source_ids: Tensor
+    source_text: str
     source_tokens: list[str]
     source_offsets: list[tuple[int, int]] | None
     target_ids: Tensor
@@ -200,6 +202,7 @@ def run_seq2seq(
     cross_maps = {i: kept(decoded.weights[i], cross=True) for i in decoder_list}
     return Seq2SeqRun(
         source_ids=source_ids,
+        source_text=source if isinstance(source, str) else model.tokenizer.decode(source_ids[0]),
         source_tokens=source_tokens,
         source_offsets=source_offsets,
         target_ids=target_ids,

@@ -22,6 +22,13 @@ TAIL_ROWS = 10
 # At most this many tokens (or words) are listed above the tables.
 MAX_LISTED = 100
 
+# How the maps of an encoder-decoder name their kind of attention.
+ATTENTION_NAMES = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention",
+    "cross": "cross-attention (target → source)",
+}
+
 # Labels longer than this are cut with "…" so that rows stay within 100 columns.
 MAX_LABEL = 14
 
@@ -76,24 +83,40 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
     heads = maps[0] if len(maps) == 1 else f"heads {amap.heads[0]}..{amap.heads[-1]}"
     size = f"{len(amap.tokens)} tokens" if amap.words is None else f"{n} words ({len(amap.tokens)} tokens)"
     method = "" if amap.method == "raw" else f" · {amap.method}"
-    lines = [f"{amap.model} · layer {amap.layer} (0..{amap.num_layers - 1}) · {heads}{method} · {size}"]
+    kind = "" if amap.attention == "self" else f" · {ATTENTION_NAMES[amap.attention]}"
+    cross = amap.attention == "cross" and amap.key_tokens is not None
+    if cross and amap.key_tokens is not None:
+        size = f"{len(amap.key_tokens)} source × {len(amap.tokens)} target tokens"
+        if amap.words is not None and amap.key_words is not None:
+            size = f"{len(amap.key_words)} source × {n} target words"
+    lines = [f"{amap.model} · layer {amap.layer} (0..{amap.num_layers - 1}) · {heads}{kind}{method} · {size}"]
     token_labels = [t.label for t in amap.readable] if amap.readable else list(amap.labels)
-    if amap.words is not None:
-        lines += wrap_items("words: ", _listed([f"{w.label} ({len(w.token_indices)})" for w in amap.words]))
-    lines += wrap_items("tokens: ", _listed(token_labels))
+    if cross:
+        source_labels = [t.label for t in amap.key_readable] if amap.key_readable else list(amap.column_labels)
+        lines += wrap_items("source: ", _listed(source_labels))
+        lines += wrap_items("target: ", _listed(token_labels))
+    else:
+        if amap.words is not None:
+            lines += wrap_items("words: ", _listed([f"{w.label} ({len(w.token_indices)})" for w in amap.words]))
+        lines += wrap_items("tokens: ", _listed(token_labels))
     labels = [short(label) for label in numbered(amap.labels)]
+    key_labels = labels if amap.key_labels is None else [short(label) for label in numbered(amap.key_labels)]
     # Between tokens a query and its keys are tokens; between words they are words.
     keys_of, query, keys = ("keys", "query", "keys") if amap.words is None else ("words", "query word", "key words")
+    if cross:
+        unit = "tokens" if amap.words is None else "words"
+        keys_of, query, keys = f"source {unit}", f"target {unit[:-1]}", f"source {unit}"
     value = "weight" if amap.method == "raw" else amap.method
     # Weights and shares of a token lie in [0, 1]; norms and gradients have any scale.
     number = ".2f" if amap.method in ("raw", "rollout", "flow") else ".3g"
+    m = len(key_labels)
     for position, name in enumerate(maps):
-        weights = amap.weights[position]  # [n, n]
+        weights = amap.weights[position]  # [n, m]
         shown = shown_rows(n, max_rows)
-        values, indices = weights[shown].topk(min(top, n), dim=-1)  # [rows, top]
+        values, indices = weights[shown].topk(min(top, m), dim=-1)  # [rows, top]
         rows = []
         for i, row_values, row_indices in zip(shown, values.tolist(), indices.tolist()):
-            cells = [f"{labels[k]} {v:{number}}" for v, k in zip(row_values, row_indices) if v > 0]
+            cells = [f"{key_labels[k]} {v:{number}}" for v, k in zip(row_values, row_indices) if v > 0]
             rows.append([str(i), labels[i], "  ".join(cells)])
         lines += ["", f"Layer {amap.layer}, {name}: the {keys_of} each {query} attends to most"]
         table = format_table(["#", query, f"top {top} {keys} ({value})"], rows, align="><<").splitlines()

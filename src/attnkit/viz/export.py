@@ -139,14 +139,18 @@ def write_map(
     Returns:
         The paths written: ``MODEL_layerL_headH.png`` per format and
         ``MODEL_layerL_headH.json``, ``headsA-B`` for several heads
-        (:func:`heads_tag`); word maps add ``_words`` before the extension.
+        (:func:`heads_tag`); word maps add ``_words`` before the extension, maps of an
+        encoder–decoder its kind of attention after the model (``MODEL_cross_layerL_...``).
 
     Raises:
         ImportError: matplotlib is missing and a picture was asked for.
         ValueError: an unknown colour map or scale.
     """
     tag = heads_tag(amap.heads) if amap.heads else "all-heads"
-    stem = f"{file_stem(amap.model)}_layer{amap.layer}_{tag}" + ("" if amap.method == "raw" else f"_{amap.method}")
+    kind = "" if amap.attention == "self" else f"_{amap.attention}"
+    stem = f"{file_stem(amap.model)}{kind}_layer{amap.layer}_{tag}" + (
+        "" if amap.method == "raw" else f"_{amap.method}"
+    )
     # Word maps get their own names, next to the token maps of the same text.
     suffix, unit = ("", "") if amap.words is None else ("_words", " word")
     written = []
@@ -154,8 +158,13 @@ def write_map(
     if pictures:
         from attnkit.viz.heatmap import draw_attention_heads, draw_heatmap
 
-        xlabel, ylabel = f"Key{unit} (attended to)", f"Query{unit} (attending)"
-        what = f"{amap.model}" + ("" if amap.method == "raw" else f", {amap.method}") + (" (words)" if suffix else "")
+        xlabel, ylabel = _axis_labels(amap.attention, unit)
+        what = (
+            f"{amap.model}"
+            + ("" if amap.attention == "self" else f" {amap.attention}")
+            + ("" if amap.method == "raw" else f", {amap.method}")
+            + (" (words)" if suffix else "")
+        )
         saving: dict[str, Any] = {} if dpi is None else {"dpi": dpi}
         saving["label"] = MAP_QUANTITIES.get(amap.method, "weight")
         for fmt in pictures:
@@ -166,7 +175,7 @@ def write_map(
                     draw_heatmap(
                         amap.weights[0],
                         amap.labels,
-                        amap.labels,
+                        amap.column_labels,
                         path,
                         title=f"Layer {amap.layer}, {name} — {what}",
                         causal=amap.causal,
@@ -181,7 +190,7 @@ def write_map(
                     draw_attention_heads(
                         amap.weights,
                         amap.labels,
-                        amap.labels,
+                        amap.column_labels,
                         path,
                         heads=amap.heads,
                         title=f"Layer {amap.layer} — {what}",
@@ -195,6 +204,16 @@ def write_map(
     if "json" in formats:
         written.append(write_json(amap.to_dict(), out / f"{stem}{suffix}.json"))
     return written
+
+
+def _axis_labels(attention: str, unit: str) -> tuple[str, str]:
+    """``(x label, y label)`` of a heatmap of one kind of attention (``unit`` is ``""`` or
+    ``" word"``)."""
+    if attention == "cross":
+        return f"Source{unit or ' token'} (attended to)", f"Target{unit or ' token'} (attending)"
+    if attention == "decoder":
+        return f"Decoder input{unit or ' token'} (attended to)", f"Target{unit or ' token'} (attending)"
+    return f"Key{unit} (attended to)", f"Query{unit} (attending)"
 
 
 def write_viewer(
@@ -240,6 +259,54 @@ def write_viewer(
         own = data.sections["self"]
         extra = mode_sections(model, text, modes, layers=own.layers, heads=own.heads, level=level)
         data = replace(data, sections={**data.sections, **extra})
+    suffix = "_words" if level == "word" else ""
+    return write_html(out / f"{file_stem(model.name)}_viewer{suffix}.html", data)
+
+
+def write_seq2seq_viewer(model: Any, run: Any, out: Path, *, level: str = "token") -> Path:
+    """Write the viewer page of an encoder–decoder run: its encoder, decoder and
+    cross-attention sections, each with the layers and heads the run holds.
+
+    Args:
+        model: the encoder–decoder :class:`attnkit.models.Model`.
+        run: its :class:`attnkit.models.encoder_decoder.Seq2SeqRun`.
+        out: the folder to write to.
+        level: ``"token"``, or ``"word"`` for the attention between words on both sides.
+
+    Returns:
+        The path written: ``MODEL_viewer.html``, or ``MODEL_viewer_words.html``.
+
+    Raises:
+        ValueError: a run without any weights, or an unknown level.
+        ImportError: the viewer's dependencies are missing.
+    """
+    from attnkit.inspect.seq2seq import seq2seq_map
+    from attnkit.viz.viewer import write_html
+    from attnkit.viz.viewer.data import ViewerData
+
+    sections: dict[str, dict[int, Any]] = {}
+    labels: dict[str, tuple[list[str], list[str]]] = {}
+    for kind in ("encoder", "decoder", "cross"):
+        for layer in sorted(run.attentions(kind)):
+            amap = seq2seq_map(model, run, attention=kind, layer=layer, level=level)
+            sections.setdefault(kind, {})[layer] = amap.weights  # [h, n, m]
+            labels[kind] = (amap.labels, amap.column_labels)
+    if not sections:
+        raise ValueError("the run has no attention weights: ask for some encoder or decoder layers")
+    source = labels["encoder"][0] if "encoder" in labels else labels["cross"][1] if "cross" in labels else []
+    target = next((labels[kind][0] for kind in ("cross", "decoder") if kind in labels), [])
+    data = ViewerData.encoder_decoder(
+        model.name,
+        source,
+        target,
+        encoder=sections.get("encoder"),
+        decoder=sections.get("decoder"),
+        cross=sections.get("cross"),
+        heads=run.heads,
+        text=run.source_text,
+        decoder_key_tokens=labels["decoder"][1] if "decoder" in labels else None,
+        level=level,
+    )
     suffix = "_words" if level == "word" else ""
     return write_html(out / f"{file_stem(model.name)}_viewer{suffix}.html", data)
 

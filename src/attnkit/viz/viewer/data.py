@@ -316,18 +316,25 @@ class ViewerData:
         cross: Mapping[int, Tensor] | None = None,
         heads: Sequence[int] | None = None,
         text: str = "",
+        decoder_key_tokens: Sequence[str] | None = None,
+        level: str = "token",
     ) -> ViewerData:
         """The three kinds of attention of an encoder–decoder model.
 
         Args:
             model: the model's name.
             source_tokens: the encoder's ``s_src`` tokens.
-            target_tokens: the decoder's ``s_tgt`` tokens.
+            target_tokens: the decoder's ``s_tgt`` tokens (the rows of the decoder and
+                cross sections).
             encoder: layer → ``[h, s_src, s_src]`` encoder self-attention.
             decoder: layer → ``[h, s_tgt, s_tgt]`` causal decoder self-attention.
             cross: layer → ``[h, s_tgt, s_src]``, decoder queries attending to encoder keys.
             heads: the head indices of the ``h`` rows (default ``0 .. h-1``).
             text: the input text.
+            decoder_key_tokens: the columns of the decoder section when they are not the
+                target tokens (what each position reads: the start token, then the target
+                but its last token); default ``target_tokens``.
+            level: ``"token"``, or ``"word"`` when the tokens are words.
 
         Returns:
             Data of kind ``"encoder-decoder"`` with the sections given.
@@ -339,10 +346,11 @@ class ViewerData:
         if encoder:
             sections["encoder"] = Section.from_layers(source_tokens, source_tokens, encoder, heads=heads)
         if decoder:
-            sections["decoder"] = Section.from_layers(target_tokens, target_tokens, decoder, heads=heads, causal=True)
+            keys = target_tokens if decoder_key_tokens is None else decoder_key_tokens
+            sections["decoder"] = Section.from_layers(target_tokens, keys, decoder, heads=heads, causal=True)
         if cross:
             sections["cross"] = Section.from_layers(target_tokens, source_tokens, cross, heads=heads)
-        return cls(model, "encoder-decoder", sections, text)
+        return cls(model, "encoder-decoder", sections, text, level)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form documented in ``docs/viewer.md``."""
