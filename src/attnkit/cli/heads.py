@@ -4,6 +4,8 @@ many texts, as a table, layers × heads pictures and JSON."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import (
@@ -21,6 +23,7 @@ from attnkit.cli.common import (
 )
 from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, relaunch
 from attnkit.inspect.survey import DESCRIPTIONS, INDUCTION_PERIOD, survey_heads
+from attnkit.models.encoder_decoder import ATTENTION_KINDS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -81,6 +84,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="with --ablate on a causal model, the next token to measure, leading space included "
         '(" Paris"); it must be a single token',
     )
+    seq2seq = parser.add_argument_group(
+        "encoder-decoder models (T5, BART)",
+        "TEXT (or each line of --file) is a source; a line may give its target after a tab "
+        "(SOURCE<TAB>TARGET), else the model generates it greedily. Statistics are those of one "
+        "kind of attention; cross-attention has entropy, mass on the first and the last source "
+        "token, and with --align the alignment score.",
+    )
+    seq2seq.add_argument("--decoder-text", metavar="TEXT", help="the target of TEXT (default: generated)")
+    seq2seq.add_argument(
+        "--attention",
+        choices=ATTENTION_KINDS,
+        default=None,
+        help="encoder, decoder or cross (the default) attention",
+    )
+    seq2seq.add_argument(
+        "--align",
+        metavar="FILE|diagonal|anti-diagonal",
+        help="score each cross-attention head by the fraction of target words whose most-attended "
+        "source word is aligned with it: a word alignment file (one line per source/target pair, "
+        "links SOURCE-TARGET of word indices from 0, as fast_align writes: 0-0 1-2 2-1), or "
+        "diagonal (word i with word i, a copy) or anti-diagonal (the reverse task)",
+    )
     add_output_arguments(parser, default_formats="png,json")
     add_figure_arguments(parser, scale=False)
     add_quiet_argument(parser)
@@ -140,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         return run_ablation(args)
     if args.mean or args.ablate_target is not None:
         raise CommandError("--mean and --target go with --ablate")
+    seq2seq_options = args.decoder_text is not None or args.attention is not None or args.align is not None
     from attnkit.viz.attention_text import render_survey
     from attnkit.viz.export import write_survey
     from attnkit.viz.terminal import terminal_safe
@@ -169,6 +195,15 @@ def run(args: argparse.Namespace) -> int:
             status = Status(quiet=True)
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
+    if getattr(model, "encoder_decoder", False):
+        if distributed or args.source is not None:
+            raise CommandError("an encoder-decoder's heads are surveyed in one process, without --from and --to")
+        return _run_seq2seq_survey(args, model, texts, status, formats, figure, out)
+    if seq2seq_options:
+        raise CommandError(
+            f"--decoder-text, --attention and --align are for encoder-decoder models (T5, BART); {model.name} is a "
+            f"{model.family} model"
+        )
     try:
         what = f"{len(texts)} text" + ("s" if len(texts) != 1 else "")
         with status.step(f"surveying {model.num_layers} layers × {model.num_heads} heads of {model.name} on {what}"):
@@ -223,6 +258,50 @@ def run_ablation(args: argparse.Namespace) -> int:
         raise CommandError(str(err)) from None
     except OSError as err:
         raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
+    print()
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _run_seq2seq_survey(
+    args: argparse.Namespace,
+    model: Any,
+    texts: list[str],
+    status: Status,
+    formats: list[str],
+    figure: dict,
+    out: Path,
+) -> int:
+    """``attnkit heads`` on an encoder–decoder: one kind of attention over source/target
+    pairs, with the alignment score when ``--align`` is given."""
+    from attnkit.inspect.seq2seq import read_alignments, survey_seq2seq
+    from attnkit.viz.attention_text import render_survey
+    from attnkit.viz.export import write_survey
+    from attnkit.viz.terminal import terminal_safe
+
+    kind = args.attention or "cross"
+    if args.decoder_text is not None and args.file is not None:
+        raise CommandError("--decoder-text goes with TEXT; with --file, give each target after a tab")
+    pairs: list[tuple[str, str | None]] = []
+    for text in texts:
+        source, tab, target = text.partition("\t")
+        pairs.append((source, target if tab else args.decoder_text))
+    if args.align is not None and kind != "cross":
+        raise CommandError(f"--align scores cross-attention heads; got --attention {kind}")
+    try:
+        alignments = None if args.align is None else read_alignments(args.align, len(pairs))
+        depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
+        what = f"{len(pairs)} source" + ("s" if len(pairs) != 1 else "")
+        with status.step(f"surveying the {kind} attention of {depth} layers × {model.num_heads} heads on {what}"):
+            survey = survey_seq2seq(model, pairs, attention=kind, alignments=alignments)
+        print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)
+        with status.step(f"writing {', '.join(formats)}"):
+            written = write_survey(survey, out, formats, **figure)
+    except (ValueError, ImportError) as err:
+        raise CommandError(str(err)) from None
+    except OSError as err:
+        raise CommandError(f"cannot read or write: {err.strerror or err}") from None
     print()
     for path in written:
         print(f"wrote {path}")

@@ -13,13 +13,17 @@ token, then the target but its last token.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from attnkit.inspect import heads as H
 from attnkit.inspect.maps import LEVELS, AttentionMap, readable_sequence
+from attnkit.inspect.survey import HeadSurvey
 from attnkit.inspect.tokens import ReadableToken
 from attnkit.models.encoder_decoder import ATTENTION_KINDS, Seq2SeqRun, network
 from attnkit.nn import MultiHeadAttention
@@ -144,3 +148,180 @@ def seq2seq_map(
         key_readable=None if columns is None else columns[1],
     )
     return amap.by_words() if level == "word" else amap
+
+
+# Statistics of cross-attention heads (rows attend to another sequence: distances, the
+# previous token and the token itself mean nothing there).
+CROSS_STATISTICS = ("entropy", "first", "last")
+# The alignments `attnkit heads --align` knows by name: source word i aligned with target
+# word i (copy), or with the mirror word (reverse).
+NAMED_ALIGNMENTS = ("diagonal", "anti-diagonal")
+
+Alignment = list[tuple[int, int]]
+
+
+def read_alignments(spec: str, count: int) -> list[Alignment | str]:
+    """The word alignments of ``count`` source/target pairs.
+
+    Args:
+        spec: ``"diagonal"`` or ``"anti-diagonal"`` (the same for every pair, sized to
+            each pair's words), or a file in the Pharaoh format of word aligners
+            (fast_align, eflomal): one line per pair, ``i-j`` pairs of a source word index
+            and a target word index, from 0, separated by spaces (``0-0 1-2 2-1``).
+        count: the number of pairs.
+
+    Returns:
+        Per pair, the ``(source word, target word)`` links, or the name.
+
+    Raises:
+        ValueError: a file with another number of lines, or a link that is not ``i-j``.
+        OSError: an unreadable file.
+    """
+    if spec in NAMED_ALIGNMENTS:
+        return [spec] * count
+    lines = Path(spec).read_text(encoding="utf-8").splitlines()
+    lines = lines[:count] if len(lines) > count and not any(line.strip() for line in lines[count:]) else lines
+    if len(lines) != count:
+        raise ValueError(f"--align {spec} has {len(lines)} lines for {count} source/target pairs; give one per pair")
+    out: list[Alignment | str] = []
+    for number, line in enumerate(lines, 1):
+        links = []
+        for link in line.split():
+            parts = link.split("-")
+            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+                raise ValueError(
+                    f"--align {spec}, line {number}: links are source-target word indices like 0-1, got {link!r}"
+                )
+            links.append((int(parts[0]), int(parts[1])))
+        out.append(links)
+    return out
+
+
+def alignment_hits(
+    cross: Tensor, source_words: int, target_words: int, alignment: Alignment | str
+) -> tuple[Tensor, int]:
+    """How many aligned target words each head attends to most on an aligned source word.
+
+    Args:
+        cross: word-level cross-attention ``[layers, heads, w_tgt, w_src]`` between the
+            words of the texts (their special tokens left out).
+        source_words: ``w_src``.
+        target_words: ``w_tgt``.
+        alignment: ``(source word, target word)`` links, or a name of
+            :data:`NAMED_ALIGNMENTS`.
+
+    Returns:
+        ``(hits [layers, heads], aligned target words)``.
+
+    Raises:
+        ValueError: a link outside the words, an unknown name.
+    """
+    if isinstance(alignment, str):
+        if alignment not in NAMED_ALIGNMENTS:
+            raise ValueError(f"alignment names are {', '.join(NAMED_ALIGNMENTS)}, got {alignment!r}")
+        n = min(source_words, target_words)
+        reverse = alignment == "anti-diagonal"
+        alignment = [(source_words - 1 - i if reverse else i, i) for i in range(n)]
+    aligned: dict[int, set[int]] = {}
+    for src, tgt in alignment:
+        if not (0 <= src < source_words and 0 <= tgt < target_words):
+            raise ValueError(
+                f"alignment link {src}-{tgt} is outside the {source_words} source and {target_words} target words"
+            )
+        aligned.setdefault(tgt, set()).add(src)
+    top = cross.argmax(-1)  # [layers, heads, w_tgt]
+    hits = torch.zeros(cross.shape[:2])
+    for tgt, sources in aligned.items():
+        hits += torch.isin(top[..., tgt], torch.tensor(sorted(sources))).float()
+    return hits, len(aligned)
+
+
+def survey_seq2seq(
+    model: Any,
+    pairs: Sequence[tuple[str, str | None]],
+    *,
+    attention: str = "cross",
+    alignments: Sequence[Alignment | str] | None = None,
+    max_new_tokens: int = 32,
+) -> HeadSurvey:
+    """Per-head statistics of one kind of attention of an encoder–decoder over
+    source/target pairs (a target ``None`` is generated greedily).
+
+    Self-attention (``"encoder"``, ``"decoder"``) has the statistics of
+    :mod:`attnkit.inspect.heads`; cross-attention the entropy, the mass on the first source
+    token and on the last (the end-of-sequence token most sources end with), and with
+    ``alignments`` the alignment score: the fraction of aligned target words whose
+    most-attended source word is an aligned one, words being those of the texts
+    (:func:`attnkit.inspect.words.word_groups`, special tokens left out).
+
+    Args:
+        model: an encoder–decoder :class:`attnkit.models.Model`.
+        pairs: ``(source, target)`` texts.
+        attention: ``"encoder"``, ``"decoder"`` or ``"cross"``.
+        alignments: one per pair (:func:`read_alignments`), cross-attention only.
+        max_new_tokens: the most tokens of a generated target.
+
+    Returns:
+        :class:`attnkit.inspect.survey.HeadSurvey` with ``attention`` set; its layers are
+        the encoder's for ``"encoder"``, the decoder's otherwise.
+
+    Raises:
+        ValueError: no pairs, an unknown kind, alignments with another kind or another
+            number of pairs, texts the model refuses.
+    """
+    if not pairs:
+        raise ValueError("give at least one source text")
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
+    if alignments is not None and (attention != "cross" or len(alignments) != len(pairs)):
+        raise ValueError(
+            f"alignments go with cross-attention, one per source/target pair; got {len(alignments)} for "
+            f"{len(pairs)} pairs and attention={attention!r}"
+        )
+    encoder = attention == "encoder"
+    totals: dict[str, Tensor] = {}
+    hits, aligned, tokens = None, 0, 0
+    for number, (source, target) in enumerate(pairs):
+        run = model.run_seq2seq(
+            source, target, encoder_layers=encoder, decoder_layers=not encoder, max_new_tokens=max_new_tokens
+        )
+        maps = run.attentions(attention)
+        weights = torch.cat([maps[layer] for layer in sorted(maps)]).float()  # [layers, heads, s_q, s_k]
+        tokens += weights.shape[-2]
+        if attention == "cross":
+            statistics = {
+                "entropy": -(torch.special.xlogy(weights, weights).sum(-1) / math.log(2)).mean(-1),
+                "first": weights[..., 0].mean(-1),
+                "last": weights[..., -1].mean(-1),
+            }
+        else:
+            statistics = H.head_statistics(weights)
+        for name, values in statistics.items():
+            totals[name] = values if name not in totals else totals[name] + values
+        if alignments is not None:
+            words = seq2seq_map(model, run, attention="cross", layer=0, level="word")
+            keep_rows = [i for i, w in enumerate(words.words or []) if w.span is not None]
+            keep_cols = [i for i, w in enumerate(words.key_words or []) if w.span is not None]
+            cross = torch.stack([seq2seq_map(model, run, layer=layer, level="word").weights for layer in sorted(maps)])[
+                ..., keep_rows, :
+            ][..., keep_cols]  # [layers, heads, w_tgt, w_src]
+            found, count = alignment_hits(cross, len(keep_cols), len(keep_rows), alignments[number])
+            hits = found if hits is None else hits + found
+            aligned += count
+    statistics = {name: total / len(pairs) for name, total in totals.items()}
+    if hits is not None:
+        if aligned == 0:
+            raise ValueError("the alignments link no target word; nothing to score")
+        statistics["alignment"] = hits / aligned
+    depth = model.num_layers if encoder else model.num_decoder_layers
+    return HeadSurvey(
+        model=model.name,
+        num_layers=depth,
+        num_heads=model.num_heads,
+        texts=len(pairs),
+        tokens=tokens,
+        statistics=statistics,
+        induction_period=0,
+        induction_seed=0,
+        attention=attention,
+    )

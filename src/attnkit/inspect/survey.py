@@ -33,6 +33,8 @@ DESCRIPTIONS = {
     "first": "mass on the first token (attention sink)",
     "self": "mass on the token itself",
     "induction": "induction score on repeated random tokens",
+    "last": "mass on the last source token (end of sequence)",
+    "alignment": "aligned target words whose most-attended source word is aligned",
 }
 
 
@@ -74,6 +76,8 @@ class HeadSurvey:
         induction_period: length of the repeated random segment.
         induction_seed: seed of the random segment.
         pair: the ``--from``/``--to`` result, when asked.
+        attention: ``"self"``, or which attention of an encoder–decoder
+            (``"encoder"``, ``"decoder"``, ``"cross"``: :func:`attnkit.inspect.seq2seq.survey_seq2seq`).
     """
 
     model: str
@@ -85,6 +89,7 @@ class HeadSurvey:
     induction_period: int
     induction_seed: int
     pair: TokenPair | None = None
+    attention: str = "self"
 
     def to_dict(self, digits: int = 6) -> dict[str, Any]:
         """A JSON-ready dict; each statistic as ``[layer][head]`` rounded to ``digits``."""
@@ -98,6 +103,7 @@ class HeadSurvey:
             "num_heads": self.num_heads,
             "texts": self.texts,
             "tokens": self.tokens,
+            "attention": self.attention,
             "induction": {"period": self.induction_period, "seed": self.induction_seed},
             "statistics": {
                 name: {"description": DESCRIPTIONS[name], "values": grid(values)}

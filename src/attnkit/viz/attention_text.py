@@ -224,19 +224,24 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
     if stat is not None and stat not in survey.statistics:
         raise ValueError(f"unknown statistic {stat!r}; choose from {', '.join(survey.statistics)}")
     texts = f"{survey.texts} text" + ("s" if survey.texts != 1 else "")
-    lines = [
-        f"{survey.model} · {survey.num_layers} layers × {survey.num_heads} heads · {texts}, {survey.tokens} tokens"
-        f" · induction on {survey.induction_period} random tokens × 2 (seed {survey.induction_seed})",
-        "",
-        f"Top {top} heads per statistic (L layer, H head)",
-    ]
+    head = f"{survey.model} · {survey.num_layers} layers × {survey.num_heads} heads · {texts}, {survey.tokens} tokens"
+    if survey.attention == "self":
+        head += f" · induction on {survey.induction_period} random tokens × 2 (seed {survey.induction_seed})"
+    else:
+        pairs = f"{survey.texts} source/target pair" + ("s" if survey.texts != 1 else "")
+        rows_of = "source" if survey.attention == "encoder" else "target"
+        head = (
+            f"{survey.model} · {ATTENTION_NAMES[survey.attention]} · {survey.num_layers} layers × "
+            f"{survey.num_heads} heads · {pairs}, {survey.tokens} {rows_of} tokens"
+        )
+    lines = [head, "", f"Top {top} heads per statistic (L layer, H head)"]
     rows = []
     for name, values in survey.statistics.items():
         best = "  ".join(f"L{layer}H{head} {value:.2f}" for layer, head, value in rank_heads(values, top=top))
         rows.append([name, f"{values.mean():.2f}", best])
     lines.append(format_table(["statistic", "mean", "highest"], rows, align="<><"))
-    width = max(map(len, DESCRIPTIONS))
-    lines += [f"  {name:<{width}}  {text}" for name, text in DESCRIPTIONS.items()]
+    width = max(map(len, survey.statistics))
+    lines += [f"  {name:<{width}}  {DESCRIPTIONS[name]}" for name in survey.statistics]
     if survey.pair is not None:
         pair = survey.pair
         texts = f"{pair.texts} text" + ("s" if pair.texts != 1 else "")
@@ -253,6 +258,10 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
             )
         )
     lines.append("")
+    if stat is None and not all(name in survey.statistics for _, name, _ in ROLES):
+        # Roles need every statistic of self-attention; cross-attention shows its alignment
+        # (or entropy) instead.
+        stat = "alignment" if "alignment" in survey.statistics else "entropy"
     lines += _value_grid(survey, stat) if stat is not None else _role_grid(survey)
     return "\n".join(lines) + "\n"
 
