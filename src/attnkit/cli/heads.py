@@ -22,7 +22,7 @@ from attnkit.cli.common import (
     prepare_out,
 )
 from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, relaunch
-from attnkit.inspect.survey import DESCRIPTIONS, INDUCTION_PERIOD, survey_heads
+from attnkit.inspect.survey import ALL_DESCRIPTIONS, CROSS_DESCRIPTIONS, DESCRIPTIONS, INDUCTION_PERIOD, survey_heads
 from attnkit.models.encoder_decoder import ATTENTION_KINDS
 
 
@@ -58,9 +58,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top", type=int, default=5, metavar="N", help="heads listed per statistic (default: 5)")
     parser.add_argument(
         "--stat",
-        choices=list(DESCRIPTIONS),
+        choices=list(ALL_DESCRIPTIONS),
         metavar="NAME",
-        help=f"print this statistic's layers × heads values instead of the role grid: {', '.join(DESCRIPTIONS)}",
+        help=f"print this statistic's layers × heads values instead of the role grid: {', '.join(DESCRIPTIONS)}; "
+        f"of cross-attention: entropy, first, {', '.join(CROSS_DESCRIPTIONS)}",
     )
     ablation = parser.add_argument_group("head ablation")
     ablation.add_argument(

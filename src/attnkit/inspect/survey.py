@@ -33,9 +33,14 @@ DESCRIPTIONS = {
     "first": "mass on the first token (attention sink)",
     "self": "mass on the token itself",
     "induction": "induction score on repeated random tokens",
+}
+# The statistics of an encoder-decoder's cross-attention that self-attention has not
+# (attnkit.inspect.seq2seq.survey_seq2seq), and every statistic a survey may hold.
+CROSS_DESCRIPTIONS = {
     "last": "mass on the last source token (end of sequence)",
     "alignment": "aligned target words whose most-attended source word is aligned",
 }
+ALL_DESCRIPTIONS = {**DESCRIPTIONS, **CROSS_DESCRIPTIONS}
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,7 @@ class HeadSurvey:
             "attention": self.attention,
             "induction": {"period": self.induction_period, "seed": self.induction_seed},
             "statistics": {
-                name: {"description": DESCRIPTIONS[name], "values": grid(values)}
+                name: {"description": ALL_DESCRIPTIONS[name], "values": grid(values)}
                 for name, values in self.statistics.items()
             },
         }

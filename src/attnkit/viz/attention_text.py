@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from attnkit.inspect.heads import rank_heads
 from attnkit.inspect.interventions import HeadEffects
 from attnkit.inspect.maps import AttentionMap
-from attnkit.inspect.survey import DESCRIPTIONS, HeadSurvey
+from attnkit.inspect.survey import ALL_DESCRIPTIONS, HeadSurvey
 from attnkit.viz.terminal import display_width, format_table
 
 # Every line fits in this many columns.
@@ -241,7 +241,7 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
         rows.append([name, f"{values.mean():.2f}", best])
     lines.append(format_table(["statistic", "mean", "highest"], rows, align="<><"))
     width = max(map(len, survey.statistics))
-    lines += [f"  {name:<{width}}  {DESCRIPTIONS[name]}" for name in survey.statistics]
+    lines += [f"  {name:<{width}}  {ALL_DESCRIPTIONS[name]}" for name in survey.statistics]
     if survey.pair is not None:
         pair = survey.pair
         texts = f"{pair.texts} text" + ("s" if pair.texts != 1 else "")
@@ -290,7 +290,7 @@ def _value_grid(survey: HeadSurvey, stat: str) -> list[str]:
     values = survey.statistics[stat]
     rows = [[str(layer), *(f"{v:.2f}" for v in row)] for layer, row in enumerate(values.tolist())]
     return [
-        f"{stat}: {DESCRIPTIONS[stat]}, layers × heads",
+        f"{stat}: {ALL_DESCRIPTIONS[stat]}, layers × heads",
         format_table(["layer", *map(str, range(survey.num_heads))], rows, align=">" * (survey.num_heads + 1)),
     ]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from attnkit.inspect.interventions import HeadEffects
 from attnkit.inspect.maps import AttentionMap
-from attnkit.inspect.survey import DESCRIPTIONS, HeadSurvey
+from attnkit.inspect.survey import ALL_DESCRIPTIONS, HeadSurvey
 from attnkit.viz.files import write_text_atomic
 
 PICTURE_FORMATS = ("png", "svg")
@@ -379,7 +379,7 @@ def write_survey(
     if pictures:
         from attnkit.viz.head_grid import draw_head_grid
 
-        grids = [(name, values, DESCRIPTIONS[name]) for name, values in survey.statistics.items()]
+        grids = [(name, values, ALL_DESCRIPTIONS[name]) for name, values in survey.statistics.items()]
         if survey.pair is not None:
             pair = survey.pair
             name = file_stem(f"{pair.source}-{pair.target}")
