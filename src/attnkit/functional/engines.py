@@ -109,7 +109,9 @@ def choose_attention_engine(
     if engine == "auto":
         if needs_reference:
             return "reference"
-        if sdpa_serves:
+        # One query (a decoding step) has a mask row of s_k entries: SDPA with the mask and
+        # bias as one dense tensor costs less than splitting the keys into blocks.
+        if sdpa_serves or q.shape[-2] == 1:
             return "sdpa"
         return "flex" if flex_serves(q, v, bias) else "blockwise"
     if needs_reference and engine != "reference":

@@ -566,17 +566,25 @@ class RelativePositionBias(AttentionPositional):
         self.max_distance = max_distance
         self.bidirectional = bidirectional
         self.weight = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.02)  # [buckets, h]
+        self.register_buffer("offset_buckets", None, persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self, device: torch.device | str | None = None) -> None:
+        """The bucket of every offset from ``-max_distance`` to ``max_distance`` (beyond them
+        the buckets no longer change), on ``device``: for a module built on the ``meta``
+        device. Looking offsets up in this table costs a decoding step one gather instead
+        of the logarithms of :func:`relative_position_bucket`."""
+        offsets = torch.arange(-self.max_distance, self.max_distance + 1, device=device)  # [2 m + 1]
+        self.offset_buckets = relative_position_bucket(
+            offsets, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
+        )
 
     def score_bias(self, s_q: int, s_k: int, *, device: torch.device, dtype: torch.dtype) -> Tensor:
         """The bias ``[1, h, s_q, s_k]``; query row ``i`` is at position ``i + s_k - s_q``."""
         q_pos = torch.arange(s_q, device=device).unsqueeze(1) + (s_k - s_q)  # [s_q, 1]
         k_pos = torch.arange(s_k, device=device).unsqueeze(0)  # [1, s_k]
-        buckets = relative_position_bucket(
-            k_pos - q_pos,
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-        )  # [s_q, s_k]
+        offsets = (k_pos - q_pos).clamp(-self.max_distance, self.max_distance) + self.max_distance  # [s_q, s_k]
+        buckets = self.offset_buckets.to(device)[offsets]  # [s_q, s_k]
         bias = F.embedding(buckets, self.weight)  # [s_q, s_k, h]
         return bias.permute(2, 0, 1).unsqueeze(0).to(dtype)  # [1, h, s_q, s_k]
 
