@@ -188,3 +188,34 @@ def test_run_seq2seq_refuses_a_model_with_one_text(tmp_path: Path) -> None:
     assert not model.encoder_decoder
     with pytest.raises(ValueError, match="not an encoder-decoder"):
         model.run_seq2seq("the cat", "a b")
+
+
+HF_CROSS = {"t5": "decoder.block.{}.layer.1.EncDecAttention", "bart": "model.decoder.layers.{}.encoder_attn"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hooks_on_cross_attention_equal_transformers_forward_hooks(pairs, kind: str) -> None:
+    """Scaling layer 1's cross-attention output through attnkit's hook point and through a
+    forward hook on transformers' cross-attention module (by 4) changes the logits alike, and the
+    cached pattern is transformers' cross-attention."""
+    model, hf = pairs[kind]
+    source = model.tokenize(SOURCE).ids
+    target = torch.cat((torch.tensor([[model.module.decoder_start_token_id]]), model.tokenize(TARGET).ids), dim=1)
+
+    def scale(module, args, output):
+        return (output[0] * 4.0, *output[1:])
+
+    hf_module = hf.get_submodule(HF_CROSS[kind.split("-")[0]].format(1))
+    handle = hf_module.register_forward_hook(scale)
+    try:
+        with torch.no_grad():
+            want = hf(input_ids=source, decoder_input_ids=target, output_attentions=True)
+    finally:
+        handle.remove()
+    names = ["decoder.layers.2.cross_attn.pattern"]
+    with torch.no_grad(), model.hooks({"decoder.layers.1.cross_attn_out": lambda x: x * 4.0}):
+        got, cache = model.module.run_with_cache(source, target, names=names)
+        unhooked = hf(input_ids=source, decoder_input_ids=target).logits
+    assert relative_error(got, want.logits) < 1e-4
+    assert relative_error(got, unhooked) > 1e-3  # the hook changed something
+    torch.testing.assert_close(cache[names[0]], want.cross_attentions[2], rtol=0, atol=1e-5)

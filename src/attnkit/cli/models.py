@@ -96,7 +96,8 @@ def run_families(args: argparse.Namespace) -> int:
 
     rows = families_table()
     width = max(len(model_type) for model_type, _, _ in [("model_type", "", ""), *rows])
-    print(f"{'model_type':<{width}}  {'kind':<7}  what its blocks have")
+    kinds = max(len("kind"), *(len(kind) for _, kind, _ in rows))
+    print(f"{'model_type':<{width}}  {'kind':<{kinds}}  what its blocks have")
     for model_type, kind, summary in rows:
-        print(f"{model_type:<{width}}  {kind:<7}  {summary}")
+        print(f"{model_type:<{width}}  {kind:<{kinds}}  {summary}")
     return 0

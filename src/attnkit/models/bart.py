@@ -133,6 +133,16 @@ class BartConfig:
         """Key/value heads: as many as query heads."""
         return self.num_heads
 
+    @property
+    def hidden_size(self) -> int:
+        """The model dim ``e`` (``d_model``)."""
+        return self.d_model
+
+    @property
+    def intermediate_size(self) -> int:
+        """The encoder's feed-forward hidden dim."""
+        return self.encoder_ffn_dim
+
     @classmethod
     def from_hf(cls, config: dict[str, Any], *, path: Path = Path("config.json")) -> BartConfig:
         """Read a Hugging Face ``BartConfig`` dict.
@@ -313,5 +323,5 @@ FAMILY = ModelFamily(
     hidden_states=hidden_states,
     logits=logits,
     self_attention=self_attention,
-    summary="encoder-decoder, post-norm LayerNorm, learned positions from row 2, embedding LayerNorm, GELU, biases, final logits bias",
+    summary="post-norm LayerNorm, learned positions from row 2, embedding LayerNorm, GELU, biases, final logits bias",
 )

@@ -131,6 +131,16 @@ class T5Config:
         """Key/value heads: as many as query heads."""
         return self.num_heads
 
+    @property
+    def hidden_size(self) -> int:
+        """The model dim ``e`` (``d_model``)."""
+        return self.d_model
+
+    @property
+    def intermediate_size(self) -> int:
+        """The feed-forward hidden dim."""
+        return self.d_ff
+
     @classmethod
     def from_hf(cls, config: dict[str, Any], *, path: Path = Path("config.json")) -> T5Config:
         """Read a Hugging Face ``T5Config`` dict (written by transformers 4 or 5).
@@ -371,5 +381,5 @@ FAMILY = ModelFamily(
     hidden_states=hidden_states,
     logits=logits,
     self_attention=self_attention,
-    summary="encoder-decoder, pre-norm RMSNorm, unscaled scores, shared relative position buckets, no biases; ReLU or gated-GELU (v1.1), tied or untied head",
+    summary="pre-norm RMSNorm, unscaled scores, shared relative position buckets, no biases; ReLU or gated-GELU (v1.1), tied or untied head",
 )
