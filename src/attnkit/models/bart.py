@@ -289,10 +289,13 @@ def finish(module: EncoderDecoderLM, config: BartConfig) -> None:
     head.proj.weight = module.token_embedding.weight
 
 
-def hidden_states(module: EncoderDecoderLM, ids: Tensor, layers: Collection[int]) -> StackOutput:
+def hidden_states(
+    module: EncoderDecoderLM, ids: Tensor, layers: Collection[int], padding: Tensor | None = None
+) -> StackOutput:
     """The encoder's output ``[b, s, e]`` of source ids ``[b, s]``, with the weights of
-    ``layers`` (a run over one text is the encoder's)."""
-    out = module.encode(ids, return_weights=layers)
+    ``layers`` (a run over one text is the encoder's); ``padding`` (``[b, s]``, ``True`` on
+    tokens) masks padded keys."""
+    out = module.encode(ids, source_mask=padding, return_weights=layers)
     assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
     return out
 
