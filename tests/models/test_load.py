@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,28 @@ def test_pickled_weights_are_refused(minilm_path, tmp_path):
         models.load(folder)
     with pytest.raises(ValueError, match="is a file"):
         models.load(folder / "config.json")
+
+
+def test_loading_imports_neither_the_compiler_nor_transformers_nor_matplotlib(smollm2_path, minilm_path):
+    # Building on the meta device computes nothing: torch's meta kernels for arithmetic and
+    # random fills would import torch._dynamo (seconds), which loading does not need.
+    script = (
+        "import sys; from attnkit import models\n"
+        f"models.load({str(smollm2_path)!r}); models.load({str(minilm_path)!r})\n"
+        "print(sorted(m for m in ('torch._dynamo', 'transformers', 'matplotlib') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_module_built_on_meta_computes_its_buffers_when_materialized():
+    from attnkit.models.checkpoint import build_without_weights, materialize_buffers
+
+    built = build_without_weights(lambda: RotaryEmbedding(8, theta=100.0, max_positions=16))
+    assert all(b.is_meta for b in built.buffers())
+    materialize_buffers(built)
+    reference = RotaryEmbedding(8, theta=100.0, max_positions=16)
+    assert [(n, b.device.type) for n, b in built.named_buffers()] == [(n, "cpu") for n, _ in reference.named_buffers()]
+    for (name, ours), (_, theirs) in zip(built.named_buffers(), reference.named_buffers()):
+        assert torch.equal(ours, theirs), name

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from attnkit.models.registry import MANIFEST, MODELS, fetch_hint, home
 
@@ -391,11 +392,40 @@ def load_tensors(files: list[Path], *, dtype: torch.dtype) -> dict[str, Tensor]:
     return tensors
 
 
+# The in-place initialisers of ``torch.nn.init`` and the tensor fills they end in: on a
+# ``meta`` tensor they change no value, since there is none.
+_INITIALISERS = frozenset(
+    {
+        *(name for name in dir(nn.init) if name.endswith("_") and not name.startswith("_")),
+        "fill_",
+        "zero_",
+        "normal_",
+        "uniform_",
+    }
+)
+
+
+class _SkipInitialisationOnMeta(TorchFunctionMode):
+    """Initialising a ``meta`` tensor computes nothing, yet is not free: torch's meta kernels
+    for the random fills are Python references whose first call imports the compiler
+    (``torch._dynamo``, about 2 s on two cores). This mode returns the tensor untouched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in _INITIALISERS:
+            # torch.nn.init passes the tensor by keyword, tensor methods as ``self``
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
 def build_without_weights(factory: Callable[[], nn.Module]) -> nn.Module:
     """Build a module on the ``meta`` device: parameters with shapes and no storage, for
     weights that a checkpoint replaces right away (``load_state_dict(..., assign=True)``,
     then :func:`materialize_buffers`). Nothing is allocated or initialised: drawing 135M
-    random numbers to throw away would cost about a second on two cores.
+    random numbers to throw away would cost about a second on two cores, and even the
+    initialisers' meta kernels would import the compiler.
 
     Args:
         factory: builds the module.
@@ -403,7 +433,7 @@ def build_without_weights(factory: Callable[[], nn.Module]) -> nn.Module:
     Returns:
         The module, on ``meta``.
     """
-    with torch.device("meta"):
+    with torch.device("meta"), _SkipInitialisationOnMeta():
         return factory()
 
 

@@ -90,8 +90,9 @@ class SinusoidalPositionalEncoding(nn.Module):
     def reset_buffers(self, device: torch.device | str | None = None) -> None:
         """Compute the buffers from the arguments again (float32), on ``device`` (default:
         the current default device): for a module built on the ``meta`` device."""
-        two_i = torch.arange(0, self.embed_dim, 2, dtype=torch.float32, device=device)  # [e/2]
-        self.denominators = self.base ** (two_i / self.embed_dim)
+        computed_on, kept_on = _buffer_devices(device)
+        two_i = torch.arange(0, self.embed_dim, 2, dtype=torch.float32, device=computed_on)  # [e/2]
+        self.denominators = (self.base ** (two_i / self.embed_dim)).to(kept_on)
 
     def encodings(self, positions: Tensor) -> Tensor:
         """The encoding of each position.
@@ -148,7 +149,8 @@ class LearnedPositionalEmbedding(nn.Module):
         self.max_length = max_length
         self.embed_dim = embed_dim
         # BERT and GPT-2 initialise position vectors with std 0.02.
-        self.weight = nn.Parameter(torch.randn(max_length, embed_dim) * 0.02)
+        self.weight = nn.Parameter(torch.empty(max_length, embed_dim))
+        nn.init.normal_(self.weight, std=0.02)
 
     def encodings(self, positions: Tensor) -> Tensor:
         """The learned vector of each position.
@@ -294,12 +296,20 @@ class RotaryEmbedding(AttentionPositional):
         """Compute the frequencies and tables from the arguments again (float32), on
         ``device`` (default: the current default device): for a module built on the
         ``meta`` device."""
-        self.inv_freq = self._frequencies().to(device)  # [r/2]
-        # Rotation as x * cos + swap_halves(x) * signed_sin, with the sign of the first half
-        # folded into the table: (-a) * b == a * (-b) exactly, and it saves a negation pass.
-        half = torch.ones(self.rotary_dim // 2, device=device)
-        self.half_signs = torch.cat((-half, half))  # [r]
-        self._fill_tables()
+        computed_on, kept_on = _buffer_devices(device)
+        with torch.device(computed_on):
+            self.inv_freq = self._frequencies()  # [r/2]
+            # Rotation as x * cos + swap_halves(x) * signed_sin, with the sign of the first half
+            # folded into the table: (-a) * b == a * (-b) exactly, and it saves a negation pass.
+            half = torch.ones(self.rotary_dim // 2)
+            self.half_signs = torch.cat((-half, half))  # [r]
+        if kept_on.type == "meta":
+            # Tables of no values: rotations compute on the fly until the buffers are reset
+            # on a real device.
+            self.cos_table = self.signed_sin_table = None
+            self.inv_freq, self.half_signs = self.inv_freq.to(kept_on), self.half_signs.to(kept_on)
+        else:
+            self._fill_tables()
 
     def _frequencies(self, length: int | None = None) -> Tensor:
         """The frequencies (float32 ``[r/2]``) for positions below ``length`` (``None``: the
@@ -431,6 +441,16 @@ def _rotate_pairs(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [..., r]
     return x * cos.to(x.dtype) + swapped * signed_sin.to(x.dtype)
+
+
+def _buffer_devices(device: torch.device | str | None) -> tuple[torch.device, torch.device]:
+    """Where to compute a module's buffers, and where to keep them: on ``device`` (default:
+    the current default device). A module built on ``meta`` (for weights a checkpoint
+    replaces) computes them on the CPU: arithmetic on meta tensors is not free (torch's meta
+    kernels import its compiler on first use, about 2 s on two cores), and these tables are
+    small."""
+    kept_on = torch.device(device) if device is not None else torch.get_default_device()
+    return (torch.device("cpu") if kept_on.type == "meta" else kept_on), kept_on
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
@@ -565,7 +585,8 @@ class RelativePositionBias(AttentionPositional):
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.bidirectional = bidirectional
-        self.weight = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.02)  # [buckets, h]
+        self.weight = nn.Parameter(torch.empty(num_buckets, num_heads))  # [buckets, h]
+        nn.init.normal_(self.weight, std=0.02)
         self.register_buffer("offset_buckets", None, persistent=False)
         self.reset_buffers()
 
@@ -574,10 +595,11 @@ class RelativePositionBias(AttentionPositional):
         the buckets no longer change), on ``device``: for a module built on the ``meta``
         device. Looking offsets up in this table costs a decoding step one gather instead
         of the logarithms of :func:`relative_position_bucket`."""
-        offsets = torch.arange(-self.max_distance, self.max_distance + 1, device=device)  # [2 m + 1]
+        computed_on, kept_on = _buffer_devices(device)
+        offsets = torch.arange(-self.max_distance, self.max_distance + 1, device=computed_on)  # [2 m + 1]
         self.offset_buckets = relative_position_bucket(
             offsets, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
-        )
+        ).to(kept_on)
 
     def score_bias(self, s_q: int, s_k: int, *, device: torch.device, dtype: torch.dtype) -> Tensor:
         """The bias ``[1, h, s_q, s_k]``; query row ``i`` is at position ``i + s_k - s_q``."""
