@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import warnings
@@ -25,9 +26,16 @@ from attnkit.cli.common import (
 def test_the_lists_kept_here_without_torch_match_the_library():
     from attnkit.inspect.maps import LEVELS as MAP_LEVELS
     from attnkit.models import MODELS
+    from attnkit.train.config import TASK_NAMES
+    from attnkit.train.tasks import TASKS
     from attnkit.viz.heatmap import SCALES as HEATMAP_SCALES
 
     assert KNOWN_MODELS == tuple(MODELS) and LEVELS == MAP_LEVELS and SCALES == HEATMAP_SCALES
+    assert TASK_NAMES == tuple(TASKS)
+    from attnkit.inspect.names import ATTENTION_KINDS
+    from attnkit.models.encoder_decoder import ATTENTION_KINDS as MODEL_ATTENTION_KINDS
+
+    assert ATTENTION_KINDS == MODEL_ATTENTION_KINDS
 
 
 def test_a_mistyped_model_fails_before_torch_is_imported():
@@ -43,6 +51,48 @@ def test_a_mistyped_model_fails_before_torch_is_imported():
         "attnkit: error: --model 'smolm2' is neither a known model (smollm2, minilm) nor a folder; "
         "did you mean 'smollm2'?\n"
     )
+
+
+# Each command line ends in an error that its options alone decide.
+ARGUMENT_ERRORS = [
+    ["inspect", "x", "--method", "grad"],
+    ["inspect", "x", "--top", "0"],
+    ["inspect", "x", "--format", "gif"],
+    ["heads", "x", "--top", "0"],
+    ["heads", "x", "--ablate", "--from", "it"],
+    ["heads", "x", "--nproc", "0"],
+    ["patch", "--clean", " ", "--corrupt", "b"],
+    ["pe", "--out", "o", "--d-model", "3"],
+    ["train", "--out", "o", "--threads", "0"],
+    ["train", "--out", "o", "--task", "fly"],
+    ["generate"],
+]
+
+
+def test_help_and_argument_errors_come_before_torch_is_imported():
+    # What a command needs to check its options is importable without PyTorch (seconds).
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from attnkit.cli import main\n"
+        "results = []\n"
+        f"for argv in [['--help'], ['inspect', '--help'], ['heads', '--help'], *{ARGUMENT_ERRORS!r}]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:\n"
+        "        try:\n"
+        "            code = main(argv)\n"
+        "        except SystemExit as exit:\n"
+        "            code = exit.code\n"
+        "    results.append([argv, code, err.getvalue()])\n"
+        "print(json.dumps([results, [m for m in ('torch', 'numpy', 'transformers') if m in sys.modules]]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    results, imported = json.loads(done.stdout)
+    assert imported == []
+    for argv, code, err in results:
+        if argv[-1] == "--help":
+            assert code == 0, (argv, err)
+        else:
+            assert code == 2 and err.startswith(("attnkit: error:", "usage: attnkit")), (argv, code, err)
 
 
 def test_python_dash_m_attnkit_is_the_command():

@@ -10,7 +10,7 @@ import torch
 
 from attnkit import models
 from attnkit.cli import main
-from attnkit.inspect.maps import EXAMPLE_TEXT
+from attnkit.inspect.names import EXAMPLE_TEXT
 from attnkit.viz.terminal import display_width
 from attnkit.viz.viewer import ViewerData
 

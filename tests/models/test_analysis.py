@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnkit.inspect import interventions, methods
-from attnkit.inspect.rollout import FLOW_MAX_TOKENS
+from attnkit.inspect.names import FLOW_MAX_TOKENS
 
 pytestmark = pytest.mark.slow
 

@@ -6,15 +6,7 @@ import argparse
 import json
 
 from attnkit.cli import CommandError
-from attnkit.inspect.explain import (
-    EXAMPLE_QUERY,
-    example_input,
-    explain,
-    load_input,
-    resolve_queries,
-)
-from attnkit.viz.explain_text import render_explanation
-from attnkit.viz.terminal import json_terminal_safe, terminal_safe
+from attnkit.inspect.names import EXAMPLE_QUERY
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -52,6 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnkit.inspect.explain import example_input, explain, load_input, resolve_queries
+    from attnkit.viz.explain_text import render_explanation
+    from attnkit.viz.terminal import json_terminal_safe, terminal_safe
+
     try:
         inputs = load_input(args.input) if args.input else example_input()
         query = args.query if args.query is not None else (None if args.input else EXAMPLE_QUERY)

@@ -21,9 +21,8 @@ from attnkit.cli.common import (
     parse_formats,
     prepare_out,
 )
-from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, relaunch
-from attnkit.inspect.survey import ALL_DESCRIPTIONS, CROSS_DESCRIPTIONS, DESCRIPTIONS, INDUCTION_PERIOD, survey_heads
-from attnkit.models.encoder_decoder import ATTENTION_KINDS
+from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, launched_by_torchrun, relaunch
+from attnkit.inspect.names import ATTENTION_KINDS, CROSS_STATISTICS, INDUCTION_PERIOD, STATISTICS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -58,10 +57,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top", type=int, default=5, metavar="N", help="heads listed per statistic (default: 5)")
     parser.add_argument(
         "--stat",
-        choices=list(ALL_DESCRIPTIONS),
+        choices=[*STATISTICS, *CROSS_STATISTICS],
         metavar="NAME",
-        help=f"print this statistic's layers × heads values instead of the role grid: {', '.join(DESCRIPTIONS)}; "
-        f"of cross-attention: entropy, first, {', '.join(CROSS_DESCRIPTIONS)}",
+        help=f"print this statistic's layers × heads values instead of the role grid: {', '.join(STATISTICS)}; "
+        f"of cross-attention: entropy, first, {', '.join(CROSS_STATISTICS)}",
     )
     ablation = parser.add_argument_group("head ablation")
     ablation.add_argument(
@@ -154,8 +153,6 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnkit.distributed.env import launched_by_torchrun
-
     check_nproc(args)
     distributed = launched_by_torchrun()
     if (args.nproc is not None or distributed) and (args.ablate or args.file is None):
@@ -167,10 +164,6 @@ def run(args: argparse.Namespace) -> int:
     if args.mean or args.ablate_target is not None:
         raise CommandError("--mean and --target go with --ablate")
     seq2seq_options = args.decoder_text is not None or args.attention is not None or args.align is not None
-    from attnkit.viz.attention_text import render_survey
-    from attnkit.viz.export import write_survey
-    from attnkit.viz.terminal import terminal_safe
-
     formats = parse_formats(args.format)
     texts = read_texts(args.text, args.file)
     if args.top < 1:
@@ -181,6 +174,12 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc is not None and not distributed:
         return relaunch(args)
     status = Status(args.quiet)
+    # Every option is checked above, before PyTorch and the model load.
+    from attnkit.inspect.survey import survey_heads
+    from attnkit.viz.attention_text import render_survey
+    from attnkit.viz.export import write_survey
+    from attnkit.viz.terminal import terminal_safe
+
     survey_fn = survey_heads
     talks = True  # prints and writes (rank 0 alone under torchrun)
     if distributed:
@@ -228,11 +227,6 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ablation(args: argparse.Namespace) -> int:
     """``heads TEXT --ablate [--mean [--file FILE]] [--target TOKEN]``."""
-    from attnkit.inspect.interventions import head_ablation
-    from attnkit.viz.attention_text import render_effects
-    from attnkit.viz.export import write_effects
-    from attnkit.viz.terminal import terminal_safe
-
     if args.text is None or not args.text.strip():
         raise CommandError("--ablate needs the TEXT to run")
     if args.source is not None or args.stat is not None:
@@ -246,6 +240,12 @@ def run_ablation(args: argparse.Namespace) -> int:
     figure = figure_options(args)
     status = Status(args.quiet)
     out = prepare_out(args.out)
+    # Every option is checked above, before PyTorch and the model load.
+    from attnkit.inspect.interventions import head_ablation
+    from attnkit.viz.attention_text import render_effects
+    from attnkit.viz.export import write_effects
+    from attnkit.viz.terminal import terminal_safe
+
     model = load_model(args.model, args.device, status=status)
     try:
         with status.step(f"ablating {model.num_layers} layers × {model.num_heads} heads of {model.name}"):

@@ -27,14 +27,7 @@ from attnkit.cli.common import (
     parse_size,
     prepare_out,
 )
-from attnkit.inspect.maps import (
-    EXAMPLE_TEXT,
-    resolve_heads,
-    resolve_layer,
-)
-from attnkit.inspect.methods import METHODS, method_map
-from attnkit.inspect.rollout import FLOW_MAX_TOKENS
-from attnkit.models.encoder_decoder import ATTENTION_KINDS
+from attnkit.inspect.names import ATTENTION_KINDS, EXAMPLE_TEXT, FLOW_MAX_TOKENS, METHODS
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
@@ -137,6 +130,7 @@ def parse_layers(spec: str | None, num_layers: int) -> list[int] | None:
         CommandError: not a comma-separated list of layers or ``all``, or a layer out of range.
     """
     from attnkit.functional.indices import IndexOutOfRange
+    from attnkit.inspect.maps import resolve_layer
 
     if spec is None:
         return None
@@ -156,6 +150,8 @@ def parse_heads(spec: str | None, num_heads: int) -> list[int] | None:
     Raises:
         CommandError: not a comma-separated list of heads or ``all``, or a head out of range.
     """
+    from attnkit.inspect.maps import resolve_heads
+
     if spec is None:
         return None
     if spec.strip().lower() == "all":
@@ -172,17 +168,6 @@ def counted(items: list[int], noun: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnkit.viz.attention_text import render_map
-    from attnkit.viz.export import (
-        estimate_map_canvas,
-        estimate_map_json,
-        estimate_viewer_html,
-        write_map,
-        write_viewer,
-    )
-    from attnkit.viz.terminal import terminal_safe
-    from attnkit.viz.viewer.data import MODES as VIEWER_MODES
-
     status = Status(args.quiet)
     formats = parse_formats(args.format, INSPECT_FORMATS)
     limit = parse_size(args.max_size)
@@ -194,6 +179,13 @@ def run(args: argparse.Namespace) -> int:
     if (args.method == "grad") != (args.target is not None):
         raise CommandError("--method grad needs --target, and --target is only for --method grad")
     out = prepare_out(args.out)
+    # Every option is checked above, before PyTorch and the model load.
+    from attnkit.inspect.methods import method_map
+    from attnkit.viz.attention_text import render_map
+    from attnkit.viz.export import estimate_map_canvas, estimate_map_json, estimate_viewer_html, write_map, write_viewer
+    from attnkit.viz.terminal import terminal_safe
+    from attnkit.viz.viewer.data import MODES as VIEWER_MODES
+
     model = load_model(args.model, args.device, status=status)
     if getattr(model, "encoder_decoder", False):
         return _run_seq2seq(args, model, status, formats, limit, figure, out)

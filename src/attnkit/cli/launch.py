@@ -10,6 +10,13 @@ import sys
 from attnkit.cli import CommandError
 
 
+def launched_by_torchrun() -> bool:
+    """Whether this process was started by ``torchrun`` (its rank variables are set): the
+    same test as :func:`attnkit.distributed.launched_by_torchrun`, made here so that the
+    command checks its options before it imports PyTorch."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def add_nproc_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help: str) -> None:
     parser.add_argument("--nproc", type=int, metavar="N", help=help)
 

@@ -49,11 +49,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnkit.inspect.interventions import activation_patching
-    from attnkit.viz.attention_text import render_effects
-    from attnkit.viz.export import write_effects
-    from attnkit.viz.terminal import terminal_safe
-
     if not args.clean.strip() or not args.corrupt.strip():
         raise CommandError("--clean and --corrupt must be non-empty texts")
     if args.top < 1:
@@ -62,6 +57,12 @@ def run(args: argparse.Namespace) -> int:
     figure = figure_options(args)
     status = Status(args.quiet)
     out = prepare_out(args.out)
+    # Every option is checked above, before PyTorch and the model load.
+    from attnkit.inspect.interventions import activation_patching
+    from attnkit.viz.attention_text import render_effects
+    from attnkit.viz.export import write_effects
+    from attnkit.viz.terminal import terminal_safe
+
     model = load_model(args.model, args.device, status=status)
     try:
         with status.step(f"patching {model.num_layers} layers × {model.num_heads} heads of {model.name}"):

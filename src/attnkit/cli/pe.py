@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from attnkit.cli import CommandError
-from attnkit.viz.positional import NOTE_PAIRS, ROTARY_STARTS, draw_positional_pictures
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--pairs",
         type=_pairs,
-        default=list(NOTE_PAIRS),
+        default=None,
         metavar="A:B,C:D",
         help="pairs of positions to compare (default: 3:4,3:500)",
     )
@@ -81,12 +80,14 @@ def run(args: argparse.Namespace) -> int:
             f"--d-model must be even and at least 2 (each position is written as sine and cosine pairs), "
             f"got {args.d_model}"
         )
+    from attnkit.viz.positional import NOTE_PAIRS, ROTARY_STARTS, draw_positional_pictures
+
     try:
         pictures = draw_positional_pictures(
             args.out,
             d_model=args.d_model,
             base=args.base,
-            pairs=args.pairs,
+            pairs=NOTE_PAIRS if args.pairs is None else args.pairs,
             dims=args.dims,
             max_position=args.max_position,
             max_distance=args.max_distance,

@@ -8,9 +8,8 @@ import dataclasses
 from typing import Any
 
 from attnkit.cli import CommandError
-from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, relaunch
-from attnkit.train.loop import DEFAULT_THREADS, TASK_DEFAULTS, TrainConfig, run, saved_config
-from attnkit.train.tasks import TASKS
+from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, launched_by_torchrun, relaunch
+from attnkit.train.config import DEFAULT_THREADS, TASK_DEFAULTS, TASK_NAMES, TrainConfig
 
 # Options that map one to one onto TrainConfig fields. Their argparse default is None so
 # that, with --resume, only the options actually typed are compared with the checkpoint.
@@ -29,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "copy and reverse, the fraction of each head's attention on the diagonal / anti-diagonal is reported."
         ),
     )
-    parser.add_argument("--task", choices=list(TASKS), help="the toy task (required unless --resume)")
+    parser.add_argument("--task", choices=list(TASK_NAMES), help="the toy task (required unless --resume)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (created if needed)")
     parser.add_argument(
         "--resume",
@@ -98,8 +97,6 @@ def run_command(args: argparse.Namespace) -> int:
     if args.threads < 1:
         raise CommandError(f"--threads must be >= 1, got {args.threads}")
     check_nproc(args)
-    from attnkit.distributed.env import launched_by_torchrun
-
     if launched_by_torchrun():
         return _train(args, distributed=True)
     if args.nproc is not None:
@@ -108,6 +105,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
+    from attnkit.train.loop import saved_config
+
     given = _given_options(args)
     if args.resume:
         return dataclasses.replace(saved_config(args.out), **given)
@@ -164,6 +163,8 @@ def _train(args: argparse.Namespace, *, distributed: bool) -> int:
             )
             dist_train.leave()
         else:
+            from attnkit.train.loop import run
+
             result = run(
                 config,
                 args.out,

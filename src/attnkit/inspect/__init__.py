@@ -5,10 +5,28 @@ to explore in the viewer, inline in Jupyter (:func:`view`), tokens as they read 
 per-head statistics (:mod:`attnkit.inspect.heads`), and step-by-step explanations
 (:mod:`attnkit.inspect.explain`)."""
 
-from attnkit.inspect.capture import CapturedAttention, capture
-from attnkit.inspect.maps import AttentionMap, AttentionView, ReadableRun, attention_map, readable_run, view
-from attnkit.inspect.tokens import ReadableToken, readable_tokens
-from attnkit.inspect.words import Word, aggregate, word_groups
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnkit.inspect.capture import CapturedAttention, capture
+    from attnkit.inspect.maps import AttentionMap, AttentionView, ReadableRun, attention_map, readable_run, view
+    from attnkit.inspect.tokens import ReadableToken, readable_tokens
+    from attnkit.inspect.words import Word, aggregate, word_groups
+
+# Public name -> the module it comes from, imported on first use: the command line reads
+# this package's names (attnkit.inspect.names) without waiting for PyTorch or transformers.
+_LAZY = {
+    **dict.fromkeys(("CapturedAttention", "capture"), "attnkit.inspect.capture"),
+    **dict.fromkeys(
+        ("AttentionMap", "AttentionView", "ReadableRun", "attention_map", "readable_run", "view"),
+        "attnkit.inspect.maps",
+    ),
+    **dict.fromkeys(("ReadableToken", "readable_tokens"), "attnkit.inspect.tokens"),
+    **dict.fromkeys(("Word", "aggregate", "word_groups"), "attnkit.inspect.words"),
+}
 
 __all__ = [
     "AttentionMap",
@@ -25,3 +43,19 @@ __all__ = [
     "view",
     "word_groups",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnkit.inspect' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name])
+    # Every name of that module at once: importing attnkit.inspect.capture has just set this
+    # package's attribute ``capture`` to the module, which the function must replace.
+    for public, source in _LAZY.items():
+        if source == module.__name__:
+            globals()[public] = getattr(module, public)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -31,7 +31,6 @@ EXAMPLE_V = [
     [0.1, 0.0, 0.0, 0.1],
     [0.2, 0.2, 0.0, 0.0],
 ]
-EXAMPLE_QUERY = "sat"
 
 
 @dataclass(frozen=True)

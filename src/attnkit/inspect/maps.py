@@ -14,17 +14,12 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from attnkit.functional.indices import normalize_index
+from attnkit.inspect.names import LEVELS
 from attnkit.inspect.tokens import ReadableToken, decode_tokens, readable_tokens, special_token_ids, token_scheme
 from attnkit.inspect.words import Word, aggregate, word_groups
 
 if TYPE_CHECKING:
     from attnkit.models import Model, ModelRun
-
-# The default sentence of `attnkit inspect`.
-EXAMPLE_TEXT = "The cat sat on the mat."
-
-# What the rows and columns of a map stand for: tokens, or words of the text.
-LEVELS = ("token", "word")
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,11 @@ from torch import Tensor
 from attnkit.functional.indices import select_indices
 from attnkit.inspect import targets
 from attnkit.inspect.maps import LEVELS, AttentionMap, attention_map, resolve_heads, resolve_layer
+from attnkit.inspect.names import METHODS
 from attnkit.inspect.rollout import attention_flow, attention_rollout
 
 if TYPE_CHECKING:
     from attnkit.models import Model
-
-METHODS = ("raw", "rollout", "flow", "value", "grad")
-# Methods whose maps merge the heads: one map per layer instead of one per head.
-HEADLESS_METHODS = ("rollout", "flow")
 
 DESCRIPTIONS = {
     "raw": "attention weight",

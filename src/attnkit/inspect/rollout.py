@@ -26,14 +26,9 @@ import torch
 from torch import Tensor
 
 from attnkit.functional.indices import normalize_index
+from attnkit.inspect.names import FLOW_MAX_TOKENS
 
 HEAD_REDUCTIONS = ("mean", "max", "min")
-
-# The longest input attention_flow accepts. It solves up to s * s maximum flows on a graph of
-# (L + 1) * s nodes and L * s * s edges: on two CPU cores 16 tokens take about 1.5 s through
-# SmolLM2's 30 causal layers, 32 tokens 30 s, and 32 tokens through MiniLM's 6 bidirectional
-# layers two minutes.
-FLOW_MAX_TOKENS = 20
 
 
 def layer_matrices(weights: Tensor, *, head_reduction: str = "mean", residual_weight: float = 0.5) -> Tensor:

@@ -16,30 +16,19 @@ from torch import Tensor
 
 from attnkit.inspect import heads as H
 from attnkit.inspect.maps import LEVELS, readable_run
+from attnkit.inspect.names import CROSS_STATISTICS, INDUCTION_PERIOD, STATISTICS
 from attnkit.inspect.words import aggregate, word_groups
 
 if TYPE_CHECKING:
     from attnkit.models import Model
 
-# Length of the random segment the induction score repeats (as in Olsson et al., 2022).
-INDUCTION_PERIOD = 50
 INDUCTION_SEED = 0
 
 # What each statistic measures, for tables, pictures and JSON.
-DESCRIPTIONS = {
-    "entropy": "entropy of the attention (bits)",
-    "distance": "mean distance to the attended keys (tokens)",
-    "previous": "mass on the previous token",
-    "first": "mass on the first token (attention sink)",
-    "self": "mass on the token itself",
-    "induction": "induction score on repeated random tokens",
-}
+DESCRIPTIONS = STATISTICS
 # The statistics of an encoder-decoder's cross-attention that self-attention has not
 # (attnkit.inspect.seq2seq.survey_seq2seq), and every statistic a survey may hold.
-CROSS_DESCRIPTIONS = {
-    "last": "mass on the last source token (end of sequence)",
-    "alignment": "aligned target words whose most-attended source word is aligned",
-}
+CROSS_DESCRIPTIONS = CROSS_STATISTICS
 ALL_DESCRIPTIONS = {**DESCRIPTIONS, **CROSS_DESCRIPTIONS}
 
 

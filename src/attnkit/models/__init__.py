@@ -15,12 +15,28 @@ Mistral, Gemma 2 and 3, Phi-3) loads by its path.
 >>> "".join(model.generate("The capital of France is", max_new_tokens=8))
 """
 
-from attnkit.models.cache import FetchError, ModelInfo, available, fetch
-from attnkit.models.checkpoint import CheckpointError, ModelNotFound
-from attnkit.models.model import ATTENTION_MEMORY_LIMIT, Model, ModelRun, RunStopped, load
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from attnkit.models.protocol import InspectableModel  # no torch: cheap to import
 from attnkit.models.registry import MODELS, home
-from attnkit.models.tokenizer import TokenizedText, Tokenizer
+
+if TYPE_CHECKING:
+    from attnkit.models.cache import FetchError, ModelInfo, available, fetch
+    from attnkit.models.checkpoint import CheckpointError, ModelNotFound
+    from attnkit.models.model import ATTENTION_MEMORY_LIMIT, Model, ModelRun, RunStopped, load
+    from attnkit.models.tokenizer import TokenizedText, Tokenizer
+
+# Public name -> the module it comes from, imported on first use: the command line checks a
+# model's name (attnkit.models.registry) without waiting for PyTorch.
+_LAZY = {
+    **dict.fromkeys(("FetchError", "ModelInfo", "available", "fetch"), "attnkit.models.cache"),
+    **dict.fromkeys(("CheckpointError", "ModelNotFound"), "attnkit.models.checkpoint"),
+    **dict.fromkeys(("ATTENTION_MEMORY_LIMIT", "Model", "ModelRun", "RunStopped", "load"), "attnkit.models.model"),
+    **dict.fromkeys(("TokenizedText", "Tokenizer"), "attnkit.models.tokenizer"),
+}
 
 __all__ = [
     "ATTENTION_MEMORY_LIMIT",
@@ -40,3 +56,15 @@ __all__ = [
     "home",
     "load",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnkit.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

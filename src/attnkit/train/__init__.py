@@ -12,12 +12,31 @@ learned (``attnkit train``).
 - :mod:`attnkit.train.checkpoint`: atomic checkpoint files.
 """
 
-from attnkit.train.checkpoint import load_checkpoint, save_checkpoint
-from attnkit.train.config import TrainConfig
-from attnkit.train.evaluation import Evaluation, evaluate
-from attnkit.train.loop import Replicas, RunResult, run
-from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer, build_model
-from attnkit.train.tasks import TASKS, Batch, Task, make_task
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from attnkit.train.checkpoint import load_checkpoint, save_checkpoint
+    from attnkit.train.config import TrainConfig
+    from attnkit.train.evaluation import Evaluation, evaluate
+    from attnkit.train.loop import Replicas, RunResult, run
+    from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer, build_model
+    from attnkit.train.tasks import TASKS, Batch, Task, make_task
+
+# Public name -> the module it comes from, imported on first use: `attnkit train` reads its
+# options (attnkit.train.config) without waiting for PyTorch.
+_LAZY = {
+    **dict.fromkeys(("load_checkpoint", "save_checkpoint"), "attnkit.train.checkpoint"),
+    "TrainConfig": "attnkit.train.config",
+    **dict.fromkeys(("Evaluation", "evaluate"), "attnkit.train.evaluation"),
+    **dict.fromkeys(("Replicas", "RunResult", "run"), "attnkit.train.loop"),
+    **dict.fromkeys(
+        ("AttentionMaps", "DecoderOnlyTransformer", "Seq2SeqTransformer", "build_model"), "attnkit.train.model"
+    ),
+    **dict.fromkeys(("TASKS", "Batch", "Task", "make_task"), "attnkit.train.tasks"),
+}
 
 __all__ = [
     "TASKS",
@@ -37,3 +56,15 @@ __all__ = [
     "run",
     "save_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnkit.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

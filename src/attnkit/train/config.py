@@ -6,10 +6,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from attnkit.train.budget import check_field_limits, check_memory
-from attnkit.train.tasks import TASKS, Task, make_task
+if TYPE_CHECKING:
+    from attnkit.train.tasks import Task
+
+# The toy tasks, by name (attnkit.train.tasks.TASKS, which imports PyTorch, has one class
+# each; a test keeps the two equal). The command line offers them before it imports PyTorch.
+TASK_NAMES = ("copy", "reverse", "sort", "addition")
 
 # The loss and accuracy of every step are kept (8 bytes a step): 10 million steps, 80 MB,
 # is far beyond what these toy tasks need (8,000 at most).
@@ -94,8 +98,12 @@ class TrainConfig:
                 sizes beyond :data:`attnkit.train.budget.FIELD_LIMITS`, or a run whose
                 estimated memory is over :data:`attnkit.train.budget.TRAIN_MEMORY_LIMIT`.
         """
-        if self.task not in TASKS:
-            raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
+        # Imported here: both import PyTorch, which reading a configuration does not need.
+        from attnkit.train.budget import check_field_limits, check_memory
+        from attnkit.train.tasks import make_task
+
+        if self.task not in TASK_NAMES:
+            raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASK_NAMES)}")
         at_least_one = ("layers", "heads", "ff", "steps", "batch_size", "eval_size", "checkpoint_every")
         for name in at_least_one:
             if getattr(self, name) < 1:

@@ -62,8 +62,8 @@ _VECTOR_SUFFIXES = (".svg", ".pdf", ".eps", ".ps")
 _MISSING_GLYPH = r"Glyph \d+ .*missing from font"
 
 
-def require_matplotlib() -> Any:
-    """Import ``matplotlib.pyplot``, or say which extra to install.
+def _import_matplotlib() -> None:
+    """Import ``matplotlib`` (not pyplot), or say which extra to install.
 
     Raises:
         ImportError: matplotlib is missing.
@@ -74,6 +74,15 @@ def require_matplotlib() -> Any:
         raise ImportError("drawing pictures needs matplotlib: pip install 'attnkit[viz]'") from None
     # Keep text as text in SVG files: searchable, editable, and any script renders.
     matplotlib.rcParams["svg.fonttype"] = "none"
+
+
+def require_matplotlib() -> Any:
+    """Import ``matplotlib.pyplot``, or say which extra to install.
+
+    Raises:
+        ImportError: matplotlib is missing.
+    """
+    _import_matplotlib()
     import matplotlib.pyplot as plt
 
     return plt
@@ -122,14 +131,15 @@ def heads_figsize(count: int) -> tuple[float, float]:
 
 
 def new_figure(figsize: tuple[float, float]) -> Figure:
-    """A figure outside pyplot's list of open figures (nothing to close, no backend chosen).
+    """A figure outside pyplot's list of open figures (nothing to close, no backend chosen,
+    and pyplot, a good part of matplotlib's import time, not imported).
 
     Raises:
         ImportError: matplotlib is missing.
         ValueError: a size that is not two finite numbers above 0.
     """
     check_figure_size(figsize)
-    require_matplotlib()
+    _import_matplotlib()
     from matplotlib.figure import Figure
 
     return Figure(figsize=figsize)

@@ -1,0 +1,46 @@
+"""What the inspection tools are asked for by name — the methods of a map, the statistics of
+a head survey, the example text — and their limits: plain data, importable without PyTorch,
+so that the command line offers and checks them before it loads anything heavy."""
+
+from __future__ import annotations
+
+# The default sentence of `attnkit inspect`.
+EXAMPLE_TEXT = "The cat sat on the mat."
+
+# The query row `attnkit explain` shows on its worked example.
+EXAMPLE_QUERY = "sat"
+
+# What the rows and columns of a map stand for: tokens, or words of the text.
+LEVELS = ("token", "word")
+
+# What a map shows (attnkit.inspect.methods).
+METHODS = ("raw", "rollout", "flow", "value", "grad")
+
+# The longest input attention flow accepts. It solves up to s * s maximum flows on a graph of
+# (L + 1) * s nodes and L * s * s edges: on two CPU cores 16 tokens take about 1.5 s through
+# SmolLM2's 30 causal layers, 32 tokens 30 s, and 32 tokens through MiniLM's 6 bidirectional
+# layers two minutes.
+FLOW_MAX_TOKENS = 20
+
+# Length of the random segment the induction score repeats (as in Olsson et al., 2022).
+INDUCTION_PERIOD = 50
+
+# What each statistic of a head survey measures, for tables, pictures and JSON.
+STATISTICS = {
+    "entropy": "entropy of the attention (bits)",
+    "distance": "mean distance to the attended keys (tokens)",
+    "previous": "mass on the previous token",
+    "first": "mass on the first token (attention sink)",
+    "self": "mass on the token itself",
+    "induction": "induction score on repeated random tokens",
+}
+# The statistics of an encoder-decoder's cross-attention that self-attention has not
+# (attnkit.inspect.seq2seq.survey_seq2seq).
+CROSS_STATISTICS = {
+    "last": "mass on the last source token (end of sequence)",
+    "alignment": "aligned target words whose most-attended source word is aligned",
+}
+
+# The attentions of an encoder-decoder (attnkit.models.encoder_decoder.ATTENTION_KINDS, which
+# imports PyTorch; a test keeps the two equal).
+ATTENTION_KINDS = ("encoder", "decoder", "cross")
