@@ -554,7 +554,7 @@ def _markdown(data: dict, lengths: list[int], targets: list[dict], plot: str | N
             + "."
         )
         lines.append("")
-    lines += ["Targets (issue 4), ratios from this run:", ""]
+    lines += ["Targets, ratios from this run:", ""]
     lines.append(
         markdown_table(
             ["target", "measured", "goal", "met"],

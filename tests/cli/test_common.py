@@ -95,6 +95,24 @@ def test_help_and_argument_errors_come_before_torch_is_imported():
             assert code == 2 and err.startswith(("attnkit: error:", "usage: attnkit")), (argv, code, err)
 
 
+@pytest.mark.parametrize(
+    ("argv", "message", "not_said"),
+    [
+        (["--method", "grad"], "attnkit: error: --method grad needs --target: the next token whose", "only for"),
+        (["--target", " Paris"], "attnkit: error: --target is only for --method grad, not --method raw\n", "needs"),
+        (
+            ["--method", "rollout", "--target", " P"],
+            "--target is only for --method grad, not --method rollout",
+            "needs",
+        ),
+    ],
+)
+def test_method_and_target_errors_say_only_what_applies(capsys, argv, message, not_said):
+    assert main(["inspect", "x", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and not_said not in err
+
+
 def test_python_dash_m_attnkit_is_the_command():
     done = subprocess.run([sys.executable, "-m", "attnkit", "--version"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("attnkit ")

@@ -20,6 +20,7 @@ look. The few commands that cannot run here are listed in :data:`NOT_RUN`, each 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -30,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -401,11 +403,27 @@ def test_python_blocks_run(page, in_tmp, shared_models):
         return
     namespace: dict = {"__name__": f"docs_{page.stem}"}
     for block in blocks:
-        if block.language == "python":
-            try:
-                exec(compile(block.text, f"{page.name}:{block.line}", "exec"), namespace)
-            except Exception as err:
-                raise AssertionError(f"the python block at {block.id} failed: {err!r}") from err
+        try:
+            run_python_block(block, namespace)
+        except Exception as err:
+            raise AssertionError(f"the python block at {block.id} failed: {err!r}") from err
+
+
+def run_python_block(block: Block, namespace: dict) -> None:
+    """Run a python block statement by statement. A statement that is only an expression
+    must not make a generator: pasted into a script (or a notebook, unless last) it would
+    run nothing and show nothing."""
+    filename = f"{block.page.name}:{block.line}"
+    for statement in ast.parse(block.text, filename).body:
+        if isinstance(statement, ast.Expr):
+            value = eval(compile(ast.Expression(statement.value), filename, "eval"), namespace)
+            if isinstance(value, types.GeneratorType):
+                raise AssertionError(
+                    f"line {block.line + statement.lineno} of {block.page.name} makes a generator and drops it: "
+                    "print it, join it or loop over it"
+                )
+        else:
+            exec(compile(ast.Module([statement], type_ignores=[]), filename, "exec"), namespace)
 
 
 @pytest.mark.parametrize("block", page_blocks({"console"}))

@@ -1,5 +1,5 @@
 """The documentation, help texts and docstrings speak to someone who has only this
-repository: no references to notes, seeds or design files that are not in it."""
+repository: no references to notes, seeds, design files or issues that are not in it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OUTSIDE = re.compile(r"the notes|seed 00[0-4]|note 00[0-4]|DESIGN\.md", re.I)
+OUTSIDE = re.compile(r"the notes|seed 00[0-4]|note 00[0-4]|DESIGN\.md|the issue\b|issue's|\(issue \d+\)", re.I)
 
 
 def test_no_references_to_material_outside_the_repository():
@@ -26,3 +26,11 @@ def test_no_references_to_material_outside_the_repository():
         if OUTSIDE.search(line)
     ]
     assert found == []
+
+
+def test_the_readme_tells_each_example_sentence_one_way():
+    # "... cross the road ..." in one command and "... cross the street ..." in the next read
+    # as two examples where there is one.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    animal = set(re.findall(r"The animal didn't cross the \w+ because it was too tired\.?", readme))
+    assert len(animal) == 1, animal

@@ -4,6 +4,8 @@ transformers on the same weights (its attentions, and forward hooks on its modul
 
 from __future__ import annotations
 
+import warnings
+
 import networkx as nx
 import pytest
 import torch
@@ -388,3 +390,14 @@ def test_flow_above_its_limit_is_refused(minilm):
         "use rollout for longer texts",
     ):
         methods.flow(minilm, text)
+
+
+def test_a_target_without_its_leading_space_is_warned_about(smollm2):
+    # " Paris" is the likely next token; "Paris" (another token) is not.
+    with pytest.warns(UserWarning, match=r"the target 'Paris' is not among the 10 likeliest .*did you mean ' Paris'\?"):
+        interventions.head_ablation(smollm2, SMOLLM2_TEXT, target="Paris", layers=[0])
+    with pytest.warns(UserWarning, match="did you mean ' Paris'"):
+        methods.gradient_weighted(smollm2, SMOLLM2_TEXT, "Paris", layers=[29])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        interventions.head_ablation(smollm2, SMOLLM2_TEXT, target=" Paris", layers=[0])

@@ -176,8 +176,13 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("the text is empty")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
-    if (args.method == "grad") != (args.target is not None):
-        raise CommandError("--method grad needs --target, and --target is only for --method grad")
+    if args.method == "grad" and args.target is None:
+        raise CommandError(
+            '--method grad needs --target: the next token whose log-probability to explain (" Paris"), '
+            "or for an encoder a text"
+        )
+    if args.method != "grad" and args.target is not None:
+        raise CommandError(f"--target is only for --method grad, not --method {args.method}")
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
     from attnkit.inspect.methods import method_map

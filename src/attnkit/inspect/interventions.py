@@ -133,11 +133,15 @@ def head_ablation(
             i: torch.zeros(model.num_heads, 1, model.architecture.self_attention(model.module, i).head_dim)
             for i in layer_list
         }
+    unaltered_logits: list[Tensor] = []  # [v], of the first (unaltered) row
     if model.causal:
         metric = f"change in log p({target!r}) at the last position"
 
         def measure(hidden: Tensor) -> Tensor:
-            return torch.log_softmax(targets.last_logits(model, hidden), dim=-1)[:, target_id]
+            logits = targets.last_logits(model, hidden)  # [rows, v]
+            if not unaltered_logits:
+                unaltered_logits.append(logits[0])
+            return torch.log_softmax(logits, dim=-1)[:, target_id]
     else:
         metric = "change in the cosine of the sentence embedding to the unablated one (cos - 1)"
 
@@ -147,6 +151,8 @@ def head_ablation(
 
     base, effects = _per_head_passes(model, encoded.ids, layer_list, replacements, measure)
     if model.causal:
+        assert target is not None and target_id is not None  # a causal model's target is checked
+        targets.warn_if_space_missing(model, target, target_id, unaltered_logits[0])
         effects = effects - base
     return HeadEffects(
         model=model.name,
@@ -219,6 +225,10 @@ def activation_patching(
 
     with torch.no_grad():
         clean_value = float(measure(clean_run.hidden_states))
+        if model.causal:
+            assert target is not None and target_id is not None  # a causal model's target is checked
+            clean_logits = targets.last_logits(model, clean_run.hidden_states)[0]  # [v]
+            targets.warn_if_space_missing(model, target, target_id, clean_logits)
     corrupt_value, patched = _per_head_passes(model, corrupt_enc.ids, layer_list, replacements, measure)
     gap = clean_value - float(corrupt_value)
     if abs(gap) < 1e-6:

@@ -223,7 +223,9 @@ def gradient_weighted(
         hooks = {model.hook_name("self_attn.pattern", i): keep(i) for i in layer_list}
         hidden = model.run_with_hooks(ids, hooks=hooks, logits=False).hidden_states  # [1, s, e]
         if model.causal:
-            value = torch.log_softmax(targets.last_logits(model, hidden), dim=-1)[0, target_id]
+            logits = targets.last_logits(model, hidden)  # [1, v]
+            targets.warn_if_space_missing(model, target, target_id, logits[0].detach())
+            value = torch.log_softmax(logits, dim=-1)[0, target_id]
         else:
             value = targets.cosine_to(targets.sentence_embedding(hidden), reference)[0]
         grads = torch.autograd.grad(value, [patterns[i] for i in layer_list])

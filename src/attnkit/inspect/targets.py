@@ -7,6 +7,7 @@ Shape letters: ``b`` batch, ``s`` tokens, ``e`` model dim, ``v`` vocabulary size
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,6 +34,40 @@ def single_token(model: Model, token: str, *, what: str = "target") -> int:
             tokenises.
     """
     return model.to_single_token(token, what=what)
+
+
+# How many of the likeliest next tokens count as likely, for warn_if_space_missing.
+LIKELY_TOKENS = 10
+
+
+def warn_if_space_missing(model: Model, token: str, token_id: int, logits: Tensor, *, what: str = "target") -> None:
+    """Warn when ``token`` has no leading space, is not among the :data:`LIKELY_TOKENS`
+    likeliest next tokens, and the same word with a leading space is: a word after a space
+    is its own token, space included, so ``"Paris"`` measures a token the model would not
+    predict where ``" Paris"`` is expected.
+
+    Args:
+        model: the model whose tokenizer spells the spaced form.
+        token: the token as given; ``token_id`` its id.
+        logits: the next-token logits ``[v]`` at the last position of the unaltered run.
+        what: what the token is, for the message (``"target"``).
+    """
+    if token.startswith(" "):
+        return
+    try:
+        spaced_id = single_token(model, " " + token)
+    except ValueError:
+        return
+    likely = set(logits.topk(min(LIKELY_TOKENS, logits.numel())).indices.tolist())
+    if token_id in likely or spaced_id not in likely:
+        return
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    warnings.warn(
+        f"the {what} {token!r} is not among the {LIKELY_TOKENS} likeliest next tokens (log p "
+        f"{log_p[token_id].item():.2f}), but {' ' + token!r} is (log p {log_p[spaced_id].item():.2f}): a word "
+        f"after a space is its own token, space included; did you mean {' ' + token!r}?",
+        stacklevel=3,
+    )
 
 
 def last_logits(model: Model, hidden: Tensor) -> Tensor:
