@@ -154,7 +154,7 @@ def test_input_errors(smollm2):
         smollm2.run(list(range(5000)))
     with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
         smollm2.generate("hi", max_new_tokens=-1)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         smollm2.generate("hi", temperature=-0.5)
     with pytest.raises(ValueError, match="top_k must be >= 1"):
         smollm2.generate("hi", top_k=0)

@@ -114,6 +114,8 @@ def test_errors() -> None:
         model.generate(torch.zeros(1, 1, dtype=torch.long), -1)
     with pytest.raises(ValueError, match="temperature"):
         model.generate(torch.zeros(1, 1, dtype=torch.long), 1, temperature=-1.0)
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got nan"):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), 1, temperature=float("nan"))
 
 
 def test_weights_of_chosen_layers_only() -> None:
