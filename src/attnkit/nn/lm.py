@@ -420,12 +420,7 @@ class DecoderLM(HookedModule):
             ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1`` (at the
                 call, before any step).
         """
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        check_decoding_options(max_new_tokens, temperature, top_k)
         return self._steps(tokens, max_new_tokens, temperature, top_k, generator)
 
     def _steps(
@@ -447,6 +442,21 @@ class DecoderLM(HookedModule):
                 next_token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [b]
             yield next_token
             step_input = next_token[:, None]  # [b, 1]
+
+
+def check_decoding_options(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
+    """Raise ``ValueError`` for options no decoding loop can take, before any step runs.
+
+    Raises:
+        ValueError: ``max_new_tokens < 0``, ``temperature`` not a finite number ``>= 0``,
+            ``top_k < 1``.
+    """
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
 
 
 def pick_next_token(

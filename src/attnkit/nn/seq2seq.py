@@ -17,7 +17,6 @@ source's keys and values, projected on the first step.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
@@ -26,7 +25,7 @@ from torch import Tensor, nn
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer
-from attnkit.nn.lm import pick_next_token
+from attnkit.nn.lm import check_decoding_options, pick_next_token
 from attnkit.nn.records import Seq2SeqLMOutput, StackOutput
 from attnkit.nn.transformer import Decoder, Encoder, LayerSelection
 
@@ -325,12 +324,7 @@ class EncoderDecoderLM(HookedModule):
             ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1`` (at the
                 call, before any step).
         """
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        check_decoding_options(max_new_tokens, temperature, top_k)
         _check_ids(source, "source")
         return self._steps(source, source_mask, max_new_tokens, temperature, top_k, generator)
 
