@@ -71,6 +71,7 @@ def test_errors_are_shown_and_the_app_recovers(server, page):
     page.goto(server + "/")
     page.wait_for_selector("body[data-state=empty]")
     run = page.get_by_role("button", name="Show attention")
+    page.get_by_label("Text", exact=True).fill("  ")
     run.click()
     assert page.text_content("#ak-status") == "Type a text first."
     page.get_by_label("Text", exact=True).fill("word " * 60)
@@ -83,6 +84,21 @@ def test_errors_are_shown_and_the_app_recovers(server, page):
     run.click()
     Viewer(page).wait()
     assert page.locator("#ak-keys .ak-token").all_text_contents() == ["short", "and", "fine"]
+
+
+def test_the_example_text_is_real_text_that_runs_at_once(server, page):
+    """The text box opens with an example in it, not a grey hint that looks like one: Show
+    attention computes it without typing anything."""
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-state=empty]")
+    box = page.get_by_label("Text", exact=True)
+    assert box.input_value() == "The cat sat on the mat."
+    page.get_by_role("button", name="Show attention").click()
+    Viewer(page).wait()
+    assert page.locator("#ak-queries .ak-token").all_text_contents() == ["The", "cat", "sat", "on", "the", "mat."]
+    # Emptied, the box shows a hint that reads as an instruction, not as a text.
+    box.fill("")
+    assert box.get_attribute("placeholder") == "Type a text here"
 
 
 def test_policy_blocks_other_origins(server, page):
@@ -155,7 +171,9 @@ def test_real_model_through_serve(page, minilm_path):
 def test_first_page_limit_word_summary_and_model_view_of_every_layer(server, page):
     page.goto(server + "/")
     page.wait_for_selector("body[data-state=empty]")
-    assert page.text_content("#ak-status") == "Type a text and choose Show attention (at most 48 tokens for tiny)."
+    assert page.text_content("#ak-status") == (
+        "Choose Show attention for this example, or type a text of your own (at most 48 tokens for tiny)."
+    )
     viewer = Viewer(page)
     page.get_by_label("Text", exact=True).fill("the cat, the mat")
     page.get_by_label("Between", exact=True).select_option("word")

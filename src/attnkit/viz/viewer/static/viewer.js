@@ -858,7 +858,7 @@
 
   function readyMessage() {
     const m = info.models.find((x) => x.name === $('ak-model').value);
-    return 'Type a text and choose Show attention (at most ' + m.max_tokens + ' tokens for ' + m.name + ').';
+    return 'Choose Show attention for this example, or type a text of your own (at most ' + m.max_tokens + ' tokens for ' + m.name + ').';
   }
 
   async function submit(e) {
