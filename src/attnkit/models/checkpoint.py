@@ -20,7 +20,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +165,10 @@ def _strict_json(text: str | bytes) -> Any:
         out = dict(items)
         if len(out) != len(items):
             seen: set[str] = set()
-            repeated = next(k for k, _ in items if k in seen or seen.add(k))
-            raise ValueError(f"key {repeated!r} appears twice")
+            for key, _ in items:
+                if key in seen:
+                    raise ValueError(f"key {key!r} appears twice")
+                seen.add(key)
         return out
 
     return json.loads(text, object_pairs_hook=pairs)
@@ -410,7 +412,13 @@ class _SkipInitialisationOnMeta(TorchFunctionMode):
     for the random fills are Python references whose first call imports the compiler
     (``torch._dynamo``, about 2 s on two cores). This mode returns the tensor untouched."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if getattr(func, "__name__", None) in _INITIALISERS:
             # torch.nn.init passes the tensor by keyword, tensor methods as ``self``

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from attnkit.nn import HookedModule, StackOutput
+from attnkit.nn import HookedModule, MultiHeadAttention, StackOutput
 
 
 class ModelConfig(Protocol):
@@ -101,6 +101,6 @@ class ModelFamily:
     eos_token_ids: Callable[[Any, Path], tuple[int, ...]]
     hidden_states: Callable[[Any, Tensor, Collection[int], Tensor | None], StackOutput]
     logits: Callable[[Any, Tensor], Tensor | None]
-    self_attention: Callable[[Any, int], nn.Module]
+    self_attention: Callable[[Any, int], MultiHeadAttention]
     summary: str
     encoder_decoder: bool = False

@@ -45,6 +45,8 @@ from attnkit.nn import (
     EncoderLayer,
     HookedModule,
     LayerSelection,
+    MultiHeadAttention,
+    StackOutput,
     pack_projections,
 )
 from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
@@ -230,9 +232,9 @@ class Model:
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
         # that callers may use in any mode.
         with torch.no_grad(), self.module.hook_session(cache=cache) as kept:
-            out = self.architecture.hidden_states(self.module, ids.to(self.device), layers)
+            out = self.architecture.hidden_states(self.module, ids.to(self.device), layers, None)
             hidden = out.output  # [1, s, e]
-            all_weights = {i: out.weights[i].self_attention for i in layers}  # [1, h, s, s] each
+            all_weights = {i: _self_attention_of(out, i) for i in layers}  # [1, h, s, s] each
             logits = self.architecture.logits(self.module, hidden)  # [1, s, v], or None
             attentions = {}
             for i, weights in all_weights.items():
@@ -393,7 +395,7 @@ class Model:
                             hidden_states=hidden[row : row + 1, own].float().clone(),  # [1, n, e]
                             attentions=LayerAttentions(
                                 {
-                                    layer: out.weights[layer].self_attention[row : row + 1, head_list, own, own].float()
+                                    layer: _self_attention_of(out, layer)[row : row + 1, head_list, own, own].float()
                                     for layer in layers
                                 },
                                 self.num_layers,
@@ -486,10 +488,10 @@ class Model:
         padding = None
         if attention_mask is not None:
             if not isinstance(attention_mask, Tensor) or attention_mask.shape != ids.shape:
-                got = (
+                mask_got = (
                     list(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
                 )
-                raise ValueError(f"attention_mask must be [b, s] = {list(ids.shape)} like the ids, got {got}")
+                raise ValueError(f"attention_mask must be [b, s] = {list(ids.shape)} like the ids, got {mask_got}")
             padding = attention_mask.to(self.device).bool()  # [b, s]
         for row in ids:
             self._input(row)
@@ -631,7 +633,7 @@ class Model:
         weights = [getattr(self._attention(i), projection).weight for i in range(self.num_layers)]  # [heads * d, e]
         return torch.stack([w.view(heads, -1, w.shape[1]).transpose(1, 2) for w in weights]).detach()
 
-    def _attention(self, layer: int) -> nn.Module:
+    def _attention(self, layer: int) -> MultiHeadAttention:
         return self.architecture.self_attention(self.module, layer)
 
     def generate_ids(
@@ -759,7 +761,7 @@ class Model:
         if ids.shape[1] == 0:
             raise ValueError(f"no token ids: {self.name} needs at least one token")
         self._check_length(ids.shape[1])
-        vocab = self.module.token_embedding.num_embeddings
+        vocab = self.config.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise ValueError(f"token ids must be in [0, {vocab}), got [{int(ids.min())}, {int(ids.max())}]")
         ids = ids.long().cpu()
@@ -839,6 +841,13 @@ def load(
     family.finish(module, config)
     module = module.to(device).eval()
     return Model(name=name, architecture=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+
+
+def _self_attention_of(out: StackOutput, layer: int) -> Tensor:
+    """The self-attention weights of ``layer`` in a family's result, which were asked for."""
+    weights = out.weights[layer]
+    assert weights is not None, f"layer {layer}'s weights were asked for and not returned"
+    return weights.self_attention
 
 
 def _rows_of(cache: ActivationCache, points: Mapping[str, HookPoint], row: int, own: slice) -> ActivationCache:

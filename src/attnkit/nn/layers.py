@@ -15,7 +15,7 @@ Two placements of the norm:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,7 @@ from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import LayerOutput, LayerWeights, MultiHeadOutput
 
 MaskLike = Mask | Tensor
+_Layer = TypeVar("_Layer", "EncoderLayer", "DecoderLayer")
 
 
 class _ResidualLayer(nn.Module):
@@ -163,7 +164,7 @@ class EncoderLayer(_ResidualLayer):
         x = self.resid_mid(self._add_and_norm(x, self.attn_out(attn.output), self.self_attn_norm))
         ff_out = self.mlp_out(self.ff(self._sublayer_input(x, self.ff_norm)))  # [b, s, e]
         x = self.resid_post(self._add_and_norm(x, ff_out, self.ff_norm))
-        return LayerOutput(x, LayerWeights(attn.weights) if weights else None)
+        return LayerOutput(x, LayerWeights(_asked_weights(attn)) if weights else None)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerEncoderLayer) -> EncoderLayer:
@@ -379,10 +380,11 @@ class DecoderLayer(_ResidualLayer):
         if self.resid_mid is None:  # parallel: both sublayers read the layer's input
             ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self.ff_norm(x))))  # [b, s, e]
             x = self.resid_post(x + self.dropout(attn_out) + self.dropout(ff_out))
-            return LayerOutput(x, LayerWeights(attn.weights) if weights else None)
+            return LayerOutput(x, LayerWeights(_asked_weights(attn)) if weights else None)
         x = self.resid_mid(self._add_and_norm(x, attn_out, self.self_attn_norm))
         cross_weights = None
         if self.cross_attn is not None:
+            assert self.cross_attn_norm is not None
             assert self.cross_attn_out is not None and self.resid_mid_cross is not None
             cross = _attention_record(
                 self.cross_attn(
@@ -397,7 +399,7 @@ class DecoderLayer(_ResidualLayer):
             cross_weights = cross.weights
         ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self._sublayer_input(x, self.ff_norm))))  # [b, s, e]
         x = self.resid_post(self._add_and_norm(x, ff_out, self.ff_norm))
-        return LayerOutput(x, LayerWeights(attn.weights, cross_weights) if weights else None)
+        return LayerOutput(x, LayerWeights(_asked_weights(attn), cross_weights) if weights else None)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerDecoderLayer) -> DecoderLayer:
@@ -429,6 +431,12 @@ def _built_attention(name: str, module: MultiHeadAttention, embed_dim: int) -> M
     if module.embed_dim != embed_dim:
         raise ValueError(f"{name} has embed_dim={module.embed_dim}, the layer has embed_dim={embed_dim}")
     return module
+
+
+def _asked_weights(record: MultiHeadOutput) -> Tensor:
+    """The weights of an attention call that asked for them."""
+    assert record.weights is not None, "an attention module asked for its weights returned none"
+    return record.weights
 
 
 def _normed(norm: nn.Module | None, x: Tensor) -> Tensor:
@@ -469,8 +477,13 @@ def _torch_activation(fn: object) -> Activation:
 
 
 def _from_torch_layer(
-    cls: type, m: nn.Module, expected: type, norms: dict[str, str], *, cross_attention: str | None = None
-) -> _ResidualLayer:
+    cls: type[_Layer],
+    m: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer,
+    expected: type,
+    norms: dict[str, str],
+    *,
+    cross_attention: str | None = None,
+) -> _Layer:
     """A layer of ``cls`` sized like the torch layer ``m``, holding copies of its weights in
     their dtype and on their device.
 

@@ -259,6 +259,7 @@ class RotaryEmbedding(AttentionPositional):
     """
 
     takes_positions: ClassVar[bool] = True
+    head_dim: int
 
     def __init__(
         self,
@@ -408,10 +409,11 @@ class RotaryEmbedding(AttentionPositional):
             ValueError: ``x`` has the wrong head dim.
         """
         end = start + x.shape[2]
-        if self.cos_table is None or end > self.cos_table.shape[0]:
+        cos_table, signed_sin_table = self.cos_table, self.signed_sin_table
+        if cos_table is None or signed_sin_table is None or end > cos_table.shape[0]:
             return self.rotate(x, torch.arange(start, end, device=x.device))
         self._check_x(x)
-        return self._rotate(x, self.cos_table[start:end], self.signed_sin_table[start:end])  # tables: [s, r] views
+        return self._rotate(x, cos_table[start:end], signed_sin_table[start:end])  # tables: [s, r] views
 
     def _rotate(self, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
         if self.rotary_dim < self.head_dim:
@@ -489,6 +491,8 @@ class ALiBi(AttentionPositional):
     Raises:
         ValueError: ``num_heads < 1``.
     """
+
+    num_heads: int
 
     def __init__(self, num_heads: int) -> None:
         super().__init__()
