@@ -13,6 +13,7 @@ Shape letters: ``s`` number of tokens, ``e`` model dim, ``v`` vocabulary size.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,6 +287,51 @@ def decoder_family(
         self_attention=self_attention,
         summary=summary,
     )
+
+
+def rename_decoder_tensors(
+    tensors: dict[str, Tensor],
+    config: DecoderConfig,
+    rename: Callable[[str, Tensor], dict[str, Tensor] | None],
+    *,
+    head_keys: Collection[str] = ("lm_head.weight",),
+    dropped: re.Pattern[str] | None = None,
+) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename a decoder checkpoint's tensors to :class:`attnkit.nn.DecoderLM` keys: each
+    family gives its own names in ``rename``; the head, saved buffers and the unknown keys
+    are handled here, alike for every family.
+
+    Args:
+        tensors: the checkpoint's tensors.
+        config: its configuration (whether the head is tied to the embedding).
+        rename: ``(checkpoint key, tensor)`` → the state-dict entries it becomes (several
+            when a fused tensor is split, transposed ones where the layout differs), or
+            ``None`` when the key has no place in the model.
+        head_keys: the keys the head is saved under. With tied embeddings a saved head is a
+            copy of the embedding: it is dropped and the head set to the embedding.
+        dropped: keys of buffers that old checkpoints saved beside the weights (causal masks,
+            rotary frequencies): recomputed by attnkit, so neither loaded nor unknown.
+
+    Returns:
+        ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place.
+    """
+    state: dict[str, Tensor] = {}
+    unknown = []
+    for key, value in tensors.items():
+        if key in head_keys:
+            if not config.tie_embeddings:
+                state["lm_head.weight"] = value
+            continue
+        if dropped is not None and dropped.fullmatch(key):
+            continue
+        entries = rename(key, value)
+        if entries is None:
+            unknown.append(key)
+        else:
+            state.update(entries)
+    if config.tie_embeddings and "token_embedding.weight" in state:
+        state["lm_head.weight"] = state["token_embedding.weight"]
+    return state, unknown
 
 
 # ---------------------------------------------------------------------------------------

@@ -30,14 +30,20 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.decoder import ConfigReader, DecoderConfig, Rope, decoder_family
+from attnkit.models.decoder import ConfigReader, DecoderConfig, Rope, decoder_family, rename_decoder_tensors
 
 # Conv1D weights [in, out], transposed into Linear weights [out, in].
 _CONV_KEYS = {"attn.c_proj": "self_attn.out_proj", "mlp.c_fc": "ff.up_proj", "mlp.c_proj": "ff.down_proj"}
 _NORM_KEYS = {"ln_1": "self_attn_norm", "ln_2": "ff_norm"}
 _LAYER_KEY = re.compile(r"h\.(\d+)\.(.+)\.(weight|bias)")
 # The causal-mask buffers that old checkpoints saved with the weights.
-_BUFFER_KEY = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
+_BUFFER_KEY = re.compile(r"(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)")
+_OUTER_KEYS = {
+    "wte.weight": "token_embedding.weight",
+    "wpe.weight": "position.weight",
+    "ln_f.weight": "decoder.final_norm.weight",
+    "ln_f.bias": "decoder.final_norm.bias",
+}
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu": "gelu"}
 
 
@@ -89,40 +95,29 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: DecoderConfig) -> tup
         ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place in
         the model (saved causal-mask buffers are dropped, not unknown).
     """
-    state: dict[str, Tensor] = {}
-    unknown = []
     e = config.hidden_size
-    for key, value in tensors.items():
+
+    def rename(key: str, value: Tensor) -> dict[str, Tensor] | None:
         bare = key.removeprefix("transformer.")
         match = _LAYER_KEY.fullmatch(bare)
-        if match:
-            layer, name, kind = match.groups()
-            prefix = f"decoder.layers.{layer}."
-            if name == "attn.c_attn" and value.shape[-1] == 3 * e:
-                pieces = value.split(e, dim=-1)  # [e, e] weights, or [e] biases, each
-                for proj, piece in zip(("q_proj", "k_proj", "v_proj"), pieces):
-                    state[f"{prefix}self_attn.{proj}.{kind}"] = piece.t() if kind == "weight" else piece
-            elif name in _CONV_KEYS:
-                state[f"{prefix}{_CONV_KEYS[name]}.{kind}"] = value.t() if kind == "weight" else value
-            elif name in _NORM_KEYS:
-                state[f"{prefix}{_NORM_KEYS[name]}.{kind}"] = value
-            else:
-                unknown.append(key)
-        elif bare == "wte.weight":
-            state["token_embedding.weight"] = value
-        elif bare == "wpe.weight":
-            state["position.weight"] = value
-        elif bare in ("ln_f.weight", "ln_f.bias"):
-            state[f"decoder.final_norm.{bare.split('.')[1]}"] = value
-        elif key == "lm_head.weight" and not config.tie_embeddings:
-            state["lm_head.weight"] = value
-        elif key == "lm_head.weight" or _BUFFER_KEY.fullmatch(bare):
-            continue
-        else:
-            unknown.append(key)
-    if config.tie_embeddings and "token_embedding.weight" in state:
-        state["lm_head.weight"] = state["token_embedding.weight"]
-    return state, unknown
+        if match is None:
+            outer = _OUTER_KEYS.get(bare)
+            return None if outer is None else {outer: value}
+        layer, name, kind = match.groups()
+        prefix = f"decoder.layers.{layer}."
+        if name == "attn.c_attn" and value.shape[-1] == 3 * e:
+            pieces = value.split(e, dim=-1)  # [e, e] weights, or [e] biases, each
+            return {
+                f"{prefix}self_attn.{proj}.{kind}": piece.t() if kind == "weight" else piece
+                for proj, piece in zip(("q_proj", "k_proj", "v_proj"), pieces)
+            }
+        if name in _CONV_KEYS:
+            return {f"{prefix}{_CONV_KEYS[name]}.{kind}": value.t() if kind == "weight" else value}
+        if name in _NORM_KEYS:
+            return {f"{prefix}{_NORM_KEYS[name]}.{kind}": value}
+        return None
+
+    return rename_decoder_tensors(tensors, config, rename, dropped=_BUFFER_KEY)
 
 
 FAMILY = decoder_family(

@@ -30,7 +30,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family
+from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family, rename_decoder_tensors
 
 _LAYER_KEYS = {
     "input_layernorm": "self_attn_norm",
@@ -42,6 +42,11 @@ _LAYER_KEYS = {
 _LAYER_KEY = re.compile(r"gpt_neox\.layers\.(\d+)\.(.+)\.(weight|bias)")
 # Buffers that old checkpoints saved with the weights: causal masks and frequencies.
 _BUFFER_KEY = re.compile(r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)")
+_OUTER_KEYS = {
+    "gpt_neox.embed_in.weight": "token_embedding.weight",
+    "gpt_neox.final_layer_norm.weight": "decoder.final_norm.weight",
+    "gpt_neox.final_layer_norm.bias": "decoder.final_norm.bias",
+}
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 
 
@@ -95,33 +100,27 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: DecoderConfig) -> tup
         ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place in
         the model (saved buffers are dropped, not unknown).
     """
-    state: dict[str, Tensor] = {}
-    unknown = []
     h, d = config.num_heads, config.head_dim
-    for key, value in tensors.items():
+
+    def rename(key: str, value: Tensor) -> dict[str, Tensor] | None:
         match = _LAYER_KEY.fullmatch(key)
-        if match and match.group(2) == "attention.query_key_value" and value.shape[0] == 3 * h * d:
-            layer, _, kind = match.groups()
+        if match is None:
+            outer = _OUTER_KEYS.get(key)
+            return None if outer is None else {outer: value}
+        layer, name, kind = match.groups()
+        if name == "attention.query_key_value" and value.shape[0] == 3 * h * d:
             grouped = value.reshape(h, 3, d, *value.shape[1:])  # rows grouped by head: [h, 3, d, (e)]
-            for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-                state[f"decoder.layers.{layer}.self_attn.{proj}.{kind}"] = grouped[:, i].reshape(
-                    h * d, *value.shape[1:]
-                )
-        elif match and match.group(2) in _LAYER_KEYS:
-            state[f"decoder.layers.{match.group(1)}.{_LAYER_KEYS[match.group(2)]}.{match.group(3)}"] = value
-        elif key == "gpt_neox.embed_in.weight":
-            state["token_embedding.weight"] = value
-        elif key in ("gpt_neox.final_layer_norm.weight", "gpt_neox.final_layer_norm.bias"):
-            state[f"decoder.final_norm.{key.rsplit('.', 1)[1]}"] = value
-        elif key in ("embed_out.weight", "lm_head.weight") and not config.tie_embeddings:
-            state["lm_head.weight"] = value
-        elif key in ("embed_out.weight", "lm_head.weight") or _BUFFER_KEY.fullmatch(key):
-            continue
-        else:
-            unknown.append(key)
-    if config.tie_embeddings and "token_embedding.weight" in state:
-        state["lm_head.weight"] = state["token_embedding.weight"]
-    return state, unknown
+            return {
+                f"decoder.layers.{layer}.self_attn.{proj}.{kind}": grouped[:, i].reshape(h * d, *value.shape[1:])
+                for i, proj in enumerate(("q_proj", "k_proj", "v_proj"))
+            }
+        if name in _LAYER_KEYS:
+            return {f"decoder.layers.{layer}.{_LAYER_KEYS[name]}.{kind}": value}
+        return None
+
+    return rename_decoder_tensors(
+        tensors, config, rename, head_keys=("embed_out.weight", "lm_head.weight"), dropped=_BUFFER_KEY
+    )
 
 
 FAMILY = decoder_family(

@@ -32,7 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.models.checkpoint import short_repr
-from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family
+from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family, rename_decoder_tensors
 
 # Hugging Face's names → attnkit's, inside layer N (``model.layers.N.``).
 LAYER_KEYS = {
@@ -47,6 +47,9 @@ LAYER_KEYS = {
     "mlp.down_proj": "ff.down_proj",
 }
 _LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+_OUTER_KEYS = {"model.embed_tokens.weight": "token_embedding.weight", "model.norm.weight": "decoder.final_norm.weight"}
+# Rotary frequencies that some checkpoints saved: recomputed from the configuration.
+_FREQUENCIES_KEY = re.compile(r".*rotary_emb\.inv_freq")
 
 
 def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> DecoderConfig:
@@ -130,25 +133,15 @@ def rename_llama_layout(
     Returns:
         ``(state, unknown)`` as :func:`state_dict_from_hf`.
     """
-    state: dict[str, Tensor] = {}
-    unknown = []
-    for key, value in tensors.items():
+
+    def rename(key: str, value: Tensor) -> dict[str, Tensor] | None:
         match = _LAYER_KEY.fullmatch(key)
         if match and match.group(2) in layer_keys:
-            state[f"decoder.layers.{match.group(1)}.{layer_keys[match.group(2)]}.{match.group(3)}"] = value
-        elif key == "model.embed_tokens.weight":
-            state["token_embedding.weight"] = value
-        elif key == "model.norm.weight":
-            state["decoder.final_norm.weight"] = value
-        elif key == "lm_head.weight" and not config.tie_embeddings:
-            state["lm_head.weight"] = value
-        elif key == "lm_head.weight" or key.endswith("rotary_emb.inv_freq"):
-            continue  # a saved copy of the tied head, or frequencies that are recomputed
-        else:
-            unknown.append(key)
-    if config.tie_embeddings and "token_embedding.weight" in state:
-        state["lm_head.weight"] = state["token_embedding.weight"]
-    return state, unknown
+            return {f"decoder.layers.{match.group(1)}.{layer_keys[match.group(2)]}.{match.group(3)}": value}
+        outer = _OUTER_KEYS.get(key)
+        return None if outer is None else {outer: value}
+
+    return rename_decoder_tensors(tensors, config, rename, dropped=_FREQUENCIES_KEY)
 
 
 FAMILY = decoder_family(
