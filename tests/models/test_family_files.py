@@ -10,6 +10,8 @@ from attnkit.models.families import FAMILIES
 from tests.test_layering import imports_of, module_files
 
 TABLE = "attnkit.models.families"
+# attnkit train writes the folders that the family of its trained models reads.
+WRITERS = {"attnkit.train.export": "attnkit.models.trained"}
 
 
 def _family_modules() -> dict[str, str]:
@@ -29,7 +31,7 @@ def test_every_family_module_is_imported_only_by_the_table_or_other_families():
     for name, path in known.items():
         if name == TABLE or name in families:
             continue
-        imported = imports_of(name, path, known) & set(families)
+        imported = imports_of(name, path, known) & set(families) - {WRITERS.get(name)}
         assert not imported, f"{name} imports the family modules {sorted(imported)}; only {TABLE} may"
 
 

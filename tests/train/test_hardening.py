@@ -75,11 +75,11 @@ def test_flipped_bytes_inside_a_tensor_are_detected(tmp_path):
         (lambda s: s["config"].update(colour=1), r"not a training config"),
         (
             lambda s: s["model"].pop(next(iter(s["model"]))),
-            r"model does not have the fields it needs: missing \[embedding.weight\], unknown \[\]",
+            r"model does not have the fields it needs: missing \[network.source_embedding.token.weight\], unknown \[\]",
         ),
         (
             lambda s: s["model"].update({k: torch.zeros(1) for k in list(s["model"])[:1]}),
-            r"model.embedding.weight must be a torch.float32 tensor of shape \[8, 16\], got .* shape \[1\]",
+            r"model.network.source_embedding.token.weight must be a torch.float32 tensor of shape \[8, 16\], got .* shape \[1\]",
         ),
     ],
 )

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ from attnkit.models.checkpoint import (
     short_repr,
 )
 from attnkit.models.decoder import eos_token_ids, token_ids
+from attnkit.models.encoder_decoder import encoder_hidden_states, encoder_self_attention, no_logits
 from attnkit.models.family import ModelFamily
 from attnkit.nn import (
     Decoder,
@@ -58,9 +58,7 @@ from attnkit.nn import (
     EncoderLayer,
     LearnedPositionalEmbedding,
     LMHead,
-    MultiHeadAttention,
     SequenceEmbedding,
-    StackOutput,
 )
 from attnkit.nn.feedforward import Activation
 
@@ -289,30 +287,6 @@ def finish(module: EncoderDecoderLM, config: BartConfig) -> None:
     head.proj.weight = module.token_embedding.weight
 
 
-def hidden_states(
-    module: EncoderDecoderLM, ids: Tensor, layers: Collection[int], padding: Tensor | None = None
-) -> StackOutput:
-    """The encoder's output ``[b, s, e]`` of source ids ``[b, s]``, with the weights of
-    ``layers`` (a run over one text is the encoder's); ``padding`` (``[b, s]``, ``True`` on
-    tokens) masks padded keys."""
-    out = module.encode(ids, source_mask=padding, return_weights=layers)
-    assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
-    return out
-
-
-def logits(module: EncoderDecoderLM, hidden: Tensor) -> None:
-    """None: the encoder alone predicts no tokens (:meth:`attnkit.models.Model.run_seq2seq`
-    gives the decoder's logits)."""
-    return None
-
-
-def self_attention(module: EncoderDecoderLM, layer: int) -> MultiHeadAttention:
-    """The self-attention module of encoder layer ``layer``."""
-    attention = module.encoder.layers[layer].self_attn
-    assert isinstance(attention, MultiHeadAttention)
-    return attention
-
-
 FAMILY = ModelFamily(
     name="bart",
     model_type="bart",
@@ -323,8 +297,8 @@ FAMILY = ModelFamily(
     state_dict_from_hf=state_dict_from_hf,
     finish=finish,
     eos_token_ids=eos_token_ids,
-    hidden_states=hidden_states,
-    logits=logits,
-    self_attention=self_attention,
+    hidden_states=encoder_hidden_states,
+    logits=no_logits,
+    self_attention=encoder_self_attention,
     summary="post-norm LayerNorm, learned positions from row 2, embedding LayerNorm, GELU, biases, final logits bias",
 )

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from attnkit.models import bart, bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3, t5
+from attnkit.models import bart, bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3, t5, trained
 from attnkit.models.checkpoint import short_repr
 from attnkit.models.family import ModelFamily
 
@@ -22,6 +22,7 @@ FAMILIES: dict[str, ModelFamily] = {
         phi3.FAMILY,
         t5.FAMILY,
         bart.FAMILY,
+        trained.FAMILY,
     )
 }
 

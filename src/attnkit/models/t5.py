@@ -35,7 +35,6 @@ Hugging Face                                            attnkit
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from attnkit.models.checkpoint import (
     short_repr,
 )
 from attnkit.models.decoder import eos_token_ids, token_ids
+from attnkit.models.encoder_decoder import encoder_hidden_states, encoder_self_attention, no_logits
 from attnkit.models.family import ModelFamily
 from attnkit.nn import (
     Decoder,
@@ -64,7 +64,6 @@ from attnkit.nn import (
     RelativePositionBias,
     RMSNorm,
     SequenceEmbedding,
-    StackOutput,
 )
 from attnkit.nn.feedforward import Activation
 
@@ -347,30 +346,6 @@ def _head(module: EncoderDecoderLM) -> LMHead:
     return head
 
 
-def hidden_states(
-    module: EncoderDecoderLM, ids: Tensor, layers: Collection[int], padding: Tensor | None = None
-) -> StackOutput:
-    """The encoder's output ``[b, s, e]`` of source ids ``[b, s]``, with the weights of
-    ``layers`` (a run over one text is the encoder's); ``padding`` (``[b, s]``, ``True`` on
-    tokens) masks padded keys."""
-    out = module.encode(ids, source_mask=padding, return_weights=layers)
-    assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
-    return out
-
-
-def logits(module: EncoderDecoderLM, hidden: Tensor) -> None:
-    """None: the encoder alone predicts no tokens (:meth:`attnkit.models.Model.run_seq2seq`
-    gives the decoder's logits)."""
-    return None
-
-
-def self_attention(module: EncoderDecoderLM, layer: int) -> MultiHeadAttention:
-    """The self-attention module of encoder layer ``layer``."""
-    attention = module.encoder.layers[layer].self_attn
-    assert isinstance(attention, MultiHeadAttention)
-    return attention
-
-
 FAMILY = ModelFamily(
     name="t5",
     model_type="t5",
@@ -381,8 +356,8 @@ FAMILY = ModelFamily(
     state_dict_from_hf=state_dict_from_hf,
     finish=finish,
     eos_token_ids=eos_token_ids,
-    hidden_states=hidden_states,
-    logits=logits,
-    self_attention=self_attention,
+    hidden_states=encoder_hidden_states,
+    logits=no_logits,
+    self_attention=encoder_self_attention,
     summary="pre-norm RMSNorm, unscaled scores, shared relative position buckets, no biases; ReLU or gated-GELU (v1.1), tied or untied head",
 )

@@ -15,7 +15,8 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
   inference).
 - Transformers: :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`,
   :class:`Decoder`, :class:`Transformer`, :class:`DecoderLM`, :class:`EncoderDecoderLM`
-  (over token ids, with :class:`SequenceEmbedding` and :class:`LMHead`).
+  (over token ids, with :class:`SequenceEmbedding` and :class:`LMHead`;
+  :func:`paper_transformer` builds the paper's).
 - Hooks: :class:`HookPoint` (named points inside every module above where hooks read or
   replace activations), :class:`HookedModule` (``hook_names``, ``hooks``,
   ``run_with_cache``), :class:`ActivationCache`; see :mod:`attnkit.nn.hooks`.
@@ -52,7 +53,7 @@ from attnkit.nn.records import (
     TransformerOutput,
 )
 from attnkit.nn.rnn_attention import AdditiveAttention, AttentionScore, LuongAttention
-from attnkit.nn.seq2seq import EncoderDecoderLM, LMHead, SequenceEmbedding, source_padding_mask
+from attnkit.nn.seq2seq import EncoderDecoderLM, LMHead, SequenceEmbedding, paper_transformer, source_padding_mask
 from attnkit.nn.torch_compat import mask_from_torch
 from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer, selected_layers
 
@@ -99,6 +100,7 @@ __all__ = [
     "make_norm",
     "mask_from_torch",
     "pack_projections",
+    "paper_transformer",
     "pick_next_token",
     "relative_position_bucket",
     "selected_layers",

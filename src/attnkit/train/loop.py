@@ -46,8 +46,9 @@ from attnkit.train.evaluation import (
     held_out_generator,
     inspect_attention,
 )
+from attnkit.train.export import write_model_folder
 from attnkit.train.folder_lock import folder_lock
-from attnkit.train.model import build_model
+from attnkit.train.model import Seq2SeqTransformer, build_model
 from attnkit.train.report import METRICS_NAME, draw_example, metrics_json, run_metrics
 from attnkit.train.state_checks import check_model, check_state
 from attnkit.train.tasks import Task
@@ -265,8 +266,11 @@ def run(
     """Train (or continue training), evaluate on held-out examples and write the results.
 
     Writes ``checkpoint.pt`` every ``config.checkpoint_every`` steps and at the end; when
-    every step is done, also ``metrics.json`` and an attention heatmap of one held-out
-    example (``cross_attention.png``, or ``self_attention.png`` for decoder-only tasks).
+    every step is done, also ``metrics.json``, an attention heatmap of one held-out
+    example (``cross_attention.png``, or ``self_attention.png`` for decoder-only tasks) and,
+    for the encoder–decoder tasks, the model folder that :func:`attnkit.models.load` reads
+    (``config.json``, ``model.safetensors``, ``tokenizer.json``:
+    :func:`attnkit.train.export.write_model_folder`).
 
     Args:
         config: the run.
@@ -400,10 +404,12 @@ def _restore(trainer: _Trainer, state: dict[str, Any], checkpoint_path: Path) ->
 def _evaluate_and_report(
     config: TrainConfig, task: Task, trainer: _Trainer, out: Path, device: torch.device
 ) -> RunResult:
-    """After the last step: evaluate, draw the example heatmap and write ``metrics.json``.
+    """After the last step: evaluate, draw the example heatmap, write ``metrics.json`` and
+    (encoder–decoders) the model folder.
 
     Raises:
-        OSError: the heatmap or the metrics cannot be written (the checkpoint is intact).
+        OSError: the heatmap, the metrics or the model folder cannot be written (the
+            checkpoint is intact).
     """
     checkpoint_path = out / CHECKPOINT_NAME
     eval_start = time.perf_counter()
@@ -438,7 +444,16 @@ def _evaluate_and_report(
         raise OSError(
             f"cannot write {metrics_path}: {err.strerror or err}; the training itself is saved in {checkpoint_path}"
         ) from err
-    return RunResult(config, trainer.step, True, metrics, [checkpoint_path, metrics_path, heatmap])
+    files = [checkpoint_path, metrics_path, heatmap]
+    if isinstance(trainer.model, Seq2SeqTransformer):
+        try:
+            files += write_model_folder(trainer.model, config, task, out)
+        except OSError as err:
+            raise OSError(
+                f"cannot write the model folder into {out}: {err.strerror or err}; the training itself is saved in "
+                f"{checkpoint_path}"
+            ) from err
+    return RunResult(config, trainer.step, True, metrics, files)
 
 
 class _Trainer:

@@ -5,22 +5,21 @@ Shape letters: ``b`` batch, ``s_in`` input length, ``s_out`` target length (with
 ``s_ctx`` decoder-only context length, ``L`` layers, ``h`` heads, ``e`` model dim,
 ``v`` vocabulary size.
 
-- :class:`Seq2SeqTransformer`: token embeddings, sinusoidal positions and
-  :class:`attnkit.nn.Transformer`, as in "Attention Is All You Need"; greedy decoding
-  with the decoder's KV cache.
+- :class:`Seq2SeqTransformer`: token embeddings, sinusoidal positions and the stacks of
+  :class:`attnkit.nn.Transformer` on :class:`attnkit.nn.EncoderDecoderLM`, as in
+  "Attention Is All You Need"; greedy decoding with the decoder's KV cache.
 - :class:`DecoderOnlyTransformer`: :class:`attnkit.nn.DecoderLM` over
   ``<s> input target``, predicting only the target.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from attnkit.nn import DecoderLM, SinusoidalPositionalEncoding, Transformer
+from attnkit.nn import DecoderLM, Seq2SeqLMOutput, paper_transformer
 from attnkit.train.tasks import BOS
 
 
@@ -47,7 +46,9 @@ def _with_bos(tokens: Tensor) -> Tensor:
 
 
 class Seq2SeqTransformer(nn.Module):
-    """An encoder–decoder Transformer over token ids, post-norm as in the paper.
+    """An encoder–decoder Transformer over token ids, post-norm as in the paper: the
+    :class:`attnkit.nn.EncoderDecoderLM` of :func:`attnkit.nn.paper_transformer`, the
+    network that :func:`attnkit.models.load` builds again from the run's folder.
 
     The encoder reads the input; the decoder reads ``<s>`` followed by the target so far
     and predicts the next target token.
@@ -60,28 +61,25 @@ class Seq2SeqTransformer(nn.Module):
         ff: feed-forward hidden dim.
         dropout: dropout on the embeddings and inside the layers.
 
+    Attributes:
+        network: the :class:`attnkit.nn.EncoderDecoderLM`.
+
     Raises:
         ValueError: inconsistent sizes (from :class:`attnkit.nn.Transformer`).
     """
 
     def __init__(self, vocab_size: int, *, d_model: int, heads: int, layers: int, ff: int, dropout: float) -> None:
         super().__init__()
-        self.embedding = nn.Embedding(vocab_size, d_model)
-        # As in the paper, embeddings of std 1/√e are multiplied by √e: token entries of
-        # unit size, like the encoding's, so that neither drowns the other. (torch's
-        # default N(0, 1) times √e drowned the positions: reverse then needed 1750 steps
-        # to reach 99% held-out exact match instead of 750.)
-        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
-        self.embed_scale = math.sqrt(d_model)
-        self.position = SinusoidalPositionalEncoding(d_model)
-        self.dropout = nn.Dropout(dropout)
-        self.transformer = Transformer(d_model, heads, layers, layers, ff, dropout)
-        self.head = nn.Linear(d_model, vocab_size)
-
-    def _embed(self, tokens: Tensor, start: int = 0) -> Tensor:
-        """Token ids ``[b, s]`` at positions ``start ..`` → ``[b, s, e]``."""
-        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
-        return self.dropout(self.position(self.embedding(tokens) * self.embed_scale, positions))
+        self.network = paper_transformer(
+            vocab_size,
+            embed_dim=d_model,
+            num_heads=heads,
+            num_encoder_layers=layers,
+            num_decoder_layers=layers,
+            ff_dim=ff,
+            dropout=dropout,
+            decoder_start_token_id=BOS,
+        )
 
     def forward(self, inputs: Tensor, targets: Tensor) -> Tensor:
         """Logits of every target token with teacher forcing.
@@ -93,8 +91,9 @@ class Seq2SeqTransformer(nn.Module):
         Returns:
             ``[b, s_out, v]``.
         """
-        hidden = self.transformer(self._embed(inputs), self._embed(_with_bos(targets[:, :-1])))  # [b, s_out, e]
-        return self.head(hidden)
+        logits = self.network(inputs, _with_bos(targets[:, :-1]))  # [b, s_out, v]
+        assert isinstance(logits, Tensor)  # no weights asked for: a bare tensor
+        return logits
 
     @torch.no_grad()
     def generate(self, inputs: Tensor, length: int) -> Tensor:
@@ -111,17 +110,8 @@ class Seq2SeqTransformer(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            memory = self.transformer.encode(self._embed(inputs))  # [b, s_in, e]
-            assert isinstance(memory, Tensor)  # no weights asked for: a bare tensor
-            cache = self.transformer.new_cache()
-            token = _with_bos(inputs[:, :0])  # [b, 1]
-            produced = []
-            for step in range(length):
-                hidden = self.transformer.decode(self._embed(token, start=step), memory, cache=cache)  # [b, 1, e]
-                assert isinstance(hidden, Tensor)
-                token = self.head(hidden[:, -1]).argmax(-1, keepdim=True)  # [b, 1]
-                produced.append(token)
-            return torch.cat(produced, dim=1)  # [b, length]
+            produced = [token[:, None] for token in self.network.stream(inputs, length)]  # each [b, 1]
+            return torch.cat(produced, dim=1) if produced else inputs[:, :0]  # [b, length]
         finally:
             self.train(was_training)
 
@@ -140,10 +130,15 @@ class Seq2SeqTransformer(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            out = self.transformer(self._embed(inputs), self._embed(_with_bos(targets[:, :-1])), return_weights=True)
+            out = self.network(inputs, _with_bos(targets[:, :-1]), return_weights=True)
         finally:
             self.train(was_training)
-        weights = torch.stack([layer.cross_attention for layer in out.decoder_weights])  # [L, b, h, s_out, s_in]
+        assert isinstance(out, Seq2SeqLMOutput)
+        cross = []
+        for layer in out.decoder_weights:
+            assert layer is not None and layer.cross_attention is not None  # every layer was asked for
+            cross.append(layer.cross_attention)  # [b, h, s_out, s_in]
+        weights = torch.stack(cross)  # [L, b, h, s_out, s_in]
         return AttentionMaps("cross", weights, inputs)
 
 
