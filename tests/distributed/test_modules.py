@@ -15,21 +15,19 @@ def _check_ring_module(rank: int, world: int) -> None:
 
     import attnkit.distributed as ad
     from attnkit import masks
-    from attnkit.nn import MultiHeadAttention, RotaryEmbedding
+    from attnkit.nn import AttentionConfig, MultiHeadAttention, RotaryEmbedding
 
     seq_len = 21
     for layout in ("contiguous", "zigzag"):
         for mask, causal in ((None, True), (masks.sliding_window(5), False)):
             torch.manual_seed(0)
             ring = MultiHeadAttention(
-                24,
-                4,
-                num_kv_heads=2,
+                AttentionConfig(
+                    24, 4, num_kv_heads=2, kernel="ring", kernel_options={"layout": layout, "block_size": 4}
+                ),
                 positional=RotaryEmbedding(6),
-                kernel="ring",
-                kernel_options={"layout": layout, "block_size": 4},
             ).double()
-            whole = MultiHeadAttention(24, 4, num_kv_heads=2, positional=RotaryEmbedding(6)).double()
+            whole = MultiHeadAttention(AttentionConfig(24, 4, num_kv_heads=2), positional=RotaryEmbedding(6)).double()
             whole.load_state_dict(ring.state_dict())
             x = torch.randn(2, seq_len, 24, dtype=torch.float64)
             target = torch.randn(2, seq_len, 24, dtype=torch.float64)
@@ -56,9 +54,9 @@ def test_multi_head_attention_ring_kernel_matches_whole_sequence():
 def test_ring_kernel_rejects_a_score_bias_and_registers_on_import():
     import attnkit.distributed  # noqa: F401  (registers "ring")
     from attnkit.functional import get_kernel
-    from attnkit.nn import ALiBi, MultiHeadAttention
+    from attnkit.nn import ALiBi, AttentionConfig, MultiHeadAttention
 
     assert get_kernel("ring") is attnkit.distributed.ring_kernel
-    module = MultiHeadAttention(16, 2, positional=ALiBi(2), kernel="ring")
+    module = MultiHeadAttention(AttentionConfig(16, 2, kernel="ring"), positional=ALiBi(2))
     with pytest.raises(ValueError, match="no score bias"):
         module(torch.zeros(1, 4, 16))

@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from attnkit import masks
 from attnkit.nn import (
     ALiBi,
+    AttentionConfig,
     KVCache,
     MultiHeadAttention,
     MultiHeadOutput,
@@ -131,7 +132,7 @@ def _reference_mha(m: MultiHeadAttention, x: torch.Tensor, context: torch.Tensor
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
 def test_grouped_query_attention_matches_reference(num_kv_heads: int) -> None:
     torch.manual_seed(1)
-    m = MultiHeadAttention(E, H, num_kv_heads=num_kv_heads)
+    m = MultiHeadAttention(AttentionConfig(E, H, num_kv_heads=num_kv_heads))
     assert m.k_proj.out_features == num_kv_heads * (E // H)
     x = torch.randn(2, 6, E)
     result = m(x, causal=True, return_weights=True)
@@ -142,7 +143,7 @@ def test_grouped_query_attention_matches_reference(num_kv_heads: int) -> None:
 
 def test_weights_rows_sum_to_one_and_fully_masked_rows_are_zero() -> None:
     torch.manual_seed(2)
-    m = MultiHeadAttention(E, H)
+    m = MultiHeadAttention(AttentionConfig(E, H))
     x = torch.randn(2, 4, E)
     allowed = torch.ones(2, 1, 4, 4, dtype=torch.bool)
     allowed[1, :, 2] = False  # query 2 of batch entry 1 may attend to nothing
@@ -157,7 +158,7 @@ def test_weights_rows_sum_to_one_and_fully_masked_rows_are_zero() -> None:
 
 def test_accepts_attnkit_masks() -> None:
     torch.manual_seed(3)
-    m = MultiHeadAttention(E, H)
+    m = MultiHeadAttention(AttentionConfig(E, H))
     x = torch.randn(2, 5, E)
     assert_close(m(x, mask=masks.causal()), m(x, causal=True))
     padded = m(x, mask=masks.padding([5, 3]))
@@ -181,7 +182,7 @@ def _forward_flops(m: MultiHeadAttention, x: torch.Tensor) -> int:
 def test_one_and_eight_heads_have_equal_parameters_and_flops() -> None:
     e, b, s = 64, 2, 10
     x = torch.randn(b, s, e)
-    one, eight = MultiHeadAttention(e, 1), MultiHeadAttention(e, 8)
+    one, eight = MultiHeadAttention(AttentionConfig(e, 1)), MultiHeadAttention(AttentionConfig(e, 8))
     n_params = [sum(p.numel() for p in m.parameters()) for m in (one, eight)]
     assert n_params[0] == n_params[1] == 4 * (e * e + e)
     projections = 4 * 2 * b * s * e * e
@@ -198,7 +199,7 @@ def test_one_and_eight_heads_have_equal_parameters_and_flops() -> None:
 
 def test_self_attention_without_positional_encoding_is_permutation_equivariant() -> None:
     torch.manual_seed(4)
-    m = MultiHeadAttention(E, H, num_kv_heads=2)
+    m = MultiHeadAttention(AttentionConfig(E, H, num_kv_heads=2))
     x = torch.randn(2, 7, E)
     perm = torch.randperm(7)
     assert_close(m(x[:, perm]), m(x)[:, perm])
@@ -206,7 +207,7 @@ def test_self_attention_without_positional_encoding_is_permutation_equivariant()
 
 def test_rotary_attention_is_not_permutation_equivariant() -> None:
     torch.manual_seed(4)
-    m = MultiHeadAttention(E, H, positional=RotaryEmbedding(E // H))
+    m = MultiHeadAttention(AttentionConfig(E, H), positional=RotaryEmbedding(E // H))
     x = torch.randn(2, 7, E)
     perm = torch.arange(6, -1, -1)
     assert not torch.allclose(m(x[:, perm]), m(x)[:, perm], atol=1e-4)
@@ -214,7 +215,7 @@ def test_rotary_attention_is_not_permutation_equivariant() -> None:
 
 def test_rotary_attention_depends_only_on_relative_positions() -> None:
     torch.manual_seed(5)
-    m = MultiHeadAttention(E, H, positional=RotaryEmbedding(E // H, theta=100.0))
+    m = MultiHeadAttention(AttentionConfig(E, H), positional=RotaryEmbedding(E // H, theta=100.0))
     x = torch.randn(1, 6, E)
     shifted = m(x, positions=torch.arange(6) + 37, return_weights=True)
     plain = m(x, return_weights=True)
@@ -226,7 +227,7 @@ def test_rotary_attention_depends_only_on_relative_positions() -> None:
 def test_bias_encodings_enter_the_scores(make) -> None:
     torch.manual_seed(6)
     positional = make()
-    m = MultiHeadAttention(E, H, positional=positional)
+    m = MultiHeadAttention(AttentionConfig(E, H), positional=positional)
     x = torch.randn(2, 5, E)
     result = m(x, causal=True, return_weights=True)
     b, s = 2, 5
@@ -254,7 +255,7 @@ POSITIONALS = {
 @pytest.mark.parametrize("num_kv_heads", [H, 2])
 def test_cached_self_attention_equals_full_recomputation(positional: str, num_kv_heads: int) -> None:
     torch.manual_seed(7)
-    m = MultiHeadAttention(E, H, num_kv_heads=num_kv_heads, positional=POSITIONALS[positional]())
+    m = MultiHeadAttention(AttentionConfig(E, H, num_kv_heads=num_kv_heads), positional=POSITIONALS[positional]())
     x = torch.randn(2, 9, E)
     full = m(x, causal=True, return_weights=True)
     cache = KVCache()
@@ -269,7 +270,7 @@ def test_cached_self_attention_equals_full_recomputation(positional: str, num_kv
 
 def test_cached_rotary_attention_with_per_row_positions() -> None:
     torch.manual_seed(8)
-    m = MultiHeadAttention(E, H, num_kv_heads=2, positional=RotaryEmbedding(E // H))
+    m = MultiHeadAttention(AttentionConfig(E, H, num_kv_heads=2), positional=RotaryEmbedding(E // H))
     x = torch.randn(2, 5, E)
     positions = torch.tensor([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]])
     full = m(x, causal=True, positions=positions)
@@ -281,7 +282,7 @@ def test_cached_rotary_attention_with_per_row_positions() -> None:
 
 def test_cross_attention_cache_projects_the_context_once() -> None:
     torch.manual_seed(9)
-    m = MultiHeadAttention(E, H)
+    m = MultiHeadAttention(AttentionConfig(E, H))
     memory = torch.randn(2, 6, E)
     x = torch.randn(2, 3, E)
     calls = []
@@ -309,7 +310,7 @@ def test_kv_cache_rejects_mismatched_appends() -> None:
 
 
 def test_state_dict_holds_only_weights() -> None:
-    m = MultiHeadAttention(E, H, positional=RotaryEmbedding(E // H))
+    m = MultiHeadAttention(AttentionConfig(E, H), positional=RotaryEmbedding(E // H))
     assert set(m.state_dict()) == {f"{p}_proj.{w}" for p in ("q", "k", "v", "out") for w in ("weight", "bias")}
     m(torch.randn(1, 3, E), return_weights=True)
     assert not any(isinstance(v, torch.Tensor) and v.dim() == 4 for v in vars(m).values())
@@ -317,7 +318,7 @@ def test_state_dict_holds_only_weights() -> None:
 
 def test_dropout_applies_only_in_training() -> None:
     torch.manual_seed(10)
-    m = MultiHeadAttention(E, H, dropout=0.5)
+    m = MultiHeadAttention(AttentionConfig(E, H, dropout=0.5))
     x = torch.randn(2, 5, E)
     m.eval()
     assert torch.equal(m(x), m(x))
@@ -329,27 +330,35 @@ def test_dropout_applies_only_in_training() -> None:
     ("build", "error", "message"),
     [
         (
-            lambda: MultiHeadAttention(10, 3),
+            lambda: MultiHeadAttention(AttentionConfig(10, 3)),
             ValueError,
             "embed_dim must be divisible by num_heads, got embed_dim=10 and num_heads=3",
         ),
-        (lambda: MultiHeadAttention(12, 6, num_kv_heads=4), ValueError, "num_heads must be divisible by num_kv_heads"),
-        (lambda: MultiHeadAttention(0, 1), ValueError, "embed_dim must be >= 1"),
-        (lambda: MultiHeadAttention(8.0, 2), TypeError, "embed_dim must be an int"),
-        (lambda: MultiHeadAttention(E, H, dropout=1.0), ValueError, r"dropout must be in \[0, 1\)"),
         (
-            lambda: MultiHeadAttention(E, H, kernel="flash"),
+            lambda: MultiHeadAttention(AttentionConfig(12, 6, num_kv_heads=4)),
+            ValueError,
+            "num_heads must be divisible by num_kv_heads",
+        ),
+        (lambda: MultiHeadAttention(AttentionConfig(0, 1)), ValueError, "embed_dim must be >= 1"),
+        (lambda: MultiHeadAttention(AttentionConfig(8.0, 2)), TypeError, "embed_dim must be an int"),
+        (lambda: MultiHeadAttention(AttentionConfig(E, H, dropout=1.0)), ValueError, r"dropout must be in \[0, 1\)"),
+        (
+            lambda: MultiHeadAttention(AttentionConfig(E, H, kernel="flash")),
             ValueError,
             "unknown attention kernel 'flash'; expected one of",
         ),
-        (lambda: MultiHeadAttention(E, H, score="cosine"), TypeError, "score must be"),
+        (lambda: MultiHeadAttention(AttentionConfig(E, H, score="cosine")), TypeError, "score must be"),
         (
-            lambda: MultiHeadAttention(E, H, positional=SinusoidalPositionalEncoding(E)),
+            lambda: MultiHeadAttention(AttentionConfig(E, H), positional=SinusoidalPositionalEncoding(E)),
             TypeError,
             "added to the embeddings",
         ),
-        (lambda: MultiHeadAttention(E, H, positional=ALiBi(8)), ValueError, "built for 8 heads"),
-        (lambda: MultiHeadAttention(E, H, positional=RotaryEmbedding(8)), ValueError, "built for head_dim 8"),
+        (lambda: MultiHeadAttention(AttentionConfig(E, H), positional=ALiBi(8)), ValueError, "built for 8 heads"),
+        (
+            lambda: MultiHeadAttention(AttentionConfig(E, H), positional=RotaryEmbedding(8)),
+            ValueError,
+            "built for head_dim 8",
+        ),
     ],
 )
 def test_constructor_errors(build, error, message) -> None:
@@ -358,7 +367,7 @@ def test_constructor_errors(build, error, message) -> None:
 
 
 def test_forward_errors() -> None:
-    m = MultiHeadAttention(E, H)
+    m = MultiHeadAttention(AttentionConfig(E, H))
     x = torch.randn(2, 5, E)
     with pytest.raises(ValueError, match=r"x must be \[b, s_q, e\] with e = 16, got \[2, 5, 8\]"):
         m(torch.randn(2, 5, 8))
@@ -372,40 +381,40 @@ def test_forward_errors() -> None:
         m(x, mask=torch.ones(5, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match="KVCache"):
         m(x, kv_cache={})
-    cross = MultiHeadAttention(E, H, kdim=6, vdim=6)
+    cross = MultiHeadAttention(AttentionConfig(E, H, kdim=6, vdim=6))
     with pytest.raises(ValueError, match="self-attention needs kdim == vdim == embed_dim"):
         cross(x)
-    rotary = MultiHeadAttention(E, H, positional=RotaryEmbedding(E // H))
+    rotary = MultiHeadAttention(AttentionConfig(E, H), positional=RotaryEmbedding(E // H))
     with pytest.raises(ValueError, match="self-attention only"):
         rotary(x, torch.randn(2, 4, E))
     with pytest.raises(ValueError, match=r"positions must be \[s\] or \[b, s\] with s = 5"):
         rotary(x, positions=torch.arange(4))
     with pytest.raises(ValueError, match="cannot move ALiBi"):
-        MultiHeadAttention(E, H, positional=ALiBi(H))(x, positions=torch.arange(5))
+        MultiHeadAttention(AttentionConfig(E, H), positional=ALiBi(H))(x, positions=torch.arange(5))
 
 
 def test_long_sequence_kernels_are_chosen_by_option():
     torch.manual_seed(0)
     x = torch.randn(2, 40, 32)
-    dense = MultiHeadAttention(32, 4, num_kv_heads=2)
+    dense = MultiHeadAttention(AttentionConfig(32, 4, num_kv_heads=2))
     for kernel, options, mask in [
         ("local", {"window": 5}, masks.sliding_window(5)),
         ("sparse", {"mask": masks.strided(4)}, masks.strided(4)),
         ("tiled", {}, None),
     ]:
-        fast = MultiHeadAttention(32, 4, num_kv_heads=2, kernel=kernel, kernel_options=options)
+        fast = MultiHeadAttention(AttentionConfig(32, 4, num_kv_heads=2, kernel=kernel, kernel_options=options))
         fast.load_state_dict(dense.state_dict())
         expected = dense(x, mask=mask, causal=True)
         torch.testing.assert_close(fast(x, causal=True), expected, atol=1e-5, rtol=0)
         assert kernel in repr(fast)
-    linear = MultiHeadAttention(32, 4, kernel="linear", kernel_options={"feature_map": "elu"})
+    linear = MultiHeadAttention(AttentionConfig(32, 4, kernel="linear", kernel_options={"feature_map": "elu"}))
     assert linear(x, causal=True).shape == (2, 40, 32)
 
 
 def test_kernel_option_errors_are_clear():
     with pytest.raises(ValueError, match="without dropout; got score='dot', dropout=0.0"):
-        MultiHeadAttention(32, 4, kernel="local", score="dot", kernel_options={"window": 2})
-    local = MultiHeadAttention(32, 4, kernel="local", kernel_options={"window": 2})
+        MultiHeadAttention(AttentionConfig(32, 4, kernel="local", score="dot", kernel_options={"window": 2}))
+    local = MultiHeadAttention(AttentionConfig(32, 4, kernel="local", kernel_options={"window": 2}))
     x = torch.randn(1, 8, 32)
     with pytest.raises(ValueError, match="does not return attention weights"):
         local(x, return_weights=True)
@@ -433,30 +442,32 @@ def test_the_dispatcher_kernel_is_called_auto() -> None:
     assert KERNELS["auto"] is attention and get_kernel("auto") is attention
     assert "dense" not in KERNELS
     with pytest.raises(ValueError, match="unknown attention kernel 'dense'"):
-        MultiHeadAttention(E, H, kernel="dense")
+        MultiHeadAttention(AttentionConfig(E, H, kernel="dense"))
 
 
 def test_kernel_options_are_checked_at_construction() -> None:
     with pytest.raises(TypeError, match="kernel 'sparse' needs the option"):
-        MultiHeadAttention(32, 4, kernel="sparse")
+        MultiHeadAttention(AttentionConfig(32, 4, kernel="sparse"))
     with pytest.raises(TypeError, match="needs an attnkit.masks.Mask"):
-        MultiHeadAttention(32, 4, kernel="sparse", kernel_options={"mask": torch.ones(4, 4, dtype=torch.bool)})
+        MultiHeadAttention(
+            AttentionConfig(32, 4, kernel="sparse", kernel_options={"mask": torch.ones(4, 4, dtype=torch.bool)})
+        )
     with pytest.raises(TypeError, match="kernel 'auto' takes no option 'window'; its options: "):
-        MultiHeadAttention(32, 4, kernel_options={"window": 2})
+        MultiHeadAttention(AttentionConfig(32, 4, kernel_options={"window": 2}))
     with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
-        MultiHeadAttention(32, 4, kernel="linear", kernel_options={"chunk_size": 0})
+        MultiHeadAttention(AttentionConfig(32, 4, kernel="linear", kernel_options={"chunk_size": 0}))
     with pytest.raises(TypeError, match="feature_map must be"):
-        MultiHeadAttention(32, 4, kernel="linear", kernel_options={"feature_map": "softmax"})
+        MultiHeadAttention(AttentionConfig(32, 4, kernel="linear", kernel_options={"feature_map": "softmax"}))
     with pytest.raises(ValueError, match="block_size must be an int >= 1"):
-        MultiHeadAttention(32, 4, kernel="tiled", kernel_options={"block_size": (64, 0)})
+        MultiHeadAttention(AttentionConfig(32, 4, kernel="tiled", kernel_options={"block_size": (64, 0)}))
 
 
 def test_the_dispatcher_takes_its_options_from_the_module() -> None:
     torch.manual_seed(0)
     x = torch.randn(1, 6, E)
-    default = MultiHeadAttention(E, H)
-    reference = MultiHeadAttention(E, H, kernel_options={"engine": "reference"})
+    default = MultiHeadAttention(AttentionConfig(E, H))
+    reference = MultiHeadAttention(AttentionConfig(E, H, kernel_options={"engine": "reference"}))
     reference.load_state_dict(default.state_dict())
     assert_close(reference(x, causal=True), default(x, causal=True))
     with pytest.raises(ValueError, match="engine"):
-        MultiHeadAttention(E, H, kernel_options={"engine": "warp"})(x)
+        MultiHeadAttention(AttentionConfig(E, H, kernel_options={"engine": "warp"}))(x)

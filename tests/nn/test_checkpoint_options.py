@@ -14,7 +14,16 @@ from torch.testing import assert_close
 
 from attnkit import masks
 from attnkit.functional import attention
-from attnkit.nn import DecoderLayer, DecoderLM, FeedForward, MultiHeadAttention, RMSNorm, RotaryEmbedding
+from attnkit.nn import (
+    AttentionConfig,
+    DecoderLayer,
+    DecoderLM,
+    FeedForward,
+    LayerConfig,
+    MultiHeadAttention,
+    RMSNorm,
+    RotaryEmbedding,
+)
 from attnkit.nn.rope_scaling import DynamicNTKRopeScaling, LinearRopeScaling, Llama3RopeScaling
 
 E, H, D = 32, 4, 8
@@ -87,17 +96,19 @@ def test_attention_options_equal_their_formula() -> None:
     torch.manual_seed(0)
     head_dim, scale, softcap, window = 12, 0.3, 2.0, 3
     mha = MultiHeadAttention(
-        E,
-        H,
-        num_kv_heads=2,
-        head_dim=head_dim,
-        bias=True,
-        out_bias=False,
+        AttentionConfig(
+            E,
+            H,
+            num_kv_heads=2,
+            head_dim=head_dim,
+            bias=True,
+            out_bias=False,
+            scale=scale,
+            softcap=softcap,
+            window=window,
+        ),
         q_norm=RMSNorm(head_dim),
         k_norm=RMSNorm(head_dim),
-        scale=scale,
-        softcap=softcap,
-        window=window,
     ).eval()
     assert mha.q_proj.weight.shape == (H * head_dim, E) and mha.q_proj.bias is not None
     assert mha.out_proj.bias is None and mha.out_proj.weight.shape == (E, H * head_dim)
@@ -117,7 +128,7 @@ def test_attention_options_equal_their_formula() -> None:
 
 def test_window_with_a_cache_equals_the_full_pass() -> None:
     torch.manual_seed(0)
-    mha = MultiHeadAttention(E, H, window=3, positional=RotaryEmbedding(E // H)).eval()
+    mha = MultiHeadAttention(AttentionConfig(E, H, window=3), positional=RotaryEmbedding(E // H)).eval()
     x = torch.randn(1, 9, E)
     full = mha(x, causal=True)
     from attnkit.nn import KVCache
@@ -127,21 +138,21 @@ def test_window_with_a_cache_equals_the_full_pass() -> None:
     steps += [mha(x[:, i : i + 1], causal=True, kv_cache=cache) for i in range(5, 9)]
     assert_close(torch.cat(steps, dim=1), full)
     # Without the window every key is seen: the outputs differ.
-    plain = MultiHeadAttention(E, H, positional=RotaryEmbedding(E // H)).eval()
+    plain = MultiHeadAttention(AttentionConfig(E, H), positional=RotaryEmbedding(E // H)).eval()
     plain.load_state_dict(mha.state_dict())
     assert not torch.allclose(plain(x, causal=True)[:, -1], full[:, -1])
 
 
 def test_attention_option_errors() -> None:
     with pytest.raises(ValueError, match="need kernel='auto'"):
-        MultiHeadAttention(E, H, window=4, kernel="tiled")
+        MultiHeadAttention(AttentionConfig(E, H, window=4, kernel="tiled"))
     with pytest.raises(ValueError, match="softcap must be a positive number"):
-        MultiHeadAttention(E, H, softcap=0.0)
+        MultiHeadAttention(AttentionConfig(E, H, softcap=0.0))
     with pytest.raises(ValueError, match="window must be a positive int"):
-        MultiHeadAttention(E, H, window=0)
+        MultiHeadAttention(AttentionConfig(E, H, window=0))
     with pytest.raises(ValueError, match="embed_dim must be divisible"):
-        MultiHeadAttention(30, 4)
-    assert MultiHeadAttention(30, 4, head_dim=8).q_proj.out_features == 32
+        MultiHeadAttention(AttentionConfig(30, 4))
+    assert MultiHeadAttention(AttentionConfig(30, 4, head_dim=8)).q_proj.out_features == 32
 
 
 @pytest.mark.parametrize(
@@ -176,31 +187,31 @@ def test_rms_norm_plus_one() -> None:
 def test_parallel_and_output_normed_layers() -> None:
     torch.manual_seed(0)
     x = torch.randn(2, 5, E)
-    parallel = DecoderLayer(E, H, 16, cross_attention=False, dropout=0.0, norm_first=True, parallel=True).eval()
+    parallel = DecoderLayer(
+        LayerConfig(E, H, 16, dropout=0.0, norm_first=True, parallel=True), cross_attention=False
+    ).eval()
     expected = x + parallel.self_attn(parallel.self_attn_norm(x), causal=True) + parallel.ff(parallel.ff_norm(x))
     assert_close(parallel(x), expected)
     sandwich = DecoderLayer(
-        E, H, 16, cross_attention=False, dropout=0.0, norm_first=True, norm="rms", output_norms=True
+        LayerConfig(E, H, 16, dropout=0.0, norm_first=True, norm="rms", output_norms=True), cross_attention=False
     )
     for norm in (sandwich.self_attn_out_norm, sandwich.ff_out_norm):
         nn.init.normal_(norm.weight)
     mid = x + sandwich.self_attn_out_norm(sandwich.self_attn(sandwich.self_attn_norm(x), causal=True))
     assert_close(sandwich(x), mid + sandwich.ff_out_norm(sandwich.ff(sandwich.ff_norm(mid))))
     with pytest.raises(ValueError, match="pre-norm layer without cross-attention"):
-        DecoderLayer(E, H, 16, parallel=True)
+        DecoderLayer(LayerConfig(E, H, 16, parallel=True))
 
 
 def test_decoder_lm_from_parts_scales_embeddings_and_caps_logits() -> None:
     torch.manual_seed(0)
     layers = [
         DecoderLayer(
-            E,
-            H,
-            16,
+            LayerConfig(E, H, 16, dropout=0.0, norm_first=True),
             cross_attention=False,
-            dropout=0.0,
-            norm_first=True,
-            self_attn=MultiHeadAttention(E, H, window=2 if i == 0 else None, positional=RotaryEmbedding(E // H)),
+            self_attn=MultiHeadAttention(
+                AttentionConfig(E, H, window=2 if i == 0 else None), positional=RotaryEmbedding(E // H)
+            ),
         )
         for i in range(2)
     ]
@@ -224,7 +235,7 @@ def test_decoder_lm_from_parts_scales_embeddings_and_caps_logits() -> None:
 
 def test_attention_reference_is_unchanged_without_options() -> None:
     torch.manual_seed(0)
-    mha = MultiHeadAttention(E, H).eval()
+    mha = MultiHeadAttention(AttentionConfig(E, H)).eval()
     x = torch.randn(1, 4, E)
     q, k, v = (_split(proj(x), H) for proj in (mha.q_proj, mha.k_proj, mha.v_proj))
     expected = attention(q, k, v, causal=True)

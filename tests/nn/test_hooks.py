@@ -11,12 +11,16 @@ from torch import nn
 
 from attnkit.nn import (
     AdditiveAttention,
+    AttentionConfig,
     DecoderLayer,
     DecoderLM,
+    DecoderLMConfig,
     HookPoint,
+    LayerConfig,
     MultiHeadAttention,
     RMSNorm,
     Transformer,
+    TransformerConfig,
 )
 from attnkit.nn.hooks import HookedModule
 
@@ -24,7 +28,7 @@ from attnkit.nn.hooks import HookedModule
 def tiny_lm(**options) -> DecoderLM:
     torch.manual_seed(0)
     defaults = dict(positional="rotary", norm="rms", activation="swiglu", bias=False, num_kv_heads=1)
-    return DecoderLM(20, 16, 2, 2, 32, **(defaults | options)).eval()
+    return DecoderLM(DecoderLMConfig(16, 2, 32, vocab_size=20, num_layers=2, **(defaults | options))).eval()
 
 
 class Wrapped(HookedModule):
@@ -33,7 +37,7 @@ class Wrapped(HookedModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(16, 2, score=AdditiveAttention(8))
+        self.attn = MultiHeadAttention(AttentionConfig(16, 2), score_module=AdditiveAttention(8))
 
     def forward(self, x):
         return self.attn(x, causal=True)
@@ -59,7 +63,7 @@ def test_a_decoder_lm_has_hook_names_hooks_and_run_with_cache():
 
 def test_a_transformer_has_cross_attention_points():
     torch.manual_seed(0)
-    model = Transformer(16, 2, 1, 2, 32, dropout=0.0).eval()
+    model = Transformer(TransformerConfig(16, 2, 32, num_encoder_layers=1, num_decoder_layers=2, dropout=0.0)).eval()
     src, tgt = torch.randn(2, 6, 16), torch.randn(2, 4, 16)
     names = model.hook_names()
     for name in (
@@ -107,7 +111,7 @@ def test_replaced_scores_and_pattern_with_an_additive_score():
 
 def test_a_replaced_result_feeds_the_output_and_identity_changes_nothing():
     torch.manual_seed(0)
-    attn = MultiHeadAttention(16, 4).eval()
+    attn = MultiHeadAttention(AttentionConfig(16, 4)).eval()
     root = Wrapped().eval()
     root.attn = attn
     x = torch.randn(2, 3, 16)
@@ -198,7 +202,7 @@ def test_hook_point_is_an_identity_without_hooks():
 def test_every_point_of_parallel_and_output_normed_layers_is_hit_once(options):
     torch.manual_seed(0)
     layers = [
-        DecoderLayer(16, 2, 32, cross_attention=False, norm="rms", norm_first=True, dropout=0.0, **options)
+        DecoderLayer(LayerConfig(16, 2, 32, norm="rms", norm_first=True, dropout=0.0, **options), cross_attention=False)
         for _ in range(2)
     ]
     lm = DecoderLM.from_parts(nn.Embedding(20, 16), layers, final_norm=RMSNorm(16)).eval()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.nn import DecoderLM, LMOutput, RotaryEmbedding
+from attnkit.nn import DecoderLM, DecoderLMConfig, LMOutput, RotaryEmbedding
 from tests.nn.helpers import assert_close
 
 V, E, H = 23, 16, 4
@@ -13,7 +13,7 @@ V, E, H = 23, 16, 4
 
 def _tiny(**kwargs) -> DecoderLM:
     torch.manual_seed(0)
-    return DecoderLM(V, E, H, 2, 32, **kwargs).eval()
+    return DecoderLM(DecoderLMConfig(E, H, 32, vocab_size=V, num_layers=2, **kwargs)).eval()
 
 
 LLAMA_LIKE = dict(positional="rotary", num_kv_heads=2, rope_theta=1e5, activation="swiglu", norm="rms", bias=False)
@@ -100,9 +100,9 @@ def test_return_weights() -> None:
 
 def test_errors() -> None:
     with pytest.raises(ValueError, match="positional must be one of"):
-        DecoderLM(V, E, H, 1, 32, positional="relative")
+        DecoderLM(DecoderLMConfig(E, H, 32, vocab_size=V, num_layers=1, positional="relative"))
     with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
-        DecoderLM(V, 18, 4, 1, 32)
+        DecoderLM(DecoderLMConfig(18, 4, 32, vocab_size=V, num_layers=1))
     model = _tiny(max_length=8)
     with pytest.raises(TypeError, match="integer ids"):
         model(torch.zeros(1, 3))

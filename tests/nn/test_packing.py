@@ -8,10 +8,13 @@ import torch
 from torch import nn
 
 from attnkit.nn import (
+    AttentionConfig,
     DecoderLM,
+    DecoderLMConfig,
     Encoder,
     EncoderLayer,
     FeedForward,
+    LayerConfig,
     MultiHeadAttention,
     PackedLinears,
     pack_projections,
@@ -24,8 +27,8 @@ LLAMA_LIKE = dict(positional="rotary", num_kv_heads=2, rope_theta=1e5, activatio
 
 def _pair(**options) -> tuple[DecoderLM, DecoderLM]:
     torch.manual_seed(0)
-    plain = DecoderLM(V, E, H, 2, 32, **options).eval()
-    packed = DecoderLM(V, E, H, 2, 32, **options).eval()
+    plain = DecoderLM(DecoderLMConfig(E, H, 32, vocab_size=V, num_layers=2, **options)).eval()
+    packed = DecoderLM(DecoderLMConfig(E, H, 32, vocab_size=V, num_layers=2, **options)).eval()
     packed.load_state_dict(plain.state_dict())
     assert pack_projections(packed) == 4  # two attentions, two gated feed-forwards
     return plain, packed
@@ -79,7 +82,7 @@ def test_replaced_or_converted_parameters_fall_back_to_separate_products() -> No
 
 def test_bert_style_projections_with_biases() -> None:
     torch.manual_seed(4)
-    encoder = Encoder([EncoderLayer(E, H, 32, dropout=0.0, activation="gelu") for _ in range(2)]).eval()
+    encoder = Encoder([EncoderLayer(LayerConfig(E, H, 32, dropout=0.0, activation="gelu")) for _ in range(2)]).eval()
     x = torch.randn(2, 6, E)
     with torch.no_grad():
         expected = encoder(x)
@@ -90,7 +93,7 @@ def test_bert_style_projections_with_biases() -> None:
 
 def test_errors() -> None:
     with pytest.raises(ValueError, match="only self-attention projections can be packed"):
-        MultiHeadAttention(E, H, kdim=8, vdim=8).pack_projections()
+        MultiHeadAttention(AttentionConfig(E, H, kdim=8, vdim=8)).pack_projections()
     with pytest.raises(ValueError, match="only gated blocks"):
         FeedForward(E, 32, activation="gelu").pack_projections()
     with pytest.raises(ValueError, match="all have a bias or all have none"):

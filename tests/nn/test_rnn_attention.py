@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.nn import AdditiveAttention, AttentionContext, LuongAttention, MultiHeadAttention
+from attnkit.nn import AdditiveAttention, AttentionConfig, AttentionContext, LuongAttention, MultiHeadAttention
 from tests.nn.helpers import assert_close
 
 
@@ -77,7 +77,7 @@ def test_as_the_score_of_multi_head_attention(make_score) -> None:
     torch.manual_seed(3)
     e, h = 12, 3
     score = make_score(e // h)
-    m = MultiHeadAttention(e, h, num_kv_heads=1, score=score)
+    m = MultiHeadAttention(AttentionConfig(e, h, num_kv_heads=1), score_module=score)
     assert any(p is next(score.parameters()) for p in m.parameters())  # the score's weights are trained too
     x = torch.randn(2, 4, e)
     result = m(x, causal=True, return_weights=True)
@@ -108,4 +108,4 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="hidden_dim is only used"):
         LuongAttention(4, kind="general", hidden_dim=3)
     with pytest.raises(ValueError, match="query_dim = key_dim = 4"):
-        MultiHeadAttention(8, 2, score=AdditiveAttention(8))
+        MultiHeadAttention(AttentionConfig(8, 2), score_module=AdditiveAttention(8))

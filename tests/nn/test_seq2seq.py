@@ -9,11 +9,13 @@ import torch
 from torch import nn
 
 from attnkit.nn import (
+    AttentionConfig,
     Decoder,
     DecoderLayer,
     Encoder,
     EncoderDecoderLM,
     EncoderLayer,
+    LayerConfig,
     LearnedPositionalEmbedding,
     LMHead,
     MultiHeadAttention,
@@ -35,17 +37,20 @@ def tiny(*, relative: bool = False, seed: int = 0) -> EncoderDecoderLM:
         enc_bias, dec_bias = RelativePositionBias(H, num_buckets=8), RelativePositionBias(H, bidirectional=False)
 
         def attn(bias: RelativePositionBias | None) -> MultiHeadAttention:
-            return MultiHeadAttention(E, H, head_dim=4, bias=False, score="dot", positional=bias)
+            return MultiHeadAttention(AttentionConfig(E, H, head_dim=4, bias=False, score="dot"), positional=bias)
 
         options = dict(norm="rms", norm_first=True, bias=False, dropout=0.0, activation="geglu_tanh")
-        encoder = Encoder([EncoderLayer(E, H, 24, self_attn=attn(enc_bias), **options) for _ in range(2)])
+        encoder = Encoder([EncoderLayer(LayerConfig(E, H, 24, **options), self_attn=attn(enc_bias)) for _ in range(2)])
         decoder = Decoder(
-            [DecoderLayer(E, H, 24, self_attn=attn(dec_bias), cross_attn=attn(None), **options) for _ in range(3)]
+            [
+                DecoderLayer(LayerConfig(E, H, 24, **options), self_attn=attn(dec_bias), cross_attn=attn(None))
+                for _ in range(3)
+            ]
         )
         source, target = SequenceEmbedding(token), SequenceEmbedding(token)
     else:
-        encoder = Encoder([EncoderLayer(E, H, 24, dropout=0.0, activation="gelu") for _ in range(2)])
-        decoder = Decoder([DecoderLayer(E, H, 24, dropout=0.0, activation="gelu") for _ in range(3)])
+        encoder = Encoder([EncoderLayer(LayerConfig(E, H, 24, dropout=0.0, activation="gelu")) for _ in range(2)])
+        decoder = Decoder([DecoderLayer(LayerConfig(E, H, 24, dropout=0.0, activation="gelu")) for _ in range(3)])
 
         def embedding() -> SequenceEmbedding:
             position = LearnedPositionalEmbedding(40, E)
@@ -127,7 +132,7 @@ def test_errors_say_what_was_expected() -> None:
             source_embedding=model.source_embedding,
             target_embedding=model.target_embedding,
             encoder=model.encoder,
-            decoder=Decoder([DecoderLayer(E, H, 8, cross_attention=False)]),
+            decoder=Decoder([DecoderLayer(LayerConfig(E, H, 8), cross_attention=False)]),
             head=model.head,
             decoder_start_token_id=0,
         )
@@ -136,13 +141,13 @@ def test_errors_say_what_was_expected() -> None:
 
 
 def test_layers_take_built_attention_modules() -> None:
-    cross = MultiHeadAttention(E, H, score="dot", bias=False)
-    layer = DecoderLayer(E, H, 8, cross_attn=cross)
+    cross = MultiHeadAttention(AttentionConfig(E, H, score="dot", bias=False))
+    layer = DecoderLayer(LayerConfig(E, H, 8), cross_attn=cross)
     assert layer.cross_attn is cross
-    assert EncoderLayer(E, H, 8, self_attn=cross).self_attn is cross
+    assert EncoderLayer(LayerConfig(E, H, 8), self_attn=cross).self_attn is cross
     with pytest.raises(ValueError, match="cross_attention=False"):
-        DecoderLayer(E, H, 8, cross_attention=False, cross_attn=cross)
+        DecoderLayer(LayerConfig(E, H, 8), cross_attention=False, cross_attn=cross)
     with pytest.raises(ValueError, match="cross_attn has embed_dim=8, the layer has embed_dim=16"):
-        DecoderLayer(E, H, 8, cross_attn=MultiHeadAttention(8, 2))
+        DecoderLayer(LayerConfig(E, H, 8), cross_attn=MultiHeadAttention(AttentionConfig(8, 2)))
     with pytest.raises(TypeError, match="self_attn must be an attnkit.nn.MultiHeadAttention"):
-        EncoderLayer(E, H, 8, self_attn=nn.Linear(E, E))  # type: ignore[arg-type]
+        EncoderLayer(LayerConfig(E, H, 8), self_attn=nn.Linear(E, E))  # type: ignore[arg-type]

@@ -12,11 +12,13 @@ from attnkit.nn import (
     DecoderLayer,
     Encoder,
     EncoderLayer,
+    LayerConfig,
     LayerOutput,
     RMSNorm,
     RotaryEmbedding,
     StackOutput,
     Transformer,
+    TransformerConfig,
     TransformerOutput,
     mask_from_torch,
 )
@@ -129,7 +131,7 @@ def test_defaults_are_the_base_model() -> None:
 
 def test_every_layer_returns_its_weights() -> None:
     torch.manual_seed(1)
-    model = Transformer(E, H, 2, 3, FF, dropout=0.0)
+    model = Transformer(TransformerConfig(E, H, FF, num_encoder_layers=2, num_decoder_layers=3, dropout=0.0))
     src, tgt = torch.randn(2, 6, E), torch.randn(2, 4, E)
     result = model(src, tgt, return_weights=True)
     assert isinstance(result, TransformerOutput)
@@ -148,7 +150,7 @@ def test_every_layer_returns_its_weights() -> None:
 
 def test_encoder_without_positions_is_permutation_equivariant() -> None:
     torch.manual_seed(2)
-    encoder = Encoder([EncoderLayer(E, H, FF, dropout=0.0, num_kv_heads=2) for _ in range(2)])
+    encoder = Encoder([EncoderLayer(LayerConfig(E, H, FF, dropout=0.0, num_kv_heads=2)) for _ in range(2)])
     x = torch.randn(2, 7, E)
     perm = torch.randperm(7)
     assert_close(encoder(x[:, perm]), encoder(x)[:, perm])
@@ -156,7 +158,7 @@ def test_encoder_without_positions_is_permutation_equivariant() -> None:
 
 def test_causal_decoder_output_ignores_later_tokens() -> None:
     torch.manual_seed(3)
-    model = Transformer(E, H, 1, 2, FF, dropout=0.0)
+    model = Transformer(TransformerConfig(E, H, FF, num_encoder_layers=1, num_decoder_layers=2, dropout=0.0))
     src, tgt = torch.randn(1, 5, E), torch.randn(1, 6, E)
     changed = tgt.clone()
     changed[:, 4:] = torch.randn(1, 2, E)
@@ -165,7 +167,11 @@ def test_causal_decoder_output_ignores_later_tokens() -> None:
 
 def test_incremental_decoding_equals_teacher_forcing() -> None:
     torch.manual_seed(4)
-    model = Transformer(E, H, 2, 2, FF, dropout=0.0, num_kv_heads=2, norm_first=True)
+    model = Transformer(
+        TransformerConfig(
+            E, H, FF, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, num_kv_heads=2, norm_first=True
+        )
+    )
     src, tgt = torch.randn(2, 5, E), torch.randn(2, 6, E)
     src_padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]).view(2, 1, 1, 5)
     full = model(src, tgt, src_mask=src_padding, memory_mask=src_padding)
@@ -183,16 +189,10 @@ def test_decoder_only_stack_with_rotary_gqa_rms_swiglu_caches() -> None:
     decoder = Decoder(
         [
             DecoderLayer(
-                E,
-                H,
-                FF,
-                num_kv_heads=1,
+                LayerConfig(
+                    E, H, FF, num_kv_heads=1, dropout=0.0, activation="swiglu", norm="rms", norm_first=True, bias=False
+                ),
                 cross_attention=False,
-                dropout=0.0,
-                activation="swiglu",
-                norm="rms",
-                norm_first=True,
-                bias=False,
                 positional=rope,
             )
             for _ in range(3)
@@ -210,7 +210,7 @@ def test_decoder_only_stack_with_rotary_gqa_rms_swiglu_caches() -> None:
 
 def test_encoder_returns_the_weights_of_chosen_layers_only() -> None:
     torch.manual_seed(6)
-    encoder = Encoder([EncoderLayer(E, H, FF, dropout=0.0) for _ in range(3)]).eval()
+    encoder = Encoder([EncoderLayer(LayerConfig(E, H, FF, dropout=0.0)) for _ in range(3)]).eval()
     x = torch.randn(2, 5, E)
     full = encoder(x, return_weights=True)
     chosen = encoder(x, return_weights=(2, 0))
@@ -230,21 +230,25 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="at least one EncoderLayer"):
         Encoder([])
     with pytest.raises(TypeError, match="layer 0 must be a DecoderLayer"):
-        Decoder([EncoderLayer(E, H, FF)])
+        Decoder([EncoderLayer(LayerConfig(E, H, FF))])
     with pytest.raises(ValueError, match="either every decoder layer has cross-attention or none"):
-        Decoder([DecoderLayer(E, H, FF), DecoderLayer(E, H, FF, cross_attention=False)])
+        Decoder([DecoderLayer(LayerConfig(E, H, FF)), DecoderLayer(LayerConfig(E, H, FF), cross_attention=False)])
     with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
-        Transformer(10, 4)
-    layer = DecoderLayer(E, H, FF)
+        Transformer(TransformerConfig(10, 4))
+    layer = DecoderLayer(LayerConfig(E, H, FF))
     with pytest.raises(ValueError, match="memory is required"):
         layer(torch.randn(1, 3, E))
     with pytest.raises(ValueError, match="memory is required"):
-        DecoderLayer(E, H, FF, cross_attention=False)(torch.randn(1, 3, E), torch.randn(1, 3, E))
+        DecoderLayer(LayerConfig(E, H, FF), cross_attention=False)(torch.randn(1, 3, E), torch.randn(1, 3, E))
     decoder = Decoder([layer])
     with pytest.raises(ValueError, match="cache has 2 layers, this decoder has 1"):
-        decoder(torch.randn(1, 3, E), torch.randn(1, 3, E), cache=Decoder([layer, DecoderLayer(E, H, FF)]).new_cache())
+        decoder(
+            torch.randn(1, 3, E),
+            torch.randn(1, 3, E),
+            cache=Decoder([layer, DecoderLayer(LayerConfig(E, H, FF))]).new_cache(),
+        )
     with pytest.raises(ValueError, match="norm must be"):
-        EncoderLayer(E, H, FF, norm="batch")
+        EncoderLayer(LayerConfig(E, H, FF, norm="batch"))
 
 
 @pytest.mark.filterwarnings(NESTED_TENSOR_WARNING)
@@ -265,27 +269,31 @@ def test_layers_from_torch_keep_float64_weights_exactly() -> None:
 def test_layers_with_memory_bounded_kernels_build_with_the_default_dropout() -> None:
     # The default dropout applies to the residual and feed-forward paths; kernels that never
     # materialise the weights have no attention dropout.
-    layer = EncoderLayer(32, 4, 64, kernel="tiled")
+    layer = EncoderLayer(LayerConfig(32, 4, 64, kernel="tiled"))
     assert layer.self_attn.dropout == 0.0 and layer.dropout.p == 0.1
-    decoder = DecoderLayer(32, 4, 64, kernel="local", kernel_options={"window": 3})
+    decoder = DecoderLayer(LayerConfig(32, 4, 64, kernel="local", kernel_options={"window": 3}))
     assert decoder.self_attn.kernel_options == {"window": 3}
     x = torch.randn(2, 7, 32)
     assert decoder.eval()(x, torch.randn(2, 5, 32)).shape == (2, 7, 32)
     with pytest.raises(ValueError, match="attention_dropout"):
-        EncoderLayer(32, 4, 64, kernel="tiled", attention_dropout=0.1)
+        EncoderLayer(LayerConfig(32, 4, 64, kernel="tiled", attention_dropout=0.1))
 
 
 def test_kernel_options_are_checked_when_the_module_is_built() -> None:
     with pytest.raises(TypeError, match="kernel 'local' needs the option 'window'"):
-        EncoderLayer(32, 4, 64, kernel="local")
+        EncoderLayer(LayerConfig(32, 4, 64, kernel="local"))
     with pytest.raises(TypeError, match="kernel 'tiled' takes no option 'window'"):
-        Transformer(32, 4, 1, 1, 64, kernel="tiled", kernel_options={"window": 3})
+        Transformer(
+            TransformerConfig(
+                32, 4, 64, num_encoder_layers=1, num_decoder_layers=1, kernel="tiled", kernel_options={"window": 3}
+            )
+        )
     with pytest.raises(ValueError, match="window must be >= 0"):
-        EncoderLayer(32, 4, 64, kernel="local", kernel_options={"window": -1})
+        EncoderLayer(LayerConfig(32, 4, 64, kernel="local", kernel_options={"window": -1}))
 
 
 def test_module_hooks_on_layers_and_attention_run_inside_stacks() -> None:
-    encoder = Encoder([EncoderLayer(E, H, FF, dropout=0.0) for _ in range(2)]).eval()
+    encoder = Encoder([EncoderLayer(LayerConfig(E, H, FF, dropout=0.0)) for _ in range(2)]).eval()
     seen = []
     for i, layer in enumerate(encoder.layers):
         layer.register_forward_hook(lambda module, args, out, i=i: seen.append(("layer", i)))

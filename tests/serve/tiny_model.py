@@ -13,7 +13,7 @@ import zlib
 import torch
 from torch import Tensor
 
-from attnkit.nn import DecoderLM
+from attnkit.nn import DecoderLM, DecoderLMConfig
 from tests.fake_models import FakeModel, Tokenized, words_of
 
 VOCAB_SIZE = 64
@@ -30,7 +30,11 @@ class TinyModel(FakeModel):
 
     def __init__(self, seed: int = 0) -> None:
         torch.manual_seed(seed)
-        self.lm = DecoderLM(VOCAB_SIZE, 32, self.num_heads, self.num_layers, 64, positional="rotary").eval()
+        self.lm = DecoderLM(
+            DecoderLMConfig(
+                32, self.num_heads, 64, vocab_size=VOCAB_SIZE, num_layers=self.num_layers, positional="rotary"
+            )
+        ).eval()
 
     def tokenize(self, text: str) -> Tokenized:
         spans = words_of(text)

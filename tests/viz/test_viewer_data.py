@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnkit.nn import DecoderLM, Transformer
+from attnkit.nn import DecoderLM, DecoderLMConfig, Transformer, TransformerConfig
 from attnkit.viz.viewer import (
     SCALE,
     Section,
@@ -97,7 +97,7 @@ def test_encoder_decoder_sections_and_display_order():
 
 def test_from_transformer_output_takes_every_kind_of_attention():
     torch.manual_seed(0)
-    model = Transformer(16, 2, 2, 3, 32, 0.0).eval()
+    model = Transformer(TransformerConfig(16, 2, 32, num_encoder_layers=2, num_decoder_layers=3, dropout=0.0)).eval()
     src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
     out = model(src, tgt, return_weights=True)
     data = viewer_data_from_transformer_output("seq2seq", list("abcde"), list("wxyz"), out, index=1)
@@ -109,7 +109,7 @@ def test_from_transformer_output_takes_every_kind_of_attention():
 
 def test_from_lm_output_is_causal():
     torch.manual_seed(0)
-    lm = DecoderLM(20, 16, 2, 2, 32).eval()
+    lm = DecoderLM(DecoderLMConfig(16, 2, 32, vocab_size=20, num_layers=2)).eval()
     out = lm(torch.randint(0, 20, (1, 6)), return_weights=True)
     data = viewer_data_from_lm_output("lm", list("abcdef"), out)
     assert data.kind == "causal"

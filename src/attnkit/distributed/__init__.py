@@ -7,8 +7,9 @@ GPU), launched by ``torchrun``.
 - :func:`train`: data-parallel training (``DistributedDataParallel``) of the toy-task
   models, the loss curve of one process with the same seed and global batch.
 - :func:`survey_heads`: per-head statistics over texts split across ranks.
-- Importing this package registers the ``"ring"`` kernel, so that
-  ``MultiHeadAttention(kernel="ring")`` runs a model sequence-parallel inside a torchrun job.
+- Importing this package registers the ``"ring"`` kernel, so that a
+  :class:`attnkit.nn.MultiHeadAttention` built with ``AttentionConfig(..., kernel="ring")``
+  runs a model sequence-parallel inside a torchrun job.
 """
 
 from attnkit.distributed.env import ProcessInfo, init, launched_by_torchrun, leave

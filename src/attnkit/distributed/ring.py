@@ -475,10 +475,11 @@ def ring_kernel(
     **options,
 ) -> Tensor:
     """:func:`ring_attention` as the ``"ring"`` kernel of
-    :func:`attnkit.functional.get_kernel`, for ``MultiHeadAttention(kernel="ring")``: the
-    module's input ``x`` is this rank's shard ``[b, s_local, e]``; pass the shard's absolute
-    positions (:func:`attnkit.distributed.shard_positions`) as ``positions`` when the module
-    has a rotary encoding.
+    :func:`attnkit.functional.get_kernel`, for a ``MultiHeadAttention`` built with
+    ``AttentionConfig(..., kernel="ring")``: the module's input ``x`` is this rank's shard
+    ``[b, s_local, e]``; pass the shard's absolute positions
+    (:func:`attnkit.distributed.shard_positions`) as ``positions`` when the module has a
+    rotary encoding.
 
     Raises:
         ValueError: a score bias (ALiBi, relative positions), which would be built for the

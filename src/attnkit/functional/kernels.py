@@ -122,7 +122,7 @@ KERNELS: Mapping[str, Callable[..., Tensor]] = _KernelTable()
 
 def register_kernel(name: str, kernel: Callable[..., Tensor]) -> None:
     """Make ``kernel`` available as ``name`` to :func:`get_kernel` (and so to
-    ``MultiHeadAttention(kernel=name)``). Layers above this one add their kernels this way
+    ``AttentionConfig(kernel=name)``). Layers above this one add their kernels this way
     when imported, e.g. ``import attnkit.distributed`` adds ``"ring"``. A kernel whose
     signature has ``mask`` and ``bias`` takes them at each call.
 

@@ -193,6 +193,9 @@ def _backward_sums_kernel(
     tl.store(RZ + at * m + fm, rz, mask=in_m)
 
 
+# Longer than 60 lines on purpose: one Triton program whose two walks (forward for dφ(q),
+# backward for dφ(k) and dv) share the offsets, masks and bases set up once at its start;
+# jit helpers would each take a dozen of them, and the walks read best side by side.
 @triton.jit(do_not_specialize=_RUNTIME)
 def _backward_kernel(
     FQ,

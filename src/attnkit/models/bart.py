@@ -56,6 +56,7 @@ from attnkit.nn import (
     Encoder,
     EncoderDecoderLM,
     EncoderLayer,
+    LayerConfig,
     LearnedPositionalEmbedding,
     LMHead,
     SequenceEmbedding,
@@ -220,13 +221,10 @@ def build_network(config: BartConfig) -> EncoderDecoderLM:
         "norm_first": False,
         "bias": True,
     }
-    encoder = Encoder(
-        EncoderLayer(e, config.num_heads, config.encoder_ffn_dim, **options) for _ in range(config.num_layers)
-    )
-    decoder = Decoder(
-        DecoderLayer(e, config.num_decoder_heads, config.decoder_ffn_dim, **options)
-        for _ in range(config.num_decoder_layers)
-    )
+    encoder_layer = LayerConfig(e, config.num_heads, config.encoder_ffn_dim, **options)
+    decoder_layer = LayerConfig(e, config.num_decoder_heads, config.decoder_ffn_dim, **options)
+    encoder = Encoder(EncoderLayer(encoder_layer) for _ in range(config.num_layers))
+    decoder = Decoder(DecoderLayer(decoder_layer) for _ in range(config.num_decoder_layers))
     head = LMHead(e, config.vocab_size, bias=True)
     head.proj.weight = token.weight
     return EncoderDecoderLM(

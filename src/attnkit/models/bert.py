@@ -50,6 +50,7 @@ from attnkit.nn import (
     EncoderLayer,
     HookedModule,
     HookPoint,
+    LayerConfig,
     LayerNorm,
     LayerSelection,
     LearnedPositionalEmbedding,
@@ -173,15 +174,17 @@ class BertModel(HookedModule):
         self.embed = HookPoint()
         self.encoder = Encoder(
             EncoderLayer(
-                e,
-                config.num_heads,
-                config.intermediate_size,
-                dropout=dropout,
-                activation="gelu",
-                norm="layer",
-                norm_eps=config.layer_norm_eps,
-                norm_first=False,
-                bias=True,
+                LayerConfig(
+                    e,
+                    config.num_heads,
+                    config.intermediate_size,
+                    dropout=dropout,
+                    activation="gelu",
+                    norm="layer",
+                    norm_eps=config.layer_norm_eps,
+                    norm_first=False,
+                    bias=True,
+                )
             )
             for _ in range(config.num_layers)
         )

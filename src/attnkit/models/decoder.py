@@ -32,8 +32,10 @@ from attnkit.models.checkpoint import (
 )
 from attnkit.models.family import ModelFamily
 from attnkit.nn import (
+    AttentionConfig,
     DecoderLayer,
     DecoderLM,
+    LayerConfig,
     LearnedPositionalEmbedding,
     MultiHeadAttention,
     RotaryEmbedding,
@@ -152,34 +154,16 @@ def _build(config: DecoderConfig) -> DecoderLM:
     def head_norm() -> nn.Module | None:
         return make_norm(config.norm, d, config.norm_eps) if config.qk_norm else None
 
+    layer = _layer_config(config)
     layers = [
         DecoderLayer(
-            e,
-            config.num_heads,
-            config.intermediate_size,
-            num_kv_heads=config.num_kv_heads,
+            layer,
             cross_attention=False,
-            dropout=0.0,
-            activation=config.activation,
-            norm=config.norm,
-            norm_eps=config.norm_eps,
-            norm_first=True,
-            bias=config.mlp_bias,
-            parallel=config.parallel,
-            output_norms=config.output_norms,
             self_attn=MultiHeadAttention(
-                e,
-                config.num_heads,
-                num_kv_heads=config.num_kv_heads,
-                head_dim=d,
-                bias=config.qkv_bias,
-                out_bias=config.out_bias,
+                _attention_config(config, i),
                 positional=rotaries[config.ropes[i]] if config.positional == "rotary" else None,
                 q_norm=head_norm(),
                 k_norm=head_norm(),
-                scale=config.attention_scale,
-                softcap=config.attention_softcap,
-                window=config.windows[i],
             ),
         )
         for i in range(config.num_layers)
@@ -192,6 +176,40 @@ def _build(config: DecoderConfig) -> DecoderLM:
         tie_embeddings=config.tie_embeddings,
         embedding_scale=config.embedding_scale,
         logit_softcap=config.logit_softcap,
+    )
+
+
+def _layer_config(config: DecoderConfig) -> LayerConfig:
+    """What every layer of the family shares: pre-norm, no dropout (inference)."""
+    return LayerConfig(
+        config.hidden_size,
+        config.num_heads,
+        config.intermediate_size,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        dropout=0.0,
+        activation=config.activation,
+        norm=config.norm,
+        norm_eps=config.norm_eps,
+        norm_first=True,
+        bias=config.mlp_bias,
+        parallel=config.parallel,
+        output_norms=config.output_norms,
+    )
+
+
+def _attention_config(config: DecoderConfig, layer: int) -> AttentionConfig:
+    """The self-attention of one layer (its own sliding window, if any)."""
+    return AttentionConfig(
+        config.hidden_size,
+        config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        bias=config.qkv_bias,
+        out_bias=config.out_bias,
+        scale=config.attention_scale,
+        softcap=config.attention_softcap,
+        window=config.windows[layer],
     )
 
 

@@ -54,11 +54,13 @@ from attnkit.models.decoder import eos_token_ids, token_ids
 from attnkit.models.encoder_decoder import encoder_hidden_states, encoder_self_attention, no_logits
 from attnkit.models.family import ModelFamily
 from attnkit.nn import (
+    AttentionConfig,
     Decoder,
     DecoderLayer,
     Encoder,
     EncoderDecoderLM,
     EncoderLayer,
+    LayerConfig,
     LMHead,
     MultiHeadAttention,
     RelativePositionBias,
@@ -195,25 +197,24 @@ class T5Config:
 
 def _attention(config: T5Config, positional: RelativePositionBias | None) -> MultiHeadAttention:
     return MultiHeadAttention(
-        config.d_model,
-        config.num_heads,
-        head_dim=config.d_kv,
-        bias=False,
-        score="dot",
+        AttentionConfig(config.d_model, config.num_heads, head_dim=config.d_kv, bias=False, score="dot", dropout=0.0),
         positional=positional,
-        dropout=0.0,
     )
 
 
-def _layer_options(config: T5Config) -> dict[str, Any]:
-    return {
-        "dropout": 0.0,
-        "activation": config.activation,
-        "norm": "rms",
-        "norm_eps": config.layer_norm_eps,
-        "norm_first": True,
-        "bias": False,
-    }
+def _layer_config(config: T5Config) -> LayerConfig:
+    return LayerConfig(
+        config.d_model,
+        config.num_heads,
+        config.d_ff,
+        head_dim=config.d_kv,
+        dropout=0.0,
+        activation=config.activation,
+        norm="rms",
+        norm_eps=config.layer_norm_eps,
+        norm_first=True,
+        bias=False,
+    )
 
 
 def _stack_norm(config: T5Config) -> RMSNorm:
@@ -231,25 +232,14 @@ def build_network(config: T5Config) -> EncoderDecoderLM:
     decoder_bias = RelativePositionBias(
         config.num_heads, num_buckets=config.num_buckets, max_distance=config.max_distance, bidirectional=False
     )
+    layer = _layer_config(config)
     encoder = Encoder(
-        [
-            EncoderLayer(
-                e, config.num_heads, config.d_ff, self_attn=_attention(config, encoder_bias), **_layer_options(config)
-            )
-            for _ in range(config.num_layers)
-        ],
+        [EncoderLayer(layer, self_attn=_attention(config, encoder_bias)) for _ in range(config.num_layers)],
         final_norm=_stack_norm(config),
     )
     decoder = Decoder(
         [
-            DecoderLayer(
-                e,
-                config.num_heads,
-                config.d_ff,
-                self_attn=_attention(config, decoder_bias),
-                cross_attn=_attention(config, None),
-                **_layer_options(config),
-            )
+            DecoderLayer(layer, self_attn=_attention(config, decoder_bias), cross_attn=_attention(config, None))
             for _ in range(config.num_decoder_layers)
         ],
         final_norm=_stack_norm(config),

@@ -5,7 +5,8 @@ Layout is batch-first, ``[b, s, e]`` for token sequences and ``[b, h, s, d]`` in
 attention; masks say ``True`` = may attend. Modules never store attention weights: pass
 ``return_weights=True`` to get a typed record (:mod:`attnkit.nn.records`).
 
-- Attention: :class:`MultiHeadAttention` (self/cross, GQA, KV cache),
+- Attention: :class:`MultiHeadAttention` (self/cross, GQA, KV cache) built from an
+  :class:`AttentionConfig`,
   :class:`AdditiveAttention`, :class:`LuongAttention`.
 - Positional encodings: :class:`SinusoidalPositionalEncoding`,
   :class:`LearnedPositionalEmbedding`, :class:`RotaryEmbedding`, :class:`ALiBi`,
@@ -13,10 +14,11 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
 - Building blocks: :class:`RMSNorm`, :class:`FeedForward`, :class:`KVCache`,
   :func:`pack_projections` (one matrix product for q/k/v and for SwiGLU's gate/up at
   inference).
-- Transformers: :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`,
-  :class:`Decoder`, :class:`Transformer`, :class:`DecoderLM`, :class:`EncoderDecoderLM`
-  (over token ids, with :class:`SequenceEmbedding` and :class:`LMHead`;
-  :func:`paper_transformer` builds the paper's).
+- Transformers: :class:`EncoderLayer`, :class:`DecoderLayer` (from a :class:`LayerConfig`),
+  :class:`Encoder`, :class:`Decoder`, :class:`Transformer` (a :class:`TransformerConfig`),
+  :class:`DecoderLM` (a :class:`DecoderLMConfig`), :class:`EncoderDecoderLM` (over token
+  ids, with :class:`SequenceEmbedding` and :class:`LMHead`; :func:`paper_transformer`
+  builds the paper's). Each config is a frozen dataclass checked when it is made.
 - Hooks: :class:`HookPoint` (named points inside every module above where hooks read or
   replace activations), :class:`HookedModule` (``hook_names``, ``hooks``,
   ``run_with_cache``), :class:`ActivationCache`; see :mod:`attnkit.nn.hooks`.
@@ -24,12 +26,12 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
 
 from attnkit.functional.kernels import KERNELS
 from attnkit.nn.activation_cache import ActivationCache
-from attnkit.nn.attention import MultiHeadAttention
+from attnkit.nn.attention import AttentionConfig, MultiHeadAttention
 from attnkit.nn.feedforward import FeedForward
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache, KVCache
-from attnkit.nn.layers import DecoderLayer, EncoderLayer
-from attnkit.nn.lm import DecoderLM, pick_next_token
+from attnkit.nn.layers import DecoderLayer, EncoderLayer, LayerConfig
+from attnkit.nn.lm import DecoderLM, DecoderLMConfig, pick_next_token
 from attnkit.nn.norms import LayerNorm, RMSNorm, make_norm
 from attnkit.nn.packing import PackedLinears, pack_projections
 from attnkit.nn.positional import (
@@ -55,19 +57,28 @@ from attnkit.nn.records import (
 from attnkit.nn.rnn_attention import AdditiveAttention, AttentionScore, LuongAttention
 from attnkit.nn.seq2seq import EncoderDecoderLM, LMHead, SequenceEmbedding, paper_transformer, source_padding_mask
 from attnkit.nn.torch_compat import mask_from_torch
-from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer, selected_layers
+from attnkit.nn.transformer import (
+    Decoder,
+    Encoder,
+    LayerSelection,
+    Transformer,
+    TransformerConfig,
+    selected_layers,
+)
 
 __all__ = [
     "KERNELS",
     "ALiBi",
     "ActivationCache",
     "AdditiveAttention",
+    "AttentionConfig",
     "AttentionContext",
     "AttentionPositional",
     "AttentionScore",
     "Decoder",
     "DecoderCache",
     "DecoderLM",
+    "DecoderLMConfig",
     "DecoderLayer",
     "Encoder",
     "EncoderDecoderLM",
@@ -78,6 +89,7 @@ __all__ = [
     "KVCache",
     "LMHead",
     "LMOutput",
+    "LayerConfig",
     "LayerNorm",
     "LayerOutput",
     "LayerSelection",
@@ -95,6 +107,7 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "StackOutput",
     "Transformer",
+    "TransformerConfig",
     "TransformerOutput",
     "alibi_slopes",
     "make_norm",

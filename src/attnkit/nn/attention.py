@@ -19,6 +19,7 @@ mask), biases on the input projections only (``out_bias=False``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -40,28 +41,26 @@ Score = Literal["scaled_dot", "dot"] | AttentionScore
 Context = Tensor | tuple[Tensor, Tensor]
 
 
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention with grouped-query heads, positional encodings and a KV cache.
-
-    ``MultiHead(x) = Concat(head_1, …, head_h) W_O`` with
-    ``head_i = Attention(x W_Q^i, c W_K^i, c W_V^i)``, where the context ``c`` is ``x``
-    itself (self-attention) or another sequence (cross-attention).
+@dataclass(frozen=True)
+class AttentionConfig:
+    """What :class:`MultiHeadAttention` is built from, checked when the config is made.
 
     Args:
         embed_dim: model dim ``e`` of the queries and the output.
-        num_heads: query heads ``h``; must divide ``embed_dim``.
+        num_heads: query heads ``h``; must divide ``embed_dim`` (unless ``head_dim`` is
+            given).
         num_kv_heads: key/value heads ``h_kv`` (default ``h``); fewer gives grouped-query
             attention, ``1`` multi-query attention. Must divide ``num_heads``.
+        head_dim: ``d``, the size of each head (default ``embed_dim / num_heads``); with it
+            ``embed_dim`` need not be divisible by ``num_heads``.
         kdim: dim ``e_k`` of the key input of cross-attention (default ``e``).
         vdim: dim ``e_v`` of the value input of cross-attention (default ``e``).
         bias: give the four projections a bias.
+        out_bias: give the output projection a bias (default ``bias``); ``False`` with
+            ``bias=True`` biases the query, key and value projections only (Qwen 2).
         dropout: dropout on the attention weights while training.
-        score: ``"scaled_dot"`` (``q·k/√d``), ``"dot"`` (unscaled, as T5), or an
-            :class:`attnkit.nn.AttentionScore` module (additive or Luong attention) whose
-            query and key dims are the head dim ``d``.
-        positional: an :class:`attnkit.nn.AttentionPositional` (rotary, ALiBi, relative
-            bias) applied in self-attention; absolute encodings are added to the
-            embeddings instead.
+        score: ``"scaled_dot"`` (``q·k/√d``) or ``"dot"`` (unscaled, as T5); a score
+            module (additive, Luong) is given to the module itself.
         kernel: which attention kernel computes the heads, by name in
             :data:`attnkit.functional.kernels.KERNELS`: ``"auto"`` (default; the dispatcher:
             SDPA or the reference path, the only one that returns weights), ``"tiled"``
@@ -72,13 +71,6 @@ class MultiHeadAttention(nn.Module):
             (:func:`attnkit.functional.kernels.check_kernel_options`), e.g.
             ``{"window": 256}`` for ``"local"``, the pattern for ``"sparse"``,
             ``{"feature_map": "favor"}`` for ``"linear"``.
-        head_dim: ``d``, the size of each head (default ``embed_dim / num_heads``); with it
-            ``embed_dim`` need not be divisible by ``num_heads``.
-        out_bias: give the output projection a bias (default ``bias``); ``False`` with
-            ``bias=True`` biases the query, key and value projections only (Qwen 2).
-        q_norm: a module applied to each head's queries ``[b, h, s_q, d]`` over ``d``,
-            before the positional rotation (Qwen 3's and Gemma 3's per-head RMSNorm).
-        k_norm: the same for the keys.
         scale: multiplies the scores (default ``1/√d`` for ``"scaled_dot"``, ``1`` for
             ``"dot"``); Gemma's ``query_pre_attn_scalar ** -0.5``.
         softcap: soft-cap the scaled scores to ``softcap · tanh(scores / softcap)`` before
@@ -92,75 +84,122 @@ class MultiHeadAttention(nn.Module):
     Raises:
         ValueError: non-positive sizes, ``embed_dim`` not divisible by ``num_heads`` (without
             ``head_dim``), ``num_heads`` not divisible by ``num_kv_heads``, ``dropout``
-            outside ``[0, 1)``, a score or positional encoding built for other sizes, an
-            unknown kernel, a kernel option out of range, ``scale``, ``softcap`` or
-            ``window`` with a kernel other than ``"auto"`` or out of range, ``softcap``
-            with a score module.
-        TypeError: a score or positional encoding of the wrong type, a kernel option the
-            kernel does not take or needs.
+            outside ``[0, 1)``, an unknown kernel, a kernel option out of range, ``scale``,
+            ``softcap`` or ``window`` with a kernel other than ``"auto"`` or out of range, a
+            ``score`` or ``dropout`` that a kernel other than ``"auto"`` cannot compute.
+        TypeError: a size that is not an int, an unknown score, a kernel option the kernel
+            does not take or needs.
+    """
+
+    embed_dim: int
+    num_heads: int
+    _: KW_ONLY
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    kdim: int | None = None
+    vdim: int | None = None
+    bias: bool = True
+    out_bias: bool | None = None
+    dropout: float = 0.0
+    score: Literal["scaled_dot", "dot"] = "scaled_dot"
+    kernel: str = "auto"
+    kernel_options: Mapping[str, Any] = field(default_factory=dict)
+    scale: float | None = None
+    softcap: float | None = None
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_sizes(
+            self.embed_dim,
+            self.num_heads,
+            self.num_heads if self.num_kv_heads is None else self.num_kv_heads,
+            self.embed_dim if self.kdim is None else self.kdim,
+            self.embed_dim if self.vdim is None else self.vdim,
+            self.head_dim,
+        )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.score not in ("scaled_dot", "dot"):
+            raise TypeError(
+                f'score must be "scaled_dot" or "dot" (or an AttentionScore module given to MultiHeadAttention), '
+                f"got {self.score!r}"
+            )
+        kernel = resolve_kernel_name(self.kernel)  # raises on an unknown name, listing the known ones
+        _check_kernel_computes(kernel, self.score, self.dropout)
+        _check_score_options(kernel, self.scale, self.softcap, self.window)
+        # Frozen: the checked copy of the options replaces the given mapping.
+        object.__setattr__(self, "kernel_options", check_kernel_options(kernel, self.kernel_options))
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with grouped-query heads, positional encodings and a KV cache.
+
+    ``MultiHead(x) = Concat(head_1, …, head_h) W_O`` with
+    ``head_i = Attention(x W_Q^i, c W_K^i, c W_V^i)``, where the context ``c`` is ``x``
+    itself (self-attention) or another sequence (cross-attention).
+
+    Args:
+        config: the sizes and options, an :class:`AttentionConfig`.
+        positional: an :class:`attnkit.nn.AttentionPositional` (rotary, ALiBi, relative
+            bias) applied in self-attention; absolute encodings are added to the
+            embeddings instead.
+        score_module: an :class:`attnkit.nn.AttentionScore` module (additive or Luong
+            attention) whose query and key dims are the head dim ``d``, used instead of
+            ``config.score``.
+        q_norm: a module applied to each head's queries ``[b, h, s_q, d]`` over ``d``,
+            before the positional rotation (Qwen 3's and Gemma 3's per-head RMSNorm).
+        k_norm: the same for the keys.
+
+    Raises:
+        ValueError: a score module or positional encoding built for other sizes, a score
+            module with ``config.score="dot"``, ``config.softcap`` or a kernel other than
+            ``"auto"``.
+        TypeError: a config, score module or positional encoding of the wrong type.
     """
 
     def __init__(
         self,
-        embed_dim: int,
-        num_heads: int,
+        config: AttentionConfig,
         *,
-        num_kv_heads: int | None = None,
-        kdim: int | None = None,
-        vdim: int | None = None,
-        bias: bool = True,
-        dropout: float = 0.0,
-        score: Score = "scaled_dot",
         positional: AttentionPositional | None = None,
-        kernel: str = "auto",
-        kernel_options: Mapping[str, Any] | None = None,
-        head_dim: int | None = None,
-        out_bias: bool | None = None,
+        score_module: AttentionScore | None = None,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
-        scale: float | None = None,
-        softcap: float | None = None,
-        window: int | None = None,
     ) -> None:
         super().__init__()
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        kdim = embed_dim if kdim is None else kdim
-        vdim = embed_dim if vdim is None else vdim
-        _check_sizes(embed_dim, num_heads, num_kv_heads, kdim, vdim, head_dim)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        kernel = resolve_kernel_name(kernel)  # raises on an unknown name, listing the known ones
-        if not KERNEL_SPECS[kernel].full and (score != "scaled_dot" or dropout > 0):
-            raise ValueError(
-                f"kernel {kernel!r} computes scaled dot-product attention without dropout; "
-                f"got score={score!r}, dropout={dropout} (use kernel='auto')"
-            )
-        _check_score_options(kernel, score, scale, softcap, window)
-        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
-        self.kdim, self.vdim = kdim, vdim
-        self.head_dim = embed_dim // num_heads if head_dim is None else head_dim
-        self.dropout = dropout
-        self.kernel = kernel
-        self.kernel_options = check_kernel_options(kernel, kernel_options)
-        self.score = _check_score(score, self.head_dim)
-        self.positional = _check_positional(positional, num_heads, self.head_dim)
-        self.scale = scale
-        self.softcap = softcap
-        self.window = window
-        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(kdim, num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(vdim, num_kv_heads * self.head_dim, bias=bias)
-        self.out_proj = nn.Linear(num_heads * self.head_dim, embed_dim, bias=bias if out_bias is None else out_bias)
+        if not isinstance(config, AttentionConfig):
+            raise TypeError(f"config must be an attnkit.nn.AttentionConfig, got {type(config).__name__}")
+        self.config = config
+        e, h = config.embed_dim, config.num_heads
+        self.embed_dim, self.num_heads = e, h
+        self.num_kv_heads = h if config.num_kv_heads is None else config.num_kv_heads
+        self.kdim = e if config.kdim is None else config.kdim
+        self.vdim = e if config.vdim is None else config.vdim
+        self.head_dim = e // h if config.head_dim is None else config.head_dim
+        self.dropout = config.dropout
+        self.kernel = config.kernel
+        self.kernel_options = dict(config.kernel_options)
+        self.score: Score = (
+            config.score if score_module is None else _check_score_module(score_module, config, self.head_dim)
+        )
+        self.positional = _check_positional(positional, h, self.head_dim)
+        self.scale, self.softcap, self.window = config.scale, config.softcap, config.window
+        bias = config.bias
+        self.q_proj = nn.Linear(e, h * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, self.num_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(h * self.head_dim, e, bias=bias if config.out_bias is None else config.out_bias)
         self.q_norm = q_norm
         self.k_norm = k_norm
         self._packed: PackedLinears | None = None
         # Hook points (attnkit.nn.hooks), in the order the forward pass meets them; the
         # weights exist only where the kernel can form them.
+        full = KERNEL_SPECS[self.kernel].full
         self.q = HookPoint(positions=(2,))
         self.k = HookPoint(positions=(2,))
         self.v = HookPoint(positions=(2,))
-        self.scores = HookPoint(positions=(2, 3)) if KERNEL_SPECS[kernel].full else None
-        self.pattern = HookPoint(positions=(2, 3)) if KERNEL_SPECS[kernel].full else None
+        self.scores = HookPoint(positions=(2, 3)) if full else None
+        self.pattern = HookPoint(positions=(2, 3)) if full else None
         self.z = HookPoint(positions=(2,))
         self.result = HookPoint(positions=(2,))
 
@@ -530,9 +569,10 @@ class MultiHeadAttention(nn.Module):
         # Built without storage, then given copies of the source's tensors: the result has
         # exactly their dtype, device and values.
         with torch.device("meta"):
-            new = cls(
+            config = AttentionConfig(
                 m.embed_dim, m.num_heads, kdim=m.kdim, vdim=m.vdim, bias=m.in_proj_bias is not None, dropout=m.dropout
             )
+            new = cls(config)
         new.load_state_dict(state_dict_from_torch_attention(m), strict=True, assign=True)
         return new
 
@@ -569,9 +609,16 @@ def _with_window(mask: Mask | Tensor | None, window: int, s_q: int, s_k: int) ->
     return mask & recent.to_dense(s_q, s_k, device=mask.device)
 
 
-def _check_score_options(
-    kernel: str, score: Score, scale: float | None, softcap: float | None, window: int | None
-) -> None:
+def _check_kernel_computes(kernel: str, score: object, dropout: float) -> None:
+    """Every kernel but ``"auto"`` computes scaled dot-product attention without dropout."""
+    if not KERNEL_SPECS[kernel].full and (score != "scaled_dot" or dropout > 0):
+        raise ValueError(
+            f"kernel {kernel!r} computes scaled dot-product attention without dropout; "
+            f"got score={score!r}, dropout={dropout} (use kernel='auto')"
+        )
+
+
+def _check_score_options(kernel: str, scale: float | None, softcap: float | None, window: int | None) -> None:
     """``scale``, ``softcap`` and ``window`` are options of the ``"auto"`` kernel, each a
     positive number."""
     given = [name for name, value in (("scale", scale), ("softcap", softcap), ("window", window)) if value is not None]
@@ -582,8 +629,6 @@ def _check_score_options(
             raise ValueError(f"{name} must be a positive number, got {value!r}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be a positive int, got {window!r}")
-    if softcap is not None and not isinstance(score, str):
-        raise ValueError(f"softcap applies to dot-product scores, got score={score!r}")
 
 
 def _check_sizes(
@@ -611,16 +656,23 @@ def _check_sizes(
         )
 
 
-def _check_score(score: Score, head_dim: int) -> Score:
-    if isinstance(score, AttentionScore):
-        if (score.query_dim, score.key_dim) != (head_dim, head_dim):
-            raise ValueError(
-                f"score module must compare head-dim vectors, query_dim = key_dim = {head_dim}, got "
-                f"query_dim={score.query_dim}, key_dim={score.key_dim}"
-            )
-        return score
-    if score not in ("scaled_dot", "dot"):
-        raise TypeError(f'score must be "scaled_dot", "dot" or an AttentionScore module, got {score!r}')
+def _check_score_module(score: AttentionScore, config: AttentionConfig, head_dim: int) -> AttentionScore:
+    """A score module that can replace the dot product of this attention."""
+    if not isinstance(score, AttentionScore):
+        raise TypeError(
+            f"score_module must be an attnkit.nn.AttentionScore (AdditiveAttention, LuongAttention), "
+            f"got {type(score).__name__}"
+        )
+    if config.score != "scaled_dot":
+        raise ValueError(f"score_module replaces config.score; got both it and score={config.score!r}")
+    _check_kernel_computes(config.kernel, score, config.dropout)
+    if config.softcap is not None:
+        raise ValueError(f"softcap applies to dot-product scores, got a score module {score!r}")
+    if (score.query_dim, score.key_dim) != (head_dim, head_dim):
+        raise ValueError(
+            f"score module must compare head-dim vectors, query_dim = key_dim = {head_dim}, got "
+            f"query_dim={score.query_dim}, key_dim={score.key_dim}"
+        )
     return score
 
 

@@ -15,6 +15,7 @@ Two placements of the norm:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -23,11 +24,11 @@ from torch import Tensor, nn
 
 from attnkit.functional.kernels import KERNEL_SPECS, resolve_kernel_name
 from attnkit.functional.masks import Mask
-from attnkit.nn.attention import MultiHeadAttention, state_dict_from_torch_attention
-from attnkit.nn.feedforward import Activation, FeedForward
+from attnkit.nn.attention import AttentionConfig, MultiHeadAttention, state_dict_from_torch_attention
+from attnkit.nn.feedforward import ACTIVATIONS, Activation, FeedForward
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
-from attnkit.nn.norms import NormKind, make_norm
+from attnkit.nn.norms import NORM_KINDS, NormKind, make_norm
 from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import LayerOutput, LayerWeights, MultiHeadOutput
 
@@ -35,11 +36,140 @@ MaskLike = Mask | Tensor
 _Layer = TypeVar("_Layer", "EncoderLayer", "DecoderLayer")
 
 
-class _ResidualLayer(nn.Module):
-    """The Add & Norm plumbing both layer kinds share."""
+@dataclass(frozen=True)
+class LayerConfig:
+    """What an :class:`EncoderLayer` or :class:`DecoderLayer` is built from, checked when
+    the config is made. The defaults are the paper's post-norm layer.
 
-    norm_first: bool
-    dropout: nn.Dropout
+    Args:
+        embed_dim: model dim ``e``.
+        num_heads: attention heads; must divide ``embed_dim``.
+        ff_dim: hidden dim of the feed-forward block.
+        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
+        head_dim: the size of each head (default ``embed_dim / num_heads``).
+        dropout: dropout on attention weights, feed-forward activations and each
+            sublayer's output before the residual sum.
+        activation: a name in :data:`attnkit.nn.feedforward.ACTIVATIONS`.
+        norm: a name in :data:`attnkit.nn.norms.NORM_KINDS` (``"layer"``: LayerNorm,
+            ``"rms"``: RMSNorm).
+        norm_eps: the norms' epsilon (BERT: 1e-12).
+        norm_first: pre-norm instead of the paper's post-norm.
+        bias: biases in projections, feed-forward and LayerNorm.
+        kernel: the attention kernel, see :class:`attnkit.nn.AttentionConfig`.
+        kernel_options: its options, checked here (e.g. ``{"window": 256}`` for
+            ``"local"``).
+        attention_dropout: dropout on the attention weights; default ``dropout`` with the
+            ``"auto"`` kernel, and 0 with the kernels that never materialise the weights
+            (which refuse a value above 0).
+        parallel: attention and feed-forward both read the layer's input and add to it,
+            ``x + attn(norm(x)) + ff(ff_norm(x))`` (GPT-J, GPT-NeoX); pre-norm layers
+            without cross-attention only.
+        output_norms: also normalise each sublayer's output before the residual sum
+            (``self_attn_out_norm``, ``ff_out_norm``; Gemma 2's pre- and post-norms).
+
+    Raises:
+        ValueError: inconsistent sizes, an unknown activation, norm or kernel, an
+            ``attention_dropout`` above 0 for a kernel without weights, ``parallel`` with
+            post-norm.
+        TypeError: kernel options the kernel does not take or needs.
+    """
+
+    embed_dim: int
+    num_heads: int
+    ff_dim: int
+    _: KW_ONLY
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    dropout: float = 0.1
+    activation: Activation = "relu"
+    norm: NormKind = "layer"
+    norm_eps: float = 1e-5
+    norm_first: bool = False
+    bias: bool = True
+    kernel: str = "auto"
+    kernel_options: Mapping[str, Any] = field(default_factory=dict)
+    attention_dropout: float | None = None
+    parallel: bool = False
+    output_norms: bool = False
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.norm not in NORM_KINDS:
+            raise ValueError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
+        if self.parallel and not self.norm_first:
+            raise ValueError(
+                "parallel attention and feed-forward need a pre-norm layer without cross-attention, got norm_first=False"
+            )
+        self.attention()  # checks the sizes, the kernel and its options
+
+    def attention(self) -> AttentionConfig:
+        """The config of the attention modules a layer builds when it is not given them."""
+        kernel = resolve_kernel_name(self.kernel)
+        return AttentionConfig(
+            self.embed_dim,
+            self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            bias=self.bias,
+            dropout=_attention_dropout(kernel, self.dropout, self.attention_dropout),
+            kernel=kernel,
+            kernel_options=self.kernel_options,
+        )
+
+
+class _ResidualLayer(nn.Module):
+    """What both layer kinds are: self-attention, optional cross-attention and a
+    feed-forward block, each with Add & Norm, and the hook points of the residual stream.
+    :class:`EncoderLayer` and :class:`DecoderLayer` only say which inputs they take.
+
+    Args:
+        config: the layer's :class:`LayerConfig`.
+        self_attn: the self-attention module.
+        cross_attn: the cross-attention module, or ``None`` for a layer without one.
+
+    Raises:
+        ValueError: ``parallel`` with cross-attention, an attention module of another
+            ``embed_dim``.
+        TypeError: an attention module that is not a ``MultiHeadAttention``.
+    """
+
+    def __init__(self, config: LayerConfig, self_attn: MultiHeadAttention, cross_attn: MultiHeadAttention | None):
+        super().__init__()
+        if config.parallel and cross_attn is not None:
+            raise ValueError(
+                "parallel attention and feed-forward need a pre-norm layer without cross-attention, got a "
+                "cross-attention (build the layer with cross_attention=False)"
+            )
+        self.config = config
+        self.norm_first = config.norm_first
+        self.parallel = config.parallel
+        e = config.embed_dim
+
+        def norm() -> nn.Module:
+            return make_norm(config.norm, e, config.norm_eps, bias=config.bias)
+
+        # Hook points of the residual stream (attnkit.nn.hooks), registered in forward order;
+        # a parallel layer has no stream between its sublayers.
+        self.resid_pre = HookPoint()
+        self.self_attn = _built_attention("self_attn", self_attn, e)
+        self.self_attn_norm = norm()
+        self.self_attn_out_norm = norm() if config.output_norms else None
+        self.attn_out = HookPoint()
+        self.resid_mid = None if config.parallel else HookPoint()
+        self.cross_attn: MultiHeadAttention | None = None
+        self.cross_attn_norm: nn.Module | None = None
+        self.cross_attn_out: HookPoint | None = None
+        self.resid_mid_cross: HookPoint | None = None
+        if cross_attn is not None:
+            self.cross_attn = _built_attention("cross_attn", cross_attn, e)
+            self.cross_attn_norm = norm()
+            self.cross_attn_out, self.resid_mid_cross = HookPoint(), HookPoint()
+        self.ff = FeedForward(e, config.ff_dim, activation=config.activation, bias=config.bias, dropout=config.dropout)
+        self.ff_norm = norm()
+        self.ff_out_norm = norm() if config.output_norms else None
+        self.mlp_out, self.resid_post = HookPoint(), HookPoint()
+        self.dropout = nn.Dropout(config.dropout)
 
     def _sublayer_input(self, x: Tensor, norm: nn.Module) -> Tensor:
         """What the sublayer sees: ``norm(x)`` in pre-norm, ``x`` itself in post-norm."""
@@ -50,82 +180,86 @@ class _ResidualLayer(nn.Module):
         y = x + self.dropout(sublayer_out)
         return y if self.norm_first else norm(y)
 
+    def _run(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        *,
+        mask: MaskLike | None,
+        memory_mask: MaskLike | None,
+        causal: bool,
+        positions: Tensor | None,
+        self_cache: KVCache | None,
+        cross_cache: KVCache | None,
+        weights: bool,
+    ) -> LayerOutput:
+        """The one path both layer kinds run through (see :meth:`DecoderLayer.forward`)."""
+        x = self.resid_pre(x)
+        attn = _attention_record(
+            self.self_attn(
+                self._sublayer_input(x, self.self_attn_norm),
+                mask=mask,
+                causal=causal,
+                positions=positions,
+                kv_cache=self_cache,
+                return_weights=weights,
+            )
+        )
+        attn_out = self.attn_out(_normed(self.self_attn_out_norm, attn.output))  # [b, s, e]
+        if self.resid_mid is None:  # parallel: both sublayers read the layer's input
+            ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self.ff_norm(x))))  # [b, s, e]
+            x = self.resid_post(x + self.dropout(attn_out) + self.dropout(ff_out))
+            return LayerOutput(x, LayerWeights(_asked_weights(attn)) if weights else None)
+        x = self.resid_mid(self._add_and_norm(x, attn_out, self.self_attn_norm))
+        cross_weights = None
+        if self.cross_attn is not None:
+            assert self.cross_attn_norm is not None and memory is not None
+            assert self.cross_attn_out is not None and self.resid_mid_cross is not None
+            cross = _attention_record(
+                self.cross_attn(
+                    self._sublayer_input(x, self.cross_attn_norm),
+                    memory,
+                    mask=memory_mask,
+                    kv_cache=cross_cache,
+                    return_weights=weights,
+                )
+            )
+            x = self.resid_mid_cross(self._add_and_norm(x, self.cross_attn_out(cross.output), self.cross_attn_norm))
+            cross_weights = cross.weights
+        ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self._sublayer_input(x, self.ff_norm))))  # [b, s, e]
+        x = self.resid_post(self._add_and_norm(x, ff_out, self.ff_norm))
+        return LayerOutput(x, LayerWeights(_asked_weights(attn), cross_weights) if weights else None)
+
 
 class EncoderLayer(_ResidualLayer):
     """Self-attention and feed-forward, each with Add & Norm (one of the paper's N = 6
     encoder layers; also a BERT layer).
 
     Args:
-        embed_dim: model dim ``e``.
-        num_heads: attention heads; must divide ``embed_dim``.
-        ff_dim: hidden dim of the feed-forward block.
-        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
-        dropout: dropout on attention weights, feed-forward activations and each
-            sublayer's output before the residual sum.
-        activation: a name in :data:`attnkit.nn.feedforward.ACTIVATIONS`.
-        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
-        norm_eps: the norms' epsilon (BERT: 1e-12).
-        norm_first: pre-norm instead of the paper's post-norm.
-        bias: biases in projections, feed-forward and LayerNorm.
+        config: the sizes and options, a :class:`LayerConfig`.
         positional: a rotary / ALiBi / relative-bias encoding for the self-attention.
-        kernel: the attention kernel, see :class:`attnkit.nn.MultiHeadAttention`.
-        kernel_options: its options, checked here (e.g. ``{"window": 256}`` for
-            ``"local"``).
-        attention_dropout: dropout on the attention weights; default ``dropout`` with the
-            ``"auto"`` kernel, and 0 with the kernels that never materialise the weights
-            (which refuse a value above 0).
         self_attn: a built self-attention module, used instead of one made from
-            ``num_heads``, ``num_kv_heads``, ``bias``, ``positional``, ``kernel`` and
-            ``kernel_options`` (unscaled scores, explicit head dims: see
-            :class:`attnkit.nn.MultiHeadAttention`); its ``embed_dim`` must be
-            ``embed_dim``.
+            ``config.attention()`` and ``positional`` (unscaled scores, explicit head dims:
+            see :class:`attnkit.nn.AttentionConfig`); its ``embed_dim`` must be the
+            config's.
 
     Raises:
-        ValueError: inconsistent sizes or unknown options (from the parts).
-        TypeError: kernel options the kernel does not take or needs, a ``self_attn`` that
-            is not a ``MultiHeadAttention``.
+        ValueError: a ``self_attn`` of another ``embed_dim``.
+        TypeError: a config that is not a ``LayerConfig``, a ``self_attn`` that is not a
+            ``MultiHeadAttention``.
     """
 
     def __init__(
         self,
-        embed_dim: int,
-        num_heads: int,
-        ff_dim: int,
+        config: LayerConfig,
         *,
-        num_kv_heads: int | None = None,
-        dropout: float = 0.1,
-        activation: Activation = "relu",
-        norm: NormKind = "layer",
-        norm_eps: float = 1e-5,
-        norm_first: bool = False,
-        bias: bool = True,
         positional: AttentionPositional | None = None,
-        kernel: str = "auto",
-        kernel_options: Mapping[str, Any] | None = None,
-        attention_dropout: float | None = None,
         self_attn: MultiHeadAttention | None = None,
     ) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        kernel = resolve_kernel_name(kernel)
-        attention_options: dict[str, Any] = {
-            "num_kv_heads": num_kv_heads,
-            "bias": bias,
-            "dropout": _attention_dropout(kernel, dropout, attention_dropout),
-            "kernel": kernel,
-            "kernel_options": kernel_options,
-        }
+        config = _layer_config(config)
         if self_attn is None:
-            self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
-        # Hook points of the residual stream (attnkit.nn.hooks), registered in forward order.
-        self.resid_pre = HookPoint()
-        self.self_attn = _built_attention("self_attn", self_attn, embed_dim)
-        self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
-        self.attn_out, self.resid_mid = HookPoint(), HookPoint()
-        self.ff = FeedForward(embed_dim, ff_dim, activation=activation, bias=bias, dropout=dropout)
-        self.ff_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
-        self.mlp_out, self.resid_post = HookPoint(), HookPoint()
-        self.dropout = nn.Dropout(dropout)
+            self_attn = MultiHeadAttention(config.attention(), positional=positional)
+        super().__init__(config, self_attn, None)
 
     def forward(
         self,
@@ -153,18 +287,18 @@ class EncoderLayer(_ResidualLayer):
     def forward_record(
         self, x: Tensor, *, mask: MaskLike | None = None, positions: Tensor | None = None, weights: bool = False
     ) -> LayerOutput:
-        """:meth:`forward`, always as a record (weights ``None`` unless asked for): the one
-        path the layer runs through."""
-        x = self.resid_pre(x)
-        attn = _attention_record(
-            self.self_attn(
-                self._sublayer_input(x, self.self_attn_norm), mask=mask, positions=positions, return_weights=weights
-            )
+        """:meth:`forward`, always as a record (weights ``None`` unless asked for)."""
+        return self._run(
+            x,
+            None,
+            mask=mask,
+            memory_mask=None,
+            causal=False,
+            positions=positions,
+            self_cache=None,
+            cross_cache=None,
+            weights=weights,
         )
-        x = self.resid_mid(self._add_and_norm(x, self.attn_out(attn.output), self.self_attn_norm))
-        ff_out = self.mlp_out(self.ff(self._sublayer_input(x, self.ff_norm)))  # [b, s, e]
-        x = self.resid_post(self._add_and_norm(x, ff_out, self.ff_norm))
-        return LayerOutput(x, LayerWeights(_asked_weights(attn)) if weights else None)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerEncoderLayer) -> EncoderLayer:
@@ -184,111 +318,41 @@ class DecoderLayer(_ResidualLayer):
     LLaMA) block.
 
     Args:
-        embed_dim: model dim ``e``.
-        num_heads: attention heads; must divide ``embed_dim``.
-        ff_dim: hidden dim of the feed-forward block.
-        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
+        config: the sizes and options, a :class:`LayerConfig`.
         cross_attention: include the cross-attention sublayer.
-        dropout: as in :class:`EncoderLayer`.
-        activation: a name in :data:`attnkit.nn.feedforward.ACTIVATIONS`.
-        norm: ``"layer"`` or ``"rms"``.
-        norm_eps: the norms' epsilon.
-        norm_first: pre-norm instead of post-norm.
-        bias: biases in projections, feed-forward and LayerNorm.
         positional: a rotary / ALiBi / relative-bias encoding for the self-attention.
-        kernel: the attention kernel, see :class:`attnkit.nn.MultiHeadAttention`.
-        kernel_options: its options, checked here (e.g. ``{"window": 256}`` for
-            ``"local"``).
-        attention_dropout: dropout on the attention weights; default ``dropout`` with the
-            ``"auto"`` kernel, and 0 with the kernels that never materialise the weights
-            (which refuse a value above 0).
         self_attn: a built self-attention module, used instead of one made from
-            ``num_heads``, ``num_kv_heads``, ``bias``, ``positional``, ``kernel`` and
-            ``kernel_options`` (for per-head norms, soft-capping, windows, explicit head
-            dims: see :class:`attnkit.nn.MultiHeadAttention`); its ``embed_dim`` must be
-            ``embed_dim``.
-        parallel: attention and feed-forward both read the layer's input and add to it,
-            ``x + attn(norm(x)) + ff(ff_norm(x))`` (GPT-J, GPT-NeoX); pre-norm layers
-            without cross-attention only.
-        output_norms: also normalise each sublayer's output before the residual sum
-            (``self_attn_out_norm``, ``ff_out_norm``; Gemma 2's pre- and post-norms).
-        cross_attn: a built cross-attention module, used instead of one made from the
-            options above (T5's unscaled scores and explicit head dims); needs
-            ``cross_attention=True`` and ``embed_dim`` equal to the layer's.
+            ``config.attention()`` and ``positional`` (for per-head norms, soft-capping,
+            windows, explicit head dims: see :class:`attnkit.nn.AttentionConfig`); its
+            ``embed_dim`` must be the config's.
+        cross_attn: a built cross-attention module, used instead of one made from
+            ``config.attention()`` (T5's unscaled scores and explicit head dims); needs
+            ``cross_attention=True`` and the config's ``embed_dim``.
 
     Raises:
-        ValueError: inconsistent sizes or unknown options (from the parts), ``parallel``
-            with post-norm or cross-attention.
-        TypeError: kernel options the kernel does not take or needs, a ``self_attn`` or
+        ValueError: ``config.parallel`` with cross-attention, ``cross_attn`` without it,
+            an attention module of another ``embed_dim``.
+        TypeError: a config that is not a ``LayerConfig``, a ``self_attn`` or
             ``cross_attn`` that is not a ``MultiHeadAttention``.
     """
 
     def __init__(
         self,
-        embed_dim: int,
-        num_heads: int,
-        ff_dim: int,
+        config: LayerConfig,
         *,
-        num_kv_heads: int | None = None,
         cross_attention: bool = True,
-        dropout: float = 0.1,
-        activation: Activation = "relu",
-        norm: NormKind = "layer",
-        norm_eps: float = 1e-5,
-        norm_first: bool = False,
-        bias: bool = True,
         positional: AttentionPositional | None = None,
-        kernel: str = "auto",
-        kernel_options: Mapping[str, Any] | None = None,
-        attention_dropout: float | None = None,
         self_attn: MultiHeadAttention | None = None,
-        parallel: bool = False,
-        output_norms: bool = False,
         cross_attn: MultiHeadAttention | None = None,
     ) -> None:
-        super().__init__()
-        if parallel and (cross_attention or not norm_first):
-            raise ValueError(
-                "parallel attention and feed-forward need a pre-norm layer without cross-attention, got "
-                f"norm_first={norm_first}, cross_attention={cross_attention}"
-            )
-        self.norm_first = norm_first
-        self.parallel = parallel
-        kernel = resolve_kernel_name(kernel)
-        attention_options: dict[str, Any] = {
-            "num_kv_heads": num_kv_heads,
-            "bias": bias,
-            "dropout": _attention_dropout(kernel, dropout, attention_dropout),
-            "kernel": kernel,
-            "kernel_options": kernel_options,
-        }
         if cross_attn is not None and not cross_attention:
             raise ValueError("cross_attn was given to a layer built with cross_attention=False")
+        config = _layer_config(config)
         if self_attn is None:
-            self_attn = MultiHeadAttention(embed_dim, num_heads, positional=positional, **attention_options)
-        # Hook points of the residual stream (attnkit.nn.hooks), registered in forward order;
-        # a parallel layer has no stream between its sublayers.
-        self.resid_pre = HookPoint()
-        self.self_attn = _built_attention("self_attn", self_attn, embed_dim)
-        self.self_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
-        self.self_attn_out_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if output_norms else None
-        self.attn_out = HookPoint()
-        self.resid_mid = None if parallel else HookPoint()
-        self.cross_attn: MultiHeadAttention | None = None
-        self.cross_attn_norm: nn.Module | None = None
-        self.cross_attn_out: HookPoint | None = None
-        self.resid_mid_cross: HookPoint | None = None
-        if cross_attention:
-            if cross_attn is None:
-                cross_attn = MultiHeadAttention(embed_dim, num_heads, **attention_options)
-            self.cross_attn = _built_attention("cross_attn", cross_attn, embed_dim)
-            self.cross_attn_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
-            self.cross_attn_out, self.resid_mid_cross = HookPoint(), HookPoint()
-        self.ff = FeedForward(embed_dim, ff_dim, activation=activation, bias=bias, dropout=dropout)
-        self.ff_norm = make_norm(norm, embed_dim, norm_eps, bias=bias)
-        self.ff_out_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if output_norms else None
-        self.mlp_out, self.resid_post = HookPoint(), HookPoint()
-        self.dropout = nn.Dropout(dropout)
+            self_attn = MultiHeadAttention(config.attention(), positional=positional)
+        if cross_attention and cross_attn is None:
+            cross_attn = MultiHeadAttention(config.attention())
+        super().__init__(config, self_attn, cross_attn)
 
     def forward(
         self,
@@ -365,41 +429,17 @@ class DecoderLayer(_ResidualLayer):
                 "memory is required by a decoder layer with cross-attention and not accepted without one; "
                 f"this layer has cross_attention={self.cross_attn is not None}, memory given: {memory is not None}"
             )
-        x = self.resid_pre(x)
-        attn = _attention_record(
-            self.self_attn(
-                self._sublayer_input(x, self.self_attn_norm),
-                mask=mask,
-                causal=causal,
-                positions=positions,
-                kv_cache=self_cache,
-                return_weights=weights,
-            )
+        return self._run(
+            x,
+            memory,
+            mask=mask,
+            memory_mask=memory_mask,
+            causal=causal,
+            positions=positions,
+            self_cache=self_cache,
+            cross_cache=cross_cache,
+            weights=weights,
         )
-        attn_out = self.attn_out(_normed(self.self_attn_out_norm, attn.output))  # [b, s, e]
-        if self.resid_mid is None:  # parallel: both sublayers read the layer's input
-            ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self.ff_norm(x))))  # [b, s, e]
-            x = self.resid_post(x + self.dropout(attn_out) + self.dropout(ff_out))
-            return LayerOutput(x, LayerWeights(_asked_weights(attn)) if weights else None)
-        x = self.resid_mid(self._add_and_norm(x, attn_out, self.self_attn_norm))
-        cross_weights = None
-        if self.cross_attn is not None:
-            assert self.cross_attn_norm is not None
-            assert self.cross_attn_out is not None and self.resid_mid_cross is not None
-            cross = _attention_record(
-                self.cross_attn(
-                    self._sublayer_input(x, self.cross_attn_norm),
-                    memory,
-                    mask=memory_mask,
-                    kv_cache=cross_cache,
-                    return_weights=weights,
-                )
-            )
-            x = self.resid_mid_cross(self._add_and_norm(x, self.cross_attn_out(cross.output), self.cross_attn_norm))
-            cross_weights = cross.weights
-        ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self._sublayer_input(x, self.ff_norm))))  # [b, s, e]
-        x = self.resid_post(self._add_and_norm(x, ff_out, self.ff_norm))
-        return LayerOutput(x, LayerWeights(_asked_weights(attn), cross_weights) if weights else None)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerDecoderLayer) -> DecoderLayer:
@@ -417,6 +457,17 @@ class DecoderLayer(_ResidualLayer):
             {"self_attn_norm": "norm1", "cross_attn_norm": "norm2", "ff_norm": "norm3"},
             cross_attention="multihead_attn",
         )
+
+
+def _layer_config(config: LayerConfig) -> LayerConfig:
+    """``config``, checked to be a :class:`LayerConfig`.
+
+    Raises:
+        TypeError: another kind of value.
+    """
+    if not isinstance(config, LayerConfig):
+        raise TypeError(f"config must be an attnkit.nn.LayerConfig, got {type(config).__name__}")
+    return config
 
 
 def _built_attention(name: str, module: MultiHeadAttention, embed_dim: int) -> MultiHeadAttention:
@@ -451,7 +502,7 @@ def _attention_record(out: Tensor | MultiHeadOutput) -> MultiHeadOutput:
 
 
 def _attention_dropout(kernel: str, dropout: float, attention_dropout: float | None) -> float:
-    """The dropout of a layer's attention weights (see :class:`EncoderLayer`).
+    """The dropout of a layer's attention weights (see :class:`LayerConfig`).
 
     Raises:
         ValueError: an ``attention_dropout`` above 0 for a kernel without weights.
@@ -497,17 +548,18 @@ def _from_torch_layer(
     if not isinstance(m, expected):
         raise TypeError(f"expected torch.nn.{expected.__name__}, got {type(m).__name__}")
     # Built without storage, then given copies of the source's tensors.
+    config = LayerConfig(
+        m.self_attn.embed_dim,
+        m.self_attn.num_heads,
+        m.linear1.out_features,
+        dropout=m.dropout.p,
+        activation=_torch_activation(m.activation),
+        norm_eps=m.norm1.eps,
+        norm_first=m.norm_first,
+        bias=m.linear1.bias is not None,
+    )
     with torch.device("meta"):
-        new = cls(
-            m.self_attn.embed_dim,
-            m.self_attn.num_heads,
-            m.linear1.out_features,
-            dropout=m.dropout.p,
-            activation=_torch_activation(m.activation),
-            norm_eps=m.norm1.eps,
-            norm_first=m.norm_first,
-            bias=m.linear1.bias is not None,
-        )
+        new = cls(config)
     state = _prefixed("self_attn", state_dict_from_torch_attention(m.self_attn))
     if cross_attention is not None:
         state.update(_prefixed("cross_attn", state_dict_from_torch_attention(getattr(m, cross_attention))))

@@ -8,18 +8,18 @@ Shape letters: ``b`` batch, ``s`` sequence length, ``n`` generated tokens, ``e``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator
+from dataclasses import KW_ONLY, dataclass, fields
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from attnkit.functional.kernels import resolve_kernel_name
 from attnkit.nn.feedforward import Activation
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
-from attnkit.nn.layers import DecoderLayer, MaskLike
-from attnkit.nn.norms import NormKind, make_norm
+from attnkit.nn.layers import DecoderLayer, LayerConfig, MaskLike
+from attnkit.nn.norms import make_norm
 from attnkit.nn.positional import (
     ALiBi,
     AttentionPositional,
@@ -34,116 +34,104 @@ PositionalKind = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
 POSITIONAL_KINDS: tuple[str, ...] = ("learned", "sinusoidal", "rotary", "alibi", "none")
 
 
-class DecoderLM(HookedModule):
-    """A GPT-style language model over :class:`attnkit.nn.DecoderLayer` blocks without
-    cross-attention.
+@dataclass(frozen=True)
+class DecoderLMConfig(LayerConfig):
+    """What :class:`DecoderLM` is built from: the :class:`attnkit.nn.LayerConfig` of every
+    layer (pre-norm GELU layers without dropout by default, GPT-2's), the vocabulary,
+    the depth and the positional encoding.
 
-    With ``positional="rotary", norm="rms", activation="swiglu", norm_first=True,
-    bias=False`` it is the LLaMA architecture; with the defaults, GPT-2's. Architectures
-    whose layers differ from one another or carry more options (Gemma's alternating
-    windows, per-head norms, soft-capping) are assembled from built layers with
-    :meth:`from_parts`.
+    With ``positional="rotary", norm="rms", activation="swiglu", bias=False`` it is the
+    LLaMA architecture.
 
     Args:
+        embed_dim, num_heads, ff_dim, and the keyword options of
+            :class:`attnkit.nn.LayerConfig`: every layer's (``dropout`` is also the
+            embeddings'; ``bias`` never gives the head one).
         vocab_size: ``v``.
-        embed_dim: ``e``.
-        num_heads: query heads.
         num_layers: depth.
-        ff_dim: feed-forward hidden dim.
-        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
         positional: ``"learned"`` or ``"sinusoidal"`` (added to the token embeddings),
             ``"rotary"`` or ``"alibi"`` (inside attention, one module shared by every
             layer), or ``"none"``.
         max_length: positions of the ``"learned"`` table, or of the cosine/sine tables
             precomputed for ``"rotary"`` (which still encodes longer sequences).
         rope_theta: base of the rotary frequencies.
-        activation: a name in :data:`attnkit.nn.feedforward.ACTIVATIONS`.
-        norm: ``"layer"`` or ``"rms"``.
-        norm_eps: the norms' epsilon.
-        norm_first: pre-norm layers, followed by a final norm.
-        bias: biases in projections, feed-forward and LayerNorm (the head never has one).
-        dropout: dropout on embeddings and inside the layers.
         tie_embeddings: the output head shares the token embedding matrix.
-        kernel: the attention kernel.
-        kernel_options: its options, checked here (see :class:`attnkit.nn.EncoderLayer`).
-        attention_dropout: dropout on the attention weights (see
-            :class:`attnkit.nn.EncoderLayer`).
 
     Raises:
-        ValueError: an unknown positional kind, inconsistent sizes or options.
+        ValueError: an unknown positional kind, ``vocab_size`` or ``num_layers`` below 1,
+            ``embed_dim`` not divisible by ``num_heads`` (and the errors of
+            :class:`attnkit.nn.LayerConfig`).
+        TypeError: kernel options the kernel does not take or needs.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        embed_dim: int,
-        num_heads: int,
-        num_layers: int,
-        ff_dim: int,
-        *,
-        num_kv_heads: int | None = None,
-        positional: PositionalKind = "learned",
-        max_length: int = 1024,
-        rope_theta: float = 10000.0,
-        activation: Activation = "gelu",
-        norm: NormKind = "layer",
-        norm_eps: float = 1e-5,
-        norm_first: bool = True,
-        bias: bool = True,
-        dropout: float = 0.0,
-        tie_embeddings: bool = True,
-        kernel: str = "auto",
-        kernel_options: Mapping[str, Any] | None = None,
-        attention_dropout: float | None = None,
-    ) -> None:
-        super().__init__()
-        if positional not in POSITIONAL_KINDS:
-            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
-        if vocab_size < 1 or num_layers < 1:
-            raise ValueError(f"vocab_size and num_layers must be >= 1, got {vocab_size} and {num_layers}")
-        if embed_dim % num_heads:
+    _: KW_ONLY
+    dropout: float = 0.0
+    activation: Activation = "gelu"
+    norm_first: bool = True
+    vocab_size: int
+    num_layers: int
+    positional: PositionalKind = "learned"
+    max_length: int = 1024
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        if self.positional not in POSITIONAL_KINDS:
+            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {self.positional!r}")
+        if self.vocab_size < 1 or self.num_layers < 1:
+            raise ValueError(f"vocab_size and num_layers must be >= 1, got {self.vocab_size} and {self.num_layers}")
+        if self.embed_dim % self.num_heads:
             raise ValueError(
-                f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim} and num_heads={num_heads}"
+                f"embed_dim must be divisible by num_heads, got embed_dim={self.embed_dim} and "
+                f"num_heads={self.num_heads}"
             )
+        super().__post_init__()
+
+    def layer(self) -> LayerConfig:
+        """The config of every layer."""
+        return LayerConfig(**{f.name: getattr(self, f.name) for f in fields(LayerConfig)})
+
+
+class DecoderLM(HookedModule):
+    """A GPT-style language model over :class:`attnkit.nn.DecoderLayer` blocks without
+    cross-attention.
+
+    Architectures whose layers differ from one another or carry more options (Gemma's
+    alternating windows, per-head norms, soft-capping) are assembled from built layers
+    with :meth:`from_parts`.
+
+    Args:
+        config: the sizes and options, a :class:`DecoderLMConfig`.
+
+    Raises:
+        TypeError: a config that is not a ``DecoderLMConfig``.
+    """
+
+    def __init__(self, config: DecoderLMConfig) -> None:
+        super().__init__()
+        if not isinstance(config, DecoderLMConfig):
+            raise TypeError(f"config must be an attnkit.nn.DecoderLMConfig, got {type(config).__name__}")
+        e, h = config.embed_dim, config.num_heads
         position: LearnedPositionalEmbedding | SinusoidalPositionalEncoding | None = None
         in_attention: AttentionPositional | None = None
-        if positional == "learned":
-            position = LearnedPositionalEmbedding(max_length, embed_dim)
-        elif positional == "sinusoidal":
-            position = SinusoidalPositionalEncoding(embed_dim)
-        elif positional == "rotary":
-            in_attention = RotaryEmbedding(embed_dim // num_heads, theta=rope_theta, max_positions=max_length)
-        elif positional == "alibi":
-            in_attention = ALiBi(num_heads)
-        kernel = resolve_kernel_name(kernel)
-        layers = [
-            DecoderLayer(
-                embed_dim,
-                num_heads,
-                ff_dim,
-                num_kv_heads=num_kv_heads,
-                cross_attention=False,
-                dropout=dropout,
-                activation=activation,
-                norm=norm,
-                norm_eps=norm_eps,
-                norm_first=norm_first,
-                bias=bias,
-                positional=in_attention,
-                kernel=kernel,
-                kernel_options=kernel_options,
-                attention_dropout=attention_dropout,
-            )
-            for _ in range(num_layers)
-        ]
+        if config.positional == "learned":
+            position = LearnedPositionalEmbedding(config.max_length, e)
+        elif config.positional == "sinusoidal":
+            position = SinusoidalPositionalEncoding(e)
+        elif config.positional == "rotary":
+            in_attention = RotaryEmbedding(e // h, theta=config.rope_theta, max_positions=config.max_length)
+        elif config.positional == "alibi":
+            in_attention = ALiBi(h)
+        layer = config.layer()
+        layers = [DecoderLayer(layer, cross_attention=False, positional=in_attention) for _ in range(config.num_layers)]
         # Pre-norm leaves the residual stream unnormalised after the last layer.
-        final_norm = make_norm(norm, embed_dim, norm_eps, bias=bias) if norm_first else None
+        final_norm = make_norm(config.norm, e, config.norm_eps, bias=config.bias) if config.norm_first else None
         self._assemble(
-            nn.Embedding(vocab_size, embed_dim),
+            nn.Embedding(config.vocab_size, e),
             Decoder(layers, final_norm=final_norm),
             position=position,
-            dropout=dropout,
-            tie_embeddings=tie_embeddings,
+            dropout=config.dropout,
+            tie_embeddings=config.tie_embeddings,
             embedding_scale=None,
             logit_softcap=None,
         )

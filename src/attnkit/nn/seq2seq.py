@@ -29,7 +29,7 @@ from attnkit.nn.layers import DecoderLayer, EncoderLayer
 from attnkit.nn.lm import check_decoding_options, pick_next_token
 from attnkit.nn.positional import SinusoidalPositionalEncoding
 from attnkit.nn.records import Seq2SeqLMOutput, StackOutput
-from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer
+from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer, TransformerConfig
 
 
 class SequenceEmbedding(nn.Module):
@@ -433,7 +433,16 @@ def paper_transformer(
     # the other (torch's default N(0, 1) times √e drowned the positions: reverse then
     # needed 1750 steps to reach 99% held-out exact match instead of 750).
     nn.init.normal_(token.weight, std=embed_dim**-0.5)
-    stacks = Transformer(embed_dim, num_heads, num_encoder_layers, num_decoder_layers, ff_dim, dropout)
+    stacks = Transformer(
+        TransformerConfig(
+            embed_dim,
+            num_heads,
+            ff_dim,
+            num_encoder_layers=num_encoder_layers,
+            num_decoder_layers=num_decoder_layers,
+            dropout=dropout,
+        )
+    )
 
     def embedding() -> SequenceEmbedding:
         position = SinusoidalPositionalEncoding(embed_dim)

@@ -11,18 +11,17 @@ serves translation, toy tasks and checkpoints with their own embedding schemes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import KW_ONLY, dataclass, fields
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.functional.indices import normalize_indices
-from attnkit.functional.kernels import resolve_kernel_name
-from attnkit.nn.feedforward import Activation
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
-from attnkit.nn.layers import DecoderLayer, EncoderLayer, MaskLike
-from attnkit.nn.norms import NormKind, make_norm
+from attnkit.nn.layers import DecoderLayer, EncoderLayer, LayerConfig, MaskLike
+from attnkit.nn.norms import make_norm
 from attnkit.nn.records import LayerOutput, LayerWeights, StackOutput, TransformerOutput
 
 # Which layers: every layer (``True``), none (``False``), or the indices of the layers
@@ -258,82 +257,69 @@ class Decoder(HookedModule):
         return cls([DecoderLayer.from_torch(layer) for layer in m.layers], final_norm=copy.deepcopy(m.norm))
 
 
-class Transformer(HookedModule):
-    """The encoder–decoder Transformer. Defaults are the paper's base model: ``e = 512``,
-    8 heads, 6 + 6 layers, feed-forward 2048, dropout 0.1, ReLU, post-norm.
+@dataclass(frozen=True)
+class TransformerConfig(LayerConfig):
+    """What a :class:`Transformer` is built from: the :class:`attnkit.nn.LayerConfig` of
+    every layer of both stacks, their depths and their final norms. Defaults are the
+    paper's base model: ``e = 512``, 8 heads, 6 + 6 layers, feed-forward 2048, dropout
+    0.1, ReLU, post-norm.
 
     Args:
-        embed_dim: model dim ``e``.
-        num_heads: attention heads.
+        embed_dim, num_heads, ff_dim, and the keyword options of
+            :class:`attnkit.nn.LayerConfig`: every layer's.
         num_encoder_layers: encoder depth.
         num_decoder_layers: decoder depth.
-        ff_dim: feed-forward hidden dim.
-        dropout: dropout everywhere (see :class:`attnkit.nn.EncoderLayer`).
-        num_kv_heads: key/value heads for grouped-query attention (default ``num_heads``).
-        activation: a name in :data:`attnkit.nn.feedforward.ACTIVATIONS`.
-        norm: ``"layer"`` or ``"rms"``.
-        norm_eps: the norms' epsilon.
-        norm_first: pre-norm layers.
-        bias: biases in projections, feed-forward and LayerNorm.
         final_norm: a norm after each stack; default ``norm_first`` (pre-norm needs one,
             the paper's post-norm has none; ``torch.nn.Transformer`` always has one).
-        kernel: the attention kernel of every attention module.
-        kernel_options: its options, checked here (see :class:`attnkit.nn.EncoderLayer`).
-        attention_dropout: dropout on the attention weights (see
-            :class:`attnkit.nn.EncoderLayer`).
 
     Raises:
-        ValueError: inconsistent sizes or unknown options.
+        ValueError: a depth below 1 (and the errors of :class:`attnkit.nn.LayerConfig`).
         TypeError: kernel options the kernel does not take or needs.
     """
 
-    def __init__(
-        self,
-        embed_dim: int = 512,
-        num_heads: int = 8,
-        num_encoder_layers: int = 6,
-        num_decoder_layers: int = 6,
-        ff_dim: int = 2048,
-        dropout: float = 0.1,
-        *,
-        num_kv_heads: int | None = None,
-        activation: Activation = "relu",
-        norm: NormKind = "layer",
-        norm_eps: float = 1e-5,
-        norm_first: bool = False,
-        bias: bool = True,
-        final_norm: bool | None = None,
-        kernel: str = "auto",
-        kernel_options: Mapping[str, Any] | None = None,
-        attention_dropout: float | None = None,
-    ) -> None:
-        super().__init__()
-        if num_encoder_layers < 1 or num_decoder_layers < 1:
+    embed_dim: int = 512
+    num_heads: int = 8
+    ff_dim: int = 2048
+    _: KW_ONLY
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    final_norm: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_encoder_layers < 1 or self.num_decoder_layers < 1:
             raise ValueError(
-                f"num_encoder_layers and num_decoder_layers must be >= 1, got {num_encoder_layers} and "
-                f"{num_decoder_layers}"
+                f"num_encoder_layers and num_decoder_layers must be >= 1, got {self.num_encoder_layers} and "
+                f"{self.num_decoder_layers}"
             )
-        layer_options: dict[str, Any] = dict(
-            num_kv_heads=num_kv_heads,
-            dropout=dropout,
-            activation=activation,
-            norm=norm,
-            norm_eps=norm_eps,
-            norm_first=norm_first,
-            bias=bias,
-            kernel=resolve_kernel_name(kernel),
-            kernel_options=kernel_options,
-            attention_dropout=attention_dropout,
-        )
-        final_norm = norm_first if final_norm is None else final_norm
-        self.encoder = Encoder(
-            [EncoderLayer(embed_dim, num_heads, ff_dim, **layer_options) for _ in range(num_encoder_layers)],
-            final_norm=make_norm(norm, embed_dim, norm_eps, bias=bias) if final_norm else None,
-        )
-        self.decoder = Decoder(
-            [DecoderLayer(embed_dim, num_heads, ff_dim, **layer_options) for _ in range(num_decoder_layers)],
-            final_norm=make_norm(norm, embed_dim, norm_eps, bias=bias) if final_norm else None,
-        )
+        super().__post_init__()
+
+    def layer(self) -> LayerConfig:
+        """The config of every layer."""
+        return LayerConfig(**{f.name: getattr(self, f.name) for f in fields(LayerConfig)})
+
+
+class Transformer(HookedModule):
+    """The encoder–decoder Transformer (the paper's base model by default).
+
+    Args:
+        config: the sizes and options, a :class:`TransformerConfig`.
+
+    Raises:
+        TypeError: a config that is not a ``TransformerConfig``.
+    """
+
+    def __init__(self, config: TransformerConfig = TransformerConfig()) -> None:  # noqa: B008 (frozen)
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be an attnkit.nn.TransformerConfig, got {type(config).__name__}")
+        layer = config.layer()
+        final_norm = config.norm_first if config.final_norm is None else config.final_norm
+
+        def stack_norm() -> nn.Module | None:
+            return make_norm(config.norm, config.embed_dim, config.norm_eps, bias=config.bias) if final_norm else None
+
+        self.encoder = Encoder([EncoderLayer(layer) for _ in range(config.num_encoder_layers)], final_norm=stack_norm())
+        self.decoder = Decoder([DecoderLayer(layer) for _ in range(config.num_decoder_layers)], final_norm=stack_norm())
 
     def encode(
         self, src: Tensor, *, src_mask: MaskLike | None = None, return_weights: bool = False
@@ -445,13 +431,12 @@ class Transformer(HookedModule):
         encoder, decoder = Encoder.from_torch(m.encoder), Decoder.from_torch(m.decoder)
         first = encoder.layers[0]
         assert isinstance(first, EncoderLayer)  # Encoder.from_torch builds them
-        new = cls(
-            first.self_attn.embed_dim,
-            first.self_attn.num_heads,
-            len(encoder.layers),
-            len(decoder.layers),
-            first.ff.up_proj.out_features,
+        layer = {f.name: getattr(first.config, f.name) for f in fields(LayerConfig)}
+        config = TransformerConfig(
+            **layer, num_encoder_layers=len(encoder.layers), num_decoder_layers=len(decoder.layers), final_norm=True
         )
+        with torch.device("meta"):
+            new = cls(config)
         # The converted stacks carry torch's whole configuration (sizes, activation, norms,
         # bias) along with the weights; they replace the freshly built ones.
         new.encoder, new.decoder = encoder, decoder

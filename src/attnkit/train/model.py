@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnkit.nn import DecoderLM, Seq2SeqLMOutput, paper_transformer
+from attnkit.nn import DecoderLM, DecoderLMConfig, Seq2SeqLMOutput, paper_transformer
 from attnkit.train.tasks import BOS
 
 
@@ -163,7 +163,16 @@ class DecoderOnlyTransformer(nn.Module):
         # Untied head: DecoderLM's tied head reuses the N(0, 1) token embeddings, whose
         # initial logits (std ≈ √e) start training at a loss near 90 instead of ln v.
         self.lm = DecoderLM(
-            vocab_size, d_model, heads, layers, ff, positional="sinusoidal", dropout=dropout, tie_embeddings=False
+            DecoderLMConfig(
+                d_model,
+                heads,
+                ff,
+                vocab_size=vocab_size,
+                num_layers=layers,
+                positional="sinusoidal",
+                dropout=dropout,
+                tie_embeddings=False,
+            )
         )
 
     def _context(self, inputs: Tensor, targets: Tensor) -> Tensor:
