@@ -1,5 +1,5 @@
 """``attnkit patch``: activation patching between a clean and a corrupted text — which
-heads carry the difference."""
+heads, or which layers and positions, carry the difference."""
 
 from __future__ import annotations
 
@@ -18,18 +18,27 @@ from attnkit.cli.common import (
     prepare_out,
 )
 
+# What `--by` and `--component` accept (attnkit.inspect.interventions.BY and COMPONENTS,
+# repeated here so that the help needs no PyTorch; a test keeps them equal).
+BY = ("head", "layer-position", "position")
+COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
+METRICS = ("logit-diff", "log-p", "cosine")
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "patch",
-        help="which heads carry the difference between a clean and a corrupted text",
+        help="which heads, or layers and positions, carry the difference between a clean and a corrupted text",
         description=(
-            "Activation patching: run the corrupted text with one head's output z taken from the clean "
-            "text, for every layer and head, and report the fraction of the difference restored — of the "
-            "logit difference between --target and --wrong at the last position (causal models), or of "
-            "the sentence-embedding cosine to the clean text (encoders). Both texts must have the same "
-            "number of tokens. Prints the top heads and a layers × heads grid, and writes the grid as a "
-            "picture and the numbers as JSON (effects[layer][head])."
+            "Activation patching: run the corrupted text with one activation taken from the clean text, and "
+            "report the fraction of the difference restored, (patched - corrupted) / (clean - corrupted): of the "
+            "logit difference between --target and --wrong at the last position, or of log p(--target) with "
+            "--metric log-p (causal models), or of the sentence-embedding cosine to the clean text (encoders). "
+            "By default each head's output z is patched at every position, for every layer and head; --by "
+            "layer-position patches --component at one layer and one position, for every layer and position; "
+            "--by position patches it at one position in every layer at once. Both texts must have the same "
+            "number of tokens. Prints the cells that restore most and the grid, and writes the grid as a picture "
+            "(a diverging map centred on zero) and the numbers as JSON (effects[row][column])."
         ),
     )
     parser.add_argument("--clean", required=True, metavar="TEXT", help="the clean text")
@@ -39,9 +48,39 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--target", metavar="TOKEN", help='causal models: the clean continuation, leading space included (" Mary")'
     )
-    parser.add_argument("--wrong", metavar="TOKEN", help="causal models: the corrupted continuation")
+    parser.add_argument(
+        "--wrong", metavar="TOKEN", help="causal models: the corrupted continuation (the logit difference)"
+    )
+    parser.add_argument(
+        "--by",
+        choices=BY,
+        default="head",
+        help="where each patch acts: one head's z at every position (layers × heads, the default); one layer "
+        "at one position (layers × positions); one position in every layer at once (one row of positions)",
+    )
+    parser.add_argument(
+        "--component",
+        choices=COMPONENTS,
+        default=None,
+        help="what is patched: the residual stream into a layer, between its blocks or out of it, the attention "
+        "or MLP block's output, or each head's z (default: z by head, resid_pre by position; by head takes "
+        "only z)",
+    )
+    parser.add_argument(
+        "--metric",
+        choices=METRICS,
+        default=None,
+        help="what is measured: logit-diff (--target minus --wrong, causal default), log-p (of --target), "
+        "cosine (to the clean sentence embedding, encoders)",
+    )
+    parser.add_argument(
+        "--layers",
+        default=None,
+        metavar="L[,L]|all",
+        help="layers, from 0, negative from the end, comma-separated, or all (default: all)",
+    )
     add_model_argument(parser)
-    parser.add_argument("--top", type=int, default=5, metavar="N", help="heads listed (default: 5)")
+    parser.add_argument("--top", type=int, default=5, metavar="N", help="cells listed (default: 5)")
     add_output_arguments(parser, default_formats="png,json")
     add_figure_arguments(parser, scale=False)
     add_quiet_argument(parser)
@@ -53,20 +92,38 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--clean and --corrupt must be non-empty texts")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
+    if args.by == "head" and args.component not in (None, "z"):
+        raise CommandError(
+            f"--by head patches each head's z; --component {args.component} is one vector per position: "
+            "use --by layer-position or --by position"
+        )
     formats = parse_formats(args.format)
     figure = figure_options(args)
     status = Status(args.quiet)
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
+    from attnkit.cli.inspect import parse_layers
     from attnkit.inspect.interventions import activation_patching
     from attnkit.viz.attention_text import render_effects
     from attnkit.viz.export import write_effects
     from attnkit.viz.terminal import terminal_safe
 
     model = load_model(args.model, args.device, status=status)
+    layers = parse_layers(args.layers, model.num_layers)
+    grid = f"{model.num_heads} heads" if args.by == "head" else "positions"
     try:
-        with status.step(f"patching {model.num_layers} layers × {model.num_heads} heads of {model.name}"):
-            effects = activation_patching(model, args.clean, args.corrupt, target=args.target, wrong=args.wrong)
+        with status.step(f"patching {len(layers or range(model.num_layers))} layers × {grid} of {model.name}"):
+            effects = activation_patching(
+                model,
+                args.clean,
+                args.corrupt,
+                by=args.by,
+                component=args.component,
+                metric=args.metric,
+                target=args.target,
+                wrong=args.wrong,
+                layers=layers,
+            )
         print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_effects(effects, out, formats, **figure)

@@ -1,24 +1,35 @@
-"""What each head does, by intervening on it: head ablation and activation patching.
+"""What each head, layer and position does, by intervening on it: head ablation and
+activation patching.
 
-Both replace one head's output ``z`` (before the output projection, the hook point
-``self_attn.z`` of layer ``i``) at every position and measure the model's output:
-
-- **ablation** (:func:`head_ablation`): ``z`` of head ``(layer, head)`` set to zero, or to
-  its mean over reference texts; the effect is the change in the log-probability of a
-  target token at the last position (causal models), or in the cosine between the sentence
-  embedding and the unablated one (encoders: ``cos - 1``). Negative means the head helped.
+- **ablation** (:func:`head_ablation`): ``z`` of head ``(layer, head)`` (its output before
+  the output projection, the hook point ``self_attn.z`` of layer ``i``) set to zero at
+  every position, or to its mean over reference texts; the effect is the change in the
+  log-probability of a target token at the last position (causal models), or in the cosine
+  between the sentence embedding and the unablated one (encoders: ``cos - 1``). Negative
+  means the head helped.
 - **patching** (:func:`activation_patching`): a clean and a corrupted text of the same
-  token length; the clean ``z`` of one head is patched into the corrupted run. The effect
-  is the fraction of the clean-vs-corrupted difference it restores: of the logit
-  difference between a target and a wrong token (causal), or of the cosine to the clean
-  sentence embedding (encoders). 1 means the head alone carries the difference.
+  token length; one activation of the clean run is patched into the corrupted run, and the
+  effect is the fraction of the clean-vs-corrupted difference of a metric it restores,
+  ``(patched - corrupted) / (clean - corrupted)``: 0 is the corrupted run, 1 the clean one.
+  What is patched is a component of :data:`COMPONENTS` (the residual stream into, inside or
+  out of a layer, a block's output, or each head's ``z``), and where, ``by``
+  (:data:`BY`): one head's ``z`` at every position (``"head"``, layers × heads), the
+  component of one layer at one position (``"layer-position"``, layers × positions), or
+  the component at one position in every layer asked for at once (``"position"``, one row
+  of positions). The metric (:data:`METRICS`) is the logit difference between a target
+  and a wrong token at the last position, the target's log-probability, or any function
+  of the output (causal models); the cosine to the clean sentence embedding (encoders).
 
-Every head of a layer runs in one batch that branches off the unaltered run at that layer
-(a hook on ``resid_pre`` appends one copy of the residual stream per head), and all the
-layers' batches share one forward pass, so a whole grid costs about
-``heads * (layers + 1) / 2`` passes of one text instead of ``heads * layers``.
+Every variant of a layer (each head, or each position) runs in one batch that branches off
+the unaltered run at that layer (a hook on ``resid_pre`` appends one copy of the residual
+stream per variant), and all the layers' batches share one forward pass, so a whole grid
+costs about ``variants * (layers + 1) / 2`` passes of one text instead of
+``variants * layers``. A patch that would write the value already there (the positions
+before the first differing token of a causal model: the two runs are equal there) is not
+run: its effect is 0.
 
-Shape letters: ``L`` layers, ``h`` heads, ``s`` tokens, ``d`` head dim, ``e`` model dim.
+Shape letters: ``L`` layers, ``h`` heads, ``s`` tokens, ``d`` head dim, ``e`` model dim,
+``v`` vocabulary, ``b`` rows of a batch.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import torch
 from torch import Tensor
 
 from attnkit.inspect import targets
+from attnkit.inspect.maps import token_labels
 from attnkit.inspect.methods import layer_indices
 
 if TYPE_CHECKING:
@@ -40,31 +52,57 @@ if TYPE_CHECKING:
 # would need more runs its layers in several passes.
 BATCH_MEMORY = 2**30
 
+# Where a patch acts: one head's z at every position; a component of one layer at one
+# position; a component at one position in every layer asked for.
+BY = ("head", "layer-position", "position")
+# What a patch replaces, by the end of its hook name in a layer (attnkit.nn.hooks): the
+# residual stream into the layer, between its blocks and out of it, the attention and
+# feed-forward blocks' outputs, and each head's output before the output projection.
+COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
+# The metrics named by a string: of causal models, the logit difference between the target
+# and the wrong token and the target's log-probability at the last position; of encoders,
+# the cosine of the sentence embedding to the clean text's.
+METRICS = ("logit-diff", "log-p", "cosine")
+# A metric given as a function: of next-token logits at the last position ``[b, v]``
+# (causal models) or of the last hidden states ``[b, s, e]`` (encoders), one number per row.
+MetricFunction = Callable[[Tensor], Tensor]
+
+_HOOK_POINTS = {"z": "self_attn.z"}
+
 
 @dataclass(frozen=True)
-class HeadEffects:
-    """The effect of intervening on each head.
+class InterventionEffects:
+    """The effect of intervening on each head, or on each layer and position.
 
     Attributes:
         model: the model's name.
         kind: ``"ablation"`` or ``"patching"``.
         metric: what ``effects`` measure, in words.
-        layers: the layers, in the order of the rows of ``effects``.
-        effects: ``[len(layers), h]`` float32.
+        by: where each intervention acts (:data:`BY`): ``"head"`` (rows are layers, columns
+            heads), ``"layer-position"`` (rows layers, columns positions) or ``"position"``
+            (one row, the layers of ``layers`` patched together; columns positions).
+        component: what was replaced (:data:`COMPONENTS`): ``"z"`` for heads.
+        layers: the layers, in the order of the rows of ``effects`` (with ``by="position"``,
+            the layers of its one row).
+        columns: the label of each column: the head's number, or the token of the clean
+            text (or of the text) as it reads.
+        effects: ``[rows, columns]`` float32.
         texts: the text (``{"text": ...}``), or ``{"clean": ..., "corrupt": ...}``.
         tokens: the token strings of the text (of the clean text when patching).
-        target: the target token (causal models), else ``None``.
-        wrong: the wrong token of patching (causal models), else ``None``.
+        target: the target token (causal models, when the metric has one), else ``None``.
+        wrong: the wrong token of a logit difference, else ``None``.
         replacement: ``"zero"`` or ``"mean"`` (ablation), ``"clean"`` (patching).
         baseline: the measure without intervention: the target's log-probability (causal
-            ablation); for patching ``{"clean": ..., "corrupt": ...}`` of the logit
-            difference or the cosine to the clean embedding.
+            ablation); for patching ``{"clean": ..., "corrupt": ...}`` of the metric.
     """
 
     model: str
     kind: str
     metric: str
+    by: str
+    component: str
     layers: list[int]
+    columns: list[str]
     effects: Tensor
     texts: dict[str, str]
     tokens: list[str]
@@ -73,8 +111,17 @@ class HeadEffects:
     replacement: str
     baseline: float | dict[str, float]
 
+    @property
+    def row_labels(self) -> list[str]:
+        """The label of each row: its layer, or for ``by="position"`` the layers patched
+        together (``"0-29"``, ``"3,7"``)."""
+        if self.by == "position":
+            return [layer_span(self.layers)]
+        return [str(layer) for layer in self.layers]
+
     def to_dict(self, digits: int = 6) -> dict[str, Any]:
-        """A JSON-ready dict; ``effects[row][head]`` for the layers of ``layers``, in order."""
+        """A JSON-ready dict; ``effects[row][column]``: rows are the layers of ``layers``
+        in order (one row for ``by="position"``), columns those of ``columns``."""
         baseline = (
             {k: round(v, digits) for k, v in self.baseline.items()}
             if isinstance(self.baseline, dict)
@@ -84,6 +131,8 @@ class HeadEffects:
             "model": self.model,
             "kind": self.kind,
             "metric": self.metric,
+            "by": self.by,
+            "component": self.component,
             **self.texts,
             "tokens": self.tokens,
             "target": self.target,
@@ -91,8 +140,28 @@ class HeadEffects:
             "replacement": self.replacement,
             "baseline": baseline,
             "layers": self.layers,
+            "columns": self.columns,
             "effects": [[round(v, digits) for v in row] for row in self.effects.tolist()],
         }
+
+
+def layer_span(layers: Sequence[int]) -> str:
+    """Layers as a short label: ``"0-29"`` when consecutive, else ``"3,7,9"``."""
+    if len(layers) > 1 and list(layers) == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}-{layers[-1]}"
+    return ",".join(map(str, layers))
+
+
+@dataclass(frozen=True)
+class _Branch:
+    """Rows that branch off the unaltered run at the ``resid_pre`` of layer ``start``, one
+    per variant (a head or a position), and have ``variants[j]`` replaced in row ``j`` at
+    the component of each of ``layers``; ``row`` is their row of the effects grid."""
+
+    start: int
+    layers: tuple[int, ...]
+    variants: tuple[int, ...]
+    row: int
 
 
 def head_ablation(
@@ -102,7 +171,7 @@ def head_ablation(
     target: str | None = None,
     mean_over: Sequence[str] | None = None,
     layers: Sequence[int] | None = None,
-) -> HeadEffects:
+) -> InterventionEffects:
     """Ablate every head of some layers, one at a time, and measure the change.
 
     Args:
@@ -115,13 +184,14 @@ def head_ablation(
         layers: layer indices (negative from the end); default all.
 
     Returns:
-        :class:`HeadEffects` of kind ``"ablation"``.
+        :class:`InterventionEffects` of kind ``"ablation"``, by ``"head"``.
 
     Raises:
         ValueError: the model refuses a text, a missing or unneeded target, a target that
             is not a single token (the message says how it tokenises), an empty
-            ``mean_over``, a layer out of range.
+            ``mean_over``, a layer out of range, an encoder-decoder.
     """
+    _refuse_encoder_decoders(model, "head ablation")
     layer_list = layer_indices(model, layers)
     target_id = _target_id(model, target)
     encoded = model.tokenize(text)
@@ -133,39 +203,44 @@ def head_ablation(
             i: torch.zeros(model.num_heads, 1, model.architecture.self_attention(model.module, i).head_dim)
             for i in layer_list
         }
-    unaltered_logits: list[Tensor] = []  # [v], of the first (unaltered) row
-    if model.causal:
-        metric = f"change in log p({target!r}) at the last position"
-
-        def measure(hidden: Tensor) -> Tensor:
-            logits = targets.last_logits(model, hidden)  # [rows, v]
-            if not unaltered_logits:
-                unaltered_logits.append(logits[0])
-            return torch.log_softmax(logits, dim=-1)[:, target_id]
-    else:
-        metric = "change in the cosine of the sentence embedding to the unablated one (cos - 1)"
-
-        def measure(hidden: Tensor) -> Tensor:
-            embeddings = targets.sentence_embedding(hidden)  # [rows, e]
-            return targets.cosine_to(embeddings, embeddings[0]) - 1.0
-
-    base, effects = _per_head_passes(model, encoded.ids, layer_list, replacements, measure)
+    with torch.no_grad():
+        out, _ = model.run_with_cache(encoded.ids, names=())
+    unablated = _final_output(model, out)
     if model.causal:
         assert target is not None and target_id is not None  # a causal model's target is checked
-        targets.warn_if_space_missing(model, target, target_id, unaltered_logits[0])
-        effects = effects - base
-    return HeadEffects(
+        metric = f"change in log p({target!r}) at the last position"
+        targets.warn_if_space_missing(model, target, target_id, unablated[0])
+
+        def measure(output: Tensor) -> Tensor:
+            return torch.log_softmax(output, dim=-1)[:, target_id]
+    else:
+        metric = "change in the cosine of the sentence embedding to the unablated one (cos - 1)"
+        reference = targets.sentence_embedding(unablated)[0]
+
+        def measure(output: Tensor) -> Tensor:
+            return targets.cosine_to(targets.sentence_embedding(output), reference)
+
+    base = float(measure(unablated)[0]) if model.causal else 1.0
+    heads = tuple(range(model.num_heads))
+    branches = [_Branch(layer, (layer,), heads, row) for row, layer in enumerate(layer_list)]
+    points = {layer: model.hook_name("self_attn.z", layer) for layer in layer_list}
+    shape = (len(layer_list), len(heads))
+    measured = _patched_passes(model, encoded.ids, branches, points, replacements, 1, measure, shape)
+    return InterventionEffects(
         model=model.name,
         kind="ablation",
         metric=metric,
+        by="head",
+        component="z",
         layers=layer_list,
-        effects=effects.float(),
+        columns=[str(head) for head in heads],
+        effects=(measured - base).float(),
         texts={"text": text},
         tokens=list(encoded.tokens),
         target=target,
         wrong=None,
         replacement="zero" if mean_over is None else "mean",
-        baseline=float(base) if model.causal else 0.0,
+        baseline=base if model.causal else 0.0,
     )
 
 
@@ -174,128 +249,335 @@ def activation_patching(
     clean: str,
     corrupt: str,
     *,
+    by: str = "head",
+    component: str | None = None,
+    metric: str | MetricFunction | None = None,
     target: str | None = None,
     wrong: str | None = None,
     layers: Sequence[int] | None = None,
-) -> HeadEffects:
-    """Patch each head's clean ``z`` into the corrupted run, one head at a time, and
-    measure the fraction of the clean-vs-corrupted difference restored.
+) -> InterventionEffects:
+    """Patch activations of the clean run into the corrupted run, one head or one position
+    at a time, and measure the fraction of the clean-vs-corrupted difference restored:
+    ``(patched - corrupted) / (clean - corrupted)``.
 
     Args:
-        model: an :mod:`attnkit.models` model.
+        model: an :mod:`attnkit.models` model (a causal decoder or a bidirectional encoder).
         clean: the clean text.
         corrupt: the corrupted text, of the same number of tokens.
-        target: the token the clean text should continue with (causal models).
-        wrong: the token the corrupted text continues with instead (causal models).
+        by: where each patch acts (:data:`BY`): ``"head"``, one head's ``z`` at every
+            position (a layers × heads grid); ``"layer-position"``, the component of one
+            layer at one position (layers × positions); ``"position"``, the component at
+            one position in every layer of ``layers`` at once (one row of positions).
+        component: what is patched (:data:`COMPONENTS`); default ``"z"`` by head,
+            ``"resid_pre"`` by position.
+        metric: ``"logit-diff"`` (causal default: ``logit(target) - logit(wrong)`` at the
+            last position), ``"log-p"`` (``log p(target)`` there), ``"cosine"`` (encoders'
+            default and only named metric: the cosine of the sentence embedding to the
+            clean text's), or a function of the output of a batch (next-token logits at
+            the last position ``[b, v]`` float32 for causal models, the last hidden states
+            ``[b, s, e]`` float32 for encoders) that returns one number per row ``[b]``.
+        target: the token the clean text should continue with (``"logit-diff"`` and
+            ``"log-p"``), leading space included (``" Mary"``).
+        wrong: the token the corrupted text continues with instead (``"logit-diff"``).
         layers: layer indices (negative from the end); default all.
 
     Returns:
-        :class:`HeadEffects` of kind ``"patching"``.
+        :class:`InterventionEffects` of kind ``"patching"``.
 
     Raises:
         ValueError: texts of different token lengths (the message shows both
-            tokenisations), missing or unneeded target/wrong tokens, tokens that are not
-            single tokens, equal texts, a layer out of range.
+            tokenisations), an unknown ``by``, component or metric, ``by="head"`` with
+            another component than ``z``, a component the model's layers do not have,
+            missing or unneeded target/wrong tokens, tokens that are not single tokens,
+            texts the metric does not tell apart, a metric function that does not return
+            one number per row, a layer out of range, an encoder-decoder.
+        TypeError: a metric that is neither a name nor a function.
     """
+    _refuse_encoder_decoders(model, "activation patching")
+    component = _check_where(by, component)
+    metric_name = _check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
-    target_id, wrong_id = _target_and_wrong_ids(model, target, wrong)
+    target_id, wrong_id = _token_ids(model, metric_name, target, wrong)
     clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
     if clean_enc.ids.shape != corrupt_enc.ids.shape:
         raise ValueError(
             f"clean and corrupted texts must have the same number of tokens, got {clean_enc.ids.shape[1]} "
             f"({_spelled(clean_enc.tokens)}) and {corrupt_enc.ids.shape[1]} ({_spelled(corrupt_enc.tokens)})"
         )
+    points = {layer: _hook_point(model, component, layer) for layer in layer_list}
     with torch.no_grad():
-        clean_run = model.run_with_hooks(
-            clean_enc.ids, cache=[model.hook_name("self_attn.z", i) for i in layer_list], logits=False
-        )
-    replacements = {i: clean_run.cache["self_attn.z", i][0] for i in layer_list}  # [h, s, d] each
-    if model.causal:
-        metric = f"fraction of the logit difference {target!r} - {wrong!r} restored"
-
-        def measure(hidden: Tensor) -> Tensor:
-            logits = targets.last_logits(model, hidden)  # [rows, v]
-            return logits[:, target_id] - logits[:, wrong_id]
-    else:
-        metric = "fraction of the cosine to the clean sentence embedding restored"
-        clean_embedding = targets.sentence_embedding(clean_run.hidden_states)[0]
-
-        def measure(hidden: Tensor) -> Tensor:
-            return targets.cosine_to(targets.sentence_embedding(hidden), clean_embedding)
-
+        clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names=list(points.values()))
+        corrupt_out, corrupt_cache = model.run_with_cache(corrupt_enc.ids, names=list(points.values()))
+    clean_output, corrupt_output = _final_output(model, clean_out), _final_output(model, corrupt_out)
+    words, measure = _measure(model, metric, metric_name, (target, wrong), (target_id, wrong_id), clean_output)
     with torch.no_grad():
-        clean_value = float(measure(clean_run.hidden_states))
-        if model.causal:
-            assert target is not None and target_id is not None  # a causal model's target is checked
-            clean_logits = targets.last_logits(model, clean_run.hidden_states)[0]  # [v]
-            targets.warn_if_space_missing(model, target, target_id, clean_logits)
-    corrupt_value, patched = _per_head_passes(model, corrupt_enc.ids, layer_list, replacements, measure)
-    gap = clean_value - float(corrupt_value)
+        clean_value, corrupt_value = float(measure(clean_output)[0]), float(measure(corrupt_output)[0])
+    if target is not None and target_id is not None:
+        targets.warn_if_space_missing(model, target, target_id, clean_output[0])
+    gap = clean_value - corrupt_value
     if abs(gap) < 1e-6:
         raise ValueError(
             f"the clean and corrupted texts give the same measure ({clean_value:.6g}); there is no difference to restore"
         )
-    return HeadEffects(
+    # The activation in which each variant (a head, or a position) is the first dimension.
+    dim = 1 if by == "head" or component != "z" else 2  # z [b, h, s, d]; the others [b, s, e]
+    replacements = {layer: clean_cache[name][0] for layer, name in points.items()}  # [h, s, d] or [s, e]
+    corrupted = {layer: corrupt_cache[name][0] for layer, name in points.items()}
+    count = model.num_heads if by == "head" else clean_enc.ids.shape[1]
+    if by == "position":
+        groups = [(layer_list[0], tuple(layer_list), 0)]
+    else:
+        groups = [(layer, (layer,), row) for row, layer in enumerate(layer_list)]
+    branches = []
+    for start, patched_layers, row in groups:
+        # A variant whose clean activations equal the corrupted ones would change nothing.
+        changed = tuple(
+            j
+            for j in range(count)
+            if any(
+                not torch.equal(replacements[i].select(dim - 1, j), corrupted[i].select(dim - 1, j))
+                for i in patched_layers
+            )
+        )
+        if changed:
+            branches.append(_Branch(start, patched_layers, changed, row))
+    shape = (len(groups), count)
+    measured = _patched_passes(
+        model, corrupt_enc.ids, branches, points, replacements, dim, measure, shape, fill=corrupt_value
+    )
+    return InterventionEffects(
         model=model.name,
         kind="patching",
-        metric=metric,
+        metric=f"fraction of the {words} restored",
+        by=by,
+        component=component,
         layers=layer_list,
-        effects=((patched - corrupt_value) / gap).float(),
+        columns=(
+            [str(head) for head in range(count)]
+            if by == "head"
+            else token_labels(clean, clean_enc.tokens, clean_enc.offsets)
+        ),
+        effects=((measured - corrupt_value) / gap).float(),
         texts={"clean": clean, "corrupt": corrupt},
         tokens=list(clean_enc.tokens),
         target=target,
         wrong=wrong,
         replacement="clean",
-        baseline={"clean": clean_value, "corrupt": float(corrupt_value)},
+        baseline={"clean": clean_value, "corrupt": corrupt_value},
     )
 
 
-def _per_head_passes(
+def _check_where(by: str, component: str | None) -> str:
+    """The component to patch (its default for ``by``), after checking both."""
+    if by not in BY:
+        raise ValueError(f"by must be one of {', '.join(map(repr, BY))}, got {by!r}")
+    if component is None:
+        return "z" if by == "head" else "resid_pre"
+    if component not in COMPONENTS:
+        raise ValueError(f"component must be one of {', '.join(map(repr, COMPONENTS))}, got {component!r}")
+    if by == "head" and component != "z":
+        raise ValueError(
+            f"patching by head needs the per-head component 'z' (each head's output before the output projection); "
+            f"{component!r} is one vector per position: patch it by 'layer-position' or 'position'"
+        )
+    return component
+
+
+def _check_metric(model: Model, metric: str | MetricFunction | None, target: str | None, wrong: str | None) -> str:
+    """The metric's name (``"function"`` for a function), after checking that it fits the
+    model and the tokens given."""
+    if metric is None:
+        metric = "logit-diff" if model.causal else "cosine"
+    if callable(metric):
+        given = [name for name, value in (("target", target), ("wrong", wrong)) if value is not None]
+        if given:
+            raise ValueError(f"a metric function measures the output itself and takes no {' or '.join(given)} token")
+        return "function"
+    if not isinstance(metric, str):
+        raise TypeError(f"metric must be one of {', '.join(map(repr, METRICS))} or a function, got {metric!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(map(repr, METRICS))} or a function, got {metric!r}")
+    if not model.causal:
+        _refuse_tokens_for_encoders(model, target=target, wrong=wrong)
+        if metric != "cosine":
+            raise ValueError(
+                f"{model.name} is a bidirectional encoder without next-token logits; its metric is 'cosine' (to the "
+                f"clean sentence embedding) or a function of the last hidden states, got {metric!r}"
+            )
+        return metric
+    if metric == "cosine":
+        raise ValueError(
+            f"{model.name} is causal: its metrics are 'logit-diff', 'log-p' or a function of the next-token logits; "
+            "'cosine' is the sentence-embedding metric of encoders"
+        )
+    if metric == "log-p" and wrong is not None:
+        raise ValueError("the metric 'log-p' measures the target alone and takes no wrong token")
+    return metric
+
+
+def _token_ids(model: Model, metric: str, target: str | None, wrong: str | None) -> tuple[int | None, int | None]:
+    """The ids of the target and wrong tokens the metric needs (``None`` for the others)."""
+    if metric == "logit-diff":
+        if target is None or wrong is None:
+            raise ValueError(
+                f"{model.name} is causal: give the target token (the clean text's continuation) and the wrong token "
+                "(the corrupted text's); patching measures their logit difference (or use the metric 'log-p' with a "
+                "target alone)"
+            )
+        return targets.single_token(model, target, what="target"), targets.single_token(model, wrong, what="wrong")
+    if metric == "log-p":
+        if target is None:
+            raise ValueError("the metric 'log-p' measures the log-probability of a target token: give the target")
+        return targets.single_token(model, target, what="target"), None
+    return None, None
+
+
+def _measure(
+    model: Model,
+    metric: str | MetricFunction | None,
+    name: str,
+    tokens: tuple[str | None, str | None],
+    ids: tuple[int | None, int | None],
+    clean_output: Tensor,
+) -> tuple[str, Callable[[Tensor], Tensor]]:
+    """The metric in words, and as a function of a batch's output (:func:`_final_output`)
+    to one number per row ``[b]``; ``tokens`` and ``ids`` are the target's and the wrong
+    token's."""
+    (target, wrong), (target_id, wrong_id) = tokens, ids
+    if name == "logit-diff":
+        assert target_id is not None and wrong_id is not None  # checked by _token_ids
+        return f"logit difference {target!r} - {wrong!r}", lambda out: out[:, target_id] - out[:, wrong_id]
+    if name == "log-p":
+        assert target_id is not None  # checked by _token_ids
+        return f"log p({target!r})", lambda out: torch.log_softmax(out, dim=-1)[:, target_id]
+    if name == "cosine":
+        reference = targets.sentence_embedding(clean_output)[0]
+        return "cosine to the clean sentence embedding", lambda out: targets.cosine_to(
+            targets.sentence_embedding(out), reference
+        )
+    assert callable(metric)
+    function = metric
+
+    def measure(out: Tensor) -> Tensor:
+        values = function(out)
+        if not isinstance(values, Tensor) or values.shape != (out.shape[0],):
+            got = list(values.shape) if isinstance(values, Tensor) else type(values).__name__
+            raise ValueError(f"a metric function must return one number per row, a tensor [{out.shape[0]}], got {got}")
+        return values.float()
+
+    label = getattr(function, "__name__", "")
+    return ("metric" if not label or label == "<lambda>" else f"metric {label}"), measure
+
+
+def _final_output(model: Model, out: Tensor) -> Tensor:
+    """What a metric reads of a run: next-token logits at the last position ``[b, v]``
+    (causal models, from logits ``[b, s, v]``) or the last hidden states ``[b, s, e]``
+    (encoders), float32."""
+    return out[:, -1].float() if model.causal else out.float()
+
+
+def _hook_point(model: Model, component: str, layer: int) -> str:
+    """The hook name of ``component`` in ``layer``, or an error that lists the layer's."""
+    try:
+        return model.hook_name(_HOOK_POINTS.get(component, component), layer)
+    except ValueError:
+        prefix = model.hook_name("resid_pre", layer).removesuffix("resid_pre")
+        present = [c for c in COMPONENTS if prefix + _HOOK_POINTS.get(c, c) in model.hook_names()]
+        raise ValueError(
+            f"the layers of {model.name} have no {component!r} (layer {layer} has {', '.join(present)})"
+        ) from None
+
+
+def _patched_passes(
     model: Model,
     ids: Tensor,
-    layers: list[int],
+    branches: Sequence[_Branch],
+    points: dict[int, str],
     replacements: dict[int, Tensor],
+    dim: int,
     measure: Callable[[Tensor], Tensor],
-) -> tuple[Tensor, Tensor]:
-    """Run ``ids`` once unaltered and once per head of ``layers`` with that head's ``z``
-    replaced by ``replacements[layer][head]``; measure each run.
+    shape: tuple[int, int],
+    *,
+    fill: float = 0.0,
+) -> Tensor:
+    """Run ``ids`` with the variants of each branch patched in, and measure each run.
+
+    Args:
+        model: the model.
+        ids: ``[1, s]``.
+        branches: the rows to run; a grid row may have no branch (nothing to patch there).
+        points: layer → the hook name of the component patched.
+        replacements: layer → the values patched in, without the batch dimension; variant
+            ``j`` is index ``j`` of dimension ``dim - 1`` (``[h, s or 1, d]`` by head).
+        dim: the variants' dimension in the activation.
+        measure: output → ``[b]``.
+        shape: ``(rows, variants)`` of the grid.
+        fill: the measure of the grid's cells that no branch runs.
 
     Returns:
-        ``(measure of the unaltered run, [len(layers), h] measures of the altered runs)``.
+        ``shape`` measures, ``fill`` where nothing ran.
     """
-    h = model.num_heads
-    s = ids.shape[1]
-    row_bytes = s * max(model.config.hidden_size, model.config.intermediate_size) * 4 * 4
-    layers_per_pass = max(1, (BATCH_MEMORY // row_bytes - 1) // h)
-    base, rows = None, []
-    for start in range(0, len(layers), layers_per_pass):
-        hooks: dict[str, Callable[[Tensor], Tensor]] = {}
-        for layer in layers[start : start + layers_per_pass]:
-            hooks[model.hook_name("resid_pre", layer)] = _branch(h)
-            hooks[model.hook_name("self_attn.z", layer)] = _replace_head_per_row(replacements[layer])
+    grid = torch.full(shape, fill, dtype=torch.float64)
+    row_bytes = ids.shape[1] * max(model.config.hidden_size, model.config.intermediate_size) * 4 * 4
+    rows_per_pass = max(1, BATCH_MEMORY // row_bytes - 1)
+    passes: list[list[_Branch]] = []
+    for branch in branches:
+        if passes and sum(len(b.variants) for b in passes[-1]) + len(branch.variants) <= rows_per_pass:
+            passes[-1].append(branch)
+        else:
+            passes.append([branch])
+    for group in passes:
+        chains: dict[str, list[Callable[[Tensor], Tensor]]] = {}
+        offset = 1  # row 0 is the unaltered run
+        for branch in group:
+            variants = torch.tensor(branch.variants)
+            chains.setdefault(model.hook_name("resid_pre", branch.start), []).append(_branch(len(branch.variants)))
+            rows_of = torch.arange(offset, offset + len(variants))
+            for layer in branch.layers:
+                chains.setdefault(points[layer], []).append(_patch(rows_of, variants, replacements[layer], dim))
+            offset += len(variants)
         with torch.no_grad():
-            values = measure(model.run_with_hooks(ids, hooks=hooks, logits=False).hidden_states)  # [1 + h * layers]
-        base = values[0]
-        rows.append(values[1:].view(-1, h))
-    return base.cpu(), torch.cat(rows).cpu()
+            run = model.run_with_hooks(ids, hooks={name: _chained(fns) for name, fns in chains.items()}, logits=False)
+            values = measure(_final_output_of_hidden(model, run.hidden_states)).double()  # [offset]
+        offset = 1
+        for branch in group:
+            grid[branch.row, list(branch.variants)] = values[offset : offset + len(branch.variants)].cpu()
+            offset += len(branch.variants)
+    return grid
 
 
-def _branch(h: int) -> Callable[[Tensor], Tensor]:
-    """A ``resid_pre`` hook appending ``h`` copies of the unaltered run (row 0): ``[b, s, e]``
-    → ``[b + h, s, e]``."""
-    return lambda x: torch.cat([x, x[:1].expand(h, -1, -1)])
+def _final_output_of_hidden(model: Model, hidden: Tensor) -> Tensor:
+    """:func:`_final_output` from the last hidden states ``[b, s, e]``: the head runs on the
+    last position only (a batch of many rows saves the vocabulary projection of the rest)."""
+    return targets.last_logits(model, hidden) if model.causal else hidden.float()
 
 
-def _replace_head_per_row(replacement: Tensor) -> Callable[[Tensor], Tensor]:
-    """A ``z`` hook that gives the ``j``-th of the last ``h`` rows head ``j``'s replacement
-    (``replacement [h, s or 1, d]``)."""
+def _branch(n: int) -> Callable[[Tensor], Tensor]:
+    """A ``resid_pre`` hook appending ``n`` copies of the unaltered run (row 0): ``[b, s, e]``
+    → ``[b + n, s, e]``."""
+    return lambda x: torch.cat([x, x[:1].expand(n, -1, -1)])
 
-    def hook(z: Tensor) -> Tensor:  # [b, h, s, d]
-        h = z.shape[1]
-        z = z.clone()
-        heads = torch.arange(h, device=z.device)
-        z[z.shape[0] - h + heads, heads] = replacement.to(z)  # [h, s, d]
-        return z
+
+def _patch(rows: Tensor, variants: Tensor, replacement: Tensor, dim: int) -> Callable[[Tensor], Tensor]:
+    """A hook that gives row ``rows[j]`` the replacement of variant ``variants[j]`` (index
+    ``variants[j]`` of dimension ``dim`` of the activation, ``dim - 1`` of ``replacement``)."""
+    chosen = replacement.movedim(dim - 1, 0)[variants]  # [n, ...]: each row's variant first
+
+    def hook(x: Tensor) -> Tensor:
+        x = x.clone()
+        x.movedim(dim, 1)[rows.to(x.device), variants.to(x.device)] = chosen.to(x)
+        return x
+
+    return hook
+
+
+def _chained(fns: Sequence[Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
+    """The hooks of one point, applied in order."""
+
+    def hook(x: Tensor) -> Tensor:
+        for fn in fns:
+            x = fn(x)
+        return x
 
     return hook
 
@@ -325,26 +607,19 @@ def _target_id(model: Model, target: str | None) -> int | None:
     return targets.single_token(model, target, what="target")
 
 
-def _target_and_wrong_ids(model: Model, target: str | None, wrong: str | None) -> tuple[int | None, int | None]:
-    """The ids of the patching target and wrong tokens: required by causal models, refused
-    by encoders."""
-    _refuse_tokens_for_encoders(model, target=target, wrong=wrong)
-    if not model.causal:
-        return None, None
-    if target is None or wrong is None:
-        raise ValueError(
-            f"{model.name} is causal: give the target token (the clean text's continuation) and the wrong token "
-            "(the corrupted text's); patching measures their logit difference"
-        )
-    return targets.single_token(model, target, what="target"), targets.single_token(model, wrong, what="wrong")
-
-
 def _refuse_tokens_for_encoders(model: Model, **tokens: str | None) -> None:
     given = [name for name, value in tokens.items() if value is not None]
     if not model.causal and given:
         raise ValueError(
             f"{model.name} is a bidirectional encoder without next-token logits; it measures the sentence "
             f"embedding and takes no {' or '.join(given)} token"
+        )
+
+
+def _refuse_encoder_decoders(model: Model, what: str) -> None:
+    if getattr(model, "encoder_decoder", False):
+        raise ValueError(
+            f"{what} runs on decoder-only and encoder models; {model.name} is an encoder-decoder ({model.family})"
         )
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from attnkit.inspect.heads import rank_heads
-from attnkit.inspect.interventions import HeadEffects
+from attnkit.inspect.interventions import InterventionEffects
 from attnkit.inspect.maps import AttentionMap
 from attnkit.inspect.survey import ALL_DESCRIPTIONS, HeadSurvey
 from attnkit.viz.terminal import display_width, format_table
@@ -132,20 +132,29 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
     return "\n".join(lines) + "\n"
 
 
-def render_effects(effects: HeadEffects, *, top: int = 5) -> str:
-    """Head ablation or patching effects as text: what was measured, the heads with the
-    largest effects, and the layers × heads grid of values.
+def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
+    """Head ablation or patching effects as text: what was measured, the heads (or layers
+    and positions) with the largest effects, and the grid of values, its columns split into
+    blocks that fit :data:`WIDTH` columns.
 
     Args:
         effects: from :func:`attnkit.inspect.interventions.head_ablation` or
             :func:`~attnkit.inspect.interventions.activation_patching`.
-        top: heads listed.
+        top: cells listed.
 
     Returns:
         Text ending in a newline.
     """
+    by_head = effects.by == "head"
     if isinstance(effects.baseline, dict):  # patching
-        what = f"patching each head of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
+        where = (
+            "each head"
+            if by_head
+            else f"{effects.component} at each layer and position"
+            if effects.by == "layer-position"
+            else f"{effects.component} at each position (layers {effects.row_labels[0]} together)"
+        )
+        what = f"patching {where} of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
         baseline = f"; clean {effects.baseline['clean']:.4f}, corrupted {effects.baseline['corrupt']:.4f}"
     else:
         what = f"{effects.replacement} ablation of each head on {effects.texts['text']!r}"
@@ -153,16 +162,52 @@ def render_effects(effects: HeadEffects, *, top: int = 5) -> str:
     lines = [f"{effects.model} · {what}", f"measure: {effects.metric}{baseline}", ""]
     # Ablation: the heads whose removal lowers the measure most; patching: those that restore most.
     order = rank_heads(effects.effects, top=top, descending=effects.kind == "patching")
-    rows = [[f"{effects.layers[row]}", f"{head}", f"{value:+.4f}"] for row, head, value in order]
-    lines += format_table(["layer", "head", "effect"], rows, align=">>>").splitlines()
-    lines += ["", f"layers × heads ({effects.metric}):"]
-    grid = [
-        [f"{effects.layers[row]}"] + [f"{v:+.3f}" for v in values]
-        for row, values in enumerate(effects.effects.tolist())
-    ]
-    header = ["layer"] + [str(h) for h in range(effects.effects.shape[1])]
-    lines += format_table(header, grid, align=">" * len(header)).splitlines()
+    rows = effects.row_labels
+    if by_head:
+        listed = [[rows[row], f"{column}", f"{value:+.4f}"] for row, column, value in order]
+        lines += format_table(["layer", "head", "effect"], listed, align=">>>").splitlines()
+    else:
+        listed = [
+            [rows[row], f"{column}", short(effects.columns[column]), f"{value:+.4f}"] for row, column, value in order
+        ]
+        header = ["layer" if effects.by == "layer-position" else "layers", "position", "token", "effect"]
+        lines += format_table(header, listed, align=">><>").splitlines()
+    grid_name = (
+        "layers × heads"
+        if by_head
+        else "layers × positions"
+        if effects.by == "layer-position"
+        else f"positions, layers {rows[0]} patched together"
+    )
+    lines += ["", f"{grid_name} ({effects.metric}):"]
+    columns = effects.columns if by_head else [short(label) for label in numbered(effects.columns)]
+    lines += _grid_blocks("layers" if effects.by == "position" else "layer", rows, columns, effects.effects.tolist())
     return "\n".join(lines) + "\n"
+
+
+def _grid_blocks(
+    row_header: str, rows: Sequence[str], columns: Sequence[str], values: Sequence[Sequence[float]]
+) -> list[str]:
+    """A rows × columns table of signed values, as as many tables of consecutive columns as
+    it takes to keep each line within :data:`WIDTH` columns."""
+    cells = [[f"{v:+.3f}" for v in row] for row in values]
+    label_width = max(display_width(row_header), *(display_width(r) for r in rows))
+    lines: list[str] = []
+    start = 0
+    while start < len(columns):
+        width, end = label_width, start
+        while end < len(columns):
+            column_width = max(display_width(columns[end]), *(display_width(row[end]) for row in cells))
+            if end > start and width + 2 + column_width > WIDTH:
+                break
+            width, end = width + 2 + column_width, end + 1
+        if lines:
+            lines.append("")
+        header = [row_header, *columns[start:end]]
+        table = [[row, *cells[i][start:end]] for i, row in enumerate(rows)]
+        lines += format_table(header, table, align=">" * len(header)).splitlines()
+        start = end
+    return lines
 
 
 def map_names(amap: AttentionMap) -> list[str]:

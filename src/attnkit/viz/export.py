@@ -17,7 +17,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from attnkit.inspect.interventions import HeadEffects
+from attnkit.inspect.interventions import InterventionEffects
 from attnkit.inspect.maps import AttentionMap
 from attnkit.inspect.survey import ALL_DESCRIPTIONS, HeadSurvey
 from attnkit.viz.files import write_text_atomic
@@ -312,10 +312,11 @@ def write_seq2seq_viewer(model: Any, run: Any, out: Path, *, level: str = "token
 
 
 def write_effects(
-    effects: HeadEffects, out: Path, formats: Collection[str], *, dpi: float | None = None, **figure: Any
+    effects: InterventionEffects, out: Path, formats: Collection[str], *, dpi: float | None = None, **figure: Any
 ) -> list[Path]:
-    """Write the layers × heads grid of ablation or patching effects (``png``/``svg``) and
-    the numbers (``json``, ``effects[layer][head]``).
+    """Write the grid of ablation or patching effects (``png``/``svg``): layers × heads, or
+    layers × positions with the tokens as column labels; and the numbers (``json``,
+    ``effects[row][column]``).
 
     Args:
         effects: from :func:`attnkit.inspect.interventions.head_ablation` or
@@ -323,10 +324,12 @@ def write_effects(
         out: the folder to write to.
         formats: any of ``png``, ``svg``, ``json``.
         dpi: dots per inch of PNG files (default: the drawing function's).
-        **figure: options of the pictures: ``figsize``, ``cmap`` (default ``RdBu``).
+        **figure: options of the pictures: ``figsize``, ``cmap`` (default ``RdBu``,
+            centred on zero).
 
     Returns:
-        The paths written: ``MODEL_ablation.png`` (or ``_mean-ablation``, ``_patching``)
+        The paths written: ``MODEL_ablation.png`` (or ``_mean-ablation``, ``_patching``;
+        patching by position adds the component and where, ``_patching_resid_pre_by-position``)
         per picture format, and the ``.json``.
 
     Raises:
@@ -334,17 +337,28 @@ def write_effects(
     """
     kind = "mean-ablation" if effects.replacement == "mean" else effects.kind
     stem = f"{file_stem(effects.model)}_{kind}"
+    if effects.by != "head":
+        stem += f"_{effects.component}_by-{effects.by}"
+    title = f"{kind} — {effects.model}"
+    if effects.by != "head":
+        title = f"patching {effects.component} by {effects.by} — {effects.model}"
     written = []
     for fmt in [f for f in formats if f in PICTURE_FORMATS]:
         from attnkit.viz.head_grid import draw_head_grid
 
         options = {"cmap": "RdBu", "symmetric": True, **figure}
+        axes: dict[str, Any] = (
+            {}
+            if effects.by == "head"
+            else {"rows": effects.row_labels, "columns": effects.columns, "xlabel": "position (clean token)"}
+        )
         written.append(
             draw_head_grid(
                 effects.effects,
                 out / f"{stem}.{fmt}",
-                title=f"{kind} — {effects.model}",
+                title=title,
                 label=effects.metric,
+                **axes,
                 **({} if dpi is None else {"dpi": dpi}),
                 **options,
             )

@@ -1,7 +1,9 @@
-"""Layers × heads pictures of per-head statistics (``attnkit heads``)."""
+"""Layers × heads pictures of per-head statistics (``attnkit heads``), and other grids of
+one value per layer and head or position (``attnkit patch``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +31,12 @@ def plot_head_grid(
     cmap: str = "Blues",
     figsize: tuple[float, float] | None = None,
     symmetric: bool = False,
+    rows: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None,
+    xlabel: str = "head",
 ) -> Figure:
-    """Draw one value per head as a grid, layers as rows and heads as columns.
+    """Draw one value per head as a grid, layers as rows and heads as columns (or any
+    other columns, such as the tokens of a text).
 
     Args:
         values: ``[layers, heads]``.
@@ -44,20 +50,27 @@ def plot_head_grid(
         symmetric: centre the colour scale on zero, from ``-m`` to ``m`` with ``m`` the
             largest magnitude (signed values such as ablation effects, with a diverging
             colour map).
+        rows: the rows' labels (default: their numbers ``0 ..``); the axis is ``layer``.
+        columns: the columns' labels (default: their numbers), written vertically when given.
+        xlabel: what the columns are.
 
     Returns:
         The figure drawn into.
 
     Raises:
-        ValueError: ``values`` is not 2-D, or an unknown colour map.
+        ValueError: ``values`` is not 2-D, labels of another count than the rows or
+            columns, or an unknown colour map.
         ImportError: matplotlib is missing.
     """
     if values.ndim != 2:
         raise ValueError(f"values must be [layers, heads], got shape {list(values.shape)}")
+    for what, labels, count in (("rows", rows, values.shape[0]), ("columns", columns, values.shape[1])):
+        if labels is not None and len(labels) != count:
+            raise ValueError(f"{what} must have one label per {what[:-1]} of values ({count}), got {len(labels)}")
     grid = values.detach().to(torch.float32).cpu().numpy()
     n_layers, n_heads = grid.shape
     annotate = n_layers * n_heads <= MAX_ANNOTATED_CELLS if annotate is None else annotate
-    with font_context([title, label]) as choice:
+    with font_context([title, label, *(columns or [])]) as choice:
         families = list(choice.families)
         created = ax is None
         size = figsize or (min(3 + 0.55 * n_heads, 30), min(2 + 0.28 * n_layers, 40))
@@ -71,8 +84,12 @@ def plot_head_grid(
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(label, fontfamily=families)
         ax.set_xticks(range(n_heads))
         ax.set_yticks(range(n_layers))
+        if columns is not None:
+            ax.set_xticklabels(list(columns), rotation=90, fontfamily=families)
+        if rows is not None:
+            ax.set_yticklabels(list(rows))
         ax.tick_params(labelsize=7)
-        ax.set_xlabel("head")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("layer")
         ax.set_title(title, fontfamily=families)
         if annotate:

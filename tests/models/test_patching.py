@@ -1,0 +1,211 @@
+"""Activation patching by head, by layer and position, and by position, of every component
+and metric, on every decoder family (tiny random checkpoints of
+tests/models/tiny_families.py) and on MiniLM: each cell equals a corrupted run with that
+one activation replaced by a plain hook, and patching the residual stream into layer 0 at
+the one position where the texts differ restores the whole difference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit import models
+from attnkit.inspect import interventions
+from tests.models.tiny_families import CASES, write_tiny_family
+
+pytest.importorskip("transformers")
+
+CLEAN = "w3 w17 w5 w99 w42 w8 w61 w23 w70 w1"
+CORRUPT = "w3 w17 w5 w99 w40 w8 w61 w23 w70 w1"
+DIFFERING = 4  # the position where the two texts differ
+TARGET, WRONG = "w5", "w9"
+# Patched cells run batched, the references one at a time: float32 sums in another order.
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def family(request, tmp_path_factory):
+    return models.load(write_tiny_family(request.param, tmp_path_factory.mktemp(request.param)))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return models.load(write_tiny_family("llama_linear", tmp_path_factory.mktemp("llama")))
+
+
+def _logit_diff(model):
+    target, wrong = model.to_single_token(TARGET), model.to_single_token(WRONG)
+    return lambda logits: logits[:, target] - logits[:, wrong]
+
+
+class Reference:
+    """Restored fractions computed one cell at a time: a corrupted run with a hook on each
+    patched layer replacing one index of the activation by the clean run's value."""
+
+    def __init__(self, model, metric):
+        self.model, self.metric = model, metric
+        points = [c if c != "z" else "self_attn.z" for c in interventions.COMPONENTS]
+        names = [name for name in model.hook_names() if name.endswith(tuple("." + p for p in points))]
+        self.clean = model.run(CLEAN, attention=False, cache=names)
+        self.clean_value, self.corrupt_value = (
+            self.value(model.run(text, attention=False)) for text in (CLEAN, CORRUPT)
+        )
+
+    def value(self, run):
+        return float(self.metric(run.logits[:, -1].float())[0])
+
+    def fraction(self, component, layers, where):
+        """``where``: an index of the activation without its batch dimension."""
+        point = "self_attn.z" if component == "z" else component
+        names = [self.model.hook_name(point, layer) for layer in layers]
+
+        def patch(name):
+            def hook(x):
+                x = x.clone()
+                x[(slice(None), *where)] = self.clean.cache[name][(0, *where)]
+                return x
+
+            return hook
+
+        with self.model.hooks({name: patch(name) for name in names}):
+            patched = self.value(self.model.run(CORRUPT, attention=False))
+        return (patched - self.corrupt_value) / (self.clean_value - self.corrupt_value)
+
+
+def test_resid_pre_of_layer_0_at_the_differing_position_restores_everything(family):
+    effects = interventions.activation_patching(
+        family, CLEAN, CORRUPT, by="layer-position", target=TARGET, wrong=WRONG, layers=[0]
+    )
+    assert effects.component == "resid_pre" and effects.effects.shape == (1, 10)
+    assert abs(float(effects.effects[0, DIFFERING]) - 1.0) < ATOL
+    # The other positions hold the same token in both texts: patching them changes nothing.
+    others = torch.cat([effects.effects[0, :DIFFERING], effects.effects[0, DIFFERING + 1 :]])
+    assert torch.equal(others, torch.zeros_like(others))
+
+
+def test_every_component_by_layer_and_position_equals_a_plain_hook(family):
+    reference = Reference(family, _logit_diff(family))
+    layer = family.num_layers - 1
+    for component in interventions.COMPONENTS:
+        if component == "resid_mid" and not any(name.endswith("resid_mid") for name in family.hook_names()):
+            continue  # attention and feed-forward run in parallel (GPT-NeoX): no stream between them
+        effects = interventions.activation_patching(
+            family, CLEAN, CORRUPT, by="layer-position", component=component, target=TARGET, wrong=WRONG
+        )
+        assert effects.effects.shape == (family.num_layers, 10)
+        # z [h, s, d]: every head at the position; the others [s, e].
+        where = (slice(None), 9) if component == "z" else (9,)
+        expected = reference.fraction(component, [layer], where)
+        assert abs(float(effects.effects[layer, 9]) - expected) < ATOL, component
+        # Before the first differing token a causal model's runs are equal.
+        assert torch.equal(effects.effects[:, :DIFFERING], torch.zeros(family.num_layers, DIFFERING))
+
+
+def test_by_head_and_by_position_equal_plain_hooks(family):
+    reference = Reference(family, _logit_diff(family))
+    heads = interventions.activation_patching(family, CLEAN, CORRUPT, target=TARGET, wrong=WRONG)
+    assert heads.by == "head" and heads.component == "z"
+    assert heads.effects.shape == (family.num_layers, family.num_heads)
+    head = family.num_heads - 1
+    assert abs(float(heads.effects[1, head]) - reference.fraction("z", [1], (head,))) < ATOL
+    layers = list(range(family.num_layers))
+    for component in ("mlp_out", "z"):
+        together = interventions.activation_patching(
+            family, CLEAN, CORRUPT, by="position", component=component, target=TARGET, wrong=WRONG
+        )
+        assert together.effects.shape == (1, 10) and together.row_labels == [f"0-{family.num_layers - 1}"]
+        where = (slice(None), 7) if component == "z" else (7,)
+        assert abs(float(together.effects[0, 7]) - reference.fraction(component, layers, where)) < ATOL, component
+
+
+def test_the_metrics_log_p_and_a_function(llama):
+    difference = interventions.activation_patching(
+        llama, CLEAN, CORRUPT, by="layer-position", component="attn_out", target=TARGET, wrong=WRONG
+    )
+
+    def logit_difference(logits):
+        return _logit_diff(llama)(logits)
+
+    function = interventions.activation_patching(
+        llama, CLEAN, CORRUPT, by="layer-position", component="attn_out", metric=logit_difference
+    )
+    assert torch.allclose(function.effects, difference.effects, atol=1e-6)
+    assert function.metric == "fraction of the metric logit_difference restored"
+    assert difference.metric == "fraction of the logit difference 'w5' - 'w9' restored"
+    log_p = interventions.activation_patching(
+        llama, CLEAN, CORRUPT, by="layer-position", component="attn_out", metric="log-p", target=TARGET
+    )
+    target = llama.to_single_token(TARGET)
+    reference = Reference(llama, lambda logits: torch.log_softmax(logits, -1)[:, target])
+    assert abs(float(log_p.effects[1, 9]) - reference.fraction("attn_out", [1], (9,))) < ATOL
+    assert log_p.metric == "fraction of the log p('w5') restored" and log_p.wrong is None
+    clean = log_p.baseline["clean"]
+    assert abs(clean - float(torch.log_softmax(llama.run(CLEAN).logits[0, -1], -1)[target])) < 1e-5
+
+
+def test_the_record_names_rows_and_columns(llama):
+    effects = interventions.activation_patching(
+        llama, CLEAN, CORRUPT, by="layer-position", component="resid_post", target=TARGET, wrong=WRONG, layers=[-1]
+    )
+    data = effects.to_dict()
+    assert data["by"] == "layer-position" and data["component"] == "resid_post"
+    assert data["columns"] == CLEAN.split() and data["layers"] == [1] and len(data["effects"][0]) == 10
+    assert effects.row_labels == ["1"]
+    assert interventions.layer_span([0, 1, 2]) == "0-2" and interventions.layer_span([3, 7]) == "3,7"
+
+
+def test_encoders_patch_positions_and_measure_the_cosine(minilm):
+    clean, corrupt = "The cat sat on the mat.", "The dog sat on the mat."
+    effects = interventions.activation_patching(minilm, clean, corrupt, by="layer-position", layers=[0, 5])
+    assert effects.columns[:3] == ["[CLS]", "The", "cat"]
+    assert abs(float(effects.effects[0, 2]) - 1.0) < ATOL  # resid_pre of layer 0 at "cat"/"dog"
+    assert effects.metric == "fraction of the cosine to the clean sentence embedding restored"
+    heads = interventions.activation_patching(minilm, clean, corrupt, layers=[5])
+    assert heads.effects.shape == (1, 12)
+
+
+# --- errors ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"by": "head", "component": "resid_pre"}, "patching by head needs the per-head component 'z'"),
+        ({"by": "layer"}, "by must be one of 'head', 'layer-position', 'position', got 'layer'"),
+        ({"by": "position", "component": "q"}, "component must be one of 'resid_pre', .*, got 'q'"),
+        ({"metric": "kl"}, "metric must be one of 'logit-diff', 'log-p', 'cosine' or a function, got 'kl'"),
+        ({"metric": "log-p"}, "'log-p' measures the target alone and takes no wrong token"),
+        ({"metric": "cosine"}, "'cosine' is the sentence-embedding metric of encoders"),
+        ({"metric": lambda logits: logits[:, 0]}, "a metric function .* takes no target or wrong token"),
+    ],
+)
+def test_options_that_do_not_fit_are_refused(llama, options, message):
+    with pytest.raises(ValueError, match=message):
+        interventions.activation_patching(llama, CLEAN, CORRUPT, target=TARGET, wrong=WRONG, **options)
+
+
+def test_missing_tokens_lengths_and_metric_functions_are_refused(llama, minilm):
+    with pytest.raises(ValueError, match="give the target token .*use the metric 'log-p' with a target alone"):
+        interventions.activation_patching(llama, CLEAN, CORRUPT, target=TARGET)
+    with pytest.raises(ValueError, match="'log-p' measures the log-probability of a target token: give the target"):
+        interventions.activation_patching(llama, CLEAN, CORRUPT, metric="log-p")
+    with pytest.raises(ValueError, match=r"same number of tokens, got 10 \('w3' .*\) and 9 \('w3'"):
+        interventions.activation_patching(
+            llama, CLEAN, CORRUPT.rsplit(" ", 1)[0], by="position", target=TARGET, wrong=WRONG
+        )
+    with pytest.raises(ValueError, match=r"must return one number per row, a tensor \[1\], got \[\]"):
+        interventions.activation_patching(llama, CLEAN, CORRUPT, metric=lambda logits: logits[0, 0])
+    with pytest.raises(TypeError, match="metric must be one of .* or a function, got 3"):
+        interventions.activation_patching(llama, CLEAN, CORRUPT, metric=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no difference to restore"):
+        interventions.activation_patching(llama, CLEAN, CLEAN, target=TARGET, wrong=WRONG)
+    with pytest.raises(ValueError, match="bidirectional encoder .* its metric is 'cosine'"):
+        interventions.activation_patching(minilm, "The cat sat.", "The dog sat.", metric="log-p")
+
+
+def test_a_component_the_layers_lack_is_refused(tmp_path):
+    parallel = models.load(write_tiny_family("gpt_neox", tmp_path / "gpt_neox"))
+    with pytest.raises(ValueError, match=r"the layers of gpt_neox have no 'resid_mid' \(layer 0 has resid_pre, "):
+        interventions.activation_patching(
+            parallel, CLEAN, CORRUPT, by="position", component="resid_mid", target=TARGET, wrong=WRONG
+        )
