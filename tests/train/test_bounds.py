@@ -74,6 +74,10 @@ def _first_weight(state):
         (lambda s: _set_group(s, "betas", "x"), r"optimizer.param_groups\[0\].betas must be a list of 2"),
         (lambda s: _set_group(s, "amsgrad", "yes"), r"optimizer.param_groups\[0\].amsgrad must be true, false or null"),
         (lambda s: _set_group(s, "colour", 1), r"optimizer.param_groups\[0\] has unknown fields \['colour'\]"),
+        (
+            lambda s: s["optimizer"]["param_groups"][0].pop("lr"),
+            r"optimizer.param_groups\[0\] lacks the fields \['lr'\]",
+        ),
         (lambda s: _set_group(s, "params", [0]), r"optimizer.param_groups\[0\].params must be a list of"),
         (lambda s: s["optimizer"].update(state="nope"), r"optimizer.state must be a dict, got 'nope'"),
         (lambda s: s["optimizer"]["state"].update({999: {}}), r"optimizer.state\[999\]: not the index of one of"),

@@ -85,6 +85,9 @@ def _check_optimizer(got: Any, want: dict[str, Any], parameter_shapes: list[torc
         unknown = sorted(map(str, set(group) - set(fresh_group)))
         if unknown:
             raise ValueError(f"{where} has unknown fields {unknown}")
+        missing = sorted(set(fresh_group) - set(group))
+        if missing:
+            raise ValueError(f"{where} lacks the fields {missing}")
         for key, value in group.items():
             _check_like(value, fresh_group[key], f"{where}.{key}")
         if list(group.get("params", [])) != fresh_group["params"]:
