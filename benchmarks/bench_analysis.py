@@ -1,4 +1,5 @@
-"""Analysis on SmolLM2: what hooks cost, and what head ablation costs against one inspect.
+"""Analysis on SmolLM2: what hooks cost, what head ablation costs against one inspect, and
+what activation patching by position costs against one run.
 
 - ``Model.run`` without hooks against the fused forward pass called directly (the family's
   ``hidden_states`` and ``logits``, no hook point active): at most 1.02×. A run with a
@@ -11,10 +12,14 @@
   waits for: imports, load, run, picture and JSON), and the library calls alone in this
   process (:func:`attnkit.inspect.interventions.head_ablation` against
   :func:`attnkit.inspect.attention_map`).
+- :func:`attnkit.inspect.interventions.activation_patching` of ``resid_pre`` on the
+  14-token IOI texts, by layer and position over all 30 layers and by position (every
+  layer at once), against one plain ``Model.run`` of the clean text.
 
 Contenders are interleaved (:func:`benchmarks.common.interleaved_times`): the runs at one
-thread, the ablation and inspect at torch's thread count. Run alone: ``python benchmarks/bench_analysis.py`` (``REPEAT=N`` for more rounds;
-``--only hooks`` skips the ablation and the commands).
+thread, the ablation and inspect at torch's thread count, the patching at one thread. Run alone: ``python benchmarks/bench_analysis.py`` (``REPEAT=N`` for more rounds;
+``--only hooks`` skips the ablation, the patching and the commands; ``--only patching``
+prints the patching rows alone).
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ RUN_TARGET_RATIO = 1.02
 GENERATE_TARGET_RATIO = 1.2
 CACHE_TARGET_RATIO = 1.5
 GENERATED_TOKENS = 16
+# Activation patching: an IOI pair that differs in one name, and the logit difference of the names.
+CLEAN = "When Mary and John went to the store, John gave a drink to"
+CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
+PATCH_TARGET, PATCH_WRONG = " Mary", " John"
 
 
 def _process_times(commands: dict[str, list[str]], repeat: int) -> dict[str, float]:
@@ -59,7 +68,7 @@ def _process_times(commands: dict[str, list[str]], repeat: int) -> dict[str, flo
 def main() -> None:
     from attnkit import models
     from attnkit.inspect import attention_map
-    from attnkit.inspect.interventions import head_ablation
+    from attnkit.inspect.interventions import activation_patching, head_ablation
 
     repeat = int(os.environ.get("REPEAT", "3"))
     models.fetch("smollm2", progress=False)
@@ -138,8 +147,42 @@ def main() -> None:
             f"{hooks['generate_one_hook_ratio']:.3f} (≤ {GENERATE_TARGET_RATIO})",
         ],
     ]
-    if "--only" in sys.argv and sys.argv[sys.argv.index("--only") + 1 :][:1] == ["hooks"]:
+    only = sys.argv[sys.argv.index("--only") + 1 :][:1] if "--only" in sys.argv else []
+    if only == ["hooks"]:
         print(markdown_table(["what", "time", "ratio"], rows))  # printed only: the report needs every row
+        return
+
+    def patch(by: str) -> None:
+        activation_patching(model, CLEAN, CORRUPT, by=by, target=PATCH_TARGET, wrong=PATCH_WRONG)
+
+    torch.set_num_threads(1)  # as the runs above: a plain run is short
+    try:
+        patching = interleaved_times(
+            {
+                "run": lambda: model.run(CLEAN, attention=False),
+                "layer_position": lambda: patch("layer-position"),
+                "position": lambda: patch("position"),
+            },
+            repeat=repeat,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    patch_tokens = len(model.tokenize(CLEAN).tokens)
+    patch_rows = [
+        [
+            f"`activation_patching` by layer-position, `resid_pre`, {model.num_layers} layers × {patch_tokens} "
+            "positions / one `run`",
+            f"{patching['layer_position']:.2f} s / {patching['run'] * 1e3:.0f} ms",
+            f"{patching['layer_position'] / patching['run']:.1f}",
+        ],
+        [
+            "`activation_patching` by position (all layers at once), `resid_pre` / one `run`",
+            f"{patching['position']:.2f} s",
+            f"{patching['position'] / patching['run']:.1f}",
+        ],
+    ]
+    if only == ["patching"]:
+        print(markdown_table(["what", "time", "ratio"], patch_rows))  # printed only: the report needs every row
         return
     library = interleaved_times(
         {
@@ -166,6 +209,10 @@ def main() -> None:
         "cli_seconds": cli,
         "cli_ablate_ratio": cli["ablate"] / cli["inspect"],
         "cli_ablate_target_ratio": ABLATION_TARGET_RATIO,
+        "patching_texts": {"clean": CLEAN, "corrupt": CORRUPT},
+        "patching_seconds": patching,
+        "patching_layer_position_ratio_vs_run": patching["layer_position"] / patching["run"],
+        "patching_position_ratio_vs_run": patching["position"] / patching["run"],
     }
     rows += [
         [
@@ -178,15 +225,18 @@ def main() -> None:
             f"{cli['ablate']:.2f} s / {cli['inspect']:.2f} s",
             f"{data['cli_ablate_ratio']:.2f}",
         ],
+        *patch_rows,
     ]
     markdown = (
-        "## Analysis: hooks and head ablation (SmolLM2)\n\n"
-        f"On the 16-token text {TEXT!r}, target {TARGET!r}; runs at 1 thread, ablation and inspect at "
+        "## Analysis: hooks, head ablation and activation patching (SmolLM2)\n\n"
+        f"On the 16-token text {TEXT!r}, target {TARGET!r}; runs and patching at 1 thread, ablation and inspect at "
         f"{torch.get_num_threads()} threads, torch.mm {mm:.0f} GFLOP/s. Ablation batches every head of a layer and all layers in one forward pass "
         "(about 4,200 layer passes of the text against 30 for one run), so in the library it costs what "
         "that many layer passes cost; the command line adds the same start-up, load and picture to both. "
-        f"Target for the command: at most {ABLATION_TARGET_RATIO:.0f}×.\n\n"
-        + markdown_table(["what", "time", "ratio"], rows)
+        f"Target for the command: at most {ABLATION_TARGET_RATIO:.0f}×. Patching by position runs "
+        f"the clean and corrupted texts {CLEAN!r} / {CORRUPT!r} once each, then branches one row per "
+        "position off each layer of the corrupted run; the positions before the differing name hold the same "
+        "activations in both runs and are not run.\n\n" + markdown_table(["what", "time", "ratio"], rows)
     )
     print(markdown)
     write_results("analysis", data, markdown)

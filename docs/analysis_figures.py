@@ -6,7 +6,8 @@
   by weight and by value-weighted attention;
 - analysis-layer13-head8-raw-vs-value.png: one head's map both ways;
 - analysis-rollout-layer13.png: attention rollout up to layer 13;
-- analysis-ablation.png and analysis-patching.png: the grids of the command-line examples.
+- analysis-ablation.png and analysis-patching.png: the grids of the command-line examples;
+- analysis-patching-positions.png: patching resid_pre at each layer and position.
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ def main() -> int:
     for effects, name in (
         (interventions.head_ablation(model, ABLATION_TEXT, target=ABLATION_TARGET), "analysis-ablation"),
         (interventions.activation_patching(model, CLEAN, CORRUPT, target=" Mary", wrong=" John"), "analysis-patching"),
+        (
+            interventions.activation_patching(
+                model, CLEAN, CORRUPT, by="layer-position", target=" Mary", wrong=" John"
+            ),
+            "analysis-patching-positions",
+        ),
     ):
         (written,) = write_effects(effects, OUT, ["png"], dpi=90)
         written.rename(OUT / f"{name}.png")

@@ -197,6 +197,8 @@ def test_missing_tokens_lengths_and_metric_functions_are_refused(llama, minilm):
         interventions.activation_patching(llama, CLEAN, CORRUPT, metric=lambda logits: logits[0, 0])
     with pytest.raises(TypeError, match="metric must be one of .* or a function, got 3"):
         interventions.activation_patching(llama, CLEAN, CORRUPT, metric=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="layers must name at least one layer, got none"):
+        interventions.activation_patching(llama, CLEAN, CORRUPT, target=TARGET, wrong=WRONG, layers=[])
     with pytest.raises(ValueError, match="no difference to restore"):
         interventions.activation_patching(llama, CLEAN, CLEAN, target=TARGET, wrong=WRONG)
     with pytest.raises(ValueError, match="bidirectional encoder .* its metric is 'cosine'"):

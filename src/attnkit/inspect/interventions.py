@@ -290,13 +290,15 @@ def activation_patching(
             another component than ``z``, a component the model's layers do not have,
             missing or unneeded target/wrong tokens, tokens that are not single tokens,
             texts the metric does not tell apart, a metric function that does not return
-            one number per row, a layer out of range, an encoder-decoder.
+            one number per row, no layer or a layer out of range, an encoder-decoder.
         TypeError: a metric that is neither a name nor a function.
     """
     _refuse_encoder_decoders(model, "activation patching")
     component = _check_where(by, component)
     metric_name = _check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
+    if not layer_list:
+        raise ValueError("layers must name at least one layer, got none")
     target_id, wrong_id = _token_ids(model, metric_name, target, wrong)
     clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
     if clean_enc.ids.shape != corrupt_enc.ids.shape:
@@ -319,29 +321,14 @@ def activation_patching(
         raise ValueError(
             f"the clean and corrupted texts give the same measure ({clean_value:.6g}); there is no difference to restore"
         )
-    # The activation in which each variant (a head, or a position) is the first dimension.
-    dim = 1 if by == "head" or component != "z" else 2  # z [b, h, s, d]; the others [b, s, e]
+    # The dimension of the activation that the variants index: heads of z [b, h, s, d],
+    # positions of z or of the others [b, s, e].
+    dim = 1 if by == "head" or component != "z" else 2
     replacements = {layer: clean_cache[name][0] for layer, name in points.items()}  # [h, s, d] or [s, e]
     corrupted = {layer: corrupt_cache[name][0] for layer, name in points.items()}
     count = model.num_heads if by == "head" else clean_enc.ids.shape[1]
-    if by == "position":
-        groups = [(layer_list[0], tuple(layer_list), 0)]
-    else:
-        groups = [(layer, (layer,), row) for row, layer in enumerate(layer_list)]
-    branches = []
-    for start, patched_layers, row in groups:
-        # A variant whose clean activations equal the corrupted ones would change nothing.
-        changed = tuple(
-            j
-            for j in range(count)
-            if any(
-                not torch.equal(replacements[i].select(dim - 1, j), corrupted[i].select(dim - 1, j))
-                for i in patched_layers
-            )
-        )
-        if changed:
-            branches.append(_Branch(start, patched_layers, changed, row))
-    shape = (len(groups), count)
+    branches = _changed_branches(by, layer_list, count, replacements, corrupted, dim)
+    shape = (1 if by == "position" else len(layer_list), count)
     measured = _patched_passes(
         model, corrupt_enc.ids, branches, points, replacements, dim, measure, shape, fill=corrupt_value
     )
@@ -365,6 +352,29 @@ def activation_patching(
         replacement="clean",
         baseline={"clean": clean_value, "corrupt": corrupt_value},
     )
+
+
+def _changed_branches(
+    by: str, layers: list[int], count: int, clean: dict[int, Tensor], corrupted: dict[int, Tensor], dim: int
+) -> list[_Branch]:
+    """The rows to run: one branch per layer (a row of the grid) or, by position, one for
+    every layer at once; each with the variants (of ``count``) whose clean activations
+    differ from the corrupted ones in a layer it patches (the others would change nothing).
+    ``clean`` and ``corrupted``: layer → activation without its batch dimension."""
+    if by == "position":
+        groups = [(layers[0], tuple(layers), 0)]
+    else:
+        groups = [(layer, (layer,), row) for row, layer in enumerate(layers)]
+    branches = []
+    for start, patched, row in groups:
+        changed = tuple(
+            j
+            for j in range(count)
+            if any(not torch.equal(clean[i].select(dim - 1, j), corrupted[i].select(dim - 1, j)) for i in patched)
+        )
+        if changed:
+            branches.append(_Branch(start, patched, changed, row))
+    return branches
 
 
 def _check_where(by: str, component: str | None) -> str:
