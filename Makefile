@@ -38,6 +38,8 @@ check: $(STAMP)
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+# Every benchmark, results in benchmarks/results/ only; the maintainers add --update-docs
+# (python benchmarks/run_all.py --update-docs) to rebuild docs/benchmarks.md from them.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 

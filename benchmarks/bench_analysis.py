@@ -24,6 +24,7 @@ prints the patching rows alone).
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -32,9 +33,26 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import benchmark_parser  # noqa: E402
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument(
+        "--only",
+        choices=["hooks", "patching"],
+        help="hooks: the hook figures only; patching: the patching rows only (printed, not saved)",
+    )
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and a mistyped option end here, before PyTorch is imported or a model touched.
+    arguments().parse_args()
+
+import torch  # noqa: E402
 
 from benchmarks.common import interleaved_times, markdown_table, matmul_gflops, write_results  # noqa: E402
 
@@ -65,7 +83,8 @@ def _process_times(commands: dict[str, list[str]], repeat: int) -> dict[str, flo
     return {name: statistics.median(ts) for name, ts in samples.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    args = arguments().parse_args(argv)
     from attnkit import models
     from attnkit.inspect import attention_map
     from attnkit.inspect.interventions import activation_patching, head_ablation
@@ -147,8 +166,7 @@ def main() -> None:
             f"{hooks['generate_one_hook_ratio']:.3f} (≤ {GENERATE_TARGET_RATIO})",
         ],
     ]
-    only = sys.argv[sys.argv.index("--only") + 1 :][:1] if "--only" in sys.argv else []
-    if only == ["hooks"]:
+    if args.only == "hooks":
         print(markdown_table(["what", "time", "ratio"], rows))  # printed only: the report needs every row
         return
 
@@ -181,7 +199,7 @@ def main() -> None:
             f"{patching['position'] / patching['run']:.1f}",
         ],
     ]
-    if only == ["patching"]:
+    if args.only == "patching":
         print(markdown_table(["what", "time", "ratio"], patch_rows))  # printed only: the report needs every row
         return
     library = interleaved_times(
@@ -239,7 +257,7 @@ def main() -> None:
         "activations in both runs and are not run.\n\n" + markdown_table(["what", "time", "ratio"], rows)
     )
     print(markdown)
-    write_results("analysis", data, markdown)
+    write_results("analysis", data, markdown, update_docs=args.update_docs)
 
 
 if __name__ == "__main__":

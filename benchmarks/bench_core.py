@@ -6,13 +6,25 @@ Run alone: ``python benchmarks/bench_core.py``.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import benchmark_parser  # noqa: E402
+
+
+def arguments() -> argparse.ArgumentParser:
+    return benchmark_parser(__doc__)
+
+
+if __name__ == "__main__":
+    # --help and a mistyped option end here, before PyTorch is imported or a model touched.
+    arguments().parse_args()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import attnkit  # noqa: E402
 from benchmarks.common import attention_flops, interleaved_times, markdown_table, matmul_gflops, write_results  # noqa: E402
@@ -21,7 +33,8 @@ B, H, D = 1, 8, 64
 LENGTHS = (1024, 4096)
 
 
-def main() -> dict:
+def main(argv: list[str] | None = None) -> dict:
+    args = arguments().parse_args(argv)
     torch.manual_seed(0)
     mm = matmul_gflops()
     rows = []
@@ -74,7 +87,7 @@ def main() -> dict:
         "Attention FLOPs = 4·b·h·s²·d (half for causal). Times are medians of interleaved runs.\n\n" + table
     )
     data = {"matmul_gflops": mm, "shape": {"b": B, "h": H, "d": D}, "rows": rows}
-    write_results("core", data, markdown)
+    write_results("core", data, markdown, update_docs=args.update_docs)
     return data
 
 

@@ -29,11 +29,39 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import benchmark_parser  # noqa: E402
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument(
+        "--layout-length",
+        type=int,
+        default=32768,
+        help="sequence length of the zigzag-against-contiguous comparison (0: skip)",
+    )
+    parser.add_argument("--layout-rounds", type=int, default=3)
+    parser.add_argument("--skip-memory", action="store_true", help="skip the memory comparison at s=65536")
+    parser.add_argument(
+        "--only", choices=["layouts", "memory"], help="measure only this comparison and replace it in the saved results"
+    )
+    parser.add_argument("--check", action="store_true", help="run the correctness check and print what ran")
+    parser.add_argument("--check-ranks", type=int, default=1, help="ranks of --check (one GPU each under NCCL)")
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and a mistyped option end here, before PyTorch is imported or a model touched.
+    arguments().parse_args()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
 from benchmarks.common import RESULTS, markdown_table, write_results  # noqa: E402
 
 HEAD_DIM = 64
@@ -361,24 +389,9 @@ def check(world: int) -> int:
     return 0 if ok else 1
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument(
-        "--layout-length",
-        type=int,
-        default=32768,
-        help="sequence length of the zigzag-against-contiguous comparison (0: skip)",
-    )
-    parser.add_argument("--layout-rounds", type=int, default=3)
-    parser.add_argument("--skip-memory", action="store_true", help="skip the memory comparison at s=65536")
-    parser.add_argument(
-        "--only", choices=["layouts", "memory"], help="measure only this comparison and replace it in the saved results"
-    )
-    parser.add_argument("--check", action="store_true", help="run the correctness check and print what ran")
-    parser.add_argument("--check-ranks", type=int, default=1, help="ranks of --check (one GPU each under NCCL)")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments()
+    args = parser.parse_args(argv)
     if args.check:
         return check(args.check_ranks)
     started = time.perf_counter()
@@ -389,7 +402,12 @@ def main() -> int:
             saved["layouts"] = layout_acceptance(args.layout_length, args.layout_rounds)
         else:
             saved["memory"] = memory_acceptance(ACCEPTANCE_LENGTH)
-        write_results("distributed", saved, report(saved["sweep"], saved["memory"], saved["layouts"]))
+        write_results(
+            "distributed",
+            saved,
+            report(saved["sweep"], saved["memory"], saved["layouts"]),
+            update_docs=args.update_docs,
+        )
         print(f"replaced the {args.only} comparison in benchmarks/results/distributed.json and .md")
         return 0
     layouts = layout_acceptance(args.layout_length, args.layout_rounds) if args.layout_length else {}
@@ -402,7 +420,7 @@ def main() -> int:
         "wall_seconds": time.perf_counter() - started,
         "config": {"head_dim": HEAD_DIM, "heads": SWEEP_HEADS, "dtype": "float32", "threads_per_rank": 1},
     }
-    write_results("distributed", data, report(rows, memory, layouts))
+    write_results("distributed", data, report(rows, memory, layouts), update_docs=args.update_docs)
     print(f"wrote benchmarks/results/distributed.json and .md in {data['wall_seconds']:.0f} s")
     return 0
 

@@ -29,10 +29,56 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from benchmarks.common import benchmark_parser  # noqa: E402
+
+# Sequence lengths of the causal linear attention rows.
+LINEAR_LENGTHS = "16384,65536,262144"
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument(
+        "--check", action="store_true", help="compare every kernel on the device with float64 on the CPU"
+    )
+    parser.add_argument("--quick", action="store_true", help="small shapes (a dry run)")
+    parser.add_argument("--device", default="cuda", help="device to run on (default cuda)")
+    parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp32")
+    parser.add_argument(
+        "--only",
+        choices=("masked", "linear"),
+        default=None,
+        help="run only the masked, local and sparse rows (results gpu.*) or only causal linear attention "
+        "(results gpu_linear.*); default both",
+    )
+    parser.add_argument(
+        "--lengths",
+        default=None,
+        help=f"comma-separated sequence lengths of the linear rows (default {LINEAR_LENGTHS}; 1024 with --quick)",
+    )
+    parser.add_argument(
+        "--linear-engine",
+        default="auto",
+        choices=("auto", "eager", "compiled", "triton"),
+        help="engine of attnkit's linear_attention in the linear rows and checks (default auto: triton on CUDA)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write gpu.{json,md} and gpu_linear.{json,md} here instead of benchmarks/results",
+    )
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds; rows left when it runs out are skipped")
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and a mistyped option end here, before PyTorch is imported or a model touched.
+    arguments().parse_args()
+
+import torch  # noqa: E402
 
 import attnkit  # noqa: E402
 from attnkit import masks  # noqa: E402
@@ -388,7 +434,6 @@ def check_kernels(dtype_name: str, device: torch.device, log) -> list[dict]:
 # Causal linear attention: the fused kernels against SDPA is_causal and flash-linear-attention
 # ---------------------------------------------------------------------------------------
 
-LINEAR_LENGTHS = "16384,65536,262144"
 LINEAR_HEADS, LINEAR_HEAD_DIM = 8, 64
 # Nominal memory bandwidth (bytes/s) by device name, for the fraction of the datasheet figure;
 # the fraction of a measured device-to-device copy is reported for every device.
@@ -671,38 +716,7 @@ def linear_markdown(data: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--check", action="store_true", help="compare every kernel on the device with float64 on the CPU"
-    )
-    parser.add_argument("--quick", action="store_true", help="small shapes (a dry run)")
-    parser.add_argument("--device", default="cuda", help="device to run on (default cuda)")
-    parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp32")
-    parser.add_argument(
-        "--only",
-        choices=("masked", "linear"),
-        default=None,
-        help="run only the masked, local and sparse rows (results gpu.*) or only causal linear attention "
-        "(results gpu_linear.*); default both",
-    )
-    parser.add_argument(
-        "--lengths",
-        default=None,
-        help=f"comma-separated sequence lengths of the linear rows (default {LINEAR_LENGTHS}; 1024 with --quick)",
-    )
-    parser.add_argument(
-        "--linear-engine",
-        default="auto",
-        choices=("auto", "eager", "compiled", "triton"),
-        help="engine of attnkit's linear_attention in the linear rows and checks (default auto: triton on CUDA)",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="write gpu.{json,md} and gpu_linear.{json,md} here instead of benchmarks/results",
-    )
-    parser.add_argument("--budget", type=float, default=480.0, help="seconds; rows left when it runs out are skipped")
+    parser = arguments()
     args = parser.parse_args(argv)
     dtypes = args.dtypes.split(",")
     unknown = [name for name in dtypes if name not in DTYPES]
@@ -744,7 +758,7 @@ def main(argv: list[str] | None = None) -> dict:
             if args.only not in (None, kind):
                 continue
             if out_dir is None:
-                write_results(name, part, render(part))
+                write_results(name, part, render(part), update_docs=args.update_docs)
                 continue
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / f"{name}.json").write_text(

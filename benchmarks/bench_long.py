@@ -27,10 +27,34 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import benchmark_parser  # noqa: E402
+
+LENGTHS = (1024, 4096, 16384, 65536)
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    parser.add_argument("--full", action="store_true", help="also run the cells skipped for time")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--threads",
+        default="auto",
+        help="torch threads for every contender: a number, or 'auto' = 1 when the machine is oversubscribed "
+        "(1-min load average above the core count) and torch's default otherwise",
+    )
+    parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and a mistyped option end here, before PyTorch is imported or a model touched.
+    arguments().parse_args()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from attnkit import masks  # noqa: E402
 from attnkit.functional import attention, linear_attention, local_attention, sparse_attention  # noqa: E402
@@ -38,13 +62,12 @@ from attnkit.functional.block_status import FULL, PARTIAL, classify_blocks  # no
 from attnkit.functional.local import scores_computed  # noqa: E402
 from attnkit.functional.sparse import kept_fraction  # noqa: E402
 from attnkit.functional.tiled import make_plan  # noqa: E402
-from benchmarks.common import ROOT, markdown_table, matmul_gflops, write_results  # noqa: E402
+from benchmarks.common import RESULTS, markdown_table, matmul_gflops, write_results  # noqa: E402
 
 B, H, D = 1, 8, 64
 WINDOW = 256
 DOC = 2048  # tokens per document in the document + causal pattern
 STRIDE = 128
-LENGTHS = (1024, 4096, 16384, 65536)
 QUADRATIC_FWD_MAX = 16384  # dense baselines: forward up to here
 QUADRATIC_BWD_MAX = 4096  # dense baselines: forward+backward up to here (16K costs ~10-25 s a call)
 DENSE_MASK_MAX = 16384  # a [s, s] bool mask: 256 MiB at 16K, 4 GiB at 64K
@@ -339,17 +362,7 @@ def _ratio(a: dict, b: dict) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    parser.add_argument("--full", action="store_true", help="also run the cells skipped for time")
-    parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument(
-        "--threads",
-        default="auto",
-        help="torch threads for every contender: a number, or 'auto' = 1 when the machine is oversubscribed "
-        "(1-min load average above the core count) and torch's default otherwise",
-    )
-    parser.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    parser = arguments()
     args = parser.parse_args([] if argv is None else argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     threads = _threads(args.threads)
@@ -404,7 +417,7 @@ def main(argv: list[str] | None = None) -> dict:
     targets = _targets(times, memory, plans, lengths)
     data["targets"] = targets
     plot = _plot(times, lengths)
-    write_results("long", data, _markdown(data, lengths, targets, plot))
+    write_results("long", data, _markdown(data, lengths, targets, plot), update_docs=args.update_docs)
     print(f"done in {data['wall_s']:.0f} s")
     return data
 
@@ -501,8 +514,8 @@ def _plot(times: dict, lengths: list[int]) -> str | None:
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle("Long sequences: dashed = PyTorch baselines, solid = attnkit")
     fig.tight_layout(rect=(0, 0.14, 1, 1))
-    # Beside the other pictures of the documentation, so that the built site has it too.
-    path = ROOT / "docs" / "images" / "bench-long.png"
+    # With the results; --update-docs copies it beside the documentation's other pictures.
+    path = RESULTS / "bench-long.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

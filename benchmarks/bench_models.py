@@ -37,9 +37,43 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import benchmark_parser  # noqa: E402
+
+_FAMILY_SIZES = {
+    "vocab_size": 32000,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 2048,
+}
+# model_type → (transformers config class, settings beyond the shared sizes)
+_FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", {"num_key_value_heads": 4}),
+    "gpt2": ("GPT2Config", {"vocab_size": 32000, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 2048}),
+    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.25}),
+    "qwen2": ("Qwen2Config", {"num_key_value_heads": 4}),
+    "qwen3": ("Qwen3Config", {"num_key_value_heads": 4, "head_dim": 64}),
+    "mistral": ("MistralConfig", {"num_key_value_heads": 4}),
+    "gemma2": ("Gemma2Config", {"num_key_value_heads": 4, "head_dim": 64}),
+    "gemma3_text": ("Gemma3TextConfig", {"num_key_value_heads": 4, "head_dim": 64}),
+    "phi3": ("Phi3Config", {"num_key_value_heads": 4, "pad_token_id": 0}),
+}
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--family", choices=sorted(_FAMILY_CONFIGS), help="measure one family on a random checkpoint")
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and a mistyped option end here, before PyTorch is imported or a model touched.
+    arguments().parse_args()
+
+import torch  # noqa: E402
 
 from benchmarks.common import interleaved_times, markdown_table, matmul_gflops, write_results  # noqa: E402
 
@@ -177,26 +211,6 @@ def _section(r: dict) -> str:
 
 FAMILY_PREFILL = 512
 FAMILY_PROMPT = 16
-_FAMILY_SIZES = {
-    "vocab_size": 32000,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 2048,
-}
-# model_type → (transformers config class, settings beyond the shared sizes)
-_FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
-    "llama": ("LlamaConfig", {"num_key_value_heads": 4}),
-    "gpt2": ("GPT2Config", {"vocab_size": 32000, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 2048}),
-    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.25}),
-    "qwen2": ("Qwen2Config", {"num_key_value_heads": 4}),
-    "qwen3": ("Qwen3Config", {"num_key_value_heads": 4, "head_dim": 64}),
-    "mistral": ("MistralConfig", {"num_key_value_heads": 4}),
-    "gemma2": ("Gemma2Config", {"num_key_value_heads": 4, "head_dim": 64}),
-    "gemma3_text": ("Gemma3TextConfig", {"num_key_value_heads": 4, "head_dim": 64}),
-    "phi3": ("Phi3Config", {"num_key_value_heads": 4, "pad_token_id": 0}),
-}
 
 
 def bench_family(family: str, repeat: int) -> dict:
@@ -274,8 +288,7 @@ def _write_word_tokenizer(path: Path, words: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--family", choices=sorted(_FAMILY_CONFIGS), help="measure one family on a random checkpoint")
+    parser = arguments()
     args = parser.parse_args(argv or [])
     repeat = int(os.environ.get("REPEAT", "5"))
     if args.family:
@@ -349,7 +362,7 @@ def main(argv: list[str] | None = None) -> dict:
         + "\n\n".join(_section(r) for r in results)
         + f"\n\n{what}, {default_threads} threads: {inspect_s:.2f} s (median of 3)."
     )
-    write_results("models", data, markdown)
+    write_results("models", data, markdown, update_docs=args.update_docs)
     return data
 
 

@@ -17,14 +17,26 @@ Run alone: ``python benchmarks/bench_seq2seq.py`` (``REPEAT=N`` rounds, default 
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import benchmark_parser  # noqa: E402
+
+
+def arguments() -> argparse.ArgumentParser:
+    return benchmark_parser(__doc__)
+
+
+if __name__ == "__main__":
+    # --help and a mistyped option end here, before PyTorch is imported or a model touched.
+    arguments().parse_args()
+
+import torch  # noqa: E402
 
 from benchmarks.common import interleaved_times, markdown_table, write_results  # noqa: E402
 
@@ -117,7 +129,8 @@ def measure(family: str, repeat: int) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    args = arguments().parse_args(argv)
     torch.set_num_threads(1)
     repeat = int(os.environ.get("REPEAT", "5"))
     results = [measure(family, repeat) for family in ("t5", "bart")]
@@ -157,7 +170,7 @@ def main() -> None:
         "Ratios above 1 mean attnkit is faster.\n\n" + table
     )
     print(markdown)
-    write_results("seq2seq", {"results": results}, markdown)
+    write_results("seq2seq", {"results": results}, markdown, update_docs=args.update_docs)
 
 
 if __name__ == "__main__":

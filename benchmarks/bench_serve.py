@@ -38,9 +38,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-import httpx  # noqa: E402
-
-from benchmarks.common import markdown_table, write_results  # noqa: E402
+from benchmarks.common import benchmark_parser  # noqa: E402
 
 TEXT = "The cat sat on the mat."
 DEFAULT_MODELS = ("tiny", "smollm2", "minilm")
@@ -49,6 +47,26 @@ HANGUP_AFTER_S = 0.3
 FLOOD = 100
 TARGET_RATIO = 5.0
 TARGET_MODELS = ("smollm2",)
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--model", action="append", help=f"models to test (default: {', '.join(DEFAULT_MODELS)})")
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=10, help="requests per client")
+    parser.add_argument("--rounds", type=int, default=3, help="load rounds; the median round is reported")
+    parser.add_argument("--hangups", type=int, default=HANGUPS, help="clients that hang up (abuse phase)")
+    parser.add_argument("--flood", type=int, default=FLOOD, help="simultaneous requests of the flood (abuse phase)")
+    return parser
+
+
+if __name__ == "__main__":
+    # --help and a mistyped option end here, before PyTorch is imported or a model touched.
+    arguments().parse_args()
+
+import httpx  # noqa: E402
+
+from benchmarks.common import markdown_table, write_results  # noqa: E402
 
 
 def _load(name: str):
@@ -213,13 +231,7 @@ def abuse_test(url: str, *, hangups: int, flood: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", action="append", help=f"models to test (default: {', '.join(DEFAULT_MODELS)})")
-    parser.add_argument("--clients", type=int, default=20)
-    parser.add_argument("--requests", type=int, default=10, help="requests per client")
-    parser.add_argument("--rounds", type=int, default=3, help="load rounds; the median round is reported")
-    parser.add_argument("--hangups", type=int, default=HANGUPS, help="clients that hang up (abuse phase)")
-    parser.add_argument("--flood", type=int, default=FLOOD, help="simultaneous requests of the flood (abuse phase)")
+    parser = arguments()
     args = parser.parse_args(argv)
     context = multiprocessing.get_context("spawn")
     # The machine may be shared: its load says how much the absolute times mean.
@@ -353,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         "serve",
         {"text": TEXT, "load_average": [load_before, os.getloadavg()[0]], "results": results, "skipped": skipped},
         markdown,
+        update_docs=args.update_docs,
     )
     errors = sum(r["errors"] + r["abuse"]["flood_errors"] for r in results.values())
     # The target is for SmolLM2, where the model's work dominates; tiny's and MiniLM's few

@@ -11,14 +11,13 @@ baseline's median.
 Targets: ``inspect`` at most 1.5x ``import torch``; ``--help`` and the argument error at most
 0.3 s (they import nothing heavy).
 
-    python benchmarks/bench_startup.py [--rounds 5] [--quick]
+    python benchmarks/bench_startup.py [--rounds 5] [--quick] [--update-docs]
 
 Results: benchmarks/results/startup.json and .md (not with --quick).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -119,7 +118,9 @@ def report(samples: dict[str, list[float]]) -> tuple[dict, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from benchmarks.common import benchmark_parser
+
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5, help="paired rounds (default: 5)")
     parser.add_argument(
         "--quick", action="store_true", help="2 rounds, no model commands, nothing saved: checks the script"
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         from benchmarks.common import write_results
 
-        write_results("startup", {**data, "cpus": os.cpu_count()}, markdown)
+        write_results("startup", {**data, "cpus": os.cpu_count()}, markdown, update_docs=args.update_docs)
     return 0
 
 

@@ -17,10 +17,9 @@ LEVELS = ("token", "word")
 METHODS = ("raw", "rollout", "flow", "value", "grad")
 
 # The longest input attention flow accepts. It solves up to s * s maximum flows on a graph of
-# (L + 1) * s nodes and L * s * s edges: on two CPU cores 16 tokens take about 1.5 s through
-# SmolLM2's 30 causal layers, 32 tokens 30 s, and 32 tokens through MiniLM's 6 bidirectional
-# layers two minutes.
-FLOW_MAX_TOKENS = 20
+# (L + 1) * s nodes and L * s * s edges (benchmarks/bench_flow.py measures it): 64 tokens
+# through MiniLM's 6 layers take seconds; through SmolLM2's 30 causal layers, a minute.
+FLOW_MAX_TOKENS = 64
 
 # Length of the random segment the induction score repeats (as in Olsson et al., 2022).
 INDUCTION_PERIOD = 50

@@ -15,7 +15,9 @@ then combine the layers:
 - **flow** treats the layers as a graph: node ``(l, j)`` is token ``j`` entering layer
   ``l``; the edge from ``(l, j)`` to ``(l + 1, i)`` has capacity ``A_l[i, j]``. The flow
   from input ``j`` to output ``i`` is the maximum flow between those two nodes. It costs one
-  maximum-flow problem per pair of tokens, so it is limited to :data:`FLOW_MAX_TOKENS`.
+  maximum-flow problem per pair of tokens (solved by
+  :func:`attnkit.inspect.layered_flow.layered_max_flows`), so it is limited to
+  :data:`FLOW_MAX_TOKENS`.
 
 Shape letters: ``L`` layers, ``h`` heads, ``s`` tokens.
 """
@@ -100,8 +102,7 @@ def attention_flow(
         ValueError: more than :data:`FLOW_MAX_TOKENS` tokens, a layer out of range, or as
             :func:`layer_matrices`.
     """
-    import networkx as nx  # a dependency of torch itself
-    from networkx.algorithms.flow import boykov_kolmogorov
+    from attnkit.inspect.layered_flow import layered_max_flows
 
     a = layer_matrices(weights, head_reduction=head_reduction, residual_weight=residual_weight)  # [L, s, s]
     num_layers, s = a.shape[0], a.shape[-1]
@@ -111,20 +112,10 @@ def attention_flow(
             f"{FLOW_MAX_TOKENS} tokens, got {s}; use rollout for longer texts"
         )
     layer = normalize_index(layer, num_layers, "layer", context=f"the weights have {num_layers} layers")
-    graph = nx.DiGraph()
-    for lyr, rows in enumerate(a[: layer + 1].tolist()):
-        for i, row in enumerate(rows):
-            for j, capacity in enumerate(row):
-                if capacity > 0:
-                    graph.add_edge((lyr, j), (lyr + 1, i), capacity=capacity)
     # A pair without a path (a later token, in a causal model) has no flow: rollout, the
     # product of the same matrices, is zero there.
     connected = attention_rollout(weights, head_reduction=head_reduction, residual_weight=residual_weight)[layer] > 0
+    pairs = connected.nonzero().numpy()  # [n, 2] rows (i, j)
     flow = torch.zeros(s, s, dtype=torch.float64)
-    residual = None  # the residual network, built once and reused by every pair
-    for i in range(s):
-        for j in range(s):
-            if connected[i, j]:
-                residual = boykov_kolmogorov(graph, (0, j), (layer + 1, i), residual=residual)
-                flow[i, j] = residual.graph["flow_value"]
+    flow[connected] = torch.from_numpy(layered_max_flows(a[: layer + 1].cpu().numpy(), pairs))
     return flow.float()
