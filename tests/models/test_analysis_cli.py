@@ -31,9 +31,9 @@ def test_inspect_methods_write_maps(capsys, tmp_path, minilm_path, method):
 def test_inspect_method_errors(capsys, minilm_path):
     assert main(["inspect", "cats sleep", "--model", "minilm", "--method", "grad", "--quiet"]) == 2
     assert "--method grad needs --target" in capsys.readouterr().err
-    long_text = " ".join(["word"] * 30)
+    long_text = " ".join(["word"] * 70)
     assert main(["inspect", long_text, "--model", "minilm", "--method", "flow", "--quiet", "--format", "json"]) == 2
-    assert "takes at most 20 tokens, got 32; use rollout for longer texts" in capsys.readouterr().err
+    assert "takes at most 64 tokens, got 72; use rollout for longer texts" in capsys.readouterr().err
 
 
 def test_heads_ablate_writes_the_grid(capsys, tmp_path, minilm_path):
