@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -275,11 +276,44 @@ def run_make(target: str, env: dict[str, str]) -> list[tuple[list[str], int, str
 RUN_ONCE = ("attnkit train --task reverse --out runs/reverse",)
 _ran_once: dict[str, tuple[int, str]] = {}
 
+# Model folders that several blocks of a page read, made once per session: by a documented
+# command (run as the page shows it, its output kept for the block that shows it), or by
+# a page's python blocks. A console or sh block that names one runs where a copy of it is.
+PREPARED_FOLDERS = {
+    "runs/reverse-8": (
+        "attnkit train --task reverse --out runs/reverse-8 --length 8 --symbols 10 --d-model 32 --heads 2 "
+        "--ff 64 --layers 1 --steps 300 --warmup 30 --eval-size 200 --no-progress"
+    ),
+    "tiny-t5": "encoder-decoder.md",
+}
+_prepared: dict[str, Path] = {}
+
+
+def prepare_folders(text: str, here: Path, session: pytest.TempPathFactory) -> None:
+    """Copy into ``here`` every folder of :data:`PREPARED_FOLDERS` that ``text`` names,
+    making it first if this session has not."""
+    for name, made_by in PREPARED_FOLDERS.items():
+        if not re.search(rf"{re.escape(name)}(?![\w-])", text):
+            continue
+        if name not in _prepared:
+            where = session.mktemp(name.replace("/", "-"))
+            with contextlib.chdir(where):
+                if made_by.endswith(".md"):
+                    namespace: dict = {"__name__": f"docs_{Path(made_by).stem}"}
+                    for block in code_blocks(ROOT / "docs" / made_by):
+                        if block.language == "python":
+                            run_python_block(block, namespace)
+                else:
+                    code, printed = _ran_once[made_by] = _run_command(made_by)
+                    assert code == 0, f"`{made_by}` exited {code}:\n{printed}"
+            _prepared[name] = where / name
+        shutil.copytree(_prepared[name], here / name, dirs_exist_ok=True)
+
 
 def run_command(line: str) -> tuple[int, str]:
     """One documented command: its exit status and output."""
-    command = line.split("#")[0].strip()
-    if command in RUN_ONCE:
+    command = " ".join(line.split("#")[0].split())  # as one line, however the page wraps it
+    if command in RUN_ONCE or command in _ran_once:
         if command not in _ran_once:
             _ran_once[command] = _run_command(command)
         return _ran_once[command]
@@ -427,7 +461,8 @@ def run_python_block(block: Block, namespace: dict) -> None:
 
 
 @pytest.mark.parametrize("block", page_blocks({"console"}))
-def test_console_transcripts(block, in_tmp, shared_models):
+def test_console_transcripts(block, in_tmp, shared_models, tmp_path_factory):
+    prepare_folders(block.text, in_tmp, tmp_path_factory)
     for command, expected in console_steps(block.text):
         if not_run(command):
             continue
@@ -438,7 +473,8 @@ def test_console_transcripts(block, in_tmp, shared_models):
 
 
 @pytest.mark.parametrize("block", page_blocks({"sh", "bash"}))
-def test_shell_commands(block, in_tmp, shared_models):
+def test_shell_commands(block, in_tmp, shared_models, tmp_path_factory):
+    prepare_folders(block.text, in_tmp, tmp_path_factory)
     for command in shell_commands(block.text):
         if not_run(command):
             continue
