@@ -54,6 +54,7 @@ def test_info(client):
         "family": "llama",
         "kind": "causal",
         "layers": 2,
+        "decoder_layers": 0,
         "heads": 4,
         "max_tokens": 64,
     }
@@ -238,7 +239,15 @@ def test_cli_serves_a_real_model(minilm_path):
                 assert time.monotonic() < deadline, "attnkit serve did not start in 60 s"
                 time.sleep(0.2)
         assert info["models"] == [
-            {"name": "minilm", "family": "bert", "kind": "bidirectional", "layers": 6, "heads": 12, "max_tokens": 512}
+            {
+                "name": "minilm",
+                "family": "bert",
+                "kind": "bidirectional",
+                "layers": 6,
+                "decoder_layers": 0,
+                "heads": 12,
+                "max_tokens": 512,
+            }
         ]
         response = httpx.post(f"{url}/api/attention", json={"text": "it was tired", "layers": [5]}, timeout=30)
         data = ViewerData.from_json(response.text)

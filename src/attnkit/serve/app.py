@@ -49,6 +49,7 @@ from attnkit.viz.viewer import (
     content_security_policy,
     render_html,
     viewer_data_from_run,
+    viewer_data_from_seq2seq,
 )
 
 logger = logging.getLogger("attnkit.serve")
@@ -62,6 +63,8 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024
 # Requests waiting for one model, past which the server answers 429: about ten seconds of
 # SmolLM2 work on two cores.
 DEFAULT_MAX_QUEUE = 32
+# The most tokens an encoder-decoder writes when a request gives no target.
+GENERATED_TOKENS = 64
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -82,6 +85,12 @@ class AttentionRequest(BaseModel):
         description='"token", or "word" for the attention between the words of the text: rows and columns are '
         "words, a word's row the average of its tokens' rows, summed over each key word's tokens.",
     )
+    decoder_text: StrictStr | None = Field(
+        None,
+        description="An encoder-decoder's target, the decoder's text (text is then its source). Absent, null or "
+        "blank: the model writes the target itself by greedy decoding, and the response says so (generated). "
+        "Refused for other models.",
+    )
 
 
 class ErrorBody(BaseModel):
@@ -93,8 +102,11 @@ class ErrorBody(BaseModel):
 class ModelInfo(BaseModel):
     name: str = Field(description='The value for "model" in a request.')
     family: str
-    kind: str = Field(description='"causal" or "bidirectional".')
-    layers: int = Field(description="Number of layers; valid indices are 0 .. layers - 1.")
+    kind: str = Field(description='"causal", "bidirectional" or "encoder-decoder".')
+    layers: int = Field(description="Number of layers (an encoder-decoder's encoder layers); indices 0 .. layers - 1.")
+    decoder_layers: int = Field(
+        0, description="An encoder-decoder's decoder layers (0 for other models); indices 0 .. decoder_layers - 1."
+    )
     heads: int = Field(description="Query heads per layer; valid indices are 0 .. heads - 1.")
     max_tokens: int = Field(description="Longest text accepted for this model, in its tokens.")
 
@@ -136,8 +148,12 @@ class ViewerDataBody(BaseModel):
     version: int
     model: str
     kind: str = Field(description='"causal", "bidirectional" or "encoder-decoder"')
-    text: str
-    sections: dict[str, SectionBody] = Field(description='"self" for these models')
+    text: str = Field(description="The text (an encoder-decoder's source).")
+    sections: dict[str, SectionBody] = Field(description='"self", or "encoder", "decoder" and "cross"')
+    target_text: str | None = Field(None, description="An encoder-decoder's target (absent for other models).")
+    generated: bool | None = Field(
+        None, description="An encoder-decoder's target was written by the model (greedy decoding), none being given."
+    )
 
 
 # ---------------------------------------------------------------- the app
@@ -153,17 +169,26 @@ class ServedModel:
     max_tokens: int
     max_queue: int = DEFAULT_MAX_QUEUE
     batcher: Batcher = field(init=False, repr=False)
+    # An encoder-decoder runs one source and target at a time, outside the batcher.
+    seq2seq_lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(self.model, max_queue=self.max_queue, name=f"attnkit-model-{self.name}")
 
+    @property
+    def encoder_decoder(self) -> bool:
+        """Whether the model reads a source and a target (:meth:`attnkit.models.Model.run_seq2seq`)."""
+        return bool(getattr(self.model, "encoder_decoder", False))
+
     def info(self) -> ModelInfo:
         """What ``GET /api/info`` says about this model."""
+        kind = "encoder-decoder" if self.encoder_decoder else "causal" if self.model.causal else "bidirectional"
         return ModelInfo(
             name=self.name,
             family=str(getattr(self.model, "family", "")),
-            kind="causal" if self.model.causal else "bidirectional",
+            kind=kind,
             layers=self.model.num_layers,
+            decoder_layers=int(getattr(self.model, "num_decoder_layers", 0)) if self.encoder_decoder else 0,
             heads=self.model.num_heads,
             max_tokens=self.max_tokens,
         )
@@ -456,6 +481,12 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
         if name not in served:
             raise _error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
         s = served[name]
+        if s.encoder_decoder:
+            data = await _run_seq2seq(request, s, limits)
+            timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
+            return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
+        if request.decoder_text is not None:
+            raise _error(422, f"{name} reads one text: decoder_text is for encoder-decoder models")
         # Other requests' batch waits for this one while it is read and checked.
         with s.batcher.arriving():
             admitted = await _admit(request, s, limits)
@@ -484,22 +515,10 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
         HTTPException: 422 naming what is wrong and, for too many weights, what would fit.
     """
     text = request.text
-    if not text.strip():
-        raise _error(422, "the text is empty: give some words to look at")
-    if len(text) > limits.max_chars:
-        raise _error(422, f"the text is {len(text)} characters, more than this server's limit of {limits.max_chars}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise _error(422, f"the text is not valid Unicode: a lone surrogate at character {err.start}") from None
+    _check_text(text, limits)
     layers = _indices(request.layers, s.model.num_layers, "layer", s.name)
     heads = _indices(request.heads, s.model.num_heads, "head", s.name)
-    try:
-        count = len((await run_in_threadpool(s.model.tokenize, text)).tokens)
-    except ValueError as err:
-        raise _error(422, str(err)) from None
-    if count > s.max_tokens:
-        raise _error(422, f"the text is {count} tokens, more than the limit of {s.max_tokens} for {s.name}")
+    count = await _count_tokens(text, s)
     weights = len(layers) * len(heads) * count * count
     if weights > limits.max_weights:
         per_layer = len(heads) * count * count
@@ -510,6 +529,97 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
             "layers or fewer heads",
         )
     return Admitted(s, text, layers, heads, count)
+
+
+def _check_text(text: str, limits: Limits, what: str = "the text") -> None:
+    """Refuse a blank text, one over the character limit, or one with lone surrogates.
+
+    Raises:
+        HTTPException: 422 naming what is wrong.
+    """
+    if not text.strip():
+        raise _error(422, f"{what} is empty: give some words to look at")
+    if len(text) > limits.max_chars:
+        raise _error(422, f"{what} is {len(text)} characters, more than this server's limit of {limits.max_chars}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise _error(422, f"{what} is not valid Unicode: a lone surrogate at character {err.start}") from None
+
+
+async def _count_tokens(text: str, s: ServedModel, what: str = "the text") -> int:
+    """The number of tokens of ``text`` for model ``s``.
+
+    Raises:
+        HTTPException: 422 for a text the tokenizer refuses or one over the token limit.
+    """
+    try:
+        count = len((await run_in_threadpool(s.model.tokenize, text)).tokens)
+    except ValueError as err:
+        raise _error(422, str(err)) from None
+    if count > s.max_tokens:
+        raise _error(422, f"{what} is {count} tokens, more than the limit of {s.max_tokens} for {s.name}")
+    return count
+
+
+async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits) -> Any:
+    """The viewer data of an encoder-decoder request: the source (``text``) and the target
+    (``decoder_text``, or the model's own greedy one when it is absent or blank), with the
+    encoder, decoder and cross-attention of the asked layers (each stack the indices it
+    has) and heads, checked first as :func:`_admit` checks a text.
+
+    Raises:
+        HTTPException: 422 naming what is wrong and, for too many weights, what would fit.
+    """
+    model: Any = s.model  # an encoder-decoder attnkit.models.Model, beyond the protocol: run_seq2seq
+    _check_text(request.text, limits)
+    target = request.decoder_text if request.decoder_text is not None and request.decoder_text.strip() else None
+    if target is not None:
+        _check_text(target, limits, "the decoder text")
+    encoder_depth, decoder_depth = model.num_layers, int(model.num_decoder_layers)
+    layers = _indices(request.layers, max(encoder_depth, decoder_depth), "layer", s.name)
+    heads = _indices(request.heads, model.num_heads, "head", s.name)
+    s_src = await _count_tokens(request.text, s)
+    encoder_layers = [layer for layer in layers if layer < encoder_depth]
+    decoder_layers = [layer for layer in layers if layer < decoder_depth]
+
+    def run(target: Any, **asked: Any) -> Any:
+        with s.seq2seq_lock:
+            return model.run_seq2seq(request.text, target, heads=heads, **asked)
+
+    written = None
+    if target is None:
+        # The model writes the target first (no weights), so that the limit below counts
+        # the tokens it wrote.
+        try:
+            written = await run_in_threadpool(
+                run, None, encoder_layers=[], decoder_layers=[], max_new_tokens=min(s.max_tokens, GENERATED_TOKENS)
+            )
+        except ValueError as err:
+            raise _error(422, str(err)) from None
+        s_tgt = written.target_ids.shape[1]
+    else:
+        s_tgt = await _count_tokens(target, s, "the decoder text")
+    weights = len(heads) * (len(encoder_layers) * s_src**2 + len(decoder_layers) * (s_tgt**2 + s_tgt * s_src))
+    if weights > limits.max_weights:
+        raise _error(
+            422,
+            f"{len(layers)} layers x {len(heads)} heads of {s_src} source and {s_tgt} target tokens is {weights} "
+            f"weights, more than this server's limit of {limits.max_weights}: ask for fewer layers or heads",
+        )
+
+    def work() -> Any:
+        if written is None:
+            result = run(target, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
+        else:
+            result = run(written.target_ids, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
+            result = dataclasses.replace(result, target_text=written.target_text, generated=True)
+        return viewer_data_from_seq2seq(model, result, name=s.name, level=request.level)
+
+    try:
+        return await run_in_threadpool(work)
+    except ValueError as err:
+        raise _error(422, str(err)) from None
 
 
 @contextmanager

@@ -280,33 +280,10 @@ def write_seq2seq_viewer(model: Any, run: Any, out: Path, *, level: str = "token
         ValueError: a run without any weights, or an unknown level.
         ImportError: the viewer's dependencies are missing.
     """
-    from attnkit.inspect.seq2seq import seq2seq_map
     from attnkit.viz.viewer import write_html
-    from attnkit.viz.viewer.data import ViewerData
+    from attnkit.viz.viewer.adapters import viewer_data_from_seq2seq
 
-    sections: dict[str, dict[int, Any]] = {}
-    labels: dict[str, tuple[list[str], list[str]]] = {}
-    for kind in ("encoder", "decoder", "cross"):
-        for layer in sorted(run.attentions(kind)):
-            amap = seq2seq_map(model, run, attention=kind, layer=layer, level=level)
-            sections.setdefault(kind, {})[layer] = amap.weights  # [h, n, m]
-            labels[kind] = (amap.labels, amap.column_labels)
-    if not sections:
-        raise ValueError("the run has no attention weights: ask for some encoder or decoder layers")
-    source = labels["encoder"][0] if "encoder" in labels else labels["cross"][1] if "cross" in labels else []
-    target = next((labels[kind][0] for kind in ("cross", "decoder") if kind in labels), [])
-    data = ViewerData.encoder_decoder(
-        model.name,
-        source,
-        target,
-        encoder=sections.get("encoder"),
-        decoder=sections.get("decoder"),
-        cross=sections.get("cross"),
-        heads=run.heads,
-        text=run.source_text,
-        decoder_key_tokens=labels["decoder"][1] if "decoder" in labels else None,
-        level=level,
-    )
+    data = viewer_data_from_seq2seq(model, run, level=level)
     suffix = "_words" if level == "word" else ""
     return write_html(out / f"{file_stem(model.name)}_viewer{suffix}.html", data)
 

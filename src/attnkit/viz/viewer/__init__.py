@@ -12,6 +12,7 @@ from attnkit.viz.viewer.adapters import (
     model_name,
     viewer_data_from_lm_output,
     viewer_data_from_run,
+    viewer_data_from_seq2seq,
     viewer_data_from_transformer_output,
 )
 from attnkit.viz.viewer.data import KINDS, SCALE, Section, ViewerData
@@ -28,6 +29,7 @@ __all__ = [
     "render_html",
     "viewer_data_from_lm_output",
     "viewer_data_from_run",
+    "viewer_data_from_seq2seq",
     "viewer_data_from_transformer_output",
     "write_html",
 ]

@@ -66,6 +66,53 @@ def viewer_data_from_run(
     )
 
 
+def viewer_data_from_seq2seq(model: Any, run: Any, *, name: str | None = None, level: str = "token") -> ViewerData:
+    """Viewer data of an encoder–decoder run: its encoder, decoder and cross-attention
+    sections, each with the layers and heads the run holds, between tokens or words.
+
+    Args:
+        model: the encoder–decoder :class:`attnkit.models.Model`.
+        run: its :class:`attnkit.models.encoder_decoder.Seq2SeqRun`.
+        name: the model's display name (default :func:`model_name`).
+        level: ``"token"``, or ``"word"`` for the attention between words on both sides.
+
+    Returns:
+        Data of kind ``"encoder-decoder"``: target tokens as the rows of the decoder and
+        cross sections, source tokens as the columns of the cross section; the source as
+        ``text``, the target as ``target_text``, and whether the model generated it.
+
+    Raises:
+        ValueError: a run without any weights, or an unknown level.
+    """
+    from attnkit.inspect.seq2seq import seq2seq_map
+
+    sections: dict[str, dict[int, Tensor]] = {}
+    labels: dict[str, tuple[list[str], list[str]]] = {}
+    for kind in ("encoder", "decoder", "cross"):
+        for layer in sorted(run.attentions(kind)):
+            amap = seq2seq_map(model, run, attention=kind, layer=layer, level=level)
+            sections.setdefault(kind, {})[layer] = amap.weights  # [h, n, m]
+            labels[kind] = (amap.labels, amap.column_labels)
+    if not sections:
+        raise ValueError("the run has no attention weights: ask for some encoder or decoder layers")
+    source = labels["encoder"][0] if "encoder" in labels else labels["cross"][1] if "cross" in labels else []
+    target = next((labels[kind][0] for kind in ("cross", "decoder") if kind in labels), [])
+    return ViewerData.encoder_decoder(
+        name or model_name(model),
+        source,
+        target,
+        encoder=sections.get("encoder"),
+        decoder=sections.get("decoder"),
+        cross=sections.get("cross"),
+        heads=run.heads,
+        text=run.source_text,
+        decoder_key_tokens=labels["decoder"][1] if "decoder" in labels else None,
+        level=level,
+        target_text=run.target_text,
+        generated=run.generated,
+    )
+
+
 def mode_sections(
     model: Any, text: str, modes: Sequence[str], *, layers: Sequence[int], heads: Sequence[int], level: str = "token"
 ) -> dict[str, Section]:

@@ -236,9 +236,12 @@ class ViewerData:
             or ``"encoder-decoder"`` (sections among ``"encoder"``, ``"decoder"``,
             ``"cross"``).
         sections: section name → :class:`Section`, in display order.
-        text: the input text, when there is one.
+        text: the input text, when there is one (an encoder–decoder's source).
         level: what the rows and columns stand for: ``"token"``, or ``"word"`` for
             attention between the words of the text.
+        target_text: an encoder–decoder's target, when there is one.
+        generated: the model wrote the target itself (greedy decoding), none having been
+            given.
 
     Raises:
         ValueError: an unknown kind, an unknown level, sections that do not belong to it, or a self-attention
@@ -250,12 +253,16 @@ class ViewerData:
     sections: Mapping[str, Section]
     text: str = ""
     level: str = "token"
+    target_text: str = ""
+    generated: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.level not in ("token", "word"):
             raise ValueError(f"level must be token or word, got {self.level!r}")
+        if (self.target_text or self.generated) and self.kind != "encoder-decoder":
+            raise ValueError(f"only an encoder-decoder has a target text, got a {self.kind} model's data with one")
         allowed = SECTION_NAMES[self.kind]
         unknown = [name for name in self.sections if name not in allowed]
         if not self.sections or unknown:
@@ -318,6 +325,8 @@ class ViewerData:
         text: str = "",
         decoder_key_tokens: Sequence[str] | None = None,
         level: str = "token",
+        target_text: str = "",
+        generated: bool = False,
     ) -> ViewerData:
         """The three kinds of attention of an encoder–decoder model.
 
@@ -330,11 +339,13 @@ class ViewerData:
             decoder: layer → ``[h, s_tgt, s_tgt]`` causal decoder self-attention.
             cross: layer → ``[h, s_tgt, s_src]``, decoder queries attending to encoder keys.
             heads: the head indices of the ``h`` rows (default ``0 .. h-1``).
-            text: the input text.
+            text: the source text.
             decoder_key_tokens: the columns of the decoder section when they are not the
                 target tokens (what each position reads: the start token, then the target
                 but its last token); default ``target_tokens``.
             level: ``"token"``, or ``"word"`` when the tokens are words.
+            target_text: the target text.
+            generated: the model wrote the target itself (greedy decoding).
 
         Returns:
             Data of kind ``"encoder-decoder"`` with the sections given.
@@ -350,7 +361,7 @@ class ViewerData:
             sections["decoder"] = Section.from_layers(target_tokens, keys, decoder, heads=heads, causal=True)
         if cross:
             sections["cross"] = Section.from_layers(target_tokens, source_tokens, cross, heads=heads)
-        return cls(model, "encoder-decoder", sections, text, level)
+        return cls(model, "encoder-decoder", sections, text, level, target_text, generated)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form documented in ``docs/viewer.md``."""
@@ -362,7 +373,7 @@ class ViewerData:
             "text": self.text,
             "level": self.level,
             "sections": {name: section.to_dict() for name, section in self.sections.items()},
-        }
+        } | ({"target_text": self.target_text, "generated": self.generated} if self.kind == "encoder-decoder" else {})
 
     def to_json(self) -> str:
         """:meth:`to_dict` as compact JSON text."""
@@ -380,7 +391,15 @@ class ViewerData:
                 f"expected format {FORMAT!r} version {VERSION}, got {d.get('format')!r} version {d.get('version')!r}"
             )
         sections = {name: Section.from_dict(s) for name, s in d["sections"].items()}
-        return cls(d["model"], d["kind"], sections, d.get("text", ""), d.get("level", "token"))
+        return cls(
+            d["model"],
+            d["kind"],
+            sections,
+            d.get("text", ""),
+            d.get("level", "token"),
+            d.get("target_text", ""),
+            bool(d.get("generated", False)),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> ViewerData:

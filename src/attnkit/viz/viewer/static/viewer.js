@@ -150,7 +150,10 @@
       ? json.sections.cross.key_tokens.length + ' source and ' + json.sections.cross.query_tokens.length + ' target tokens'
       : Math.max(...counts) + (json.level === 'word' ? ' words' : ' tokens');
     $('ak-summary').textContent = json.model + ' \u00b7 ' + (kinds[json.kind] || json.kind) + ' \u00b7 ' + tokens;
-    $('ak-text-shown').textContent = json.text ? 'Text: \u201c' + json.text + '\u201d' : '';
+    $('ak-text-shown').textContent = json.kind === 'encoder-decoder'
+      ? 'Source: \u201c' + json.text + '\u201d \u00b7 target: \u201c' + (json.target_text || '') + '\u201d' +
+        (json.generated ? ' (written by the model, greedy decoding)' : '')
+      : json.text ? 'Text: \u201c' + json.text + '\u201d' : '';
     document.title = 'Attention: ' + json.model;
     $('ak-title').textContent = 'Attention: ' + json.model;
     $('ak-main').hidden = false;
@@ -777,7 +780,7 @@
     if (body.dataset.mode !== 'app' || !info || !state.data || $('ak-run').disabled) return;
     const m = info.models.find((x) => x.name === state.data.model);
     const picker = $('ak-req-layer');
-    if (!m || picker.value === 'all' || dims(sec()).L >= m.layers) return;
+    if (!m || picker.value === 'all' || dims(sec()).L >= depth(m)) return;
     picker.value = 'all';
     $('ak-app').requestSubmit();
   }
@@ -842,13 +845,19 @@
     el.setAttribute('role', error ? 'alert' : 'status');
   }
 
+  // An encoder-decoder's layer indices run over its deeper stack; each stack takes those it has.
+  const depth = (m) => Math.max(m.layers, m.decoder_layers || 0);
+
   function fillRequestPickers() {
     const m = info.models.find((x) => x.name === $('ak-model').value);
+    const seq2seq = m.kind === 'encoder-decoder';
+    $('ak-target-field').hidden = !seq2seq;
+    $('ak-text-label').textContent = seq2seq ? 'Source' : 'Text';
     const layers = $('ak-req-layer');
     layers.textContent = '';
-    layers.add(new Option('last layer (' + (m.layers - 1) + ')', String(m.layers - 1)));
-    layers.add(new Option('all ' + m.layers + ' layers', 'all'));
-    for (let n = 0; n < m.layers; n++) layers.add(new Option('layer ' + n, String(n)));
+    layers.add(new Option('last layer (' + (depth(m) - 1) + ')', String(depth(m) - 1)));
+    layers.add(new Option('all ' + depth(m) + ' layers', 'all'));
+    for (let n = 0; n < depth(m); n++) layers.add(new Option('layer ' + n, String(n)));
     const heads = $('ak-req-head');
     heads.textContent = '';
     heads.add(new Option('all ' + m.heads + ' heads', 'all'));
@@ -873,6 +882,8 @@
     // Words are whitespace and punctuation units of the text, aggregated by the server.
     const level = $('ak-level').value;
     const payload = { text, model: $('ak-model').value, level };
+    const m = info.models.find((x) => x.name === payload.model);
+    if (m.kind === 'encoder-decoder' && $('ak-target').value.trim()) payload.decoder_text = $('ak-target').value;
     const layer = $('ak-req-layer').value;
     const head = $('ak-req-head').value;
     if (layer !== 'all') payload.layers = [Number(layer)];
@@ -895,7 +906,12 @@
       }
       const seconds = ((performance.now() - started) / 1000).toFixed(2);
       const first = Object.values(json.sections)[0];
-      status(first.query_tokens.length + (level === 'word' ? ' words' : ' tokens') + ' in ' + seconds + ' s.', false);
+      const unit = level === 'word' ? ' words' : ' tokens';
+      status(json.kind === 'encoder-decoder'
+        ? (json.generated ? 'No target given: the model wrote it by greedy decoding. ' : '') +
+          (json.sections.cross || first).key_tokens.length + ' source and ' +
+          (json.sections.cross || first).query_tokens.length + ' target' + unit + ' in ' + seconds + ' s.'
+        : first.query_tokens.length + unit + ' in ' + seconds + ' s.', false);
       $('ak-error').hidden = true;
       load(json);
     } catch (err) {
@@ -920,7 +936,10 @@
       return;
     }
     const select = $('ak-model');
-    for (const m of info.models) select.add(new Option(m.name + ' (' + m.layers + ' layers, ' + m.heads + ' heads)', m.name));
+    for (const m of info.models) {
+      const layers = m.kind === 'encoder-decoder' ? m.layers + '+' + m.decoder_layers : String(m.layers);
+      select.add(new Option(m.name + ' (' + layers + ' layers, ' + m.heads + ' heads)', m.name));
+    }
     select.value = info.default_model;
     select.addEventListener('change', fillRequestPickers);
     fillRequestPickers();
