@@ -1,6 +1,7 @@
 """What several commands share: the ``--model``, ``--device``, ``--level``, ``--out``,
-``--format``, ``--quiet`` and figure arguments, status lines on stderr, file sizes, and
-loading a model with its errors as command errors.
+``--format``, ``--quiet`` and figure arguments, status lines on stderr, file sizes,
+loading a model with its errors as command errors, and the end of a command that writes
+files (its errors as command errors, then the ``wrote`` lines).
 
 This module imports no PyTorch: ``attnkit`` checks a model's name before it loads anything.
 """
@@ -337,3 +338,30 @@ def load_model(name: str, device: str = "cpu", *, status: Status | None = None) 
             return models.load(name, device=target)
         except (OSError, ValueError, ImportError, RuntimeError) as err:
             raise CommandError(str(err)) from None
+
+
+@contextmanager
+def command_errors(cannot: str) -> Iterator[None]:
+    """Run a command's work with its errors as command errors: a ``ValueError`` or
+    ``ImportError`` says itself, an ``OSError`` says ``cannot`` and why.
+
+    Args:
+        cannot: what an ``OSError`` means here, e.g. ``"cannot write to --out DIR"``.
+
+    Raises:
+        CommandError: in place of those errors.
+    """
+    try:
+        yield
+    except (ValueError, ImportError) as err:
+        raise CommandError(str(err)) from None
+    except OSError as err:
+        raise CommandError(f"{cannot}: {err.strerror or err}") from None
+
+
+def print_written(paths: Sequence[Path], *, sizes: bool = False) -> None:
+    """A blank line, then ``wrote PATH`` for each file a command wrote (with its size when
+    ``sizes``)."""
+    print()
+    for path in paths:
+        print(f"wrote {path} ({format_size(path.stat().st_size)})" if sizes else f"wrote {path}")

@@ -4,6 +4,7 @@ many texts, as a table, layers × heads pictures and JSON."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,13 @@ from attnkit.cli.common import (
     add_model_argument,
     add_output_arguments,
     add_quiet_argument,
+    command_errors,
     figure_options,
     format_size,
     load_model,
     parse_formats,
     prepare_out,
+    print_written,
 )
 from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, launched_by_torchrun, relaunch
 from attnkit.inspect.names import ATTENTION_KINDS, CROSS_STATISTICS, INDUCTION_PERIOD, STATISTICS
@@ -62,6 +65,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help=f"print this statistic's layers × heads values instead of the role grid: {', '.join(STATISTICS)}; "
         f"of cross-attention: entropy, first, {', '.join(CROSS_STATISTICS)}",
     )
+    _add_ablation_arguments(parser)
+    _add_seq2seq_arguments(parser)
+    add_output_arguments(parser, default_formats="png,json")
+    add_figure_arguments(parser, scale=False)
+    add_quiet_argument(parser)
+    add_nproc_argument(
+        parser,
+        help="survey the --file texts with N processes of this machine (launches torchrun; "
+        "each runs its share of the texts, rank 0 prints and writes the same table as "
+        "one process)",
+    )
+    parser.set_defaults(func=run)
+
+
+def _add_ablation_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ablate``, ``--mean`` and ``--target``."""
     ablation = parser.add_argument_group("head ablation")
     ablation.add_argument(
         "--ablate",
@@ -84,6 +103,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="with --ablate on a causal model, the next token to measure, leading space included "
         '(" Paris"); it must be a single token',
     )
+
+
+def _add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--decoder-text``, ``--attention`` and ``--align``."""
     seq2seq = parser.add_argument_group(
         "encoder-decoder models (T5, BART)",
         "TEXT (or each line of --file) is a source; a line may give its target after a tab "
@@ -106,16 +129,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "links SOURCE-TARGET of word indices from 0, as fast_align writes: 0-0 1-2 2-1), or "
         "diagonal (word i with word i, a copy) or anti-diagonal (the reverse task)",
     )
-    add_output_arguments(parser, default_formats="png,json")
-    add_figure_arguments(parser, scale=False)
-    add_quiet_argument(parser)
-    add_nproc_argument(
-        parser,
-        help="survey the --file texts with N processes of this machine (launches torchrun; "
-        "each runs its share of the texts, rank 0 prints and writes the same table as "
-        "one process)",
-    )
-    parser.set_defaults(func=run)
 
 
 # The most --file bytes read: far more texts than a survey on this machine gets through.
@@ -173,26 +186,13 @@ def run(args: argparse.Namespace) -> int:
     figure = figure_options(args)
     if args.nproc is not None and not distributed:
         return relaunch(args)
-    status = Status(args.quiet)
     # Every option is checked above, before PyTorch and the model load.
-    from attnkit.inspect.survey import survey_heads
     from attnkit.viz.attention_text import render_survey
     from attnkit.viz.export import write_survey
     from attnkit.viz.terminal import terminal_safe
 
-    survey_fn = survey_heads
-    talks = True  # prints and writes (rank 0 alone under torchrun)
-    if distributed:
-        from attnkit import distributed as dist_survey
-
-        info = dist_survey.init(device=None if args.device.startswith("cuda") else "cpu")
-        check_world_size(args, info.world_size)
-        if args.device.startswith("cuda"):
-            args.device = str(info.device)
-        survey_fn = dist_survey.survey_heads
-        talks = info.is_main
-        if not talks:
-            status = Status(quiet=True)
+    survey_fn, talks = _survey_function(args, distributed)
+    status = Status(args.quiet or not talks)
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
     if getattr(model, "encoder_decoder", False):
@@ -204,25 +204,37 @@ def run(args: argparse.Namespace) -> int:
             f"--decoder-text, --attention and --align are for encoder-decoder models (T5, BART); {model.name} is a "
             f"{model.family} model"
         )
-    try:
+    with command_errors(f"cannot write to --out {args.out}"):
         what = f"{len(texts)} text" + ("s" if len(texts) != 1 else "")
         with status.step(f"surveying {model.num_layers} layers × {model.num_heads} heads of {model.name} on {what}"):
             survey = survey_fn(model, texts, source=args.source, target=args.target, level=args.level)
         if distributed:
-            dist_survey.leave()
+            from attnkit.distributed import leave
+
+            leave()
         if not talks:
             return 0
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_survey(survey, out, formats, **figure)
-    except (ValueError, ImportError) as err:
-        raise CommandError(str(err)) from None
-    except OSError as err:
-        raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
-    print()
-    for path in written:
-        print(f"wrote {path}")
+    print_written(written)
     return 0
+
+
+def _survey_function(args: argparse.Namespace, distributed: bool) -> tuple[Callable[..., Any], bool]:
+    """The survey to run and whether this process prints and writes: the one-process
+    survey, or under torchrun the process group's (joined here), of which rank 0 talks."""
+    if not distributed:
+        from attnkit.inspect.survey import survey_heads
+
+        return survey_heads, True
+    from attnkit import distributed as dist_survey
+
+    info = dist_survey.init(device=None if args.device.startswith("cuda") else "cpu")
+    check_world_size(args, info.world_size)
+    if args.device.startswith("cuda"):
+        args.device = str(info.device)
+    return dist_survey.survey_heads, info.is_main
 
 
 def run_ablation(args: argparse.Namespace) -> int:
@@ -247,7 +259,7 @@ def run_ablation(args: argparse.Namespace) -> int:
     from attnkit.viz.terminal import terminal_safe
 
     model = load_model(args.model, args.device, status=status)
-    try:
+    with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"ablating {model.num_layers} layers × {model.num_heads} heads of {model.name}"):
             effects = head_ablation(
                 model, args.text, target=args.ablate_target, mean_over=reference if args.mean else None
@@ -255,13 +267,7 @@ def run_ablation(args: argparse.Namespace) -> int:
         print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_effects(effects, out, formats, **figure)
-    except (ValueError, ImportError) as err:
-        raise CommandError(str(err)) from None
-    except OSError as err:
-        raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
-    print()
-    for path in written:
-        print(f"wrote {path}")
+    print_written(written)
     return 0
 
 
@@ -290,7 +296,7 @@ def _run_seq2seq_survey(
         pairs.append((source, target if tab else args.decoder_text))
     if args.align is not None and kind != "cross":
         raise CommandError(f"--align scores cross-attention heads; got --attention {kind}")
-    try:
+    with command_errors("cannot read or write"):
         alignments = None if args.align is None else read_alignments(args.align, len(pairs))
         depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
         what = f"{len(pairs)} source" + ("s" if len(pairs) != 1 else "")
@@ -299,11 +305,5 @@ def _run_seq2seq_survey(
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_survey(survey, out, formats, **figure)
-    except (ValueError, ImportError) as err:
-        raise CommandError(str(err)) from None
-    except OSError as err:
-        raise CommandError(f"cannot read or write: {err.strerror or err}") from None
-    print()
-    for path in written:
-        print(f"wrote {path}")
+    print_written(written)
     return 0

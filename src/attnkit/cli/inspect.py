@@ -5,7 +5,7 @@ interactive viewer of every layer and head."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,13 @@ from attnkit.cli.common import (
     add_quiet_argument,
     add_size_argument,
     check_sizes,
+    command_errors,
     figure_options,
-    format_size,
     load_model,
     parse_formats,
     parse_size,
     prepare_out,
+    print_written,
 )
 from attnkit.inspect.names import ATTENTION_KINDS, EXAMPLE_TEXT, FLOW_MAX_TOKENS, METHODS
 
@@ -52,6 +53,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "text", nargs="?", default=EXAMPLE_TEXT, metavar="TEXT", help=f'the text to run (default: "{EXAMPLE_TEXT}")'
     )
     add_model_argument(parser)
+    _add_map_arguments(parser)
+    _add_seq2seq_arguments(parser)
+    add_level_argument(parser)
+    add_output_arguments(parser, default_formats="png,json", formats=INSPECT_FORMATS)
+    add_size_argument(parser)
+    add_figure_arguments(parser)
+    add_quiet_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_map_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--layers``, ``--heads``, ``--top``, ``--method`` and ``--target``."""
     parser.add_argument(
         "--layers",
         "--layer",
@@ -88,6 +101,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="for --method grad: the next token whose log-probability to explain, leading space "
         'included (" Paris"), or for an encoder a text whose sentence-embedding similarity to explain',
     )
+
+
+def _add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--decoder-text``, ``--attention`` and ``--max-new-tokens``."""
     seq2seq = parser.add_argument_group(
         "encoder-decoder models (T5, BART)",
         "TEXT is the source; the maps show one of the three kinds of attention, the decoder's with "
@@ -115,12 +132,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="the most tokens to generate without --decoder-text (default: 32)",
     )
-    add_level_argument(parser)
-    add_output_arguments(parser, default_formats="png,json", formats=INSPECT_FORMATS)
-    add_size_argument(parser)
-    add_figure_arguments(parser)
-    add_quiet_argument(parser)
-    parser.set_defaults(func=run)
 
 
 def parse_layers(spec: str | None, num_layers: int) -> list[int] | None:
@@ -172,23 +183,10 @@ def run(args: argparse.Namespace) -> int:
     formats = parse_formats(args.format, INSPECT_FORMATS)
     limit = parse_size(args.max_size)
     figure = figure_options(args)
-    if not args.text.strip():
-        raise CommandError("the text is empty")
-    if args.top < 1:
-        raise CommandError(f"--top must be at least 1, got {args.top}")
-    if args.method == "grad" and args.target is None:
-        raise CommandError(
-            '--method grad needs --target: the next token whose log-probability to explain (" Paris"), '
-            "or for an encoder a text"
-        )
-    if args.method != "grad" and args.target is not None:
-        raise CommandError(f"--target is only for --method grad, not --method {args.method}")
+    _check_options(args)
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
-    from attnkit.inspect.methods import method_map
-    from attnkit.viz.attention_text import render_map
-    from attnkit.viz.export import estimate_map_canvas, estimate_map_json, estimate_viewer_html, write_map, write_viewer
-    from attnkit.viz.terminal import terminal_safe
+    from attnkit.viz.export import write_viewer
     from attnkit.viz.viewer.data import MODES as VIEWER_MODES
 
     model = load_model(args.model, args.device, status=status)
@@ -203,27 +201,109 @@ def run(args: argparse.Namespace) -> int:
         tokens = len(model.tokenize(args.text).tokens)
     except ValueError as err:
         raise CommandError(str(err)) from None
-    layers = parse_layers(args.layers, model.num_layers)
-    heads = parse_heads(args.heads, model.num_heads)
-    map_layers = layers or [model.num_layers - 1]
-    map_heads = heads or [0]
-    page_layers = layers or list(range(model.num_layers))
-    page_heads = heads or list(range(model.num_heads))
+    chosen = _Chosen.of(args, model)
+    _check_map_sizes(args, model, formats, figure, limit, tokens, chosen)
+    written = []
+    with command_errors(f"cannot write to --out {args.out}"):
+        written += _write_maps(args, model, status, formats, figure, out, tokens, chosen)
+        if "html" in formats:
+            with status.step(f"writing {chosen.page}"):
+                modes = [args.method] if args.method in VIEWER_MODES else []
+                written.append(
+                    write_viewer(
+                        model, args.text, out, level=args.level, layers=chosen.layers, heads=chosen.heads, modes=modes
+                    )
+                )
+    print_written(written, sizes=True)
+    return 0
 
-    # Every file's size is estimated before anything is computed.
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The options that need no model: a text, ``--top``, and ``--target`` with ``--method grad``.
+
+    Raises:
+        CommandError: one of them is wrong.
+    """
+    if not args.text.strip():
+        raise CommandError("the text is empty")
+    if args.top < 1:
+        raise CommandError(f"--top must be at least 1, got {args.top}")
+    if args.method == "grad" and args.target is None:
+        raise CommandError(
+            '--method grad needs --target: the next token whose log-probability to explain (" Paris"), '
+            "or for an encoder a text"
+        )
+    if args.method != "grad" and args.target is not None:
+        raise CommandError(f"--target is only for --method grad, not --method {args.method}")
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """The layers and heads that ``attnkit inspect`` shows: ``--layers`` and ``--heads`` as
+    given (``None`` when not), those of the printed maps and files, those of the page."""
+
+    layers: list[int] | None
+    heads: list[int] | None
+    map_layers: list[int]
+    map_heads: list[int]
+    page_layers: list[int]
+    page_heads: list[int]
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, model: Any) -> _Chosen:
+        """Read ``--layers`` and ``--heads`` for ``model``.
+
+        Raises:
+            CommandError: a layer or head that is not one, or out of range.
+        """
+        layers = parse_layers(args.layers, model.num_layers)
+        heads = parse_heads(args.heads, model.num_heads)
+        return cls(
+            layers,
+            heads,
+            map_layers=layers or [model.num_layers - 1],
+            map_heads=heads or [0],
+            page_layers=layers or list(range(model.num_layers)),
+            page_heads=heads or list(range(model.num_heads)),
+        )
+
+    @property
+    def page(self) -> str:
+        """The viewer page, in words."""
+        return f"the viewer page of {counted(self.page_layers, 'layer')} × {counted(self.page_heads, 'head')}"
+
+
+def _check_map_sizes(
+    args: argparse.Namespace,
+    model: Any,
+    formats: list[str],
+    figure: dict,
+    limit: int | None,
+    tokens: int,
+    chosen: _Chosen,
+) -> None:
+    """Estimate every file's size before anything is computed, and refuse those over ``limit``.
+
+    Raises:
+        CommandError: a file over the limit (the message names each and what to ask instead).
+    """
+    from attnkit.viz.export import estimate_map_canvas, estimate_map_json, estimate_viewer_html
+
     causal = bool(model.causal)
+    heads = len(chosen.map_heads)
     estimates = {}
     if "json" in formats:
-        for layer in map_layers:
-            estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(map_heads), causal=causal)
+        for layer in chosen.map_layers:
+            estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, heads, causal=causal)
     if "png" in formats:
-        canvas = estimate_map_canvas(tokens, len(map_heads), dpi=figure.get("dpi"), figsize=figure.get("figsize"))
+        canvas = estimate_map_canvas(tokens, heads, dpi=figure.get("dpi"), figsize=figure.get("figsize"))
         estimates["the canvas of each PNG (pixels × 4 bytes, drawn before compression)"] = canvas
     if "html" in formats:
         # A value colour mode doubles the weights of the page; rollout adds one map per layer.
-        mode_heads = {"value": len(page_heads), "rollout": 1}.get(args.method, 0)
-        estimates[f"the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"] = (
-            estimate_viewer_html(tokens, len(page_layers), len(page_heads) + mode_heads, causal=causal)
+        page_heads = len(chosen.page_heads)
+        mode_heads = {"value": page_heads, "rollout": 1}.get(args.method, 0)
+        estimates[chosen.page] = estimate_viewer_html(
+            tokens, len(chosen.page_layers), page_heads + mode_heads, causal=causal
         )
     check_sizes(
         estimates,
@@ -234,49 +314,48 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
 
-    written = []
-    try:
-        for layer in map_layers:
-            with status.step(f"running {model.name} on {tokens} tokens for layer {layer}"):
-                amap = method_map(
-                    model,
-                    args.text,
-                    method=args.method,
-                    layer=layer,
-                    head="all" if len(map_heads) > 1 else map_heads[0],
-                    level=args.level,
-                    target=args.target,
-                )
-                if len(map_heads) > 1 and amap.heads:
-                    amap = replace(amap, heads=map_heads, weights=amap.weights[map_heads])  # [h, n, n]
-            print(terminal_safe(render_map(amap, top=args.top)), end="", flush=True)
-            files = [f for f in formats if f != "html"]
-            if files:
-                with status.step(f"writing {', '.join(files)} of layer {layer}"):
-                    written += write_map(amap, out, files, **figure)
-        if "html" in formats:
-            with status.step(
-                f"writing the viewer page of {counted(page_layers, 'layer')} × {counted(page_heads, 'head')}"
-            ):
-                written.append(
-                    write_viewer(
-                        model,
-                        args.text,
-                        out,
-                        level=args.level,
-                        layers=layers,
-                        heads=heads,
-                        modes=[args.method] if args.method in VIEWER_MODES else [],
-                    )
-                )
-    except (ValueError, ImportError) as err:
-        raise CommandError(str(err)) from None
-    except OSError as err:
-        raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
-    print()
-    for path in written:
-        print(f"wrote {path} ({format_size(path.stat().st_size)})")
-    return 0
+
+def _write_maps(
+    args: argparse.Namespace,
+    model: Any,
+    status: Status,
+    formats: list[str],
+    figure: dict,
+    out: Path,
+    tokens: int,
+    chosen: _Chosen,
+) -> list[Path]:
+    """Print the map of each chosen layer and write its files (all formats but html).
+
+    Returns:
+        The files written.
+    """
+    from attnkit.inspect.methods import method_map
+    from attnkit.viz.attention_text import render_map
+    from attnkit.viz.export import write_map
+    from attnkit.viz.terminal import terminal_safe
+
+    written: list[Path] = []
+    files = [f for f in formats if f != "html"]
+    map_heads = chosen.map_heads
+    for layer in chosen.map_layers:
+        with status.step(f"running {model.name} on {tokens} tokens for layer {layer}"):
+            amap = method_map(
+                model,
+                args.text,
+                method=args.method,
+                layer=layer,
+                head="all" if len(map_heads) > 1 else map_heads[0],
+                level=args.level,
+                target=args.target,
+            )
+            if len(map_heads) > 1 and amap.heads:
+                amap = replace(amap, heads=map_heads, weights=amap.weights[map_heads])  # [h, n, n]
+        print(terminal_safe(render_map(amap, top=args.top)), end="", flush=True)
+        if files:
+            with status.step(f"writing {', '.join(files)} of layer {layer}"):
+                written += write_map(amap, out, files, **figure)
+    return written
 
 
 def _run_seq2seq(
@@ -292,7 +371,7 @@ def _run_seq2seq(
     or generated), then the maps of one kind of attention and the viewer page of all three."""
     from attnkit.inspect.seq2seq import SEQ2SEQ_METHODS, seq2seq_map
     from attnkit.viz.attention_text import render_map
-    from attnkit.viz.export import estimate_map_json, estimate_viewer_html, write_map, write_seq2seq_viewer
+    from attnkit.viz.export import write_map, write_seq2seq_viewer
     from attnkit.viz.terminal import terminal_safe
 
     kind = args.attention or "cross"
@@ -309,33 +388,17 @@ def _run_seq2seq(
     except ValueError as err:
         raise CommandError(str(err)) from None
     depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
-    layers = parse_layers(args.layers, depth)
+    map_layers = parse_layers(args.layers, depth) or [depth - 1]
     heads = parse_heads(args.heads, model.num_heads)
-    map_layers = layers or [depth - 1]
     map_heads = heads or [0]
     html = "html" in formats
-    tokens = max(s_src, s_tgt)
-    estimates = {}
-    if "json" in formats:
-        for layer in map_layers:
-            estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(map_heads), causal=False)
-    if html:
-        page_heads = len(heads or range(model.num_heads))
-        page_layers = model.num_layers + 2 * model.num_decoder_layers
-        estimates[f"the viewer page of {page_layers} maps × {counted(list(range(page_heads)), 'head')}"] = (
-            estimate_viewer_html(tokens, page_layers, page_heads, causal=False)
-        )
-    check_sizes(
-        estimates,
-        limit,
-        advice="ask for fewer layers or heads (--layers, --heads), shorter texts, or other formats (--format)",
-    )
+    _check_seq2seq_sizes(model, formats, limit, max(s_src, s_tgt), map_layers, heads)
     # The html page shows every layer of both stacks; the other formats the chosen ones.
     encoder_layers: bool | list[int] = True if html else (map_layers if kind == "encoder" else [])
     decoder_layers: bool | list[int] = True if html else (map_layers if kind != "encoder" else [])
     what = "the given target" if args.decoder_text is not None else "a greedily generated target"
     written = []
-    try:
+    with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"running {model.name} on {s_src} source tokens and {what}"):
             run = model.run_seq2seq(
                 args.text,
@@ -364,11 +427,33 @@ def _run_seq2seq(
         if html:
             with status.step("writing the viewer page of the encoder, decoder and cross-attention"):
                 written.append(write_seq2seq_viewer(model, run, out, level=args.level))
-    except (ValueError, ImportError) as err:
-        raise CommandError(str(err)) from None
-    except OSError as err:
-        raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
-    print()
-    for path in written:
-        print(f"wrote {path} ({format_size(path.stat().st_size)})")
+    print_written(written, sizes=True)
     return 0
+
+
+def _check_seq2seq_sizes(
+    model: Any, formats: list[str], limit: int | None, tokens: int, map_layers: list[int], heads: list[int] | None
+) -> None:
+    """Estimate an encoder–decoder's files before anything is computed, and refuse those
+    over ``limit`` (``tokens``: the longer of source and target).
+
+    Raises:
+        CommandError: a file over the limit.
+    """
+    from attnkit.viz.export import estimate_map_json, estimate_viewer_html
+
+    estimates = {}
+    if "json" in formats:
+        for layer in map_layers:
+            estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(heads or [0]), causal=False)
+    if "html" in formats:
+        page_heads = len(heads or range(model.num_heads))
+        page_layers = model.num_layers + 2 * model.num_decoder_layers
+        estimates[f"the viewer page of {page_layers} maps × {counted(list(range(page_heads)), 'head')}"] = (
+            estimate_viewer_html(tokens, page_layers, page_heads, causal=False)
+        )
+    check_sizes(
+        estimates,
+        limit,
+        advice="ask for fewer layers or heads (--layers, --heads), shorter texts, or other formats (--format)",
+    )

@@ -12,10 +12,12 @@ from attnkit.cli.common import (
     add_model_argument,
     add_output_arguments,
     add_quiet_argument,
+    command_errors,
     figure_options,
     load_model,
     parse_formats,
     prepare_out,
+    print_written,
 )
 
 # What `--by` and `--component` accept (attnkit.inspect.interventions.BY and COMPONENTS,
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device, status=status)
     layers = parse_layers(args.layers, model.num_layers)
     grid = f"{model.num_heads} heads" if args.by == "head" else "positions"
-    try:
+    with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"patching {len(layers or range(model.num_layers))} layers × {grid} of {model.name}"):
             effects = activation_patching(
                 model,
@@ -127,11 +129,5 @@ def run(args: argparse.Namespace) -> int:
         print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_effects(effects, out, formats, **figure)
-    except (ValueError, ImportError) as err:
-        raise CommandError(str(err)) from None
-    except OSError as err:
-        raise CommandError(f"cannot write to --out {args.out}: {err.strerror or err}") from None
-    print()
-    for path in written:
-        print(f"wrote {path}")
+    print_written(written)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from attnkit.cli import CommandError
+from attnkit.cli.common import command_errors
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         )
     from attnkit.viz.positional import NOTE_PAIRS, ROTARY_STARTS, draw_positional_pictures
 
-    try:
+    with command_errors(f"cannot write to {args.out}"):
         pictures = draw_positional_pictures(
             args.out,
             d_model=args.d_model,
@@ -94,10 +95,6 @@ def run(args: argparse.Namespace) -> int:
             head_dim=args.head_dim,
             seed=args.seed,
         )
-    except (ValueError, ImportError) as err:
-        raise CommandError(str(err)) from None
-    except OSError as err:
-        raise CommandError(f"cannot write to {args.out}: {err.strerror or err}") from None
     for path in pictures.files:
         print(f"wrote {path}")
     print(f"\nSinusoidal encoding, d_model = {args.d_model}:")

@@ -164,14 +164,7 @@ def run_seq2seq(
         heads, model.num_heads, "head", context=f"{model.name} has {model.num_heads} heads per layer"
     )
     generated = target is None
-    if target is None:
-        target_ids = torch.tensor([generate_target(model, source_ids, max_new_tokens)])  # [1, s_tgt]
-        target_tokens = [model.tokenizer.id_to_token(i) for i in target_ids[0].tolist()]
-        target_offsets = None
-        target_text = model.tokenizer.decode(target_ids[0], skip_special_tokens=True)
-    else:
-        target_ids, target_tokens, target_offsets = model._input(target)
-        target_text = target if isinstance(target, str) else model.tokenizer.decode(target_ids[0])
+    target_ids, target_tokens, target_offsets, target_text = _target(model, source_ids, target, max_new_tokens)
     s_src, s_tgt = source_ids.shape[1], target_ids.shape[1]
     if s_tgt == 0:
         raise ValueError(f"{model.name} produced no token for this source; give a target text")
@@ -219,6 +212,20 @@ def run_seq2seq(
         cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),
         heads=head_list,
     )
+
+
+def _target(
+    model: Any, source_ids: Tensor, target: str | Tensor | Sequence[int] | None, max_new_tokens: int
+) -> tuple[Tensor, list[str], list[tuple[int, int]] | None, str]:
+    """``(ids [1, s_tgt], tokens, offsets, text)`` of the given target, or of the one the
+    model generates greedily from the source when ``target`` is ``None``."""
+    if target is not None:
+        target_ids, target_tokens, target_offsets = model._input(target)
+        target_text = target if isinstance(target, str) else model.tokenizer.decode(target_ids[0])
+        return target_ids, target_tokens, target_offsets, target_text
+    target_ids = torch.tensor([generate_target(model, source_ids, max_new_tokens)])  # [1, s_tgt]
+    target_tokens = [model.tokenizer.id_to_token(i) for i in target_ids[0].tolist()]
+    return target_ids, target_tokens, None, model.tokenizer.decode(target_ids[0], skip_special_tokens=True)
 
 
 def _layers(selection: LayerSelection, depth: int, stack: str) -> list[int]:

@@ -217,17 +217,11 @@ class Model:
                 bytes, or an unknown name in ``cache`` (the message lists the names).
         """
         ids, tokens, offsets = self._input(text_or_ids)
-        layers = self._layers(attention)
-        head_list = normalize_indices(
-            heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
-        )
+        layers, head_list = self._selection(attention, heads)
         s = ids.shape[1]
-        needed = len(layers) * self.num_heads * s * s * 4
-        if needed > ATTENTION_MEMORY_LIMIT:
-            raise ValueError(
-                f"the attention weights of {len(layers)} layers on {s} tokens take {needed / 2**30:.1f} GiB, over "
-                f"the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or a shorter text"
-            )
+        self._check_attention_memory(
+            len(layers), [(1, s)], on=f"{s} tokens", advice="ask for fewer layers or a shorter text"
+        )
         select_heads = head_list != list(range(self.num_heads))
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
         # that callers may use in any mode.
@@ -345,68 +339,100 @@ class Model:
         if padding_side not in ("right", "left"):
             raise ValueError(f'padding_side must be "right" or "left", got {padding_side!r}')
         prepared = [self._input(item) for item in inputs]
-        layers = self._layers(attention)
-        head_list = normalize_indices(
-            heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
-        )
+        layers, head_list = self._selection(attention, heads)
         lengths = [ids.shape[1] for ids, _, _ in prepared]
         groups: dict[int, list[int]] = {}
         for i, n in enumerate(lengths):
             groups.setdefault(0 if self.causal else n, []).append(i)
         padded = [(len(group), max(lengths[i] for i in group)) for group in groups.values()]
-        needed = sum(len(layers) * self.num_heads * b * s * s * 4 for b, s in padded)
-        if needed > ATTENTION_MEMORY_LIMIT:
-            raise ValueError(
-                f"the attention weights of {len(layers)} layers on {len(prepared)} inputs take {needed / 2**30:.1f} "
-                f"GiB, over the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; run fewer at once"
-            )
+        self._check_attention_memory(len(layers), padded, on=f"{len(prepared)} inputs", advice="run fewer at once")
         runs: list[ModelRun | None] = [None] * len(prepared)
         points = self.module.hook_points() if cache != () else {}
+        with torch.no_grad(), self._stopped_by(stop):
+            for group, (_, s) in zip(groups.values(), padded):
+                ids, padding = _padded([prepared[i][0][0] for i in group], s, padding_side)  # [b, s] x 2
+                # Padding at the end is unseen by a causal model's tokens: no mask needed.
+                needs_mask = padding_side == "left" and not bool(padding.all())
+                with self.module.hook_session(cache=cache) as kept:
+                    out = self.architecture.hidden_states(
+                        self.module, ids.to(self.device), layers, padding.to(self.device) if needs_mask else None
+                    )
+                scores = self.architecture.logits(self.module, out.output) if logits else None  # [b, s, v], or None
+                for row, i in enumerate(group):
+                    n = lengths[i]
+                    own = slice(s - n, s) if padding_side == "left" else slice(0, n)
+                    rows = _BatchRows(out, scores, _rows_of(kept, points, row, own), row, own)
+                    runs[i] = self._run_of_row(prepared[i], rows, layers, head_list)
+        return [run for run in runs if run is not None]
+
+    def _selection(self, attention: LayerSelection, heads: Sequence[int] | None) -> tuple[list[int], list[int]]:
+        """The layers whose weights a run returns and the heads it keeps, checked."""
+        head_list = normalize_indices(
+            heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
+        )
+        return self._layers(attention), head_list
+
+    def _check_attention_memory(self, num_layers: int, batches: list[tuple[int, int]], *, on: str, advice: str) -> None:
+        """Refuse a run whose attention weights (float32, every head of ``num_layers``
+        layers, over batches of ``(b, s)``) exceed :data:`ATTENTION_MEMORY_LIMIT`.
+
+        Raises:
+            ValueError: over the limit; the message says what it was ``on`` and the
+                ``advice``.
+        """
+        needed = sum(num_layers * self.num_heads * b * s * s * 4 for b, s in batches)
+        if needed > ATTENTION_MEMORY_LIMIT:
+            raise ValueError(
+                f"the attention weights of {num_layers} layers on {on} take {needed / 2**30:.1f} GiB, over "
+                f"the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; {advice}"
+            )
+
+    @contextlib.contextmanager
+    def _stopped_by(self, stop: Callable[[], bool] | None) -> Iterator[None]:
+        """Ask ``stop`` before every layer while the block runs, and end the pass with
+        :class:`RunStopped` when it returns ``True``."""
+        if stop is None:
+            yield
+            return
 
         def check(_module: nn.Module, _args: Any) -> None:
-            if stop is not None and stop():
+            if stop():
                 raise RunStopped("the run was stopped")
 
-        # Asked before every layer through its self-attention norm, a module call in every
-        # layer (before the attention in pre-norm layers, after it in post-norm ones).
-        layers_of_network = [m for m in self.module.modules() if isinstance(m, (EncoderLayer, DecoderLayer))]
-        handles = [layer.self_attn_norm.register_forward_pre_hook(check) for layer in layers_of_network] if stop else []
+        # Asked through each layer's self-attention norm, a module call in every layer
+        # (before the attention in pre-norm layers, after it in post-norm ones).
+        layers = [m for m in self.module.modules() if isinstance(m, (EncoderLayer, DecoderLayer))]
+        handles = [layer.self_attn_norm.register_forward_pre_hook(check) for layer in layers]
         try:
-            with torch.no_grad():
-                for group, (_, s) in zip(groups.values(), padded):
-                    ids, padding = _padded([prepared[i][0][0] for i in group], s, padding_side)  # [b, s] x 2
-                    # Padding at the end is unseen by a causal model's tokens: no mask needed.
-                    needs_mask = padding_side == "left" and not bool(padding.all())
-                    with self.module.hook_session(cache=cache) as kept:
-                        out = self.architecture.hidden_states(
-                            self.module, ids.to(self.device), layers, padding.to(self.device) if needs_mask else None
-                        )
-                    hidden = out.output  # [b, s, e]
-                    scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
-                    for row, i in enumerate(group):
-                        n = lengths[i]
-                        own = slice(s - n, s) if padding_side == "left" else slice(0, n)
-                        own_ids, tokens, offsets = prepared[i]
-                        runs[i] = ModelRun(
-                            ids=own_ids,
-                            tokens=tokens,
-                            offsets=offsets,
-                            logits=None if scores is None else scores[row : row + 1, own].float().clone(),  # [1, n, v]
-                            hidden_states=hidden[row : row + 1, own].float().clone(),  # [1, n, e]
-                            attentions=LayerAttentions(
-                                {
-                                    layer: _self_attention_of(out, layer)[row : row + 1, head_list, own, own].float()
-                                    for layer in layers
-                                },
-                                self.num_layers,
-                            ),  # [1, h_sel, n, n] each
-                            heads=head_list,
-                            cache=_rows_of(kept, points, row, own),
-                        )
+            yield
         finally:
             for handle in handles:
                 handle.remove()
-        return [run for run in runs if run is not None]
+
+    def _run_of_row(
+        self,
+        prepared: tuple[Tensor, list[str], list[tuple[int, int]] | None],
+        rows: _BatchRows,
+        layers: list[int],
+        head_list: list[int],
+    ) -> ModelRun:
+        """The :class:`ModelRun` of one input of a batch: its row, without the padding."""
+        own_ids, tokens, offsets = prepared
+        row, own = rows.row, rows.own
+        hidden = rows.out.output  # [b, s, e]
+        weights = {
+            layer: _self_attention_of(rows.out, layer)[row : row + 1, head_list, own, own].float() for layer in layers
+        }  # [1, h_sel, n, n] each
+        return ModelRun(
+            ids=own_ids,
+            tokens=tokens,
+            offsets=offsets,
+            logits=None if rows.scores is None else rows.scores[row : row + 1, own].float().clone(),  # [1, n, v]
+            hidden_states=hidden[row : row + 1, own].float().clone(),  # [1, n, e]
+            attentions=LayerAttentions(weights, self.num_layers),
+            heads=head_list,
+            cache=rows.cache,
+        )
 
     def hook_names(self) -> list[str]:
         """Every activation a hook or a cache can name, in module order
@@ -841,6 +867,18 @@ def load(
     family.finish(module, config)
     module = module.to(device).eval()
     return Model(name=name, architecture=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+
+
+@dataclass(frozen=True)
+class _BatchRows:
+    """Where one input's results lie in a batch's: the family's output, the logits (or
+    ``None``), the input's own cache, its row and its positions (without the padding)."""
+
+    out: StackOutput
+    scores: Tensor | None
+    cache: ActivationCache
+    row: int
+    own: slice
 
 
 def _self_attention_of(out: StackOutput, layer: int) -> Tensor:
