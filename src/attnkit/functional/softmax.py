@@ -28,6 +28,13 @@ def masked_softmax(scores: Tensor, allowed: Tensor | None = None, dim: int = -1)
         scores = scores.masked_fill(~allowed, float("-inf"))
     row_max = scores.amax(dim=dim, keepdim=True)
     row_has_any = torch.isfinite(row_max)
+    if bool(row_has_any.all()):
+        # No empty row: PyTorch's fused softmax is exact here and its gradient NaN-free, in
+        # fewer passes over the scores than the general case below. The largest weight is
+        # exp(row_max - lse), which gives lse (and its gradient, the weights) without
+        # another pass of exponentials.
+        weights = torch.softmax(scores, dim=dim)
+        return weights, (row_max - torch.log(weights.amax(dim=dim, keepdim=True))).squeeze(dim)
     # Shifting by a constant does not change softmax; detach it so no gradient flows
     # through the max, and use 0 on empty rows so that exp(-inf - 0) = 0, not NaN.
     shift = torch.where(row_has_any, row_max, torch.zeros_like(row_max)).detach()
