@@ -22,7 +22,10 @@ fetched first if needed.
 heads of 64 dims (4 key/value heads where the family groups them), vocabulary 32000, the
 family's other settings at transformers' defaults. One thread; prefill of 512 random
 tokens (last-position logits) and greedy decoding of 32 tokens after 16, attnkit against
-transformers with sdpa attention, interleaved in one run.
+transformers with sdpa attention, interleaved in one run. Times are the CPU time of the one
+thread (``time.thread_time``): on a shared machine, the time the thread waits for a core is
+not the model's. ``--family all`` measures every family and writes the table to
+``benchmarks/results/models_families.md``.
 """
 
 from __future__ import annotations
@@ -65,7 +68,11 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
 
 def arguments() -> argparse.ArgumentParser:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--family", choices=sorted(_FAMILY_CONFIGS), help="measure one family on a random checkpoint")
+    parser.add_argument(
+        "--family",
+        choices=[*sorted(_FAMILY_CONFIGS), "all"],
+        help="measure one family (or all) on a random checkpoint instead of SmolLM2",
+    )
     return parser
 
 
@@ -235,7 +242,7 @@ def bench_family(family: str, repeat: int) -> dict:
         words = [f"w{i}" for i in range(config.vocab_size - 1)] + ["[UNK]"]
         _write_word_tokenizer(Path(folder) / "tokenizer.json", words)
         ours = models.load(folder)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+        hf, implementation = _transformers_model(folder)
     module = ours.module
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (1, FAMILY_PREFILL), generator=generator)
@@ -257,6 +264,7 @@ def bench_family(family: str, repeat: int) -> dict:
                 "hf_sdpa": lambda: hf(ids, use_cache=False, logits_to_keep=1),
             },
             repeat=repeat,
+            clock=time.thread_time,
         )
         decode = interleaved_times(
             {
@@ -264,18 +272,89 @@ def bench_family(family: str, repeat: int) -> dict:
                 "hf_sdpa": generate_hf,
             },
             repeat=repeat,
+            clock=time.thread_time,
         )
     return {
         "family": family,
         "threads": 1,
         "prefill_tokens": FAMILY_PREFILL,
         "decode_new_tokens": NEW_TOKENS,
+        "transformers_attention": implementation,
         "prefill_relative_logit_difference": error,
         "prefill_s": prefill,
         "decode_tokens_per_s": {k: NEW_TOKENS / t for k, t in decode.items()},
         "prefill_ratio_vs_sdpa": prefill["hf_sdpa"] / prefill["attnkit"],
         "decode_ratio_vs_sdpa": decode["hf_sdpa"] / decode["attnkit"],
     }
+
+
+def _transformers_model(folder: str) -> tuple[object, str]:
+    """The checkpoint in transformers with sdpa attention, or with eager attention for the
+    families whose soft-capped scores transformers runs only there (Gemma 2)."""
+    import transformers
+
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa")
+        return model.eval(), "sdpa"
+    except ValueError:
+        return transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval(), "eager"
+
+
+def bench_families(families: list[str], repeat: int, *, update_docs: bool = False) -> dict:
+    """:func:`bench_family` for each of ``families``, printed as it goes; every family
+    together is written to ``results/models_families``."""
+    rows = []
+    for family in families:
+        r = bench_family(family, repeat)
+        rows.append(r)
+        print(
+            f"{family}, 1 thread: prefill {FAMILY_PREFILL} tokens {r['prefill_s']['attnkit'] * 1e3:.0f} ms "
+            f"vs {r['prefill_s']['hf_sdpa'] * 1e3:.0f} ms transformers-{r['transformers_attention']} "
+            f"({r['prefill_ratio_vs_sdpa']:.2f}x); "
+            f"decode {r['decode_tokens_per_s']['attnkit']:.1f} vs {r['decode_tokens_per_s']['hf_sdpa']:.1f} tokens/s "
+            f"({r['decode_ratio_vs_sdpa']:.2f}x); relative logit difference {r['prefill_relative_logit_difference']:.1e}",
+            flush=True,
+        )
+    data = {"repeat": repeat, "families": rows}
+    if len(families) > 1:
+        table = markdown_table(
+            [
+                "family",
+                "transformers attention",
+                "prefill ms attnkit",
+                "prefill ms transformers",
+                "prefill ratio",
+                "decode tok/s attnkit",
+                "decode tok/s transformers",
+                "decode ratio",
+                "relative logit difference",
+            ],
+            [
+                [
+                    r["family"],
+                    r["transformers_attention"],
+                    f"{r['prefill_s']['attnkit'] * 1e3:.0f}",
+                    f"{r['prefill_s']['hf_sdpa'] * 1e3:.0f}",
+                    f"{r['prefill_ratio_vs_sdpa']:.2f}x",
+                    f"{r['decode_tokens_per_s']['attnkit']:.1f}",
+                    f"{r['decode_tokens_per_s']['hf_sdpa']:.1f}",
+                    f"{r['decode_ratio_vs_sdpa']:.2f}x",
+                    f"{r['prefill_relative_logit_difference']:.1e}",
+                ]
+                for r in rows
+            ],
+        )
+        markdown = (
+            "## Model families (`bench_models.py --family all`)\n\n"
+            f"A random checkpoint of each family written by `transformers` (12 layers, hidden size 768, "
+            f"vocabulary 32000), float32, one thread, attnkit against transformers with sdpa attention (eager where transformers has no sdpa path "
+            f"for the family); "
+            f"medians of {repeat} interleaved rounds of the thread's CPU time. Prefill: {FAMILY_PREFILL} "
+            f"random tokens, last-position logits. Decoding: {NEW_TOKENS} greedy tokens after "
+            f"{FAMILY_PROMPT}, the same tokens in both. A ratio above 1 means attnkit is faster.\n\n" + table
+        )
+        write_results("models_families", data, markdown, update_docs=update_docs)
+    return data
 
 
 def _write_word_tokenizer(path: Path, words: list[str]) -> None:
@@ -292,14 +371,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv or [])
     repeat = int(os.environ.get("REPEAT", "5"))
     if args.family:
-        r = bench_family(args.family, repeat)
-        print(
-            f"{args.family}, 1 thread: prefill {FAMILY_PREFILL} tokens {r['prefill_s']['attnkit'] * 1e3:.0f} ms "
-            f"vs {r['prefill_s']['hf_sdpa'] * 1e3:.0f} ms transformers-sdpa ({r['prefill_ratio_vs_sdpa']:.2f}x); "
-            f"decode {r['decode_tokens_per_s']['attnkit']:.1f} vs {r['decode_tokens_per_s']['hf_sdpa']:.1f} tokens/s "
-            f"({r['decode_ratio_vs_sdpa']:.2f}x); relative logit difference {r['prefill_relative_logit_difference']:.1e}"
-        )
-        return r
+        families = sorted(_FAMILY_CONFIGS) if args.family == "all" else [args.family]
+        return bench_families(families, repeat, update_docs=args.update_docs)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     default_threads = torch.get_num_threads()
     threads = sorted({int(n) for n in os.environ.get("THREADS", f"1,{default_threads}").split(",")})
