@@ -203,29 +203,31 @@ def head_ablation(
             i: torch.zeros(model.num_heads, 1, model.architecture.self_attention(model.module, i).head_dim)
             for i in layer_list
         }
-    with torch.no_grad():
-        out, _ = model.run_with_cache(encoded.ids, names=())
-    unablated = _final_output(model, out)
+    unablated: list[Tensor] = []  # the output of the first (unaltered) row
     if model.causal:
         assert target is not None and target_id is not None  # a causal model's target is checked
         metric = f"change in log p({target!r}) at the last position"
-        targets.warn_if_space_missing(model, target, target_id, unablated[0])
 
         def measure(output: Tensor) -> Tensor:
+            if not unablated:
+                unablated.append(output[0])
             return torch.log_softmax(output, dim=-1)[:, target_id]
     else:
         metric = "change in the cosine of the sentence embedding to the unablated one (cos - 1)"
-        reference = targets.sentence_embedding(unablated)[0]
 
         def measure(output: Tensor) -> Tensor:
-            return targets.cosine_to(targets.sentence_embedding(output), reference)
+            embeddings = targets.sentence_embedding(output)  # [rows, e]
+            return targets.cosine_to(embeddings, embeddings[0]) - 1.0
 
-    base = float(measure(unablated)[0]) if model.causal else 1.0
     heads = tuple(range(model.num_heads))
     branches = [_Branch(layer, (layer,), heads, row) for row, layer in enumerate(layer_list)]
     points = {layer: model.hook_name("self_attn.z", layer) for layer in layer_list}
     shape = (len(layer_list), len(heads))
-    measured = _patched_passes(model, encoded.ids, branches, points, replacements, 1, measure, shape)
+    base, measured = _patched_passes(model, encoded.ids, branches, points, replacements, 1, measure, shape)
+    if model.causal:
+        assert target is not None and target_id is not None
+        targets.warn_if_space_missing(model, target, target_id, unablated[0])
+        measured = measured - base
     return InterventionEffects(
         model=model.name,
         kind="ablation",
@@ -234,13 +236,13 @@ def head_ablation(
         component="z",
         layers=layer_list,
         columns=[str(head) for head in heads],
-        effects=(measured - base).float(),
+        effects=measured.float(),
         texts={"text": text},
         tokens=list(encoded.tokens),
         target=target,
         wrong=None,
         replacement="zero" if mean_over is None else "mean",
-        baseline=base if model.causal else 0.0,
+        baseline=float(base) if model.causal else 0.0,
     )
 
 
@@ -329,7 +331,7 @@ def activation_patching(
     count = model.num_heads if by == "head" else clean_enc.ids.shape[1]
     branches = _changed_branches(by, layer_list, count, replacements, corrupted, dim)
     shape = (1 if by == "position" else len(layer_list), count)
-    measured = _patched_passes(
+    _, measured = _patched_passes(
         model, corrupt_enc.ids, branches, points, replacements, dim, measure, shape, fill=corrupt_value
     )
     return InterventionEffects(
@@ -509,8 +511,9 @@ def _patched_passes(
     shape: tuple[int, int],
     *,
     fill: float = 0.0,
-) -> Tensor:
-    """Run ``ids`` with the variants of each branch patched in, and measure each run.
+) -> tuple[Tensor, Tensor]:
+    """Run ``ids`` unaltered and with the variants of each branch patched in, and measure
+    each run.
 
     Args:
         model: the model.
@@ -520,12 +523,12 @@ def _patched_passes(
         replacements: layer → the values patched in, without the batch dimension; variant
             ``j`` is index ``j`` of dimension ``dim - 1`` (``[h, s or 1, d]`` by head).
         dim: the variants' dimension in the activation.
-        measure: output → ``[b]``.
+        measure: output of every row (the unaltered one first) → ``[b]``.
         shape: ``(rows, variants)`` of the grid.
         fill: the measure of the grid's cells that no branch runs.
 
     Returns:
-        ``shape`` measures, ``fill`` where nothing ran.
+        ``(measure of the unaltered run, shape measures)``, ``fill`` where nothing ran.
     """
     grid = torch.full(shape, fill, dtype=torch.float64)
     row_bytes = ids.shape[1] * max(model.config.hidden_size, model.config.intermediate_size) * 4 * 4
@@ -536,7 +539,8 @@ def _patched_passes(
             passes[-1].append(branch)
         else:
             passes.append([branch])
-    for group in passes:
+    base = torch.zeros(())
+    for group in passes or [[]]:
         chains: dict[str, list[Callable[[Tensor], Tensor]]] = {}
         offset = 1  # row 0 is the unaltered run
         for branch in group:
@@ -549,11 +553,11 @@ def _patched_passes(
         with torch.no_grad():
             run = model.run_with_hooks(ids, hooks={name: _chained(fns) for name, fns in chains.items()}, logits=False)
             values = measure(_final_output_of_hidden(model, run.hidden_states)).double()  # [offset]
-        offset = 1
+        base, offset = values[0].cpu(), 1
         for branch in group:
             grid[branch.row, list(branch.variants)] = values[offset : offset + len(branch.variants)].cpu()
             offset += len(branch.variants)
-    return grid
+    return base, grid
 
 
 def _final_output_of_hidden(model: Model, hidden: Tensor) -> Tensor:
