@@ -98,3 +98,17 @@ def test_errors_of_the_library_read_as_the_commands(tiny, tmp_path, capsys):
     )
     assert _patch(tiny, tmp_path, "--by", "position", "--layers", "7", "--target", "mat", "--wrong", "b") == 2
     assert "layer" in capsys.readouterr().err
+
+
+def test_encoders_measure_the_cosine(minilm_path, tmp_path, capsys):
+    argv = ["patch", "--clean", "The cat sat.", "--corrupt", "The dog sat.", "--model", "minilm", "--by", "position"]
+    options = ["--layers", "0", "--out", str(tmp_path), "--format", "json", "--quiet"]
+    assert main([*argv, "--metric", "cosine", *options]) == 0
+    assert "measure: fraction of the cosine to the clean sentence embedding restored" in capsys.readouterr().out
+    data = json.loads((tmp_path / "minilm_patching_resid_pre_by-position.json").read_text())
+    assert data["columns"] == ["[CLS]", "The", "cat", "sat", ".", "[SEP]"]
+    assert abs(data["effects"][0][2] - 1.0) < 1e-4  # "cat" / "dog" at layer 0: the clean run back
+    assert main([*argv, "--metric", "log-p", *options]) == 2
+    assert "minilm is a bidirectional encoder without next-token logits; its metric is 'cosine'" in (
+        capsys.readouterr().err
+    )
