@@ -31,7 +31,7 @@ from attnkit.functional import masks as masks_mod
 from attnkit.functional._validate import accepts_single_head, check_bias, check_options, dense_allowed
 from attnkit.functional.engines import Engine, choose_attention_engine
 from attnkit.functional.records import AttentionResult
-from attnkit.functional.scores import dot_scores, resolve_scale
+from attnkit.functional.scores import dot_scores, resolve_scale, stack_query_groups
 from attnkit.functional.softmax import masked_softmax
 from attnkit.functional.tiled import tiled_core
 
@@ -254,8 +254,8 @@ def reference_attention(
     if edit_weights is not None:
         weights = edit_weights(weights)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    out = dropped.view(b, h_kv, h // h_kv, s_q, s_k) @ v.unsqueeze(2)  # [b, h_kv, g, s_q, d_v]
-    return AttentionResult(out.reshape(b, h, s_q, d_v), weights, lse)
+    out = stack_query_groups(dropped, h_kv) @ v  # [b, h_kv, g·s_q, d_v]
+    return AttentionResult(out.view(b, h, s_q, d_v), weights, lse)
 
 
 def _sdpa_can_serve(score: Score, bias: Tensor | None, mask: MaskLike | None, causal: bool, s_q: int, s_k: int) -> bool:
