@@ -69,6 +69,22 @@ def test_loading_takes_the_weights_without_copying_or_initialising(smollm2):
         assert torch.equal(getattr(rotary, name), buffer), name
 
 
+def test_loading_builds_the_module_once(minilm_path, monkeypatch):
+    """The weights are checked against the very module they are then loaded into: one build
+    on the meta device, not one for the check and another for the weights."""
+    import dataclasses
+
+    from attnkit.models.families import FAMILIES
+
+    family = FAMILIES["bert"]
+    builds = []
+    counted = dataclasses.replace(family, build=lambda config: builds.append(config) or family.build(config))
+    monkeypatch.setitem(FAMILIES, "bert", counted)
+    model = models.load(minilm_path)
+    assert len(builds) == 1
+    assert not any(t.is_meta for t in model.module.parameters())
+
+
 def test_dtype_and_device_options(minilm_path, tmp_path):
     half = models.load(_copy_minilm(minilm_path, tmp_path / "m"), dtype=torch.bfloat16)
     assert half.module.token_embedding.weight.dtype == torch.bfloat16

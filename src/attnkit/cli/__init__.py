@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 from typing import TextIO
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "torch" not in sys.modules:
+        # A command's work comes in short bursts on small inputs: PyTorch's worker threads
+        # then wait for the next burst asleep instead of spinning, which on a machine busy
+        # with other work took the processor from the thread doing the work (OpenMP reads
+        # this when PyTorch loads; a value the user set is kept).
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Warnings read as the command's own lines, without a source line (a missing font).
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning

@@ -844,11 +844,13 @@ def load(
         raise CheckpointError(folder / "config.json", unsupported_model_type(model_type), field="model_type")
     family = FAMILIES[model_type]
     files = weight_files(folder)
-    # Everything the folder says is compared before anything is built or read, so that a
-    # crafted config.json cannot make this allocate more than the weights themselves.
+    # Everything the folder says is compared before any weight is read, and the module is
+    # built on the ``meta`` device (no storage), so that a crafted config.json cannot make
+    # this allocate more than the weights themselves.
     headers = read_headers(files)
     config = family.read_config(hf_config, path=folder / "config.json")
-    _check_weights_fit(family, config, headers, folder)
+    module = family.build(config)
+    _check_weights_fit(module, family, config, headers, folder)
     eos = family.eos_token_ids(config, folder)
     tokenizer_path = folder / "tokenizer.json"
     tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
@@ -860,7 +862,6 @@ def load(
             field="vocab_size",
         )
     tensors = load_tensors(files, dtype=dtype)
-    module = family.build(config)
     state, _ = family.state_dict_from_hf(tensors, config)
     module.load_state_dict(state, strict=True, assign=True)
     materialize_buffers(module)
@@ -926,21 +927,21 @@ def _layer_counts(state: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _check_weights_fit(
+    module: nn.Module,
     family: ModelFamily,
     config: Any,
     headers: dict[str, tuple[Path, str, list[int]]],
     folder: Path,
 ) -> None:
-    """Check that the tensors the safetensors headers describe are exactly the ones a model
-    of ``config`` needs, building it only on the ``meta`` device (no memory).
+    """Check that the tensors the safetensors headers describe are exactly the ones
+    ``module``, the family's build of ``config`` on the ``meta`` device, needs.
 
     Raises:
         CheckpointError: a layer count that differs from the weights', missing, unexpected,
             misshaped or non-floating weights.
     """
     where = next(iter(headers.values()))[0] if len({f for f, _, _ in headers.values()}) == 1 else folder
-    with torch.device("meta"):
-        expected = family.build(config).state_dict()
+    expected = module.state_dict()
     described = {
         key: torch.empty(shape, dtype=torch.float32 if dtype in _FLOAT_DTYPES else torch.int64, device="meta")
         for key, (_, dtype, shape) in headers.items()
