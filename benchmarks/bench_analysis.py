@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def through_hook_points() -> None:
         with model.hooks(reading):
-            model.run(ids, attention=False)
+            model.run(ids, return_weights=False)
 
     def generate(hooks: dict) -> None:
         with model.hooks(hooks):
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         runs = interleaved_times(
             {
-                "run": lambda: model.run(ids, attention=False),
+                "run": lambda: model.run(ids, return_weights=False),
                 "before": before,
                 "reading_hooks": through_hook_points,
                 "run_with_cache_all": lambda: model.run_with_cache(ids),
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         patching = interleaved_times(
             {
-                "run": lambda: model.run(CLEAN, attention=False),
+                "run": lambda: model.run(CLEAN, return_weights=False),
                 "layer_position": lambda: patch("layer-position"),
                 "position": lambda: patch("position"),
             },

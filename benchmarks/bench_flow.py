@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         long_cpu.append(time.process_time() - start)
 
     layers = list(range(model.num_layers))
-    attentions = model.run(TEXT_16, attention=layers).attentions
+    attentions = model.run(TEXT_16, return_weights=layers).attentions
     weights = torch.stack([attentions[layer][0] for layer in layers])  # [L, h, s, s]
     short = len(model.tokenize(TEXT_16).tokens)
     ours_times, reference_times, differences = [], [], []

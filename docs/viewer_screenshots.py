@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from attnkit.viz.viewer import viewer_data_from_run, write_html
 
     model = models.load(args.model)
-    data = viewer_data_from_run(model, model.run(args.text, attention=True), name=args.model, text=args.text)
+    data = viewer_data_from_run(model, model.run(args.text, return_weights=True), name=args.model, text=args.text)
     layer = args.layer
     tokens = list(data.sections["self"].query_tokens)
     args.out.mkdir(parents=True, exist_ok=True)

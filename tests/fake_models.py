@@ -77,16 +77,20 @@ class FakeModel:
         raise NotImplementedError
 
     def run(
-        self, text_or_ids: str | Tensor, *, attention: bool | Sequence[int] = True, heads: Sequence[int] | None = None
+        self,
+        text_or_ids: str | Tensor,
+        *,
+        return_weights: bool | Sequence[int] = True,
+        heads: Sequence[int] | None = None,
     ) -> Run:
-        return self.run_batch([text_or_ids], attention=attention, heads=heads)[0]
+        return self.run_batch([text_or_ids], return_weights=return_weights, heads=heads)[0]
 
     @torch.no_grad()
     def run_batch(
         self,
         inputs: Sequence[str | Tensor],
         *,
-        attention: bool | Sequence[int] = True,
+        return_weights: bool | Sequence[int] = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
@@ -101,7 +105,7 @@ class FakeModel:
         for row, t in enumerate(tokenized):
             ids[row, : t.ids.shape[1]] = t.ids[0]
         maps = self.attention(ids)  # layer → [b, h, s, s]
-        layers = range(self.num_layers) if attention is True else (attention or [])
+        layers = range(self.num_layers) if return_weights is True else (return_weights or [])
         heads = list(range(self.num_heads)) if heads is None else list(heads)
         runs = []
         for row, t in enumerate(tokenized):

@@ -55,7 +55,7 @@ def test_default_is_the_notes_example(capsys, tmp_path, smollm2_path):
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 7), atol=1e-5, rtol=0)
     assert weights[0].triu(1).abs().max() == 0  # causal: nothing on later tokens
     # The file holds the model's own weights.
-    expected = models.load("smollm2").run("The cat sat on the mat.", attention=[29], heads=[0]).attentions[29][0]
+    expected = models.load("smollm2").run("The cat sat on the mat.", return_weights=[29], heads=[0]).attentions[29][0]
     torch.testing.assert_close(weights, expected, atol=1e-6, rtol=0)
 
 
@@ -211,7 +211,7 @@ def test_html_is_the_viewer_of_every_layer_and_head(capsys, tmp_path, smollm2_pa
     # Every layer and head, not only the printed layer 29, head 0.
     assert section.layers == tuple(range(30)) and section.heads == tuple(range(9))
     assert section.query_tokens == section.key_tokens == ("The", "cat", "sat", "on", "the", "mat", ".")
-    expected = models.load("smollm2").run(EXAMPLE_TEXT, attention=[3], heads=[5]).attentions[3][0, 0]
+    expected = models.load("smollm2").run(EXAMPLE_TEXT, return_weights=[3], heads=[5]).attentions[3][0, 0]
     torch.testing.assert_close(section.map(3, 5), expected.float(), atol=1e-5, rtol=0)
 
 

@@ -74,7 +74,7 @@ def test_smollm2_spells_korean_in_44_byte_pieces(loaded):
     assert [len(w.token_indices) for w in amap.words] == [6, 6, 6, 9, 9, 8]
     # The same labels when the run had only ids: the text is rebuilt from the bytes.
     model = loaded["smollm2"]
-    from_ids = readable_run(model, model.run(model.tokenize(TEXTS["ko"]).ids, attention=[0], heads=[0]))
+    from_ids = readable_run(model, model.run(model.tokenize(TEXTS["ko"]).ids, return_weights=[0], heads=[0]))
     assert from_ids.text == TEXTS["ko"] and from_ids.labels == [t.label for t in amap.readable]
 
 
@@ -82,5 +82,7 @@ def test_minilm_shows_the_text_behind_jamo_and_unk(loaded):
     amap = attention_map(loaded["minilm"], TEXTS["ko"])
     assert amap.tokens[1:3] == ["ᄋ", "##ᅥ"] and amap.labels[1:3] == ["어(1/2)", "어(2/2)"]
     assert amap.tokens[-2] == "[UNK]" and amap.labels[-2] == "먹었다" and not amap.readable[-2].special
-    words = readable_run(loaded["minilm"], loaded["minilm"].run(TEXTS["ko"], attention=[0]), TEXTS["ko"], level="word")
+    words = readable_run(
+        loaded["minilm"], loaded["minilm"].run(TEXTS["ko"], return_weights=[0]), TEXTS["ko"], level="word"
+    )
     assert words.labels == ["[CLS]", *WORDS["ko"], "[SEP]"] and words.attentions[0].shape == (1, 12, 8, 8)

@@ -146,7 +146,7 @@ def test_run_seq2seq_gives_the_three_kinds_of_attention(pairs, kind: str) -> Non
     torch.testing.assert_close(run.cross_attentions[2], want.cross_attentions[2][:, [1, 3]], rtol=0, atol=1e-5)
     torch.testing.assert_close(run.logits, want.logits, rtol=1e-4, atol=1e-4)
     # A run over one text is the encoder's.
-    single = model.run(SOURCE, attention=[0])
+    single = model.run(SOURCE, return_weights=[0])
     torch.testing.assert_close(single.attentions[0], want.encoder_attentions[0], rtol=0, atol=1e-5)
     assert single.logits is None
 

@@ -44,10 +44,10 @@ def _first(output):
 
 def test_identity_hooks_leave_logits_identical(pair):
     model, _ = pair
-    plain = model.run(TEXT, attention=False)
+    plain = model.run(TEXT, return_weights=False)
     names = [name for name in model.hook_names() if not name.endswith(("pattern", "scores"))]
     with model.hooks({name: (lambda t: None) for name in names}):
-        hooked = model.run(TEXT, attention=False)
+        hooked = model.run(TEXT, return_weights=False)
     assert torch.equal(plain.logits, hooked.logits)
     with_weights = model.run(TEXT)
     with model.hooks({name: (lambda t: t) for name in model.hook_names()}):
@@ -73,7 +73,7 @@ def test_hooks_equal_transformers_forward_hooks(pair):
         for handle in handles:
             handle.remove()
     names = [model.hook_name(kind, i) for i in range(model.num_layers) for kind in ("resid_post", "attn_out")]
-    cache = model.run(ids, attention=False, cache=names).cache
+    cache = model.run(ids, return_weights=False, cache=names).cache
     for i in range(model.num_layers):
         for kind, key in (("resid_post", f"resid_post{i}"), ("attn_out", f"attn_out{i}")):
             ours, expected = cache[model.hook_name(kind, i)], theirs[key]
@@ -83,7 +83,7 @@ def test_hooks_equal_transformers_forward_hooks(pair):
 def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(pair):
     model, _ = pair
     ablation = interventions.head_ablation(model, TEXT, target=TARGET, layers=[1])
-    plain = model.run(TEXT, attention=False)
+    plain = model.run(TEXT, return_weights=False)
     target_id = model.tokenize(TARGET).ids[0, 0]
     effects = []
     for head in (0, model.num_heads - 1):
@@ -94,7 +94,7 @@ def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(pair):
             return z
 
         with model.hooks({model.hook_name("z", 1): zero}):
-            ablated = model.run(TEXT, attention=False)
+            ablated = model.run(TEXT, return_weights=False)
         effect = (torch.log_softmax(ablated.logits[0, -1], -1) - torch.log_softmax(plain.logits[0, -1], -1))[target_id]
         assert abs(float(effect) - float(ablation.effects[0, head])) < 1e-5, head
         effects.append(float(effect))

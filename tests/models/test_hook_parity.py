@@ -110,9 +110,9 @@ def test_a_changing_hook_matches_transformers_in_run_and_padded_batches(tiny_lla
     model, reference = tiny_llama
     texts = ["the cat sat on the mat", "a dog ran", "the dog"]
     with model.hooks({ours: lambda x: _steer(x)}):
-        runs = [model.run(text, attention=False) for text in texts]
-        batch = model.run_batch(texts, attention=False)
-    plain = model.run(texts[0], attention=False)
+        runs = [model.run(text, return_weights=False) for text in texts]
+        batch = model.run_batch(texts, return_weights=False)
+    plain = model.run(texts[0], return_weights=False)
     for text, run, batched in zip(texts, runs, batch):
         expected = _hf_logits(reference, model.tokenize(text).ids, theirs(reference), _replace_output(_steer))
         assert (run.logits - expected).abs().max() < LOGITS_ATOL, text
@@ -155,7 +155,7 @@ def test_a_changing_hook_matches_transformers_on_bert(tiny_bert):
         finally:
             handle.remove()
         with model.hooks({ours: _steer}):
-            run = model.run(ids, attention=False)
+            run = model.run(ids, return_weights=False)
         assert (run.hidden_states - expected).abs().max() < LOGITS_ATOL, ours
 
 
@@ -163,15 +163,15 @@ def test_a_changing_hook_matches_transformers_on_bert(tiny_bert):
 def test_identity_hooks_on_every_name_leave_results_identical(which, request):
     model, _ = request.getfixturevalue(which)
     text = "the cat sat on the mat"
-    plain = model.run(text, attention=False)
-    plain_batch = model.run_batch([text, "a dog"], attention=False)
+    plain = model.run(text, return_weights=False)
+    plain_batch = model.run_batch([text, "a dog"], return_weights=False)
     with_weights = model.run(text)
     every = {name: (lambda x, hook: x) for name in model.hook_names()}
     reading = {name: (lambda x: None) for name in model.hook_names()}
     for hooks in (every, reading):
         with model.hooks(hooks):
-            hooked = model.run(text, attention=False)
-            hooked_batch = model.run_batch([text, "a dog"], attention=False)
+            hooked = model.run(text, return_weights=False)
+            hooked_batch = model.run_batch([text, "a dog"], return_weights=False)
             hooked_weights = model.run(text)
         for a, b in ((plain, hooked), *zip(plain_batch, hooked_batch), (with_weights, hooked_weights)):
             assert torch.equal(a.hidden_states, b.hidden_states)
@@ -187,7 +187,7 @@ def test_every_name_is_hit_once_per_forward(which, request):
     calls: Counter[str] = Counter()
     names = model.hook_names()
     with model.hooks({name: (lambda x, hook: calls.update([hook.name])) for name in names}):
-        model.run("the cat sat", attention=False)
+        model.run("the cat sat", return_weights=False)
     assert calls == Counter(names)
     layers = {int(name.split(".")[2]) for name in names if ".layers." in name}
     assert layers == set(range(model.num_layers))
@@ -216,7 +216,7 @@ def test_hook_sees_its_name_and_layer(tiny_llama):
     model, _ = tiny_llama
     seen = []
     with model.hooks({"decoder.layers.2.ff.post": lambda x, hook: seen.append((hook.name, hook.layer))}):
-        model.run("the cat", attention=False)
+        model.run("the cat", return_weights=False)
     assert seen == [("decoder.layers.2.ff.post", 2)]
 
 
@@ -224,9 +224,9 @@ def test_run_batch_caches_each_row_without_padding(tiny_llama):
     model, _ = tiny_llama
     texts = ["the cat sat on the mat", "a dog"]
     names = ["decoder.layers.1.self_attn.pattern", "decoder.layers.1.resid_post", "decoder.layers.1.self_attn.q"]
-    batch = model.run_batch(texts, attention=False, cache=names)
+    batch = model.run_batch(texts, return_weights=False, cache=names)
     for text, batched in zip(texts, batch):
-        single = model.run(text, attention=False, cache=names)
+        single = model.run(text, return_weights=False, cache=names)
         for name in names:
             assert batched.cache[name].shape == single.cache[name].shape, name
             assert (batched.cache[name] - single.cache[name]).abs().max() < 1e-5, name
@@ -241,8 +241,8 @@ def test_smollm2_steered_run_and_generation_match_transformers(smollm2, hf_smoll
     layer = reference.model.layers[20]
     expected = _hf_logits(reference, ids, layer, _replace_output(lambda x: -x))
     with smollm2.hooks({"decoder.layers.20.resid_post": lambda x: -x}):
-        run = smollm2.run(text, attention=False)
-        batched = smollm2.run_batch([text, "Hello"], attention=False)[0]
+        run = smollm2.run(text, return_weights=False)
+        batched = smollm2.run_batch([text, "Hello"], return_weights=False)[0]
         steps = smollm2.generate_ids(text, max_new_tokens=6)
     assert (run.logits - expected).abs().max() < LOGITS_ATOL
     assert (batched.logits - expected).abs().max() < LOGITS_ATOL
@@ -260,10 +260,10 @@ def test_smollm2_steered_run_and_generation_match_transformers(smollm2, hf_smoll
 @pytest.mark.slow
 def test_ablating_attention_changes_run_and_run_batch_alike(smollm2):
     text = "The capital of France is"
-    plain = smollm2.run(text, attention=False)
+    plain = smollm2.run(text, return_weights=False)
     with smollm2.hooks({"decoder.layers.3.attn_out": lambda x: x * 0}):
-        run = smollm2.run(text, attention=False)
-        batched = smollm2.run_batch([text], attention=False)[0]
+        run = smollm2.run(text, return_weights=False)
+        batched = smollm2.run_batch([text], return_weights=False)[0]
     assert (run.logits - plain.logits).abs().max() > 1.0
     assert (batched.logits - run.logits).abs().max() < LOGITS_ATOL
 
@@ -275,7 +275,7 @@ def test_padded_batches_match_transformers_with_a_changing_hook(tiny_llama, side
     ids, mask = model.to_tokens(texts, padding_side=side)
     assert ids.shape == (3, 6) and mask.sum(1).tolist() == [6, 2, 3]
     with model.hooks({"decoder.layers.1.resid_post": _steer}):
-        batch = model.run_batch(texts, attention=[1], padding_side=side)
+        batch = model.run_batch(texts, return_weights=[1], padding_side=side)
         hooked = model.run_with_hooks(ids, attention_mask=mask)
     for row, (text, run) in enumerate(zip(texts, batch)):
         expected = _hf_logits(
@@ -283,7 +283,7 @@ def test_padded_batches_match_transformers_with_a_changing_hook(tiny_llama, side
         )  # the row alone, unpadded
         assert (run.logits - expected).abs().max() < LOGITS_ATOL, text
         assert (hooked.logits[row, mask[row]] - expected[0]).abs().max() < LOGITS_ATOL, text
-        alone = model.run(text, attention=[1])
+        alone = model.run(text, return_weights=[1])
         assert (run.attentions[1] - alone.attentions[1]).abs().max() < 1e-5
 
 

@@ -46,10 +46,10 @@ def test_hook_names_follow_the_module_tree(smollm2, minilm):
 
 
 def test_identity_hooks_leave_logits_identical(model):
-    plain = model.run(TEXT, attention=False)
+    plain = model.run(TEXT, return_weights=False)
     names = [name for name in model.hook_names() if not name.endswith(("pattern", "scores"))]
     with model.hooks({name: (lambda t: None) for name in names}):
-        hooked = model.run(TEXT, attention=False)
+        hooked = model.run(TEXT, return_weights=False)
     assert torch.equal(output(plain), output(hooked))
     # With the weights materialised in every layer, hooks returning them unchanged too.
     with_weights = model.run(TEXT)
@@ -62,7 +62,7 @@ def test_identity_hooks_leave_logits_identical(model):
 def test_cache_returns_the_named_activations(smollm2):
     run = smollm2.run(
         TEXT,
-        attention=[2],
+        return_weights=[2],
         cache=[
             "decoder.layers.2.self_attn.q",
             "decoder.layers.2.self_attn.k",
@@ -78,11 +78,13 @@ def test_cache_returns_the_named_activations(smollm2):
     assert torch.equal(cache["pattern", 2], run.attentions[2])
     assert torch.equal(cache["decoder.final"].float(), run.hidden_states)
     # z is the pattern applied to the values of each head's key/value group.
-    values = smollm2.run(TEXT, attention=False, cache=["decoder.layers.2.self_attn.v"]).cache["v", 2]
+    values = smollm2.run(TEXT, return_weights=False, cache=["decoder.layers.2.self_attn.v"]).cache["v", 2]
     expected = run.attentions[2] @ values.repeat_interleave(3, dim=1)
     assert (cache["z", 2] - expected).abs().max() < 1e-5
     # The residual stream out of one layer is the stream into the next.
-    nxt = smollm2.run(TEXT, attention=False, cache=lambda name: name.endswith((".2.resid_post", ".3.resid_pre"))).cache
+    nxt = smollm2.run(
+        TEXT, return_weights=False, cache=lambda name: name.endswith((".2.resid_post", ".3.resid_pre"))
+    ).cache
     assert list(nxt) == ["decoder.layers.2.resid_post", "decoder.layers.3.resid_pre"]
     assert torch.equal(nxt["resid_post", 2], nxt["resid_pre", 3])
 
@@ -90,7 +92,7 @@ def test_cache_returns_the_named_activations(smollm2):
 def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(smollm2, minilm):
     for model, target in ((smollm2, " Paris"), (minilm, None)):
         ablation = interventions.head_ablation(model, TEXT, target=target, layers=[1])
-        plain = model.run(TEXT, attention=False)
+        plain = model.run(TEXT, return_weights=False)
         for head in (0, model.num_heads - 1):
 
             def zero(z, head=head):
@@ -99,7 +101,7 @@ def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(smollm2, minilm):
                 return z
 
             with model.hooks({model.hook_name("z", 1): zero}):
-                ablated = model.run(TEXT, attention=False)
+                ablated = model.run(TEXT, return_weights=False)
             if model.causal:
                 target_id = model.tokenize(target).ids[0, 0]
                 effect = (torch.log_softmax(ablated.logits[0, -1], -1) - torch.log_softmax(plain.logits[0, -1], -1))[
@@ -117,7 +119,7 @@ def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(smollm2, minilm):
 
 
 def test_a_replaced_pattern_changes_the_output(smollm2):
-    plain = smollm2.run(TEXT, attention=False)
+    plain = smollm2.run(TEXT, return_weights=False)
 
     def first_token_only(pattern):
         replaced = torch.zeros_like(pattern)
@@ -126,7 +128,7 @@ def test_a_replaced_pattern_changes_the_output(smollm2):
 
     with smollm2.hooks({"decoder.layers.0.self_attn.pattern": first_token_only}):
         hooked = smollm2.run(
-            TEXT, attention=[0], cache=["decoder.layers.0.self_attn.z", "decoder.layers.0.self_attn.v"]
+            TEXT, return_weights=[0], cache=["decoder.layers.0.self_attn.z", "decoder.layers.0.self_attn.v"]
         )
     assert torch.equal(hooked.attentions[0], torch.zeros(1, 9, 5, 5).index_fill_(-1, torch.tensor([0]), 1.0))
     # Every query now reads the first token's value.
@@ -138,11 +140,11 @@ def test_a_replaced_pattern_changes_the_output(smollm2):
 def test_hooks_apply_only_inside_their_block_and_to_their_model(smollm2, minilm):
     calls = []
     with smollm2.hooks({"decoder.final": calls.append}):
-        minilm.run("hi", attention=False)
+        minilm.run("hi", return_weights=False)
         assert calls == []
-        smollm2.run("hi", attention=False)
+        smollm2.run("hi", return_weights=False)
         assert len(calls) == 1
-    smollm2.run("hi", attention=False)
+    smollm2.run("hi", return_weights=False)
     assert len(calls) == 1
 
 
@@ -183,4 +185,4 @@ def test_unknown_hook_names_are_listed(smollm2):
         r"input \[b, 9, 5, 64\], got \[1, 9, 5\]",
     ):
         with smollm2.hooks({"decoder.layers.0.self_attn.z": lambda z: z[..., 0]}):
-            smollm2.run(TEXT, attention=False)
+            smollm2.run(TEXT, return_weights=False)

@@ -88,7 +88,7 @@ def test_loading_builds_the_module_once(minilm_path, monkeypatch):
 def test_dtype_and_device_options(minilm_path, tmp_path):
     half = models.load(_copy_minilm(minilm_path, tmp_path / "m"), dtype=torch.bfloat16)
     assert half.module.token_embedding.weight.dtype == torch.bfloat16
-    run = half.run("low precision still runs", attention=[0])
+    run = half.run("low precision still runs", return_weights=[0])
     assert run.hidden_states.dtype == torch.float32 and run.attentions[0].dtype == torch.float32
     with pytest.raises(TypeError, match="floating torch.dtype"):
         models.load(tmp_path / "m", dtype=torch.int8)

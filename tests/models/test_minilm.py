@@ -51,7 +51,7 @@ def test_hidden_states_and_every_attention_map_match_transformers(minilm, refere
 def test_sentence_embeddings_match_sentence_transformers_recipe(minilm, reference):
     expected = reference[1]
     for i, text in enumerate(SENTENCES):
-        hidden = minilm.run(text, attention=False).hidden_states[0]  # [s, e]
+        hidden = minilm.run(text, return_weights=False).hidden_states[0]  # [s, e]
         ours = F.normalize(hidden.mean(0), dim=-1)
         assert F.cosine_similarity(ours, expected[i], dim=0) >= 0.9999
     # And they mean something: the two cat sentences are the closest pair.
@@ -60,7 +60,7 @@ def test_sentence_embeddings_match_sentence_transformers_recipe(minilm, referenc
 
 
 def test_bidirectional_maps_and_errors(minilm):
-    run = minilm.run("it was too tired", attention=[0], heads=[5])
+    run = minilm.run("it was too tired", return_weights=[0], heads=[5])
     weights = run.attentions[0][0, 0]  # [s, s]
     assert weights.triu(1).sum() > 0  # tokens attend to later tokens too
     torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[0]))

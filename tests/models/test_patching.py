@@ -46,9 +46,9 @@ class Reference:
         self.model, self.metric = model, metric
         points = [c if c != "z" else "self_attn.z" for c in interventions.COMPONENTS]
         names = [name for name in model.hook_names() if name.endswith(tuple("." + p for p in points))]
-        self.clean = model.run(CLEAN, attention=False, cache=names)
+        self.clean = model.run(CLEAN, return_weights=False, cache=names)
         self.clean_value, self.corrupt_value = (
-            self.value(model.run(text, attention=False)) for text in (CLEAN, CORRUPT)
+            self.value(model.run(text, return_weights=False)) for text in (CLEAN, CORRUPT)
         )
 
     def value(self, run):
@@ -68,7 +68,7 @@ class Reference:
             return hook
 
         with self.model.hooks({name: patch(name) for name in names}):
-            patched = self.value(self.model.run(CORRUPT, attention=False))
+            patched = self.value(self.model.run(CORRUPT, return_weights=False))
         return (patched - self.corrupt_value) / (self.clean_value - self.corrupt_value)
 
 

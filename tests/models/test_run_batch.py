@@ -27,18 +27,18 @@ def test_a_causal_model_pads_texts_of_any_length_into_one_pass(tmp_path, logits)
     texts = ["the cat sat on the mat", "a", "on the mat the cat", [3, 4, 5]]
     passes = []
     model.module.token_embedding.register_forward_hook(lambda module, args, out: passes.append(args[0].shape))
-    runs = model.run_batch(texts, attention=[0, -1], heads=[1], logits=logits)
+    runs = model.run_batch(texts, return_weights=[0, -1], heads=[1], logits=logits)
     assert passes == [(4, 6)]  # one forward, padded to the longest
     for text, run in zip(texts, runs):
-        _same(run, model.run(text, attention=[0, -1], heads=[1]), logits=logits)
+        _same(run, model.run(text, return_weights=[0, -1], heads=[1]), logits=logits)
 
 
 def test_a_bidirectional_model_runs_each_length_together(minilm):
     texts = ["The cat sat.", "A dog ran.", "Attention is all you need, they said."]
-    runs = minilm.run_batch(texts, attention=[5])
+    runs = minilm.run_batch(texts, return_weights=[5])
     assert len(runs) == 3
     for text, run in zip(texts, runs):
-        _same(run, minilm.run(text, attention=[5]), logits=False)
+        _same(run, minilm.run(text, return_weights=[5]), logits=False)
 
 
 def test_bad_inputs_are_refused_before_any_pass(tmp_path):
@@ -46,7 +46,7 @@ def test_bad_inputs_are_refused_before_any_pass(tmp_path):
     with pytest.raises(ValueError, match="text is empty"):
         model.run_batch(["the cat", ""])
     with pytest.raises(ValueError, match="layer 7 is out of range"):
-        model.run_batch(["the cat"], attention=[7])
+        model.run_batch(["the cat"], return_weights=[7])
     assert model.run_batch([]) == []
 
 

@@ -58,7 +58,7 @@ def test_logits_and_every_attention_map_match_transformers(smollm2, reference, t
 @pytest.mark.parametrize("text", SENTENCES)
 def test_fused_path_without_weights_matches_transformers(smollm2, hf_smollm2_sdpa, reference, text):
     ids, logits, _ = reference[text]
-    run = smollm2.run(text, attention=False)
+    run = smollm2.run(text, return_weights=False)
     assert run.attentions == {}
     assert (run.logits - logits).abs().max() < LOGITS_ATOL
     with torch.no_grad():
@@ -71,13 +71,13 @@ def test_chosen_layers_and_heads_are_slices_of_the_full_maps(smollm2, reference)
     text = SENTENCES[1]
     ids, logits, attentions = reference[text]
     s = ids.shape[1]
-    run = smollm2.run(text, attention=[-1, 3, 3], heads=[8, 0])
+    run = smollm2.run(text, return_weights=[-1, 3, 3], heads=[8, 0])
     assert sorted(run.attentions) == [3, 29] and run.heads == [8, 0]
     for layer in (3, 29):
         assert run.attentions[layer].shape == (1, 2, s, s) and run.attentions[layer].dtype == torch.float32
         assert (run.attentions[layer] - attentions[layer][:, [8, 0]]).abs().max() < WEIGHTS_ATOL
     assert (run.logits - logits).abs().max() < LOGITS_ATOL
-    # Negative layers count from the end in the result too, as they do in attention=[...].
+    # Negative layers count from the end in the result too, as they do in return_weights=[...].
     assert run.attentions[-1] is run.attentions[29] and -1 in run.attentions and -30 not in run.attentions
     assert run.attentions.get(-27) is run.attentions[3] and run.attentions.get(-2) is None
     with pytest.raises(KeyError, match=r"layer -2 was not asked for; this run has the weights of layers \[3, 29\]"):
@@ -128,7 +128,7 @@ def test_generation_from_ids_and_sampling(smollm2):
 
 
 def test_run_from_ids_names_the_tokens(smollm2):
-    run = smollm2.run(torch.tensor([504, 2644, 2643]), attention=[0])
+    run = smollm2.run(torch.tensor([504, 2644, 2643]), return_weights=[0])
     assert run.tokens == ["The", "Ġcat", "Ġsat"] and run.offsets is None
     assert run.ids.shape == (1, 3) and run.logits.shape == (1, 3, 49152) and run.hidden_states.shape == (1, 3, 576)
 
@@ -139,13 +139,13 @@ def test_input_errors(smollm2):
     with pytest.raises(ValueError, match=r"text is 9000 tokens long; smollm2 reads at most 8192 tokens"):
         smollm2.tokenize(" a" * 9000)
     with pytest.raises(ValueError, match=r"layer 30 is out of range: smollm2 has 30 layers"):
-        smollm2.run("hi", attention=[30])
+        smollm2.run("hi", return_weights=[30])
     with pytest.raises(ValueError, match=r"head -10 is out of range: smollm2 has 9 heads"):
         smollm2.run("hi", heads=[-10])
     with pytest.raises(ValueError, match="no heads selected"):
         smollm2.run("hi", heads=[])
     with pytest.raises(TypeError, match="layer indices must be ints"):
-        smollm2.run("hi", attention=[1.5])
+        smollm2.run("hi", return_weights=[1.5])
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 49152\)"):
         smollm2.run([49152])
     with pytest.raises(TypeError, match="token ids must be integers"):

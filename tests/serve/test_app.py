@@ -69,7 +69,7 @@ def test_attention_matches_the_model(client):
     assert data.model == "tiny" and data.kind == "causal" and data.text == TEXT
     assert section.query_tokens == tuple(TEXT.split())
     assert section.layers == (0, 1) and section.heads == (1, 3)
-    expected = client.app.state.models["tiny"].model.run(TEXT, attention=[0, 1], heads=[1, 3]).attentions
+    expected = client.app.state.models["tiny"].model.run(TEXT, return_weights=[0, 1], heads=[1, 3]).attentions
     for layer in (0, 1):
         for n, head in enumerate((1, 3)):
             assert (section.map(layer, head) - expected[layer][0, n]).abs().max() < 1e-5

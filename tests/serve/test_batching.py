@@ -28,12 +28,12 @@ class Recorder:
         time.sleep(self.seconds)
         return [f"run of {t}" for t in texts]
 
-    def run(self, text, *, attention, heads):
+    def run(self, text, *, return_weights, heads):
         if text == "bad":
             raise ValueError("bad text")
         return self._pass([text])[0]
 
-    def run_batch(self, texts, *, attention, heads, logits, stop):
+    def run_batch(self, texts, *, return_weights, heads, logits, stop):
         assert logits is False
         if "bad" in texts:
             raise ValueError("one bad text" if len(texts) > 1 else "bad text")

@@ -164,7 +164,7 @@ def test_real_model_through_serve(page, minilm_path):
         assert word_tip.query == "didn't"
         by_words = api(url, {"text": text, "layers": [2], "heads": [7], "level": "word"}).sections["self"]
         assert word_tip.weight == pytest.approx(by_words.map(2, 7)[3, 2].item(), abs=1e-5)
-    direct = models.load("minilm").run(text, attention=[2], heads=[7]).attentions[2]
+    direct = models.load("minilm").run(text, return_weights=[2], heads=[7]).attentions[2]
     assert tip.weight == pytest.approx(direct[0, 0, it, animal].item(), abs=1e-3)
 
 

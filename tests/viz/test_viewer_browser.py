@@ -190,7 +190,7 @@ def test_real_model_export(page, tmp_path, smollm2_path):
 
     model = models.load("smollm2")
     text = "The animal didn't cross the road because it was too tired."
-    run = model.run(text, attention=[0, model.num_layers - 1])
+    run = model.run(text, return_weights=[0, model.num_layers - 1])
     viewer = open_export(page, tmp_path, viewer_data_from_run(model, run, text=text))
     tokens = page.locator("#ak-queries .ak-token").all_text_contents()
     assert tokens[:3] == ["The", "animal", "didn"] and len(tokens) == len(run.tokens)

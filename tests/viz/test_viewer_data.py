@@ -131,7 +131,7 @@ def test_from_model_run_uses_labels_heads_and_model_attributes():
     assert s.heads == (4, 7) and s.layers == (1,)
     raw = viewer_data_from_run(model, run, name="other")
     assert raw.model == "other" and raw.sections["self"].key_tokens[2] == "Ġcat"
-    with pytest.raises(ValueError, match="run the model with attention"):
+    with pytest.raises(ValueError, match="run the model with return_weights"):
         viewer_data_from_run(model, SimpleNamespace(tokens=["a"], offsets=[(0, 1)], attentions={}, heads=None))
 
 

@@ -2,7 +2,7 @@
 counted from the end (``-1`` is the last), checked against the count, with one error
 message everywhere.
 
-Stacks (``return_weights=[...]``), models (``run(attention=[...], heads=[...])``), the
+Stacks (``return_weights=[...]``), models (``run(return_weights=[...], heads=[...])``), the
 inspection functions, the command line, the web app and
 :func:`attnkit.functional.weights_on_demand` all go through :func:`normalize_indices` (or
 :func:`select_indices` for a selection that may be ``True``/``False``). The errors are typed:

@@ -603,7 +603,7 @@ def _mean_z(model: Model, texts: Sequence[str], layers: list[int]) -> dict[int, 
     totals: dict[int, Tensor] = {}
     count = 0
     for text in texts:
-        run = model.run(text, attention=False, cache=[model.hook_name("self_attn.z", i) for i in layers])
+        run = model.run(text, return_weights=False, cache=[model.hook_name("self_attn.z", i) for i in layers])
         for i in layers:
             z = run.cache[model.hook_name("self_attn.z", i)][0].double().sum(1, keepdim=True)  # [h, 1, d]
             totals[i] = z if i not in totals else totals[i] + z

@@ -345,7 +345,7 @@ def attention_map(
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     layer = resolve_layer(layer, model.num_layers)
     heads = resolve_heads(head, model.num_heads)
-    run = model.run(text, attention=[layer], heads=heads)
+    run = model.run(text, return_weights=[layer], heads=heads)
     weights = run.attentions[layer][0].float()  # [h, s, s]
     readable = readable_run(model, run, text)
     amap = AttentionMap(
@@ -394,5 +394,5 @@ def view(
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     layer_list = True if layers is None else [resolve_layer(layer, model.num_layers) for layer in layers]
     head_list = None if heads is None else [h for head in heads for h in resolve_heads(head, model.num_heads)]
-    run = model.run(text, attention=layer_list, heads=head_list)
+    run = model.run(text, return_weights=layer_list, heads=head_list)
     return AttentionView(model.name, bool(model.causal), list(run.heads), readable_run(model, run, text, level=level))

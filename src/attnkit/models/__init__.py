@@ -10,7 +10,7 @@ Mistral, Gemma 2 and 3, Phi-3) loads by its path.
 >>> from attnkit import models
 >>> models.fetch("smollm2")                      # once; offline afterwards
 >>> model = models.load("smollm2")
->>> run = model.run("The cat sat on the mat.", attention=[-1], heads=[0])
+>>> run = model.run("The cat sat on the mat.", return_weights=[-1], heads=[0])
 >>> run.tokens, run.attentions[29].shape         # [1, 1, 7, 7]
 >>> "".join(model.generate("The capital of France is", max_new_tokens=8))
 """

@@ -16,7 +16,7 @@ ATTENTION_MEMORY_LIMIT = 2 * 2**30
 
 class LayerAttentions(dict[int, Tensor]):
     """Layer index → attention weights, for the layers a run asked for. Negative indices
-    count from the model's last layer, as in ``run(attention=[-1])``: ``attentions[-1]``
+    count from the model's last layer, as in ``run(return_weights=[-1])``: ``attentions[-1]``
     is the last layer's map.
 
     Args:

@@ -189,7 +189,7 @@ class Model:
         self,
         text_or_ids: str | Tensor | Sequence[int],
         *,
-        attention: LayerSelection = True,
+        return_weights: LayerSelection = True,
         heads: Sequence[int] | None = None,
         cache: NameFilter = (),
     ) -> ModelRun:
@@ -201,8 +201,9 @@ class Model:
 
         Args:
             text_or_ids: a text, or token ids ``[s]`` / ``[1, s]``.
-            attention: ``True`` for every layer's weights, ``False`` for none, or a list of
-                layer indices (negative ones count from the end: ``-1`` is the last layer).
+            return_weights: ``True`` for every layer's weights, ``False`` for none, or a list
+                of layer indices (negative ones count from the end: ``-1`` is the last layer),
+                as the ``return_weights`` of the :mod:`attnkit.nn` stacks.
             heads: the heads to keep (negative ones count from the end); default all.
             cache: the activations to return in :attr:`ModelRun.cache`: names
                 (:meth:`hook_names`), a predicate on names, or ``None`` for every one.
@@ -217,7 +218,7 @@ class Model:
                 bytes, or an unknown name in ``cache`` (the message lists the names).
         """
         ids, tokens, offsets = self._input(text_or_ids)
-        layers, head_list = self._selection(attention, heads)
+        layers, head_list = self._selection(return_weights, heads)
         s = ids.shape[1]
         self._check_attention_memory(
             len(layers), [(1, s)], on=f"{s} tokens", advice="ask for fewer layers or a shorter text"
@@ -297,7 +298,7 @@ class Model:
         self,
         inputs: Sequence[str | Tensor | Sequence[int]],
         *,
-        attention: LayerSelection = True,
+        return_weights: LayerSelection = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
@@ -316,7 +317,7 @@ class Model:
 
         Args:
             inputs: texts or token ids, as :meth:`run` takes them.
-            attention: the layers whose weights to return, as in :meth:`run`.
+            return_weights: the layers whose weights to return, as in :meth:`run`.
             heads: the heads to keep, as in :meth:`run`.
             logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
                 projection (a sixth of SmolLM2's work) when only attention is wanted, and
@@ -339,7 +340,7 @@ class Model:
         if padding_side not in ("right", "left"):
             raise ValueError(f'padding_side must be "right" or "left", got {padding_side!r}')
         prepared = [self._input(item) for item in inputs]
-        layers, head_list = self._selection(attention, heads)
+        layers, head_list = self._selection(return_weights, heads)
         lengths = [ids.shape[1] for ids, _, _ in prepared]
         groups: dict[int, list[int]] = {}
         for i, n in enumerate(lengths):
@@ -365,12 +366,12 @@ class Model:
                     runs[i] = self._run_of_row(prepared[i], rows, layers, head_list)
         return [run for run in runs if run is not None]
 
-    def _selection(self, attention: LayerSelection, heads: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    def _selection(self, return_weights: LayerSelection, heads: Sequence[int] | None) -> tuple[list[int], list[int]]:
         """The layers whose weights a run returns and the heads it keeps, checked."""
         head_list = normalize_indices(
             heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
         )
-        return self._layers(attention), head_list
+        return self._layers(return_weights), head_list
 
     def _check_attention_memory(self, num_layers: int, batches: list[tuple[int, int]], *, on: str, advice: str) -> None:
         """Refuse a run whose attention weights (float32, every head of ``num_layers``
@@ -797,8 +798,8 @@ class Model:
         if n > self.max_length:
             raise ValueError(f"text is {n} tokens long; {self.name} reads at most {self.max_length} tokens")
 
-    def _layers(self, attention: LayerSelection) -> list[int]:
-        return select_indices(attention, self.num_layers, "layer", context=f"{self.name} has {self.num_layers} layers")
+    def _layers(self, selection: LayerSelection) -> list[int]:
+        return select_indices(selection, self.num_layers, "layer", context=f"{self.name} has {self.num_layers} layers")
 
 
 def load(

@@ -109,10 +109,10 @@ class InspectableModel(Protocol):
         self,
         text_or_ids: str | Tensor | Sequence[int],
         *,
-        attention: bool | Sequence[int] = True,
+        return_weights: bool | Sequence[int] = True,
         heads: Sequence[int] | None = None,
     ) -> RunLike:
-        """One forward pass with the weights of the layers in ``attention`` (``True``: all;
+        """One forward pass with the weights of the layers in ``return_weights`` (``True``: all;
         negative indices count from the end) and of ``heads`` (default all).
 
         Raises:
@@ -124,7 +124,7 @@ class InspectableModel(Protocol):
         self,
         inputs: Sequence[str | Tensor | Sequence[int]],
         *,
-        attention: bool | Sequence[int] = True,
+        return_weights: bool | Sequence[int] = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,

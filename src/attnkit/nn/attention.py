@@ -266,7 +266,13 @@ class MultiHeadAttention(nn.Module):
             TypeError: non-float inputs, a ``kv_cache`` that is not a ``KVCache``.
         """
         record = self.forward_record(
-            x, context, mask=mask, causal=causal, positions=positions, kv_cache=kv_cache, weights=return_weights
+            x,
+            context,
+            mask=mask,
+            causal=causal,
+            positions=positions,
+            kv_cache=kv_cache,
+            return_weights=return_weights,
         )
         return record if return_weights else record.output
 
@@ -279,14 +285,14 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         positions: Tensor | None = None,
         kv_cache: KVCache | None = None,
-        weights: bool = False,
+        return_weights: bool = False,
     ) -> MultiHeadOutput:
         """:meth:`forward`, always as a record: the one path attention runs through.
 
         Args:
             x, context, mask, causal, positions, kv_cache: as in :meth:`forward`.
-            weights: compute the weights; otherwise ``record.weights`` is ``None`` and the
-                fused kernel runs.
+            return_weights: compute the weights; otherwise ``record.weights`` is ``None``
+                and the fused kernel runs.
 
         Returns:
             A :class:`attnkit.nn.MultiHeadOutput`.
@@ -319,7 +325,7 @@ class MultiHeadAttention(nn.Module):
         bias = None
         if self.positional is not None:
             bias = self.positional.score_bias(s_q, k.shape[2], device=q.device, dtype=q.dtype)  # [1, h, s_q, s_k]
-        result = self._attend_hooked(q, k, v, mask=mask, bias=bias, causal=causal, weights=weights)
+        result = self._attend_hooked(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
         heads = self.z(result.output)  # [b, h, s_q, d]
         output = self.out_proj(heads.transpose(1, 2).reshape(heads.shape[0], s_q, self.num_heads * self.head_dim))
         if self.result.active:
@@ -335,7 +341,7 @@ class MultiHeadAttention(nn.Module):
         mask: Mask | Tensor | None,
         bias: Tensor | None,
         causal: bool,
-        weights: bool,
+        return_weights: bool,
     ) -> AttentionResult:
         """:meth:`_attend` with the ``scores`` and ``pattern`` hook points: when a hook or
         cache is on either, the weights are formed and passed through them. The output is
@@ -343,7 +349,7 @@ class MultiHeadAttention(nn.Module):
         for): hooks that change nothing change nothing."""
         watched = [point for point in (self.scores, self.pattern) if point is not None and point.active]
         if not watched:
-            return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=weights)
+            return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
         assert self.scores is not None and self.pattern is not None  # both exist when either does
         replaced = []
 
@@ -367,7 +373,7 @@ class MultiHeadAttention(nn.Module):
             edit_scores=through(self.scores),
             edit_weights=through(self.pattern),
         )
-        if weights or replaced:
+        if return_weights or replaced:
             return result
         return AttentionResult(self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False).output)
 

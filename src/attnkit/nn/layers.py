@@ -191,7 +191,7 @@ class _ResidualLayer(nn.Module):
         positions: Tensor | None,
         self_cache: KVCache | None,
         cross_cache: KVCache | None,
-        weights: bool,
+        return_weights: bool,
     ) -> LayerOutput:
         """The one path both layer kinds run through (see :meth:`DecoderLayer.forward`)."""
         x = self.resid_pre(x)
@@ -202,14 +202,14 @@ class _ResidualLayer(nn.Module):
                 causal=causal,
                 positions=positions,
                 kv_cache=self_cache,
-                return_weights=weights,
+                return_weights=return_weights,
             )
         )
         attn_out = self.attn_out(_normed(self.self_attn_out_norm, attn.output))  # [b, s, e]
         if self.resid_mid is None:  # parallel: both sublayers read the layer's input
             ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self.ff_norm(x))))  # [b, s, e]
             x = self.resid_post(x + self.dropout(attn_out) + self.dropout(ff_out))
-            return LayerOutput(x, LayerWeights(_asked_weights(attn)) if weights else None)
+            return LayerOutput(x, LayerWeights(_asked_weights(attn)) if return_weights else None)
         x = self.resid_mid(self._add_and_norm(x, attn_out, self.self_attn_norm))
         cross_weights = None
         if self.cross_attn is not None:
@@ -221,14 +221,14 @@ class _ResidualLayer(nn.Module):
                     memory,
                     mask=memory_mask,
                     kv_cache=cross_cache,
-                    return_weights=weights,
+                    return_weights=return_weights,
                 )
             )
             x = self.resid_mid_cross(self._add_and_norm(x, self.cross_attn_out(cross.output), self.cross_attn_norm))
             cross_weights = cross.weights
         ff_out = self.mlp_out(_normed(self.ff_out_norm, self.ff(self._sublayer_input(x, self.ff_norm))))  # [b, s, e]
         x = self.resid_post(self._add_and_norm(x, ff_out, self.ff_norm))
-        return LayerOutput(x, LayerWeights(_asked_weights(attn), cross_weights) if weights else None)
+        return LayerOutput(x, LayerWeights(_asked_weights(attn), cross_weights) if return_weights else None)
 
 
 class EncoderLayer(_ResidualLayer):
@@ -281,11 +281,16 @@ class EncoderLayer(_ResidualLayer):
         Returns:
             ``[b, s, e]``, or a :class:`attnkit.nn.LayerOutput`.
         """
-        record = self.forward_record(x, mask=mask, positions=positions, weights=return_weights)
+        record = self.forward_record(x, mask=mask, positions=positions, return_weights=return_weights)
         return record if return_weights else record.output
 
     def forward_record(
-        self, x: Tensor, *, mask: MaskLike | None = None, positions: Tensor | None = None, weights: bool = False
+        self,
+        x: Tensor,
+        *,
+        mask: MaskLike | None = None,
+        positions: Tensor | None = None,
+        return_weights: bool = False,
     ) -> LayerOutput:
         """:meth:`forward`, always as a record (weights ``None`` unless asked for)."""
         return self._run(
@@ -297,7 +302,7 @@ class EncoderLayer(_ResidualLayer):
             positions=positions,
             self_cache=None,
             cross_cache=None,
-            weights=weights,
+            return_weights=return_weights,
         )
 
     @classmethod
@@ -401,7 +406,7 @@ class DecoderLayer(_ResidualLayer):
             positions=positions,
             self_cache=self_cache,
             cross_cache=cross_cache,
-            weights=return_weights,
+            return_weights=return_weights,
         )
         return record if return_weights else record.output
 
@@ -416,7 +421,7 @@ class DecoderLayer(_ResidualLayer):
         positions: Tensor | None = None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
-        weights: bool = False,
+        return_weights: bool = False,
     ) -> LayerOutput:
         """:meth:`forward`, always as a record (weights ``None`` unless asked for): the one
         path the layer runs through.
@@ -438,7 +443,7 @@ class DecoderLayer(_ResidualLayer):
             positions=positions,
             self_cache=self_cache,
             cross_cache=cross_cache,
-            weights=weights,
+            return_weights=return_weights,
         )
 
     @classmethod

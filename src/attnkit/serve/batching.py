@@ -86,8 +86,8 @@ class Batcher:
     """Runs the requests for one model on one thread, several texts per forward pass.
 
     Args:
-        model: has ``run(text, attention=layers, heads=heads)``; and, for batches,
-            ``run_batch(texts, attention=layers, heads=heads, logits=False, stop=stop)``
+        model: has ``run(text, return_weights=layers, heads=heads)``; and, for batches,
+            ``run_batch(texts, return_weights=layers, heads=heads, logits=False, stop=stop)``
             returning one run per text and raising when ``stop()`` turns true (as
             :meth:`attnkit.models.Model.run_batch`); without it, each request runs alone. ``causal`` says whether
             texts of different lengths may share a batch (padded at the end).
@@ -211,7 +211,7 @@ class Batcher:
         try:
             runs = self.model.run_batch(
                 [job.text for job in batch],
-                attention=list(first.layers),
+                return_weights=list(first.layers),
                 heads=list(first.heads),
                 logits=False,
                 stop=everyone_gone,
@@ -229,7 +229,7 @@ class Batcher:
 
     def _run_alone(self, job: Job) -> None:
         try:
-            run = self.model.run(job.text, attention=list(job.layers), heads=list(job.heads))
+            run = self.model.run(job.text, return_weights=list(job.layers), heads=list(job.heads))
         except Exception as err:  # noqa: BLE001 - handed to the request, which reports it
             job.future.set_exception(err)
         else:

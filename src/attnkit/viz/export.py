@@ -253,7 +253,7 @@ def write_viewer(
     from attnkit.viz.viewer import viewer_data_from_run, write_html
     from attnkit.viz.viewer.adapters import mode_sections
 
-    run = model.run(text, attention=True if layers is None else list(layers), heads=heads)
+    run = model.run(text, return_weights=True if layers is None else list(layers), heads=heads)
     data = viewer_data_from_run(model, run, name=model.name, text=text, level=level)
     if modes:
         own = data.sections["self"]

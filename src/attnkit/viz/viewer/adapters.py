@@ -46,11 +46,11 @@ def viewer_data_from_run(
         Data of kind ``"causal"`` or ``"bidirectional"``.
 
     Raises:
-        ValueError: the run has no attention (it ran with ``attention=False``), an unknown
+        ValueError: the run has no attention (it ran with ``return_weights=False``), an unknown
             ``level``, or see :meth:`ViewerData.from_run`.
     """
     if not run.attentions:
-        raise ValueError("the run has no attention weights: run the model with attention=True or a list of layers")
+        raise ValueError("the run has no attention weights: run the model with return_weights=True or a list of layers")
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     heads = getattr(run, "heads", None)
@@ -141,7 +141,7 @@ def mode_sections(
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown:
         raise ValueError(f"viewer colour modes are {', '.join(MODES)}, got {unknown}")
-    run = model.run(text, attention=list(layers), heads=list(heads))
+    run = model.run(text, return_weights=list(layers), heads=list(heads))
     readable = readable_run(model, run, text, level=level)
 
     def between(maps: Tensor) -> Tensor:  # [..., s, s] → [..., n, n]
