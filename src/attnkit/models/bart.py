@@ -48,7 +48,12 @@ from attnkit.models.checkpoint import (
     short_repr,
 )
 from attnkit.models.decoder import eos_token_ids, token_ids
-from attnkit.models.encoder_decoder import encoder_hidden_states, encoder_self_attention, no_logits
+from attnkit.models.encoder_decoder import (
+    EncoderDecoderSizes,
+    encoder_hidden_states,
+    encoder_self_attention,
+    no_logits,
+)
 from attnkit.models.family import ModelFamily
 from attnkit.nn import (
     Decoder,
@@ -92,7 +97,7 @@ _EMBEDDING_PARTS = {"embed_positions": "position", "layernorm_embedding": "norm"
 
 
 @dataclass(frozen=True)
-class BartConfig:
+class BartConfig(EncoderDecoderSizes):
     """The sizes of a BART checkpoint, read from its ``config.json``.
 
     Attributes:
@@ -126,16 +131,6 @@ class BartConfig:
     decoder_start_token_id: int
     eos_token_ids: tuple[int, ...]
     layer_count_fields: tuple[tuple[str, str], ...] = (("encoder", "encoder_layers"), ("decoder", "decoder_layers"))
-
-    @property
-    def num_kv_heads(self) -> int:
-        """Key/value heads: as many as query heads."""
-        return self.num_heads
-
-    @property
-    def hidden_size(self) -> int:
-        """The model dim ``e`` (``d_model``)."""
-        return self.d_model
 
     @property
     def intermediate_size(self) -> int:

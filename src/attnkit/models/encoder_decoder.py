@@ -26,6 +26,27 @@ from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
 from attnkit.nn import EncoderDecoderLM, LayerSelection, LayerWeights, MultiHeadAttention, StackOutput
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
+
+
+class EncoderDecoderSizes:
+    """What the configs of encoder–decoder families (T5, BART, the trained Transformer)
+    share: :class:`attnkit.models.family.ModelConfig`'s ``hidden_size`` is ``d_model`` and
+    every head has its own keys and values. A config adds ``intermediate_size``."""
+
+    d_model: int
+    num_heads: int
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads: as many as query heads."""
+        return self.num_heads
+
+    @property
+    def hidden_size(self) -> int:
+        """The model dim ``e`` (``d_model``)."""
+        return self.d_model
+
+
 ATTENTION_KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
 
 

@@ -51,7 +51,12 @@ from attnkit.models.checkpoint import (
     short_repr,
 )
 from attnkit.models.decoder import eos_token_ids, token_ids
-from attnkit.models.encoder_decoder import encoder_hidden_states, encoder_self_attention, no_logits
+from attnkit.models.encoder_decoder import (
+    EncoderDecoderSizes,
+    encoder_hidden_states,
+    encoder_self_attention,
+    no_logits,
+)
 from attnkit.models.family import ModelFamily
 from attnkit.nn import (
     AttentionConfig,
@@ -85,7 +90,7 @@ _LAYER_KEY = re.compile(r"(encoder|decoder)\.block\.(\d+)\.layer\.(\d)\.(.+)\.we
 
 
 @dataclass(frozen=True)
-class T5Config:
+class T5Config(EncoderDecoderSizes):
     """The sizes of a T5 checkpoint, read from its ``config.json``.
 
     Attributes:
@@ -126,16 +131,6 @@ class T5Config:
     eos_token_ids: tuple[int, ...]
     max_length: int = 4096
     layer_count_fields: tuple[tuple[str, str], ...] = (("encoder", "num_layers"), ("decoder", "num_decoder_layers"))
-
-    @property
-    def num_kv_heads(self) -> int:
-        """Key/value heads: as many as query heads."""
-        return self.num_heads
-
-    @property
-    def hidden_size(self) -> int:
-        """The model dim ``e`` (``d_model``)."""
-        return self.d_model
 
     @property
     def intermediate_size(self) -> int:

@@ -28,7 +28,12 @@ from torch import Tensor
 
 from attnkit.models.checkpoint import CONFIG_LIMITS, REQUIRED, CheckpointError, build_without_weights, config_int
 from attnkit.models.decoder import eos_token_ids, token_ids
-from attnkit.models.encoder_decoder import encoder_hidden_states, encoder_self_attention, no_logits
+from attnkit.models.encoder_decoder import (
+    EncoderDecoderSizes,
+    encoder_hidden_states,
+    encoder_self_attention,
+    no_logits,
+)
 from attnkit.models.family import ModelFamily
 from attnkit.nn import EncoderDecoderLM, paper_transformer
 
@@ -41,7 +46,7 @@ _KEY = re.compile(r"(source_embedding\.token\.weight|(encoder|decoder)\.layers\.
 
 
 @dataclass(frozen=True)
-class TrainedConfig:
+class TrainedConfig(EncoderDecoderSizes):
     """The sizes of a trained encoder–decoder (``config.json`` of its run's folder).
 
     Attributes:
@@ -69,16 +74,6 @@ class TrainedConfig:
     eos_token_ids: tuple[int, ...] = (1,)
     dropout: float = 0.0
     layer_count_fields: tuple[tuple[str, str], ...] = (("encoder", "encoder_layers"), ("decoder", "decoder_layers"))
-
-    @property
-    def num_kv_heads(self) -> int:
-        """Key/value heads: as many as query heads."""
-        return self.num_heads
-
-    @property
-    def hidden_size(self) -> int:
-        """The model dim ``e`` (``d_model``)."""
-        return self.d_model
 
     @property
     def intermediate_size(self) -> int:
