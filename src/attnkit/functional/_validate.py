@@ -71,7 +71,7 @@ def dense_allowed(
         allowed = check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
     elif mask is not None:
         raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
-    if causal:
+    if causal and s_q > 1:  # one query, the last position, may attend to every key
         causal_allowed = masks_mod.causal().to_dense(s_q, s_k, device=device)  # [1, 1, s_q, s_k]
         allowed = causal_allowed if allowed is None else allowed & causal_allowed
     return allowed
