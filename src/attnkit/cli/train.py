@@ -25,7 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "held-out examples (exact match of greedy decoding) and write DIR/metrics.json, DIR/checkpoint.pt "
             "and the attention heatmap of one held-out example. copy/reverse/sort use an encoder-decoder and "
             "draw its cross-attention; addition uses a decoder-only model and draws its self-attention. For "
-            "copy and reverse, the fraction of each head's attention on the diagonal / anti-diagonal is reported."
+            "copy and reverse, the fraction of each head's attention on the diagonal / anti-diagonal is reported. "
+            "An encoder-decoder's DIR also gets config.json, model.safetensors and tokenizer.json: a model folder "
+            "that attnkit inspect, heads and serve take as --model DIR."
         ),
     )
     parser.add_argument("--task", choices=list(TASK_NAMES), help="the toy task (required unless --resume)")
