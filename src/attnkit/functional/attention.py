@@ -191,9 +191,8 @@ def attention(
         )
         return out
 
-    # Only the engines below need the mask as a tensor; building it is O(s_q * s_k). A single
-    # query (a decoding step) sees every key under the bottom-right causal mask: no mask.
-    allowed = dense_allowed(mask, causal=causal and s_q > 1, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
+    # Only the engines below need the mask as a tensor; building it is O(s_q * s_k).
+    allowed = dense_allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
     if bias is not None:
         check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
     if chosen == "sdpa":
