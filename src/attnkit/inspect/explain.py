@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -227,7 +228,10 @@ def explain(
     q, k, v = inputs.q[None, None], inputs.k[None, None], inputs.v[None, None]  # [1, 1, n, d]
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if score == "scaled_dot" else 1.0
-    result = attention(q, k, v, causal=causal, score=score, return_weights=True)
+    kind: Literal["scaled_dot", "dot"] = "scaled_dot" if score == "scaled_dot" else "dot"
+    result = attention(q, k, v, causal=causal, score=kind, return_weights=True)
+    weights = result.weights
+    assert weights is not None  # asked for
     raw = dot_scores(q, k)[0, 0]  # [n_q, n_k]
     n_q, n_k = raw.shape
     allowed = (masks.causal() if causal else masks.full()).to_dense(n_q, n_k)[0, 0]  # [n_q, n_k]
@@ -238,7 +242,7 @@ def explain(
             scores=raw[i].tolist(),
             scaled=(raw[i] * scale).tolist(),
             allowed=allowed[i].tolist(),
-            weights=result.weights[0, 0, i].tolist(),
+            weights=weights[0, 0, i].tolist(),
             context=result.output[0, 0, i].tolist(),
         )
         for i in queries

@@ -109,6 +109,7 @@ def method_map(
     elif method == "value":
         weights = value_weighted(model, text, layers=[layer]).heads[layer][heads]  # [h, s, s]
     else:
+        assert target is not None  # checked above for the grad method
         weights = gradient_weighted(model, text, target, layers=[layer])[layer][heads]  # [h, s, s]
     amap = replace(raw, weights=weights, heads=heads, method=method)
     return amap.by_words() if level == "word" else amap

@@ -72,8 +72,15 @@ def warn_if_space_missing(model: Model, token: str, token_id: int, logits: Tenso
 
 def last_logits(model: Model, hidden: Tensor) -> Tensor:
     """Next-token logits at the last position, ``[b, v]`` float32, from hidden states
-    ``[b, s, e]`` (the head runs on the last position only)."""
-    return model.architecture.logits(model.module, hidden[:, -1:])[:, 0].float()
+    ``[b, s, e]`` (the head runs on the last position only).
+
+    Raises:
+        ValueError: a model without a language-model head.
+    """
+    logits = model.architecture.logits(model.module, hidden[:, -1:])  # [b, 1, v]
+    if logits is None:
+        raise ValueError(f"{model.name} ({model.family}) has no language-model head: no next-token logits")
+    return logits[:, 0].float()
 
 
 def sentence_embedding(hidden: Tensor) -> Tensor:
