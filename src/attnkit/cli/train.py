@@ -37,6 +37,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="continue the run whose checkpoint is in DIR; options not given are taken from it",
     )
+    _add_size_arguments(parser)
+    _add_training_arguments(parser)
+    parser.set_defaults(func=run_command)
+
+
+def _add_size_arguments(parser: argparse.ArgumentParser) -> None:
+    """The task's and the model's sizes."""
     data = parser.add_argument_group("task size")
     _option(data, "--length", int, "input length of copy/reverse/sort")
     _option(data, "--symbols", int, "distinct symbols of copy/reverse/sort")
@@ -47,6 +54,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _option(model, "--heads", int, "attention heads (must divide --d-model)")
     _option(model, "--ff", int, "feed-forward hidden dim")
     _option(model, "--dropout", float, "dropout rate")
+
+
+def _add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """The optimisation, its checkpoints and where it runs."""
     training = parser.add_argument_group("training")
     _option(training, "--steps", int, "optimizer steps")
     _option(training, "--batch-size", int, "examples per step")
@@ -78,7 +89,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "takes its share of every batch, the loss curve stays that of one process); "
         "see docs/distributed.md for several machines",
     )
-    parser.set_defaults(func=run_command)
 
 
 def _option(group: argparse._ArgumentGroup, flag: str, kind: type, text: str) -> None:
