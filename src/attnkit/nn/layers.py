@@ -15,7 +15,7 @@ Two placements of the norm:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any, TypeVar
 
 import torch
@@ -102,6 +102,12 @@ class LayerConfig:
                 "parallel attention and feed-forward need a pre-norm layer without cross-attention, got norm_first=False"
             )
         self.attention()  # checks the sizes, the kernel and its options
+
+    def layer(self) -> LayerConfig:
+        """The options of one layer alone: this config, as a plain :class:`LayerConfig`
+        (for a stack's config, :class:`attnkit.nn.TransformerConfig` or
+        :class:`attnkit.nn.DecoderLMConfig`, the config of each of its layers)."""
+        return LayerConfig(**{f.name: getattr(self, f.name) for f in fields(LayerConfig)})
 
     def attention(self) -> AttentionConfig:
         """The config of the attention modules a layer builds when it is not given them."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import KW_ONLY, dataclass, fields
+from dataclasses import KW_ONLY, dataclass
 from typing import Literal
 
 import torch
@@ -86,10 +86,6 @@ class DecoderLMConfig(LayerConfig):
                 f"num_heads={self.num_heads}"
             )
         super().__post_init__()
-
-    def layer(self) -> LayerConfig:
-        """The config of every layer."""
-        return LayerConfig(**{f.name: getattr(self, f.name) for f in fields(LayerConfig)})
 
 
 class DecoderLM(HookedModule):

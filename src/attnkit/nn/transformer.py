@@ -293,10 +293,6 @@ class TransformerConfig(LayerConfig):
             )
         super().__post_init__()
 
-    def layer(self) -> LayerConfig:
-        """The config of every layer."""
-        return LayerConfig(**{f.name: getattr(self, f.name) for f in fields(LayerConfig)})
-
 
 class Transformer(HookedModule):
     """The encoder–decoder Transformer (the paper's base model by default).
