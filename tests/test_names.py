@@ -4,7 +4,8 @@ that docs/glossary.md retired stay out of the code.
 A private name (``_name``) belongs to the module that defines it. Another module may neither
 import it (``from attnkit.x import _name``) nor read it off a module it imported
 (``x_mod._name``). A private *module* (``attnkit.functional._validate``) is private to its
-package: only modules of that package import it.
+package: only modules of that package import it. A private attribute or method is read only
+off ``self`` or ``cls``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,35 @@ def test_no_module_uses_another_modules_private_names():
     known = set(files)
     found = {name: uses for name, path in files.items() if (uses := _private_uses(name, path, known))}
     assert found == {}
+
+
+# Private attributes read off something other than self or cls: each is another library's
+# (argparse's parser types, a torch op's schema, transformers' attention switch) or the
+# same class's own method called on a new instance of it.
+OTHERS_PRIVATE_ATTRIBUTES = {
+    "argparse._SubParsersAction",
+    "argparse._ArgumentGroup",
+    "packet.default._schema",
+    "config._attn_implementation",
+    "hf_model._can_set_attn_implementation",
+    "model._assemble",  # DecoderLM.from_parts, on the DecoderLM it creates
+}
+
+
+def test_no_module_reads_a_private_attribute_of_another_object():
+    found = []
+    for name, path in module_files().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+                continue
+            if ast.unparse(node) not in OTHERS_PRIVATE_ATTRIBUTES:
+                found.append(f"{name} line {node.lineno}: {ast.unparse(node)}")
+    assert found == []
 
 
 def test_benchmarks_and_doc_scripts_use_no_private_names_of_attnkit():

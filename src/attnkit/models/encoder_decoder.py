@@ -177,7 +177,7 @@ def run_seq2seq(
     module = network(model)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    source_ids, source_tokens, source_offsets = model._input(source)
+    source_ids, source_tokens, source_offsets = model.prepare_input(source)
     num_decoder_layers = len(module.decoder.layers)
     encoder_list = _layers(encoder_layers, model.num_layers, "encoder")
     decoder_list = _layers(decoder_layers, num_decoder_layers, "decoder")
@@ -241,7 +241,7 @@ def _target(
     """``(ids [1, s_tgt], tokens, offsets, text)`` of the given target, or of the one the
     model generates greedily from the source when ``target`` is ``None``."""
     if target is not None:
-        target_ids, target_tokens, target_offsets = model._input(target)
+        target_ids, target_tokens, target_offsets = model.prepare_input(target)
         target_text = target if isinstance(target, str) else model.tokenizer.decode(target_ids[0])
         return target_ids, target_tokens, target_offsets, target_text
     target_ids = torch.tensor([generate_target(model, source_ids, max_new_tokens)])  # [1, s_tgt]

@@ -217,7 +217,7 @@ class Model:
                 head out of range, weights that would exceed :data:`ATTENTION_MEMORY_LIMIT`
                 bytes, or an unknown name in ``cache`` (the message lists the names).
         """
-        ids, tokens, offsets = self._input(text_or_ids)
+        ids, tokens, offsets = self.prepare_input(text_or_ids)
         layers, head_list = self._selection(return_weights, heads)
         s = ids.shape[1]
         self._check_attention_memory(
@@ -339,7 +339,7 @@ class Model:
         """
         if padding_side not in ("right", "left"):
             raise ValueError(f'padding_side must be "right" or "left", got {padding_side!r}')
-        prepared = [self._input(item) for item in inputs]
+        prepared = [self.prepare_input(item) for item in inputs]
         layers, head_list = self._selection(return_weights, heads)
         lengths = [ids.shape[1] for ids, _, _ in prepared]
         groups: dict[int, list[int]] = {}
@@ -521,7 +521,7 @@ class Model:
                 raise ValueError(f"attention_mask must be [b, s] = {list(ids.shape)} like the ids, got {mask_got}")
             padding = attention_mask.to(self.device).bool()  # [b, s]
         for row in ids:
-            self._input(row)
+            self.prepare_input(row)
         with self.module.hook_session(hooks, cache=cache) as kept:
             hidden = self.architecture.hidden_states(self.module, ids.to(self.device), (), padding).output  # [b, s, e]
             scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
@@ -550,13 +550,13 @@ class Model:
         """
         mask = None
         if isinstance(inputs, str):
-            ids = self._input(inputs)[0]  # [1, s]
+            ids = self.prepare_input(inputs)[0]  # [1, s]
         elif isinstance(inputs, Sequence) and inputs and all(isinstance(t, str) for t in inputs):
             ids, mask = self.to_tokens(list(inputs))  # type: ignore[arg-type]
         elif isinstance(inputs, Tensor) and inputs.ndim == 2:
             ids = inputs
         else:
-            ids = self._input(inputs)[0]  # type: ignore[arg-type]
+            ids = self.prepare_input(inputs)[0]  # type: ignore[arg-type]
         with torch.no_grad():
             run = self.run_with_hooks(ids, cache=names, attention_mask=mask)
         return (run.hidden_states if run.logits is None else run.logits), run.cache
@@ -705,7 +705,7 @@ class Model:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        ids, _, _ = self._input(prompt)
+        ids, _, _ = self.prepare_input(prompt)
         if not self._packed:
             # One matrix product for q/k/v and for SwiGLU's gate/up: the same results, fewer
             # calls per decoding step (attnkit.nn.packing). Done on the first generation
@@ -771,10 +771,24 @@ class Model:
         ids = self.generate_ids(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
         return self.tokenizer.stream(ids)
 
-    def _input(
+    def prepare_input(
         self, text_or_ids: str | Tensor | Sequence[int]
     ) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]:
-        """``(ids [1, s], tokens, offsets)`` of a text or of ids, validated."""
+        """The model's input for a text or for token ids, validated: what every run, batch
+        and generation (of this model and of an encoder-decoder's source and target) reads.
+
+        Args:
+            text_or_ids: a text, or token ids ``[s]`` / ``[1, s]`` (a tensor or a sequence).
+
+        Returns:
+            ``(ids [1, s], tokens, offsets)``: ``offsets`` are the tokens' character spans
+            in a text, ``None`` for ids.
+
+        Raises:
+            TypeError: ids that are not integers.
+            ValueError: ids of another shape, none at all, outside the vocabulary, or more
+                tokens than the model reads.
+        """
         if isinstance(text_or_ids, str):
             encoded = self.tokenize(text_or_ids)
             return encoded.ids, encoded.tokens, encoded.offsets
