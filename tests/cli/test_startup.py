@@ -1,14 +1,10 @@
-"""What the ``attnkit`` command does to start quickly: PyTorch's threads wait asleep, and a
-command that draws after running a model imports matplotlib meanwhile, on a thread."""
+"""What the ``attnkit`` command does to start quickly: PyTorch's threads wait asleep."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import threading
-
-from attnkit.cli.common import DRAWING_MODULES, import_drawing_early
 
 # Runs `attnkit --version` in a fresh interpreter and prints the OpenMP wait policy after.
 VERSION_THEN_POLICY = """
@@ -34,16 +30,3 @@ def policy_after_the_command(**env: str) -> str:
 def test_pytorch_threads_wait_asleep_unless_the_user_said_otherwise():
     assert policy_after_the_command() == "PASSIVE"
     assert policy_after_the_command(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
-
-
-def drawing_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "attnkit-import-drawing"]
-
-
-def test_drawing_is_imported_early_only_for_pictures():
-    import_drawing_early(["json", "html"])
-    assert not drawing_threads()
-    import_drawing_early(["json", "png"])
-    for thread in drawing_threads():
-        thread.join(timeout=120)
-    assert all(name in sys.modules for name in DRAWING_MODULES)

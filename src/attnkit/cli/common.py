@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import math
 import re
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -311,34 +309,6 @@ def parse_formats(text: str, allowed: tuple[str, ...] = FORMATS) -> list[str]:
     if unknown or not formats:
         raise CommandError(f"--format takes a comma-separated list of {', '.join(allowed)}, got {text!r}")
     return list(dict.fromkeys(formats))
-
-
-# What drawing a picture imports: matplotlib's figure and its raster and vector back ends.
-DRAWING_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.backends.backend_svg")
-
-
-def import_drawing_early(formats: Sequence[str]) -> None:
-    """When ``formats`` include a picture, start importing matplotlib on a thread of its own,
-    for a command that loads and runs a model first: PyTorch releases the interpreter's lock
-    while it computes, so the import, most of a second, proceeds meanwhile rather than after.
-    The command's own import then finds the modules loaded (or waits for them); a failed
-    import is left for it to report. Call it after PyTorch is imported, so that the two
-    imports never wait on each other.
-
-    Args:
-        formats: the command's output formats.
-    """
-    if not {"png", "svg"} & set(formats):
-        return
-
-    def run() -> None:
-        for name in DRAWING_MODULES:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                return
-
-    threading.Thread(target=run, name="attnkit-import-drawing").start()
 
 
 def load_model(name: str, device: str = "cpu", *, status: Status | None = None) -> Any:

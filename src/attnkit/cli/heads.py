@@ -19,7 +19,6 @@ from attnkit.cli.common import (
     command_errors,
     figure_options,
     format_size,
-    import_drawing_early,
     load_model,
     parse_formats,
     prepare_out,
@@ -195,8 +194,6 @@ def run(args: argparse.Namespace) -> int:
     survey_fn, talks = _survey_function(args, distributed)
     status = Status(args.quiet or not talks)
     out = prepare_out(args.out)
-    if talks:
-        import_drawing_early(formats)
     model = load_model(args.model, args.device, status=status)
     if getattr(model, "encoder_decoder", False):
         if distributed or args.source is not None:
@@ -261,7 +258,6 @@ def run_ablation(args: argparse.Namespace) -> int:
     from attnkit.viz.export import write_effects
     from attnkit.viz.terminal import terminal_safe
 
-    import_drawing_early(formats)
     model = load_model(args.model, args.device, status=status)
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"ablating {model.num_layers} layers × {model.num_heads} heads of {model.name}"):

@@ -22,7 +22,6 @@ from attnkit.cli.common import (
     check_sizes,
     command_errors,
     figure_options,
-    import_drawing_early,
     load_model,
     parse_formats,
     parse_size,
@@ -190,7 +189,6 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.viz.export import write_viewer
     from attnkit.viz.viewer.data import MODES as VIEWER_MODES
 
-    import_drawing_early(formats)
     model = load_model(args.model, args.device, status=status)
     if getattr(model, "encoder_decoder", False):
         return _run_seq2seq(args, model, status, formats, limit, figure, out)
