@@ -268,16 +268,16 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
     """
     if stat is not None and stat not in survey.statistics:
         raise ValueError(f"unknown statistic {stat!r}; choose from {', '.join(survey.statistics)}")
-    texts = f"{survey.texts} text" + ("s" if survey.texts != 1 else "")
-    head = f"{survey.model} · {survey.num_layers} layers × {survey.num_heads} heads · {texts}, {survey.tokens} tokens"
+    sizes = f"{_counted(survey.num_layers, 'layer')} × {_counted(survey.num_heads, 'head')}"
+    head = f"{survey.model} · {sizes} · {_counted(survey.texts, 'text')}, {_counted(survey.tokens, 'token')}"
     if survey.attention == "self":
         head += f" · induction on {survey.induction_period} random tokens × 2 (seed {survey.induction_seed})"
     else:
-        pairs = f"{survey.texts} source/target pair" + ("s" if survey.texts != 1 else "")
+        pairs = _counted(survey.texts, "source/target pair")
         rows_of = "source" if survey.attention == "encoder" else "target"
         head = (
-            f"{survey.model} · {ATTENTION_NAMES[survey.attention]} · {survey.num_layers} layers × "
-            f"{survey.num_heads} heads · {pairs}, {survey.tokens} {rows_of} tokens"
+            f"{survey.model} · {ATTENTION_NAMES[survey.attention]} · {sizes} · {pairs}, "
+            f"{_counted(survey.tokens, rows_of + ' token')}"
         )
     lines = [head, "", f"Top {top} heads per statistic (L layer, H head)"]
     rows = []
@@ -342,3 +342,8 @@ def _value_grid(survey: HeadSurvey, stat: str) -> list[str]:
 
 def _subscript(n: int) -> str:
     return str(n).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
+
+
+def _counted(n: int, noun: str) -> str:
+    """``"1 layer"``, ``"2 layers"``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
