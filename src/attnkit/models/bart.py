@@ -43,18 +43,14 @@ from attnkit.models.checkpoint import (
     CONFIG_LIMITS,
     REQUIRED,
     CheckpointError,
-    build_without_weights,
     config_int,
     short_repr,
 )
-from attnkit.models.decoder import eos_token_ids, token_ids
+from attnkit.models.decoder import token_ids
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
-    encoder_hidden_states,
-    encoder_self_attention,
-    no_logits,
+    encoder_decoder_family,
 )
-from attnkit.models.family import ModelFamily
 from attnkit.nn import (
     Decoder,
     DecoderLayer,
@@ -204,8 +200,8 @@ def _embedding(config: BartConfig, token: nn.Embedding) -> SequenceEmbedding:
 
 
 def build_network(config: BartConfig) -> EncoderDecoderLM:
-    """A BART :class:`attnkit.nn.EncoderDecoderLM` with random weights (use :func:`build`
-    for one whose weights a checkpoint replaces)."""
+    """A BART :class:`attnkit.nn.EncoderDecoderLM` with random weights (``FAMILY.build``
+    builds it without storage, for a checkpoint's weights to replace)."""
     e = config.d_model
     token = nn.Embedding(config.vocab_size, e)
     options: dict[str, Any] = {
@@ -230,14 +226,6 @@ def build_network(config: BartConfig) -> EncoderDecoderLM:
         head=head,
         decoder_start_token_id=config.decoder_start_token_id,
     )
-
-
-def build(config: BartConfig) -> EncoderDecoderLM:
-    """The network on the ``meta`` device (no storage), whose weights the checkpoint's
-    replace (then :func:`finish`)."""
-    module = build_without_weights(lambda: build_network(config))
-    assert isinstance(module, EncoderDecoderLM)
-    return module
 
 
 def state_dict_from_hf(tensors: dict[str, Tensor], config: BartConfig) -> tuple[dict[str, Tensor], list[str]]:
@@ -280,18 +268,12 @@ def finish(module: EncoderDecoderLM, config: BartConfig) -> None:
     head.proj.weight = module.token_embedding.weight
 
 
-FAMILY = ModelFamily(
+FAMILY = encoder_decoder_family(
     name="bart",
     model_type="bart",
-    causal=False,
-    encoder_decoder=True,
     read_config=BartConfig.from_hf,
-    build=build,
+    build_network=build_network,
     state_dict_from_hf=state_dict_from_hf,
     finish=finish,
-    eos_token_ids=eos_token_ids,
-    hidden_states=encoder_hidden_states,
-    logits=no_logits,
-    self_attention=encoder_self_attention,
     summary="post-norm LayerNorm, learned positions from row 2, embedding LayerNorm, GELU, biases, final logits bias",
 )

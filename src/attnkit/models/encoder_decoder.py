@@ -14,7 +14,7 @@ self-attention are the decoder's input tokens (the start token, then the target)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +23,9 @@ from torch import Tensor
 
 from attnkit.functional.indices import normalize_indices
 from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
+from attnkit.models.checkpoint import build_without_weights
+from attnkit.models.decoder import eos_token_ids
+from attnkit.models.family import ModelFamily
 from attnkit.nn import EncoderDecoderLM, LayerSelection, LayerWeights, MultiHeadAttention, StackOutput
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
@@ -279,3 +282,51 @@ def encoder_self_attention(module: EncoderDecoderLM, layer: int) -> MultiHeadAtt
     attention = module.encoder.layers[layer].self_attn
     assert isinstance(attention, MultiHeadAttention)
     return attention
+
+
+def encoder_decoder_family(
+    *,
+    name: str,
+    model_type: str,
+    read_config: Callable[..., Any],
+    build_network: Callable[[Any], EncoderDecoderLM],
+    state_dict_from_hf: Callable[[dict[str, Tensor], Any], tuple[dict[str, Tensor], list[str]]],
+    finish: Callable[[Any, Any], None],
+    summary: str,
+) -> ModelFamily:
+    """The :class:`attnkit.models.family.ModelFamily` of an encoder–decoder family: its own
+    config reader, network and tensor names, and everything else shared.
+
+    Args:
+        name: the family's name.
+        model_type: its ``config.json`` ``model_type``.
+        read_config: ``(config.json dict, path=file)`` → the family's config.
+        build_network: config → the network with initialised weights; the family's
+            ``build`` runs it on the ``meta`` device (no storage), for the checkpoint's
+            weights to replace.
+        state_dict_from_hf: renames its checkpoint's tensors to
+            :class:`attnkit.nn.EncoderDecoderLM` keys.
+        finish: ``(module, config)``: ties what assignment untied, once the weights are in.
+        summary: what it is made of, for ``attnkit models families``.
+    """
+
+    def build(config: Any) -> EncoderDecoderLM:
+        module = build_without_weights(lambda: build_network(config))
+        assert isinstance(module, EncoderDecoderLM)
+        return module
+
+    return ModelFamily(
+        name=name,
+        model_type=model_type,
+        causal=False,
+        encoder_decoder=True,
+        read_config=read_config,
+        build=build,
+        state_dict_from_hf=state_dict_from_hf,
+        finish=finish,
+        eos_token_ids=eos_token_ids,
+        hidden_states=encoder_hidden_states,
+        logits=no_logits,
+        self_attention=encoder_self_attention,
+        summary=summary,
+    )

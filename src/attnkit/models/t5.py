@@ -45,19 +45,15 @@ from attnkit.models.checkpoint import (
     CONFIG_LIMITS,
     REQUIRED,
     CheckpointError,
-    build_without_weights,
     config_float,
     config_int,
     short_repr,
 )
-from attnkit.models.decoder import eos_token_ids, token_ids
+from attnkit.models.decoder import token_ids
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
-    encoder_hidden_states,
-    encoder_self_attention,
-    no_logits,
+    encoder_decoder_family,
 )
-from attnkit.models.family import ModelFamily
 from attnkit.nn import (
     AttentionConfig,
     Decoder,
@@ -217,8 +213,8 @@ def _stack_norm(config: T5Config) -> RMSNorm:
 
 
 def build_network(config: T5Config) -> EncoderDecoderLM:
-    """A T5 :class:`attnkit.nn.EncoderDecoderLM` with random weights (use :func:`build`
-    for one whose weights a checkpoint replaces)."""
+    """A T5 :class:`attnkit.nn.EncoderDecoderLM` with random weights (``FAMILY.build``
+    builds it without storage, for a checkpoint's weights to replace)."""
     e = config.d_model
     token = nn.Embedding(config.vocab_size, e)
     encoder_bias = RelativePositionBias(
@@ -250,14 +246,6 @@ def build_network(config: T5Config) -> EncoderDecoderLM:
         head=head,
         decoder_start_token_id=config.decoder_start_token_id,
     )
-
-
-def build(config: T5Config) -> EncoderDecoderLM:
-    """The network on the ``meta`` device (no storage), whose weights the checkpoint's
-    replace (then :func:`finish`)."""
-    module = build_without_weights(lambda: build_network(config))
-    assert isinstance(module, EncoderDecoderLM)
-    return module
 
 
 def state_dict_from_hf(tensors: dict[str, Tensor], config: T5Config) -> tuple[dict[str, Tensor], list[str]]:
@@ -331,18 +319,12 @@ def _head(module: EncoderDecoderLM) -> LMHead:
     return head
 
 
-FAMILY = ModelFamily(
+FAMILY = encoder_decoder_family(
     name="t5",
     model_type="t5",
-    causal=False,
-    encoder_decoder=True,
     read_config=T5Config.from_hf,
-    build=build,
+    build_network=build_network,
     state_dict_from_hf=state_dict_from_hf,
     finish=finish,
-    eos_token_ids=eos_token_ids,
-    hidden_states=encoder_hidden_states,
-    logits=no_logits,
-    self_attention=encoder_self_attention,
     summary="pre-norm RMSNorm, unscaled scores, shared relative position buckets, no biases; ReLU or gated-GELU (v1.1), tied or untied head",
 )

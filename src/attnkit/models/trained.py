@@ -26,15 +26,12 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.checkpoint import CONFIG_LIMITS, REQUIRED, CheckpointError, build_without_weights, config_int
-from attnkit.models.decoder import eos_token_ids, token_ids
+from attnkit.models.checkpoint import CONFIG_LIMITS, REQUIRED, CheckpointError, config_int
+from attnkit.models.decoder import token_ids
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
-    encoder_hidden_states,
-    encoder_self_attention,
-    no_logits,
+    encoder_decoder_family,
 )
-from attnkit.models.family import ModelFamily
 from attnkit.nn import EncoderDecoderLM, paper_transformer
 
 MODEL_TYPE = "attnkit_transformer"
@@ -150,14 +147,6 @@ def build_network(config: TrainedConfig) -> EncoderDecoderLM:
     )
 
 
-def build(config: TrainedConfig) -> EncoderDecoderLM:
-    """The network on the ``meta`` device (no storage), whose weights the checkpoint's
-    replace (then :func:`finish`)."""
-    module = build_without_weights(lambda: build_network(config))
-    assert isinstance(module, EncoderDecoderLM)
-    return module
-
-
 def saved_state(module: EncoderDecoderLM) -> dict[str, Tensor]:
     """What ``model.safetensors`` holds: the state dict without the target embedding's
     token matrix (the source's; safetensors stores a tensor once)."""
@@ -165,7 +154,7 @@ def saved_state(module: EncoderDecoderLM) -> dict[str, Tensor]:
 
 
 def state_dict_from_hf(tensors: dict[str, Tensor], config: TrainedConfig) -> tuple[dict[str, Tensor], list[str]]:
-    """The state dict of :func:`build`'s module from ``model.safetensors``.
+    """The state dict of ``FAMILY.build``'s module from ``model.safetensors``.
 
     Returns:
         ``(state, unknown)``: the tensors, the target embedding given the source's token
@@ -183,18 +172,12 @@ def finish(module: EncoderDecoderLM, config: TrainedConfig) -> None:
     module.target_embedding.token = module.source_embedding.token
 
 
-FAMILY = ModelFamily(
+FAMILY = encoder_decoder_family(
     name="transformer",
     model_type=MODEL_TYPE,
-    causal=False,
-    encoder_decoder=True,
     read_config=TrainedConfig.from_hf,
-    build=build,
+    build_network=build_network,
     state_dict_from_hf=state_dict_from_hf,
     finish=finish,
-    eos_token_ids=eos_token_ids,
-    hidden_states=encoder_hidden_states,
-    logits=no_logits,
-    self_attention=encoder_self_attention,
     summary="what attnkit train writes: post-norm LayerNorm, sinusoidal positions, shared √e-scaled embeddings, ReLU, untied head with bias",
 )
