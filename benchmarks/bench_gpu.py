@@ -6,6 +6,7 @@ installed), with the memory bandwidth it achieves.
     python benchmarks/bench_gpu.py            # timings, results/gpu.* and results/gpu_linear.*
     python benchmarks/bench_gpu.py --check    # also: every kernel on CUDA vs float64 CPU
     python benchmarks/bench_gpu.py --only linear --check   # linear attention alone (a few minutes)
+    python benchmarks/bench_gpu.py --only local   # local_attention vs FlexAttention, alternating
     python benchmarks/bench_gpu.py --quick --device cpu   # a small dry run of the script
 
 Every contender of a row runs in the same process on the same inputs; times are medians of
@@ -48,10 +49,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp32")
     parser.add_argument(
         "--only",
-        choices=("masked", "linear"),
+        choices=("masked", "linear", "local"),
         default=None,
-        help="run only the masked, local and sparse rows (results gpu.*) or only causal linear attention "
-        "(results gpu_linear.*); default both",
+        help="run only the masked, local and sparse rows (results gpu.*), only causal linear attention "
+        "(results gpu_linear.*) or only local attention against FlexAttention, timed in alternation "
+        "(results gpu_local.*); default the first two",
     )
     parser.add_argument(
         "--lengths",
@@ -63,6 +65,11 @@ def arguments() -> argparse.ArgumentParser:
         default="auto",
         choices=("auto", "eager", "compiled", "triton"),
         help="engine of attnkit's linear_attention in the linear rows and checks (default auto: triton on CUDA)",
+    )
+    parser.add_argument(
+        "--no-compiled-engine",
+        action="store_true",
+        help="leave attnkit's compiled engine out of the linear rows (its torch.compile takes a minute)",
     )
     parser.add_argument(
         "--out",
@@ -126,6 +133,28 @@ def first_call(fn: Callable[[], object], device: torch.device) -> float:
     fn()
     _sync(device)
     return time.perf_counter() - start
+
+
+def alternating_gpu_times(
+    fns: dict[str, Callable[[], object]], device: torch.device, *, rounds: int = 9, min_batch_s: float = 0.05
+) -> dict[str, float]:
+    """Median seconds per call of each of ``fns`` (warm already), their batches run in turn, round
+    after round, so that a change of the device's clock or load falls on every contender alike."""
+    per_batch = {}
+    for name, fn in fns.items():
+        one = max(first_call(fn, device), 1e-6)
+        per_batch[name] = max(1, min(200, int(min_batch_s / one)))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds):
+        order = list(fns) if r % 2 == 0 else list(reversed(fns))
+        for name in order:
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(per_batch[name]):
+                fns[name]()
+            _sync(device)
+            times[name].append((time.perf_counter() - start) / per_batch[name])
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def with_backward(fn: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> Callable[[], None]:
@@ -268,6 +297,85 @@ def bench_masked(dtype_name: str, s: int, h: int, d: int, device: torch.device, 
         {},
     )
     return results
+
+
+def bench_local(dtype_name: str, s: int, h: int, d: int, device: torch.device, backward: bool, log) -> dict:
+    """``local_attention(window=256, causal=True)`` against FlexAttention with the hand-written
+    ``mask_mod`` and ``create_block_mask`` for the same window, timed in alternation; also
+    ``attention(mask=causal & sliding_window(256))`` and the hand-written call on attnkit's block
+    mask, which tell a slower call path from a slower block mask."""
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (
+        torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_(backward) for _ in range(3)
+    )
+    window_bm, _ = hand_flex(lambda b, h_, q_, kv: (q_ >= kv) & (q_ - kv <= 256), s, device)
+    attnkit_bm = flex.cached_block_mask(masks.sliding_window(256, 0), 1, h, s, s, device, None, None, 0)
+    mask = masks.causal() & masks.sliding_window(256)
+    calls: dict[str, Callable[[], torch.Tensor]] = {
+        "attnkit": lambda: attnkit.local_attention(q, k, v, window=256, causal=True),
+        "flex_hand": lambda: _hand_flex_call(q, k, v, window_bm),
+        "attnkit_mask": lambda: attnkit.attention(q, k, v, mask=mask),
+        "flex_hand_attnkit_block_mask": lambda: _hand_flex_call(q, k, v, attnkit_bm),
+    }
+    runs = {who: with_backward(fn, (q, k, v)) if backward else fn for who, fn in calls.items()}
+    row: dict = {
+        "row": "local_attention(window=256, causal=True)",
+        "dtype": dtype_name,
+        "pass": _pass(backward),
+        "s": s,
+    }
+    for who, run in runs.items():
+        row[f"{who}_first_s"] = first_call(run, device)
+    row.update({f"{who}_ms": t * 1e3 for who, t in alternating_gpu_times(runs, device).items()})
+    log(row)
+    return row
+
+
+def local_markdown(data: dict) -> str:
+    """The section of the alternating local-attention rows (``results/gpu_local.md``)."""
+    device = f"Device: **{data['device']}**. " if data.get("device") else ""
+    sh = data["shape"]
+    lines = [
+        "## GPU: local attention against FlexAttention, timed in alternation (`bench_gpu.py --only local`)",
+        "",
+        f"{device}b=1, h={sh['h']}, s={sh['s']}, d={sh['d']}. Each contender's batches of calls run in turn, "
+        "9 rounds, medians (compile excluded): `local_attention(window=256, causal=True)`; "
+        "`flex_hand`, compiled FlexAttention with the hand-written `mask_mod` `(q >= kv) & (q - kv <= 256)` "
+        "and `create_block_mask`; `attention(mask=causal & sliding_window(256))`; and the hand-written call "
+        "given attnkit's block mask. \"speed vs X\" = X's time ÷ `local_attention`'s.",
+        "",
+    ]
+    table = [
+        [
+            r["dtype"],
+            r["pass"],
+            _ms(r, "attnkit"),
+            _ms(r, "flex_hand"),
+            _ms(r, "attnkit_mask"),
+            _ms(r, "flex_hand_attnkit_block_mask"),
+            _ratio(r, "attnkit", "flex_hand"),
+        ]
+        for r in data["rows"]
+    ]
+    if table:
+        lines.append(
+            _table(
+                [
+                    "dtype",
+                    "pass",
+                    "local_attention ms",
+                    "flex_hand ms",
+                    "attention(mask) ms",
+                    "flex_hand, attnkit's block mask ms",
+                    "speed vs flex_hand",
+                ],
+                table,
+            )
+        )
+    else:
+        lines.append("Not measured yet: no GPU has run it.")
+    return "\n".join(lines)
 
 
 def bench_many_masks(s: int, h: int, d: int, device: torch.device, log) -> dict:
@@ -750,12 +858,17 @@ def main(argv: list[str] | None = None) -> dict:
         "skipped": [],
     }
     linear: dict = {"device": device_name, "lengths": lengths, "linear": [], "check": {}, "skipped": []}
+    local: dict = {"device": device_name, "shape": {"b": 1, "h": h, "s": s, "d": d}, "rows": [], "skipped": []}
     out_dir = args.out
 
     def save() -> None:
-        parts = [("gpu", "masked", data, markdown), ("gpu_linear", "linear", linear, linear_markdown)]
+        parts = [
+            ("gpu", "masked", data, markdown),
+            ("gpu_linear", "linear", linear, linear_markdown),
+            ("gpu_local", "local", local, local_markdown),
+        ]
         for name, kind, part, render in parts:
-            if args.only not in (None, kind):
+            if args.only != kind and (args.only is not None or kind == "local"):
                 continue
             if out_dir is None:
                 write_results(name, part, render(part), update_docs=args.update_docs)
@@ -804,10 +917,14 @@ def main(argv: list[str] | None = None) -> dict:
                             log,
                             engine=args.linear_engine,
                             bandwidth=linear["bandwidth"],
-                            with_compiled=device.type == "cuda" and s_lin == 65536,
+                            with_compiled=device.type == "cuda" and s_lin == 65536 and not args.no_compiled_engine,
                         )
                     )
                     save()
+    for name, backward in passes if args.only == "local" else []:
+        if in_time(f"local {name} {_pass(backward)}", local):
+            local["rows"].append(bench_local(name, s, h, d, device, backward, log))
+            save()
     # Most wanted first: a run cut short by --budget keeps what matters.
     for i, (name, backward) in enumerate(passes if masked else []):
         what = f"{name} {_pass(backward)}"

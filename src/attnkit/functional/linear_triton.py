@@ -36,10 +36,12 @@ def _pad(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _stages(dtype: torch.dtype) -> int:
-    """Loads in flight per loop: two for float32 tiles (twice the bytes; three stages of them
-    overflow shared memory in the backward kernel), Triton's three otherwise."""
-    return 2 if dtype == torch.float32 else 3
+def launch_options(dtype: torch.dtype) -> dict[str, int]:
+    """Warps per program and loads in flight per loop (``num_warps``, ``num_stages``) of every
+    kernel: two stages for float32 tiles (twice the bytes; three stages of them overflow
+    shared memory in the backward kernel), Triton's three otherwise; Triton's four warps.
+    ``benchmarks/tune_linear_kernel.py`` measures the alternatives on a GPU."""
+    return {"num_warps": 4, "num_stages": 2 if dtype == torch.float32 else 3}
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -316,7 +318,7 @@ def segment_sums(fk: Tensor, v: Tensor, seg_len: int, chunk: int) -> tuple[Tenso
         BM=_pad(m),
         BD=_pad(d_v),
         PREC=_precision(fk.dtype),
-        num_stages=_stages(fk.dtype),
+        **launch_options(fk.dtype),
     )
     return sums, z
 
@@ -363,7 +365,7 @@ def forward(
         BM=_pad(m),
         BD=_pad(d_v),
         PREC=_precision(fq.dtype),
-        num_stages=_stages(fq.dtype),
+        **launch_options(fq.dtype),
     )
     return out, den
 
@@ -394,7 +396,7 @@ def backward_sums(
         BM=_pad(m),
         BD=_pad(d_v),
         PREC=_precision(fq.dtype),
-        num_stages=_stages(fq.dtype),
+        **launch_options(fq.dtype),
     )
     return sums, z
 
@@ -447,6 +449,6 @@ def backward(
         BM=_pad(m),
         BD=_pad(d_v),
         PREC=_precision(fq.dtype),
-        num_stages=_stages(fq.dtype),
+        **launch_options(fq.dtype),
     )
     return dfq, dfk, dv
