@@ -748,6 +748,8 @@ def linear_markdown(data: dict) -> str:
         + ". Run: `python benchmarks/bench_gpu.py --only linear --check`.",
         "",
     ]
+    if data.get("notes"):
+        lines += [data["notes"], ""]
     rows = data.get("linear", [])
     if not rows:
         lines.append(f"Not measured yet: no GPU has run it (lengths {LINEAR_LENGTHS}, bf16 and fp32, fwd and fwd+bwd).")

@@ -104,7 +104,7 @@ def measure(setting: dict, q, k, v, reference: torch.Tensor | None) -> dict:
 def sweep(dtype_name: str, args, deadline: float, log) -> list[dict]:
     dtype = DTYPES[dtype_name]
     device = torch.device(args.device)
-    s, h, d = (256, 2, 16) if args.quick else (args.length, args.heads, args.dim)
+    s, h, d = (64, 1, 16) if args.quick else (args.length, args.heads, args.dim)
     gen = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(1, h, s, d, device=device, dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
     default = default_setting(dtype)

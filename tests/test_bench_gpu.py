@@ -65,3 +65,20 @@ def test_linear_rows_and_checks_dry_run_on_the_cpu(tmp_path):
 def test_an_unmeasured_report_says_so():
     report = bench_gpu.linear_markdown({"device": None, "linear": [], "check": {}})
     assert "Not measured yet: no GPU has run it" in report and "Device:" not in report
+
+
+def test_alternating_times_run_the_contenders_in_turn():
+    calls: list[str] = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    times = bench_gpu.alternating_gpu_times(fns, torch.device("cpu"), rounds=4, min_batch_s=0.0)
+    assert set(times) == {"a", "b", "c"} and all(t > 0 for t in times.values())
+    # One warm-up call each, then one batch of one call per contender per round, the order
+    # reversed every other round.
+    assert calls == ["a", "b", "c"] + ["a", "b", "c", "c", "b", "a"] * 2
+
+
+def test_the_local_report_gives_the_ratio_to_the_hand_written_call():
+    row = {"dtype": "bf16", "pass": "fwd+bwd", "s": 16384, "attnkit_ms": 0.5, "flex_hand_ms": 0.55}
+    report = bench_gpu.local_markdown({"device": "GPU", "shape": {"h": 16, "s": 16384, "d": 64}, "rows": [row]})
+    assert "| bf16 | fwd+bwd | 0.500 | 0.550 | – | – | 1.10× |" in report
+    assert "Not measured yet" in bench_gpu.local_markdown({"shape": {"h": 16, "s": 16384, "d": 64}, "rows": []})

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted((ROOT / "benchmarks").glob("bench_*.py")) + [ROOT / "benchmarks" / "run_all.py"]
+SCRIPTS = sorted((ROOT / "benchmarks").glob("bench_*.py")) + [
+    ROOT / "benchmarks" / n for n in ("run_all.py", "tune_linear_kernel.py")
+]
 HEAVY = ("torch", "attnkit", "transformers", "httpx", "matplotlib", "numpy")
 
 # Runs a script as ``python SCRIPT ARGS`` would, then names the heavy modules it imported.

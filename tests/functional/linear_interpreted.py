@@ -115,3 +115,18 @@ def test_no_query_gives_an_empty_output_and_the_keys_state():
     out, state = linear_attention(q.float(), k.float(), v.float(), causal=True, engine="triton", return_state=True)
     assert out.shape == (1, 2, 0, 8) and state.length == 7
     assert _relative(state.kv, want.kv) <= TOLERANCE and _relative(state.z, want.z) <= TOLERANCE
+
+
+def test_the_launch_settings_sweep_dry_run(tmp_path):
+    from benchmarks import tune_linear_kernel
+
+    data = tune_linear_kernel.main(["--quick", "--device", "cpu", "--dtypes", "fp32", "--out", str(tmp_path)])
+    first, second = data["sweep"]["fp32"]
+    assert first["default"] and not second["default"]
+    assert {k: first[k] for k in ("chunk", "num_warps", "num_stages", "programs")} == (
+        tune_linear_kernel.default_setting(torch.float32)
+    )
+    assert all(row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0 and "error" not in row for row in (first, second))
+    assert second["diff"] <= TOLERANCE  # another launch setting computes the same output
+    report = (tmp_path / "linear_tune.md").read_text()
+    assert "fp32, s=64, h=1, d=16:" in report and report.count("| yes |") == 1
