@@ -19,6 +19,7 @@ Results: benchmarks/results/startup.json and .md (not with --quick).
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,28 +53,38 @@ def commands(out: Path, with_model: bool) -> dict[str, list[str]]:
     return found
 
 
-def run_once(argv: list[str]) -> float:
-    """Wall time of one fresh process, which must end as the command says it does."""
+def run_once(argv: list[str]) -> tuple[float, float]:
+    """Wall time and processor time (user and system, every thread) of one fresh process,
+    which must end as the command says it does."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     expected = 2 if argv[-2:] == ["--method", "grad"] else 0
     if done.returncode != expected:
         raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}, expected {expected}:\n{done.stderr[-2000:]}")
-    return seconds
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def measure(argvs: dict[str, list[str]], rounds: int) -> dict[str, list[float]]:
+def measure(argvs: dict[str, list[str]], rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Every contender once per round, in alternating order (after one unmeasured round
-    that warms the file cache)."""
+    that warms the file cache).
+
+    Returns:
+        ``(wall seconds, processor seconds)``, each a list per contender.
+    """
     for argv in argvs.values():
         run_once(argv)
     samples: dict[str, list[float]] = {name: [] for name in argvs}
+    processor: dict[str, list[float]] = {name: [] for name in argvs}
     order = list(argvs.items())
     for round_ in range(rounds):
         for name, argv in order if round_ % 2 == 0 else order[::-1]:
-            samples[name].append(run_once(argv))
-    return samples
+            wall, cpu = run_once(argv)
+            samples[name].append(wall)
+            processor[name].append(cpu)
+    return samples, processor
 
 
 def smollm2_fetched() -> bool:
@@ -82,12 +93,14 @@ def smollm2_fetched() -> bool:
     return (home() / "smollm2" / "config.json").is_file()
 
 
-def report(samples: dict[str, list[float]]) -> tuple[dict, str]:
+def report(samples: dict[str, list[float]], processor: dict[str, list[float]], load: float) -> tuple[dict, str]:
     from benchmarks.common import markdown_table
 
     medians = {name: statistics.median(times) for name, times in samples.items()}
     baseline = medians[BASELINE]
     ratios = {name: seconds / baseline for name, seconds in medians.items()}
+    cpu_medians = {name: statistics.median(times) for name, times in processor.items()}
+    cpu_ratios = {name: seconds / cpu_medians[BASELINE] for name, seconds in cpu_medians.items()}
     targets = {"attnkit inspect": f"≤ {INSPECT_TARGET_RATIO}×", "attnkit --help": f"≤ {QUICK_TARGET_S} s"}
     targets["argument error"] = f"≤ {QUICK_TARGET_S} s"
     met = {}
@@ -100,6 +113,7 @@ def report(samples: dict[str, list[float]]) -> tuple[dict, str]:
             f"`{name}`" if name != "argument error" else "`attnkit inspect x --method grad` (argument error)",
             f"{medians[name]:.2f}",
             f"{ratios[name]:.2f}×",
+            f"{cpu_medians[name]:.2f} ({cpu_ratios[name]:.2f}×)",
             targets.get(name, ""),
             ("met" if met[name] else "missed") if name in met else "",
         ]
@@ -109,11 +123,23 @@ def report(samples: dict[str, list[float]]) -> tuple[dict, str]:
     markdown = (
         "## Start-up: the `attnkit` command against `import torch`\n\n"
         f"`python benchmarks/bench_startup.py`: each command as a fresh process, {rounds} rounds in "
-        'alternating order with the baseline `python -c "import torch"`; medians of wall time. '
-        f'The model commands run on SmolLM2 (fetched) with the sentence "{TEXT}".\n\n'
-        + markdown_table(["command", "median (s)", "ratio to import torch", "target", ""], rows)
+        'alternating order with the baseline `python -c "import torch"`; medians of wall time, and of '
+        "processor time (user and system, every thread), which a machine busy with other work "
+        f"lengthens less. The model commands run on SmolLM2 (fetched) with the sentence "
+        f'"{TEXT}". Load average when the run ended: {load:.1f}.\n\n'
+        + markdown_table(["command", "median (s)", "ratio to import torch", "processor (s, ratio)", "target", ""], rows)
     )
-    data = {"rounds": rounds, "samples_s": samples, "median_s": medians, "ratio_to_import_torch": ratios, "met": met}
+    data = {
+        "rounds": rounds,
+        "samples_s": samples,
+        "median_s": medians,
+        "ratio_to_import_torch": ratios,
+        "processor_samples_s": processor,
+        "processor_median_s": cpu_medians,
+        "processor_ratio_to_import_torch": cpu_ratios,
+        "load_average": load,
+        "met": met,
+    }
     return data, markdown
 
 
@@ -134,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         print("SmolLM2 is not fetched (attnkit models fetch smollm2): inspect and heads are left out", file=sys.stderr)
     # The commands write their pictures into a folder of their own, removed afterwards.
     with tempfile.TemporaryDirectory(prefix="attnkit-bench-startup-") as tmp:
-        samples = measure(commands(Path(tmp), with_model), rounds)
-    data, markdown = report(samples)
+        samples, processor = measure(commands(Path(tmp), with_model), rounds)
+    data, markdown = report(samples, processor, os.getloadavg()[0])
     print(markdown)
     if not args.quick:
         from benchmarks.common import write_results

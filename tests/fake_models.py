@@ -82,8 +82,9 @@ class FakeModel:
         *,
         return_weights: bool | Sequence[int] = True,
         heads: Sequence[int] | None = None,
+        logits: bool = True,
     ) -> Run:
-        return self.run_batch([text_or_ids], return_weights=return_weights, heads=heads)[0]
+        return self.run_batch([text_or_ids], return_weights=return_weights, heads=heads, logits=logits)[0]
 
     @torch.no_grad()
     def run_batch(

@@ -1,4 +1,5 @@
-"""Model.run_batch: several inputs in as few passes as possible, each equal to its own run."""
+"""Model.run_batch: several inputs in as few passes as possible, each equal to its own run;
+and a run without the logits."""
 
 from __future__ import annotations
 
@@ -31,6 +32,18 @@ def test_a_causal_model_pads_texts_of_any_length_into_one_pass(tmp_path, logits)
     assert passes == [(4, 6)]  # one forward, padded to the longest
     for text, run in zip(texts, runs):
         _same(run, model.run(text, return_weights=[0, -1], heads=[1]), logits=logits)
+
+
+def test_a_run_without_logits_skips_the_head_and_keeps_the_rest(tmp_path):
+    model = models.load(write_tiny_llama(tmp_path / "tiny"))
+    calls = []
+    model.module.lm_head.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    full = model.run("the cat sat", return_weights=[-1])
+    assert len(calls) == 1
+    bare = model.run("the cat sat", return_weights=[-1], logits=False)
+    assert len(calls) == 1 and bare.logits is None and full.logits is not None
+    assert torch.equal(bare.attentions[-1], full.attentions[-1])
+    assert torch.equal(bare.hidden_states, full.hidden_states)
 
 
 def test_a_bidirectional_model_runs_each_length_together(minilm):

@@ -11,7 +11,7 @@ import warnings
 from typing import TextIO
 
 from attnkit import __version__
-from attnkit.cli.common import CommandError
+from attnkit.cli.common import CommandError, pause_collection, resume_collection
 
 __all__ = ["CommandError", "build_parser", "main"]
 
@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command that ``argv`` (default: the process's arguments) names.
+
+    Returns:
+        The exit status: 0, 2 for a command error, 130 when interrupted.
+    """
+    as_process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     if "torch" not in sys.modules:
         # A command's work comes in short bursts on small inputs: PyTorch's worker threads
@@ -64,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             if not getattr(args, "func", None):
                 parser.print_help()
                 return 2
+            if as_process and getattr(args, "model", None) is not None:
+                # Until the model is loaded (cli.common.load_model resumes it); only in a
+                # process of its own, whose objects no other program shares.
+                pause_collection()
             return int(args.func(args) or 0)
         except CommandError as err:
             from attnkit.viz.terminal import terminal_safe
@@ -75,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         except BrokenPipeError:
             return 0
+        finally:
+            resume_collection()
 
 
 def _show_warning(

@@ -186,9 +186,6 @@ def run(args: argparse.Namespace) -> int:
     _check_options(args)
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
-    from attnkit.viz.export import write_viewer
-    from attnkit.viz.viewer.data import MODES as VIEWER_MODES
-
     model = load_model(args.model, args.device, status=status)
     if getattr(model, "encoder_decoder", False):
         return _run_seq2seq(args, model, status, formats, limit, figure, out)
@@ -207,6 +204,9 @@ def run(args: argparse.Namespace) -> int:
     with command_errors(f"cannot write to --out {args.out}"):
         written += _write_maps(args, model, status, formats, figure, out, tokens, chosen)
         if "html" in formats:
+            from attnkit.viz.export import write_viewer
+            from attnkit.viz.viewer.data import MODES as VIEWER_MODES
+
             with status.step(f"writing {chosen.page}"):
                 modes = [args.method] if args.method in VIEWER_MODES else []
                 written.append(

@@ -12,23 +12,27 @@ graph: a copy per pair, every copy's source fed by one super-source and every si
 into one super-sink; in a maximum flow of disjoint copies, each copy carries its own
 maximum, read on its edge from the super-source. Capacities are scaled so that the whole
 batch's flow fits 32 bits, and rounded down, so that the integer flow, scaled back, is a
-flow of the real graph: a lower bound. The integer solution's minimum cut, found in its
-residual graph, is a cut of the real graph, and its real capacity an upper bound. The two
-differ by less than the cut's number of edges over the scale; the upper bound is returned,
-and a pair whose bounds differ by more than :data:`GAP_TOLERANCE` is solved again alone,
-at the finest scale.
+flow of the real graph: a lower bound. A minimum cut of the integer problem is a cut of the
+real graph, and its real capacity an upper bound. Most pairs of attention flow are limited
+by their source or their sink: when the integer flow fills the source's edges or the
+sink's, that star is such a cut, and the residual graph of a batch is searched for one only
+when a pair fills neither. The bounds differ by less than the cut's number of edges over
+the scale; the upper bound is returned, and a pair whose bounds differ by more than
+:data:`GAP_TOLERANCE` is solved again alone, at the finest scale.
+
+The solver holds the interpreter's lock while it works, so the batches are solved one after
+the other.
 """
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 from numpy.typing import NDArray
 
-# Pairs per call to the solver: more share its fixed cost, fewer leave a finer scale.
-BATCH = 64
+# Pairs per call to the solver: more share its fixed cost, fewer leave a finer scale and
+# a graph that stays in the processor's caches (measured on MiniLM's flow: 16 pairs per
+# call took 0.65 of the time of 64).
+BATCH = 16
 
 # The largest difference between a pair's lower and upper bound that is returned without
 # solving the pair again alone.
@@ -78,14 +82,7 @@ def layered_max_flows(capacities: NDArray[np.float64], pairs: NDArray[np.intp]) 
             upper[n] = _Batch(caps, 1, most).solve(chunk[n : n + 1])[1][0]
         return upper
 
-    chunks = [pairs[start : start + batch.size] for start in range(0, len(pairs), batch.size)]
-    # The solver releases the interpreter's lock while it works: a thread per processor.
-    workers = min(
-        len(chunks), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        flows = np.concatenate(list(pool.map(solve, chunks)))
-    return flows
+    return np.concatenate([solve(pairs[start : start + batch.size]) for start in range(0, len(pairs), batch.size)])
 
 
 class _Batch:
@@ -107,21 +104,20 @@ class _Batch:
         # One copy's edges: (row, column, capacity or NaN where it depends on the pair),
         # the column -1 standing for the super-sink.
         if levels == 1:
-            rows = [np.array([0])]
-            cols = [np.array([sink])]
+            rows, cols, middle = [np.array([0])], [np.array([sink])], [np.array([np.nan])]
         else:
             k = np.arange(s)
-            rows = [np.zeros(s, dtype=np.intp)]
-            cols = [1 + k]
+            rows, cols, middle = [np.zeros(s, dtype=np.intp)], [1 + k], [np.full(s, np.nan)]
             for t in range(1, levels - 1):
-                rows.append(np.repeat(1 + (t - 1) * s + k, s))
-                cols.append(np.tile(1 + t * s + k, s))
+                # [t, i, k] read as rows k, columns i; an edge of no capacity (a causal
+                # model's later tokens) carries nothing and crosses every cut for free.
+                tails, heads = np.nonzero(caps[t].T > 0)
+                rows.append(1 + (t - 1) * s + tails)
+                cols.append(1 + t * s + heads)
+                middle.append(caps[t].T[tails, heads])
             rows.append(1 + (levels - 2) * s + k)
             cols.append(np.full(s, sink))
-        middle = [np.full(len(rows[0]), np.nan)]
-        # [t, i, k] read as rows k, columns i
-        middle += [caps[t].T.ravel() for t in range(1, levels - 1)]
-        middle += [np.full(len(rows[-1]), np.nan)] if levels > 1 else []
+            middle.append(np.full(s, np.nan))
         rows.append(np.array([sink]))
         cols.append(np.array([-1]))
         middle.append(np.array([np.nan]))
@@ -153,7 +149,8 @@ class _Batch:
 
         m = len(pairs)
         i, j = pairs[:, 0], pairs[:, 1]
-        real = self.real.copy()
+        # Every batch writes the same slots: the capacities are refilled in place.
+        real, integer = self.real, self.integer
         if self.caps.shape[0] == 1:
             real[self.source_slots[:m]] = self.caps[0, i, j][:, None]
         else:
@@ -162,7 +159,6 @@ class _Batch:
         # Copies beyond the pairs (in the last batch) get no capacity at all.
         real[self.source_slots[m:]] = 0.0
         real[self.sink_slots[m:]] = 0.0
-        integer = self.integer.copy()
         slots = np.concatenate([self.source_slots.ravel(), self.sink_slots.ravel()])
         integer[slots] = np.floor(real[slots] * self.scale)
         # The super edges never limit a copy: one more than the most it can carry.
@@ -174,7 +170,17 @@ class _Batch:
         real[self.out_slots] = np.inf
         graph = csr_matrix((integer, self.cols, self.indptr), shape=(self.nodes, self.nodes))
         flow = maximum_flow(graph, 0, 1).flow.tocsr()
-        lower = flow.getrow(0).toarray().ravel()[self.offsets[:m]] / self.scale
+        carried = flow.getrow(0).toarray().ravel()[self.offsets[:m]]  # [m] integer flows
+        lower = carried / self.scale
+        # A pair whose integer flow fills its source's or its sink's edges has that star as
+        # a minimum cut of its integer graph: the star's real capacity bounds it from above.
+        stars = [self.source_slots[:m]] + ([self.sink_slots[:m]] if self.caps.shape[0] > 1 else [])
+        upper = np.full(m, np.inf)
+        for slots in stars:
+            filled = integer[slots].sum(1) <= carried
+            upper[filled] = np.minimum(upper[filled], real[slots].sum(1)[filled])
+        if np.isfinite(upper).all():
+            return lower, np.maximum(upper, lower)
         # What the source still reaches in the residual graph is the source side of a
         # minimum cut; its edges' real capacities bound the real flow from above.
         residual = (graph - flow).tocsr()
@@ -183,5 +189,5 @@ class _Batch:
         reached = np.zeros(self.nodes, dtype=bool)
         reached[breadth_first_order(residual, 0, directed=True, return_predecessors=False)] = True
         crossing = reached[self.rows] & ~reached[self.cols] & (self.copy >= 0)
-        upper = np.bincount(self.copy[crossing], weights=real[crossing], minlength=self.size)[:m]
-        return lower, np.maximum(upper, lower)
+        cut = np.bincount(self.copy[crossing], weights=real[crossing], minlength=self.size)[:m]
+        return lower, np.maximum(np.minimum(upper, cut), lower)

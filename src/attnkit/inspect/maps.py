@@ -345,7 +345,7 @@ def attention_map(
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     layer = resolve_layer(layer, model.num_layers)
     heads = resolve_heads(head, model.num_heads)
-    run = model.run(text, return_weights=[layer], heads=heads)
+    run = model.run(text, return_weights=[layer], heads=heads, logits=False)
     weights = run.attentions[layer][0].float()  # [h, s, s]
     readable = readable_run(model, run, text)
     amap = AttentionMap(

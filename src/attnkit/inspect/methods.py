@@ -159,7 +159,9 @@ def value_weighted(model: Model, text: str, *, layers: Sequence[int] | None = No
         ValueError: the model refuses the text, or a layer out of range.
     """
     layer_list = layer_indices(model, layers)
-    run = model.run(text, return_weights=layer_list, cache=[model.hook_name("self_attn.v", i) for i in layer_list])
+    run = model.run(
+        text, return_weights=layer_list, cache=[model.hook_name("self_attn.v", i) for i in layer_list], logits=False
+    )
     heads, summed, norms = {}, {}, {}
     for i in layer_list:
         attn = model.architecture.self_attention(model.module, i)
@@ -247,7 +249,7 @@ def _norm_of_head_sum(alpha: Tensor, sent: Tensor) -> Tensor:
 
 def _all_weights(model: Model, text: str) -> Tensor:
     """Every layer's weights of ``text``, ``[L, h, s, s]``."""
-    run = model.run(text, return_weights=True)
+    run = model.run(text, return_weights=True, logits=False)
     return torch.cat([run.attentions[i] for i in range(model.num_layers)])
 
 

@@ -201,7 +201,7 @@ def survey_text(
     """
     if not text.strip():
         raise ValueError(f"text {number} is empty")
-    run = model.run(text)
+    run = model.run(text, logits=False)
     weights = _stack(run.attentions)  # [layers, heads, s, s]
     if weights.shape[-1] < 2:
         raise ValueError(f"text {number} ({text!r}) is a single token; statistics need at least 2")
@@ -305,7 +305,7 @@ def induction_scores(model: Model, *, period: int = INDUCTION_PERIOD, seed: int 
         raise ValueError(
             f"an induction period of {period} needs {ids.shape[1]} tokens; {model.name} takes {model.max_length}"
         )
-    run = model.run(ids)
+    run = model.run(ids, logits=False)
     return H.induction_score(_stack(run.attentions), start=len(prefix), period=period)
 
 

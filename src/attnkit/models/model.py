@@ -61,7 +61,8 @@ class ModelRun:
         tokens: the ``s`` token strings (see :class:`attnkit.models.TokenizedText`).
         offsets: each token's ``(start, end)`` character span in the text; ``None`` when
             the run was given ids rather than text.
-        logits: next-token logits ``[1, s, v]`` (LLaMA), or ``None`` (BERT).
+        logits: next-token logits ``[1, s, v]`` (LLaMA), or ``None`` (BERT, or a run
+            without them).
         hidden_states: the last layer's output ``[1, s, e]`` (after the final norm for
             LLaMA, what the head reads).
         attentions: layer index → weights ``[1, h_sel, s, s]`` float32 of the selected
@@ -191,6 +192,7 @@ class Model:
         *,
         return_weights: LayerSelection = True,
         heads: Sequence[int] | None = None,
+        logits: bool = True,
         cache: NameFilter = (),
     ) -> ModelRun:
         """One forward pass: logits (LLaMA) or hidden states, and attention weights.
@@ -205,6 +207,9 @@ class Model:
                 of layer indices (negative ones count from the end: ``-1`` is the last layer),
                 as the ``return_weights`` of the :mod:`attnkit.nn` stacks.
             heads: the heads to keep (negative ones count from the end); default all.
+            logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
+                projection when only attention is wanted, and the run's ``logits`` is
+                ``None``.
             cache: the activations to return in :attr:`ModelRun.cache`: names
                 (:meth:`hook_names`), a predicate on names, or ``None`` for every one.
 
@@ -230,7 +235,7 @@ class Model:
             out = self.architecture.hidden_states(self.module, ids.to(self.device), layers, None)
             hidden = out.output  # [1, s, e]
             all_weights = {i: _self_attention_of(out, i) for i in layers}  # [1, h, s, s] each
-            logits = self.architecture.logits(self.module, hidden)  # [1, s, v], or None
+            scores = self.architecture.logits(self.module, hidden) if logits else None  # [1, s, v], or None
             attentions = {}
             for i, weights in all_weights.items():
                 if select_heads:
@@ -240,7 +245,7 @@ class Model:
             ids=ids,
             tokens=tokens,
             offsets=offsets,
-            logits=None if logits is None else logits.float(),
+            logits=None if scores is None else scores.float(),
             hidden_states=hidden.float(),
             attentions=LayerAttentions(attentions, self.num_layers),
             heads=head_list,

@@ -111,9 +111,11 @@ class InspectableModel(Protocol):
         *,
         return_weights: bool | Sequence[int] = True,
         heads: Sequence[int] | None = None,
+        logits: bool = True,
     ) -> RunLike:
         """One forward pass with the weights of the layers in ``return_weights`` (``True``: all;
-        negative indices count from the end) and of ``heads`` (default all).
+        negative indices count from the end) and of ``heads`` (default all); ``logits=False``
+        skips the next-token logits when only attention is wanted.
 
         Raises:
             ValueError: a text the model cannot read, a layer or head out of range.

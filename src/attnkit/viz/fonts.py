@@ -2,7 +2,7 @@
 
 matplotlib draws with DejaVu Sans, which has no Hangul: "배가" would come out as two empty
 boxes. :func:`choose_fonts` looks for installed fonts whose character map (read with
-fontTools, which ships with matplotlib) covers every character of the labels, and
+matplotlib's own FreeType binding) covers every character of the labels, and
 :func:`font_context` draws with the default font first and those as per-glyph fallbacks.
 If no installed font has some characters, it warns once, naming the Debian package to
 install (:data:`CJK_FONT_PACKAGE`), instead of silently drawing boxes.
@@ -201,12 +201,12 @@ def _register_system_fonts(font_manager: Any) -> bool:
 
 @functools.cache
 def _charmap(path: str, index: int = 0) -> frozenset[str]:
-    """The characters a font file (face ``index`` of a collection) has glyphs for."""
-    from fontTools.ttLib import TTFont
+    """The characters a font file (face ``index`` of a collection) has glyphs for (its
+    Unicode character map, which FreeType selects when it opens the face)."""
+    from matplotlib.ft2font import FT2Font
 
     try:
-        with TTFont(path, fontNumber=index, lazy=True) as font:
-            cmap = font.getBestCmap() or {}
-    except Exception:  # fontTools raises many types for damaged or unsupported files
+        cmap = FT2Font(path, face_index=index).get_charmap()
+    except (OSError, RuntimeError, ValueError):  # a damaged or unsupported file
         return frozenset()
     return frozenset(chr(code) for code in cmap)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from attnkit.viz.fonts import font_context
-from attnkit.viz.heatmap import colour_map, new_figure, root_figure, save_figure
+from attnkit.viz.heatmap import colour_map, lay_out_once, new_figure, root_figure, save_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -101,7 +101,7 @@ def plot_head_grid(
                     colour = "white" if dark else "black"
                     ax.text(head, layer, f"{value:.2f}", ha="center", va="center", color=colour, fontsize=6)
         if created:
-            fig.tight_layout()
+            lay_out_once(fig)
     return fig
 
 

@@ -145,6 +145,21 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
     return Figure(figsize=figsize)
 
 
+def lay_out_once(fig: Figure) -> None:
+    """Fit the figure's labels inside it (matplotlib's tight layout), once: the figure then
+    keeps these positions, and saving it draws it once rather than laying it out again
+    first.
+    """
+    import matplotlib
+
+    fig.tight_layout()
+    # tight_layout leaves a placeholder layout engine, for which savefig draws the whole
+    # figure once without output before drawing it for real; no engine at all (whatever
+    # the user's settings would choose) saves that draw.
+    with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+        fig.set_layout_engine(None)
+
+
 def save_figure(fig: Figure, path: str | Path, *, dpi: float = DEFAULT_DPI) -> Path:
     """Save ``fig`` to ``path`` (parent folders are created); the format follows the suffix.
 
@@ -352,7 +367,7 @@ def plot_attention(
         if annotate:
             _annotate(ax, values, norm)
         if created:
-            fig.tight_layout()
+            lay_out_once(fig)
     return fig
 
 

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from attnkit.nn import RotaryEmbedding, SinusoidalPositionalEncoding
 from attnkit.viz.files import atomic_path
-from attnkit.viz.heatmap import require_matplotlib
+from attnkit.viz.heatmap import lay_out_once, require_matplotlib
 
 # The classic pictures: positions 3 and 4 (alike), 3 and 500 (different), and
 # dimensions 0, 10, 300 and 511 of a 512-dim encoding.
@@ -260,7 +260,7 @@ def _check_dims(dims: Sequence[int], embed_dim: int) -> None:
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    fig.tight_layout()
+    lay_out_once(fig)
     with atomic_path(path) as temporary:
         fig.savefig(temporary, dpi=100, format=path.suffix.lstrip(".").lower() or None)
     return path
