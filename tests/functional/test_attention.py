@@ -111,6 +111,32 @@ def test_negative_infinite_bias_acts_as_a_mask():
     assert (result.weights[:, :, 1] == 0).all() and (result.output[:, :, 1] == 0).all()
 
 
+@pytest.mark.parametrize("s_q", [1, 3])
+def test_a_bias_alone_on_the_fused_path_gives_zeros_to_rows_it_masks_whole(s_q):
+    # No mask: SDPA reads the bias as it is (several queries and a decoding step alike).
+    q, k, v = make_qkv((1, 2, 2, s_q, 4, 8, 8), requires_grad=True)
+    bias = torch.randn(2, s_q, 4, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    blocked = torch.zeros(2, s_q, 4)
+    blocked[1, -1] = float("-inf")  # head 1's last query may attend to nothing
+    out = attnkit.attention(q, k, v, bias=bias + blocked)
+    assert (out[:, 1, -1] == 0).all()
+    expected, _ = naive_attention(*(t.detach().double() for t in (q, k, v)), bias=(bias + blocked).detach().double())
+    torch.testing.assert_close(out.detach().double(), expected, atol=ATOL, rtol=0)
+    out.square().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v, bias))
+
+
+@pytest.mark.parametrize("s_q", [1, 3])
+def test_a_bias_of_another_dtype_takes_the_scores_dtype(s_q):
+    q, k, v = make_qkv((1, 2, 2, s_q, 5, 8, 8))
+    bias = torch.randn(2, s_q, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    expected, _ = naive_attention(q.double(), k.double(), v.double(), bias=bias)
+    for mask in (None, torch.ones(s_q, 5, dtype=torch.bool)):
+        out = attnkit.attention(q, k, v, bias=bias, mask=mask)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), expected, atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_gradients_match_reference(dtype):
     shape = (2, 4, 2, 5, 7, 8, 6)

@@ -9,6 +9,7 @@ kernel: head ``i`` of the call attends under mask ``i``.
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import attnkit
 from attnkit import masks
 from attnkit.functional import flex
+from attnkit.functional.engines import choose_attention_engine
 from attnkit.functional.sparse import strided_pattern
 from tests.functional.dense_reference import dense_attention
 
@@ -196,3 +198,13 @@ def test_auto_keeps_the_cpu_on_the_blockwise_engine(monkeypatch):
     attnkit.attention(q, k, v, mask=masks.sliding_window(3))
     attnkit.local_attention(q, k, v, window=3)
     assert calls == []
+
+
+def test_auto_sends_a_bias_without_a_mask_to_sdpa_on_the_cpu():
+    q, k, v = _qkv(h=2, h_kv=2, s_q=32, s_k=32)
+    bias = torch.randn(1, 2, 32, 32)
+    choose = partial(choose_attention_engine, "auto", q, v, sdpa_serves=False, needs_reference=False, bias=bias)
+    assert choose(bias_alone=True) == "sdpa"  # T5's relative positions, ALiBi: read as they are
+    assert choose(bias_alone=False) == "blockwise"  # with a mask, blocks skip what it leaves empty
+    got = attnkit.attention(q, k, v, bias=bias)
+    assert (got - attnkit.attention(q, k, v, bias=bias, engine="reference")).abs().max().item() < 1e-5

@@ -14,6 +14,7 @@ from attnkit.nn import (
     EncoderLayer,
     LayerConfig,
     LayerOutput,
+    RelativePositionBias,
     RMSNorm,
     RotaryEmbedding,
     StackOutput,
@@ -302,3 +303,74 @@ def test_module_hooks_on_layers_and_attention_run_inside_stacks() -> None:
     encoder(x)
     encoder(x, return_weights=[1])
     assert seen == [("attention", 0), ("layer", 0), ("attention", 1), ("layer", 1)] * 2
+
+
+def _relative_stacks(shared: bool) -> tuple[Encoder, Decoder]:
+    """T5-like stacks of 3 + 3 layers whose self-attentions share one relative position
+    bias per stack (or hold one each, with the same weights), the same weights either way."""
+    config = LayerConfig(E, H, FF, dropout=0.0, norm="rms", norm_first=True, bias=False)
+    torch.manual_seed(7)
+    tables = [RelativePositionBias(H, num_buckets=8, max_distance=16, bidirectional=b) for b in (True, False)]
+
+    def copies(table: RelativePositionBias) -> list[RelativePositionBias]:
+        if shared:
+            return [table] * 3
+        own = [
+            RelativePositionBias(H, num_buckets=8, max_distance=16, bidirectional=table.bidirectional) for _ in range(3)
+        ]
+        for copy in own:
+            copy.load_state_dict(table.state_dict())
+        return own
+
+    encodings, decodings = copies(tables[0]), copies(tables[1])
+    torch.manual_seed(8)
+    encoder = Encoder([EncoderLayer(config, positional=p) for p in encodings], final_norm=RMSNorm(E))
+    decoder = Decoder([DecoderLayer(config, positional=p) for p in decodings], final_norm=RMSNorm(E))
+    return encoder, decoder
+
+
+def test_a_shared_bias_encoding_is_computed_once_per_forward_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    shared_encoder, shared_decoder = _relative_stacks(shared=True)
+    own_encoder, own_decoder = _relative_stacks(shared=False)
+    calls = []
+    original = RelativePositionBias.score_bias
+
+    def counted(self: RelativePositionBias, s_q: int, s_k: int, **kwargs: object) -> torch.Tensor:
+        calls.append((s_q, s_k))
+        return original(self, s_q, s_k, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RelativePositionBias, "score_bias", counted)
+    src, tgt = torch.randn(2, 5, E), torch.randn(2, 4, E)
+    memory = shared_encoder(src)
+    assert calls == [(5, 5)]
+    assert_close(memory, own_encoder(src))  # each layer computing its own bias: the same result
+    calls.clear()
+    cache = shared_decoder.new_cache()
+    steps = [shared_decoder(tgt[:, :2], memory, cache=cache)]
+    steps += [shared_decoder(tgt[:, i : i + 1], memory, cache=cache) for i in (2, 3)]
+    assert calls == [(2, 2), (1, 3), (1, 4)]  # once per step, the new queries against every key
+    assert_close(torch.cat(steps, dim=1), own_decoder(tgt, memory))
+
+
+def test_the_shared_bias_takes_the_gradient_of_every_layer() -> None:
+    shared_encoder, _ = _relative_stacks(shared=True)
+    own_encoder, _ = _relative_stacks(shared=False)
+    x = torch.randn(2, 6, E)
+    shared_encoder(x).square().sum().backward()
+    own_encoder(x).square().sum().backward()
+    table = shared_encoder.layers[0].self_attn.positional.weight.grad
+    per_layer = [layer.self_attn.positional.weight.grad for layer in own_encoder.layers]
+    assert_close(table, sum(per_layer))
+
+
+def test_attention_refuses_a_position_bias_that_is_not_its_own() -> None:
+    config = LayerConfig(E, H, FF, dropout=0.0)
+    x = torch.randn(1, 3, E)
+    plain = EncoderLayer(config)
+    with pytest.raises(ValueError, match=r"position_bias must be the score bias \[1, h, s_q, s_k\] = \[1, 4, 3, 3\]"):
+        plain(x, position_bias=torch.zeros(1, H, 3, 3))
+    relative = EncoderLayer(config, positional=RelativePositionBias(H, num_buckets=8, max_distance=16))
+    with pytest.raises(ValueError, match=r"got \[1, 4, 3, 2\] for positional=RelativePositionBias"):
+        relative(x, position_bias=torch.zeros(1, H, 3, 2))
+    bias = relative.self_attn.positional.score_bias(3, 3, device=x.device, dtype=x.dtype)
+    assert_close(relative(x, position_bias=bias), relative(x))

@@ -169,6 +169,7 @@ def attention(
         or (dropout_p > 0 and not sdpa_serves)
         or s_k == 0,
         bias=bias,
+        bias_alone=bias is not None and mask is None and (not causal or s_q == 1),
     )
     if chosen == "sdpa" and sdpa_serves:
         return _sdpa(
@@ -277,14 +278,16 @@ def _sdpa_dense(
     q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, bias: Tensor | None, *, scale: float, dropout_p: float
 ) -> Tensor:
     """SDPA with the mask (and bias) as one dense tensor; rows with nothing allowed are set to
-    zeros, which SDPA does not guarantee."""
+    zeros, which SDPA guarantees only on the CPU (both its CPU kernels, flash and math, give
+    them zeros and finite gradients: no row search there)."""
     attn_mask = allowed
     if bias is not None:
+        bias = bias if bias.dtype == q.dtype else bias.to(q.dtype)  # the scores' dtype, as in every engine
         attn_mask = bias if allowed is None else torch.where(allowed, bias, float("-inf"))
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, scale=scale, dropout_p=dropout_p, enable_gqa=q.shape[1] != k.shape[1]
     )  # [b, h, s_q, d_v]
-    if attn_mask is None:
+    if attn_mask is None or q.device.type == "cpu":
         return out
     alive = (attn_mask > float("-inf")) if attn_mask.is_floating_point() else attn_mask
     return out.masked_fill(~alive.any(-1, keepdim=True), 0.0)

@@ -234,6 +234,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         positions: Tensor | None = None,
         kv_cache: KVCache | None = None,
+        position_bias: Tensor | None = None,
         return_weights: bool = False,
     ) -> Tensor | MultiHeadOutput:
         """Attend from ``x`` to itself (``context=None``) or to ``context``.
@@ -254,6 +255,11 @@ class MultiHeadAttention(nn.Module):
             kv_cache: a :class:`attnkit.nn.KVCache`. Self-attention appends the new keys
                 and values and attends to all cached ones. Cross-attention fills it on the
                 first call and reuses it afterwards without projecting ``context`` again.
+            position_bias: the score bias of this module's positional encoding for this
+                call, ``positional.score_bias(s_q, s_k)`` ``[1, h, s_q, s_k]``, when the
+                caller has it already: a stack whose layers share one bias encoding (T5's
+                relative positions, ALiBi) computes it once per forward pass for all of
+                them. ``None``: computed here.
             return_weights: also return the weights ``[b, h, s_q, s_k]``.
 
         Returns:
@@ -262,7 +268,9 @@ class MultiHeadAttention(nn.Module):
         Raises:
             ValueError: shapes that do not fit the module or each other, a positional
                 encoding in cross-attention, ``positions`` with a bias encoding (which
-                uses row/column positions), a mask of the wrong shape.
+                uses row/column positions), a mask of the wrong shape, a
+                ``position_bias`` without a positional encoding or not
+                ``[1, h, s_q, s_k]``.
             TypeError: non-float inputs, a ``kv_cache`` that is not a ``KVCache``.
         """
         record = self.forward_record(
@@ -272,6 +280,7 @@ class MultiHeadAttention(nn.Module):
             causal=causal,
             positions=positions,
             kv_cache=kv_cache,
+            position_bias=position_bias,
             return_weights=return_weights,
         )
         return record if return_weights else record.output
@@ -285,12 +294,14 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         positions: Tensor | None = None,
         kv_cache: KVCache | None = None,
+        position_bias: Tensor | None = None,
         return_weights: bool = False,
     ) -> MultiHeadOutput:
         """:meth:`forward`, always as a record: the one path attention runs through.
 
         Args:
-            x, context, mask, causal, positions, kv_cache: as in :meth:`forward`.
+            x, context, mask, causal, positions, kv_cache, position_bias: as in
+                :meth:`forward`.
             return_weights: compute the weights; otherwise ``record.weights`` is ``None``
                 and the fused kernel runs.
 
@@ -322,15 +333,30 @@ class MultiHeadAttention(nn.Module):
                 v = self.v(self._split_heads(self.v_proj(value_input), self.num_kv_heads))  # [b, h_kv, s_k, d]
                 if kv_cache is not None:
                     kv_cache.append(k, v)
-        bias = None
-        if self.positional is not None:
-            bias = self.positional.score_bias(s_q, k.shape[2], device=q.device, dtype=q.dtype)  # [1, h, s_q, s_k]
+        bias = self._position_bias(position_bias, q, k.shape[2])  # [1, h, s_q, s_k] or None
         result = self._attend_hooked(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
         heads = self.z(result.output)  # [b, h, s_q, d]
         output = self.out_proj(heads.transpose(1, 2).reshape(heads.shape[0], s_q, self.num_heads * self.head_dim))
         if self.result.active:
             output = self._per_head_result(heads, output)  # [b, s_q, e]
         return MultiHeadOutput(output, result.weights)
+
+    def _position_bias(self, given: Tensor | None, q: Tensor, s_k: int) -> Tensor | None:
+        """The positional encoding's score bias ``[1, h, s_q, s_k]`` for queries
+        ``q [b, h, s_q, d]`` and ``s_k`` keys: ``given`` (in q's dtype) when the caller
+        computed it, else computed here; ``None`` without a bias encoding."""
+        if given is None:
+            if self.positional is None:
+                return None
+            return self.positional.score_bias(q.shape[2], s_k, device=q.device, dtype=q.dtype)
+        expected = (1, self.num_heads, q.shape[2], s_k)
+        if self.positional is None or self.positional.takes_positions or given.shape != expected:
+            raise ValueError(
+                f"position_bias must be the score bias [1, h, s_q, s_k] = {list(expected)} of this module's "
+                f"positional encoding, got {list(given.shape)} for positional="
+                f"{type(self.positional).__name__ if self.positional is not None else None}"
+            )
+        return given if given.dtype == q.dtype else given.to(q.dtype)
 
     def _attend_hooked(
         self,
@@ -421,8 +447,8 @@ class MultiHeadAttention(nn.Module):
 
     def _rotate(self, t: Tensor, positions: Tensor | None, past: int) -> Tensor:
         """The positional encoding's rotation of queries or keys ``[b, heads, s, d]``."""
-        if self.positional is None:
-            return t
+        if self.positional is None or not self.positional.takes_positions:
+            return t  # a bias encoding leaves them as they are
         if positions is None:
             return self.positional.rotate_from(t, past)
         return self.positional.rotate(t, positions)

@@ -195,6 +195,7 @@ class _ResidualLayer(nn.Module):
         memory_mask: MaskLike | None,
         causal: bool,
         positions: Tensor | None,
+        position_bias: Tensor | None,
         self_cache: KVCache | None,
         cross_cache: KVCache | None,
         return_weights: bool,
@@ -208,6 +209,7 @@ class _ResidualLayer(nn.Module):
                 causal=causal,
                 positions=positions,
                 kv_cache=self_cache,
+                position_bias=position_bias,
                 return_weights=return_weights,
             )
         )
@@ -273,6 +275,7 @@ class EncoderLayer(_ResidualLayer):
         *,
         mask: MaskLike | None = None,
         positions: Tensor | None = None,
+        position_bias: Tensor | None = None,
         return_weights: bool = False,
     ) -> Tensor | LayerOutput:
         """Self-attention, then feed-forward, each with Add & Norm.
@@ -282,12 +285,17 @@ class EncoderLayer(_ResidualLayer):
             mask: self-attention mask (``True`` = may attend), a Mask or a bool tensor
                 broadcastable to ``[b, h, s, s]``; key padding is ``[b, 1, 1, s]``.
             positions: token positions for a rotary encoding, ``[s]`` or ``[b, s]``.
+            position_bias: the self-attention's positional score bias ``[1, h, s, s]``,
+                computed once by a stack for all its layers (see
+                :meth:`attnkit.nn.MultiHeadAttention.forward`); ``None``: computed here.
             return_weights: also return the attention weights.
 
         Returns:
             ``[b, s, e]``, or a :class:`attnkit.nn.LayerOutput`.
         """
-        record = self.forward_record(x, mask=mask, positions=positions, return_weights=return_weights)
+        record = self.forward_record(
+            x, mask=mask, positions=positions, position_bias=position_bias, return_weights=return_weights
+        )
         return record if return_weights else record.output
 
     def forward_record(
@@ -296,6 +304,7 @@ class EncoderLayer(_ResidualLayer):
         *,
         mask: MaskLike | None = None,
         positions: Tensor | None = None,
+        position_bias: Tensor | None = None,
         return_weights: bool = False,
     ) -> LayerOutput:
         """:meth:`forward`, always as a record (weights ``None`` unless asked for)."""
@@ -306,6 +315,7 @@ class EncoderLayer(_ResidualLayer):
             memory_mask=None,
             causal=False,
             positions=positions,
+            position_bias=position_bias,
             self_cache=None,
             cross_cache=None,
             return_weights=return_weights,
@@ -374,6 +384,7 @@ class DecoderLayer(_ResidualLayer):
         memory_mask: MaskLike | None = None,
         causal: bool = True,
         positions: Tensor | None = None,
+        position_bias: Tensor | None = None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
         return_weights: bool = False,
@@ -391,6 +402,9 @@ class DecoderLayer(_ResidualLayer):
                 (source padding: ``[b, 1, 1, s_src]``).
             causal: apply the causal mask in self-attention (bottom-right aligned).
             positions: token positions for a rotary encoding, ``[s]`` or ``[b, s]``.
+            position_bias: the self-attention's positional score bias ``[1, h, s, s_k]``,
+                computed once by a stack for all its layers (see
+                :meth:`attnkit.nn.MultiHeadAttention.forward`); ``None``: computed here.
             self_cache: KV cache of the self-attention.
             cross_cache: KV cache of the cross-attention (filled once from ``memory``).
             return_weights: also return the attention weights.
@@ -410,6 +424,7 @@ class DecoderLayer(_ResidualLayer):
             memory_mask=memory_mask,
             causal=causal,
             positions=positions,
+            position_bias=position_bias,
             self_cache=self_cache,
             cross_cache=cross_cache,
             return_weights=return_weights,
@@ -425,6 +440,7 @@ class DecoderLayer(_ResidualLayer):
         memory_mask: MaskLike | None = None,
         causal: bool = True,
         positions: Tensor | None = None,
+        position_bias: Tensor | None = None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
         return_weights: bool = False,
@@ -447,6 +463,7 @@ class DecoderLayer(_ResidualLayer):
             memory_mask=memory_mask,
             causal=causal,
             positions=positions,
+            position_bias=position_bias,
             self_cache=self_cache,
             cross_cache=cross_cache,
             return_weights=return_weights,

@@ -208,8 +208,10 @@ class AttentionPositional(nn.Module):
         num_heads: the number of query heads the encoding was built for, or ``None`` when
             it works with any number.
         head_dim: the head dim it was built for, or ``None`` when it works with any.
-        takes_positions: whether :meth:`rotate` uses explicit token positions (rotary);
-            bias encodings use the row/column index, aligned bottom-right like masks.
+        takes_positions: whether the encoding rotates queries and keys at their token
+            positions (:meth:`rotate`; rotary). The others leave queries and keys as they
+            are and add :meth:`score_bias`, which uses the row/column index, aligned
+            bottom-right like masks.
     """
 
     num_heads: int | None = None

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.indices import normalize_indices
+from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, LayerConfig, MaskLike
@@ -53,6 +54,26 @@ def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozense
     return frozenset(normalize_indices(return_weights, num_layers, "layer", context=context, allow_empty=True))
 
 
+def shared_position_bias(layers: nn.ModuleList, x: Tensor, s_k: int) -> Tensor | None:
+    """The score bias ``[1, h, s_q, s_k]`` of the positional encoding that every layer's
+    self-attention shares, for the queries of ``x [b, s_q, e]`` and ``s_k`` keys: T5's
+    relative position bias and ALiBi depend only on the two lengths, so a stack computes
+    it once per forward pass and hands it to all its layers (as T5 itself does) instead
+    of each layer computing it again. Gradients reach the shared table through every
+    layer's use of the one tensor.
+
+    Returns:
+        The bias, contiguous (each layer's kernel reads it whole), or ``None`` when the
+        layers share no encoding or it adds no bias (rotary).
+    """
+    encodings = [_self_attention(layer).positional for layer in layers]
+    encoding = encodings[0]
+    if encoding is None or encoding.takes_positions or any(other is not encoding for other in encodings):
+        return None
+    bias = encoding.score_bias(x.shape[1], s_k, device=x.device, dtype=x.dtype)
+    return None if bias is None else bias.contiguous()  # [1, h, s_q, s_k]
+
+
 def _run_stack(
     layers: nn.ModuleList,
     final_norm: nn.Module | None,
@@ -80,6 +101,11 @@ def _run_stack(
         x = final_norm(x)
     x = final(x)
     return x if wanted is None else StackOutput(x, weights)
+
+
+def _self_attention(layer: nn.Module) -> MultiHeadAttention:
+    assert isinstance(layer, (EncoderLayer, DecoderLayer))  # a stack holds only these
+    return layer.self_attn
 
 
 def _layer_list(layers: Iterable[nn.Module], kind: type[nn.Module]) -> nn.ModuleList:
@@ -136,13 +162,16 @@ class Encoder(HookedModule):
         Raises:
             ValueError: a layer index out of range (and the layers' errors).
         """
+        position_bias = shared_position_bias(self.layers, x, x.shape[1])  # [1, h, s, s] or None
         return _run_stack(
             self.layers,
             self.final_norm,
             self.final,
             x,
             return_weights,
-            lambda i, layer, h, weights: layer(h, mask=mask, positions=positions, return_weights=weights),
+            lambda i, layer, h, weights: layer(
+                h, mask=mask, positions=positions, position_bias=position_bias, return_weights=weights
+            ),
         )
 
     @classmethod
@@ -226,6 +255,8 @@ class Decoder(HookedModule):
                     f"cache has {len(cache.self_attention)} layers, this decoder has {len(self.layers)}; "
                     "make it with new_cache()"
                 )
+        s_k = x.shape[1] + (0 if cache is None else len(cache))
+        position_bias = shared_position_bias(self.layers, x, s_k)  # [1, h, s, s_k] or None
         return _run_stack(
             self.layers,
             self.final_norm,
@@ -239,6 +270,7 @@ class Decoder(HookedModule):
                 memory_mask=memory_mask,
                 causal=causal,
                 positions=positions,
+                position_bias=position_bias,
                 self_cache=None if cache is None else cache.self_attention[i],
                 cross_cache=None if cache is None else cache.cross_attention[i],
                 return_weights=weights,
