@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from attnkit import models
+from attnkit.models.tokenizer import Tokenizer
 from tests.models.crafted import (
     TINY_LLAMA_CONFIG,
     read_header,
@@ -147,6 +148,24 @@ def test_a_tokenizer_with_ids_beyond_the_embedding_is_refused(tiny):
 def test_a_broken_tokenizer_is_refused(tiny):
     (tiny / "tokenizer.json").write_text('{"model": 3}')
     _refused(tiny, "tokenizer.json", None, "is not a valid tokenizer file")
+
+
+def test_words_outside_a_word_level_vocabulary_are_named(tmp_path):
+    # A word-level tokenizer with no unknown token refuses a text over its unknown words,
+    # naming none ("Missing [UNK] token"): attnkit names them and the vocabulary.
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models as backends
+    from tokenizers import pre_tokenizers
+
+    backend = Backend(backends.WordLevel({f"w{i}": i for i in range(50)}))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = tmp_path / "tokenizer.json"
+    backend.save(str(path))
+    tokenizer = Tokenizer.from_file(path)
+    assert tokenizer.encode("w3 w49").tokens == ["w3", "w49"]
+    first = ", ".join(f"'w{i}'" for i in range(40))
+    with pytest.raises(ValueError, match=rf"has no token for 'w50', 'x'; its vocabulary is {first} and 10 more$"):
+        tokenizer.encode("w1 w50 x w50")
 
 
 def test_a_catastrophic_tokenizer_pattern_is_a_clear_error(tiny):

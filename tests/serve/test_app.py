@@ -89,7 +89,7 @@ def test_attention_matches_the_model(client):
             {"text": "a " * 60},
             422,
             "2 layers x 4 heads x 60^2 tokens is 28800 weights, more than this server's "
-            "limit of 20000: ask for at most 1 layers or fewer heads",
+            "limit of 20000: ask for at most 1 layer or fewer heads",
         ),
         ({"text": "a", "model": "gpt-5"}, 422, "unknown model 'gpt-5': this server has 'tiny', 'tiny2'"),
         ({"text": "a", "layers": [2]}, 422, "layer 2 is out of range: tiny has 2 layers, 0..1"),

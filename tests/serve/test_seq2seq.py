@@ -77,8 +77,8 @@ def test_word_level_on_both_sides(client) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"text": "3 0 9"}, 422, "failed on this text"),  # not one of the task's symbols
-        ({"text": SOURCE, "decoder_text": "9"}, 422, "failed on this text"),
+        ({"text": "3 0 9"}, 422, "has no token for '9'; its vocabulary is '<s>', '</s>', '0', '1'"),
+        ({"text": SOURCE, "decoder_text": "9 x 9"}, 422, "has no token for '9', 'x'; its vocabulary is"),
         ({"text": SOURCE, "decoder_text": "\ud800"}, 422, "the decoder text is not valid Unicode"),
         ({"text": SOURCE, "layers": [2]}, 422, "reverse has 2 layers"),
         ({"text": SOURCE, "decoder_text": "0 1 2 3 4 5 " * 5}, 422, "30 target tokens is 4300 weights, more than"),

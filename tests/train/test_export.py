@@ -101,8 +101,9 @@ def test_the_commands_take_the_run_folder(run_folder, tmp_path, monkeypatch, cap
 
 def test_a_symbol_outside_the_task_is_a_clear_error(run_folder) -> None:
     model = models.load(run_folder)
-    with pytest.raises(ValueError, match="failed on this text"):
-        model.run_seq2seq("3 0 9")
+    vocabulary = "'<s>', '</s>', '0', '1', '2', '3', '4', '5'"
+    with pytest.raises(ValueError, match=rf"tokenizer.json has no token for '9', 'x'; its vocabulary is {vocabulary}$"):
+        model.run_seq2seq("3 0 9 x 9")
 
 
 def test_a_decoder_only_run_writes_no_model_folder(tmp_path) -> None:

@@ -26,6 +26,7 @@ from attnkit.cli.common import (
 )
 from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, launched_by_torchrun, relaunch
 from attnkit.inspect.names import ATTENTION_KINDS, CROSS_STATISTICS, INDUCTION_PERIOD, STATISTICS
+from attnkit.viz.terminal import counted
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -205,8 +206,8 @@ def run(args: argparse.Namespace) -> int:
             f"{model.family} model"
         )
     with command_errors(f"cannot write to --out {args.out}"):
-        what = f"{len(texts)} text" + ("s" if len(texts) != 1 else "")
-        with status.step(f"surveying {model.num_layers} layers × {model.num_heads} heads of {model.name} on {what}"):
+        sizes = f"{counted(model.num_layers, 'layer')} × {counted(model.num_heads, 'head')}"
+        with status.step(f"surveying {sizes} of {model.name} on {counted(len(texts), 'text')}"):
             survey = survey_fn(model, texts, source=args.source, target=args.target, level=args.level)
         if distributed:
             from attnkit.distributed import leave
@@ -299,8 +300,8 @@ def _run_seq2seq_survey(
     with command_errors("cannot read or write"):
         alignments = None if args.align is None else read_alignments(args.align, len(pairs))
         depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
-        what = f"{len(pairs)} source" + ("s" if len(pairs) != 1 else "")
-        with status.step(f"surveying the {kind} attention of {depth} layers × {model.num_heads} heads on {what}"):
+        sizes = f"{counted(depth, 'layer')} × {counted(model.num_heads, 'head')}"
+        with status.step(f"surveying the {kind} attention of {sizes} on {counted(len(pairs), 'source')}"):
             survey = survey_seq2seq(model, pairs, attention=kind, alignments=alignments)
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):

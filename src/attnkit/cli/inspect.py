@@ -29,6 +29,7 @@ from attnkit.cli.common import (
     print_written,
 )
 from attnkit.inspect.names import ATTENTION_KINDS, EXAMPLE_TEXT, FLOW_MAX_TOKENS, METHODS
+from attnkit.viz.terminal import counted
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
@@ -173,11 +174,6 @@ def parse_heads(spec: str | None, num_heads: int) -> list[int] | None:
         raise CommandError(str(err)) from None
 
 
-def counted(items: list[int], noun: str) -> str:
-    """``1 layer``, ``30 layers``."""
-    return f"{len(items)} {noun}" + ("" if len(items) == 1 else "s")
-
-
 def run(args: argparse.Namespace) -> int:
     status = Status(args.quiet)
     formats = parse_formats(args.format, INSPECT_FORMATS)
@@ -270,7 +266,7 @@ class _Chosen:
     @property
     def page(self) -> str:
         """The viewer page, in words."""
-        return f"the viewer page of {counted(self.page_layers, 'layer')} × {counted(self.page_heads, 'head')}"
+        return f"the viewer page of {counted(len(self.page_layers), 'layer')} × {counted(len(self.page_heads), 'head')}"
 
 
 def _check_map_sizes(
@@ -449,8 +445,8 @@ def _check_seq2seq_sizes(
     if "html" in formats:
         page_heads = len(heads or range(model.num_heads))
         page_layers = model.num_layers + 2 * model.num_decoder_layers
-        estimates[f"the viewer page of {page_layers} maps × {counted(list(range(page_heads)), 'head')}"] = (
-            estimate_viewer_html(tokens, page_layers, page_heads, causal=False)
+        estimates[f"the viewer page of {page_layers} maps × {counted(page_heads, 'head')}"] = estimate_viewer_html(
+            tokens, page_layers, page_heads, causal=False
         )
     check_sizes(
         estimates,

@@ -130,6 +130,12 @@ class Tokenizer:
             if not _is_library_error(err):
                 raise
             source = self.path or "the tokenizer"
+            unknown = self._unknown_words(text)
+            if unknown:
+                raise ValueError(
+                    f"{source} has no token for {_listed(unknown, 10)}; its vocabulary is "
+                    f"{_listed(self._vocabulary(), 40)}"
+                ) from None
             raise ValueError(f"{source} failed on this text: {short_repr(str(err), 300)}") from None
         return TokenizedText(
             ids=torch.tensor([enc.ids], dtype=torch.long),  # [1, s]
@@ -137,6 +143,25 @@ class Tokenizer:
             offsets=[tuple(o) for o in enc.offsets],
             special=[bool(m) for m in enc.special_tokens_mask],
         )
+
+    def _vocabulary(self) -> list[str]:
+        """Every token, in the order of their ids."""
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        return sorted(vocab, key=vocab.__getitem__)
+
+    def _unknown_words(self, text: str) -> list[str]:
+        """The words of ``text`` that a word-level tokenizer without an unknown token has
+        no id for (it refuses the whole text over them, with a message that names none),
+        each once; empty for any other tokenizer."""
+        model = self.backend.model
+        if type(model).__name__ != "WordLevel" or model.unk_token in self.backend.get_vocab(with_added_tokens=True):
+            return []
+        if self.backend.normalizer is not None:
+            text = self.backend.normalizer.normalize_str(text)
+        pre = self.backend.pre_tokenizer
+        words = [word for word, _ in pre.pre_tokenize_str(text)] if pre is not None else [text]
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        return list(dict.fromkeys(word for word in words if word not in vocab))
 
     def decode(self, ids: Iterable[int] | Tensor, *, skip_special_tokens: bool = False) -> str:
         """The text of token ids.
@@ -187,3 +212,9 @@ class Tokenizer:
         if released < len(seen):
             done = self.decode(seen[window_start:released])
             yield self.decode(seen[window_start:])[len(done) :]
+
+
+def _listed(items: list[str], most: int) -> str:
+    """``'a', 'b', 'c'``, the first ``most`` items and how many more there are."""
+    shown = ", ".join(repr(item) for item in items[:most])
+    return shown if len(items) <= most else f"{shown} and {len(items) - most} more"

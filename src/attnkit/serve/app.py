@@ -45,6 +45,7 @@ from attnkit import __version__
 from attnkit.functional.indices import select_indices
 from attnkit.models.protocol import InspectableModel
 from attnkit.serve.batching import Batcher, Job, QueueFull
+from attnkit.viz.terminal import counted
 from attnkit.viz.viewer import (
     content_security_policy,
     render_html,
@@ -524,9 +525,9 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
         per_layer = len(heads) * count * count
         raise _error(
             422,
-            f"{len(layers)} layers x {len(heads)} heads x {count}^2 tokens is {weights} weights, more than this "
-            f"server's limit of {limits.max_weights}: ask for at most {max(1, limits.max_weights // per_layer)} "
-            "layers or fewer heads",
+            f"{counted(len(layers), 'layer')} x {counted(len(heads), 'head')} x {count}^2 tokens is {weights} "
+            f"weights, more than this server's limit of {limits.max_weights}: ask for at most "
+            f"{counted(max(1, limits.max_weights // per_layer), 'layer')} or fewer heads",
         )
     return Admitted(s, text, layers, heads, count)
 
@@ -604,8 +605,9 @@ async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits
     if weights > limits.max_weights:
         raise _error(
             422,
-            f"{len(layers)} layers x {len(heads)} heads of {s_src} source and {s_tgt} target tokens is {weights} "
-            f"weights, more than this server's limit of {limits.max_weights}: ask for fewer layers or heads",
+            f"{counted(len(layers), 'layer')} x {counted(len(heads), 'head')} of {counted(s_src, 'source token')} "
+            f"and {counted(s_tgt, 'target token')} is {weights} weights, more than this server's limit of "
+            f"{limits.max_weights}: ask for fewer layers or heads",
         )
 
     def work() -> Any:

@@ -10,7 +10,7 @@ from attnkit.inspect.heads import rank_heads
 from attnkit.inspect.interventions import InterventionEffects
 from attnkit.inspect.maps import AttentionMap
 from attnkit.inspect.survey import ALL_DESCRIPTIONS, HeadSurvey
-from attnkit.viz.terminal import display_width, format_table
+from attnkit.viz.terminal import counted, display_width, format_table
 
 # Every line fits in this many columns.
 WIDTH = 100
@@ -268,16 +268,16 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
     """
     if stat is not None and stat not in survey.statistics:
         raise ValueError(f"unknown statistic {stat!r}; choose from {', '.join(survey.statistics)}")
-    sizes = f"{_counted(survey.num_layers, 'layer')} × {_counted(survey.num_heads, 'head')}"
-    head = f"{survey.model} · {sizes} · {_counted(survey.texts, 'text')}, {_counted(survey.tokens, 'token')}"
+    sizes = f"{counted(survey.num_layers, 'layer')} × {counted(survey.num_heads, 'head')}"
+    head = f"{survey.model} · {sizes} · {counted(survey.texts, 'text')}, {counted(survey.tokens, 'token')}"
     if survey.attention == "self":
         head += f" · induction on {survey.induction_period} random tokens × 2 (seed {survey.induction_seed})"
     else:
-        pairs = _counted(survey.texts, "source/target pair")
+        pairs = counted(survey.texts, "source/target pair")
         rows_of = "source" if survey.attention == "encoder" else "target"
         head = (
             f"{survey.model} · {ATTENTION_NAMES[survey.attention]} · {sizes} · {pairs}, "
-            f"{_counted(survey.tokens, rows_of + ' token')}"
+            f"{counted(survey.tokens, rows_of + ' token')}"
         )
     lines = [head, "", f"Top {top} heads per statistic (L layer, H head)"]
     rows = []
@@ -289,7 +289,7 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
     lines += [f"  {name:<{width}}  {ALL_DESCRIPTIONS[name]}" for name in survey.statistics]
     if survey.pair is not None:
         pair = survey.pair
-        texts = f"{pair.texts} text" + ("s" if pair.texts != 1 else "")
+        texts = counted(pair.texts, "text")
         intro = f"How much {pair.source!r} attends to {pair.target!r} (" + ("words, " if pair.level == "word" else "")
         tail = f"all-head mean {pair.mass.mean():.2f}, even spread would give {pair.uniform:.2f})"
         line = f"{intro}{texts}; {tail}"
@@ -342,8 +342,3 @@ def _value_grid(survey: HeadSurvey, stat: str) -> list[str]:
 
 def _subscript(n: int) -> str:
     return str(n).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
-
-
-def _counted(n: int, noun: str) -> str:
-    """``"1 layer"``, ``"2 layers"``."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")

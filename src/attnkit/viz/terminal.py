@@ -48,6 +48,11 @@ def pad(text: str, width: int, align: str = "<") -> str:
     return text + fill if align == "<" else fill + text
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` things in words: ``"1 layer"``, ``"2 layers"``, ``"0 source/target pairs"``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
     """Render rows as an aligned table with a header rule.
 
