@@ -153,9 +153,51 @@ def attention(
             tensors on different devices, a mask of the wrong shape, ``dropout_p``
             outside ``[0, 1)``, an unknown engine or one that cannot compute the call.
     """
+    check_options(score, dropout_p, scale)
+    return attention_of_checked(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        causal=causal,
+        scale=scale,
+        score=score,
+        dropout_p=dropout_p,
+        return_weights=return_weights,
+        engine=engine,
+        edit_scores=edit_scores,
+        edit_weights=edit_weights,
+    )
+
+
+def attention_of_checked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: MaskLike | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    score: Score = "scaled_dot",
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    engine: Engine = "auto",
+    edit_scores: EditFn | None = None,
+    edit_weights: EditFn | None = None,
+) -> Tensor | AttentionResult:
+    """:func:`attention` of inputs whose checks have already passed: ``q``, ``k``, ``v`` of
+    ``[b, h, s, d]`` layouts that fit together (``check_inputs``), and valid ``score``,
+    ``dropout_p`` and ``scale`` (``check_options``). For a module that made the tensors
+    itself and checked its options when it was built: it attends once per layer and
+    decoding step, where the checks would cost as much as the attention of one token.
+    Masks, biases and the engine are still checked here.
+
+    Args, Returns and Raises: as :func:`attention`, for batched inputs only.
+    """
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
-    check_options(score, dropout_p, scale)
     sdpa_serves = _sdpa_can_serve(score, bias, mask, causal, s_q, s_k)
     chosen = choose_attention_engine(
         engine,

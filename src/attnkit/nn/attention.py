@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional import AttentionResult, attention
+from attnkit.functional.attention import attention_of_checked
 from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resolve_kernel_name
 from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
 from attnkit.functional.scores import dot_scores
@@ -481,7 +482,10 @@ class MultiHeadAttention(nn.Module):
             scale = None
         if self.window is not None and k.shape[2] > self.window:
             mask = _with_window(mask, self.window, q.shape[2], k.shape[2])
-        result = attention(
+        # This module made q, k and v and checked its options when built: they need no
+        # checks per call, unless a hook may have replaced them.
+        hooked = self.q.active or self.k.active or self.v.active
+        result = (attention if hooked else attention_of_checked)(
             q,
             k,
             v,

@@ -21,6 +21,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.nn.dropout import Dropout
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.packing import PackedLinears
 
@@ -75,7 +76,7 @@ class FeedForward(nn.Module):
         gated = activation in GATED_ACTIVATIONS
         self.gate_proj = nn.Linear(embed_dim, hidden_dim, bias=bias) if gated else None
         self.down_proj = nn.Linear(hidden_dim, embed_dim, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self._packed: PackedLinears | None = None
         self.pre = HookPoint()  # hidden pre-activation, the gate's when gated (attnkit.nn.hooks)
         self.post = HookPoint()  # hidden activation

@@ -119,10 +119,11 @@ class KVCache:
                 b, h_kv, _, d = keys.shape
                 self._keys = keys.new_empty(b, h_kv, self.capacity, d)
                 self._values = values.new_empty(b, h_kv, self.capacity, values.shape[3])
-            self._keys[:, :, self._length : end] = keys
-            self._values[:, :, self._length : end] = values
+            # narrow: one view op, cheaper than Python indexing (this runs per layer and step).
+            self._keys.narrow(2, self._length, keys.shape[2]).copy_(keys)
+            self._values.narrow(2, self._length, keys.shape[2]).copy_(values)
         self._length = end
-        return self._keys[:, :, :end], self._values[:, :, :end]
+        return self._keys.narrow(2, 0, end), self._values.narrow(2, 0, end)
 
     def reset(self) -> None:
         """Forget everything cached (a preallocated cache keeps its capacity)."""

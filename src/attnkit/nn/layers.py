@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from attnkit.functional.kernels import KERNEL_SPECS, resolve_kernel_name
 from attnkit.functional.masks import Mask
 from attnkit.nn.attention import AttentionConfig, MultiHeadAttention, state_dict_from_torch_attention
+from attnkit.nn.dropout import Dropout
 from attnkit.nn.feedforward import ACTIVATIONS, Activation, FeedForward
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
@@ -175,7 +176,7 @@ class _ResidualLayer(nn.Module):
         self.ff_norm = norm()
         self.ff_out_norm = norm() if config.output_norms else None
         self.mlp_out, self.resid_post = HookPoint(), HookPoint()
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def _sublayer_input(self, x: Tensor, norm: nn.Module) -> Tensor:
         """What the sublayer sees: ``norm(x)`` in pre-norm, ``x`` itself in post-norm."""

@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from attnkit.nn.dropout import Dropout
 from attnkit.nn.feedforward import Activation
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
@@ -203,7 +204,7 @@ class DecoderLM(HookedModule):
         self.vocab_size = token_embedding.num_embeddings
         self.token_embedding = token_embedding
         self.position = position
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.embed = HookPoint()  # what enters the first layer (attnkit.nn.hooks)
         self.decoder = decoder
         self.embedding_scale = embedding_scale

@@ -60,29 +60,36 @@ class PackedLinears:
             self.weight = torch.cat([lin.weight for lin in linears])  # [n, e]
             self.bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])  # [n]
         self.sizes = tuple(lin.out_features for lin in linears)
-        self._linears = tuple(linears)
         start = 0
         for lin, size in zip(linears, self.sizes):
             lin.weight = nn.Parameter(self.weight[start : start + size], requires_grad=lin.weight.requires_grad)
             if self.bias is not None:
                 lin.bias = nn.Parameter(self.bias[start : start + size], requires_grad=lin.bias.requires_grad)
             start += size
-        self._pointers = self._current_pointers()
+        # Each parameter as made here, with the address of its data: a parameter replaced,
+        # or its data swapped (``.to(dtype)`` does that), no longer reads the packed matrix.
+        names = ("weight",) if self.bias is None else ("weight", "bias")
+        self._views = tuple(
+            (lin, name, view, view.data_ptr())
+            for lin in linears
+            for name in names
+            if (view := getattr(lin, name)) is not None
+        )
 
     def usable(self) -> bool:
         """Whether the packed product may stand in for the linears now: no gradient is
         being recorded and every parameter is still the view made at packing time."""
-        return not torch.is_grad_enabled() and self._current_pointers() == self._pointers
+        if torch.is_grad_enabled():
+            return False
+        # Checked once per layer and decoding step: one lookup and one address per parameter.
+        for linear, name, view, pointer in self._views:
+            if getattr(linear, name, None) is not view or view.data_ptr() != pointer:
+                return False
+        return True
 
     def __call__(self, x: Tensor) -> Tensor:
         """All the linears' outputs side by side: ``[..., e]`` → ``[..., n]``."""
         return F.linear(x, self.weight, self.bias)
-
-    def _current_pointers(self) -> tuple[int, ...]:
-        params = [lin.weight for lin in self._linears]
-        if self.bias is not None:
-            params += [lin.bias for lin in self._linears]
-        return tuple(p.data_ptr() for p in params)
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from attnkit.nn.dropout import Dropout
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer
@@ -78,7 +79,7 @@ class SequenceEmbedding(nn.Module):
         self.position = position
         self.position_offset = position_offset
         self.norm = norm
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.embed = HookPoint()  # the embeddings as they enter the stack (attnkit.nn.hooks)
 
     def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
