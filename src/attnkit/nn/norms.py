@@ -61,29 +61,29 @@ class RMSNorm(nn.Module):
         Raises:
             ValueError: the last dimension is not ``e``.
         """
-        if x.shape[-1] != self.weight.shape[0]:
-            raise ValueError(f"expected last dim {self.weight.shape[0]}, got input of shape {list(x.shape)}")
+        weight = self.weight  # one module lookup: this runs for every norm of every step
+        if x.shape[-1] != weight.shape[0]:
+            raise ValueError(f"expected last dim {weight.shape[0]}, got input of shape {list(x.shape)}")
         if self.scale.active:
             x32 = x.float()
             scale = (x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [..., 1]
             hooked = self.scale(scale)
             if hooked is not scale:
                 if self.plus_one:
-                    return (x32 / hooked * (1.0 + self.weight.float())).to(x.dtype)
-                return self.weight * (x32 / hooked).to(x.dtype)
-        if x.dtype == self.weight.dtype == torch.float32:
+                    return (x32 / hooked * (1.0 + weight.float())).to(x.dtype)
+                return weight * (x32 / hooked).to(x.dtype)
+        if x.dtype == weight.dtype == torch.float32:
             # torch's fused kernel: the same float32 arithmetic in one pass instead of six
             # (bit-identical on this machine; the tests compare it with the expressions
             # below and with Hugging Face's LLaMA and Gemma 2).
-            weight = 1.0 + self.weight if self.plus_one else self.weight
-            return F.rms_norm(x, self.weight.shape, weight, self.eps)
+            return F.rms_norm(x, weight.shape, 1.0 + weight if self.plus_one else weight, self.eps)
         if self.plus_one:
             x32 = x.float()
             normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-            return (normed * (1.0 + self.weight.float())).to(x.dtype)
+            return (normed * (1.0 + weight.float())).to(x.dtype)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return weight * normed.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}" + (", plus_one=True" if self.plus_one else "")

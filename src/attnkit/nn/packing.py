@@ -69,12 +69,11 @@ class PackedLinears:
         # Each parameter as made here, with the address of its data: a parameter replaced,
         # or its data swapped (``.to(dtype)`` does that), no longer reads the packed matrix.
         names = ("weight",) if self.bias is None else ("weight", "bias")
-        self._views = tuple(
-            (lin, name, view, view.data_ptr())
-            for lin in linears
-            for name in names
-            if (view := getattr(lin, name)) is not None
-        )
+        self._views: list[tuple[nn.Linear, str, Tensor, int]] = []
+        for lin in linears:
+            for name in names:
+                view = getattr(lin, name)
+                self._views.append((lin, name, view, view.data_ptr()))
 
     def usable(self) -> bool:
         """Whether the packed product may stand in for the linears now: no gradient is
