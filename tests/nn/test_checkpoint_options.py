@@ -143,6 +143,26 @@ def test_window_with_a_cache_equals_the_full_pass() -> None:
     assert not torch.allclose(plain(x, causal=True)[:, -1], full[:, -1])
 
 
+def test_a_windowed_decoding_step_shows_weights_over_every_cached_key() -> None:
+    """A step attends to the window's keys alone; asked for its weights, it shows them
+    over every cached key, zero outside the window, with the same output."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(AttentionConfig(E, H, window=3), positional=RotaryEmbedding(E // H)).eval()
+    from attnkit.nn import KVCache
+
+    x = torch.randn(2, 8, E)
+    cache = KVCache()
+    mha(x[:, :7], causal=True, kv_cache=cache)
+    before = len(cache)
+    seen = mha(x[:, 7:], causal=True, kv_cache=cache, return_weights=True)
+    assert seen.weights.shape == (2, H, 1, 8)
+    assert (seen.weights[..., :5] == 0).all()
+    assert_close(seen.weights.sum(-1), torch.ones(2, H, 1))
+    cache_again = KVCache()
+    mha(x[:, :before], causal=True, kv_cache=cache_again)
+    assert_close(mha(x[:, 7:], causal=True, kv_cache=cache_again), seen.output)
+
+
 def test_attention_option_errors() -> None:
     with pytest.raises(ValueError, match="need kernel='auto'"):
         MultiHeadAttention(AttentionConfig(E, H, window=4, kernel="tiled"))

@@ -481,7 +481,14 @@ class MultiHeadAttention(nn.Module):
             score = partial(_softcapped_scores, scale=default if scale is None else scale, softcap=self.softcap)
             scale = None
         if self.window is not None and k.shape[2] > self.window:
-            mask = _with_window(mask, self.window, q.shape[2], k.shape[2])
+            unseen = k.shape[2] - self.window
+            weights_seen = return_weights or edit_scores is not None or edit_weights is not None
+            if q.shape[2] == 1 and mask is None and bias is None and not weights_seen:
+                # One query (a decoding step) sees the last `window` keys: attend to those
+                # alone, with no mask to build, at a cost that stops growing with the text.
+                k, v = k.narrow(2, unseen, self.window), v.narrow(2, unseen, self.window)
+            else:
+                mask = _with_window(mask, self.window, q.shape[2], k.shape[2])
         # This module made q, k and v and checked its options when built: they need no
         # checks per call, unless a hook may have replaced them.
         hooked = self.q.active or self.k.active or self.v.active
