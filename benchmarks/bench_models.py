@@ -304,6 +304,7 @@ def bench_families(families: list[str], repeat: int, *, update_docs: bool = Fals
     """:func:`bench_family` for each of ``families``, printed as it goes; every family
     together is written to ``results/models_families``."""
     rows = []
+    load_before = os.getloadavg()[0]
     for family in families:
         r = bench_family(family, repeat)
         rows.append(r)
@@ -315,7 +316,8 @@ def bench_families(families: list[str], repeat: int, *, update_docs: bool = Fals
             f"({r['decode_ratio_vs_sdpa']:.2f}x); relative logit difference {r['prefill_relative_logit_difference']:.1e}",
             flush=True,
         )
-    data = {"repeat": repeat, "families": rows}
+    load = {"start": load_before, "end": os.getloadavg()[0]}
+    data = {"repeat": repeat, "load_average_1min": load, "families": rows}
     if len(families) > 1:
         table = markdown_table(
             [
@@ -351,7 +353,11 @@ def bench_families(families: list[str], repeat: int, *, update_docs: bool = Fals
             f"for the family); "
             f"medians of {repeat} interleaved rounds of the thread's CPU time. Prefill: {FAMILY_PREFILL} "
             f"random tokens, last-position logits. Decoding: {NEW_TOKENS} greedy tokens after "
-            f"{FAMILY_PROMPT}, the same tokens in both. A ratio above 1 means attnkit is faster.\n\n" + table
+            f"{FAMILY_PROMPT}, the same tokens in both. A ratio above 1 means attnkit is faster.\n\n"
+            + table
+            + f"\n\nThe machine's load (1-minute load average, {os.cpu_count()} cores): "
+            f"{load['start']:.1f} at the start, {load['end']:.1f} at the end. On a shared machine a ratio "
+            "moves by about ±0.1 between runs: within that band of 1, it is a tie."
         )
         write_results("models_families", data, markdown, update_docs=update_docs)
     return data
