@@ -137,7 +137,11 @@ def main(argv: list[str] | None = None) -> None:
     args = arguments().parse_args(argv)
     torch.set_num_threads(1)
     repeat = int(os.environ.get("REPEAT", "5"))
-    results = [measure(family, repeat) for family in ("t5", "bart")]
+    loads = [os.getloadavg()[0]]  # the machine's one-minute load: other work on the shared cores
+    results = []
+    for family in ("t5", "bart"):
+        results.append(measure(family, repeat))
+        loads.append(os.getloadavg()[0])
     rows = [
         [
             r["family"],
@@ -172,10 +176,15 @@ def main(argv: list[str] | None = None) -> None:
         f"with sdpa attention on the same weights. Prefill: encoder over {SOURCE} source tokens and decoder "
         f"over {TARGET} target tokens; decode: {NEW_TOKENS} greedy tokens with the KV cache, the encoder once. "
         "Times are the CPU time of the one thread (medians of interleaved rounds). Ratios above 1 mean "
-        "attnkit is faster.\n\n" + table
+        "attnkit is faster.\n\n"
+        + table
+        + f"\n\nMeasured with {repeat} rounds on a {os.cpu_count()}-core machine at a load average of "
+        f"{min(loads):.1f}–{max(loads):.1f} from other work (one-minute averages before and after each model)."
     )
     print(markdown)
-    write_results("seq2seq", {"results": results}, markdown, update_docs=args.update_docs)
+    write_results(
+        "seq2seq", {"results": results, "rounds": repeat, "load_average": loads}, markdown, update_docs=args.update_docs
+    )
 
 
 if __name__ == "__main__":
