@@ -22,6 +22,7 @@ from attnkit.viz.heatmap import (
     draw_heatmap,
     plot_attention,
     plot_attention_heads,
+    save_figure,
 )
 
 
@@ -36,6 +37,18 @@ def test_png_and_svg_are_written(tmp_path):
     # SVG text stays text: every label and annotated value can be found in the file.
     assert all(f">{t}<" in text for t in tokens)
     assert f">{weights[2, 3].item():.2f}<" in text
+
+
+def test_a_laid_out_figure_is_drawn_once_when_saved(tmp_path, monkeypatch):
+    """The labels are fitted once, when the figure is made: saving draws the figure once,
+    not a second time to lay it out again."""
+    tokens = ["The", "cat", "sat"]
+    fig = plot_attention(torch.softmax(torch.randn(3, 3), dim=-1), tokens, tokens)
+    draws = []
+    draw = type(fig).draw
+    monkeypatch.setattr(type(fig), "draw", lambda self, renderer: (draws.append(renderer), draw(self, renderer))[1])
+    save_figure(fig, tmp_path / "map.png")
+    assert len(draws) == 1
 
 
 def test_label_mismatch_is_an_error(tmp_path):
