@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from attnkit.inspect.heads import rank_heads
-from attnkit.inspect.interventions import InterventionEffects
-from attnkit.inspect.maps import AttentionMap
-from attnkit.inspect.survey import ALL_DESCRIPTIONS, HeadSurvey
 from attnkit.viz.terminal import counted, display_width, format_table
+
+if TYPE_CHECKING:
+    # Imported where they are needed: printing one map reaches none of them.
+    from attnkit.inspect.interventions import InterventionEffects
+    from attnkit.inspect.maps import AttentionMap
+    from attnkit.inspect.survey import HeadSurvey
 
 # Every line fits in this many columns.
 WIDTH = 100
@@ -145,6 +148,8 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
     Returns:
         Text ending in a newline.
     """
+    from attnkit.inspect.heads import rank_heads
+
     by_head = effects.by == "head"
     if isinstance(effects.baseline, dict):  # patching
         where = (
@@ -266,6 +271,9 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
     Raises:
         ValueError: an unknown ``stat``.
     """
+    from attnkit.inspect.heads import rank_heads
+    from attnkit.inspect.survey import ALL_DESCRIPTIONS
+
     if stat is not None and stat not in survey.statistics:
         raise ValueError(f"unknown statistic {stat!r}; choose from {', '.join(survey.statistics)}")
     sizes = f"{counted(survey.num_layers, 'layer')} × {counted(survey.num_heads, 'head')}"
@@ -332,6 +340,8 @@ def _role_grid(survey: HeadSurvey) -> list[str]:
 
 
 def _value_grid(survey: HeadSurvey, stat: str) -> list[str]:
+    from attnkit.inspect.survey import ALL_DESCRIPTIONS
+
     values = survey.statistics[stat]
     rows = [[str(layer), *(f"{v:.2f}" for v in row)] for layer, row in enumerate(values.tolist())]
     return [

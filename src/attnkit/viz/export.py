@@ -15,12 +15,15 @@ import json
 import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from attnkit.inspect.interventions import InterventionEffects
-from attnkit.inspect.maps import AttentionMap
-from attnkit.inspect.survey import ALL_DESCRIPTIONS, HeadSurvey
 from attnkit.viz.files import write_text_atomic
+
+if TYPE_CHECKING:
+    # Imported where they are needed: writing one map reaches neither.
+    from attnkit.inspect.interventions import InterventionEffects
+    from attnkit.inspect.maps import AttentionMap
+    from attnkit.inspect.survey import HeadSurvey
 
 PICTURE_FORMATS = ("png", "svg")
 
@@ -364,6 +367,8 @@ def write_survey(
     Raises:
         ImportError: matplotlib is missing and a picture was asked for.
     """
+    from attnkit.inspect.survey import ALL_DESCRIPTIONS
+
     stem = f"{file_stem(survey.model)}_heads"
     written = []
     pictures = [f for f in formats if f in PICTURE_FORMATS]
