@@ -24,9 +24,13 @@ def train(capsys, *argv):
 
 def test_a_tiny_reverse_run_writes_metrics_heatmap_and_checkpoint(capsys, tmp_path) -> None:
     threads = torch.get_num_threads()
-    code, out, err = train(capsys, "--task", "reverse", "--out", str(tmp_path), *TINY)
-    assert code == 0, err
-    assert torch.get_num_threads() == threads  # --threads is undone when the command returns
+    torch.set_num_threads(2)  # not the run's 1 thread, so that undoing it shows
+    try:
+        code, out, err = train(capsys, "--task", "reverse", "--out", str(tmp_path), *TINY)
+        assert code == 0, err
+        assert torch.get_num_threads() == 2  # --threads is undone when the command returns
+    finally:
+        torch.set_num_threads(threads)
     assert "reverse: encoder-decoder, 1+1 layers, d_model 16, 2 heads, ff 32; 20 steps of 8 on cpu (1 thread)" in out
     assert "held-out exact match:" in out and "anti-diagonal alignment" in out and "best head: layer 0, head" in out
     for name in ("metrics.json", "cross_attention.png", "checkpoint.pt"):

@@ -1,12 +1,16 @@
 """The Hugging Face references on the same weights as our models (``smollm2`` and
-``minilm``, in the root conftest), each loaded once per session from the attnkit cache."""
+``minilm``, in the root conftest), each loaded once per session from the attnkit cache, and
+the tiny random checkpoints of the decoder families, each written once per session."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.models.tiny_families import write_tiny_family
 
 # The references must never reach for the network: everything is in the attnkit cache.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,3 +39,19 @@ def hf_minilm(minilm_path: Path):
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModel.from_pretrained(minilm_path, attn_implementation="eager").eval()
     return model, transformers.AutoTokenizer.from_pretrained(minilm_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_family_folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``tiny_family_folder(case)``: the folder of the tiny random checkpoint of ``case`` (a
+    key of ``tests.models.tiny_families.CASES``), named after the case and written by
+    transformers the first time a test asks for it. Tests read these folders and never
+    change them (a test that does copies the folder first)."""
+    root = tmp_path_factory.mktemp("tiny-families")
+
+    def folder(case: str) -> Path:
+        if not (root / case).exists():
+            write_tiny_family(case, root / case)
+        return root / case
+
+    return folder

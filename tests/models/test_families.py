@@ -4,21 +4,22 @@ greedy generation with the KV cache."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from attnkit import models
-from tests.models.tiny_families import CASES, TEXT_LENGTH, VOCAB, write_tiny_family
+from tests.models.tiny_families import CASES, TEXT_LENGTH, VOCAB
 
 transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def tiny(request, tmp_path_factory) -> tuple[str, Path]:
+def tiny(request, tiny_family_folder) -> tuple[str, Path]:
     """``(case, folder)`` of one family's tiny checkpoint."""
-    return request.param, write_tiny_family(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, tiny_family_folder(request.param)
 
 
 def _hf(folder: Path):
@@ -83,10 +84,10 @@ def test_models_families_lists_every_family(capsys) -> None:
 
 
 @pytest.mark.parametrize("case", ["qwen2", "gemma2"])  # two stand for all: the commands only see a Model
-def test_commands_take_a_family_folder(case, capsys, tmp_path, monkeypatch) -> None:
+def test_commands_take_a_family_folder(case, capsys, tmp_path, monkeypatch, tiny_family_folder) -> None:
     from attnkit.cli import main
 
-    folder = write_tiny_family(case, tmp_path / f"tiny-{case}")
+    folder = Path(shutil.copytree(tiny_family_folder(case), tmp_path / f"tiny-{case}"))
     monkeypatch.chdir(tmp_path)
     assert main(["generate", "w1 w2 w3", "--model", str(folder), "--max-new-tokens", "3"]) == 0
     assert len(capsys.readouterr().out.split()) == 3

@@ -13,7 +13,7 @@ from torch import nn
 from attnkit import models
 from attnkit.inspect import interventions, methods
 from tests.models.test_analysis import assert_close_to_scale, hf_value_weighted
-from tests.models.tiny_families import CASES, write_tiny_family
+from tests.models.tiny_families import CASES
 
 transformers = pytest.importorskip("transformers")
 
@@ -22,9 +22,9 @@ TARGET = "w5"
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def pair(request, tmp_path_factory):
+def pair(request, tiny_family_folder):
     """``(attnkit model, transformers model with eager attention)`` of one family."""
-    folder = write_tiny_family(request.param, tmp_path_factory.mktemp(request.param))
+    folder = tiny_family_folder(request.param)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     return models.load(folder), hf
 

@@ -12,7 +12,7 @@ from attnkit import models
 from attnkit.cli import main
 from attnkit.serve import create_app
 from attnkit.viz.viewer import ViewerData
-from tests.models.tiny_families import CASES, write_tiny_family
+from tests.models.tiny_families import CASES
 from tests.viz.test_viewer_html import page_parts
 
 pytest.importorskip("transformers")
@@ -21,9 +21,8 @@ TEXT = "w3 w17 w5 w99 w42 w8 w61 w23 w70 w1"  # longer than the sliding windows 
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("families")
-    return {case: str(write_tiny_family(case, root / case)) for case in sorted(CASES)}
+def folders(tiny_family_folder) -> dict[str, str]:
+    return {case: str(tiny_family_folder(case)) for case in sorted(CASES)}
 
 
 def _assert_every_map_equals_run(section, model) -> None:

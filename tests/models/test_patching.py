@@ -11,7 +11,7 @@ import torch
 
 from attnkit import models
 from attnkit.inspect import interventions
-from tests.models.tiny_families import CASES, write_tiny_family
+from tests.models.tiny_families import CASES
 
 pytest.importorskip("transformers")
 
@@ -24,13 +24,13 @@ ATOL = 1e-4
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def family(request, tmp_path_factory):
-    return models.load(write_tiny_family(request.param, tmp_path_factory.mktemp(request.param)))
+def family(request, tiny_family_folder):
+    return models.load(tiny_family_folder(request.param))
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return models.load(write_tiny_family("llama_linear", tmp_path_factory.mktemp("llama")))
+def llama(tiny_family_folder):
+    return models.load(tiny_family_folder("llama_linear"))
 
 
 def _logit_diff(model):
@@ -205,8 +205,8 @@ def test_missing_tokens_lengths_and_metric_functions_are_refused(llama, minilm):
         interventions.activation_patching(minilm, "The cat sat.", "The dog sat.", metric="log-p")
 
 
-def test_a_component_the_layers_lack_is_refused(tmp_path):
-    parallel = models.load(write_tiny_family("gpt_neox", tmp_path / "gpt_neox"))
+def test_a_component_the_layers_lack_is_refused(tiny_family_folder):
+    parallel = models.load(tiny_family_folder("gpt_neox"))
     with pytest.raises(ValueError, match=r"the layers of gpt_neox have no 'resid_mid' \(layer 0 has resid_pre, "):
         interventions.activation_patching(
             parallel, CLEAN, CORRUPT, by="position", component="resid_mid", target=TARGET, wrong=WRONG
