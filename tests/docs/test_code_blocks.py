@@ -272,9 +272,46 @@ def run_make(target: str, env: dict[str, str]) -> list[tuple[list[str], int, str
     return results
 
 
-# Commands that train for minutes and appear on several pages run once per session.
-RUN_ONCE = ("attnkit train --task reverse --out runs/reverse",)
+# Commands that appear on several pages and read no file that an earlier command of their
+# block wrote run once per session; the output of the first run stands for the others.
+RUN_ONCE = (
+    "attnkit train --task reverse --out runs/reverse",
+    'attnkit heads "The animal didn\'t cross the road because it was too tired." --from it --to animal',
+)
+# Those that train for minutes run in a process of their own, started when the session
+# starts (tests/docs/conftest.py): they train on one core while the other tests run.
+RUN_IN_BACKGROUND = ("attnkit train --task reverse --out runs/reverse",)
 _ran_once: dict[str, tuple[int, str]] = {}
+_running: dict[str, subprocess.Popen[str]] = {}
+
+
+def start_in_background(blocks: list[Block], where: Path) -> None:
+    """Start each command of :data:`RUN_IN_BACKGROUND` that ``blocks`` run as its own process
+    in ``where``: ``python -u -m attnkit ...``, stdout and stderr in one pipe, in the order
+    printed, as a terminal shows them."""
+    for command in RUN_IN_BACKGROUND:
+        if command in _running or not any(command in " ".join(block.text.split()) for block in blocks):
+            continue
+        env, words = split_command(command)
+        assert words[0] == "attnkit", command
+        _running[command] = subprocess.Popen(
+            [sys.executable, "-u", "-m", "attnkit", *words[1:]],
+            cwd=where,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+
+def stop_background() -> None:
+    """Stop what :func:`start_in_background` started and no test waited for."""
+    for process in _running.values():
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+    _running.clear()
+
 
 # Model folders that several blocks of a page read, made once per session: by a documented
 # command (run as the page shows it, its output kept for the block that shows it), or by
@@ -314,7 +351,10 @@ def run_command(line: str) -> tuple[int, str]:
     """One documented command: its exit status and output."""
     command = " ".join(line.split("#")[0].split())  # as one line, however the page wraps it
     if command in RUN_ONCE or command in _ran_once:
-        if command not in _ran_once:
+        if command not in _ran_once and command in _running:
+            printed, _ = _running[command].communicate(timeout=1800)
+            _ran_once[command] = _running.pop(command).returncode, printed
+        elif command not in _ran_once:
             _ran_once[command] = _run_command(command)
         return _ran_once[command]
     return _run_command(line)
