@@ -825,13 +825,30 @@ def linear_markdown(data: dict) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = arguments()
-    args = parser.parse_args(argv)
-    dtypes = args.dtypes.split(",")
+def parse_dtypes(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The names of ``--dtypes`` (comma-separated), each one of :data:`DTYPES`, or the
+    parser's error."""
+    dtypes = text.split(",")
     unknown = [name for name in dtypes if name not in DTYPES]
     if unknown:
         parser.error(f"--dtypes takes {', '.join(DTYPES)}, got {', '.join(unknown)}")
+    return dtypes
+
+
+def write_results_to(out_dir: Path, name: str, data: dict, markdown_text: str) -> None:
+    """``NAME.json`` (with the environment) and ``NAME.md`` in ``out_dir`` (a script's
+    ``--out``), in place of ``benchmarks/results``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(
+        json.dumps({"environment": environment(), **data}, indent=2, default=str) + "\n"
+    )
+    (out_dir / f"{name}.md").write_text(markdown_text + "\n")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = arguments()
+    args = parser.parse_args(argv)
+    dtypes = parse_dtypes(parser, args.dtypes)
     lengths_arg = args.lengths or ("1024" if args.quick else LINEAR_LENGTHS)
     try:
         lengths = [int(x) for x in lengths_arg.split(",")]
@@ -875,11 +892,7 @@ def main(argv: list[str] | None = None) -> dict:
             if out_dir is None:
                 write_results(name, part, render(part), update_docs=args.update_docs)
                 continue
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / f"{name}.json").write_text(
-                json.dumps({"environment": environment(), **part}, indent=2, default=str) + "\n"
-            )
-            (out_dir / f"{name}.md").write_text(render(part) + "\n")
+            write_results_to(out_dir, name, part, render(part))
 
     def in_time(what: str, part: dict) -> bool:
         if time.perf_counter() > deadline:

@@ -59,8 +59,15 @@ import torch  # noqa: E402
 
 import attnkit  # noqa: E402
 from attnkit.functional import linear_fused, linear_triton  # noqa: E402
-from benchmarks.bench_gpu import DTYPES, first_call, gpu_time, with_backward  # noqa: E402
-from benchmarks.common import environment, markdown_table, write_results  # noqa: E402
+from benchmarks.bench_gpu import (  # noqa: E402
+    DTYPES,
+    first_call,
+    gpu_time,
+    parse_dtypes,
+    with_backward,
+    write_results_to,
+)
+from benchmarks.common import markdown_table, write_results  # noqa: E402
 
 
 def default_setting(dtype: torch.dtype) -> dict:
@@ -183,10 +190,7 @@ def markdown(data: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = arguments()
     args = parser.parse_args(argv)
-    dtypes = args.dtypes.split(",")
-    unknown = [name for name in dtypes if name not in DTYPES]
-    if unknown:
-        parser.error(f"--dtypes takes {', '.join(DTYPES)}, got {', '.join(unknown)}")
+    dtypes = parse_dtypes(parser, args.dtypes)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("tune_linear_kernel: no CUDA device here; nothing measured (run it on a machine with a GPU)")
         return {}
@@ -202,11 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.out is None:
             write_results("linear_tune", data, markdown(data), update_docs=args.update_docs)
         else:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "linear_tune.json").write_text(
-                json.dumps({"environment": environment(), **data}, indent=2, default=str) + "\n"
-            )
-            (args.out / "linear_tune.md").write_text(markdown(data) + "\n")
+            write_results_to(args.out, "linear_tune", data, markdown(data))
     return data
 
 
