@@ -22,10 +22,12 @@ fetched first if needed.
 heads of 64 dims (4 key/value heads where the family groups them), vocabulary 32000, the
 family's other settings at transformers' defaults. One thread; prefill of 512 random
 tokens (last-position logits) and greedy decoding of 32 tokens after 16, attnkit against
-transformers with sdpa attention, interleaved in one run. Times are the CPU time of the one
-thread (``time.thread_time``): on a shared machine, the time the thread waits for a core is
-not the model's. ``--family all`` measures every family and writes the table to
-``benchmarks/results/models_families.md``.
+transformers with sdpa attention, interleaved in one run: 15 rounds (``REPEAT=N`` for
+another number), each running both back to back. A ratio is the median of the rounds' ratios
+(:func:`benchmarks.common.paired_ratio`), the times shown are medians. Times are the CPU
+time of the one thread (``time.thread_time``): on a shared machine, the time the thread
+waits for a core is not the model's. ``--family all`` measures every family and writes the
+table to ``benchmarks/results/models_families.md``, with every round's times in the JSON.
 """
 
 from __future__ import annotations
@@ -82,7 +84,14 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-from benchmarks.common import interleaved_times, markdown_table, matmul_gflops, write_results  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    interleaved_samples,
+    interleaved_times,
+    markdown_table,
+    matmul_gflops,
+    paired_ratio,
+    write_results,
+)
 
 PREFILL = 1024
 NEW_TOKENS = 32
@@ -258,7 +267,7 @@ def bench_family(family: str, repeat: int) -> dict:
         error = ((ours_last - theirs_last).abs().max() / theirs_last.abs().max()).item()
         tokens = list(ours.generate_ids(prompt, max_new_tokens=NEW_TOKENS))
         assert tokens == generate_hf(), "attnkit and transformers generate different tokens"
-        prefill = interleaved_times(
+        prefill = interleaved_samples(
             {
                 "attnkit": lambda: module.logits(module.hidden_states(ids)[:, -1]),
                 "hf_sdpa": lambda: hf(ids, use_cache=False, logits_to_keep=1),
@@ -266,7 +275,7 @@ def bench_family(family: str, repeat: int) -> dict:
             repeat=repeat,
             clock=time.thread_time,
         )
-        decode = interleaved_times(
+        decode = interleaved_samples(
             {
                 "attnkit": lambda: list(ours.generate_ids(prompt, max_new_tokens=NEW_TOKENS)),
                 "hf_sdpa": generate_hf,
@@ -281,10 +290,11 @@ def bench_family(family: str, repeat: int) -> dict:
         "decode_new_tokens": NEW_TOKENS,
         "transformers_attention": implementation,
         "prefill_relative_logit_difference": error,
-        "prefill_s": prefill,
-        "decode_tokens_per_s": {k: NEW_TOKENS / t for k, t in decode.items()},
-        "prefill_ratio_vs_sdpa": prefill["hf_sdpa"] / prefill["attnkit"],
-        "decode_ratio_vs_sdpa": decode["hf_sdpa"] / decode["attnkit"],
+        "prefill_s": {k: statistics.median(ts) for k, ts in prefill.items()},
+        "decode_tokens_per_s": {k: NEW_TOKENS / statistics.median(ts) for k, ts in decode.items()},
+        "prefill_ratio_vs_sdpa": paired_ratio(prefill["hf_sdpa"], prefill["attnkit"]),
+        "decode_ratio_vs_sdpa": paired_ratio(decode["hf_sdpa"], decode["attnkit"]),
+        "samples_s": {"prefill": prefill, "decode": decode},
     }
 
 
@@ -351,13 +361,15 @@ def bench_families(families: list[str], repeat: int, *, update_docs: bool = Fals
             f"A random checkpoint of each family written by `transformers` (12 layers, hidden size 768, "
             f"vocabulary 32000), float32, one thread, attnkit against transformers with sdpa attention (eager where transformers has no sdpa path "
             f"for the family); "
-            f"medians of {repeat} interleaved rounds of the thread's CPU time. Prefill: {FAMILY_PREFILL} "
+            f"{repeat} interleaved rounds of the thread's CPU time, each running both back to back; a ratio is "
+            f"the median of the rounds' ratios, a time the median of its rounds. Prefill: {FAMILY_PREFILL} "
             f"random tokens, last-position logits. Decoding: {NEW_TOKENS} greedy tokens after "
             f"{FAMILY_PROMPT}, the same tokens in both. A ratio above 1 means attnkit is faster.\n\n"
             + table
             + f"\n\nThe machine's load (1-minute load average, {os.cpu_count()} cores): "
-            f"{load['start']:.1f} at the start, {load['end']:.1f} at the end. On a shared machine a ratio "
-            "moves by about ±0.1 between runs: within that band of 1, it is a tie."
+            f"{load['start']:.1f} at the start, {load['end']:.1f} at the end. On this shared machine, a "
+            "window of 15 rounds moved such a ratio by about ±0.02 (one standard deviation) between "
+            "windows of 40 rounds of the same code."
         )
         write_results("models_families", data, markdown, update_docs=update_docs)
     return data
@@ -375,10 +387,11 @@ def _write_word_tokenizer(path: Path, words: list[str]) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = arguments()
     args = parser.parse_args(argv or [])
-    repeat = int(os.environ.get("REPEAT", "5"))
     if args.family:
+        repeat = int(os.environ.get("REPEAT", "15"))
         families = sorted(_FAMILY_CONFIGS) if args.family == "all" else [args.family]
         return bench_families(families, repeat, update_docs=args.update_docs)
+    repeat = int(os.environ.get("REPEAT", "5"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     default_threads = torch.get_num_threads()
     threads = sorted({int(n) for n in os.environ.get("THREADS", f"1,{default_threads}").split(",")})

@@ -19,6 +19,7 @@ from attnkit.nn import (
     PackedLinears,
     pack_projections,
 )
+from attnkit.nn.packing import PACKED_ROWS
 from tests.nn.helpers import assert_close
 
 V, E, H = 23, 16, 4
@@ -42,7 +43,7 @@ def test_packed_model_computes_the_same_with_the_same_parameters() -> None:
     assert attn._packed.sizes == (E, E // 2, E // 2)
     tokens = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        assert attn._packed.usable()
+        assert attn._packed.usable(torch.zeros(2, 1, E))  # a decoding step of two sequences
         assert_close(packed(tokens), plain(tokens))
         cache_plain, cache_packed = plain.new_cache(capacity=7), packed.new_cache(capacity=7)
         for i in range(7):
@@ -72,12 +73,30 @@ def test_replaced_or_converted_parameters_fall_back_to_separate_products() -> No
     ff = packed.decoder.layers[1].ff
     ff.up_proj.weight = nn.Parameter(ff.up_proj.weight.detach() * 2)
     with torch.no_grad():
-        assert not ff._packed.usable()
+        assert not ff._packed.usable(torch.zeros(1, 1, E))
         plain.decoder.layers[1].ff.up_proj.weight.mul_(2)
         assert_close(packed(tokens), plain(tokens))
         wide = packed.double()
-        assert not wide.decoder.layers[0].self_attn._packed.usable()
+        assert not wide.decoder.layers[0].self_attn._packed.usable(torch.zeros(1, 1, E, dtype=torch.float64))
         assert_close(wide(tokens).float(), plain(tokens))
+
+
+def test_a_prompt_runs_the_separate_products() -> None:
+    _, packed = _pair(**LLAMA_LIKE)
+    attn, ff = packed.decoder.layers[0].self_attn, packed.decoder.layers[0].ff
+    with torch.no_grad():
+        assert attn._packed.usable(torch.zeros(1, PACKED_ROWS, E))
+        assert not attn._packed.usable(torch.zeros(1, PACKED_ROWS + 1, E))
+        assert not ff._packed.usable(torch.zeros(PACKED_ROWS + 1, 1, E))
+        products = []
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: products.append(m))
+        try:
+            packed(torch.zeros(1, 5, dtype=torch.long))
+        finally:
+            handle.remove()
+    # The separate linears ran: q, k, v and gate, up, down in each of the two layers, and
+    # the output projections.
+    assert sum(isinstance(m, nn.Linear) for m in products) == 2 * (4 + 3) + 1
 
 
 def test_bert_style_projections_with_biases() -> None:

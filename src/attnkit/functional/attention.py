@@ -288,7 +288,7 @@ def reference_attention(
     if bias is not None:
         scores = scores + bias.to(scores.dtype)  # the bias takes the scores' dtype, as in every engine
     if edit_scores is not None:
-        masked = scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
+        masked = scores if allowed is None else torch.where(allowed, scores, float("-inf"))
         edited = edit_scores(masked)
         if edited is not masked:
             # The edit saw the mask applied (-inf): what it returns is taken as it is.

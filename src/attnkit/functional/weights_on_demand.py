@@ -132,7 +132,7 @@ def iter_weights_on_demand(
             s = s + _take(bias4, head_idx, r, cols)
         allowed = _allowed(mask_obj, dense, head_idx, r, cols, s_k - s_q)
         if allowed is not None:
-            s = s.masked_fill(~allowed, float("-inf"))
+            s = torch.where(allowed, s, float("-inf"))
         return s
 
     for start in range(0, row_idx.numel(), chunk_size):

@@ -12,8 +12,8 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
   :class:`LearnedPositionalEmbedding`, :class:`RotaryEmbedding`, :class:`ALiBi`,
   :class:`RelativePositionBias`.
 - Building blocks: :class:`RMSNorm`, :class:`FeedForward`, :class:`KVCache`,
-  :func:`pack_projections` (one matrix product for q/k/v and for SwiGLU's gate/up at
-  inference).
+  :func:`pack_projections` (one matrix product for q/k/v and for SwiGLU's gate/up in
+  a decoding step).
 - Transformers: :class:`EncoderLayer`, :class:`DecoderLayer` (from a :class:`LayerConfig`),
   :class:`Encoder`, :class:`Decoder`, :class:`Transformer` (a :class:`TransformerConfig`),
   :class:`DecoderLM` (a :class:`DecoderLMConfig`), :class:`EncoderDecoderLM` (over token

@@ -427,7 +427,7 @@ class MultiHeadAttention(nn.Module):
             ``q [b, h, s, d]``, ``k [b, h_kv, s, d]``, ``v [b, h_kv, s, d]``.
         """
         h, h_kv = self.num_heads, self.num_kv_heads
-        if self._packed is not None and self._packed.usable():
+        if self._packed is not None and self._packed.usable(x):
             qkv = self._split_heads(self._packed(x), h + 2 * h_kv)  # [b, h + 2 h_kv, s, d]
             if self.q_norm is None and self.k_norm is None:
                 # Queries and keys side by side: one rotation pass for both.

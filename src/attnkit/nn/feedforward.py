@@ -112,7 +112,7 @@ class FeedForward(nn.Module):
             ``[..., e]``.
         """
         up: Tensor | None = None
-        if self._packed is not None and self._packed.usable():
+        if self._packed is not None and self._packed.usable(x):
             pre, up = self._packed(x).chunk(2, dim=-1)  # [..., f] each: gate, up
         elif self.gate_proj is not None:
             pre, up = self.gate_proj(x), self.up_proj(x)  # [..., f] each

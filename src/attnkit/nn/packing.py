@@ -9,10 +9,16 @@ its parallel region. Attention's query/key/value projections become one product,
 SwiGLU's gate and up projections. The result is bit-identical: each output row of a
 matrix product depends only on its own weight row.
 
+Only for a few rows: the outputs of one product are strided views of its result, and the
+element-wise operations that follow (the gate's activation and product, the rotation) run
+slower on strided views. Measured on a CPU with one and two threads, from 4 rows on the
+separate products are faster (by 5–20%); over a prompt of 512 tokens the packed path cost
+about 3% of a LLaMA-style prefill.
+
 The linears keep their parameters (same names, same ``state_dict``), which become views of
 the packed matrix: in-place updates (``load_state_dict``, optimisers) reach both. The
-packed product stands in for the linears only while no gradient is recorded and while the
-parameters are still those views; replacing a parameter, or converting the module with
+packed product stands in for the linears only on a few rows, while no gradient is recorded
+and while the parameters are still those views; replacing a parameter, or converting the module with
 ``.to(dtype)``, silently returns to the separate products.
 """
 
@@ -24,6 +30,10 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+PACKED_ROWS = 2
+"""The most input rows (tokens times batch) for which the packed product stands in: a
+decoding step of one or two sequences."""
 
 
 class PackedLinears:
@@ -75,10 +85,11 @@ class PackedLinears:
                 view = getattr(lin, name)
                 self._views.append((lin, name, view, view.data_ptr()))
 
-    def usable(self) -> bool:
-        """Whether the packed product may stand in for the linears now: no gradient is
-        being recorded and every parameter is still the view made at packing time."""
-        if torch.is_grad_enabled():
+    def usable(self, x: Tensor) -> bool:
+        """Whether the packed product stands in for the linears on ``x [..., e]`` now: ``x``
+        has at most :data:`PACKED_ROWS` rows, no gradient is being recorded and every
+        parameter is still the view made at packing time."""
+        if torch.is_grad_enabled() or x.numel() > PACKED_ROWS * x.shape[-1]:
             return False
         # Checked once per layer and decoding step: one lookup and one address per parameter.
         for linear, name, view, pointer in self._views:
