@@ -636,9 +636,12 @@ class MultiHeadAttention(nn.Module):
 
 
 def _softcapped_scores(q: Tensor, k: Tensor, *, scale: float, softcap: float) -> Tensor:
-    """``softcap · tanh(q·k · scale / softcap)``, ``[b, h, s_q, s_k]``, in the order of
-    operations of Gemma 2."""
-    return torch.tanh(dot_scores(q, k) * scale / softcap) * softcap
+    """``softcap · tanh(q·k · scale / softcap)``, ``[b, h, s_q, s_k]``.
+
+    The queries take ``scale / softcap`` before the product: one pass over ``[b, h, s_q, d]``
+    instead of two over ``[b, h, s_q, s_k]`` (Gemma 2 scales and divides the scores; the
+    results differ from its order of operations in the last bits only)."""
+    return torch.tanh(dot_scores(q * (scale / softcap), k)) * softcap
 
 
 def _with_window(mask: Mask | Tensor | None, window: int, s_q: int, s_k: int) -> Mask | Tensor:
