@@ -368,8 +368,8 @@ def bench_families(families: list[str], repeat: int, *, update_docs: bool = Fals
             + table
             + f"\n\nThe machine's load (1-minute load average, {os.cpu_count()} cores): "
             f"{load['start']:.1f} at the start, {load['end']:.1f} at the end. On this shared machine, a "
-            "window of 15 rounds moved such a ratio by about ±0.02 (one standard deviation) between "
-            "windows of 40 rounds of the same code."
+            "ratio over 15 rounds stayed within about ±0.02 (one standard deviation) across the windows "
+            "of a 40-round run of the same code."
         )
         write_results("models_families", data, markdown, update_docs=update_docs)
     return data
