@@ -103,7 +103,7 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     :func:`interleaved_samples`.
 
     Why not the ratio of the two medians: on a shared machine the same work runs 10–15%
-    slower for spells of a few seconds (the memory bus is shared with other work). The two
+    slower for spells of a few seconds. The two
     times of one round are taken back to back, so a spell mostly falls on both sides of a
     round's ratio, while each median alone keeps it. Measured over 40 rounds of a 12-layer
     model's prefill, 15 rounds gave ratios that moved by 0.010 (standard deviation) between

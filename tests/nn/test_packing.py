@@ -94,8 +94,8 @@ def test_a_prompt_runs_the_separate_products() -> None:
             packed(torch.zeros(1, 5, dtype=torch.long))
         finally:
             handle.remove()
-    # The separate linears ran: q, k, v and gate, up, down in each of the two layers, and
-    # the output projections.
+    # The separate linears ran: q, k, v and the output projection, gate, up and down, in
+    # each of the two layers, and the head.
     assert sum(isinstance(m, nn.Linear) for m in products) == 2 * (4 + 3) + 1
 
 

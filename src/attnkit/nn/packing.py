@@ -18,8 +18,8 @@ about 3% of a LLaMA-style prefill.
 The linears keep their parameters (same names, same ``state_dict``), which become views of
 the packed matrix: in-place updates (``load_state_dict``, optimisers) reach both. The
 packed product stands in for the linears only on a few rows, while no gradient is recorded
-and while the parameters are still those views; replacing a parameter, or converting the module with
-``.to(dtype)``, silently returns to the separate products.
+and while the parameters are still those views; replacing a parameter, or converting the
+module with ``.to(dtype)``, silently returns to the separate products.
 """
 
 from __future__ import annotations
