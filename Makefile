@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test check bench clean
+.PHONY: install demo test test-fast check bench clean
 
 install: $(STAMP)
 
@@ -26,9 +26,16 @@ demo: $(STAMP)
 
 # The browser and font tests drive Debian packages: tools/system-packages installs them
 # (as root or with sudo) or stops with the command that does.
+# The whole suite; the 25 slowest tests are listed at the end so that growth is seen.
 test: $(STAMP)
 	tools/system-packages
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
+
+# The loop to run while developing: every test not marked slow (real models, training,
+# several processes, browsers), in under two minutes on two cores.
+test-fast: $(STAMP)
+	tools/system-packages
+	$(BIN)/python -m pytest -m "not slow"
 
 # Lint and format (ruff), types (mypy) and the documentation site with its API reference,
 # warnings as errors (site in build/site). CI runs it before the tests.
