@@ -27,6 +27,21 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+# A test that asks for one of these is slow whatever its own work: a real checkpoint is fetched,
+# converted or loaded (seconds even when cached), a browser is started. ``make test-fast``
+# (``-m "not slow"``) leaves such tests out; tests slow for other reasons carry the marker
+# themselves.
+SLOW_FIXTURES = frozenset(
+    {"smollm2", "smollm2_path", "minilm", "minilm_path", "hf_smollm2", "hf_smollm2_sdpa", "hf_minilm", "browser"}
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def _fetch(name: str) -> Path:
     from attnkit import models
 
