@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 import math
-import os
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,19 +19,7 @@ from torch import Tensor, nn
 
 from attnkit.functional.indices import normalize_indices, select_indices
 from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
-from attnkit.models.checkpoint import (
-    CheckpointError,
-    load_tensors,
-    materialize_buffers,
-    read_config,
-    read_headers,
-    read_manifest,
-    resolve,
-    verify_manifest,
-    weight_files,
-)
 from attnkit.models.encoder_decoder import Seq2SeqRun, run_seq2seq
-from attnkit.models.families import FAMILIES, unsupported_model_type
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 from attnkit.nn import (
@@ -821,75 +806,6 @@ class Model:
         return select_indices(selection, self.num_layers, "layer", context=f"{self.name} has {self.num_layers} layers")
 
 
-def load(
-    name_or_path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-) -> Model:
-    """Load a fetched model by name, or a local Hugging Face folder, onto attnkit modules.
-
-    The folder must hold ``config.json`` (a ``model_type`` of
-    :data:`attnkit.models.families.FAMILIES`), safetensors weights (sharded too, with
-    ``model.safetensors.index.json``) and ``tokenizer.json``. Each safetensors header is checked against
-    its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
-    fetch time. Weights are memory-mapped and become the parameters without copies or
-    random initialisation.
-
-    Args:
-        name_or_path: ``"smollm2"``, ``"minilm"``, or a folder.
-        dtype: floating dtype of the weights.
-        device: where to put them.
-
-    Returns:
-        A :class:`Model` in evaluation mode.
-
-    Raises:
-        ModelNotFound: a known model not fetched yet (the message names
-            ``attnkit models fetch NAME``), or neither a known name nor a folder.
-        CheckpointError: a corrupt, truncated, crafted or unsupported checkpoint (a
-            ``ValueError`` whose message names the file and the field at fault): sizes in
-            ``config.json`` beyond :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, weights
-            that do not fit the configuration, a tokenizer with more ids than the embedding
-            has rows. All of it is checked before any module is built.
-        ValueError: a missing ``config.json`` or weights.
-        TypeError: a non-floating ``dtype``.
-    """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    name, folder = resolve(name_or_path)
-    manifest = read_manifest(folder)
-    if manifest is not None:
-        verify_manifest(folder, manifest, name)
-    hf_config = read_config(folder)
-    model_type = hf_config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise CheckpointError(folder / "config.json", unsupported_model_type(model_type), field="model_type")
-    family = FAMILIES[model_type]
-    files = weight_files(folder)
-    # Everything the folder says is compared before any weight is read, and the module is
-    # built on the ``meta`` device (no storage), so that a crafted config.json cannot make
-    # this allocate more than the weights themselves.
-    headers = read_headers(files)
-    config = family.read_config(hf_config, path=folder / "config.json")
-    module = family.build(config)
-    _check_weights_fit(module, family, config, headers, folder)
-    eos = family.eos_token_ids(config, folder)
-    tokenizer_path = folder / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(
-            tokenizer_path,
-            f"has {tokenizer.vocab_size} token ids, but the model's embedding has "
-            f"vocab_size={config.vocab_size} rows (config.json)",
-            field="vocab_size",
-        )
-    tensors = load_tensors(files, dtype=dtype)
-    state, _ = family.state_dict_from_hf(tensors, config)
-    module.load_state_dict(state, strict=True, assign=True)
-    materialize_buffers(module)
-    family.finish(module, config)
-    module = module.to(device).eval()
-    return Model(name=name, architecture=family, path=folder, config=config, module=module, tokenizer=tokenizer)
-
-
 @dataclass(frozen=True)
 class _BatchRows:
     """Where one input's results lie in a batch's: the family's output, the logits (or
@@ -931,78 +847,3 @@ def _padded(rows: Sequence[Tensor], length: int, side: str) -> tuple[Tensor, Ten
         ids[row, own] = tokens
         padding[row, own] = True
     return ids, padding
-
-
-_LAYER_INDEX = re.compile(r"^(\w+)\.layers\.(\d+)\.")
-
-
-def _layer_counts(state: Mapping[str, Any]) -> dict[str, int]:
-    """The number of layers of each stack (``encoder``, ``decoder``) that attnkit keys of a
-    state dict name."""
-    indices: dict[str, set[int]] = {}
-    for key in state:
-        if match := _LAYER_INDEX.match(key):
-            indices.setdefault(match.group(1), set()).add(int(match.group(2)))
-    return {stack: len(found) for stack, found in indices.items()}
-
-
-def _check_weights_fit(
-    module: nn.Module,
-    family: ModelFamily,
-    config: Any,
-    headers: dict[str, tuple[Path, str, list[int]]],
-    folder: Path,
-) -> None:
-    """Check that the tensors the safetensors headers describe are exactly the ones
-    ``module``, the family's build of ``config`` on the ``meta`` device, needs.
-
-    Raises:
-        CheckpointError: a layer count that differs from the weights', missing, unexpected,
-            misshaped or non-floating weights.
-    """
-    where = next(iter(headers.values()))[0] if len({f for f, _, _ in headers.values()}) == 1 else folder
-    expected = module.state_dict()
-    described = {
-        key: torch.empty(shape, dtype=torch.float32 if dtype in _FLOAT_DTYPES else torch.int64, device="meta")
-        for key, (_, dtype, shape) in headers.items()
-    }
-    state, unknown = family.state_dict_from_hf(described, config)
-    # Depth first: the clearest message when config.json and the weights disagree on it.
-    fields = dict(getattr(config, "layer_count_fields", ()))
-    for stack, want in _layer_counts(expected).items():
-        got = _layer_counts(state).get(stack, 0)
-        if got != want:
-            field = fields.get(stack, "num_hidden_layers")
-            raise CheckpointError(
-                folder / "config.json", f"{field} is {want}, but the weights hold {got} layers", field=field
-            )
-    missing = sorted(set(expected) - set(state))
-    if missing or unknown:
-        raise CheckpointError(
-            where,
-            f"the weights do not fit the configuration: missing {_few(missing)}, unexpected {_few(unknown)}",
-            field=(missing or unknown)[0],
-        )
-    # A tensor's name in the file; a piece of a fused tensor goes by attnkit's name.
-    file_name = {id(t): key for key, t in described.items()}
-    wrong = [
-        (file_name.get(id(state[key]), key), list(state[key].shape), list(t.shape))
-        for key, t in expected.items()
-        if state[key].shape != t.shape
-    ]
-    if wrong:
-        shown = [f"{key} is {got}, expected {want}" for key, got, want in wrong]
-        raise CheckpointError(
-            where, f"weights of the wrong shape for config.json's sizes: {_few(shown)}", field=wrong[0][0]
-        )
-    integers = sorted({file_name.get(id(t), key) for key, t in state.items() if not t.is_floating_point()})
-    if integers:
-        raise CheckpointError(where, f"weights must be floating point: {_few(integers)}", field=integers[0])
-
-
-_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
-
-
-def _few(items: list[str], limit: int = 5) -> str:
-    shown = ", ".join(itertools.islice(items, limit))
-    return f"[{shown}{', ...' if len(items) > limit else ''}]" if items else "[]"
