@@ -26,12 +26,13 @@ from attnkit.models.protocol import InspectableModel  # no torch: cheap to impor
 from attnkit.models.registry import MODELS, home
 
 if TYPE_CHECKING:
+    from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT
     from attnkit.models.cache import FetchError, ModelInfo, available, fetch
     from attnkit.models.checkpoint import CheckpointError, ModelNotFound
     from attnkit.models.hub import HubError
     from attnkit.models.loading import load
     from attnkit.models.memory import MemoryEstimateError
-    from attnkit.models.model import ATTENTION_MEMORY_LIMIT, Model, ModelRun, RunStopped
+    from attnkit.models.model import Model, ModelRun, RunStopped
     from attnkit.models.tokenizer import TokenizedText, Tokenizer
 
 # Public name -> the module it comes from, imported on first use: the command line checks a
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
 _LAZY = {
     **dict.fromkeys(("FetchError", "ModelInfo", "available", "fetch"), "attnkit.models.cache"),
     **dict.fromkeys(("CheckpointError", "ModelNotFound"), "attnkit.models.checkpoint"),
-    **dict.fromkeys(("ATTENTION_MEMORY_LIMIT", "Model", "ModelRun", "RunStopped"), "attnkit.models.model"),
+    **dict.fromkeys(("Model", "ModelRun", "RunStopped"), "attnkit.models.model"),
+    "ATTENTION_MEMORY_LIMIT": "attnkit.models.attentions",
     "HubError": "attnkit.models.hub",
     "load": "attnkit.models.loading",
     "MemoryEstimateError": "attnkit.models.memory",

@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT
+from attnkit.nn.hooks import NameFilter, cached_points
 
 # Caps the memory attnkit believes it may use (a size: "8GB", "512MB", or bytes), below
 # what the system reports; for sharing a machine, and for tests.
@@ -131,30 +136,115 @@ def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, positions:
     return 2 * num_layers * num_kv_heads * positions * head_dim * itemsize
 
 
-def activation_bytes(points: Iterable[tuple[int, str]], *, b: int, s: int, h: int, width: int, itemsize: int) -> int:
+@dataclass(frozen=True)
+class Widths:
+    """The sizes an activation per token can have.
+
+    Attributes:
+        h: query heads.
+        h_kv: key/value heads.
+        d: head dim.
+        e: model dim.
+        ffn: the feed-forward hidden dim.
+    """
+
+    h: int
+    h_kv: int
+    d: int
+    e: int
+    ffn: int
+
+
+def activation_bytes(points: Iterable[tuple[int, str]], *, b: int, s: int, widths: Widths, itemsize: int) -> int:
     """An upper bound on the activations a run caches at hook points.
 
     Args:
         points: ``(number of position dimensions, name)`` of every point cached: a point
-            with two (``pattern``, ``scores``) holds ``[b, h, s, s]``; one named
-            ``result`` (each head's output in the model dim) ``[b, s, h, e]``; the others
-            at most ``[b, s, width]``.
+            with two (``pattern``, ``scores``) holds ``[b, h, s, s]``; by the end of its
+            name, ``q``/``z`` ``[b, s, h, d]``, ``k``/``v`` ``[b, s, h_kv, d]``,
+            ``result`` (each head's output in the model dim) ``[b, s, h, e]``, a norm's
+            ``scale`` ``[b, s, 1]``, the residual stream and the blocks' outputs
+            ``[b, s, e]``, any other (the feed-forward's) ``[b, s, max(e, ffn)]``.
         b: the batch size.
         s: the tokens per row.
-        h: query heads.
-        width: the widest activation per token (the largest of the model dim, the
-            feed-forward dim and all heads' queries, keys or values side by side).
+        widths: the model's sizes.
         itemsize: bytes per element in the model's dtype.
     """
+    w = widths
+    per_token = {"q": w.h * w.d, "z": w.h * w.d, "k": w.h_kv * w.d, "v": w.h_kv * w.d, "result": w.h * w.e, "scale": 1}
+    per_token |= dict.fromkeys(("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "embed", "final"), w.e)
     total = 0
     for positions, name in points:
         if positions >= 2:
-            total += b * h * s * s
-        elif name.endswith("result"):
-            total += b * s * h * width
+            total += b * w.h * s * s
         else:
-            total += b * s * width
+            total += b * s * per_token.get(name.rsplit(".", 1)[-1], max(w.e, w.ffn))
     return total * itemsize
+
+
+def run_bytes(
+    model: Any, batches: Sequence[tuple[int, int]], *, weight_layers: int, cache: NameFilter = (), logits: bool = True
+) -> int:
+    """The memory a forward pass of ``model`` hands back: the float32 attention maps of
+    ``weight_layers`` layers (every head: they are computed before heads are selected),
+    the activations ``cache`` asks for, and the float32 logits.
+
+    Args:
+        model: an :class:`attnkit.models.Model` (its heads, config and network).
+        batches: ``(b, s)`` of each batch the pass runs.
+        weight_layers: the layers whose attention maps are returned.
+        cache: the activations kept, as :meth:`attnkit.models.Model.run` takes them.
+        logits: whether logits ``[b, s, v]`` are computed.
+
+    Raises:
+        ValueError: an unknown name in ``cache``.
+    """
+    itemsize = next(model.module.parameters()).dtype.itemsize
+    points = {} if cache == () else cached_points(cache, model.module.hook_points())
+    shapes = [(len(point.positions), name) for point, name in points.items()]
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // model.num_heads
+    widths = Widths(model.num_heads, model.num_kv_heads, head_dim, config.hidden_size, config.intermediate_size)
+    needed = attention_bytes(weight_layers, model.num_heads, batches)
+    for b, s in batches:
+        needed += activation_bytes(shapes, b=b, s=s, widths=widths, itemsize=itemsize)
+        needed += b * s * config.vocab_size * 4 if logits else 0
+    return needed
+
+
+def check_run_memory(
+    model: Any,
+    batches: Sequence[tuple[int, int]],
+    *,
+    weight_layers: int,
+    cache: NameFilter = (),
+    logits: bool = True,
+    on: str,
+    advice: str,
+) -> None:
+    """Refuse a forward pass of ``model`` whose results (:func:`run_bytes`) would not fit,
+    before it runs.
+
+    Args:
+        model: an :class:`attnkit.models.Model`.
+        batches, weight_layers, cache, logits: as :func:`run_bytes` takes them.
+        on: what the pass runs on, for the message (``"3000 tokens"``).
+        advice: what lowers the estimate, for the message.
+
+    Raises:
+        ValueError: attention maps over :data:`ATTENTION_MEMORY_LIMIT`, an unknown name in
+            ``cache``.
+        MemoryEstimateError: a total over :func:`available_memory` on the model's device.
+    """
+    maps = attention_bytes(weight_layers, model.num_heads, batches)
+    if maps > ATTENTION_MEMORY_LIMIT:
+        raise ValueError(
+            f"the attention weights of {weight_layers} layers on {on} take {maps / 2**30:.1f} GiB, over "
+            f"the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; {advice}"
+        )
+    needed = run_bytes(model, batches, weight_layers=weight_layers, cache=cache, logits=logits)
+    parts = "attention maps, cached activations and logits" if cache != () else "attention maps and logits"
+    check_fits(needed, model.device, what=f"the {parts} of {model.name} on {on}", advice=advice)
 
 
 def _system_memory() -> list[tuple[int, str]]:

@@ -18,9 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.indices import normalize_indices, select_indices
-from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
+from attnkit.models.attentions import LayerAttentions
 from attnkit.models.encoder_decoder import Seq2SeqRun, run_seq2seq
 from attnkit.models.family import ModelConfig, ModelFamily
+from attnkit.models.memory import check_fits, check_run_memory, kv_cache_bytes
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 from attnkit.nn import (
     ActivationCache,
@@ -210,8 +211,14 @@ class Model:
         ids, tokens, offsets = self.prepare_input(text_or_ids)
         layers, head_list = self._selection(return_weights, heads)
         s = ids.shape[1]
-        self._check_attention_memory(
-            len(layers), [(1, s)], on=f"{s} tokens", advice="ask for fewer layers or a shorter text"
+        check_run_memory(
+            self,
+            [(1, s)],
+            weight_layers=len(layers),
+            cache=cache,
+            logits=logits,
+            on=f"{s} tokens",
+            advice="ask for fewer layers (--layers), fewer cached activations or a shorter text",
         )
         select_heads = head_list != list(range(self.num_heads))
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
@@ -336,7 +343,15 @@ class Model:
         for i, n in enumerate(lengths):
             groups.setdefault(0 if self.causal else n, []).append(i)
         padded = [(len(group), max(lengths[i] for i in group)) for group in groups.values()]
-        self._check_attention_memory(len(layers), padded, on=f"{len(prepared)} inputs", advice="run fewer at once")
+        check_run_memory(
+            self,
+            padded,
+            weight_layers=len(layers),
+            cache=cache,
+            logits=logits,
+            on=f"{len(prepared)} inputs",
+            advice="run fewer at once",
+        )
         runs: list[ModelRun | None] = [None] * len(prepared)
         points = self.module.hook_points() if cache != () else {}
         with torch.no_grad(), self._stopped_by(stop):
@@ -362,21 +377,6 @@ class Model:
             heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
         )
         return self._layers(return_weights), head_list
-
-    def _check_attention_memory(self, num_layers: int, batches: list[tuple[int, int]], *, on: str, advice: str) -> None:
-        """Refuse a run whose attention weights (float32, every head of ``num_layers``
-        layers, over batches of ``(b, s)``) exceed :data:`ATTENTION_MEMORY_LIMIT`.
-
-        Raises:
-            ValueError: over the limit; the message says what it was ``on`` and the
-                ``advice``.
-        """
-        needed = sum(num_layers * self.num_heads * b * s * s * 4 for b, s in batches)
-        if needed > ATTENTION_MEMORY_LIMIT:
-            raise ValueError(
-                f"the attention weights of {num_layers} layers on {on} take {needed / 2**30:.1f} GiB, over "
-                f"the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; {advice}"
-            )
 
     @contextlib.contextmanager
     def _stopped_by(self, stop: Callable[[], bool] | None) -> Iterator[None]:
@@ -512,6 +512,16 @@ class Model:
             padding = attention_mask.to(self.device).bool()  # [b, s]
         for row in ids:
             self.prepare_input(row)
+        b, s = ids.shape
+        check_run_memory(
+            self,
+            [(b, s)],
+            weight_layers=0,
+            cache=cache,
+            logits=logits,
+            on=f"{b} × {s} tokens",
+            advice="cache fewer activations (names=), fewer or shorter texts",
+        )
         with self.module.hook_session(hooks, cache=cache) as kept:
             hidden = self.architecture.hidden_states(self.module, ids.to(self.device), (), padding).output  # [b, s, e]
             scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
@@ -709,7 +719,21 @@ class Model:
         # A decoder-only model's prompt and continuation share the context; an
         # encoder-decoder's target has the whole context to itself.
         room = self.max_length - (0 if self.encoder_decoder else ids.shape[1])
+        self._check_generation_memory(ids.shape[1], min(max_new_tokens, room))
         return self._generate(context, ids, min(max_new_tokens, room), temperature, top_k, seed)
+
+    def _check_generation_memory(self, prompt: int, budget: int) -> None:
+        """Refuse a generation whose KV cache (every layer's keys and values over the
+        prompt and ``budget`` new tokens) would not fit on the model's device."""
+        head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.num_heads
+        layers = self.num_layers + self.num_decoder_layers
+        itemsize = next(self.module.parameters()).dtype.itemsize
+        check_fits(
+            kv_cache_bytes(layers, self.num_kv_heads, head_dim, prompt + budget, itemsize),
+            self.device,
+            what=f"the KV cache of {self.name} for {prompt} prompt and {budget} new tokens",
+            advice="ask for fewer new tokens (--max-new-tokens) or a shorter prompt",
+        )
 
     def _generate(
         self,
