@@ -341,3 +341,13 @@ def test_the_command_line_refuses_a_missing_name_in_one_line(offline: Path, caps
     assert main(["inspect", "w1 w2", "--model", "tiny-org/absent", "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "tiny-org/absent is not in the Hugging Face cache" in err
+
+
+def test_serve_shows_a_hugging_face_name_whole_and_a_folder_by_its_last_part(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("fastapi")
+    from attnkit.serve.app import public_name
+
+    monkeypatch.chdir(tmp_path)
+    assert public_name(REPO) == REPO
+    (tmp_path / REPO).mkdir(parents=True)
+    assert public_name(REPO) == "tiny-llama"
