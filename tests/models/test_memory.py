@@ -134,3 +134,12 @@ def test_a_generation_whose_kv_cache_does_not_fit_is_refused_at_the_call(smollm2
     with pytest.raises(models.MemoryEstimateError, match=r"the KV cache of smollm2 for 1 prompt and 8191 new tokens"):
         smollm2.generate_ids("Hi", max_new_tokens=10**9)
     assert len(list(smollm2.generate_ids("Hi", max_new_tokens=2))) <= 2
+
+
+def test_a_source_and_target_pass_is_checked_too(tiny_t5, monkeypatch) -> None:
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "1KB")
+    with pytest.raises(
+        models.MemoryEstimateError,
+        match=r"of tiny-t5 on 4 source and 3 target tokens would take about \d+ KiB, more than the 1 KiB",
+    ):
+        tiny_t5.run_seq2seq("the cat sat", "a dog")

@@ -26,6 +26,7 @@ from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
 from attnkit.models.checkpoint import build_without_weights
 from attnkit.models.decoder import eos_token_ids
 from attnkit.models.family import ModelFamily
+from attnkit.models.memory import check_fits
 from attnkit.nn import EncoderDecoderLM, LayerSelection, LayerWeights, MultiHeadAttention, StackOutput
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
@@ -198,6 +199,12 @@ def run_seq2seq(
             f"the attention weights of this source and target take {needed / 2**30:.1f} GiB, over the "
             f"{ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or shorter texts"
         )
+    check_fits(
+        needed + 4 * s_tgt * model.config.vocab_size,
+        model.device,
+        what=f"the attention maps and logits of {model.name} on {s_src} source and {s_tgt} target tokens",
+        advice="ask for fewer layers or shorter texts",
+    )
     start = torch.tensor([[module.decoder_start_token_id]])
     decoder_input_ids = torch.cat((start, target_ids[:, :-1]), dim=1)  # [1, s_tgt]
     select = head_list != list(range(model.num_heads))

@@ -50,8 +50,10 @@ class MemoryEstimateError(ValueError):
 
 
 def gib(size: float) -> str:
-    """A byte count in GiB (or MiB below one GiB), for messages."""
-    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+    """A byte count in GiB (MiB below one GiB, KiB below one MiB), for messages."""
+    if size >= 2**30:
+        return f"{size / 2**30:.1f} GiB"
+    return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
 
 
 def available_memory(device: torch.device | str = "cpu") -> tuple[int, str]:
