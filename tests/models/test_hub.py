@@ -130,7 +130,7 @@ def test_a_name_missing_offline_is_one_line_that_says_how_to_get_it(offline: Pat
     message = str(caught.value)
     assert "\n" not in message
     assert "tiny-org/absent@v3" in message and str(offline) in message
-    assert "HF_HUB_OFFLINE" in message and "huggingface-cli download tiny-org/absent --revision v3" in message
+    assert "HF_HUB_OFFLINE" in message and "hf download tiny-org/absent --revision v3" in message
 
 
 def test_a_revision_missing_offline_is_refused(offline: Path) -> None:
@@ -301,7 +301,7 @@ def test_a_gated_repository_without_a_token_says_how_to_give_one(online: dict) -
         models.load(REPO)
     message = str(caught.value)
     assert "\n" not in message and f"{REPO} is a gated repository" in message
-    assert "HF_TOKEN" in message and "huggingface-cli login" in message
+    assert "HF_TOKEN" in message and "hf auth login" in message
 
 
 def test_hf_token_is_passed_to_the_hub(online: dict, monkeypatch) -> None:

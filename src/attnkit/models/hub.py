@@ -10,7 +10,7 @@ Hugging Face cache (``HF_HUB_CACHE``, or ``HF_HOME/hub``, or ``~/.cache/huggingf
    :func:`wanted_files` are downloaded (configuration, safetensors weights and their
    index, tokenizer files), with ``huggingface_hub``'s progress bars on stderr. Pickled weights (``*.bin``, ``*.pt``,
    ``*.pth``, ``*.ckpt``) are never downloaded: unpickling can run arbitrary code.
-   ``HF_TOKEN`` (or the token ``huggingface-cli login`` saved) opens gated repositories.
+   ``HF_TOKEN`` (or the token ``hf auth login`` saved) opens gated repositories.
 
 The environment is read at each call, not when ``huggingface_hub`` was first imported.
 This module imports neither PyTorch nor ``huggingface_hub`` until a name is resolved.
@@ -119,7 +119,7 @@ def snapshot(name: str, revision: str | None = None) -> Path:
     if cached is not None and (_complete(cached) or offline()):
         return cached  # an incomplete one offline: the folder checks say what it lacks
     if offline():
-        get = f"huggingface-cli download {name}" + (f" --revision {revision}" if revision else "")
+        get = f"hf download {name}" + (f" --revision {revision}" if revision else "")
         raise HubError(
             f"{where} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set: unset HF_HUB_OFFLINE "
             f"to download it, or run `{get}` where the Hub is reachable"
@@ -147,12 +147,12 @@ def snapshot(name: str, revision: str | None = None) -> Path:
     except errors.GatedRepoError:
         raise HubError(
             f"{name} is a gated repository: accept its terms on https://huggingface.co/{name}, then set HF_TOKEN "
-            "to an access token or run `huggingface-cli login`"
+            "to an access token or run `hf auth login`"
         ) from None
     except errors.RevisionNotFoundError:
         raise HubError(f"{name} has no revision {revision!r} (a branch, tag or commit hash)") from None
     except errors.RepositoryNotFoundError:
-        login = "" if token else "; if it is private, set HF_TOKEN or run `huggingface-cli login`"
+        login = "" if token else "; if it is private, set HF_TOKEN or run `hf auth login`"
         raise HubError(f"no model repository {name!r} on the Hugging Face Hub{login}") from None
     except (errors.HfHubHTTPError, errors.LocalEntryNotFoundError, OSError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
