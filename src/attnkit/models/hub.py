@@ -8,8 +8,9 @@ Hugging Face cache (``HF_HUB_CACHE``, or ``HF_HOME/hub``, or ``~/.cache/huggingf
    a model downloaded earlier for ``transformers`` opens without a copy.
 2. Otherwise, unless ``HF_HUB_OFFLINE=1``, the repository's file list is read and only
    :func:`wanted_files` are downloaded (configuration, safetensors weights and their
-   index, tokenizer files), with ``huggingface_hub``'s progress bars on stderr. Pickled weights (``*.bin``, ``*.pt``,
-   ``*.pth``, ``*.ckpt``) are never downloaded: unpickling can run arbitrary code.
+   index, tokenizer files), with ``huggingface_hub``'s progress bars on stderr. Pickled
+   weights (``*.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``) are never downloaded: unpickling
+   can run arbitrary code.
    ``HF_TOKEN`` (or the token ``hf auth login`` saved) opens gated repositories.
 
 The environment is read at each call, not when ``huggingface_hub`` was first imported.
