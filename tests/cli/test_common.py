@@ -11,6 +11,7 @@ import pytest
 
 from attnkit.cli import CommandError, main
 from attnkit.cli.common import (
+    DTYPE_CHOICES,
     KNOWN_MODELS,
     LEVELS,
     SCALES,
@@ -31,6 +32,9 @@ def test_the_lists_kept_here_without_torch_match_the_library():
     from attnkit.viz.heatmap import SCALES as HEATMAP_SCALES
 
     assert KNOWN_MODELS == tuple(MODELS) and LEVELS == MAP_LEVELS and SCALES == HEATMAP_SCALES
+    from attnkit.models.loading import DTYPES
+
+    assert DTYPE_CHOICES == ("auto", *DTYPES)
     assert TASK_NAMES == tuple(TASKS)
     from attnkit.inspect.names import ATTENTION_KINDS
     from attnkit.models.encoder_decoder import ATTENTION_KINDS as MODEL_ATTENTION_KINDS
@@ -48,7 +52,7 @@ def test_a_mistyped_model_fails_before_torch_is_imported():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["2", "False"]
     assert done.stderr == (
-        "attnkit: error: --model 'smolm2' is neither a known model (smollm2, minilm) nor a folder; "
+        "attnkit: error: --model 'smolm2' is neither a known model (smollm2, minilm), a folder, nor a Hugging Face name ORG/NAME; "
         "did you mean 'smollm2'?\n"
     )
 
@@ -122,9 +126,10 @@ def test_model_names_and_paths(tmp_path):
     assert model_names_in(["inspect", "--model", "a", "--model=b", "--modelx", "c"]) == ["a", "b"]
     check_model_name("minilm")
     check_model_name(str(tmp_path))
+    check_model_name("TinyLlama/TinyLlama-1.1B-Chat-v1.0")  # a Hugging Face name: resolved at load
     with pytest.raises(CommandError, match="did you mean 'minilm'"):
         check_model_name("minlm")
-    with pytest.raises(CommandError, match=r"nor a folder$"):
+    with pytest.raises(CommandError, match=r"nor a Hugging Face name ORG/NAME$"):
         check_model_name("gpt-17")
 
 

@@ -46,6 +46,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = {
     "make test": "the test suite itself",
     "--rdzv-endpoint node0.example": "needs two machines that meet at a rendezvous host",
+    "--model TinyLlama/": "downloads 2.2 GB from the Hugging Face Hub, which tests never reach (tests/models/"
+    "test_hub.py loads Hugging Face names from cache layouts it writes)",
 }
 # Pages whose blocks train models for minutes or survey every head of SmolLM2.
 SLOW_PAGES = {"training.md", "inspect.md", "korean-and-words.md", "distributed.md", "analysis.md"}
@@ -440,19 +442,25 @@ def shared_models(smollm2, minilm, monkeypatch):
     """``attnkit.models.load`` of a known model on the CPU returns the session's model,
     loaded once; anything else loads as usual."""
     from attnkit import models
-    from attnkit.models import model as model_module
+    from attnkit.models import loading
 
-    original = model_module.load
+    original = loading.load
     session = {"smollm2": smollm2, "minilm": minilm}
 
     def load(name_or_path, *args, **kwargs):
-        known = str(name_or_path) in session and "ATTNKIT_HOME" not in os.environ
-        if known and not args and set(kwargs) <= {"device"} and str(kwargs.get("device", "cpu")) == "cpu":
+        # A memory limit is checked at load: such a command loads for itself.
+        known = str(name_or_path) in session and not {"ATTNKIT_HOME", "ATTNKIT_MEMORY_LIMIT"} & set(os.environ)
+        as_loaded = (
+            kwargs.get("revision") is None
+            and kwargs.get("dtype", "auto") in ("auto", "float32")
+            and str(kwargs.get("device", "cpu")) == "cpu"
+        )
+        if known and not args and as_loaded and set(kwargs) <= {"device", "revision", "dtype"}:
             return session[str(name_or_path)]
         return original(name_or_path, *args, **kwargs)
 
     monkeypatch.setattr(models, "load", load)
-    monkeypatch.setattr(model_module, "load", load)
+    monkeypatch.setattr(loading, "load", load)
 
 
 def page_blocks(language_set: set[str]) -> list:

@@ -50,15 +50,39 @@ LEVEL_HELP = (
 )
 
 
+# The weights' dtypes --dtype takes (attnkit.models.loading.DTYPES and "auto", kept equal by a test).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+MODEL_HELP = (
+    "a fetched model, a local folder with config.json and safetensors, or a Hugging Face name ORG/NAME "
+    "(from the Hugging Face cache, downloaded when online); a fetched name wins over a folder, a folder over "
+    "a Hugging Face name"
+)
+
+
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    """``--model smollm2|minilm|PATH`` and ``--device``."""
+    """``--model smollm2|minilm|PATH|ORG/NAME``, ``--revision``, ``--dtype`` and ``--device``."""
     parser.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        metavar="smollm2|minilm|PATH",
-        help=f"a fetched model, or a local folder with config.json and safetensors (default: {DEFAULT_MODEL})",
+        "--model", default=DEFAULT_MODEL, metavar="NAME|PATH|ORG/NAME", help=f"{MODEL_HELP} (default: {DEFAULT_MODEL})"
     )
+    add_model_source_arguments(parser)
     add_device_argument(parser)
+
+
+def add_model_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--revision REV`` (of a Hugging Face name) and ``--dtype``."""
+    parser.add_argument(
+        "--revision",
+        default=None,
+        metavar="REV",
+        help="the branch, tag or commit of a Hugging Face --model (default: main)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="the weights' dtype: auto is float32 on the CPU and the checkpoint's own on a GPU; maps and "
+        "statistics are float32 whatever it is (default: auto)",
+    )
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
@@ -83,11 +107,16 @@ def check_model_name(name: str) -> None:
     Raises:
         CommandError: an unknown name.
     """
-    if name in KNOWN_MODELS or Path(name).expanduser().exists():
+    from attnkit.models.hub import is_hub_name
+
+    if name in KNOWN_MODELS or Path(name).expanduser().exists() or is_hub_name(name):
         return
     close = difflib.get_close_matches(name.lower(), KNOWN_MODELS, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise CommandError(f"--model {name!r} is neither a known model ({', '.join(KNOWN_MODELS)}) nor a folder{hint}")
+    raise CommandError(
+        f"--model {name!r} is neither a known model ({', '.join(KNOWN_MODELS)}), a folder, nor a Hugging Face "
+        f"name ORG/NAME{hint}"
+    )
 
 
 def model_names_in(argv: Sequence[str]) -> list[str]:
@@ -340,19 +369,30 @@ def resume_collection() -> None:
         _StartUp.collection_paused = False
 
 
-def load_model(name: str, device: str = "cpu", *, status: Status | None = None) -> Any:
-    """``attnkit.models.load(name, device=device)`` with its errors as command errors.
+def load_model(
+    name: str,
+    device: str = "cpu",
+    *,
+    revision: str | None = None,
+    dtype: str = "auto",
+    status: Status | None = None,
+) -> Any:
+    """``attnkit.models.load(name, revision=revision, dtype=dtype, device=device)`` with its
+    errors as command errors.
 
     Args:
-        name: a known model's name or a folder.
+        name: a known model's name, a folder, or a Hugging Face name.
         device: a torch device name.
+        revision: the revision of a Hugging Face name.
+        dtype: ``auto``, ``float32``, ``bfloat16`` or ``float16``.
         status: where to say what is loading (default: nowhere).
 
     Raises:
         CommandError: the model is unknown, not fetched (the message says how to fetch
             it), corrupt, its dependencies are missing, or an unavailable device.
     """
-    with (status or Status(quiet=True)).step(f"loading {name} on {device}"):
+    shown = f"{name}@{revision}" if revision else name
+    with (status or Status(quiet=True)).step(f"loading {shown} on {device}"):
         try:
             import torch
 
@@ -364,8 +404,8 @@ def load_model(name: str, device: str = "cpu", *, status: Status | None = None) 
                 raise ValueError(f'--device takes a torch device such as "cpu" or "cuda:0", got {device!r}') from None
             if target.type == "cuda" and not torch.cuda.is_available():
                 raise ValueError(f"--device {device}: no CUDA device is available here (torch {torch.__version__})")
-            model = models.load(name, device=target)
-        except (OSError, ValueError, ImportError, RuntimeError) as err:
+            model = models.load(name, revision=revision, dtype=dtype, device=target)
+        except (OSError, ValueError, TypeError, ImportError, RuntimeError) as err:
             raise CommandError(str(err)) from None
     resume_collection()
     return model

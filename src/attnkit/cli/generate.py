@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from attnkit.cli import CommandError
-from attnkit.cli.common import add_device_argument, load_model
+from attnkit.cli.common import MODEL_HELP, add_device_argument, add_model_source_arguments, load_model
 from attnkit.viz.terminal import terminal_safe
 
 
@@ -21,7 +21,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue (no chat template is applied)")
-    parser.add_argument("--model", default="smollm2", help="a LLaMA-family model name or folder (default: smollm2)")
+    parser.add_argument(
+        "--model", default="smollm2", metavar="NAME|PATH|ORG/NAME", help=f"{MODEL_HELP}; a decoder (default: smollm2)"
+    )
+    add_model_source_arguments(parser)
     add_device_argument(parser)
     parser.add_argument(
         "--max-new-tokens", type=int, default=64, metavar="N", help="the most tokens to add (default: 64)"
@@ -43,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.model, args.device)
+    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype)
     try:
         pieces = model.generate(
             args.prompt,

@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     survey_fn, talks = _survey_function(args, distributed)
     status = Status(args.quiet or not talks)
     out = prepare_out(args.out)
-    model = load_model(args.model, args.device, status=status)
+    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     if getattr(model, "encoder_decoder", False):
         if distributed or args.source is not None:
             raise CommandError("an encoder-decoder's heads are surveyed in one process, without --from and --to")
@@ -259,7 +259,7 @@ def run_ablation(args: argparse.Namespace) -> int:
     from attnkit.viz.export import write_effects
     from attnkit.viz.terminal import terminal_safe
 
-    model = load_model(args.model, args.device, status=status)
+    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"ablating {model.num_layers} layers × {model.num_heads} heads of {model.name}"):
             effects = head_ablation(

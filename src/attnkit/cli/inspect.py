@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     _check_options(args)
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
-    model = load_model(args.model, args.device, status=status)
+    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     if getattr(model, "encoder_decoder", False):
         return _run_seq2seq(args, model, status, formats, limit, figure, out)
     if args.decoder_text is not None or args.attention is not None:

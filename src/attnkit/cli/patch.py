@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from attnkit.viz.export import write_effects
     from attnkit.viz.terminal import terminal_safe
 
-    model = load_model(args.model, args.device, status=status)
+    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     layers = parse_layers(args.layers, model.num_layers)
     grid = f"{model.num_heads} heads" if args.by == "head" else "positions"
     with command_errors(f"cannot write to --out {args.out}"):

@@ -8,7 +8,7 @@ import socket
 import sys
 
 from attnkit.cli import CommandError
-from attnkit.cli.common import Status, add_device_argument, add_quiet_argument, load_model
+from attnkit.cli.common import Status, add_device_argument, add_model_source_arguments, add_quiet_argument, load_model
 
 DEFAULT_MODEL = "smollm2"
 
@@ -28,8 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model",
         action="append",
-        metavar="smollm2|minilm|PATH",
-        help=f"a model to serve; repeat to serve several, the first is the default (default: {DEFAULT_MODEL})",
+        metavar="NAME|PATH|ORG/NAME",
+        help=f"a model to serve (a fetched name, a folder or a Hugging Face name); repeat to serve several, the first is the default (default: {DEFAULT_MODEL})",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
@@ -43,6 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "machines reach it); repeat for several",
     )
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    add_model_source_arguments(parser)
     add_device_argument(parser)
     add_quiet_argument(parser)
     parser.add_argument(
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         app = create_app(
             names,
-            loader=lambda name: load_model(name, args.device, status=status),
+            loader=lambda name: load_model(name, args.device, revision=args.revision, dtype=args.dtype, status=status),
             max_tokens=max_tokens,
             max_queue=max_queue,
             allowed_hosts=hosts,

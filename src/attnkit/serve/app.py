@@ -43,6 +43,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
 
 from attnkit import __version__
 from attnkit.functional.indices import select_indices
+from attnkit.models.hub import is_hub_name
 from attnkit.models.protocol import InspectableModel
 from attnkit.serve.batching import Batcher, Job, QueueFull
 from attnkit.viz.terminal import counted
@@ -197,7 +198,10 @@ class ServedModel:
 
 def public_name(spec: str) -> str:
     """The name a model is served under: a path's last folder (so that ``/api/info`` does
-    not reveal where the server's files are), anything else as given."""
+    not reveal where the server's files are), anything else (a fetched model's name, a
+    Hugging Face name ``ORG/NAME`` that is not a folder here) as given."""
+    if is_hub_name(spec) and not Path(spec).expanduser().exists():
+        return spec
     if os.sep in spec or (os.altsep and os.altsep in spec) or spec.startswith(("~", ".")):
         return Path(spec).expanduser().resolve().name
     return spec
