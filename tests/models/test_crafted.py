@@ -142,7 +142,34 @@ def test_integer_weights_are_refused(tiny):
 def test_a_tokenizer_with_ids_beyond_the_embedding_is_refused(tiny):
     words = [f"w{i}" for i in range(40)]
     (tiny / "tokenizer.json").write_text(json.dumps(tokenizer_json(words + ["[UNK]"])))
-    _refused(tiny, "tokenizer.json", "vocab_size", "has 41 token ids, but the model's embedding has vocab_size=16")
+    _refused(tiny, "tokenizer.json", "vocab_size", "has token id 40, but the model's embedding has vocab_size=16")
+
+
+def test_a_tokenizer_with_few_ids_but_one_beyond_the_embedding_is_refused(tiny):
+    # Three words, so the count fits the 16 rows; the largest id does not.
+    spec = tokenizer_json(["the", "cat", "[UNK]"])
+    spec["model"]["vocab"]["w5"] = 100000
+    (tiny / "tokenizer.json").write_text(json.dumps(spec))
+    _refused(tiny, "tokenizer.json", "vocab_size", "has token id 100000, but the model's embedding has vocab_size=16")
+
+
+@pytest.mark.parametrize(
+    "file", ["config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json"]
+)
+def test_a_huge_sparse_file_is_refused_before_it_is_read(tiny, file):
+    if file == "model.safetensors.index.json":
+        (tiny / "model.safetensors").rename(tiny / "model-00001.safetensors")
+    with open(tiny / file, "wb") as f:
+        f.truncate(3 * 2**30)  # sparse: 3 GB that take no disk
+    with pytest.raises(models.CheckpointError, match=r"is 3221225472 bytes, more than the \d+ attnkit reads") as info:
+        models.load(tiny)
+    assert info.value.path == tiny / file
+
+
+def test_a_weights_file_linked_to_process_memory_is_refused(tiny):
+    (tiny / "model.safetensors").unlink()
+    (tiny / "model.safetensors").symlink_to("/proc/self/mem")
+    _refused(tiny, "model.safetensors", None, "is not a safetensors file: it is only 0 bytes")
 
 
 def test_a_broken_tokenizer_is_refused(tiny):

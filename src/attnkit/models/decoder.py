@@ -12,7 +12,6 @@ Shape letters: ``s`` number of tokens, ``e`` model dim, ``v`` vocabulary size.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from attnkit.models.checkpoint import (
     build_without_weights,
     config_float,
     config_int,
+    read_json_object,
     short_repr,
 )
 from attnkit.models.family import ModelFamily
@@ -232,13 +232,7 @@ def eos_token_ids(config: DecoderConfig, folder: Path) -> tuple[int, ...]:
     path = folder / "generation_config.json"
     extra: tuple[int, ...] = ()
     if path.is_file():
-        try:
-            generation = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise CheckpointError(path, "is not valid JSON") from None
-        if not isinstance(generation, dict):
-            raise CheckpointError(path, "must hold a JSON object")
-        extra = token_ids(generation.get("eos_token_id"), config.vocab_size, path)
+        extra = token_ids(read_json_object(path).get("eos_token_id"), config.vocab_size, path)
     return tuple(dict.fromkeys(config.eos_token_ids + extra))
 
 

@@ -874,10 +874,10 @@ def load(
     eos = family.eos_token_ids(config, folder)
     tokenizer_path = folder / "tokenizer.json"
     tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
-    if tokenizer.vocab_size > config.vocab_size:
+    if tokenizer.largest_id >= config.vocab_size:
         raise CheckpointError(
             tokenizer_path,
-            f"has {tokenizer.vocab_size} token ids, but the model's embedding has "
+            f"has token id {tokenizer.largest_id}, but the model's embedding has "
             f"vocab_size={config.vocab_size} rows (config.json)",
             field="vocab_size",
         )
