@@ -143,7 +143,9 @@ def config_int(
 
 
 def config_float(config: dict[str, Any], key: str, *, path: Path, default: float, low: float, high: float) -> float:
-    """A number field of a ``config.json``, finite and ``low < value <= high``.
+    """A number field of a ``config.json``, finite and ``low < value <= high``, and either
+    0 or of a size that float32 holds (at least ``1.2e-38``: a smaller one would compute
+    as 0, and its inverse as infinity).
 
     Raises:
         CheckpointError: a field that is not a number in range.
@@ -155,7 +157,15 @@ def config_float(config: dict[str, Any], key: str, *, path: Path, default: float
         raise CheckpointError(
             path, f"{key} must be a number above {low} and at most {high}, got {short_repr(value)}", field=key
         )
+    if value != 0 and abs(value) < _FLOAT32_TINY:
+        raise CheckpointError(
+            path, f"{key} must be 0 or at least {_FLOAT32_TINY:.3g} in size (float32), got {value!r}", field=key
+        )
     return float(value)
+
+
+# The smallest normal float32: a config value below it computes as 0 (or its inverse as inf).
+_FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
 
 def short_repr(value: Any, limit: int = 60) -> str:
@@ -440,10 +450,28 @@ def load_tensors(files: list[Path], *, dtype: torch.dtype) -> dict[str, Tensor]:
             with safetensors.safe_open(str(path), framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                     t = f.get_tensor(key)
-                    tensors[key] = t.to(dtype) if t.is_floating_point() else t
+                    tensors[key] = _finite(t.to(dtype), path, key) if t.is_floating_point() else t
         except safetensors.SafetensorError as err:
             raise CheckpointError(path, f"is corrupt: the safetensors reader refused it ({err})") from None
     return tensors
+
+
+def _finite(tensor: Tensor, path: Path, name: str) -> Tensor:
+    """``tensor``, checked to hold only finite values in its dtype (after the cast: a float32
+    weight of 1e5 is infinite in float16).
+
+    Raises:
+        CheckpointError: naming the tensor and how many values are NaN or infinite.
+    """
+    # aminmax propagates NaN and infinities in one pass with no copy (isfinite is ~15x slower).
+    if tensor.numel() and not all(torch.isfinite(end) for end in torch.aminmax(tensor)):
+        bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+        raise CheckpointError(
+            path,
+            f"tensor {name!r} has {bad} values that are NaN or infinite in {str(tensor.dtype).removeprefix('torch.')}",
+            field=name,
+        )
+    return tensor
 
 
 # The in-place initialisers of ``torch.nn.init`` and the tensor fills they end in: on a

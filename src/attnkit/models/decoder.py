@@ -375,6 +375,19 @@ class ConfigReader:
         """A positive number field, or ``None`` when absent or ``null``."""
         return None if self.config.get(key) is None else self.number(key, 0.0)
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A boolean field (``default`` when absent or ``null``).
+
+        Raises:
+            CheckpointError: a value that is not ``true`` or ``false``.
+        """
+        value = self.config.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.refuse(key, f"must be true or false, got {short_repr(value)}")
+        return value
+
     def refuse(self, key: str, detail: str) -> CheckpointError:
         """The error for a field attnkit cannot load."""
         return CheckpointError(self.path, f"{key}: {detail}", field=key)
@@ -412,8 +425,8 @@ class ConfigReader:
     def no_flags(self, *keys: str) -> None:
         """Refuse features attnkit does not implement that a field switches on."""
         for key in keys:
-            if self.config.get(key):
-                raise self.refuse(key, f"{short_repr(self.config[key])} is not supported")
+            if self.flag(key, False):
+                raise self.refuse(key, "true is not supported")
 
     def rope(self, *, head_dim: int, layer_type: str | None = None) -> tuple[Rope, float]:
         """The rotary encoding and its partial factor, from transformers 5's
@@ -435,9 +448,11 @@ class ConfigReader:
         params = self.config.get(key) or {}
         if not isinstance(params, dict):
             raise self.refuse(key, f"must be an object, got {short_repr(params)}")
-        if layer_type is not None and isinstance(params.get(layer_type), dict):
-            params = params[layer_type]
+        if layer_type is not None and layer_type in params:
             key = f"{key}.{layer_type}"
+            params = params[layer_type]
+            if not isinstance(params, dict):
+                raise self.refuse(key, f"must be an object, got {short_repr(params)}")
         merged: dict[str, Any] = {
             k: self.config[k] for k in ("rope_theta", "partial_rotary_factor") if k in self.config
         }
@@ -498,7 +513,7 @@ class ConfigReader:
         if not isinstance(types, list) or len(types) != num_layers:
             raise self.refuse("layer_types", f"must list one type per layer ({num_layers}), got {short_repr(types)}")
         known = {"sliding_attention": size, "full_attention": None}
-        unknown = [t for t in types if t not in known]
+        unknown = [t for t in types if not isinstance(t, str) or t not in known]
         if unknown:
             raise self.refuse("layer_types", f"{short_repr(unknown[0])} is not supported (attnkit has {list(known)})")
         return tuple(known[t] for t in types)

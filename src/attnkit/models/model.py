@@ -977,6 +977,10 @@ def _check_weights_fit(
                 folder / "config.json", f"{field} is {want}, but the weights hold {got} layers", field=field
             )
     missing = sorted(set(expected) - set(state))
+    # A tensor renamed to a key the built model lacks (a bias config.json switched off) is
+    # as unexpected as one with no name at all.
+    file_name = {id(t): key for key, t in described.items()}
+    unknown = unknown + sorted({file_name.get(id(t), key) for key, t in state.items() if key not in expected})
     if missing or unknown:
         raise CheckpointError(
             where,
@@ -984,7 +988,6 @@ def _check_weights_fit(
             field=(missing or unknown)[0],
         )
     # A tensor's name in the file; a piece of a fused tensor goes by attnkit's name.
-    file_name = {id(t): key for key, t in described.items()}
     wrong = [
         (file_name.get(id(state[key]), key), list(state[key].shape), list(t.shape))
         for key, t in expected.items()
