@@ -249,7 +249,7 @@ def test_every_config_field_of_every_family_with_a_wrong_type_is_one_line_naming
         ("llama", "layer_types", [["full_attention"]] * 2, r"layer_types: \['full_attention'\] is not supported"),
         ("t5", "feed_forward_proj", ["relu"], r"feed_forward_proj=\['relu'\] is not supported"),
         ("bart", "activation_function", ["gelu"], r"activation_function=\['gelu'\] is not supported"),
-        ("gpt_neox", "attention_bias", "false", "attention_bias: must be true or false, got 'false'"),
+        ("gpt_neox", "attention_bias", "false", "attention_bias must be true or false, got 'false'"),
         ("gemma2", "attn_logit_softcapping", 1e-300, "attn_logit_softcapping must be 0 or at least 1.18e-38"),
         ("gemma2", "query_pre_attn_scalar", 1e-300, "query_pre_attn_scalar must be 0 or at least 1.18e-38"),
         ("t5", "relative_attention_num_buckets", 1, "relative_attention_num_buckets must be an integer from 4"),

@@ -378,9 +378,18 @@ def _run_seq2seq(
         )
     if args.max_new_tokens < 1:
         raise CommandError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    new_tokens = args.max_new_tokens
+    if args.decoder_text is None and new_tokens > model.max_length:
+        new_tokens = model.max_length
+        print(
+            terminal_safe(
+                f"note: --max-new-tokens {args.max_new_tokens} is more than {model.name} has positions for: "
+                f"the target stops at {new_tokens} tokens if no end token comes first"
+            )
+        )
     try:
         s_src = len(model.tokenize(args.text))
-        s_tgt = args.max_new_tokens if args.decoder_text is None else len(model.tokenize(args.decoder_text))
+        s_tgt = new_tokens if args.decoder_text is None else len(model.tokenize(args.decoder_text))
     except ValueError as err:
         raise CommandError(str(err)) from None
     depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
@@ -402,7 +411,7 @@ def _run_seq2seq(
                 encoder_layers=encoder_layers,
                 decoder_layers=decoder_layers,
                 heads=heads,
-                max_new_tokens=args.max_new_tokens,
+                max_new_tokens=new_tokens,
             )
         if run.generated:
             print(

@@ -43,10 +43,11 @@ from attnkit.models.checkpoint import (
     CONFIG_LIMITS,
     REQUIRED,
     CheckpointError,
+    config_bool,
     config_int,
     short_repr,
 )
-from attnkit.models.decoder import ConfigReader, token_ids
+from attnkit.models.decoder import token_ids
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
@@ -152,7 +153,6 @@ class BartConfig(EncoderDecoderSizes):
             return config_int(config, key, path=path, default=default, maximum=CONFIG_LIMITS[limit])
 
         vocab = size("vocab_size", "vocab_size")
-        read = ConfigReader(config, path)
         activation = config.get("activation_function", "gelu")
         if not isinstance(activation, str) or activation not in _ACTIVATIONS:
             raise CheckpointError(
@@ -162,7 +162,7 @@ class BartConfig(EncoderDecoderSizes):
                 field="activation_function",
             )
         for key in ("normalize_before", "add_final_layer_norm"):
-            if read.flag(key, False):
+            if config_bool(config, key, path=path, default=False):
                 raise CheckpointError(path, f"{key}: pre-norm BART variants are not supported", field=key)
         out = cls(
             vocab_size=vocab,
@@ -175,7 +175,7 @@ class BartConfig(EncoderDecoderSizes):
             decoder_ffn_dim=size("decoder_ffn_dim", "intermediate_size"),
             max_length=size("max_position_embeddings", "max_position_embeddings", 1024),
             activation=_ACTIVATIONS[activation],
-            scale_embedding=read.flag("scale_embedding", False),
+            scale_embedding=config_bool(config, "scale_embedding", path=path, default=False),
             decoder_start_token_id=config_int(
                 config, "decoder_start_token_id", path=path, default=2, minimum=0, maximum=vocab - 1
             ),

@@ -25,6 +25,7 @@ from attnkit.models.checkpoint import (
     REQUIRED,
     CheckpointError,
     build_without_weights,
+    config_bool,
     config_float,
     config_int,
     read_json_object,
@@ -371,22 +372,13 @@ class ConfigReader:
         """A number field with ``low < value <= high``."""
         return config_float(self.config, key, path=self.path, default=default, low=low, high=high)
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A boolean field (:func:`attnkit.models.checkpoint.config_bool`)."""
+        return config_bool(self.config, key, path=self.path, default=default)
+
     def optional_number(self, key: str) -> float | None:
         """A positive number field, or ``None`` when absent or ``null``."""
         return None if self.config.get(key) is None else self.number(key, 0.0)
-
-    def flag(self, key: str, default: bool) -> bool:
-        """A boolean field (``default`` when absent or ``null``).
-
-        Raises:
-            CheckpointError: a value that is not ``true`` or ``false``.
-        """
-        value = self.config.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.refuse(key, f"must be true or false, got {short_repr(value)}")
-        return value
 
     def refuse(self, key: str, detail: str) -> CheckpointError:
         """The error for a field attnkit cannot load."""
@@ -504,7 +496,7 @@ class ConfigReader:
         ``layer_types`` marks ``"sliding_attention"`` (every layer when there is no
         ``layer_types`` and ``sliding_by_default``), ``None`` on the others."""
         window = self.config.get("sliding_window")
-        if window is None or self.config.get("use_sliding_window") is False:
+        if window is None or not self.flag("use_sliding_window", True):
             return (None,) * num_layers
         size = self.size("sliding_window")
         types = self.config.get("layer_types")

@@ -31,6 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
+from attnkit.models.checkpoint import short_repr
 from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family, rename_decoder_tensors
 
 # Hugging Face's names → attnkit's, inside layer N (``model.layers.N.``).
@@ -79,7 +80,8 @@ def llama_like_config(read: ConfigReader, **options: Any) -> DecoderConfig:
     vocab = read.size("vocab_size")
     layers = read.size("num_hidden_layers")
     heads, kv_heads, head_dim = read.heads(hidden)
-    read.choice("hidden_act", {"silu": "swiglu"}, "silu")
+    if read.config.get("hidden_act", "silu") != "silu":
+        raise read.refuse("hidden_act", f"{short_repr(read.config['hidden_act'])} is not supported (only 'silu')")
     rope, partial = read.rope(head_dim=head_dim)
     bias = read.flag("attention_bias", False)
     fields: dict[str, Any] = {

@@ -45,11 +45,12 @@ from attnkit.models.checkpoint import (
     CONFIG_LIMITS,
     REQUIRED,
     CheckpointError,
+    config_bool,
     config_float,
     config_int,
     short_repr,
 )
-from attnkit.models.decoder import ConfigReader, token_ids
+from attnkit.models.decoder import token_ids
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
@@ -152,7 +153,6 @@ class T5Config(EncoderDecoderSizes):
 
         vocab = size("vocab_size", "vocab_size")
         layers = size("num_layers", "num_hidden_layers")
-        read = ConfigReader(config, path)
         proj = config.get("feed_forward_proj", "relu")
         if not isinstance(proj, str) or proj not in _ACTIVATIONS:
             raise CheckpointError(
@@ -163,8 +163,8 @@ class T5Config(EncoderDecoderSizes):
         # transformers 5 always ties T5's head and records whether to scale in
         # scale_decoder_outputs; older files say tie_word_embeddings=false for v1.1, whose
         # checkpoints then hold their own lm_head.
-        tie = read.flag("tie_word_embeddings", True)
-        scale = read.flag("scale_decoder_outputs", tie)
+        tie = config_bool(config, "tie_word_embeddings", path=path, default=True)
+        scale = config_bool(config, "scale_decoder_outputs", path=path, default=tie)
         pad = config_int(config, "pad_token_id", path=path, default=0, minimum=0, maximum=vocab - 1)
         # Half the buckets of the bidirectional encoder are exact offsets, half of those
         # each way: at least one each, and max_distance beyond the decoder's exact ones.
