@@ -52,10 +52,13 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             seed=args.seed,
         )
+        # Tokens are computed as they are printed: a step may still refuse (logits that
+        # are not finite), after the ones before it were shown.
+        for piece in pieces:
+            sys.stdout.write(terminal_safe(piece))
+            sys.stdout.flush()
     except ValueError as err:
+        sys.stdout.write("\n")
         raise CommandError(str(err)) from None
-    for piece in pieces:
-        sys.stdout.write(terminal_safe(piece))
-        sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
