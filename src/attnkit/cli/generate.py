@@ -44,6 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device)
+    printed = False
     try:
         pieces = model.generate(
             args.prompt,
@@ -57,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
         for piece in pieces:
             sys.stdout.write(terminal_safe(piece))
             sys.stdout.flush()
+            printed = True
     except ValueError as err:
-        sys.stdout.write("\n")
+        if printed:
+            sys.stdout.write("\n")
         raise CommandError(str(err)) from None
     sys.stdout.write("\n")
     return 0
