@@ -390,17 +390,7 @@ def _run_seq2seq(
             f"--method {args.method} is not available for an encoder-decoder's {kind} attention; "
             "it shows raw weights, and value-weighted cross-attention (--attention cross --method value)"
         )
-    if args.max_new_tokens < 1:
-        raise CommandError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    new_tokens = args.max_new_tokens
-    if args.decoder_text is None and new_tokens > model.max_length:
-        new_tokens = model.max_length
-        print(
-            terminal_safe(
-                f"note: --max-new-tokens {args.max_new_tokens} is more than {model.name} has positions for: "
-                f"the target stops at {new_tokens} tokens if no end token comes first"
-            )
-        )
+    new_tokens = _target_budget(args, model)
     try:
         s_src = len(model.tokenize(args.text))
         s_tgt = new_tokens if args.decoder_text is None else len(model.tokenize(args.decoder_text))
@@ -448,6 +438,29 @@ def _run_seq2seq(
                 written.append(write_seq2seq_viewer(model, run, out, level=args.level))
     print_written(written, sizes=True)
     return 0
+
+
+def _target_budget(args: argparse.Namespace, model: Any) -> int:
+    """The most target tokens to generate: ``--max-new-tokens``, capped (with a note) at the
+    positions the model has, so that neither the KV cache nor the positions overflow.
+
+    Raises:
+        CommandError: ``--max-new-tokens`` below 1.
+    """
+    from attnkit.viz.terminal import terminal_safe
+
+    if args.max_new_tokens < 1:
+        raise CommandError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+
+    if args.decoder_text is not None or args.max_new_tokens <= model.max_length:
+        return int(args.max_new_tokens)
+    print(
+        terminal_safe(
+            f"note: --max-new-tokens {args.max_new_tokens} is more than {model.name} has positions for: "
+            f"the target stops at {model.max_length} tokens if no end token comes first"
+        )
+    )
+    return int(model.max_length)
 
 
 def _check_seq2seq_sizes(
