@@ -854,8 +854,8 @@ def load(
         CheckpointError: a corrupt, truncated, crafted or unsupported checkpoint (a
             ``ValueError`` whose message names the file and the field at fault): sizes in
             ``config.json`` beyond :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, weights
-            that do not fit the configuration, a tokenizer with more ids than the embedding
-            has rows. All of it is checked before any module is built.
+            that do not fit the configuration, a tokenizer with an id beyond the embedding's
+            rows: all checked before any module is built; weights that are not finite.
         ValueError: a missing ``config.json`` or weights.
         TypeError: a non-floating ``dtype``.
     """
