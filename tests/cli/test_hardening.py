@@ -120,3 +120,27 @@ def test_a_file_of_texts_is_read_only_up_to_its_limit(capsys, monkeypatch, tmp_p
         code, _, err = _run(capsys, *argv, "--out", str(tmp_path / "out"))
         assert code == 2 and "Traceback" not in err, err
         assert err.startswith(f"attnkit: error: --file {argv[argv.index('--file') + 1]} is larger than 1.0 kB"), err
+
+
+def test_warnings_pass_through_the_terminal_escaping(capsys, monkeypatch):
+    import warnings
+
+    from attnkit import cli
+
+    def warning_command(args):
+        warnings.warn(f"Glyph 27 ({HOSTILE}) missing from font", UserWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _parser_running(warning_command))
+    code, _, err = _run(capsys, "anything")
+    assert code == 0 and "\x1b" not in err and "\x9b" not in err
+    assert err.startswith("attnkit: warning: Glyph 27 (cat\\x1b]0;pwned")
+
+
+def _parser_running(command):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("word")
+    parser.set_defaults(func=command)
+    return parser

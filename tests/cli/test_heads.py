@@ -127,3 +127,24 @@ def test_minilm_word_pair_in_korean(capsys, tmp_path, minilm_path):
     assert [w.text for w in words[3:5]] == ["배가", "고파서"]
     expected = torch.stack([aggregate(model_run.attentions[layer][0], words)[:, 3, 4] for layer in range(6)])
     torch.testing.assert_close(torch.tensor(pair["values"]), expected, atol=1e-5, rtol=0)
+
+
+def test_a_model_too_short_for_the_induction_probe_is_surveyed_without_it(capsys, tmp_path):
+    from tests.models.crafted import write_tiny_llama
+
+    folder = write_tiny_llama(tmp_path / "short")  # 32 positions, 9 ordinary tokens
+    code, out, err = run(
+        capsys, "the cat sat on the mat", "--model", str(folder), "--format", "json", "--out", str(tmp_path)
+    )
+    assert code == 0, err
+    assert "note: no induction score: its probe is 50 distinct random tokens repeated twice, 100 tokens" in out
+    assert "Head roles (I induction" in out and "induction on" not in out
+    data = json.loads((tmp_path / "short_heads.json").read_text())
+    assert "induction" not in data["statistics"] and data["notes"][0].startswith("no induction score")
+
+
+def test_a_line_of_the_file_that_has_no_token_is_named_by_its_number(capsys, tmp_path, minilm_path):
+    lines = tmp_path / "texts.txt"
+    lines.write_text("the cat sat on the mat\n\n\u200b\nthe dog\n", encoding="utf-8")  # line 3: a zero-width space
+    code, _, err = run(capsys, "--file", str(lines), "--model", "minilm", "--format", "json", "--out", str(tmp_path))
+    assert code == 2 and f"--file {lines}, line 3: text is empty" in err

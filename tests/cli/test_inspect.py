@@ -287,6 +287,8 @@ def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path,
     assert progress == [
         "attnkit: loading minilm on cpu …",
         "attnkit: running minilm on 500 tokens for layer 5 …",
+        # Everything is computed (and checked finite) before the first file is written.
+        "attnkit: computing the viewer page of 1 layer × 2 heads …",
         "attnkit: writing png, json of layer 5 …",
         "attnkit: writing the viewer page of 1 layer × 2 heads …",
     ]

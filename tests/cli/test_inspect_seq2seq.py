@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import torch
 
 from attnkit.cli import main
@@ -81,3 +82,18 @@ def test_encoder_decoder_options_are_refused_elsewhere(capsys, tmp_path, tiny_t5
         "--out", str(tmp_path),
     )  # fmt: skip
     assert code != 0 and "value-weighted cross-attention" in err
+
+
+@pytest.mark.parametrize("asked", ["100", "1000000000"])
+def test_a_target_past_the_positions_stops_there_with_a_note(capsys, tmp_path, asked):
+    from tests.models.seq2seq_checkpoints import write_bart
+
+    # No end token: the greedy target runs until the 64 learned positions are used up.
+    folder = write_bart(tmp_path / "endless", eos_token_id=None)
+    argv = ["inspect", "the cat sat", "--model", str(folder), "--format", "png", "--out", str(tmp_path / "out")]
+    assert main([*argv, "--max-new-tokens", asked, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"note: --max-new-tokens {asked} is more than endless has positions for: the target stops at 64 tokens" in out
+    )
+    assert "generated the target greedily (64 tokens)" in out

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnkit.inspect.maps import attention_map, resolve_heads, resolve_layer, token_labels
-from attnkit.inspect.survey import DESCRIPTIONS, random_token_ids, survey_heads
+from attnkit.inspect.survey import DESCRIPTIONS, induction_scores, random_token_ids, survey_heads
 from tests.inspect.fake_model import FakeModel
 
 
@@ -72,13 +72,19 @@ def test_survey_rejects_empty_input(texts, message):
         survey_heads(FakeModel(), texts)
 
 
-def test_survey_rejects_an_induction_sequence_longer_than_the_context():
+def test_survey_leaves_out_an_induction_probe_the_model_cannot_read_with_a_note():
     model = FakeModel()
     model.max_length = 20
+    survey = survey_heads(model, ["a b"], period=12)
+    assert "induction" not in survey.statistics and "entropy" in survey.statistics
+    assert survey.notes == (
+        "no induction score: its probe is 12 distinct random tokens repeated twice, 25 tokens, "
+        "and fake reads at most 20",
+    )
+    survey = survey_heads(FakeModel(), ["a b"], period=19)
+    assert "induction" not in survey.statistics and "ordinary tokens" in survey.notes[0]
     with pytest.raises(ValueError, match="needs 25 tokens; fake takes 20"):
-        survey_heads(model, ["a b"], period=12)
-    with pytest.raises(ValueError, match="cannot draw 19 distinct tokens"):
-        survey_heads(FakeModel(), ["a b"], period=19)
+        induction_scores(model, period=12)
 
 
 def test_attention_map_of_the_last_layer_and_one_head():

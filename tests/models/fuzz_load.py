@@ -1,11 +1,16 @@
-"""The fuzz run behind ``test_crafted.py``: run as ``python -m tests.models.fuzz_load`` in a
-subprocess, it limits its own address space, then lets hypothesis tamper with a tiny
-checkpoint folder (config.json fields, the safetensors header, tokenizer.json) and load it.
+"""The fuzz runs behind ``test_crafted.py``.
 
-Every example must load and run, or raise a :class:`attnkit.models.CheckpointError` for a
-file of the folder (a ``ValueError`` naming the tokenizer file for text it fails on). Any
-other exception, or an allocation past the limit (a ``MemoryError`` or torch's "can't
-allocate memory"), fails the run with hypothesis' minimal example.
+Run as ``python -m tests.models.fuzz_load`` in a subprocess, :func:`main` limits its own
+address space, then lets hypothesis tamper with a tiny checkpoint folder (config.json
+fields, the safetensors header, tokenizer.json) and load it. Every example must load and
+run, or raise a :class:`attnkit.models.CheckpointError` for a file of the folder (a
+``ValueError`` naming the tokenizer file for text it fails on). Any other exception, or an
+allocation past the limit (a ``MemoryError`` or torch's "can't allocate memory"), fails the
+run with hypothesis' minimal example.
+
+:func:`fuzz_config_fields` gives every field of every family's ``config.json`` a value of
+every JSON type in turn, reads the file and builds the network (on the ``meta`` device):
+each must build, or be refused with one line naming the file and the field.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnkit import models
+from attnkit.models.checkpoint import read_config
+from attnkit.models.families import FAMILIES
 from tests.models.crafted import (
+    FAMILY_CONFIGS,
     TINY_LLAMA_CONFIG,
+    WRONG_VALUES,
     read_header,
     tokenizer_json,
     write_tiny_llama,
@@ -117,6 +126,39 @@ def fuzz_load(base: Path, edits: tuple[dict[str, Any], list[tuple[int, str, Any]
         known = ("tokenizer.json failed on this text", "tokenizer.json has no token for", "tokens long")
         assert any(message in str(err) for message in known), err
         OUTCOMES["loaded, text refused"] += 1
+
+
+def fuzz_config_fields(folder: Path) -> Counter[str]:
+    """Write each family's config.json with one field changed to each of
+    :data:`tests.models.crafted.WRONG_VALUES`, read and build it.
+
+    Returns:
+        How many changes built and how many were refused.
+
+    Raises:
+        AssertionError: an error that is not a one-line CheckpointError naming config.json
+            and the field (the family, field and value in the message); any other
+            exception passes through.
+    """
+    outcomes: Counter[str] = Counter()
+    path = folder / "config.json"
+    for model_type, valid in FAMILY_CONFIGS.items():
+        family = FAMILIES[model_type]
+        family.build(family.read_config(valid, path=path))  # the unchanged file builds
+        for field in sorted(set(valid) - {"model_type"}):
+            for value in WRONG_VALUES:
+                path.write_text(json.dumps(valid | {field: value}))
+                case = f"{model_type} {field}={value!r}"
+                try:
+                    family.build(family.read_config(read_config(folder), path=path))
+                except models.CheckpointError as err:
+                    message = str(err)
+                    assert "\n" not in message and message.startswith(f"{path}"), f"{case}: {message}"
+                    assert err.field is not None, f"{case}: names no field: {message}"
+                    outcomes["refused"] += 1
+                else:
+                    outcomes["built"] += 1
+    return outcomes
 
 
 def main() -> None:

@@ -5,22 +5,29 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from attnkit import models
+from attnkit.models.families import FAMILIES
 from attnkit.models.tokenizer import Tokenizer
 from tests.models.crafted import (
+    FAMILY_CONFIGS,
     TINY_LLAMA_CONFIG,
     read_header,
+    tiny_llama_tensors,
     tokenizer_json,
     write_tiny_llama,
     write_with_header,
 )
+from tests.models.fuzz_load import fuzz_config_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +149,34 @@ def test_integer_weights_are_refused(tiny):
 def test_a_tokenizer_with_ids_beyond_the_embedding_is_refused(tiny):
     words = [f"w{i}" for i in range(40)]
     (tiny / "tokenizer.json").write_text(json.dumps(tokenizer_json(words + ["[UNK]"])))
-    _refused(tiny, "tokenizer.json", "vocab_size", "has 41 token ids, but the model's embedding has vocab_size=16")
+    _refused(tiny, "tokenizer.json", "vocab_size", "has token id 40, but the model's embedding has vocab_size=16")
+
+
+def test_a_tokenizer_with_few_ids_but_one_beyond_the_embedding_is_refused(tiny):
+    # Three words, so the count fits the 16 rows; the largest id does not.
+    spec = tokenizer_json(["the", "cat", "[UNK]"])
+    spec["model"]["vocab"]["w5"] = 100000
+    (tiny / "tokenizer.json").write_text(json.dumps(spec))
+    _refused(tiny, "tokenizer.json", "vocab_size", "has token id 100000, but the model's embedding has vocab_size=16")
+
+
+@pytest.mark.parametrize(
+    "file", ["config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json"]
+)
+def test_a_huge_sparse_file_is_refused_before_it_is_read(tiny, file):
+    if file == "model.safetensors.index.json":
+        (tiny / "model.safetensors").rename(tiny / "model-00001.safetensors")
+    with open(tiny / file, "wb") as f:
+        f.truncate(3 * 2**30)  # sparse: 3 GB that take no disk
+    with pytest.raises(models.CheckpointError, match=r"is 3221225472 bytes, more than the \d+ attnkit reads") as info:
+        models.load(tiny)
+    assert info.value.path == tiny / file
+
+
+def test_a_weights_file_linked_to_process_memory_is_refused(tiny):
+    (tiny / "model.safetensors").unlink()
+    (tiny / "model.safetensors").symlink_to("/proc/self/mem")
+    _refused(tiny, "model.safetensors", None, "is not a safetensors file: it is only 0 bytes")
 
 
 def test_a_broken_tokenizer_is_refused(tiny):
@@ -200,3 +234,70 @@ def test_fuzzed_checkpoints_give_a_clear_error_or_load_under_a_memory_limit():
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "fuzzed" in done.stdout
+
+
+@pytest.mark.slow
+def test_every_config_field_of_every_family_with_a_wrong_type_is_one_line_naming_it(tmp_path):
+    # About 3,500 config.json files (13 families, every field, 15 values): ~11 s of CPU.
+    outcomes = fuzz_config_fields(tmp_path)
+    assert outcomes["refused"] > 1000 and outcomes["built"] > 0, outcomes
+
+
+@pytest.mark.parametrize(
+    ("model_type", "field", "value", "match"),
+    [
+        ("llama", "layer_types", [["full_attention"]] * 2, r"layer_types: \['full_attention'\] is not supported"),
+        ("t5", "feed_forward_proj", ["relu"], r"feed_forward_proj=\['relu'\] is not supported"),
+        ("bart", "activation_function", ["gelu"], r"activation_function=\['gelu'\] is not supported"),
+        ("gpt_neox", "attention_bias", "false", "attention_bias must be true or false, got 'false'"),
+        ("gemma2", "attn_logit_softcapping", 1e-300, "attn_logit_softcapping must be 0 or at least 1.18e-38"),
+        ("gemma2", "query_pre_attn_scalar", 1e-300, "query_pre_attn_scalar must be 0 or at least 1.18e-38"),
+        ("t5", "relative_attention_num_buckets", 1, "relative_attention_num_buckets must be an integer from 4"),
+        ("t5", "relative_attention_max_distance", 4, "relative_attention_max_distance must be an integer from 5"),
+        (
+            "gemma3_text",
+            "rope_parameters",
+            {"sliding_attention": 3, "full_attention": {"rope_theta": 1e6}},
+            r"rope_parameters.sliding_attention: must be an object, got 3",
+        ),
+    ],
+)
+def test_a_config_field_of_the_wrong_type_or_size_is_named(tmp_path, model_type, field, value, match):
+    config = {k: v for k, v in FAMILY_CONFIGS[model_type].items() if k != "rope_local_base_freq"}
+    path = tmp_path / "config.json"
+    with pytest.raises(models.CheckpointError, match=match) as info:
+        FAMILIES[model_type].read_config(config | {field: value}, path=path)
+    assert info.value.path == path and info.value.field is not None and info.value.field.startswith(field)
+
+
+def test_a_weight_that_is_not_finite_is_refused_by_name(tiny):
+    tensors = tiny_llama_tensors()
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 2] = float("nan")
+    tensors["model.layers.1.mlp.up_proj.weight"][0, 0] = float("inf")
+    save_file(tensors, str(tiny / "model.safetensors"))
+    _refused(
+        tiny,
+        "model.safetensors",
+        "model.layers.1.mlp.up_proj.weight",
+        "tensor 'model.layers.1.mlp.up_proj.weight' has 2 values that are NaN or infinite in float32",
+    )
+
+
+def test_a_weight_finite_in_float32_but_not_in_float16_is_refused(tiny):
+    tensors = tiny_llama_tensors()
+    tensors["model.norm.weight"][0] = 1e6
+    save_file(tensors, str(tiny / "model.safetensors"))
+    with pytest.raises(
+        models.CheckpointError, match="'model.norm.weight' has 1 values that are NaN or infinite in float16"
+    ):
+        models.load(tiny, dtype=torch.float16)
+
+
+def test_a_bias_switched_off_in_config_json_is_one_line_naming_the_tensors(tiny_family_folder, tmp_path):
+    folder = tmp_path / "neox"
+    shutil.copytree(tiny_family_folder("gpt_neox"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"attention_bias": False}))
+    with pytest.raises(models.CheckpointError, match=r"unexpected \[decoder.layers.0.self_attn.k_proj.bias") as info:
+        models.load(folder)
+    assert "\n" not in str(info.value)

@@ -186,3 +186,21 @@ def test_unknown_hook_names_are_listed(smollm2):
     ):
         with smollm2.hooks({"decoder.layers.0.self_attn.z": lambda z: z[..., 0]}):
             smollm2.run(TEXT, return_weights=False)
+
+
+def test_an_empty_input_and_a_hook_that_changes_the_batch_say_what_was_expected(tmp_path):
+    from attnkit import models
+    from tests.models.crafted import write_tiny_llama
+
+    model = models.load(write_tiny_llama(tmp_path / "tiny"))
+    with pytest.raises(ValueError, match="tiny needs a text, a list of texts or token ids, got an empty list"):
+        model.run_with_cache([])
+
+    def twice(x, hook=None):
+        return torch.cat([x, x])  # [2 b, s, e]
+
+    with (
+        model.hooks([("embed", twice)]),
+        pytest.raises(ValueError, match="each step must give 1 token; a hook changed the batch to 2 rows"),
+    ):
+        list(model.generate_ids("the cat", max_new_tokens=3))

@@ -56,3 +56,24 @@ def test_an_uncovered_script_warns_once_naming_the_package(monkeypatch, tmp_path
 def test_font_covers_an_unknown_family_is_an_error():
     with pytest.raises(ValueError, match="no installed font of family 'No Such Font'"):
         font_covers("No Such Font", "a")
+
+
+MATH_LIKE = ["$$", "$\\frac$", "It costs $5 or $6", "$x^2$", "a\\$b", "_^{}%#&~"]
+
+
+def test_labels_with_dollars_and_math_characters_are_drawn_as_written(tmp_path):
+    from attnkit.viz.fonts import plain_text
+    from attnkit.viz.head_grid import draw_head_grid
+    from attnkit.viz.heatmap import draw_attention_heads
+
+    weights = torch.rand(len(MATH_LIKE), len(MATH_LIKE))
+    title = "It costs $$ today"
+    draw_heatmap(weights, MATH_LIKE, MATH_LIKE, tmp_path / "map.svg", title=title, xlabel="$k$", ylabel="$q")
+    draw_attention_heads(weights.expand(2, -1, -1), MATH_LIKE, MATH_LIKE, tmp_path / "heads.png", title=title)
+    grid = torch.rand(2, len(MATH_LIKE))
+    draw_head_grid(grid, tmp_path / "grid.png", title=title, label="$", columns=MATH_LIKE, rows=["$0$", "$$"])
+    svg = (tmp_path / "map.svg").read_text()
+    # SVG keeps text as text: each label appears literally (XML-escaped), none typeset.
+    for text in [title, "It costs $5 or $6", "$x^2$", "a\\$b", "_^{}%#&amp;~"]:
+        assert text in svg
+    assert plain_text("a $ b") == "a \\$ b"

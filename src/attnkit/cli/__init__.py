@@ -97,7 +97,9 @@ def _show_warning(
     file: TextIO | None = None,
     line: str | None = None,
 ) -> None:
-    print(f"attnkit: warning: {message}", file=file or sys.stderr, flush=True)
+    from attnkit.viz.terminal import terminal_safe
+
+    print(f"attnkit: warning: {terminal_safe(str(message))}", file=file or sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

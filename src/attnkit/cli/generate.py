@@ -47,6 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype)
+    printed = False
     try:
         pieces = model.generate(
             args.prompt,
@@ -55,10 +56,15 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             seed=args.seed,
         )
+        # Tokens are computed as they are printed: a step may still refuse (logits that
+        # are not finite), after the ones before it were shown.
+        for piece in pieces:
+            sys.stdout.write(terminal_safe(piece))
+            sys.stdout.flush()
+            printed = True
     except ValueError as err:
+        if printed:
+            sys.stdout.write("\n")
         raise CommandError(str(err)) from None
-    for piece in pieces:
-        sys.stdout.write(terminal_safe(piece))
-        sys.stdout.flush()
     sys.stdout.write("\n")
     return 0

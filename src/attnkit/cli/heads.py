@@ -137,7 +137,13 @@ MAX_FILE_BYTES = 64 * 10**6
 
 
 def read_texts(text: str | None, file: str | None) -> list[str]:
-    """The texts to survey: TEXT, or the non-blank lines of FILE.
+    """The texts to survey: TEXT, or the non-blank lines of FILE (:func:`read_numbered_texts`)."""
+    return [line for _, line in read_numbered_texts(text, file)]
+
+
+def read_numbered_texts(text: str | None, file: str | None) -> list[tuple[int, str]]:
+    """The texts to survey with their line numbers: ``[(1, TEXT)]``, or the non-blank lines
+    of FILE, numbered from 1 as in the file.
 
     Raises:
         CommandError: both or neither given, an unreadable file, one over
@@ -148,7 +154,7 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
     if text is not None:
         if not text.strip():
             raise CommandError("the text is empty")
-        return [text]
+        return [(1, text)]
     assert file is not None
     try:
         with open(file, "rb") as f:
@@ -160,10 +166,24 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
         lines = data.decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise CommandError(f"cannot read --file {file}: {err}") from None
-    texts = [line for line in lines if line.strip()]
+    texts = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
     if not texts:
         raise CommandError(f"--file {file} has no text")
     return texts
+
+
+def _check_lines(model: Any, file: str, numbered: list[tuple[int, str]]) -> None:
+    """Refuse a line of ``--file`` that the model cannot read (no token, too long), by its
+    line number, before any survey starts.
+
+    Raises:
+        CommandError: ``--file FILE, line N: why``.
+    """
+    for number, line in numbered:
+        try:
+            model.tokenize(line)
+        except ValueError as err:
+            raise CommandError(f"--file {file}, line {number}: {err}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--mean and --target go with --ablate")
     seq2seq_options = args.decoder_text is not None or args.attention is not None or args.align is not None
     formats = parse_formats(args.format)
-    texts = read_texts(args.text, args.file)
+    numbered = read_numbered_texts(args.text, args.file)
+    texts = [line for _, line in numbered]
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
     if (args.source is None) != (args.target is None):
@@ -196,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
     status = Status(args.quiet or not talks)
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
+    if args.file is not None:
+        _check_lines(model, args.file, numbered)
     if getattr(model, "encoder_decoder", False):
         if distributed or args.source is not None:
             raise CommandError("an encoder-decoder's heads are surveyed in one process, without --from and --to")

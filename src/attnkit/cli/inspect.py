@@ -198,18 +198,24 @@ def run(args: argparse.Namespace) -> int:
     _check_map_sizes(args, model, formats, figure, limit, tokens, chosen)
     written = []
     with command_errors(f"cannot write to --out {args.out}"):
-        written += _write_maps(args, model, status, formats, figure, out, tokens, chosen)
+        # Everything is computed and checked (finite weights) before any file is written.
+        maps = _maps(args, model, status, tokens, chosen)
+        page = None
         if "html" in formats:
-            from attnkit.viz.export import write_viewer
+            from attnkit.viz.export import viewer_page
             from attnkit.viz.viewer.data import MODES as VIEWER_MODES
 
-            with status.step(f"writing {chosen.page}"):
+            with status.step(f"computing {chosen.page}"):
                 modes = [args.method] if args.method in VIEWER_MODES else []
-                written.append(
-                    write_viewer(
-                        model, args.text, out, level=args.level, layers=chosen.layers, heads=chosen.heads, modes=modes
-                    )
+                page = viewer_page(
+                    model, args.text, out, level=args.level, layers=chosen.layers, heads=chosen.heads, modes=modes
                 )
+        written += _write_maps(args, maps, status, formats, figure, out)
+        if page is not None:
+            from attnkit.viz.viewer import write_html
+
+            with status.step(f"writing {chosen.page}"):
+                written.append(write_html(*page))
     print_written(written, sizes=True)
     return 0
 
@@ -311,28 +317,16 @@ def _check_map_sizes(
     )
 
 
-def _write_maps(
-    args: argparse.Namespace,
-    model: Any,
-    status: Status,
-    formats: list[str],
-    figure: dict,
-    out: Path,
-    tokens: int,
-    chosen: _Chosen,
-) -> list[Path]:
-    """Print the map of each chosen layer and write its files (all formats but html).
+def _maps(args: argparse.Namespace, model: Any, status: Status, tokens: int, chosen: _Chosen) -> list[Any]:
+    """The map of each chosen layer, each checked to be finite.
 
-    Returns:
-        The files written.
+    Raises:
+        ValueError: a map with NaN or infinite weights (naming its layer).
     """
     from attnkit.inspect.methods import method_map
-    from attnkit.viz.attention_text import render_map
-    from attnkit.viz.export import write_map
-    from attnkit.viz.terminal import terminal_safe
+    from attnkit.viz.export import check_map_finite
 
-    written: list[Path] = []
-    files = [f for f in formats if f != "html"]
+    maps = []
     map_heads = chosen.map_heads
     for layer in chosen.map_layers:
         with status.step(f"running {model.name} on {tokens} tokens for layer {layer}"):
@@ -347,9 +341,29 @@ def _write_maps(
             )
             if len(map_heads) > 1 and amap.heads:
                 amap = replace(amap, heads=map_heads, weights=amap.weights[map_heads])  # [h, n, n]
+        check_map_finite(amap)
+        maps.append(amap)
+    return maps
+
+
+def _write_maps(
+    args: argparse.Namespace, maps: list[Any], status: Status, formats: list[str], figure: dict, out: Path
+) -> list[Path]:
+    """Print each map and write its files (all formats but html).
+
+    Returns:
+        The files written.
+    """
+    from attnkit.viz.attention_text import render_map
+    from attnkit.viz.export import write_map
+    from attnkit.viz.terminal import terminal_safe
+
+    written: list[Path] = []
+    files = [f for f in formats if f != "html"]
+    for amap in maps:
         print(terminal_safe(render_map(amap, top=args.top)), end="", flush=True)
         if files:
-            with status.step(f"writing {', '.join(files)} of layer {layer}"):
+            with status.step(f"writing {', '.join(files)} of layer {amap.layer}"):
                 written += write_map(amap, out, files, **figure)
     return written
 
@@ -376,11 +390,10 @@ def _run_seq2seq(
             f"--method {args.method} is not available for an encoder-decoder's {kind} attention; "
             "it shows raw weights, and value-weighted cross-attention (--attention cross --method value)"
         )
-    if args.max_new_tokens < 1:
-        raise CommandError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    new_tokens = _target_budget(args, model)
     try:
         s_src = len(model.tokenize(args.text))
-        s_tgt = args.max_new_tokens if args.decoder_text is None else len(model.tokenize(args.decoder_text))
+        s_tgt = new_tokens if args.decoder_text is None else len(model.tokenize(args.decoder_text))
     except ValueError as err:
         raise CommandError(str(err)) from None
     depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
@@ -402,7 +415,7 @@ def _run_seq2seq(
                 encoder_layers=encoder_layers,
                 decoder_layers=decoder_layers,
                 heads=heads,
-                max_new_tokens=args.max_new_tokens,
+                max_new_tokens=new_tokens,
             )
         if run.generated:
             print(
@@ -425,6 +438,29 @@ def _run_seq2seq(
                 written.append(write_seq2seq_viewer(model, run, out, level=args.level))
     print_written(written, sizes=True)
     return 0
+
+
+def _target_budget(args: argparse.Namespace, model: Any) -> int:
+    """The most target tokens to generate: ``--max-new-tokens``, capped (with a note) at the
+    positions the model has, so that neither the KV cache nor the positions overflow.
+
+    Raises:
+        CommandError: ``--max-new-tokens`` below 1.
+    """
+    from attnkit.viz.terminal import terminal_safe
+
+    if args.max_new_tokens < 1:
+        raise CommandError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+
+    if args.decoder_text is not None or args.max_new_tokens <= model.max_length:
+        return int(args.max_new_tokens)
+    print(
+        terminal_safe(
+            f"note: --max-new-tokens {args.max_new_tokens} is more than {model.name} has positions for: "
+            f"the target stops at {model.max_length} tokens if no end token comes first"
+        )
+    )
+    return int(model.max_length)
 
 
 def _check_seq2seq_sizes(

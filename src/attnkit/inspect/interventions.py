@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from attnkit.functional.finite import check_finite
 from attnkit.inspect import targets
 from attnkit.inspect.maps import token_labels
 from attnkit.inspect.methods import layer_indices
@@ -475,6 +476,7 @@ def _measure(
         if not isinstance(values, Tensor) or values.shape != (out.shape[0],):
             got = list(values.shape) if isinstance(values, Tensor) else type(values).__name__
             raise ValueError(f"a metric function must return one number per row, a tensor [{out.shape[0]}], got {got}")
+        check_finite(values.float(), "the metric function's result")
         return values.float()
 
     label = getattr(function, "__name__", "")

@@ -72,6 +72,8 @@ class HeadSurvey:
         pair: the ``--from``/``--to`` result, when asked.
         attention: ``"self"``, or which attention of an encoder–decoder
             (``"encoder"``, ``"decoder"``, ``"cross"``: :func:`attnkit.inspect.seq2seq.survey_seq2seq`).
+        notes: what the survey left out and why (the induction score of a model whose
+            context is shorter than its probe).
     """
 
     model: str
@@ -84,6 +86,7 @@ class HeadSurvey:
     induction_seed: int
     pair: TokenPair | None = None
     attention: str = "self"
+    notes: tuple[str, ...] = ()
 
     def to_dict(self, digits: int = 6) -> dict[str, Any]:
         """A JSON-ready dict; each statistic as ``[layer][head]`` rounded to ``digits``."""
@@ -99,6 +102,7 @@ class HeadSurvey:
             "tokens": self.tokens,
             "attention": self.attention,
             "induction": {"period": self.induction_period, "seed": self.induction_seed},
+            "notes": list(self.notes),
             "statistics": {
                 name: {"description": ALL_DESCRIPTIONS[name], "values": grid(values)}
                 for name, values in self.statistics.items()
@@ -267,7 +271,12 @@ def combine_surveys(
             )
         pair = TokenPair(source, target, pair_total / pair_texts, pair_texts, uniform_total / pair_texts, level)
     statistics = {name: total / len(parts) for name, total in totals.items()}
-    statistics["induction"] = induction_scores(model, period=period, seed=seed)
+    notes = []
+    missing = _induction_impossible(model, period)
+    if missing is None:
+        statistics["induction"] = induction_scores(model, period=period, seed=seed)
+    else:
+        notes.append(f"no induction score: its probe is {period} distinct random tokens repeated twice, {missing}")
     return HeadSurvey(
         model=model.name,
         num_layers=model.num_layers,
@@ -278,6 +287,7 @@ def combine_surveys(
         induction_period=period,
         induction_seed=seed,
         pair=pair,
+        notes=tuple(notes),
     )
 
 
@@ -294,19 +304,38 @@ def induction_scores(model: Model, *, period: int = INDUCTION_PERIOD, seed: int 
     Raises:
         ValueError: the sequence would not fit in the model's context.
     """
-    probe = model.tokenize("a")
-    first = probe.special.index(False)
-    last = len(probe.special) - probe.special[::-1].index(False)
-    prefix, suffix = probe.ids[0, :first], probe.ids[0, last:]  # what the tokenizer adds around any text
+    prefix, suffix = _specials_around(model)
+    length = len(prefix) + 2 * period + len(suffix)
+    if length > model.max_length:
+        raise ValueError(
+            f"an induction period of {period} needs {length} tokens; {model.name} takes {model.max_length}"
+        )
     added = model.tokenizer.backend.get_added_tokens_decoder()
     segment = random_token_ids(model.tokenizer.vocab_size, period, seed=seed, exclude=added)  # [period]
     ids = torch.cat([prefix, segment, segment, suffix])[None]  # [1, s]
-    if ids.shape[1] > model.max_length:
-        raise ValueError(
-            f"an induction period of {period} needs {ids.shape[1]} tokens; {model.name} takes {model.max_length}"
-        )
     run = model.run(ids, logits=False)
     return H.induction_score(_stack(run.attentions), start=len(prefix), period=period)
+
+
+def _specials_around(model: Model) -> tuple[Tensor, Tensor]:
+    """The ids the tokenizer adds before and after any text (``[CLS]`` … ``[SEP]``)."""
+    probe = model.tokenize("a")
+    first = probe.special.index(False)
+    last = len(probe.special) - probe.special[::-1].index(False)
+    return probe.ids[0, :first], probe.ids[0, last:]
+
+
+def _induction_impossible(model: Model, period: int) -> str | None:
+    """Why :func:`induction_scores` cannot run on ``model`` (a context or a vocabulary too
+    small for its probe), or ``None``."""
+    prefix, suffix = _specials_around(model)
+    length = len(prefix) + 2 * period + len(suffix)
+    if length > model.max_length:
+        return f"{length} tokens, and {model.name} reads at most {model.max_length}"
+    ordinary = model.tokenizer.vocab_size - len(model.tokenizer.backend.get_added_tokens_decoder())
+    if ordinary < period:
+        return f"and {model.name}'s vocabulary has {ordinary} ordinary tokens"
+    return None
 
 
 def random_token_ids(vocab_size: int, n: int, *, seed: int, exclude: Iterable[int] = ()) -> Tensor:

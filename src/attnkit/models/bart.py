@@ -43,6 +43,7 @@ from attnkit.models.checkpoint import (
     CONFIG_LIMITS,
     REQUIRED,
     CheckpointError,
+    config_bool,
     config_int,
     short_repr,
 )
@@ -153,7 +154,7 @@ class BartConfig(EncoderDecoderSizes):
 
         vocab = size("vocab_size", "vocab_size")
         activation = config.get("activation_function", "gelu")
-        if activation not in _ACTIVATIONS:
+        if not isinstance(activation, str) or activation not in _ACTIVATIONS:
             raise CheckpointError(
                 path,
                 f"activation_function={short_repr(activation)} is not supported "
@@ -161,7 +162,7 @@ class BartConfig(EncoderDecoderSizes):
                 field="activation_function",
             )
         for key in ("normalize_before", "add_final_layer_norm"):
-            if config.get(key):
+            if config_bool(config, key, path=path, default=False):
                 raise CheckpointError(path, f"{key}: pre-norm BART variants are not supported", field=key)
         out = cls(
             vocab_size=vocab,
@@ -174,7 +175,7 @@ class BartConfig(EncoderDecoderSizes):
             decoder_ffn_dim=size("decoder_ffn_dim", "intermediate_size"),
             max_length=size("max_position_embeddings", "max_position_embeddings", 1024),
             activation=_ACTIVATIONS[activation],
-            scale_embedding=bool(config.get("scale_embedding", False)),
+            scale_embedding=config_bool(config, "scale_embedding", path=path, default=False),
             decoder_start_token_id=config_int(
                 config, "decoder_start_token_id", path=path, default=2, minimum=0, maximum=vocab - 1
             ),

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,11 @@ _DTYPE_BYTES = {
 }
 # A header above this is not a header: real ones are a few hundred kilobytes at most.
 _MAX_HEADER = 100 * 2**20
+# The most bytes each file read at load may have: far above real ones (a configuration is a
+# few kilobytes, a large model's index a few hundred, Gemma 3's tokenizer.json 33 MB), far
+# below what would exhaust memory while parsing.
+FILE_LIMITS: dict[str, int] = {"tokenizer.json": 100 * 2**20, "model.safetensors.index.json": 64 * 2**20}
+_SMALL_FILE_LIMIT = 16 * 2**20
 _CHUNK = 2**20
 
 
@@ -99,6 +105,8 @@ CONFIG_LIMITS: dict[str, int] = {
     "head_dim": 2**12,
 }
 REQUIRED = object()
+# The smallest normal float32: a config value below it computes as 0 (or its inverse as inf).
+_FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
 
 def config_int(
@@ -137,7 +145,9 @@ def config_int(
 
 
 def config_float(config: dict[str, Any], key: str, *, path: Path, default: float, low: float, high: float) -> float:
-    """A number field of a ``config.json``, finite and ``low < value <= high``.
+    """A number field of a ``config.json``, finite and ``low < value <= high``, and either
+    0 or of a size that float32 holds (at least ``1.2e-38``: a smaller one would compute
+    as 0, and its inverse as infinity).
 
     Raises:
         CheckpointError: a field that is not a number in range.
@@ -149,7 +159,26 @@ def config_float(config: dict[str, Any], key: str, *, path: Path, default: float
         raise CheckpointError(
             path, f"{key} must be a number above {low} and at most {high}, got {short_repr(value)}", field=key
         )
+    if value != 0 and abs(value) < _FLOAT32_TINY:
+        raise CheckpointError(
+            path, f"{key} must be 0 or at least {_FLOAT32_TINY:.3g} in size (float32), got {value!r}", field=key
+        )
     return float(value)
+
+
+def config_bool(config: dict[str, Any], key: str, *, path: Path, default: bool) -> bool:
+    """A boolean field of a ``config.json``: JSON ``true`` or ``false`` (``null`` or absent
+    is ``default``). A string such as ``"false"`` is refused rather than read as true.
+
+    Raises:
+        CheckpointError: a field that is not a boolean.
+    """
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(path, f"{key} must be true or false, got {short_repr(value)}", field=key)
+    return value
 
 
 def short_repr(value: Any, limit: int = 60) -> str:
@@ -205,27 +234,67 @@ def resolve(name_or_path: str | os.PathLike[str]) -> tuple[str, Path]:
     )
 
 
+def read_file(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a file of a checkpoint folder, its size checked before anything is read.
+
+    Args:
+        path: the file.
+        limit: the most bytes it may have (default: :data:`FILE_LIMITS` of its name, 16 MiB
+            for the others).
+
+    Raises:
+        CheckpointError: not a regular file, larger than ``limit`` (a sparse file of
+            gigabytes is refused from its size, unread), or unreadable (a link to
+            ``/proc/self/mem``).
+    """
+    limit = FILE_LIMITS.get(path.name, _SMALL_FILE_LIMIT) if limit is None else limit
+    try:
+        with path.open("rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise CheckpointError(path, "is not a regular file")
+            if info.st_size > limit:
+                raise CheckpointError(path, f"is {info.st_size} bytes, more than the {limit} attnkit reads from it")
+            data = f.read(limit + 1)
+    except OSError as err:
+        raise CheckpointError(path, f"cannot be read: {err.strerror or err}") from None
+    if len(data) > limit:
+        raise CheckpointError(path, f"is more than the {limit} bytes attnkit reads from it")
+    return data
+
+
+def read_json_object(path: Path, limit: int | None = None) -> dict[str, Any]:
+    """A JSON object file of a checkpoint folder, read by :func:`read_file` and parsed
+    strictly (a repeated key is refused).
+
+    Raises:
+        CheckpointError: what :func:`read_file` raises, text that is not JSON (or is nested
+            too deeply to read), or JSON that is not an object.
+    """
+    try:
+        value = _strict_json(read_file(path, limit))
+    except (ValueError, UnicodeDecodeError) as err:
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(path, f"is not valid JSON: {short_repr(str(err), 200)}") from None
+    except RecursionError:
+        raise CheckpointError(path, "is not valid JSON: nested too deeply") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(path, f"must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
 def read_config(folder: Path) -> dict[str, Any]:
     """``config.json`` of a checkpoint folder.
 
     Raises:
         ValueError: no ``config.json``.
-        CheckpointError: one that is not a JSON object (or is nested too deeply to read).
+        CheckpointError: one that :func:`read_json_object` refuses.
     """
     path = folder / "config.json"
     if not path.is_file():
         raise ValueError(f"{folder} is not a model folder: it has no config.json")
-    if path.stat().st_size > _MAX_HEADER:
-        raise CheckpointError(path, f"is {path.stat().st_size} bytes, too large for a configuration")
-    try:
-        config = _strict_json(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CheckpointError(path, f"is not valid JSON: {err}") from None
-    except RecursionError:
-        raise CheckpointError(path, "is not valid JSON: nested too deeply") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(path, f"must hold a JSON object, got {type(config).__name__}")
-    return config
+    return read_json_object(path)
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -241,10 +310,11 @@ def weight_files(folder: Path) -> list[Path]:
         return [single]
     index = folder / "model.safetensors.index.json"
     if index.is_file():
+        contents = read_json_object(index)
         try:
-            weight_map = _strict_json(index.read_bytes())["weight_map"]
+            weight_map = contents["weight_map"]
             shards = sorted(set(weight_map.values()))
-        except (ValueError, UnicodeDecodeError, KeyError, AttributeError, TypeError, RecursionError) as err:
+        except (KeyError, AttributeError, TypeError) as err:
             raise CheckpointError(
                 index, f"is not a valid safetensors index: {short_repr(err)}", field="weight_map"
             ) from None
@@ -281,22 +351,27 @@ def check_safetensors(path: Path) -> dict[str, dict[str, Any]]:
             the file (truncated, padded, overlapping, wrong byte counts, unknown dtypes).
     """
     size = path.stat().st_size
-    with path.open("rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(path, f"is not a safetensors file: it is only {size} bytes")
-        header_len = int.from_bytes(prefix, "little")
-        if header_len > min(size - 8, _MAX_HEADER):
-            raise CheckpointError(
-                path,
-                f"is truncated or not a safetensors file: its header claims {header_len} bytes but the file has {size}",
-            )
-        try:
+    # Checked before reading: a link to a device or to /proc/self/mem has size 0.
+    if size < 8:
+        raise CheckpointError(path, f"is not a safetensors file: it is only {size} bytes")
+    try:
+        with path.open("rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if header_len > min(size - 8, _MAX_HEADER):
+                raise CheckpointError(
+                    path,
+                    f"is truncated or not a safetensors file: its header claims {header_len} bytes "
+                    f"but the file has {size}",
+                )
             header = _strict_json(f.read(header_len))
-        except (ValueError, UnicodeDecodeError) as err:
-            raise CheckpointError(path, f"is corrupt: its header is not valid JSON ({err})") from None
-        except RecursionError:
-            raise CheckpointError(path, "is corrupt: its header is nested too deeply") from None
+    except OSError as err:
+        raise CheckpointError(path, f"cannot be read: {err.strerror or err}") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(path, f"is corrupt: its header is not valid JSON ({err})") from None
+    except RecursionError:
+        raise CheckpointError(path, "is corrupt: its header is nested too deeply") from None
     if not isinstance(header, dict):
         raise CheckpointError(path, "is corrupt: its header is not a JSON object")
     metadata = header.get("__metadata__", {})
@@ -393,10 +468,28 @@ def load_tensors(files: list[Path], *, dtype: torch.dtype) -> dict[str, Tensor]:
             with safetensors.safe_open(str(path), framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                     t = f.get_tensor(key)
-                    tensors[key] = t.to(dtype) if t.is_floating_point() else t
+                    tensors[key] = _finite(t.to(dtype), path, key) if t.is_floating_point() else t
         except safetensors.SafetensorError as err:
             raise CheckpointError(path, f"is corrupt: the safetensors reader refused it ({err})") from None
     return tensors
+
+
+def _finite(tensor: Tensor, path: Path, name: str) -> Tensor:
+    """``tensor``, checked to hold only finite values in its dtype (after the cast: a float32
+    weight of 1e5 is infinite in float16).
+
+    Raises:
+        CheckpointError: naming the tensor and how many values are NaN or infinite.
+    """
+    # aminmax propagates NaN and infinities in one pass with no copy (isfinite is ~15x slower).
+    if tensor.numel() and not all(torch.isfinite(end) for end in torch.aminmax(tensor)):
+        bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+        raise CheckpointError(
+            path,
+            f"tensor {name!r} has {bad} values that are NaN or infinite in {str(tensor.dtype).removeprefix('torch.')}",
+            field=name,
+        )
+    return tensor
 
 
 # The in-place initialisers of ``torch.nn.init`` and the tensor fills they end in: on a

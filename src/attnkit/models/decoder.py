@@ -12,7 +12,6 @@ Shape letters: ``s`` number of tokens, ``e`` model dim, ``v`` vocabulary size.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -26,8 +25,10 @@ from attnkit.models.checkpoint import (
     REQUIRED,
     CheckpointError,
     build_without_weights,
+    config_bool,
     config_float,
     config_int,
+    read_json_object,
     short_repr,
 )
 from attnkit.models.family import ModelFamily
@@ -232,13 +233,7 @@ def eos_token_ids(config: DecoderConfig, folder: Path) -> tuple[int, ...]:
     path = folder / "generation_config.json"
     extra: tuple[int, ...] = ()
     if path.is_file():
-        try:
-            generation = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise CheckpointError(path, "is not valid JSON") from None
-        if not isinstance(generation, dict):
-            raise CheckpointError(path, "must hold a JSON object")
-        extra = token_ids(generation.get("eos_token_id"), config.vocab_size, path)
+        extra = token_ids(read_json_object(path).get("eos_token_id"), config.vocab_size, path)
     return tuple(dict.fromkeys(config.eos_token_ids + extra))
 
 
@@ -377,6 +372,10 @@ class ConfigReader:
         """A number field with ``low < value <= high``."""
         return config_float(self.config, key, path=self.path, default=default, low=low, high=high)
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A boolean field (:func:`attnkit.models.checkpoint.config_bool`)."""
+        return config_bool(self.config, key, path=self.path, default=default)
+
     def optional_number(self, key: str) -> float | None:
         """A positive number field, or ``None`` when absent or ``null``."""
         return None if self.config.get(key) is None else self.number(key, 0.0)
@@ -418,8 +417,8 @@ class ConfigReader:
     def no_flags(self, *keys: str) -> None:
         """Refuse features attnkit does not implement that a field switches on."""
         for key in keys:
-            if self.config.get(key):
-                raise self.refuse(key, f"{short_repr(self.config[key])} is not supported")
+            if self.flag(key, False):
+                raise self.refuse(key, "true is not supported")
 
     def rope(self, *, head_dim: int, layer_type: str | None = None) -> tuple[Rope, float]:
         """The rotary encoding and its partial factor, from transformers 5's
@@ -441,9 +440,11 @@ class ConfigReader:
         params = self.config.get(key) or {}
         if not isinstance(params, dict):
             raise self.refuse(key, f"must be an object, got {short_repr(params)}")
-        if layer_type is not None and isinstance(params.get(layer_type), dict):
-            params = params[layer_type]
+        if layer_type is not None and layer_type in params:
             key = f"{key}.{layer_type}"
+            params = params[layer_type]
+            if not isinstance(params, dict):
+                raise self.refuse(key, f"must be an object, got {short_repr(params)}")
         merged: dict[str, Any] = {
             k: self.config[k] for k in ("rope_theta", "partial_rotary_factor") if k in self.config
         }
@@ -495,7 +496,7 @@ class ConfigReader:
         ``layer_types`` marks ``"sliding_attention"`` (every layer when there is no
         ``layer_types`` and ``sliding_by_default``), ``None`` on the others."""
         window = self.config.get("sliding_window")
-        if window is None or self.config.get("use_sliding_window") is False:
+        if window is None or not self.flag("use_sliding_window", True):
             return (None,) * num_layers
         size = self.size("sliding_window")
         types = self.config.get("layer_types")
@@ -504,7 +505,7 @@ class ConfigReader:
         if not isinstance(types, list) or len(types) != num_layers:
             raise self.refuse("layer_types", f"must list one type per layer ({num_layers}), got {short_repr(types)}")
         known = {"sliding_attention": size, "full_attention": None}
-        unknown = [t for t in types if t not in known]
+        unknown = [t for t in types if not isinstance(t, str) or t not in known]
         if unknown:
             raise self.refuse("layer_types", f"{short_repr(unknown[0])} is not supported (attnkit has {list(known)})")
         return tuple(known[t] for t in types)

@@ -148,7 +148,8 @@ def network(model: Any) -> EncoderDecoderLM:
 def generate_target(model: Any, source_ids: Tensor, max_new_tokens: int) -> list[int]:
     """Greedy decoding of a source (the encoder once, the decoder with its KV cache),
     ending with the end-of-sequence token when the model produces one within
-    ``max_new_tokens``.
+    ``max_new_tokens``, or at the model's ``max_length`` (the positions it has; the KV
+    cache is never larger).
 
     Args:
         model: an encoder–decoder :class:`attnkit.models.Model`.
@@ -159,7 +160,8 @@ def generate_target(model: Any, source_ids: Tensor, max_new_tokens: int) -> list
         The produced ids, the end-of-sequence token included.
     """
     produced: list[int] = []
-    for token in network(model).stream(source_ids.to(model.device), max_new_tokens):  # [1]
+    steps = min(max_new_tokens, model.max_length)
+    for token in network(model).stream(source_ids.to(model.device), steps):  # [1]
         produced.append(int(token))
         if produced[-1] in model.tokenizer.eos_token_ids:
             break

@@ -136,8 +136,8 @@ def load(
         CheckpointError: a corrupt, truncated, crafted or unsupported checkpoint (a
             ``ValueError`` whose message names the file and the field at fault): sizes in
             ``config.json`` beyond :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, weights
-            that do not fit the configuration, a tokenizer with more ids than the embedding
-            has rows. All of it is checked before any module is built.
+            that do not fit the configuration, a tokenizer with an id beyond the embedding's
+            rows: all checked before any module is built; weights that are not finite.
         MemoryEstimateError: weights larger than the memory free on ``device``.
         ValueError: a missing ``config.json`` or weights; a revision with a fetched name
             or a folder.
@@ -166,10 +166,10 @@ def load(
     eos = family.eos_token_ids(config, folder)
     tokenizer_path = folder / "tokenizer.json"
     tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
-    if tokenizer.vocab_size > config.vocab_size:
+    if tokenizer.largest_id >= config.vocab_size:
         raise CheckpointError(
             tokenizer_path,
-            f"has {tokenizer.vocab_size} token ids, but the model's embedding has "
+            f"has token id {tokenizer.largest_id}, but the model's embedding has "
             f"vocab_size={config.vocab_size} rows (config.json)",
             field="vocab_size",
         )
@@ -213,8 +213,10 @@ def _check_weights_fit(
     ``module``, the family's build of ``config`` on the ``meta`` device, needs.
 
     Raises:
-        CheckpointError: a layer count that differs from the weights', missing, unexpected,
-            misshaped or non-floating weights.
+        CheckpointError: a layer count that differs from the weights', missing, unexpected
+            (a tensor the module would not use: every tensor is used, but for the known
+            redundant ones each family drops, listed in docs/models.md), misshaped or
+            non-floating weights.
     """
     where = next(iter(headers.values()))[0] if len({f for f, _, _ in headers.values()}) == 1 else folder
     expected = module.state_dict()
@@ -223,6 +225,9 @@ def _check_weights_fit(
         for key, (_, dtype, shape) in headers.items()
     }
     state, unknown = family.state_dict_from_hf(described, config)
+    # A tensor a family renames to a key the module does not have is unused too.
+    renamed_from = {id(t): key for key, t in described.items()}
+    unknown = [*unknown, *sorted(renamed_from.get(id(state[key]), key) for key in set(state) - set(expected))]
     # Depth first: the clearest message when config.json and the weights disagree on it.
     fields = dict(getattr(config, "layer_count_fields", ()))
     for stack, want in _layer_counts(expected).items():

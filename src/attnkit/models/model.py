@@ -753,6 +753,11 @@ class Model:
             ids.to(self.device), budget, temperature=temperature, top_k=top_k, generator=generator
         )
         while (token := context.run(next, steps, None)) is not None:  # [1]
+            if token.numel() != 1:
+                raise ValueError(
+                    f"generate continues one text, so each step must give 1 token; a hook changed the batch to "
+                    f"{token.numel()} rows"
+                )
             token_id = int(token)
             if token_id in self.tokenizer.eos_token_ids:
                 return
@@ -806,6 +811,8 @@ class Model:
         if isinstance(text_or_ids, str):
             encoded = self.tokenize(text_or_ids)
             return encoded.ids, encoded.tokens, encoded.offsets
+        if not isinstance(text_or_ids, Tensor) and len(text_or_ids) == 0:
+            raise ValueError(f"no input: {self.name} needs a text, a list of texts or token ids, got an empty list")
         ids = text_or_ids if isinstance(text_or_ids, Tensor) else torch.tensor(list(text_or_ids))
         if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
             raise TypeError(f"token ids must be integers, got dtype {ids.dtype}")

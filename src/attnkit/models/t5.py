@@ -45,6 +45,7 @@ from attnkit.models.checkpoint import (
     CONFIG_LIMITS,
     REQUIRED,
     CheckpointError,
+    config_bool,
     config_float,
     config_int,
     short_repr,
@@ -153,7 +154,7 @@ class T5Config(EncoderDecoderSizes):
         vocab = size("vocab_size", "vocab_size")
         layers = size("num_layers", "num_hidden_layers")
         proj = config.get("feed_forward_proj", "relu")
-        if proj not in _ACTIVATIONS:
+        if not isinstance(proj, str) or proj not in _ACTIVATIONS:
             raise CheckpointError(
                 path,
                 f"feed_forward_proj={short_repr(proj)} is not supported (only {', '.join(map(repr, _ACTIVATIONS))})",
@@ -162,9 +163,27 @@ class T5Config(EncoderDecoderSizes):
         # transformers 5 always ties T5's head and records whether to scale in
         # scale_decoder_outputs; older files say tie_word_embeddings=false for v1.1, whose
         # checkpoints then hold their own lm_head.
-        tie = config.get("tie_word_embeddings", True) is not False
-        scale = config.get("scale_decoder_outputs", tie)
+        tie = config_bool(config, "tie_word_embeddings", path=path, default=True)
+        scale = config_bool(config, "scale_decoder_outputs", path=path, default=tie)
         pad = config_int(config, "pad_token_id", path=path, default=0, minimum=0, maximum=vocab - 1)
+        # Half the buckets of the bidirectional encoder are exact offsets, half of those
+        # each way: at least one each, and max_distance beyond the decoder's exact ones.
+        buckets = config_int(
+            config,
+            "relative_attention_num_buckets",
+            path=path,
+            default=32,
+            minimum=4,
+            maximum=CONFIG_LIMITS["num_attention_heads"],
+        )
+        max_distance = config_int(
+            config,
+            "relative_attention_max_distance",
+            path=path,
+            default=128,
+            minimum=buckets // 2 + 1,
+            maximum=CONFIG_LIMITS["max_position_embeddings"],
+        )
         return cls(
             vocab_size=vocab,
             d_model=size("d_model", "hidden_size"),
@@ -173,12 +192,12 @@ class T5Config(EncoderDecoderSizes):
             num_layers=layers,
             num_decoder_layers=size("num_decoder_layers", "num_hidden_layers", layers),
             num_heads=size("num_heads", "num_attention_heads"),
-            num_buckets=size("relative_attention_num_buckets", "num_attention_heads", 32),
-            max_distance=size("relative_attention_max_distance", "max_position_embeddings", 128),
+            num_buckets=buckets,
+            max_distance=max_distance,
             activation=_ACTIVATIONS[proj],
             layer_norm_eps=config_float(config, "layer_norm_epsilon", path=path, default=1e-6, low=0.0, high=1.0),
             tie_embeddings=tie,
-            scale_decoder_outputs=bool(scale),
+            scale_decoder_outputs=scale,
             decoder_start_token_id=config_int(
                 config, "decoder_start_token_id", path=path, default=pad, minimum=0, maximum=vocab - 1
             ),

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnkit.models.checkpoint import CheckpointError, require, short_repr
+from attnkit.models.checkpoint import CheckpointError, read_file, require, short_repr
 
 
 def check_unicode(text: str) -> None:
@@ -89,15 +89,20 @@ class Tokenizer:
 
         Raises:
             ValueError: a missing file.
-            CheckpointError: an unreadable one (the ``tokenizers`` library's errors and
-                panics become this).
+            CheckpointError: an unreadable one: too large to read
+                (:func:`attnkit.models.checkpoint.read_file`), not UTF-8, or refused by the
+                ``tokenizers`` library (its errors and panics become this).
         """
         backend_class = require("tokenizers").Tokenizer
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"{path.parent} has no tokenizer.json")
         try:
-            backend = backend_class.from_file(str(path))
+            text = read_file(path).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise CheckpointError(path, f"is not UTF-8 text: {err.reason} at byte {err.start}") from None
+        try:
+            backend = backend_class.from_str(text)
         except BaseException as err:  # tokenizers raises untyped errors, and panics (BaseException)
             if not _is_library_error(err):
                 raise
@@ -108,6 +113,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Number of ids, added tokens included."""
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def largest_id(self) -> int:
+        """The largest id the tokenizer may produce, added tokens included (``-1`` for an
+        empty vocabulary): ids need not be contiguous, so it may exceed ``vocab_size``."""
+        return max(self.backend.get_vocab(with_added_tokens=True).values(), default=-1)
 
     def encode(self, text: str) -> TokenizedText:
         """Split ``text`` into tokens, with the special tokens the model expects.

@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from attnkit.functional.finite import check_finite
 from attnkit.nn.dropout import Dropout
 from attnkit.nn.feedforward import Activation
 from attnkit.nn.hooks import HookedModule, HookPoint
@@ -458,7 +459,12 @@ def pick_next_token(
 
     Returns:
         Token ids ``[b]``.
+
+    Raises:
+        ValueError: logits that are NaN or infinite (an overflowing model would otherwise
+            give the same token over and over).
     """
+    check_finite(logits, "the next-token logits")
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature

@@ -42,6 +42,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"attnkit serve needs FastAPI and uvicorn ({err}): pip install 'attnkit[serve]'") from None
 
 from attnkit import __version__
+from attnkit.functional.finite import check_finite
 from attnkit.functional.indices import select_indices
 from attnkit.models.hub import is_hub_name
 from attnkit.models.protocol import InspectableModel
@@ -505,11 +506,23 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
             raise _error(422, str(err)) from None
         if run is None:  # the client has gone; nobody reads this
             return Response(status_code=499)
-        data = await run_in_threadpool(
-            viewer_data_from_run, s.model, run, name=name, text=admitted.text, level=request.level
-        )
+        data = await run_in_threadpool(_viewer_data, s.model, run, name, admitted.text, request.level)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
+
+
+def _viewer_data(model: Any, run: Any, name: str, text: str, level: str) -> Any:
+    """The viewer's data of a run, its weights checked finite.
+
+    Raises:
+        HTTPException: 422 naming the layer whose weights are NaN or infinite.
+    """
+    try:
+        for layer, weights in run.attentions.items():
+            check_finite(weights, f"the attention weights of layer {layer} of {name}")
+        return viewer_data_from_run(model, run, name=name, text=text, level=level)
+    except ValueError as err:
+        raise _error(422, str(err)) from None
 
 
 async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> Admitted:

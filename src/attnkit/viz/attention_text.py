@@ -278,15 +278,15 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
         raise ValueError(f"unknown statistic {stat!r}; choose from {', '.join(survey.statistics)}")
     sizes = f"{counted(survey.num_layers, 'layer')} × {counted(survey.num_heads, 'head')}"
     head = f"{survey.model} · {sizes} · {counted(survey.texts, 'text')}, {counted(survey.tokens, 'token')}"
-    if survey.attention == "self":
-        head += f" · induction on {survey.induction_period} random tokens × 2 (seed {survey.induction_seed})"
-    else:
+    if survey.attention != "self":
         pairs = counted(survey.texts, "source/target pair")
         rows_of = "source" if survey.attention == "encoder" else "target"
         head = (
             f"{survey.model} · {ATTENTION_NAMES[survey.attention]} · {sizes} · {pairs}, "
             f"{counted(survey.tokens, rows_of + ' token')}"
         )
+    elif "induction" in survey.statistics:  # a note says why it is missing
+        head += f" · induction on {survey.induction_period} random tokens × 2 (seed {survey.induction_seed})"
     lines = [head, "", f"Top {top} heads per statistic (L layer, H head)"]
     rows = []
     for name, values in survey.statistics.items():
@@ -311,7 +311,9 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
             )
         )
     lines.append("")
-    if stat is None and not all(name in survey.statistics for _, name, _ in ROLES):
+    lines += [f"note: {note}" for note in survey.notes]
+    # Without the induction score (a short context) the other roles still show.
+    if stat is None and not all(name in survey.statistics for _, name, _ in ROLES if name != "induction"):
         # Roles need every statistic of self-attention; cross-attention shows its alignment
         # (or entropy) instead.
         stat = "alignment" if "alignment" in survey.statistics else "entropy"
@@ -325,7 +327,11 @@ def head_roles(survey: HeadSurvey) -> list[list[str]]:
     for layer in range(survey.num_layers):
         row = []
         for head in range(survey.num_heads):
-            letters = [letter for letter, name, threshold in ROLES if survey.statistics[name][layer, head] >= threshold]
+            letters = [
+                letter
+                for letter, name, threshold in ROLES
+                if name in survey.statistics and survey.statistics[name][layer, head] >= threshold
+            ]
             row.append(letters[0] if letters else "·")
         grid.append(row)
     return grid

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from attnkit.inspect.interventions import InterventionEffects
     from attnkit.inspect.maps import AttentionMap
     from attnkit.inspect.survey import HeadSurvey
+    from attnkit.viz.viewer.data import ViewerData
 
 PICTURE_FORMATS = ("png", "svg")
 
@@ -147,8 +148,10 @@ def write_map(
 
     Raises:
         ImportError: matplotlib is missing and a picture was asked for.
-        ValueError: an unknown colour map or scale.
+        ValueError: an unknown colour map or scale, or weights that are NaN or infinite
+            (before anything is written).
     """
+    check_map_finite(amap)
     tag = heads_tag(amap.heads) if amap.heads else "all-heads"
     kind = "" if amap.attention == "self" else f"_{amap.attention}"
     stem = f"{file_stem(amap.model)}{kind}_layer{amap.layer}_{tag}" + (
@@ -209,6 +212,19 @@ def write_map(
     return written
 
 
+def check_map_finite(amap: AttentionMap) -> None:
+    """Refuse a map with a NaN or an infinity, naming the layer and its kind.
+
+    Raises:
+        ValueError: from :func:`attnkit.functional.finite.check_finite`.
+    """
+    from attnkit.functional.finite import check_finite
+
+    kind = "" if amap.attention == "self" else f"{amap.attention} "
+    method = "" if amap.method == "raw" else f" ({amap.method})"
+    check_finite(amap.weights, f"the {kind}attention map{method} of layer {amap.layer} of {amap.model}")
+
+
 def _axis_labels(attention: str, unit: str) -> tuple[str, str]:
     """``(x label, y label)`` of a heatmap of one kind of attention (``unit`` is ``""`` or
     ``" word"``)."""
@@ -231,12 +247,35 @@ def write_viewer(
 ) -> Path:
     """Write the viewer page (``html``) of ``text``: by default every layer and head of
     ``model``, not only the ones printed, so that one file is enough to explore the whole
-    model.
+    model. :func:`viewer_page` then :func:`attnkit.viz.viewer.write_html`.
+
+    Returns:
+        The path written: ``MODEL_viewer.html``, or ``MODEL_viewer_words.html``.
+
+    Raises:
+        As :func:`viewer_page`.
+    """
+    from attnkit.viz.viewer import write_html
+
+    return write_html(*viewer_page(model, text, out, level=level, layers=layers, heads=heads, modes=modes))
+
+
+def viewer_page(
+    model: Any,
+    text: str,
+    out: Path,
+    *,
+    level: str = "token",
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    modes: Sequence[str] = (),
+) -> tuple[Path, ViewerData]:
+    """The viewer page of ``text``, computed and checked but not written.
 
     Args:
         model: an :mod:`attnkit.models` model.
         text: the input.
-        out: the folder to write to.
+        out: the folder it is for.
         level: ``"token"``, or ``"word"`` for the attention between the words of the text.
         layers: the layers to include (default: all).
         heads: the heads of each layer to include (default: all).
@@ -245,25 +284,30 @@ def write_viewer(
             "Attention" menu switches between them.
 
     Returns:
-        The path written: ``MODEL_viewer.html``, or ``MODEL_viewer_words.html``.
+        ``(path, data)``: ``out/MODEL_viewer.html`` (``_viewer_words.html`` for words) and
+        the page's data.
 
     Raises:
-        ValueError: the model refuses the text, or an unknown level.
+        ValueError: the model refuses the text, an unknown level, or weights that are NaN
+            or infinite (naming the layer).
         ImportError: the viewer's dependencies are missing.
     """
     from dataclasses import replace
 
-    from attnkit.viz.viewer import viewer_data_from_run, write_html
+    from attnkit.functional.finite import check_finite
+    from attnkit.viz.viewer import viewer_data_from_run
     from attnkit.viz.viewer.adapters import mode_sections
 
     run = model.run(text, return_weights=True if layers is None else list(layers), heads=heads)
+    for layer, weights in run.attentions.items():
+        check_finite(weights, f"the attention weights of layer {layer} of {model.name}")
     data = viewer_data_from_run(model, run, name=model.name, text=text, level=level)
     if modes:
         own = data.sections["self"]
         extra = mode_sections(model, text, modes, layers=own.layers, heads=own.heads, level=level)
         data = replace(data, sections={**data.sections, **extra})
     suffix = "_words" if level == "word" else ""
-    return write_html(out / f"{file_stem(model.name)}_viewer{suffix}.html", data)
+    return out / f"{file_stem(model.name)}_viewer{suffix}.html", data
 
 
 def write_seq2seq_viewer(model: Any, run: Any, out: Path, *, level: str = "token") -> Path:
@@ -314,8 +358,12 @@ def write_effects(
 
     Raises:
         ImportError: matplotlib is missing and a picture was asked for.
+        ValueError: effects that are NaN or infinite (before anything is written).
     """
+    from attnkit.functional.finite import check_finite
+
     kind = "mean-ablation" if effects.replacement == "mean" else effects.kind
+    check_finite(effects.effects, f"the {kind} effects ({effects.metric}) of {effects.model}")
     stem = f"{file_stem(effects.model)}_{kind}"
     if effects.by != "head":
         stem += f"_{effects.component}_by-{effects.by}"
@@ -366,8 +414,15 @@ def write_survey(
 
     Raises:
         ImportError: matplotlib is missing and a picture was asked for.
+        ValueError: a statistic that is NaN or infinite (before anything is written).
     """
+    from attnkit.functional.finite import check_finite
     from attnkit.inspect.survey import ALL_DESCRIPTIONS
+
+    for name, values in survey.statistics.items():
+        check_finite(values, f"the head statistic {name!r} of {survey.model}")
+    if survey.pair is not None:
+        check_finite(survey.pair.mass, f"the attention of {survey.pair.source!r} on {survey.pair.target!r}")
 
     stem = f"{file_stem(survey.model)}_heads"
     written = []

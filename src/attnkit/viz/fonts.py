@@ -54,6 +54,16 @@ class FontChoice:
     missing: str
 
 
+def plain_text(text: str) -> str:
+    """``text`` escaped so that matplotlib draws it as written: every ``$`` becomes ``\\$``,
+    so no pair of them opens mathtext (``"It costs $$ today"`` would otherwise fail to
+    parse, and ``"$x^2$"`` be typeset). Outside ``$…$`` matplotlib gives no other
+    character a meaning, and draws ``\\$`` as ``$``. Every label, title and tick label of
+    attnkit's figures goes through it.
+    """
+    return text.replace("$", "\\$")
+
+
 def needed_characters(texts: Iterable[str]) -> frozenset[str]:
     """The characters that need a glyph: all but white space and control characters."""
     return frozenset(ch for text in texts for ch in text if not ch.isspace() and ch.isprintable())

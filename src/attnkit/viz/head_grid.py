@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnkit.viz.fonts import font_context
+from attnkit.viz.fonts import font_context, plain_text
 from attnkit.viz.heatmap import colour_map, lay_out_once, new_figure, root_figure, save_figure
 
 if TYPE_CHECKING:
@@ -81,17 +81,17 @@ def plot_head_grid(
             high = max(abs(low), abs(high), 1e-12)
             low = -high
         image = ax.imshow(grid, cmap=colour_map(cmap), vmin=min(low, 0.0), vmax=max(high, 1e-12), aspect="auto")
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(label, fontfamily=families)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(plain_text(label), fontfamily=families)
         ax.set_xticks(range(n_heads))
         ax.set_yticks(range(n_layers))
         if columns is not None:
-            ax.set_xticklabels(list(columns), rotation=90, fontfamily=families)
+            ax.set_xticklabels([plain_text(c) for c in columns], rotation=90, fontfamily=families)
         if rows is not None:
-            ax.set_yticklabels(list(rows))
+            ax.set_yticklabels([plain_text(r) for r in rows])
         ax.tick_params(labelsize=7)
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(plain_text(xlabel))
         ax.set_ylabel("layer")
-        ax.set_title(title, fontfamily=families)
+        ax.set_title(plain_text(title), fontfamily=families)
         if annotate:
             threshold = (min(low, 0.0) + high) / 2
             for layer in range(n_layers):

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from attnkit.viz.files import atomic_path
-from attnkit.viz.fonts import font_context
+from attnkit.viz.fonts import font_context, plain_text
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -356,14 +356,20 @@ def plot_attention(
         )
         if colorbar:
             bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-            bar.set_label(f"{label} (centred on 0)" if signed else f"{label} ({scale} scale)", fontsize=8)
+            bar_label = f"{label} (centred on 0)" if signed else f"{label} ({scale} scale)"
+            bar.set_label(plain_text(bar_label), fontsize=8)
         ax.set_xticks(
-            col_ticks, labels=col_labels, rotation=45, ha="right", rotation_mode="anchor", fontfamily=families
+            col_ticks,
+            labels=[plain_text(t) for t in col_labels],
+            rotation=45,
+            ha="right",
+            rotation_mode="anchor",
+            fontfamily=families,
         )
-        ax.set_yticks(row_ticks, labels=row_labels, fontfamily=families)
-        ax.set_xlabel(xlabel, fontfamily=families)
-        ax.set_ylabel(ylabel, fontfamily=families)
-        ax.set_title(title, fontfamily=families)
+        ax.set_yticks(row_ticks, labels=[plain_text(t) for t in row_labels], fontfamily=families)
+        ax.set_xlabel(plain_text(xlabel), fontfamily=families)
+        ax.set_ylabel(plain_text(ylabel), fontfamily=families)
+        ax.set_title(plain_text(title), fontfamily=families)
         if annotate:
             _annotate(ax, values, norm)
         if created:
@@ -427,7 +433,7 @@ def plot_attention_heads(
     scale = ("linear" if signed else "sqrt") if scale is None else scale
     colour_norm(scale, top)  # an unknown scale fails before anything is drawn
     fig = new_figure(figsize or heads_figsize(count))
-    fig.suptitle(title)
+    fig.suptitle(plain_text(title))
     grid = fig.subplots(rows, cols, squeeze=False)
     for index, ax in enumerate(grid.flat):
         if index >= count:
@@ -457,7 +463,7 @@ def plot_attention_heads(
             ax.set_yticklabels([])
         ax.tick_params(labelsize=6)
     bar_label = f"{label} (centred on 0)" if signed else f"{label} ({scale} scale)"
-    fig.colorbar(grid.flat[0].images[0], ax=list(grid.flat), fraction=0.02, pad=0.02, label=bar_label)
+    fig.colorbar(grid.flat[0].images[0], ax=list(grid.flat), fraction=0.02, pad=0.02, label=plain_text(bar_label))
     return fig
 
 

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from attnkit.nn import RotaryEmbedding, SinusoidalPositionalEncoding
 from attnkit.viz.files import atomic_path
+from attnkit.viz.fonts import plain_text
 from attnkit.viz.heatmap import lay_out_once, require_matplotlib
 
 # The classic pictures: positions 3 and 4 (alike), 3 and 500 (different), and
@@ -151,11 +152,11 @@ def draw_similarity(curves: dict[str, Tensor], path: str | Path, *, title: str) 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     try:
         for (label, curve), style in zip(curves.items(), ("-", "-", "--", ":")):
-            ax.plot(curve.numpy(), style, label=label, linewidth=1.0)
+            ax.plot(curve.numpy(), style, label=plain_text(label), linewidth=1.0)
         ax.axhline(0.0, color="grey", linewidth=0.5)
         ax.set_xlabel("distance Δ between positions")
         ax.set_ylabel("cosine similarity")
-        ax.set_title(title)
+        ax.set_title(plain_text(title))
         ax.legend()
         return _save(fig, path)
     finally:
