@@ -47,6 +47,7 @@ from attnkit.nn.attention import MultiHeadAttention
 # Scores held at once by one block: n_h * rows * keys floats (16 Mi ≈ 64 MiB in float32).
 DEFAULT_BLOCK_BUDGET = 1 << 24
 DEFAULT_QUANTILES = (0.25, 0.5, 0.75, 0.9)
+MAX_BLOCK_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,8 @@ def summarize_layer(
         raise ValueError(f"map_block needs every row and an int >= 1, got map_block={map_block!r}")
     head_t = torch.tensor(head_list, dtype=torch.long, device=device)
     n_h, n_r = len(head_list), row_t.numel()
-    block_rows = max(1, block_budget // (n_h * s))
+    # Short blocks follow the causal triangle closely (a block computes keys up to its last row).
+    block_rows = max(1, min(MAX_BLOCK_ROWS, block_budget // (n_h * s)))
     if map_block is not None:
         block_rows = max(map_block, block_rows // map_block * map_block)
     f64 = torch.float64
@@ -329,13 +331,16 @@ def summarize_layer(
         gap = r[:, None] - keys[None, :]  # [m, l]
         dist = gap if scoring.causal else gap.abs()
         dist = dist.clamp(min=0)  # masked (weight 0) keys after a causal query
-        w64 = w.to(f64)
-        sink[:, out] = w64[..., : max(0, sink_tokens - k0)].sum(-1)
-        distance[:, out] = (w64 * dist.to(f64)).sum(-1)
-        within[:, out] = (w64 * (dist < window)).sum(-1)
-        entropy[:, out] = -torch.special.xlogy(w64, w64).sum(-1) / math.log(2)
-        counted = (r >= 1).to(f64)[None, :, None]  # [1, m, 1]
-        distance_mass.scatter_add_(1, dist.reshape(1, -1).expand(n_h, -1), (w64 * counted).reshape(n_h, -1))
+        # Reductions in the weights' dtype (one pass each over the block), kept in float64.
+        near = (dist < window).to(w.dtype)  # [m, l]
+        sink[:, out] = w[..., : max(0, sink_tokens - k0)].sum(-1).to(f64)
+        distance[:, out] = (w * dist.to(w.dtype)).sum(-1).to(f64)
+        within[:, out] = (w * near).sum(-1).to(f64)
+        entropy[:, out] = -torch.special.xlogy(w, w).sum(-1).to(f64) / math.log(2)
+        counted = w if int(r[0]) >= 1 else w * (r >= 1).to(w.dtype)[None, :, None]  # query 0 not counted
+        by_distance = torch.zeros(n_h, s, dtype=w.dtype, device=device)
+        by_distance.scatter_add_(1, dist.reshape(1, -1).expand(n_h, -1), counted.reshape(n_h, -1))
+        distance_mass += by_distance
         top_w, top_i = w.topk(min(kept, n_keys), dim=-1)  # [n_h, m, k]
         taken = top_w > 0
         top_keys[:, out, : top_i.shape[-1]] = torch.where(taken, top_i + k0, -1)
