@@ -172,7 +172,7 @@ def read_texts(text: str | None, file: str | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     if args.long or args.stat in LONG_ONLY_STATISTICS:
-        return run_heads_long(args)
+        return run_heads_long(args, read_texts)
     check_nproc(args)
     distributed = launched_by_torchrun()
     if (args.nproc is not None or distributed) and (args.ablate or args.file is None):

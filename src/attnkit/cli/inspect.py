@@ -178,7 +178,9 @@ def parse_heads(spec: str | None, num_heads: int) -> list[int] | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.long:
-        return run_inspect_long(args)
+        return run_inspect_long(
+            args, lambda model: (parse_layers(args.layers, model.num_layers), parse_heads(args.heads, model.num_heads))
+        )
     if args.file is not None or args.max_tokens is not None:
         raise CommandError("--file and --max-tokens go with --long")
     status = Status(args.quiet)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,16 @@ def _token_ids(model: Any, text: str, max_tokens: int | None) -> Any:
     return ids
 
 
-def run_inspect_long(args: argparse.Namespace) -> int:
-    """``attnkit inspect --long``: the head table, the top keys and block-reduced maps."""
-    from attnkit.cli.inspect import parse_heads, parse_layers  # the two commands share the parsing
+def run_inspect_long(
+    args: argparse.Namespace, choose: Callable[[Any], tuple[list[int] | None, list[int] | None]]
+) -> int:
+    """``attnkit inspect --long``: the head table, the top keys and block-reduced maps.
 
+    Args:
+        args: the command's arguments.
+        choose: ``model -> (layers, heads)`` as ``--layers`` and ``--heads`` name them
+            (``None``: all).
+    """
     _check_long_options(args)
     if args.max_tokens is not None and args.max_tokens < 1:
         raise CommandError(f"--max-tokens must be at least 1, got {args.max_tokens}")
@@ -110,8 +117,7 @@ def run_inspect_long(args: argparse.Namespace) -> int:
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
     ids = _token_ids(model, text, args.max_tokens)
-    layers = parse_layers(args.layers, model.num_layers)
-    heads = parse_heads(args.heads, model.num_heads)
+    layers, heads = choose(model)
     s = ids.numel()
     block = max(1, math.ceil(s / MAP_SIDE))
     with command_errors(f"cannot write to --out {args.out}"):
@@ -186,9 +192,14 @@ def write_long_outputs(run: Any, out: Path, model: Any, *, block: int, formats: 
     return written
 
 
-def run_heads_long(args: argparse.Namespace) -> int:
+def run_heads_long(args: argparse.Namespace, read_texts: Callable[[str | None, str | None], list[str]]) -> int:
     """``attnkit heads --stat sink|distance|window|entropy|retrieval`` (or ``--long``): the
-    heads ranked by one long-context statistic; retrieval runs the needle probe."""
+    heads ranked by one long-context statistic; retrieval runs the needle probe.
+
+    Args:
+        args: the command's arguments.
+        read_texts: ``(TEXT, --file) -> texts``, joined into one long text.
+    """
     _check_long_options(args)
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
@@ -223,7 +234,6 @@ def run_heads_long(args: argparse.Namespace) -> int:
                 "retrieval": {str(layer): row.tolist() for layer, row in zip(scores.layers, scores.scores)},
             }
         else:
-            from attnkit.cli.heads import read_texts
             from attnkit.inspect.long_context import long_context_summaries
 
             text = "\n".join(read_texts(args.text, args.file))
