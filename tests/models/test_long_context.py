@@ -16,6 +16,7 @@ from attnkit.inspect.long_context import (
     LayerScoring,
     distance_quantiles,
     exact_block,
+    layer_scoring,
     long_context_summaries,
     summarize_layer,
 )
@@ -158,3 +159,38 @@ def test_summaries_equal_dense_statistics_on_smollm2(smollm2):
         torch.testing.assert_close(summary.top_weights.double(), weights.topk(5, dim=-1).values, rtol=1e-4, atol=1e-6)
         agree = (summary.top_keys[..., 0] == weights.argmax(-1)).double().mean()
         assert agree > 0.999, f"layer {layer}: the strongest key differs on {1 - float(agree):.4%} of the queries"
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_bidirectional_summaries_use_the_absolute_distance(window):
+    s, h, d = 12, 2, 8
+    gen = torch.Generator().manual_seed(3)
+    q, k = (
+        torch.randn(h, s, d, generator=gen, dtype=torch.float64),
+        torch.randn(h, s, d, generator=gen, dtype=torch.float64),
+    )
+    scores = q @ k.transpose(-1, -2) * d**-0.5  # [h, s, s]
+    dist = (torch.arange(s)[:, None] - torch.arange(s)[None, :]).abs()
+    if window is not None:
+        scores = scores.masked_fill(dist >= window, float("-inf"))
+    weights = scores.softmax(-1)
+    summary = summarize_layer(
+        q, k, LayerScoring(scale=d**-0.5, window=window, causal=False), window=2, top_k=3, block_budget=h * 5 * s
+    )
+    torch.testing.assert_close(summary.distance, (weights * dist).sum(-1))
+    torch.testing.assert_close(summary.within_window, (weights * (dist < 2)).sum(-1))
+    torch.testing.assert_close(summary.top_weights, weights.topk(3, dim=-1).values)
+
+
+def test_layers_that_cannot_be_reproduced_are_refused():
+    from attnkit.nn import AttentionConfig, MultiHeadAttention
+    from attnkit.nn.positional import ALiBi
+
+    alibi = MultiHeadAttention(AttentionConfig(16, 4), positional=ALiBi(4))
+    with pytest.raises(ValueError, match="positional score bias \\(ALiBi\\)"):
+        layer_scoring(alibi, causal=True, where="layer 3")
+    local = MultiHeadAttention(AttentionConfig(16, 4, kernel="local", kernel_options={"window": 4}))
+    with pytest.raises(ValueError, match="layer 3 runs the 'local' kernel"):
+        layer_scoring(local, causal=True, where="layer 3")
+    unscaled = layer_scoring(MultiHeadAttention(AttentionConfig(16, 4, score="dot")), causal=False)
+    assert unscaled == LayerScoring(scale=1.0, causal=False)
