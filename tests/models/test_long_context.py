@@ -194,3 +194,15 @@ def test_layers_that_cannot_be_reproduced_are_refused():
         layer_scoring(local, causal=True, where="layer 3")
     unscaled = layer_scoring(MultiHeadAttention(AttentionConfig(16, 4, score="dot")), causal=False)
     assert unscaled == LayerScoring(scale=1.0, causal=False)
+
+
+def test_minilm_summaries_equal_its_dense_weights(minilm):
+    text = "The animal didn't cross the road because it was too tired, and the road was long."
+    name = minilm.hook_name("self_attn.pattern", 3)
+    dense = minilm.run(text, return_weights=False, cache=[name]).cache[name][0].double()  # [h, s, s]
+    got = long_context_summaries(minilm, text, layers=[3], top_k=2, window=4).summaries[3]
+    s = dense.shape[-1]
+    dist = (torch.arange(s)[:, None] - torch.arange(s)[None, :]).abs()
+    torch.testing.assert_close(got.distance, (dense * dist).sum(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.within_window, (dense * (dist < 4)).sum(-1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.top_weights.double(), dense.topk(2, dim=-1).values, rtol=1e-5, atol=1e-6)
