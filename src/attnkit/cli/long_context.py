@@ -134,6 +134,7 @@ def run_inspect_long(
                 sink_tokens=args.sink_tokens,
                 window=args.window,
                 map_block=block,
+                progress=lambda done, total: status.say(f"  {done}/{total} layers summarised"),
             )
         table = run.head_table()
         print(format_head_table(table, window=args.window))
@@ -239,7 +240,14 @@ def run_heads_long(args: argparse.Namespace, read_texts: Callable[[str | None, s
             text = "\n".join(read_texts(args.text, args.file))
             ids = _token_ids(model, text, None)
             with status.step(f"summarising every head of {model.name} over {counted(ids.numel(), 'token')}"):
-                run = long_context_summaries(model, ids, top_k=1, sink_tokens=args.sink_tokens, window=args.window)
+                run = long_context_summaries(
+                    model,
+                    ids,
+                    top_k=1,
+                    sink_tokens=args.sink_tokens,
+                    window=args.window,
+                    progress=lambda done, total: status.say(f"  {done}/{total} layers summarised"),
+                )
             key = {"window": "within_window"}.get(stat, stat)
             table = sorted(run.head_table(), key=lambda row: -float(row[key]))
             print(format_head_table(table[: args.top], window=args.window))
