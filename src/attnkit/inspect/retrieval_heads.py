@@ -152,12 +152,12 @@ def retrieval_scores(model: object, probe: NeedleProbe, *, layers: list[int] | N
     run = long_context_summaries(model, probe.ids, layers=layers, rows=queries, top_k=1, logits_at=queries)
     assert run.logits is not None  # asked for at the queries
     targets = probe.ids[probe.answer[0] : probe.answer[1]]  # [n] the tokens to copy
-    copied = run.logits.argmax(-1) == targets  # [n]
+    copied = run.logits.argmax(-1).cpu() == targets  # [n]
     n0, n1 = probe.needle
     chosen = sorted(run.summaries)
     rows = []
     for layer in chosen:
-        strongest = run.summaries[layer].top_keys[..., 0]  # [h, n]
+        strongest = run.summaries[layer].top_keys[..., 0].cpu()  # [h, n]
         in_needle = (strongest >= n0) & (strongest < n1)
         same_token = probe.ids[strongest.clamp(min=0)] == targets[None, :]
         hits = in_needle & same_token & copied[None, :]
