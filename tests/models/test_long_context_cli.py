@@ -45,6 +45,14 @@ def test_heads_ranks_by_sink_and_retrieval(capsys, tmp_path, tiny_family_folder)
     assert sinks == sorted(sinks, reverse=True)
     data = json.loads((tmp_path / "heads_sink.json").read_text())
     assert len(data["heads"]) == 2 * 4 and data["stat"] == "sink"
+    code = main(
+        ["heads", TEXT, "--stat", "window", "--window", "3", "--model", str(folder), "-q"]
+        + ["--top", "8", "--out", str(tmp_path)]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    within = [float(line.split()[6]) for line in out.splitlines()[1:9]]
+    assert within == sorted(within, reverse=True) and len(within) == 8
 
     code = main(
         ["heads", "--stat", "retrieval", "--length", "60", "--depth", "0.2", "--model", str(folder)]
