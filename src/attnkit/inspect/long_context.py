@@ -101,8 +101,8 @@ def layer_scoring(attention: MultiHeadAttention, *, causal: bool, where: str = "
     Raises:
         ValueError: a layer whose weights cannot be reproduced from its queries and keys
             alone: a positional score bias (ALiBi, T5's relative positions), a score
-            module, an unscaled ``"dot"`` score is fine but a kernel other than
-            ``"auto"`` (local, sparse, linear attention) is not.
+            module (additive, Luong), or a kernel other than ``"auto"`` (local, sparse,
+            linear attention). Scaled and unscaled (``"dot"``) products are reproduced.
     """
     if attention.kernel != "auto":
         raise ValueError(
