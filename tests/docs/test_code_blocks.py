@@ -50,7 +50,7 @@ NOT_RUN = {
     "test_hub.py loads Hugging Face names from cache layouts it writes)",
 }
 # Pages whose blocks train models for minutes or survey every head of SmolLM2.
-SLOW_PAGES = {"training.md", "inspect.md", "korean-and-words.md", "distributed.md", "analysis.md"}
+SLOW_PAGES = {"training.md", "inspect.md", "korean-and-words.md", "distributed.md", "analysis.md", "long-contexts.md"}
 # The texts the documentation's `--file texts.txt` surveys.
 TEXTS_TXT = "The cat sat on the mat.\nThe animal didn't cross the road because it was too tired.\n"
 

@@ -25,6 +25,7 @@ from attnkit.cli.common import (
     print_written,
 )
 from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, launched_by_torchrun, relaunch
+from attnkit.cli.long_context import LONG_ONLY_STATISTICS, LONG_STATISTICS, add_long_arguments, run_heads_long
 from attnkit.inspect.names import ATTENTION_KINDS, CROSS_STATISTICS, INDUCTION_PERIOD, STATISTICS
 from attnkit.viz.terminal import counted
 
@@ -61,11 +62,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top", type=int, default=5, metavar="N", help="heads listed per statistic (default: 5)")
     parser.add_argument(
         "--stat",
-        choices=[*STATISTICS, *CROSS_STATISTICS],
+        choices=list(dict.fromkeys([*STATISTICS, *CROSS_STATISTICS, *LONG_STATISTICS])),
         metavar="NAME",
         help=f"print this statistic's layers × heads values instead of the role grid: {', '.join(STATISTICS)}; "
-        f"of cross-attention: entropy, first, {', '.join(CROSS_STATISTICS)}",
+        f"of cross-attention: entropy, first, {', '.join(CROSS_STATISTICS)}; of a long text (--long): "
+        f"{', '.join(LONG_STATISTICS)} (sink, window and retrieval imply --long; retrieval runs a "
+        "needle-in-a-haystack probe and needs no text)",
     )
+    add_long_arguments(parser, inspect=False)
     _add_ablation_arguments(parser)
     _add_seq2seq_arguments(parser)
     add_output_arguments(parser, default_formats="png,json")
@@ -187,6 +191,8 @@ def _check_lines(model: Any, file: str, numbered: list[tuple[int, str]]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.long or args.stat in LONG_ONLY_STATISTICS:
+        return run_heads_long(args, read_texts)
     check_nproc(args)
     distributed = launched_by_torchrun()
     if (args.nproc is not None or distributed) and (args.ablate or args.file is None):

@@ -28,6 +28,7 @@ from attnkit.cli.common import (
     prepare_out,
     print_written,
 )
+from attnkit.cli.long_context import add_long_arguments, run_inspect_long
 from attnkit.inspect.names import ATTENTION_KINDS, EXAMPLE_TEXT, FLOW_MAX_TOKENS, METHODS
 from attnkit.viz.terminal import counted
 
@@ -61,6 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_size_argument(parser)
     add_figure_arguments(parser)
     add_quiet_argument(parser)
+    add_long_arguments(parser, inspect=True)
     parser.set_defaults(func=run)
 
 
@@ -175,6 +177,12 @@ def parse_heads(spec: str | None, num_heads: int) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.long:
+        return run_inspect_long(
+            args, lambda model: (parse_layers(args.layers, model.num_layers), parse_heads(args.heads, model.num_heads))
+        )
+    if args.file is not None or args.max_tokens is not None:
+        raise CommandError("--file and --max-tokens go with --long")
     status = Status(args.quiet)
     formats = parse_formats(args.format, INSPECT_FORMATS)
     limit = parse_size(args.max_size)

@@ -47,6 +47,7 @@ from attnkit.functional.indices import select_indices
 from attnkit.models.hub import is_hub_name
 from attnkit.models.protocol import InspectableModel
 from attnkit.serve.batching import Batcher, Job, QueueFull
+from attnkit.serve.long_context import add_long_context_routes
 from attnkit.viz.terminal import counted
 from attnkit.viz.viewer import (
     content_security_policy,
@@ -400,6 +401,7 @@ def create_app(
     )
     app.state.models = served
     _add_routes(app, served, limits)
+    add_long_context_routes(app, served, max_chars=limits.max_chars)
     app.add_middleware(_Guard, max_body_bytes=max_body_bytes, headers=_security_headers(), allowed_hosts=allowed_hosts)
     return app
 

@@ -1,0 +1,586 @@
+"""Attention over long texts without the ``[s, s]`` map: per-head summaries streamed one
+block of query rows at a time, a block-reduced map, and exact zoomed blocks.
+
+A map is ``[h, s, s]``: at 32K tokens one head is 4 GiB of floats, so the usual recipe
+(``output_attentions=True``) stops fitting after a few thousand tokens. Here the forward
+pass runs on the fused kernels; the queries and keys of each chosen layer are taken from
+its ``q`` and ``k`` hook points as the pass meets them, and that layer's exact weights are
+recomputed ``rows`` query rows at a time with the layer's own score function (its scale,
+Gemma's soft-capping, its sliding window, the causal mask), reduced, and dropped before
+the next block. Memory stays at one block of ``[heads, rows, keys]`` scores and the
+``[heads, s]`` results.
+
+What a :class:`LayerSummary` holds, for every chosen head and query ``i`` (keys ``j``,
+weights ``p_ij`` summing to 1 over the keys ``i`` may attend to; the distance is ``i - j``
+in a causal model, ``|i - j|`` otherwise):
+
+- ``sink``: ``Σ_{j < n_sink} p_ij``, the mass on the first ``n_sink`` tokens (attention
+  sinks);
+- ``distance``: ``Σ_j p_ij · dist(i, j)``, the mean attention distance of the query;
+- ``within_window``: the mass on keys at distance ``< window``, what a sliding window of
+  that size would keep (``1 - within_window`` is the mass beyond it);
+- ``entropy``: ``-Σ_j p_ij log2 p_ij`` in bits;
+- ``distance_mass``: ``[heads, s]``, the attention mass at each distance summed over the
+  queries (divided by their number): the distribution behind the distance quantiles;
+- ``top_keys``, ``top_weights``: ``[heads, s, k]`` the ``k`` strongest keys of every
+  query and their weights (``-1`` and ``0`` where a query has fewer than ``k`` keys).
+
+Head summaries (:meth:`LayerSummary.head_table`) average the per-query values over the
+queries ``1 .. s-1`` (query 0 of a causal model can only attend to itself), as
+:mod:`attnkit.inspect.heads` does for short texts.
+
+Shape letters: ``h`` query heads, ``h_kv`` key/value heads, ``s`` tokens, ``d`` head dim,
+``n_h`` chosen heads, ``m`` rows of a block, ``l`` keys of a block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from attnkit.nn.attention import MultiHeadAttention
+
+# Scores held at once by one block: n_h * rows * keys floats (16 Mi ≈ 64 MiB in float32).
+DEFAULT_BLOCK_BUDGET = 1 << 24
+DEFAULT_QUANTILES = (0.25, 0.5, 0.75, 0.9)
+MAX_BLOCK_ROWS = 128
+
+
+@dataclass(frozen=True)
+class LayerScoring:
+    """How one self-attention layer turns queries and keys into weights, as the layer does.
+
+    Attributes:
+        scale: multiplies ``q·k``.
+        softcap: the scaled scores become ``softcap · tanh(scores / softcap)`` (Gemma 2),
+            or ``None``.
+        window: each query sees only the ``window`` keys ending at itself (Mistral, Gemma's
+            local layers), or ``None``.
+        causal: a query sees only itself and earlier keys.
+    """
+
+    scale: float
+    softcap: float | None = None
+    window: int | None = None
+    causal: bool = True
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """Scores ``[n_h, m, l]`` of queries ``[n_h, m, d]`` and keys ``[n_h, l, d]``, with
+        the layer's order of operations (soft-capping: ``q`` takes ``scale / softcap``
+        first, as :class:`attnkit.nn.MultiHeadAttention` does)."""
+        if self.softcap is None:
+            return (q * self.scale) @ k.transpose(-1, -2)
+        return torch.tanh((q * (self.scale / self.softcap)) @ k.transpose(-1, -2)) * self.softcap
+
+    def key_range(self, r0: int, r1: int, s: int) -> tuple[int, int]:
+        """The keys ``k0:k1`` that queries ``r0:r1`` may attend to, as one range."""
+        k1 = r1 if self.causal else s
+        k0 = max(0, r0 - self.window + 1) if self.window is not None else 0
+        return k0, k1
+
+    def allowed(self, rows: Tensor, keys: Tensor) -> Tensor | None:
+        """Bool ``[m, l]``: which keys each query row may attend to, or ``None`` if all."""
+        allowed = None
+        if self.causal:
+            allowed = keys[None, :] <= rows[:, None]
+        if self.window is not None:
+            near = rows[:, None] - keys[None, :] < self.window
+            if not self.causal:
+                near = near & (keys[None, :] - rows[:, None] < self.window)
+            allowed = near if allowed is None else allowed & near
+        return allowed
+
+
+def layer_scoring(attention: MultiHeadAttention, *, causal: bool, where: str = "this layer") -> LayerScoring:
+    """The :class:`LayerScoring` of a self-attention module.
+
+    Raises:
+        ValueError: a layer whose weights cannot be reproduced from its queries and keys
+            alone: a positional score bias (ALiBi, T5's relative positions), a score
+            module (additive, Luong), or a kernel other than ``"auto"`` (local, sparse,
+            linear attention). Scaled and unscaled (``"dot"``) products are reproduced.
+    """
+    if attention.kernel != "auto":
+        raise ValueError(
+            f"{where} runs the {attention.kernel!r} kernel, whose weights are not softmax(q·k) over the causal "
+            "mask: long-context summaries need kernel='auto'"
+        )
+    if attention.positional is not None and not attention.positional.takes_positions:
+        raise ValueError(
+            f"{where} adds a positional score bias ({type(attention.positional).__name__}): long-context "
+            "summaries reproduce scores from queries and keys alone and cannot include it"
+        )
+    if not isinstance(attention.score, str):
+        raise ValueError(
+            f"{where} scores with {type(attention.score).__name__}, not a dot product: long-context summaries "
+            "need scaled dot-product scores"
+        )
+    head_dim = attention.head_dim
+    default = head_dim**-0.5 if attention.score == "scaled_dot" else 1.0
+    scale = default if attention.scale is None else float(attention.scale)
+    return LayerScoring(scale=scale, softcap=attention.softcap, window=attention.window, causal=causal)
+
+
+@dataclass
+class LayerSummary:
+    """Per-query attention statistics of the chosen heads of one layer (module docstring).
+
+    Attributes:
+        layer: the layer index.
+        heads: the chosen heads, ``[n_h]``.
+        rows: the query positions summarised, ``[n_r]`` (every position by default).
+        sink_tokens, window: as asked.
+        sink, distance, within_window, entropy: ``[n_h, n_r]`` float64.
+        distance_mass: ``[n_h, s]`` float64, mass at each distance averaged over the rows
+            ``rows >= 1``.
+        top_keys: ``[n_h, n_r, k]`` int64 key positions, strongest first (``-1`` padding).
+        top_weights: ``[n_h, n_r, k]`` their weights (``0`` padding).
+        block_max, block_mean: ``[n_h, ceil(s/B), ceil(s/B)]`` the block-reduced map, when
+            asked for (``map_block=B``); the mean counts masked pairs as 0.
+    """
+
+    layer: int
+    heads: list[int]
+    rows: Tensor
+    sink_tokens: int
+    window: int
+    causal: bool
+    sink: Tensor
+    distance: Tensor
+    within_window: Tensor
+    entropy: Tensor
+    distance_mass: Tensor
+    top_keys: Tensor
+    top_weights: Tensor
+    map_block: int | None = None
+    block_max: Tensor | None = None
+    block_mean: Tensor | None = None
+
+    def _counted(self) -> Tensor:
+        """Which rows the head averages count: queries ``1 .. s-1`` (all if only row 0)."""
+        counted = self.rows >= 1
+        return counted if bool(counted.any()) else torch.ones_like(counted)
+
+    def head_table(self, quantiles: Sequence[float] = DEFAULT_QUANTILES) -> list[dict[str, float | int]]:
+        """One dict per chosen head: ``layer``, ``head``, ``sink``, ``distance`` (mean),
+        ``distance_q25`` … (quantiles of the distance distribution of
+        :attr:`distance_mass`), ``within_window``, ``beyond_window``, ``entropy``, all
+        averaged over the queries ``1 .. s-1``."""
+        counted = self._counted()
+        table = []
+        for i, head in enumerate(self.heads):
+            row: dict[str, float | int] = {"layer": self.layer, "head": head}
+            row["sink"] = float(self.sink[i, counted].mean())
+            row["distance"] = float(self.distance[i, counted].mean())
+            for q, value in zip(quantiles, distance_quantiles(self.distance_mass[i], quantiles)):
+                row[f"distance_q{round(q * 100)}"] = value
+            row["within_window"] = float(self.within_window[i, counted].mean())
+            row["beyond_window"] = 1.0 - row["within_window"]
+            row["entropy"] = float(self.entropy[i, counted].mean())
+            table.append(row)
+        return table
+
+
+def distance_quantiles(mass: Tensor, quantiles: Sequence[float]) -> list[int]:
+    """The smallest distances ``t`` with ``Σ_{d <= t} mass[d] >= q · Σ mass`` for each
+    ``q``: quantiles of the attention distance, from its mass at each distance ``[s]``."""
+    total = float(mass.sum())
+    cumulative = mass.cumsum(0)
+    out = []
+    for q in quantiles:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantiles must be in [0, 1], got {q}")
+        # A relative tolerance keeps float rounding in the sum from moving a quantile by a bin.
+        reached = cumulative >= q * total * (1 - 1e-12)
+        out.append(int(reached.nonzero()[0, 0]) if bool(reached.any()) else mass.numel() - 1)
+    return out
+
+
+def _head_keys(k: Tensor, heads: Tensor, num_heads: int) -> Tensor:
+    """Keys ``[n_h, s, d]`` of the chosen query heads from ``k [h_kv, s, d]`` (GQA: the key
+    head of each query head, no copy per head beyond the chosen ones)."""
+    group = num_heads // k.shape[0]
+    return k.index_select(0, torch.div(heads, group, rounding_mode="floor"))
+
+
+def iter_weight_blocks(
+    q: Tensor,
+    k: Tensor,
+    scoring: LayerScoring,
+    *,
+    heads: Tensor,
+    rows: Tensor,
+    block_rows: int,
+) -> Iterator[tuple[Tensor, int, Tensor]]:
+    """Exact weights of chosen heads and query rows, a block of rows at a time.
+
+    Args:
+        q: ``[h, s, d]``; k: ``[h_kv, s, d]``.
+        scoring: the layer's :class:`LayerScoring`.
+        heads: chosen query heads ``[n_h]``; rows: chosen query rows ``[n_r]``, increasing.
+        block_rows: rows per block.
+
+    Yields:
+        ``(block_rows_positions [m], k0, weights [n_h, m, l])``: the weights of keys
+        ``k0 .. k0 + l - 1`` (every key outside that range has weight 0).
+    """
+    s = k.shape[1]
+    q_heads = q.index_select(0, heads)  # [n_h, s, d]
+    k_heads = _head_keys(k, heads, q.shape[0])  # [n_h, s, d]
+    for start in range(0, rows.numel(), block_rows):
+        r = rows[start : start + block_rows]  # [m]
+        k0, k1 = scoring.key_range(int(r[0]), int(r[-1]) + 1, s)
+        keys = torch.arange(k0, k1, device=q.device)
+        scores = scoring.scores(q_heads.index_select(1, r), k_heads[:, k0:k1])  # [n_h, m, l]
+        allowed = scoring.allowed(r, keys)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        yield r, k0, torch.softmax(scores, dim=-1)
+
+
+def summarize_layer(
+    q: Tensor,
+    k: Tensor,
+    scoring: LayerScoring,
+    *,
+    layer: int = 0,
+    heads: Sequence[int] | None = None,
+    rows: Sequence[int] | Tensor | None = None,
+    top_k: int = 8,
+    sink_tokens: int = 1,
+    window: int = 256,
+    map_block: int | None = None,
+    block_budget: int = DEFAULT_BLOCK_BUDGET,
+) -> LayerSummary:
+    """Summarise one layer's attention from its queries and keys, never holding ``[s, s]``.
+
+    Args:
+        q: ``[h, s, d]`` (or ``[1, h, s, d]``), the layer's queries after the rotary
+            encoding (its ``q`` hook point); k: ``[h_kv, s, d]`` (or ``[1, h_kv, s, d]``).
+        scoring: the layer's :class:`LayerScoring` (:func:`layer_scoring`).
+        layer: recorded in the result.
+        heads: query heads to summarise (default all).
+        rows: query positions to summarise (default all).
+        top_k: keys kept per query.
+        sink_tokens: how many first tokens count as the sink.
+        window: the distance below which attention counts as ``within_window``.
+        map_block: also reduce the map to ``B × B`` blocks (max and mean); needs every row.
+        block_budget: the most scores held at once (``n_h × rows × keys``).
+
+    Returns:
+        A :class:`LayerSummary` (statistics in float64 whatever the dtype of ``q``).
+
+    Raises:
+        ValueError: shapes that do not fit, heads or rows out of range, a size below 1.
+    """
+    if q.ndim == 4 and k.ndim == 4:
+        if q.shape[0] != 1 or k.shape[0] != 1:
+            raise ValueError(f"q and k must hold one sequence, got batches of {q.shape[0]} and {k.shape[0]}")
+        q, k = q[0], k[0]
+    if q.ndim != 3 or k.ndim != 3 or q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0]:
+        raise ValueError(
+            f"q must be [h, s, d] and k [h_kv, s, d] with h_kv dividing h, got {list(q.shape)} and {list(k.shape)}"
+        )
+    for name, value in (
+        ("top_k", top_k),
+        ("sink_tokens", sink_tokens),
+        ("window", window),
+        ("block_budget", block_budget),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    h, s, _ = q.shape
+    device = q.device
+    head_list = list(range(h)) if heads is None else [int(x) for x in heads]
+    if not head_list or any(not 0 <= x < h for x in head_list):
+        raise ValueError(f"heads must be in 0..{h - 1}, got {head_list}")
+    row_t = torch.arange(s, device=device) if rows is None else torch.as_tensor(rows, dtype=torch.long, device=device)
+    if row_t.ndim != 1 or row_t.numel() == 0 or int(row_t.min()) < 0 or int(row_t.max()) >= s:
+        raise ValueError(f"rows must be positions in 0..{s - 1}, got {rows!r}")
+    row_t = torch.unique(row_t)  # sorted
+    if map_block is not None and (row_t.numel() != s or isinstance(map_block, bool) or map_block < 1):
+        raise ValueError(f"map_block needs every row and an int >= 1, got map_block={map_block!r}")
+    head_t = torch.tensor(head_list, dtype=torch.long, device=device)
+    n_h, n_r = len(head_list), row_t.numel()
+    # Short blocks follow the causal triangle closely (a block computes keys up to its last row).
+    block_rows = max(1, min(MAX_BLOCK_ROWS, block_budget // (n_h * s)))
+    if map_block is not None:
+        block_rows = max(map_block, block_rows // map_block * map_block)
+    f64 = torch.float64
+    sink = torch.zeros(n_h, n_r, dtype=f64, device=device)
+    distance = torch.zeros_like(sink)
+    within = torch.zeros_like(sink)
+    entropy = torch.zeros_like(sink)
+    distance_mass = torch.zeros(n_h, s, dtype=f64, device=device)
+    kept = min(top_k, s)
+    top_keys = torch.full((n_h, n_r, kept), -1, dtype=torch.long, device=device)
+    top_weights = torch.zeros(n_h, n_r, kept, dtype=q.dtype, device=device)
+    n_blocks = math.ceil(s / map_block) if map_block is not None else 0
+    block_max = torch.zeros(n_h, n_blocks, n_blocks, dtype=q.dtype, device=device) if map_block else None
+    block_sum = torch.zeros(n_h, n_blocks, n_blocks, dtype=f64, device=device) if map_block else None
+    done = 0
+    for r, k0, w in iter_weight_blocks(q, k, scoring, heads=head_t, rows=row_t, block_rows=block_rows):
+        m, n_keys = r.numel(), w.shape[-1]
+        out = slice(done, done + m)
+        done += m
+        keys = torch.arange(k0, k0 + n_keys, device=device)
+        gap = r[:, None] - keys[None, :]  # [m, l]
+        dist = gap if scoring.causal else gap.abs()
+        dist = dist.clamp(min=0)  # masked (weight 0) keys after a causal query
+        # Reductions in the weights' dtype (one pass each over the block), kept in float64.
+        near = (dist < window).to(w.dtype)  # [m, l]
+        sink[:, out] = w[..., : max(0, sink_tokens - k0)].sum(-1).to(f64)
+        distance[:, out] = (w * dist.to(w.dtype)).sum(-1).to(f64)
+        within[:, out] = (w * near).sum(-1).to(f64)
+        entropy[:, out] = -torch.special.xlogy(w, w).sum(-1).to(f64) / math.log(2)
+        counted = w if int(r[0]) >= 1 else w * (r >= 1).to(w.dtype)[None, :, None]  # query 0 not counted
+        by_distance = torch.zeros(n_h, s, dtype=w.dtype, device=device)
+        by_distance.scatter_add_(1, dist.reshape(1, -1).expand(n_h, -1), counted.reshape(n_h, -1))
+        distance_mass += by_distance
+        top_w, top_i = w.topk(min(kept, n_keys), dim=-1)  # [n_h, m, k]
+        taken = top_w > 0
+        top_keys[:, out, : top_i.shape[-1]] = torch.where(taken, top_i + k0, -1)
+        top_weights[:, out, : top_w.shape[-1]] = torch.where(taken, top_w, 0)
+        if block_max is not None and block_sum is not None and map_block is not None:
+            _reduce_blocks(w, int(r[0]), k0, map_block, block_max, block_sum)
+    n_counted = max(1, int((row_t >= 1).sum()))
+    summary = LayerSummary(
+        layer=layer,
+        heads=head_list,
+        rows=row_t,
+        sink_tokens=sink_tokens,
+        window=window,
+        causal=scoring.causal,
+        sink=sink,
+        distance=distance,
+        within_window=within,
+        entropy=entropy,
+        distance_mass=distance_mass / n_counted,
+        top_keys=top_keys,
+        top_weights=top_weights,
+        map_block=map_block,
+    )
+    if block_max is not None and block_sum is not None and map_block is not None:
+        summary.block_max = block_max
+        summary.block_mean = (block_sum / _block_sizes(s, map_block, device)).to(q.dtype)
+    return summary
+
+
+def _reduce_blocks(w: Tensor, r0: int, k0: int, b: int, block_max: Tensor, block_sum: Tensor) -> None:
+    """Fold weights ``[n_h, m, l]`` of rows ``r0 ..`` (a multiple of ``b``) and keys
+    ``k0 ..`` into the ``b × b`` block maxima and sums."""
+    n_h, m, n_keys = w.shape
+    pad_left = k0 % b  # align keys on block boundaries
+    cols = pad_left + n_keys
+    pad_right = -cols % b
+    pad_rows = -m % b
+    padded = torch.nn.functional.pad(w, (pad_left, pad_right, 0, pad_rows))  # [n_h, m', l']
+    tiles = padded.reshape(n_h, padded.shape[1] // b, b, padded.shape[2] // b, b)
+    i0, j0 = r0 // b, k0 // b
+    ni, nj = tiles.shape[1], tiles.shape[3]
+    block_max[:, i0 : i0 + ni, j0 : j0 + nj] = torch.maximum(
+        block_max[:, i0 : i0 + ni, j0 : j0 + nj], tiles.amax(dim=(2, 4))
+    )
+    block_sum[:, i0 : i0 + ni, j0 : j0 + nj] += tiles.to(torch.float64).sum(dim=(2, 4))
+
+
+def _block_sizes(s: int, b: int, device: torch.device) -> Tensor:
+    """Entries in each ``b × b`` block of an ``s × s`` map ``[n, n]`` (edge blocks are smaller)."""
+    n = math.ceil(s / b)
+    sizes = torch.full((n,), b, dtype=torch.float64, device=device)
+    sizes[-1] = s - b * (n - 1)
+    return sizes[:, None] * sizes[None, :]
+
+
+def exact_block(
+    q: Tensor,
+    k: Tensor,
+    scoring: LayerScoring,
+    *,
+    head: int,
+    rows: tuple[int, int],
+    keys: tuple[int, int],
+    block_budget: int = DEFAULT_BLOCK_BUDGET,
+) -> Tensor:
+    """Exact weights ``[r1 - r0, k1 - k0]`` of one head for query rows ``r0:r1`` and keys
+    ``k0:k1`` (each row normalised over all of its keys, not only those shown).
+
+    Args:
+        q, k: as :func:`summarize_layer`.
+        scoring: the layer's :class:`LayerScoring`.
+        head: the query head.
+        rows, keys: ``(start, stop)`` ranges.
+
+    Raises:
+        ValueError: a head or range out of bounds.
+    """
+    if q.ndim == 4:
+        q, k = q[0], k[0]
+    h, s, _ = q.shape
+    if not 0 <= head < h:
+        raise ValueError(f"head must be in 0..{h - 1}, got {head}")
+    (r0, r1), (k0, k1) = rows, keys
+    if not (0 <= r0 < r1 <= s and 0 <= k0 < k1 <= s):
+        raise ValueError(f"rows and keys must be non-empty ranges within 0..{s}, got rows {rows} and keys {keys}")
+    out = torch.zeros(r1 - r0, k1 - k0, dtype=q.dtype, device=q.device)
+    block_rows = max(1, block_budget // s)
+    head_t = torch.tensor([head], device=q.device)
+    row_t = torch.arange(r0, r1, device=q.device)
+    for r, start, w in iter_weight_blocks(q, k, scoring, heads=head_t, rows=row_t, block_rows=block_rows):
+        lo, hi = max(k0, start), min(k1, start + w.shape[-1])
+        if lo < hi:
+            out[int(r[0]) - r0 : int(r[-1]) + 1 - r0, lo - k0 : hi - k0] = w[0, :, lo - start : hi - start]
+    return out
+
+
+@dataclass
+class LongContextRun:
+    """What :func:`long_context_summaries` returns.
+
+    Attributes:
+        ids: the token ids ``[s]``.
+        summaries: layer index → its :class:`LayerSummary`.
+        logits: ``[len(logits_at), vocab]`` next-token logits at the positions asked, or ``None``.
+        logits_at: those positions.
+        scorings: layer index → its :class:`LayerScoring`.
+        kept_qk: layer index → ``(q [h, s, d], k [h_kv, s, d])`` when ``keep_qk`` was set
+            (for exact zoomed blocks later: :func:`exact_block`).
+    """
+
+    ids: Tensor
+    summaries: dict[int, LayerSummary]
+    logits: Tensor | None
+    logits_at: list[int]
+    scorings: dict[int, LayerScoring]
+    kept_qk: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+
+    def head_table(self, quantiles: Sequence[float] = DEFAULT_QUANTILES) -> list[dict[str, float | int]]:
+        """Every summarised head's row (:meth:`LayerSummary.head_table`), by layer then head."""
+        return [row for i in sorted(self.summaries) for row in self.summaries[i].head_table(quantiles)]
+
+
+def long_context_summaries(
+    model: object,
+    text_or_ids: str | Tensor | Sequence[int],
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    rows: Sequence[int] | None = None,
+    top_k: int = 8,
+    sink_tokens: int = 1,
+    window: int = 256,
+    map_block: int | None = None,
+    logits_at: Sequence[int] = (),
+    keep_qk: bool = False,
+    block_budget: int = DEFAULT_BLOCK_BUDGET,
+    progress: Callable[[int, int], None] | None = None,
+) -> LongContextRun:
+    """Per-head summaries of a real model's attention over a long text, in bounded memory.
+
+    One forward pass on the fused kernels (no layer forms its weights); each chosen layer's
+    queries and keys are summarised by :func:`summarize_layer` as the pass reaches it, and
+    dropped.
+
+    Args:
+        model: an :class:`attnkit.models.Model` of a decoder or encoder family.
+        text_or_ids: the text, or token ids ``[s]`` / ``[1, s]``.
+        layers: layers to summarise (negative from the end; default all).
+        heads, rows, top_k, sink_tokens, window, map_block, block_budget: as
+            :func:`summarize_layer`.
+        logits_at: positions whose next-token logits to return (the vocabulary projection
+            runs on those rows only).
+        keep_qk: keep each chosen layer's queries and keys in the result (``2 · s · h · d``
+            floats per layer) for :func:`exact_block`.
+        progress: called with ``(layers done, layers chosen)`` after each layer.
+
+    Returns:
+        A :class:`LongContextRun`.
+
+    Raises:
+        ValueError: an encoder–decoder, a layer the summaries cannot reproduce exactly
+            (:func:`layer_scoring`), or arguments out of range.
+    """
+    from attnkit.models.model import Model
+
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be an attnkit.models.Model, got {type(model).__name__}")
+    if model.encoder_decoder:
+        raise ValueError(f"{model.name} is an encoder-decoder: long-context summaries read one self-attention stack")
+    ids, _, _ = model.prepare_input(text_or_ids)
+    s = ids.shape[1]
+    chosen = _layer_list(layers, model.num_layers)
+    positions = [int(p) for p in logits_at]
+    if any(not 0 <= p < s for p in positions):
+        raise ValueError(f"logits_at must be positions in 0..{s - 1}, got {positions}")
+    scorings = {
+        i: layer_scoring(model._attention(i), causal=model.causal, where=f"{model.name} layer {i}") for i in chosen
+    }
+    summaries: dict[int, LayerSummary] = {}
+    kept: dict[int, tuple[Tensor, Tensor]] = {}
+    queries: dict[int, Tensor] = {}
+
+    def take_q(layer: int) -> Callable[[Tensor], None]:
+        def hook(q: Tensor) -> None:
+            queries[layer] = q.detach()[0]  # [h, s, d]
+
+        return hook
+
+    def take_k(layer: int) -> Callable[[Tensor], None]:
+        def hook(k: Tensor) -> None:
+            q = queries.pop(layer)
+            k = k.detach()[0]  # [h_kv, s, d]
+            summaries[layer] = summarize_layer(
+                q,
+                k,
+                scorings[layer],
+                layer=layer,
+                heads=heads,
+                rows=rows,
+                top_k=top_k,
+                sink_tokens=sink_tokens,
+                window=window,
+                map_block=map_block,
+                block_budget=block_budget,
+            )
+            if keep_qk:
+                kept[layer] = (q, k)
+            if progress is not None:
+                progress(len(summaries), len(chosen))
+
+        return hook
+
+    hooks: dict[str, Callable[[Tensor], None]] = {}
+    for i in chosen:
+        hooks[model.hook_name("self_attn.q", i)] = take_q(i)
+        hooks[model.hook_name("self_attn.k", i)] = take_k(i)
+    with model.hooks(hooks):
+        run = model.run(ids, return_weights=False, logits=False)
+    logits = None
+    if positions:
+        hidden = run.hidden_states[:, positions].to(next(model.module.parameters()).dtype)  # [1, n, e]
+        with torch.no_grad():
+            scores = model.architecture.logits(model.module, hidden)  # [1, n, v], or None for an encoder
+        if scores is None:
+            raise ValueError(f"{model.name} is an encoder without next-token logits: logits_at must be empty")
+        logits = scores[0].float()
+    return LongContextRun(
+        ids=ids[0], summaries=summaries, logits=logits, logits_at=positions, scorings=scorings, kept_qk=kept
+    )
+
+
+def _layer_list(layers: Sequence[int] | None, num_layers: int) -> list[int]:
+    """Layer indices in ``0 .. num_layers - 1`` (negative ones from the end), sorted."""
+    if layers is None:
+        return list(range(num_layers))
+    out = []
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int) or not -num_layers <= i < num_layers:
+            raise ValueError(f"layers must be ints in {-num_layers}..{num_layers - 1}, got {list(layers)}")
+        out.append(i % num_layers)
+    if not out:
+        raise ValueError("layers must name at least one layer, got []")
+    return sorted(set(out))

@@ -1,0 +1,207 @@
+"""The long-context routes of ``attnkit serve``: a block-reduced map of one head over a long
+text (``POST /api/long/map``) and the exact weights of a zoomed block (``POST
+/api/long/block``), computed block by block without the ``[s, s]`` map
+(:mod:`attnkit.inspect.long_context`).
+
+A map request runs the model once and keeps the layer's queries and keys (``2 · s · h · d``
+floats) for the zoom requests of the same text, layer and model that follow; one text per
+model is kept at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from torch import Tensor
+
+from attnkit.inspect.long_context import LayerScoring, exact_block, long_context_summaries
+
+# Blocks per side of a reduced map by default, and at most.
+DEFAULT_MAP_SIDE = 256
+MAX_MAP_SIDE = 512
+# The most weights one zoom returns (rows × keys).
+MAX_BLOCK_WEIGHTS = 512 * 512
+
+
+class LongMapRequest(BaseModel):
+    """Body of ``POST /api/long/map``."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: StrictStr = Field(description="Not blank; at most max_chars characters and the model's context in tokens.")
+    model: StrictStr | None = Field(None, description="A name from GET /api/info (default: the server's first model).")
+    layer: StrictInt = Field(description="The layer, from 0.")
+    head: StrictInt = Field(description="The query head, from 0.")
+    block: StrictInt | None = Field(
+        None,
+        description=f"Tokens per side of a map cell (default: the text's tokens / {DEFAULT_MAP_SIDE}, rounded up).",
+    )
+    window: StrictInt = Field(256, description="Distance counted as near in the head's summary.")
+
+
+class LongBlockRequest(BaseModel):
+    """Body of ``POST /api/long/block``."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: StrictStr
+    model: StrictStr | None = None
+    layer: StrictInt
+    head: StrictInt
+    rows: list[StrictInt] = Field(description="[start, stop): the query tokens.")
+    keys: list[StrictInt] = Field(description="[start, stop): the key tokens.")
+
+
+@dataclass
+class _Kept:
+    """The queries and keys of the last text mapped on one model."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    key: tuple[str, int] | None = None
+    qk: tuple[Tensor, Tensor] | None = None
+    scoring: LayerScoring | None = None
+    tokens: list[str] = field(default_factory=list)
+
+
+def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: int) -> None:
+    """Add ``POST /api/long/map`` and ``POST /api/long/block`` to ``app``.
+
+    Args:
+        app: the app of :func:`attnkit.serve.create_app`.
+        served: its models by name (:class:`attnkit.serve.app.ServedModel`).
+        max_chars: the longest text in characters.
+    """
+    default = next(iter(served))
+    kept = {name: _Kept() for name in served}
+    errors: dict[int | str, dict[str, Any]] = {422: {"description": "A request that does not fit the model."}}
+
+    def model_of(name: str | None) -> Any:
+        name = name or default
+        if name not in served:
+            raise HTTPException(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
+        model = served[name].model
+        if not hasattr(model, "prepare_input") or getattr(model, "encoder_decoder", False):
+            raise HTTPException(422, f"{name} has no long-context maps: they need one causal or encoder self-attention")
+        return model
+
+    def check(text: str, model: Any, layer: int, head: int) -> None:
+        if not text.strip():
+            raise HTTPException(422, "the text is empty: give some words to look at")
+        if len(text) > max_chars:
+            raise HTTPException(
+                422, f"the text is {len(text)} characters, more than this server's limit of {max_chars}"
+            )
+        if not 0 <= layer < model.num_layers:
+            raise HTTPException(422, f"layer must be in 0..{model.num_layers - 1}, got {layer}")
+        if not 0 <= head < model.num_heads:
+            raise HTTPException(422, f"head must be in 0..{model.num_heads - 1}, got {head}")
+
+    def summarise(name: str, model: Any, text: str, layer: int, head: int, block: int | None, window: int) -> Any:
+        store = kept[name]
+        with store.lock:
+            try:
+                ids, tokens, _ = model.prepare_input(text)
+            except ValueError as err:
+                raise HTTPException(422, str(err)) from None
+            s = ids.shape[1]
+            size = block if block is not None else max(1, math.ceil(s / DEFAULT_MAP_SIDE))
+            if size < 1 or math.ceil(s / size) > MAX_MAP_SIDE:
+                raise HTTPException(
+                    422, f"block must be at least {max(1, math.ceil(s / MAX_MAP_SIDE))} for {s} tokens, got {size}"
+                )
+            if window < 1:
+                raise HTTPException(422, f"window must be at least 1, got {window}")
+            run = long_context_summaries(
+                model, ids, layers=[layer], heads=[head], top_k=1, window=window, map_block=size, keep_qk=True
+            )
+            store.key, store.qk, store.scoring, store.tokens = (
+                (text, layer),
+                run.kept_qk[layer],
+                run.scorings[layer],
+                tokens,
+            )
+            summary = run.summaries[layer]
+            assert summary.block_max is not None and summary.block_mean is not None  # asked with map_block
+            return {
+                "model": name,
+                "layer": layer,
+                "head": head,
+                "tokens": tokens,
+                "causal": bool(model.causal),
+                "block": size,
+                "max": _rounded(summary.block_max[0].tolist()),
+                "mean": _rounded(summary.block_mean[0].tolist()),
+                "summary": summary.head_table()[0],
+                "top_keys": summary.top_keys[0, :, 0].tolist(),
+                "top_weights": _rounded([summary.top_weights[0, :, 0].tolist()])[0],
+            }
+
+    def zoom(name: str, model: Any, request: LongBlockRequest) -> Any:
+        store = kept[name]
+        with store.lock:
+            if store.key != (request.text, request.layer) or store.qk is None or store.scoring is None:
+                ids, tokens, _ = model.prepare_input(request.text)
+                run = long_context_summaries(
+                    model, ids, layers=[request.layer], heads=[request.head], rows=[0], keep_qk=True
+                )
+                store.key, store.qk, store.scoring, store.tokens = (
+                    (request.text, request.layer),
+                    run.kept_qk[request.layer],
+                    run.scorings[request.layer],
+                    tokens,
+                )
+            q, k = store.qk
+            s = k.shape[1]
+            (r0, r1), (k0, k1) = _range(request.rows, s, "rows"), _range(request.keys, s, "keys")
+            if (r1 - r0) * (k1 - k0) > MAX_BLOCK_WEIGHTS:
+                raise HTTPException(
+                    422, f"rows × keys is {(r1 - r0) * (k1 - k0)} weights, more than {MAX_BLOCK_WEIGHTS} in one block"
+                )
+            weights = exact_block(q, k, store.scoring, head=request.head, rows=(r0, r1), keys=(k0, k1))
+            return {
+                "model": name,
+                "layer": request.layer,
+                "head": request.head,
+                "rows": [r0, r1],
+                "keys": [k0, k1],
+                "query_tokens": store.tokens[r0:r1],
+                "key_tokens": store.tokens[k0:k1],
+                "weights": weights.tolist(),
+            }
+
+    @app.post("/api/long/map", responses=errors)
+    async def api_long_map(request: LongMapRequest) -> Any:
+        """One head's map over a long text, reduced to blocks (max and mean of each block,
+        exact), with its summary and every query's strongest key."""
+        name = request.model or default
+        model = model_of(request.model)
+        check(request.text, model, request.layer, request.head)
+        return await run_in_threadpool(
+            summarise, name, model, request.text, request.layer, request.head, request.block, request.window
+        )
+
+    @app.post("/api/long/block", responses=errors)
+    async def api_long_block(request: LongBlockRequest) -> Any:
+        """The exact weights of one head for a block of query rows and keys (each row
+        normalised over all its keys), from the queries and keys kept by the last map."""
+        name = request.model or default
+        model = model_of(request.model)
+        check(request.text, model, request.layer, request.head)
+        return await run_in_threadpool(zoom, name, model, request)
+
+
+def _range(pair: Sequence[int], s: int, what: str) -> tuple[int, int]:
+    """A checked ``[start, stop)`` within ``0 .. s``."""
+    if len(pair) != 2 or not 0 <= pair[0] < pair[1] <= s:
+        raise HTTPException(422, f"{what} must be [start, stop) with 0 <= start < stop <= {s}, got {list(pair)}")
+    return int(pair[0]), int(pair[1])
+
+
+def _rounded(rows: list[list[float]]) -> list[list[float]]:
+    """Weights to 6 significant digits: what a picture needs, a third of the JSON."""
+    return [[float(f"{x:.6g}") for x in row] for row in rows]

@@ -1,0 +1,64 @@
+"""`attnkit serve`'s long-context routes on a tiny random Gemma 3: the reduced map and the
+zoomed block equal the model's own dense weights, and bad requests are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from attnkit import models  # noqa: E402
+from attnkit.serve import create_app  # noqa: E402
+
+TEXT = " ".join(f"w{(i * 11) % 50 + 1}" for i in range(40))
+LOCAL = "http://127.0.0.1:8000"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_family_folder):
+    folder = tiny_family_folder("gemma3_text")
+    client = TestClient(create_app([str(folder)]), base_url=LOCAL)
+    model = models.load(folder)
+    name = model.hook_name("self_attn.pattern", 1)
+    dense = model.run(TEXT, return_weights=False, logits=False, cache=[name]).cache[name][0]  # [h, s, s]
+    return client, folder.name, dense
+
+
+def test_map_and_zoomed_block_equal_the_dense_weights(served):
+    client, name, dense = served
+    got = client.post("/api/long/map", json={"text": TEXT, "model": name, "layer": 1, "head": 2, "block": 8})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    assert body["block"] == 8 and len(body["tokens"]) == 40
+    cells = dense[2].reshape(5, 8, 5, 8)
+    torch.testing.assert_close(torch.tensor(body["max"]), cells.amax(dim=(1, 3)), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(body["mean"]), cells.mean(dim=(1, 3)), rtol=1e-5, atol=1e-6)
+    assert body["top_keys"] == dense[2].argmax(-1).tolist()
+    zoom = client.post(
+        "/api/long/block", json={"text": TEXT, "model": name, "layer": 1, "head": 2, "rows": [30, 38], "keys": [3, 20]}
+    )
+    assert zoom.status_code == 200, zoom.text
+    torch.testing.assert_close(torch.tensor(zoom.json()["weights"]), dense[2, 30:38, 3:20], rtol=1e-5, atol=1e-6)
+    # A zoom into a text not mapped before runs the model itself.
+    other = client.post(
+        "/api/long/block", json={"text": TEXT, "model": name, "layer": 1, "head": 0, "rows": [0, 40], "keys": [0, 40]}
+    )
+    torch.testing.assert_close(torch.tensor(other.json()["weights"]), dense[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "message"),
+    [
+        ("/api/long/map", {"text": " ", "layer": 0, "head": 0}, "the text is empty"),
+        ("/api/long/map", {"text": TEXT, "layer": 9, "head": 0}, "layer must be in 0..2"),
+        ("/api/long/map", {"text": TEXT, "layer": 0, "head": 0, "block": 0}, "block must be at least"),
+        ("/api/long/block", {"text": TEXT, "layer": 0, "head": 0, "rows": [5, 2], "keys": [0, 1]}, "rows must be"),
+        ("/api/long/block", {"text": TEXT, "layer": 0, "head": 4, "rows": [0, 2], "keys": [0, 1]}, "head must be"),
+    ],
+)
+def test_bad_requests_are_refused(served, route, body, message):
+    client, _, _ = served
+    got = client.post(route, json=body)
+    assert got.status_code == 422 and message in got.json()["detail"]
