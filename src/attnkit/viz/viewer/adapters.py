@@ -23,6 +23,22 @@ def model_name(model: Any) -> str:
     return str(getattr(model, "name", None) or getattr(model, "family", None) or type(model).__name__)
 
 
+def layer_windows(model: Any) -> dict[int, int | None] | None:
+    """Each layer's sliding window of a model with local layers (``None`` for a global
+    layer), from its config's ``windows``; ``None`` for a model without local layers.
+
+    Args:
+        model: any model; only ``model.config.windows`` is read, when it exists.
+
+    Returns:
+        Layer index → window or ``None``; ``None`` when no layer has a window.
+    """
+    windows = getattr(getattr(model, "config", None), "windows", None)
+    if not windows or all(w is None for w in windows):
+        return None
+    return {layer: None if w is None else int(w) for layer, w in enumerate(windows)}
+
+
 def viewer_data_from_run(
     model: Any, run: Any, *, name: str | None = None, text: str = "", level: str = "token"
 ) -> ViewerData:
@@ -43,7 +59,8 @@ def viewer_data_from_run(
             (rows and columns are words; a row still sums to 1).
 
     Returns:
-        Data of kind ``"causal"`` or ``"bidirectional"``.
+        Data of kind ``"causal"`` or ``"bidirectional"``; between tokens, a model's local
+        layers carry their sliding windows (:func:`layer_windows`).
 
     Raises:
         ValueError: the run has no attention (it ran with ``return_weights=False``), an unknown
@@ -63,6 +80,7 @@ def viewer_data_from_run(
         heads=None if heads is None else list(heads),
         text=text,
         level=level,
+        windows=layer_windows(model) if level == "token" else None,
     )
 
 
@@ -153,7 +171,12 @@ def mode_sections(
         maps = {layer: between(value.heads[layer][list(heads)]) for layer in layers}  # [h, n, n]
         maps = {layer: m / m.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12) for layer, m in maps.items()}
         sections["value"] = Section.from_layers(
-            readable.labels, readable.labels, maps, heads=heads, causal=bool(model.causal)
+            readable.labels,
+            readable.labels,
+            maps,
+            heads=heads,
+            causal=bool(model.causal),
+            windows=layer_windows(model) if readable.words is None else None,
         )
     if "rollout" in modes:
         rollout = methods.rollout(model, text)  # [L, s, s]

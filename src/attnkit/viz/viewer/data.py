@@ -80,6 +80,10 @@ class Section:
         weights: post-softmax weights ``[L, h, s_q, s_k]``, float32 on the CPU.
         causal: whether query ``i`` may only attend to keys ``<= i`` (the viewer greys out
             the masked cells).
+        windows: per layer present, the sliding window of a local layer (query ``i``
+            attends only to keys ``j`` with ``i - j < window``, the viewer greys out the
+            others) or ``None`` for a global layer; ``None`` for a section without local
+            layers.
 
     Raises:
         TypeError: tokens are not strings, weights not a floating-point tensor.
@@ -93,6 +97,7 @@ class Section:
     heads: tuple[int, ...]
     weights: Tensor = field(repr=False)
     causal: bool = False
+    windows: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "query_tokens", _as_tokens(self.query_tokens, "query_tokens"))
@@ -118,6 +123,18 @@ class Section:
         if low < -_RANGE_SLACK or high > 1 + _RANGE_SLACK:
             raise ValueError(f"weights must be post-softmax values in [0, 1], got values in [{low:.4g}, {high:.4g}]")
         object.__setattr__(self, "weights", w)
+        object.__setattr__(self, "windows", self._checked_windows())
+
+    def _checked_windows(self) -> tuple[int | None, ...] | None:
+        """``windows`` as a tuple, ``None`` when no layer is local."""
+        if self.windows is None:
+            return None
+        windows = tuple(None if w is None else int(w) for w in self.windows)
+        if len(windows) != len(self.layers) or any(w is not None and w < 1 for w in windows):
+            raise ValueError(
+                f"windows must give one positive window or None per layer ({len(self.layers)}), got {list(windows)}"
+            )
+        return windows if any(w is not None for w in windows) else None
 
     @classmethod
     def from_layers(
@@ -128,6 +145,7 @@ class Section:
         *,
         heads: Sequence[int] | None = None,
         causal: bool = False,
+        windows: Mapping[int, int | None] | None = None,
     ) -> Section:
         """Build a section from per-layer weights, as models hand them back.
 
@@ -138,6 +156,8 @@ class Section:
                 with a batch of one); layers are sorted by index.
             heads: the model's head indices the ``h`` rows stand for (default ``0 .. h-1``).
             causal: see :class:`Section`.
+            windows: model layer index → its sliding window (``None`` or absent: a global
+                layer); default every layer global.
 
         Returns:
             The section.
@@ -166,7 +186,10 @@ class Section:
             maps.append(w.detach().to(device="cpu", dtype=torch.float32))
         weights = torch.stack(maps)  # [L, h, s_q, s_k]
         head_ids = range(weights.shape[1]) if heads is None else heads
-        return cls(tuple(query_tokens), tuple(key_tokens), tuple(layers), tuple(head_ids), weights, causal)
+        layer_windows = None if windows is None else tuple(windows.get(layer) for layer in layers)
+        return cls(
+            tuple(query_tokens), tuple(key_tokens), tuple(layers), tuple(head_ids), weights, causal, layer_windows
+        )
 
     def map(self, layer: int, head: int) -> Tensor:
         """The ``[s_q, s_k]`` weights of one of the model's layers and heads.
@@ -189,6 +212,7 @@ class Section:
             "key_tokens": list(self.key_tokens),
             "layers": list(self.layers),
             "heads": list(self.heads),
+            **({} if self.windows is None else {"windows": list(self.windows)}),
             "weights": {
                 "shape": list(self.weights.shape),
                 "dtype": "uint16",
@@ -223,7 +247,9 @@ class Section:
         if flat.size != int(np.prod(shape)):
             raise ValueError(f"weights shape {shape} needs {int(np.prod(shape))} values, got {flat.size}")
         weights = torch.from_numpy(flat.reshape(shape))
-        return cls(d["query_tokens"], d["key_tokens"], d["layers"], d["heads"], weights, bool(d["causal"]))
+        return cls(
+            d["query_tokens"], d["key_tokens"], d["layers"], d["heads"], weights, bool(d["causal"]), d.get("windows")
+        )
 
 
 @dataclass(frozen=True)
@@ -290,6 +316,7 @@ class ViewerData:
         heads: Sequence[int] | None = None,
         text: str = "",
         level: str = "token",
+        windows: Mapping[int, int | None] | None = None,
     ) -> ViewerData:
         """Self-attention of a decoder-only or encoder-only model over one text.
 
@@ -301,6 +328,8 @@ class ViewerData:
             heads: the head indices of the ``h`` rows (default ``0 .. h-1``).
             text: the input text.
             level: ``"token"``, or ``"word"`` when the rows and columns are words.
+            windows: layer index → its sliding window, for a model with local layers
+                (``None`` or absent: global).
 
         Returns:
             Data of kind ``"causal"`` or ``"bidirectional"``.
@@ -308,7 +337,7 @@ class ViewerData:
         Raises:
             ValueError: an unknown level, or see :meth:`Section.from_layers`.
         """
-        section = Section.from_layers(tokens, tokens, attentions, heads=heads, causal=causal)
+        section = Section.from_layers(tokens, tokens, attentions, heads=heads, causal=causal, windows=windows)
         return cls(model, "causal" if causal else "bidirectional", {"self": section}, text, level)
 
     @classmethod
