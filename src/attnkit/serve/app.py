@@ -249,7 +249,10 @@ def _validation_message(errors: Sequence[dict[str, Any]]) -> tuple[int, str]:
         return 400, f"the request body is not valid JSON ({reason})"
     parts = []
     for e in errors:
-        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        # A field of several types names the type each error is about ("list[int]",
+        # "literal['last']"): the field's own path is enough.
+        path = (p for p in e.get("loc", ()) if p != "body" and not (isinstance(p, str) and "[" in p))
+        loc = ".".join(str(p) for p in path) or "body"
         parts.append(f"{loc}: {e.get('msg', 'invalid')}")
     return 422, "invalid request: " + "; ".join(parts)
 

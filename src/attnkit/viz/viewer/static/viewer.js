@@ -1146,7 +1146,7 @@
     const picker = $('ak-req-layer');
     if (!m || m.name !== $('ak-model').value || picker.value === 'all' || dims(sec()).L >= depth(m)) return;
     const perLayer = requestWeightsPerLayer(m);
-    const fit = perLayer > 0 ? Math.floor(info.max_weights / perLayer) : 0;
+    const fit = Math.floor(info.max_weights / Math.max(1, perLayer));
     if (fit >= depth(m)) {
       picker.value = 'all';
       $('ak-app').requestSubmit();
@@ -1162,15 +1162,17 @@
     note.hidden = false;
   }
 
-  // Weights one layer of the last request returns: heads x tokens^2 (an encoder-decoder:
-  // both stacks and cross-attention); 0 when the page cannot tell (words hide the token count).
+  // Weights one layer of the last request counts against the server's limit: heads x
+  // tokens^2 (an encoder-decoder: both stacks and cross-attention). Between words the
+  // tokens are not in the data: a text's UTF-8 bytes and a few special tokens bound them.
   function requestWeightsPerLayer(m) {
-    if (state.data.level !== 'token') return 0;
     const heads = $('ak-req-head').value === 'all' ? m.heads : 1;
+    const words = state.data.level !== 'token';
+    const bound = (text) => new TextEncoder().encode(text).length + 4;
     const { self, encoder, decoder, cross } = state.data.sections;
-    if (self) return heads * self.query_tokens.length ** 2;
-    const src = (cross ? cross.key_tokens : encoder ? encoder.query_tokens : []).length;
-    const tgt = (cross ? cross.query_tokens : decoder ? decoder.query_tokens : []).length;
+    if (self) return heads * (words ? bound(state.data.text) : self.query_tokens.length) ** 2;
+    const src = words ? bound(state.data.text) : (cross ? cross.key_tokens : encoder ? encoder.query_tokens : []).length;
+    const tgt = words ? bound(state.data.target_text || '') : (cross ? cross.query_tokens : decoder ? decoder.query_tokens : []).length;
     return heads * (src * src + tgt * tgt + tgt * src);
   }
 
@@ -1182,6 +1184,7 @@
     let anchor = after.nextSibling;
     for (let a = 0; a < depth(m); a += size) {
       const b = Math.min(depth(m), a + size) - 1;
+      if (b === a) continue; // a single layer has its own option
       picker.insertBefore(new Option('layers ' + a + '\u2013' + b, a + '-' + b), anchor);
     }
     picker.value = '0-' + (Math.min(depth(m), size) - 1);
