@@ -225,3 +225,25 @@ def test_a_long_map_zooms_to_readable_labelled_cells(page, tmp_path):
     canvas.focus()
     page.keyboard.press("End")
     assert viewer.tip().key_index == s - 1
+
+
+@pytest.mark.slow
+def test_the_it_animal_head_of_smollm2_is_found_by_clicking(page, tmp_path, smollm2):
+    from attnkit.viz.export import write_viewer
+
+    text = "The animal didn't cross the street because it was too tired."
+    page.goto(write_viewer(smollm2, text, tmp_path).as_uri())
+    viewer = Viewer(page)
+    viewer.wait()
+    labels = page.locator("#ak-queries .ak-token").all_text_contents()
+    it, animal = labels.index("it"), labels.index("animal")
+    page.click(f"#ak-q-{it}")
+    page.click("#ak-pinned-rank")
+    viewer.wait()
+    viewer.select("Key token", f"#{animal} animal")
+    top = page.locator("#ak-rank-rows tr").first
+    assert top.locator("button").text_content() == "layer 13, head 8"
+    run = smollm2.run(text, return_weights=[13], heads=[8])
+    assert float(top.locator("td").last.text_content()) == pytest.approx(
+        run.attentions[13][0, 0, it, animal].item(), abs=1e-3
+    )

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.inspect.maps import LEVELS, readable_run
+from attnkit.inspect.maps import LEVELS, model_windows, readable_run
 from attnkit.nn.records import LayerWeights, LMOutput, TransformerOutput
 from attnkit.viz.viewer.data import MODES, Section, ViewerData
 
@@ -24,19 +24,10 @@ def model_name(model: Any) -> str:
 
 
 def layer_windows(model: Any) -> dict[int, int | None] | None:
-    """Each layer's sliding window of a model with local layers (``None`` for a global
-    layer), from its config's ``windows``; ``None`` for a model without local layers.
-
-    Args:
-        model: any model; only ``model.config.windows`` is read, when it exists.
-
-    Returns:
-        Layer index → window or ``None``; ``None`` when no layer has a window.
-    """
-    windows = getattr(getattr(model, "config", None), "windows", None)
-    if not windows or all(w is None for w in windows):
-        return None
-    return {layer: None if w is None else int(w) for layer, w in enumerate(windows)}
+    """Layer index → sliding window (``None`` for a global layer) of a model with local
+    layers, ``None`` for a model without them (:func:`attnkit.inspect.maps.model_windows`)."""
+    windows = model_windows(model)
+    return None if windows is None else dict(enumerate(windows))
 
 
 def viewer_data_from_run(
