@@ -283,6 +283,7 @@ def _check_map_sizes(
     Raises:
         CommandError: a file over the limit (the message names each and what to ask instead).
     """
+    from attnkit.inspect.maps import model_windows
     from attnkit.viz.export import estimate_map_canvas, estimate_map_json, estimate_viewer_html
 
     causal = bool(model.causal)
@@ -298,15 +299,22 @@ def _check_map_sizes(
         # A value colour mode doubles the weights of the page; rollout adds one map per layer.
         page_heads = len(chosen.page_heads)
         mode_heads = {"value": page_heads, "rollout": 1}.get(args.method, 0)
+        windows = model_windows(model)
         estimates[chosen.page] = estimate_viewer_html(
-            tokens, len(chosen.page_layers), page_heads + mode_heads, causal=causal
+            tokens,
+            len(chosen.page_layers),
+            page_heads + mode_heads,
+            causal=causal,
+            windows=None if windows is None else [windows[layer] for layer in chosen.page_layers],
         )
+    # --dpi and --figsize size pictures only.
+    pictures = ", a lower --dpi or --figsize" if {"png", "svg"} & set(formats) else ""
     check_sizes(
         estimates,
         limit,
         advice=(
             f"The text is {tokens} tokens: ask for fewer layers or heads (--layers, --heads), "
-            "a shorter text, a lower --dpi or --figsize, or other formats (--format)"
+            f"a shorter text{pictures}, or other formats (--format)"
         ),
     )
 
