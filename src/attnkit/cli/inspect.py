@@ -33,6 +33,9 @@ from attnkit.viz.terminal import counted
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
+# The methods a viewer page shows as colour modes (attnkit.viz.viewer.data.MODES, which
+# imports torch: named here so that parsing the arguments stays light).
+VIEWER_PAGE_MODES = ("value", "rollout")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -94,7 +97,8 @@ def _add_map_arguments(parser: argparse.ArgumentParser) -> None:
         f"heads merged; flow takes at most {FLOW_MAX_TOKENS} tokens); value (weights times the "
         "norm of what each key token sends through the head); grad (weights times the gradient "
         "of --target); with --format html, value and rollout are added to the page as "
-        "colour modes beside the weights, in its Attention menu (default: raw)",
+        "colour modes beside the weights, in its Attention menu; flow and grad are not in the "
+        "page, which shows the raw weights (default: raw)",
     )
     parser.add_argument(
         "--target",
@@ -201,16 +205,20 @@ def run(args: argparse.Namespace) -> int:
         written += _write_maps(args, model, status, formats, figure, out, tokens, chosen)
         if "html" in formats:
             from attnkit.viz.export import write_viewer
-            from attnkit.viz.viewer.data import MODES as VIEWER_MODES
 
             with status.step(f"writing {chosen.page}"):
-                modes = [args.method] if args.method in VIEWER_MODES else []
+                modes = [args.method] if args.method in VIEWER_PAGE_MODES else []
                 written.append(
                     write_viewer(
                         model, args.text, out, level=args.level, layers=chosen.layers, heads=chosen.heads, modes=modes
                     )
                 )
     print_written(written, sizes=True)
+    if "html" in formats and args.method not in ("raw", *VIEWER_PAGE_MODES):
+        print(
+            f"note: the viewer page shows the raw attention weights, not --method {args.method}, "
+            "which is in the terminal view above and the picture and JSON files"
+        )
     return 0
 
 

@@ -1,6 +1,6 @@
 """`attnkit inspect --format html`: the page's size estimate, which guards --max-size before
-anything is computed, is within 10% of the page written, and its advice names only the
-options that change an HTML page."""
+anything is computed, is within 10% of the page written, its advice names only the options
+that change an HTML page, and a method the page does not show is said to be missing."""
 
 from __future__ import annotations
 
@@ -63,3 +63,32 @@ def test_html_advice_does_not_suggest_picture_options(capsys, tmp_path, minilm_p
     )
     _, err = capsys.readouterr()
     assert code != 0 and "--dpi" in err
+
+
+def test_methods_the_page_does_not_show_are_said_to_be_missing(capsys, tmp_path, minilm_path):
+    from attnkit.cli.inspect import VIEWER_PAGE_MODES
+    from attnkit.viz.viewer.data import MODES
+
+    assert VIEWER_PAGE_MODES == MODES
+    code = main(
+        ["inspect", "The cat sat.", "--model", "minilm", "--method", "flow", "--format", "html", "--out", str(tmp_path)]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "note: the viewer page shows the raw attention weights, not --method flow" in out
+    code = main(
+        [
+            "inspect",
+            "The cat sat.",
+            "--model",
+            "minilm",
+            "--method",
+            "value",
+            "--format",
+            "html",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0 and "note:" not in out
