@@ -1,6 +1,7 @@
 """Local (sliding-window) and global layers told apart: the model's per-layer windows reach
 the attention map, its terminal header and the viewer's data, on a tiny random Gemma 3
-(local, global, local layers)."""
+(local, global, local layers); and the viewer data's other per-token and per-layer
+annotations (windows, word starts) are checked."""
 
 from __future__ import annotations
 
@@ -65,3 +66,13 @@ def test_a_section_checks_its_windows() -> None:
         Section(("a", "b", "c"), ("a", "b", "c"), (0, 1), (0,), weights, windows=(2,))
     with pytest.raises(ValueError, match="one positive window or None per layer"):
         Section(("a", "b", "c"), ("a", "b", "c"), (0, 1), (0,), weights, windows=(0, None))
+
+
+def test_word_starts_are_one_flag_per_token_of_a_self_section() -> None:
+    weights = torch.full((1, 1, 3, 3), 1 / 3)
+    section = Section(("a", "b", "c"), ("a", "b", "c"), (0,), (0,), weights, word_starts=(True, False, True))
+    assert Section.from_dict(section.to_dict()).word_starts == (True, False, True)
+    with pytest.raises(ValueError, match="one flag per token"):
+        Section(("a", "b", "c"), ("a", "b", "c"), (0,), (0,), weights, word_starts=(True,))
+    with pytest.raises(ValueError, match="one flag per token"):
+        Section(("a", "b", "c"), ("x", "y", "z"), (0,), (0,), weights, word_starts=(True, False, True))

@@ -247,3 +247,21 @@ def test_the_it_animal_head_of_smollm2_is_found_by_clicking(page, tmp_path, smol
     assert float(top.locator("td").last.text_content()) == pytest.approx(
         run.attentions[13][0, 0, it, animal].item(), abs=1e-3
     )
+
+
+@pytest.mark.slow
+def test_korean_word_starts_stay_visible_between_tokens(page, tmp_path, smollm2):
+    from attnkit.viz.export import write_viewer
+
+    text = "배가 아파서 배를 먹었다"
+    page.goto(write_viewer(smollm2, text, tmp_path, layers=[0]).as_uri())
+    Viewer(page).wait()
+    labels = page.locator("#ak-queries .ak-token").all_text_contents()
+    firsts = [n for n, label in enumerate(labels) if label.startswith("배") and label.endswith("(1/3)")]
+    assert len(firsts) == 2  # the two "배" read the same...
+    for n in firsts[1:]:  # ...but the second starts its own word, and says so
+        assert "ak-word-start" in page.get_attribute(f"#ak-q-{n}", "class")
+        assert "ak-word-start" in page.get_attribute(f"#ak-k-{n}", "class")
+    starts = page.locator("#ak-queries .ak-word-start").count()
+    assert starts == len(text.split()) - 1  # one rule above every word but the first
+    assert "ak-word-start" not in page.get_attribute(f"#ak-q-{firsts[0] + 1}", "class")

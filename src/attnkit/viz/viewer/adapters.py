@@ -72,7 +72,19 @@ def viewer_data_from_run(
         text=text,
         level=level,
         windows=layer_windows(model) if level == "token" else None,
+        word_starts=_word_starts(readable) if level == "token" else None,
     )
+
+
+def _word_starts(readable: Any) -> list[bool]:
+    """Whether each token of a :class:`attnkit.inspect.maps.ReadableRun` starts a word of
+    its text (:func:`attnkit.inspect.words.word_groups`)."""
+    from attnkit.inspect.words import word_groups
+
+    starts = [False] * len(readable.tokens)
+    for word in word_groups(readable.text, readable.tokens):
+        starts[word.token_indices[0]] = True
+    return starts
 
 
 def viewer_data_from_seq2seq(model: Any, run: Any, *, name: str | None = None, level: str = "token") -> ViewerData:

@@ -84,6 +84,9 @@ class Section:
             attends only to keys ``j`` with ``i - j < window``, the viewer greys out the
             others) or ``None`` for a global layer; ``None`` for a section without local
             layers.
+        word_starts: for a self-attention section between tokens, whether each token
+            starts a word of the text (the viewer marks word boundaries, which token labels
+            stripped of their spaces hide); ``None`` when not known.
 
     Raises:
         TypeError: tokens are not strings, weights not a floating-point tensor.
@@ -98,6 +101,7 @@ class Section:
     weights: Tensor = field(repr=False)
     causal: bool = False
     windows: tuple[int | None, ...] | None = None
+    word_starts: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "query_tokens", _as_tokens(self.query_tokens, "query_tokens"))
@@ -124,6 +128,14 @@ class Section:
             raise ValueError(f"weights must be post-softmax values in [0, 1], got values in [{low:.4g}, {high:.4g}]")
         object.__setattr__(self, "weights", w)
         object.__setattr__(self, "windows", self._checked_windows())
+        if self.word_starts is not None:
+            starts = tuple(bool(b) for b in self.word_starts)
+            if len(starts) != len(self.query_tokens) or self.key_tokens != self.query_tokens:
+                raise ValueError(
+                    f"word_starts must give one flag per token of a section whose keys are its queries "
+                    f"({len(self.query_tokens)}), got {len(starts)}"
+                )
+            object.__setattr__(self, "word_starts", starts)
 
     def _checked_windows(self) -> tuple[int | None, ...] | None:
         """``windows`` as a tuple, ``None`` when no layer is local."""
@@ -146,6 +158,7 @@ class Section:
         heads: Sequence[int] | None = None,
         causal: bool = False,
         windows: Mapping[int, int | None] | None = None,
+        word_starts: Sequence[bool] | None = None,
     ) -> Section:
         """Build a section from per-layer weights, as models hand them back.
 
@@ -158,6 +171,7 @@ class Section:
             causal: see :class:`Section`.
             windows: model layer index → its sliding window (``None`` or absent: a global
                 layer); default every layer global.
+            word_starts: see :class:`Section`.
 
         Returns:
             The section.
@@ -188,7 +202,14 @@ class Section:
         head_ids = range(weights.shape[1]) if heads is None else heads
         layer_windows = None if windows is None else tuple(windows.get(layer) for layer in layers)
         return cls(
-            tuple(query_tokens), tuple(key_tokens), tuple(layers), tuple(head_ids), weights, causal, layer_windows
+            tuple(query_tokens),
+            tuple(key_tokens),
+            tuple(layers),
+            tuple(head_ids),
+            weights,
+            causal,
+            layer_windows,
+            None if word_starts is None else tuple(word_starts),
         )
 
     def map(self, layer: int, head: int) -> Tensor:
@@ -213,6 +234,7 @@ class Section:
             "layers": list(self.layers),
             "heads": list(self.heads),
             **({} if self.windows is None else {"windows": list(self.windows)}),
+            **({} if self.word_starts is None else {"word_starts": list(self.word_starts)}),
             "weights": {
                 "shape": list(self.weights.shape),
                 "dtype": "uint16",
@@ -248,7 +270,14 @@ class Section:
             raise ValueError(f"weights shape {shape} needs {int(np.prod(shape))} values, got {flat.size}")
         weights = torch.from_numpy(flat.reshape(shape))
         return cls(
-            d["query_tokens"], d["key_tokens"], d["layers"], d["heads"], weights, bool(d["causal"]), d.get("windows")
+            d["query_tokens"],
+            d["key_tokens"],
+            d["layers"],
+            d["heads"],
+            weights,
+            bool(d["causal"]),
+            d.get("windows"),
+            d.get("word_starts"),
         )
 
 
@@ -317,6 +346,7 @@ class ViewerData:
         text: str = "",
         level: str = "token",
         windows: Mapping[int, int | None] | None = None,
+        word_starts: Sequence[bool] | None = None,
     ) -> ViewerData:
         """Self-attention of a decoder-only or encoder-only model over one text.
 
@@ -330,6 +360,7 @@ class ViewerData:
             level: ``"token"``, or ``"word"`` when the rows and columns are words.
             windows: layer index → its sliding window, for a model with local layers
                 (``None`` or absent: global).
+            word_starts: between tokens, whether each token starts a word of the text.
 
         Returns:
             Data of kind ``"causal"`` or ``"bidirectional"``.
@@ -337,7 +368,9 @@ class ViewerData:
         Raises:
             ValueError: an unknown level, or see :meth:`Section.from_layers`.
         """
-        section = Section.from_layers(tokens, tokens, attentions, heads=heads, causal=causal, windows=windows)
+        section = Section.from_layers(
+            tokens, tokens, attentions, heads=heads, causal=causal, windows=windows, word_starts=word_starts
+        )
         return cls(model, "causal" if causal else "bidirectional", {"self": section}, text, level)
 
     @classmethod

@@ -346,8 +346,17 @@
 
   let lines = null; // {key, q16, heads: [{off, keys, q, rowMax}]}: each query's strongest keys
 
+  // Whether each token starts a word, for a section between tokens of one text (the colour
+  // modes share the self section's tokens); null when unknown or when every token is a word.
+  function wordStarts(s) {
+    const self = state.data.sections.self;
+    const starts = s.word_starts || (self && s.query_tokens.length === self.query_tokens.length ? self.word_starts : null);
+    return starts && starts.some((b) => !b) ? starts : null;
+  }
+
   function buildTokenColumns() {
     const s = sec();
+    const starts = wordStarts(s);
     for (const [el, tokens, side] of [[$('ak-queries'), s.query_tokens, 'q'], [$('ak-keys'), s.key_tokens, 'k']]) {
       el.textContent = '';
       el.removeAttribute('aria-activedescendant');
@@ -361,6 +370,12 @@
         div.dataset.index = String(n);
         div.textContent = shown(t);
         div.title = (side === 'q' ? 'query #' : 'key #') + n + ': ' + t;
+        // A line above each word's first token: labels stripped of their spaces hide where
+        // words start (two "배" of two words).
+        if (starts && starts[n] && n > 0) {
+          div.classList.add('ak-word-start');
+          div.title += ' (starts a word)';
+        }
         frag.appendChild(div);
       });
       el.appendChild(frag);
