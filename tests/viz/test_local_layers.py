@@ -76,3 +76,10 @@ def test_word_starts_are_one_flag_per_token_of_a_self_section() -> None:
         Section(("a", "b", "c"), ("a", "b", "c"), (0,), (0,), weights, word_starts=(True,))
     with pytest.raises(ValueError, match="one flag per token"):
         Section(("a", "b", "c"), ("x", "y", "z"), (0,), (0,), weights, word_starts=(True, False, True))
+
+
+def test_a_notebook_map_of_a_local_layer_carries_its_window(gemma3) -> None:
+    from attnkit.viz.notebook import notebook_html_of
+
+    assert "&quot;windows&quot;:[6]" in notebook_html_of(attention_map(gemma3, TEXT, layer=0)).replace(" ", "")
+    assert "&quot;windows&quot;" not in notebook_html_of(attention_map(gemma3, TEXT, layer=0, level="word"))

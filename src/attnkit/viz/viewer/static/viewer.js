@@ -1102,7 +1102,8 @@
     $('ak-rank-quantity').textContent = quantity().short;
     const from = '\u201c' + shown(s.query_tokens[qi]) + '\u201d #' + qi;
     const to = kj < 0 ? 'its strongest key' : '\u201c' + shown(s.key_tokens[kj]) + '\u201d #' + kj;
-    const maps = merged ? d.L + ' layers' : d.L + ' layers \u00d7 ' + d.h + ' heads';
+    const count = (n, word) => n + ' ' + word + (n === 1 ? '' : 's');
+    const maps = merged ? count(d.L, 'layer') : count(d.L, 'layer') + ' \u00d7 ' + count(d.h, 'head');
     let note = 'From ' + from + ' to ' + to + ': ' + maps + ', ' +
       (found.length > RANK_ROWS ? 'the strongest ' + RANK_ROWS + ' listed.' : 'all listed.');
     const m = info && info.models.find((x) => x.name === state.data.model);
