@@ -198,6 +198,7 @@
     document.title = 'Attention: ' + json.model;
     $('ak-title').textContent = 'Attention: ' + json.model;
     $('ak-main').hidden = false;
+    $('ak-model-note').hidden = true; // what it said was about the previous data
     // An encoder-decoder opens on cross-attention, as attnkit inspect prints it.
     setSection(json.sections.cross ? 'cross' : names[0], true);
   }
