@@ -254,7 +254,7 @@ def test_2000_tokens_are_refused_with_the_estimates_before_running(capsys, tmp_p
     assert code == 2 and out == ""
     assert "attnkit: loading smollm2 on cpu …" in err
     assert "the JSON of layer 29 would be about 30.3 MB" in err
-    assert "the viewer page of 30 layers × 9 heads would be about 1.1 GB" in err
+    assert "the viewer page of 30 layers × 9 heads would be about 680.7 MB" in err
     assert "over the 20.0 MB limit per file, so nothing was written" in err and "--max-size" in err
     assert ("running" not in err and not tmp_path.exists()) or not list(tmp_path.iterdir())
 
@@ -263,7 +263,7 @@ def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path,
     text = long_text(minilm, 500)
     code, out, err = run(capsys, text, "--model", "minilm", "--format", "png,json,html", "--out", str(tmp_path))
     # Every layer and head of 500 tokens is too large a page: refused, with the way out.
-    assert code == 2 and "the viewer page of 6 layers × 12 heads would be about 32.5 MB" in err
+    assert code == 2 and "the viewer page of 6 layers × 12 heads would be about 30.2 MB" in err
     code, out, err = run(
         capsys,
         text,
@@ -298,11 +298,12 @@ def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path,
     files = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
     assert sorted(files) == ["minilm_layer5_heads0_3.json", "minilm_layer5_heads0_3.png", "minilm_viewer.html"]
     assert all(size < 20_000_000 for size in files.values())
-    # The estimates that guard the limit are close to what was written, and not below it.
+    # The estimates that guard the limit are close to what was written: the JSON's not below
+    # it, the page's within 10% of it (a pessimistic page estimate refused pages that fit).
     from attnkit.viz.export import estimate_map_json, estimate_viewer_html
 
     assert 0.5 < files["minilm_layer5_heads0_3.json"] / estimate_map_json(500, 2, causal=False) <= 1.0
-    assert 0.5 < files["minilm_viewer.html"] / estimate_viewer_html(500, 1, 2, causal=False) <= 1.0
+    assert files["minilm_viewer.html"] / estimate_viewer_html(500, 1, 2, causal=False) == pytest.approx(1, abs=0.1)
     data = embedded_viewer_data((tmp_path / "minilm_viewer.html").read_text(encoding="utf-8"))
     assert data.sections["self"].layers == (5,) and data.sections["self"].heads == (0, 3)
 

@@ -98,4 +98,5 @@ def test_an_empty_target_is_written_by_the_model_and_said(server, page):
     assert page.text_content("#ak-text-shown").endswith(
         f"target: \u201c{written.target_text}\u201d (written by the model, greedy decoding)"
     )
-    assert page.locator("#ak-queries .ak-token").count() == len(written.sections["encoder"].query_tokens)
+    # The page opens on cross-attention: the written target's tokens are its rows.
+    assert page.locator("#ak-queries .ak-token").count() == len(written.sections["cross"].query_tokens)

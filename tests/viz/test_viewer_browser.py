@@ -139,6 +139,9 @@ def test_encoder_decoder_sections(page, tmp_path):
         "decoder self-attention (causal)",
         "cross-attention (decoder to encoder)",
     ]
+    # The page opens on cross-attention, as attnkit inspect prints it.
+    assert section.input_value() == "cross"
+    viewer.select("Attention", "encoder self-attention")
     assert page.locator("#ak-queries .ak-token").count() == 5
     viewer.select("Attention", "cross-attention (decoder to encoder)")
     assert page.locator("#ak-queries .ak-token").all_text_contents() == tgt

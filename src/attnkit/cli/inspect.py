@@ -34,6 +34,9 @@ from attnkit.viz.terminal import counted
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
+# The methods a viewer page shows as colour modes (attnkit.viz.viewer.data.MODES, which
+# imports torch: named here so that parsing the arguments stays light).
+VIEWER_PAGE_MODES = ("value", "rollout")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -96,7 +99,8 @@ def _add_map_arguments(parser: argparse.ArgumentParser) -> None:
         f"heads merged; flow takes at most {FLOW_MAX_TOKENS} tokens); value (weights times the "
         "norm of what each key token sends through the head); grad (weights times the gradient "
         "of --target); with --format html, value and rollout are added to the page as "
-        "colour modes beside the weights, in its Attention menu (default: raw)",
+        "colour modes beside the weights, in its Attention menu; flow and grad are not in the "
+        "page, which shows the raw weights (default: raw)",
     )
     parser.add_argument(
         "--target",
@@ -211,10 +215,9 @@ def run(args: argparse.Namespace) -> int:
         page = None
         if "html" in formats:
             from attnkit.viz.export import viewer_page
-            from attnkit.viz.viewer.data import MODES as VIEWER_MODES
 
             with status.step(f"computing {chosen.page}"):
-                modes = [args.method] if args.method in VIEWER_MODES else []
+                modes = [args.method] if args.method in VIEWER_PAGE_MODES else []
                 page = viewer_page(
                     model, args.text, out, level=args.level, layers=chosen.layers, heads=chosen.heads, modes=modes
                 )
@@ -225,6 +228,11 @@ def run(args: argparse.Namespace) -> int:
             with status.step(f"writing {chosen.page}"):
                 written.append(write_html(*page))
     print_written(written, sizes=True)
+    if "html" in formats and args.method not in ("raw", *VIEWER_PAGE_MODES):
+        print(
+            f"note: the viewer page shows the raw attention weights, not --method {args.method}, "
+            "which is in the terminal view above and the picture and JSON files"
+        )
     return 0
 
 
@@ -297,6 +305,7 @@ def _check_map_sizes(
     Raises:
         CommandError: a file over the limit (the message names each and what to ask instead).
     """
+    from attnkit.inspect.maps import model_windows
     from attnkit.viz.export import estimate_map_canvas, estimate_map_json, estimate_viewer_html
 
     causal = bool(model.causal)
@@ -312,15 +321,22 @@ def _check_map_sizes(
         # A value colour mode doubles the weights of the page; rollout adds one map per layer.
         page_heads = len(chosen.page_heads)
         mode_heads = {"value": page_heads, "rollout": 1}.get(args.method, 0)
+        windows = model_windows(model)
         estimates[chosen.page] = estimate_viewer_html(
-            tokens, len(chosen.page_layers), page_heads + mode_heads, causal=causal
+            tokens,
+            len(chosen.page_layers),
+            page_heads + mode_heads,
+            causal=causal,
+            windows=None if windows is None else [windows[layer] for layer in chosen.page_layers],
         )
+    # --dpi and --figsize size pictures only.
+    pictures = ", a lower --dpi or --figsize" if {"png", "svg"} & set(formats) else ""
     check_sizes(
         estimates,
         limit,
         advice=(
             f"The text is {tokens} tokens: ask for fewer layers or heads (--layers, --heads), "
-            "a shorter text, a lower --dpi or --figsize, or other formats (--format)"
+            f"a shorter text{pictures}, or other formats (--format)"
         ),
     )
 

@@ -55,6 +55,9 @@ class AttentionMap:
         key_labels: the columns' labels (tokens, or words of a word map), with ``key_text``.
         key_readable: the columns' readable tokens, with ``key_text``.
         key_words: for a word map with its own columns, their word groups.
+        layer_windows: the model's sliding window of every layer (``None`` for a global
+            layer), for a model with local layers (Gemma 2 and 3, Mistral, ...); ``None``
+            for a model without them (:func:`model_windows`).
 
     ``weights`` is then ``[h, n, m]`` with ``m`` columns.
 
@@ -79,6 +82,20 @@ class AttentionMap:
     key_labels: list[str] | None = None
     key_readable: list[ReadableToken] | None = None
     key_words: list[Word] | None = None
+    layer_windows: tuple[int | None, ...] | None = None
+
+    @property
+    def window(self) -> int | None:
+        """This layer's sliding window (query ``i`` attends to keys ``j`` with
+        ``i - j < window``), ``None`` for a global layer."""
+        return None if self.layer_windows is None else self.layer_windows[self.layer]
+
+    @property
+    def layer_kind(self) -> str:
+        """``"local (W)"`` or ``"global"`` for a model with local layers, else ``""``."""
+        if self.layer_windows is None:
+            return ""
+        return "global" if self.window is None else f"local ({self.window})"
 
     @property
     def column_labels(self) -> list[str]:
@@ -319,6 +336,22 @@ def readable_run(model: Model, run: ModelRun, text: str | None = None, *, level:
     return ReadableRun(text, tokens, words, [w.label for w in words], attentions)
 
 
+def model_windows(model: Any) -> tuple[int | None, ...] | None:
+    """Each layer's sliding window of a model with local layers (``None`` for a global
+    layer), from its config's ``windows``; ``None`` for a model without local layers.
+
+    Args:
+        model: any model; only ``model.config.windows`` is read, when it exists.
+
+    Returns:
+        One window or ``None`` per layer, or ``None`` when no layer has a window.
+    """
+    windows = getattr(getattr(model, "config", None), "windows", None)
+    if not windows or all(w is None for w in windows):
+        return None
+    return tuple(None if w is None else int(w) for w in windows)
+
+
 def attention_map(
     model: Model, text: str, *, layer: int = -1, head: int | str | None = 0, level: str = "token"
 ) -> AttentionMap:
@@ -359,6 +392,7 @@ def attention_map(
         heads=list(run.heads),
         weights=weights,
         readable=readable.tokens,
+        layer_windows=model_windows(model),
     )
     return amap.by_words() if level == "word" else amap
 

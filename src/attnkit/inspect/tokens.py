@@ -12,6 +12,10 @@ UTF-8 bytes, and SmolLM2 often gives each byte its own token; MiniLM gives each 
 own) is shown in each of those tokens, marked partial, with the token's place among them:
 ``배(1/3)``, ``배(2/3)``, ``배(3/3)`` — never as the replacement character ``�``.
 
+SentencePiece's word-start mark alone (the token ``▁``) stands for a space wherever it is:
+before the first word its span is the word's first character, which it does not hold, so
+it reads ``␣`` there as it does between words, and that character is not marked split.
+
 Without the original text (a run from token ids), :func:`decode_tokens` rebuilds it from
 the token strings: bytes reassembled into UTF-8, ``Ġ``/``Ċ``/``▁`` turned into spaces and
 newlines, ``##`` joined to the previous token.
@@ -27,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Scheme = Literal["byte-level", "metaspace", "wordpiece", "plain"]
+# SentencePiece's mark of a word's start (and of a space).
+_WORD_START = "\u2581"
 
 # SentencePiece's byte-fallback tokens, one byte each: "<0xE1>".
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -141,15 +147,21 @@ def readable_tokens(
         spans.append((start, end))
     # Which tokens hold a piece of each character: a character held by more than one
     # token was split by the tokenizer (bytes of one syllable, jamo of one syllable).
+    # SentencePiece's word-start mark alone spans the next word's first character at the
+    # start of a text: a space, not a piece of that character.
+    marks = {i for i, (token, span) in enumerate(zip(tokens, spans)) if token == _WORD_START and span is not None}
     holders: dict[int, list[int]] = {}
     for i, span in enumerate(spans):
-        if span is not None:
+        if span is not None and i not in marks:
             for pos in range(*span):
                 holders.setdefault(pos, []).append(i)
     out = []
     for i, (token, span) in enumerate(zip(tokens, spans, strict=True)):
         if span is None:
             out.append(ReadableToken(token, token, None, special=True if special is None else bool(special[i])))
+            continue
+        if i in marks:
+            out.append(ReadableToken(token, " ", span))
             continue
         piece = text[span[0] : span[1]]
         shared = [pos for pos in range(*span) if len(holders[pos]) > 1]

@@ -82,7 +82,11 @@ class AttentionRequest(BaseModel):
 
     text: StrictStr = Field(description="Not blank; at most max_chars characters and max_tokens tokens.")
     model: StrictStr | None = Field(None, description="A name from GET /api/info (default: the server's first model).")
-    layers: list[StrictInt] | None = Field(None, description="Layer indices, from 0 (default: all).")
+    layers: list[StrictInt] | Literal["last"] | None = Field(
+        None,
+        description='Layer indices, from 0, or "last": the last layer (an encoder-decoder: the last layer of each '
+        "stack, encoder and decoder). Default: all.",
+    )
     heads: list[StrictInt] | None = Field(None, description="Head indices, from 0 (default: all).")
     level: Literal["token", "word"] = Field(
         "token",
@@ -251,7 +255,10 @@ def _validation_message(errors: Sequence[dict[str, Any]]) -> tuple[int, str]:
         return 400, f"the request body is not valid JSON ({reason})"
     parts = []
     for e in errors:
-        loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        # A field of several types names the type each error is about ("list[int]",
+        # "literal['last']"): the field's own path is enough.
+        path = (p for p in e.get("loc", ()) if p != "body" and not (isinstance(p, str) and "[" in p))
+        loc = ".".join(str(p) for p in path) or "body"
         parts.append(f"{loc}: {e.get('msg', 'invalid')}")
     return 422, "invalid request: " + "; ".join(parts)
 
@@ -536,7 +543,8 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
     """
     text = request.text
     _check_text(text, limits)
-    layers = _indices(request.layers, s.model.num_layers, "layer", s.name)
+    asked = [s.model.num_layers - 1] if request.layers == "last" else request.layers
+    layers = _indices(asked, s.model.num_layers, "layer", s.name)
     heads = _indices(request.heads, s.model.num_heads, "head", s.name)
     count = await _count_tokens(text, s)
     weights = len(layers) * len(heads) * count * count
@@ -586,7 +594,8 @@ async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits
     """The viewer data of an encoder-decoder request: the source (``text``) and the target
     (``decoder_text``, or the model's own greedy one when it is absent or blank), with the
     encoder, decoder and cross-attention of the asked layers (each stack the indices it
-    has) and heads, checked first as :func:`_admit` checks a text.
+    has; ``"last"``: each stack's own last layer) and heads, checked first as :func:`_admit`
+    checks a text.
 
     Raises:
         HTTPException: 422 naming what is wrong and, for too many weights, what would fit.
@@ -597,11 +606,15 @@ async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits
     if target is not None:
         _check_text(target, limits, "the decoder text")
     encoder_depth, decoder_depth = model.num_layers, int(model.num_decoder_layers)
-    layers = _indices(request.layers, max(encoder_depth, decoder_depth), "layer", s.name)
     heads = _indices(request.heads, model.num_heads, "head", s.name)
+    if request.layers == "last":
+        encoder_layers, decoder_layers = [encoder_depth - 1], [decoder_depth - 1]
+        layers = sorted({*encoder_layers, *decoder_layers})
+    else:
+        layers = _indices(request.layers, max(encoder_depth, decoder_depth), "layer", s.name)
+        encoder_layers = [layer for layer in layers if layer < encoder_depth]
+        decoder_layers = [layer for layer in layers if layer < decoder_depth]
     s_src = await _count_tokens(request.text, s)
-    encoder_layers = [layer for layer in layers if layer < encoder_depth]
-    decoder_layers = [layer for layer in layers if layer < decoder_depth]
 
     def run(target: Any, **asked: Any) -> Any:
         with s.seq2seq_lock:

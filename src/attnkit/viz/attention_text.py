@@ -92,7 +92,8 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
         size = f"{len(amap.key_tokens)} source × {len(amap.tokens)} target tokens"
         if amap.words is not None and amap.key_words is not None:
             size = f"{len(amap.key_words)} source × {n} target words"
-    lines = [f"{amap.model} · layer {amap.layer} (0..{amap.num_layers - 1}) · {heads}{kind}{method} · {size}"]
+    layer = f"layer {amap.layer} (0..{amap.num_layers - 1})" + (f", {amap.layer_kind}" if amap.layer_kind else "")
+    lines = [f"{amap.model} · {layer} · {heads}{kind}{method} · {size}"]
     token_labels = [t.label for t in amap.readable] if amap.readable else list(amap.labels)
     if cross:
         source_labels = [t.label for t in amap.key_readable] if amap.key_readable else list(amap.column_labels)

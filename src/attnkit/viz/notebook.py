@@ -33,6 +33,8 @@ def notebook_html_of(shown: AttentionMap | AttentionView) -> str:
             causal=shown.causal,
             heads=shown.heads,
             text=shown.text,
+            # A window of tokens has no exact meaning between words.
+            windows={shown.layer: shown.window} if shown.words is None and shown.layer_windows else None,
         )
     if isinstance(shown, AttentionView):
         return notebook_html(
@@ -71,6 +73,7 @@ def notebook_html(
     heads: Sequence[int],
     text: str,
     height: int | None = None,
+    windows: Mapping[int, int | None] | None = None,
 ) -> str:
     """The self-contained viewer page (:func:`attnkit.viz.viewer.render_html`) in an
     ``<iframe srcdoc>``, the form notebooks display inline, sized to its content.
@@ -90,6 +93,8 @@ def notebook_html(
         text: the input text.
         height: the frame's first height in CSS pixels (default: from the number of
             labels, at most :data:`FRAME_MAX_PX`).
+        windows: layer → sliding window of a local layer (``None``: global), for a model
+            with local layers: the viewer greys the cells outside the window.
 
     Returns:
         An ``<iframe>`` element and the ``<script>`` that sizes it.
@@ -97,7 +102,7 @@ def notebook_html(
     Raises:
         ImportError: the viewer's dependencies are missing.
     """
-    data = ViewerData.from_run(model, labels, attentions, causal=causal, heads=heads, text=text)
+    data = ViewerData.from_run(model, labels, attentions, causal=causal, heads=heads, text=text, windows=windows)
     page = html.escape(render_html(data), quote=True)
     if height is None:
         height = min(FRAME_CHROME_PX + FRAME_ROW_PX * len(labels), FRAME_MAX_PX)

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.inspect.maps import LEVELS, readable_run
+from attnkit.inspect.maps import LEVELS, model_windows, readable_run
 from attnkit.nn.records import LayerWeights, LMOutput, TransformerOutput
 from attnkit.viz.viewer.data import MODES, Section, ViewerData
 
@@ -21,6 +21,13 @@ from attnkit.viz.viewer.data import MODES, Section, ViewerData
 def model_name(model: Any) -> str:
     """A model's display name: its ``name`` attribute, else its ``family``, else its class."""
     return str(getattr(model, "name", None) or getattr(model, "family", None) or type(model).__name__)
+
+
+def layer_windows(model: Any) -> dict[int, int | None] | None:
+    """Layer index → sliding window (``None`` for a global layer) of a model with local
+    layers, ``None`` for a model without them (:func:`attnkit.inspect.maps.model_windows`)."""
+    windows = model_windows(model)
+    return None if windows is None else dict(enumerate(windows))
 
 
 def viewer_data_from_run(
@@ -43,7 +50,8 @@ def viewer_data_from_run(
             (rows and columns are words; a row still sums to 1).
 
     Returns:
-        Data of kind ``"causal"`` or ``"bidirectional"``.
+        Data of kind ``"causal"`` or ``"bidirectional"``; between tokens, a model's local
+        layers carry their sliding windows (:func:`layer_windows`).
 
     Raises:
         ValueError: the run has no attention (it ran with ``return_weights=False``), an unknown
@@ -63,7 +71,20 @@ def viewer_data_from_run(
         heads=None if heads is None else list(heads),
         text=text,
         level=level,
+        windows=layer_windows(model) if level == "token" else None,
+        word_starts=_word_starts(readable) if level == "token" else None,
     )
+
+
+def _word_starts(readable: Any) -> list[bool]:
+    """Whether each token of a :class:`attnkit.inspect.maps.ReadableRun` starts a word of
+    its text (:func:`attnkit.inspect.words.word_groups`)."""
+    from attnkit.inspect.words import word_groups
+
+    starts = [False] * len(readable.tokens)
+    for word in word_groups(readable.text, readable.tokens):
+        starts[word.token_indices[0]] = True
+    return starts
 
 
 def viewer_data_from_seq2seq(model: Any, run: Any, *, name: str | None = None, level: str = "token") -> ViewerData:
@@ -153,7 +174,12 @@ def mode_sections(
         maps = {layer: between(value.heads[layer][list(heads)]) for layer in layers}  # [h, n, n]
         maps = {layer: m / m.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12) for layer, m in maps.items()}
         sections["value"] = Section.from_layers(
-            readable.labels, readable.labels, maps, heads=heads, causal=bool(model.causal)
+            readable.labels,
+            readable.labels,
+            maps,
+            heads=heads,
+            causal=bool(model.causal),
+            windows=layer_windows(model) if readable.words is None else None,
         )
     if "rollout" in modes:
         rollout = methods.rollout(model, text)  # [L, s, s]

@@ -80,6 +80,13 @@ class Section:
         weights: post-softmax weights ``[L, h, s_q, s_k]``, float32 on the CPU.
         causal: whether query ``i`` may only attend to keys ``<= i`` (the viewer greys out
             the masked cells).
+        windows: per layer present, the sliding window of a local layer (query ``i``
+            attends only to keys ``j`` with ``i - j < window``, the viewer greys out the
+            others) or ``None`` for a global layer; ``None`` for a section without local
+            layers.
+        word_starts: for a self-attention section between tokens, whether each token
+            starts a word of the text (the viewer marks word boundaries, which token labels
+            stripped of their spaces hide); ``None`` when not known.
 
     Raises:
         TypeError: tokens are not strings, weights not a floating-point tensor.
@@ -93,6 +100,8 @@ class Section:
     heads: tuple[int, ...]
     weights: Tensor = field(repr=False)
     causal: bool = False
+    windows: tuple[int | None, ...] | None = None
+    word_starts: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "query_tokens", _as_tokens(self.query_tokens, "query_tokens"))
@@ -118,6 +127,26 @@ class Section:
         if low < -_RANGE_SLACK or high > 1 + _RANGE_SLACK:
             raise ValueError(f"weights must be post-softmax values in [0, 1], got values in [{low:.4g}, {high:.4g}]")
         object.__setattr__(self, "weights", w)
+        object.__setattr__(self, "windows", self._checked_windows())
+        if self.word_starts is not None:
+            starts = tuple(bool(b) for b in self.word_starts)
+            if len(starts) != len(self.query_tokens) or self.key_tokens != self.query_tokens:
+                raise ValueError(
+                    f"word_starts must give one flag per token of a section whose keys are its queries "
+                    f"({len(self.query_tokens)}), got {len(starts)}"
+                )
+            object.__setattr__(self, "word_starts", starts)
+
+    def _checked_windows(self) -> tuple[int | None, ...] | None:
+        """``windows`` as a tuple, ``None`` when no layer is local."""
+        if self.windows is None:
+            return None
+        windows = tuple(None if w is None else int(w) for w in self.windows)
+        if len(windows) != len(self.layers) or any(w is not None and w < 1 for w in windows):
+            raise ValueError(
+                f"windows must give one positive window or None per layer ({len(self.layers)}), got {list(windows)}"
+            )
+        return windows if any(w is not None for w in windows) else None
 
     @classmethod
     def from_layers(
@@ -128,6 +157,8 @@ class Section:
         *,
         heads: Sequence[int] | None = None,
         causal: bool = False,
+        windows: Mapping[int, int | None] | None = None,
+        word_starts: Sequence[bool] | None = None,
     ) -> Section:
         """Build a section from per-layer weights, as models hand them back.
 
@@ -138,6 +169,9 @@ class Section:
                 with a batch of one); layers are sorted by index.
             heads: the model's head indices the ``h`` rows stand for (default ``0 .. h-1``).
             causal: see :class:`Section`.
+            windows: model layer index → its sliding window (``None`` or absent: a global
+                layer); default every layer global.
+            word_starts: see :class:`Section`.
 
         Returns:
             The section.
@@ -166,7 +200,17 @@ class Section:
             maps.append(w.detach().to(device="cpu", dtype=torch.float32))
         weights = torch.stack(maps)  # [L, h, s_q, s_k]
         head_ids = range(weights.shape[1]) if heads is None else heads
-        return cls(tuple(query_tokens), tuple(key_tokens), tuple(layers), tuple(head_ids), weights, causal)
+        layer_windows = None if windows is None else tuple(windows.get(layer) for layer in layers)
+        return cls(
+            tuple(query_tokens),
+            tuple(key_tokens),
+            tuple(layers),
+            tuple(head_ids),
+            weights,
+            causal,
+            layer_windows,
+            None if word_starts is None else tuple(word_starts),
+        )
 
     def map(self, layer: int, head: int) -> Tensor:
         """The ``[s_q, s_k]`` weights of one of the model's layers and heads.
@@ -189,6 +233,8 @@ class Section:
             "key_tokens": list(self.key_tokens),
             "layers": list(self.layers),
             "heads": list(self.heads),
+            **({} if self.windows is None else {"windows": list(self.windows)}),
+            **({} if self.word_starts is None else {"word_starts": list(self.word_starts)}),
             "weights": {
                 "shape": list(self.weights.shape),
                 "dtype": "uint16",
@@ -223,7 +269,16 @@ class Section:
         if flat.size != int(np.prod(shape)):
             raise ValueError(f"weights shape {shape} needs {int(np.prod(shape))} values, got {flat.size}")
         weights = torch.from_numpy(flat.reshape(shape))
-        return cls(d["query_tokens"], d["key_tokens"], d["layers"], d["heads"], weights, bool(d["causal"]))
+        return cls(
+            d["query_tokens"],
+            d["key_tokens"],
+            d["layers"],
+            d["heads"],
+            weights,
+            bool(d["causal"]),
+            d.get("windows"),
+            d.get("word_starts"),
+        )
 
 
 @dataclass(frozen=True)
@@ -290,6 +345,8 @@ class ViewerData:
         heads: Sequence[int] | None = None,
         text: str = "",
         level: str = "token",
+        windows: Mapping[int, int | None] | None = None,
+        word_starts: Sequence[bool] | None = None,
     ) -> ViewerData:
         """Self-attention of a decoder-only or encoder-only model over one text.
 
@@ -301,6 +358,9 @@ class ViewerData:
             heads: the head indices of the ``h`` rows (default ``0 .. h-1``).
             text: the input text.
             level: ``"token"``, or ``"word"`` when the rows and columns are words.
+            windows: layer index → its sliding window, for a model with local layers
+                (``None`` or absent: global).
+            word_starts: between tokens, whether each token starts a word of the text.
 
         Returns:
             Data of kind ``"causal"`` or ``"bidirectional"``.
@@ -308,7 +368,9 @@ class ViewerData:
         Raises:
             ValueError: an unknown level, or see :meth:`Section.from_layers`.
         """
-        section = Section.from_layers(tokens, tokens, attentions, heads=heads, causal=causal)
+        section = Section.from_layers(
+            tokens, tokens, attentions, heads=heads, causal=causal, windows=windows, word_starts=word_starts
+        )
         return cls(model, "causal" if causal else "bidirectional", {"self": section}, text, level)
 
     @classmethod

@@ -23,6 +23,8 @@
   const MIN_ALPHA = 0.02; // head view: fainter lines are invisible and not drawn
   const ALL_LINES_MIN = 0.001; // head view, "all" lines: weights below this are skipped
   const MAX_LABEL = 150; // matrix view: widest token label, CSS px
+  const ALL_LINES_MAX_TOKENS = 300; // head view: "all" lines are offered up to this many tokens
+  const RANK_ROWS = 30; // rank view: rows listed
 
   // matplotlib's "Blues" (the heatmaps' colour map): nine anchors, interpolated to 256.
   const BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
@@ -38,17 +40,26 @@
     }
     return lut;
   })();
-  const MASKED = [226, 226, 226]; // causal cells a query may not attend to
+  const MASKED = [226, 226, 226]; // cells a query may not attend to: later keys, keys outside a local window
   const PALETTE = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf',
     '#bcbd22', '#7f7f7f', '#393b79', '#637939'];
   const headColour = (n) => (n < PALETTE.length ? PALETTE[n] : 'hsl(' + ((n * 137.508) % 360).toFixed(1) + ', 65%, 42%)');
 
   const SCALES = {
-    linear: { title: 'Colour: attention weight', ticks: [[0, '0'], [0.25, '0.25'], [0.5, '0.5'], [0.75, '0.75'], [1, '1']] },
-    sqrt: { title: 'Colour: attention weight (square-root scale)',
+    linear: { title: 'Colour: QUANTITY', ticks: [[0, '0'], [0.25, '0.25'], [0.5, '0.5'], [0.75, '0.75'], [1, '1']] },
+    sqrt: { title: 'Colour: QUANTITY (square-root scale)',
       ticks: [[0, '0'], [0.1, '0.01'], [Math.sqrt(0.05), '0.05'], [0.5, '0.25'], [1, '1']] },
-    row: { title: "Colour: share of the row's largest weight", ticks: [[0, '0%'], [0.5, '50%'], [1, '100%']] },
+    row: { title: "Colour: share of the row's largest QUANTITYWORD", ticks: [[0, '0%'], [0.5, '50%'], [1, '100%']] },
   };
+  // What a section's numbers are: the legend's title, the tooltip's and the scale menu's word.
+  const QUANTITIES = {
+    value: { legend: 'value-weighted norm \u2016\u03b1\u00b7f(x)\u2016, each map scaled so that its largest is 1',
+      word: 'value norm', short: 'norm', scaleLabel: 'value-weighted norm, 0 to 1 (scaled per map)' },
+    rollout: { legend: 'attention rollout (layers up to this one, heads merged)', word: 'rollout', short: 'rollout',
+      scaleLabel: 'rollout, 0 to 1' },
+  };
+  const WEIGHT = { legend: 'attention weight', word: 'weight', short: 'weight', scaleLabel: 'weight, 0 to 1' };
+  const quantity = () => (state.data && QUANTITIES[state.section]) || WEIGHT;
 
   const state = {
     data: null, // the parsed JSON
@@ -61,10 +72,14 @@
     headsOn: [], // head view: shown or not, per head index
     activeQ: -1, // head view: isolated query token
     activeK: -1, // head view: isolated key token
+    pinnedQ: -1, // a clicked query token: kept across layers, heads and views
+    pinnedK: -1, // a clicked key token
+    zoom: 0, // matrix view: CSS px per cell, 0 to fit the width
     cursor: null, // matrix view keyboard cell {i, j}
   };
   let generation = 0; // bumped by every render; stale asynchronous work sees it and stops
   let decoded = new Map(); // "section/layer" -> Promise<Uint16Array [h * s_q * s_k]>
+  let resolved = new Map(); // the same, for layers already decoded (read synchronously)
 
   // ---------------------------------------------------------------- data
 
@@ -91,9 +106,31 @@
 
   function layerData(li) {
     const key = state.section + '/' + li;
-    if (!decoded.has(key)) decoded.set(key, decodeLayer(sec(), li));
+    if (!decoded.has(key)) {
+      decoded.set(key, decodeLayer(sec(), li).then((q16) => { resolved.set(key, q16); return q16; }));
+    }
     return decoded.get(key);
   }
+
+  // The sliding window of layer index li of section s (a local layer), or 0 (global).
+  const windowOf = (s, li) => (s.windows && s.windows[li]) || 0;
+
+  // Whether query i may not attend to key j in layer index li: a later key (causal) or a key
+  // outside a local layer's window.
+  function masked(s, li, i, j) {
+    if (s.causal && j > i) return true;
+    const w = windowOf(s, li);
+    return w > 0 && i - j >= w;
+  }
+
+  // "local (512)" or "global" for a section with local layers, else "".
+  function layerKind(s, li) {
+    if (!s.windows) return '';
+    const w = windowOf(s, li);
+    return w > 0 ? 'local (' + w + ')' : 'global';
+  }
+
+  const layerName = (s, li) => 'layer ' + s.layers[li] + (s.windows ? ' \u00b7 ' + layerKind(s, li) : '');
 
   // Colour intensity in [0, 1] of every cell of one [s_q, s_k] map under the current scale.
   function intensities(q16, offset, sq, sk, unit) {
@@ -128,6 +165,7 @@
     }
     state.data = json;
     decoded = new Map();
+    resolved = new Map();
     const names = Object.keys(json.sections);
     const select = $('ak-section');
     select.textContent = '';
@@ -141,14 +179,17 @@
     for (const name of names) longest = Math.max(longest, ...json.sections[name].weights.shape.slice(2));
     state.scale = longest <= 64 ? 'linear' : 'sqrt';
     state.topk = longest <= 32 ? 0 : 5;
+    // Every line of every token: thousands of lines per scroll frame beyond a few hundred tokens.
+    const all = $('ak-topk').querySelector('option[value="0"]');
+    all.disabled = longest > ALL_LINES_MAX_TOKENS;
+    all.text = all.disabled ? 'all (up to ' + ALL_LINES_MAX_TOKENS + ' tokens)' : 'all';
     $('ak-scale').value = state.scale;
     $('ak-topk').value = String(state.topk);
     const kinds = { causal: 'causal self-attention', bidirectional: 'bidirectional self-attention',
       'encoder-decoder': 'encoder\u2013decoder' };
     const counts = names.map((n) => json.sections[n].query_tokens.length);
-    const tokens = json.kind === 'encoder-decoder' && json.sections.cross
-      ? json.sections.cross.key_tokens.length + ' source and ' + json.sections.cross.query_tokens.length + ' target tokens'
-      : Math.max(...counts) + (json.level === 'word' ? ' words' : ' tokens');
+    const unit = json.level === 'word' ? ' words' : ' tokens';
+    const tokens = json.kind === 'encoder-decoder' ? seq2seqCounts(json, unit) : Math.max(...counts) + unit;
     $('ak-summary').textContent = json.model + ' \u00b7 ' + (kinds[json.kind] || json.kind) + ' \u00b7 ' + tokens;
     $('ak-text-shown').textContent = json.kind === 'encoder-decoder'
       ? 'Source: \u201c' + json.text + '\u201d \u00b7 target: \u201c' + (json.target_text || '') + '\u201d' +
@@ -157,7 +198,34 @@
     document.title = 'Attention: ' + json.model;
     $('ak-title').textContent = 'Attention: ' + json.model;
     $('ak-main').hidden = false;
-    setSection(names[0], true);
+    $('ak-model-note').hidden = true; // what it said was about the previous data
+    // An encoder-decoder opens on cross-attention, as attnkit inspect prints it.
+    setSection(json.sections.cross ? 'cross' : names[0], true);
+  }
+
+  // "11 source and 9 target tokens": the source from the encoder or cross section, the target
+  // from the cross or decoder section (rows are target tokens).
+  function seq2seqCounts(json, unit) {
+    const { encoder, decoder, cross } = json.sections;
+    const source = cross ? cross.key_tokens.length : encoder ? encoder.query_tokens.length : 0;
+    const target = cross ? cross.query_tokens.length : decoder ? decoder.query_tokens.length : 0;
+    return source + ' source' + (target ? ' and ' + target + ' target' : '') + unit +
+      (target ? '' : ' (no decoder layer computed)');
+  }
+
+  // What the rows and columns of the current section are, in words.
+  function axesText() {
+    const name = state.section;
+    if (name === 'cross') {
+      return 'Rows: target tokens (the decoder\u2019s queries). Columns: source tokens (the encoder\u2019s keys). ' +
+        'Each row is the position that produces that target token.';
+    }
+    if (name === 'decoder') {
+      return 'Rows: target tokens, each the token its position produces. Columns: the tokens the decoder reads, ' +
+        'one position behind: the start token, then the target without its last token.';
+    }
+    if (name === 'encoder') return 'Rows and columns: source tokens (the encoder\u2019s text).';
+    return '';
   }
 
   function setSection(name, lastLayer) {
@@ -171,11 +239,27 @@
     state.layer = lastLayer || !s.layers.includes(oldLayer) ? s.layers.length - 1 : s.layers.indexOf(oldLayer);
     state.head = s.heads.includes(oldHead) ? s.heads.indexOf(oldHead) : 0;
     state.headsOn = s.heads.map(() => true);
-    state.activeQ = state.activeK = -1;
+    // A clicked token stays selected in a section with the same tokens (self, value, rollout).
+    const same = previous && previous.query_tokens.join('\u0000') === s.query_tokens.join('\u0000') &&
+      previous.key_tokens.join('\u0000') === s.key_tokens.join('\u0000');
+    if (!same) state.pinnedQ = state.pinnedK = -1;
+    state.activeQ = state.pinnedQ;
+    state.activeK = state.pinnedK;
     state.cursor = null;
-    fillSelect($('ak-layer'), s.layers, 'layer', state.layer);
+    const layerSelect = $('ak-layer');
+    layerSelect.textContent = '';
+    s.layers.forEach((v, n) => layerSelect.add(new Option(layerName(s, n), String(n))));
+    layerSelect.value = String(state.layer);
     fillSelect($('ak-head'), s.heads, 'head', state.head);
-    if (name === 'rollout') $('ak-head').options[0].text = 'all heads, merged';
+    const merged = name === 'rollout';
+    if (merged) $('ak-head').options[0].text = 'all heads, merged';
+    // A merged map has no heads to switch on and off.
+    $('ak-heads').hidden = merged;
+    $('ak-scale').options[0].text = quantity().scaleLabel;
+    $('ak-tab-rank').textContent = merged ? 'Rank layers' : 'Rank heads';
+    $('ak-axes').textContent = axesText();
+    $('ak-axes').hidden = !axesText();
+    fillRankPickers();
     buildTokenColumns();
     buildHeadToggles();
     buildGrid();
@@ -197,6 +281,7 @@
     try {
       if (state.view === 'head') await renderHead(gen);
       else if (state.view === 'model') await renderModel(gen);
+      else if (state.view === 'rank') await renderRank(gen);
       else await renderMatrix(gen);
       if (gen === generation) body.dataset.state = 'ready';
     } catch (err) {
@@ -227,7 +312,8 @@
       }
     }
     ctx.putImageData(img, 0, 0);
-    $('ak-legend-title').textContent = scale.title;
+    const q = quantity();
+    $('ak-legend-title').textContent = scale.title.replace('QUANTITYWORD', q.word).replace('QUANTITY', q.legend);
     const ticks = $('ak-legend-ticks');
     ticks.textContent = '';
     for (const [pos, label] of scale.ticks) {
@@ -238,7 +324,22 @@
     }
     const notes = [];
     if (state.view === 'head') notes.push('Head view: a line\u2019s opacity follows this scale, its colour is the head.');
-    if (state.data && sec().causal && state.view !== 'head') notes.push('Grey: masked, a token may not attend to later tokens.');
+    if (state.data && state.view !== 'head') {
+      const s = sec();
+      const w = windowOf(s, state.layer);
+      const layerWord = state.view === 'model' ? 'local layers' : 'this local layer';
+      if (s.causal && (w || (s.windows && state.view === 'model'))) {
+        notes.push('Grey: masked, a token may not attend to later tokens, nor, in ' + layerWord + ', to tokens ' +
+          (w || 'a window') + ' or more positions back.');
+      } else if (s.causal) {
+        notes.push('Grey: masked, a token may not attend to later tokens.');
+      } else if (w) {
+        notes.push('Grey: masked, in this local layer a token may not attend to tokens ' + w + ' or more positions away.');
+      }
+    }
+    if (state.data && state.view === 'matrix' && matrixFitCell > 0 && matrixFitCell < 9 && !state.zoom) {
+      notes.push('Cells are ' + matrixFitCell + ' px, too small for labels: choose a larger Cell size to zoom in.');
+    }
     $('ak-legend-note').textContent = notes.join(' ');
   }
 
@@ -246,8 +347,17 @@
 
   let lines = null; // {key, q16, heads: [{off, keys, q, rowMax}]}: each query's strongest keys
 
+  // Whether each token starts a word, for a section between tokens of one text (the colour
+  // modes share the self section's tokens); null when unknown or when every token is a word.
+  function wordStarts(s) {
+    const self = state.data.sections.self;
+    const starts = s.word_starts || (self && s.query_tokens.length === self.query_tokens.length ? self.word_starts : null);
+    return starts && starts.some((b) => !b) ? starts : null;
+  }
+
   function buildTokenColumns() {
     const s = sec();
+    const starts = wordStarts(s);
     for (const [el, tokens, side] of [[$('ak-queries'), s.query_tokens, 'q'], [$('ak-keys'), s.key_tokens, 'k']]) {
       el.textContent = '';
       el.removeAttribute('aria-activedescendant');
@@ -261,12 +371,19 @@
         div.dataset.index = String(n);
         div.textContent = shown(t);
         div.title = (side === 'q' ? 'query #' : 'key #') + n + ': ' + t;
+        // A line above each word's first token: labels stripped of their spaces hide where
+        // words start (two "배" of two words).
+        if (starts && starts[n] && n > 0) {
+          div.classList.add('ak-word-start');
+          div.title += ' (starts a word)';
+        }
         frag.appendChild(div);
       });
       el.appendChild(frag);
     }
     $('ak-head-inner').style.height = Math.max(s.query_tokens.length, s.key_tokens.length) * ROW + 'px';
     lines = null;
+    showPinned();
   }
 
   function buildHeadToggles() {
@@ -419,6 +536,34 @@
     drawLines();
   }
 
+  // Back to the clicked token's lines (or every line when none is clicked).
+  function showPinned() {
+    for (const el of document.querySelectorAll('.ak-token.ak-pinned-token')) el.classList.remove('ak-pinned-token');
+    const side = state.pinnedQ >= 0 ? 'q' : state.pinnedK >= 0 ? 'k' : '';
+    const n = side === 'q' ? state.pinnedQ : state.pinnedK;
+    if (side) $('ak-' + side + '-' + n).classList.add('ak-pinned-token');
+    setActive(side || 'q', side ? n : -1, false);
+    // Hidden without giving up its room, so that the tokens under the pointer stay put.
+    const box = $('ak-pinned');
+    box.classList.toggle('ak-invisible', !side);
+    if (side) {
+      const s = sec();
+      $('ak-pinned-text').textContent = 'Selected ' + (side === 'q' ? 'query' : 'key') + ' token \u201c' +
+        shown(side === 'q' ? s.query_tokens[n] : s.key_tokens[n]) + '\u201d #' + n + ', kept across layers and heads.';
+      $('ak-pinned-rank').hidden = side !== 'q';
+    }
+  }
+
+  // Click a token to keep it selected (click it again, or press Escape, to let it go).
+  function pin(side, n) {
+    const again = side === 'q' ? state.pinnedQ === n : state.pinnedK === n;
+    state.pinnedQ = side === 'q' && !again ? n : -1;
+    state.pinnedK = side === 'k' && !again ? n : -1;
+    if (state.pinnedQ >= 0) $('ak-rank-q').value = String(state.pinnedQ);
+    if (state.pinnedK >= 0 && state.pinnedK < $('ak-rank-k').options.length - 1) $('ak-rank-k').value = String(state.pinnedK);
+    showPinned();
+  }
+
   function tokenColumnEvents(el, side) {
     const count = () => (side === 'q' ? sec().query_tokens.length : sec().key_tokens.length);
     const current = () => (side === 'q' ? state.activeQ : state.activeK);
@@ -427,17 +572,26 @@
       if (t) setActive(side, Number(t.dataset.index), false);
     });
     el.addEventListener('mouseleave', () => {
-      if (document.activeElement !== el) setActive(side, -1, false);
+      if (document.activeElement !== el || state.pinnedQ >= 0 || state.pinnedK >= 0) showPinned();
+    });
+    el.addEventListener('click', (e) => {
+      const t = e.target.closest('.ak-token');
+      if (t) pin(side, Number(t.dataset.index));
     });
     el.addEventListener('focus', () => {
       if (current() < 0) setActive(side, Math.min(count() - 1, Math.floor($('ak-head-scroll').scrollTop / ROW)), true);
     });
-    el.addEventListener('blur', () => setActive(side, -1, false));
+    // Leaving the column (for the layer picker, say) keeps a clicked token selected.
+    el.addEventListener('blur', () => showPinned());
     el.addEventListener('keydown', (e) => {
       const n = current();
       const moves = { ArrowDown: n + 1, ArrowUp: n - 1, PageDown: n + 10, PageUp: n - 10, Home: 0, End: count() - 1 };
       if (e.key === 'Escape') {
-        setActive(side, -1, false);
+        state.pinnedQ = state.pinnedK = -1;
+        showPinned();
+      } else if (e.key === 'Enter' || e.key === ' ') {
+        e.preventDefault();
+        if (n >= 0) pin(side, n);
       } else if (e.key in moves) {
         e.preventDefault();
         setActive(side, Math.max(0, Math.min(count() - 1, moves[e.key])), true);
@@ -468,7 +622,7 @@
     s.layers.forEach((layer, li) => {
       const label = document.createElement('span');
       label.className = 'ak-grid-label';
-      label.textContent = 'layer ' + layer;
+      label.textContent = layerName(s, li);
       box.appendChild(label);
       thumbs.push(s.heads.map((head, hi) => {
         const button = document.createElement('button');
@@ -477,7 +631,6 @@
         button.dataset.layer = String(li);
         button.dataset.head = String(hi);
         button.setAttribute('aria-label', 'layer ' + layer + ', head ' + head + ': open in the matrix view');
-        button.title = 'layer ' + layer + ', head ' + head;
         const canvas = document.createElement('canvas');
         canvas.width = Math.min(d.sk, THUMB);
         canvas.height = Math.min(d.sq, THUMB);
@@ -494,7 +647,7 @@
 
   // Shrink one map to its thumbnail, keeping each block's largest intensity so that thin
   // patterns (a diagonal, one column) survive the shrinking.
-  function drawThumb(canvas, q16, offset, d, causal, unit) {
+  function drawThumb(canvas, q16, offset, d, s, li, unit) {
     const tw = canvas.width;
     const th = canvas.height;
     const values = intensities(q16, offset, d.sq, d.sk, unit);
@@ -512,10 +665,15 @@
     const ctx = canvas.getContext('2d');
     const img = ctx.createImageData(tw, th);
     for (let r = 0; r < th; r++) {
+      const firstQuery = Math.ceil((r * d.sq) / th);
       const lastQuery = Math.ceil(((r + 1) * d.sq) / th) - 1;
       for (let c = 0; c < tw; c++) {
         const firstKey = Math.ceil((c * d.sk) / tw);
-        const rgb = causal && firstKey > lastQuery ? MASKED : null;
+        const lastKey = Math.ceil(((c + 1) * d.sk) / tw) - 1;
+        // Grey when every cell of the block is masked: all later than their query, or all
+        // outside the window.
+        const w = windowOf(s, li);
+        const rgb = (s.causal && firstKey > lastQuery) || (w > 0 && firstQuery - lastKey >= w) ? MASKED : null;
         const n = Math.round(pooled[r * tw + c] * 255) * 3;
         const p = (r * tw + c) * 4;
         img.data[p] = rgb ? rgb[0] : LUT[n];
@@ -537,7 +695,7 @@
       const q16 = await layerData(li);
       if (gen !== generation) return;
       for (let h = 0; h < d.h; h++) {
-        drawThumb(grid.thumbs[li][h].firstChild, q16, h * d.sq * d.sk, d, s.causal, s.weights.scale);
+        drawThumb(grid.thumbs[li][h].firstChild, q16, h * d.sq * d.sk, d, s, li, s.weights.scale);
       }
       // Let the page handle input between layers while a large model is drawn.
       await new Promise((resolve) => setTimeout(resolve, 0));
@@ -549,31 +707,11 @@
   // ---------------------------------------------------------------- matrix view
 
   let matrix = null; // geometry and data of the map on screen, for hovering and keys
+  let matrixFitCell = 0; // the cell size that fits the width, CSS px (for the legend's hint)
 
-  async function renderMatrix(gen) {
-    const s = sec();
-    const d = dims(s);
-    const q16 = await layerData(state.layer);
-    if (gen !== generation) return;
-    const unit = s.weights.scale;
-    const offset = state.head * d.sq * d.sk;
+  // The map itself: one pixel per cell, to be scaled up without smoothing.
+  function mapPixels(s, q16, offset, d, unit) {
     const values = intensities(q16, offset, d.sq, d.sk, unit);
-    const canvas = $('ak-matrix');
-    const ctx = canvas.getContext('2d');
-    const avail = Math.max(240, $('ak-matrix-wrap').clientWidth - 8);
-    // Labels take room only when cells are tall enough to read them.
-    ctx.font = '12px ui-monospace, "DejaVu Sans Mono", monospace';
-    const widest = (tokens) => Math.min(MAX_LABEL, Math.max(...tokens.map((t) => ctx.measureText(shown(t)).width)));
-    const labelQ = widest(s.query_tokens) + 10;
-    const labelK = widest(s.key_tokens) + 10;
-    const cell = Math.max(1, Math.min(36, Math.floor((avail - labelQ) / d.sk)));
-    const labels = cell >= 9;
-    const left = labels ? labelQ : 0;
-    const top = labels ? labelK : 0;
-    const W = left + d.sk * cell;
-    const H = top + d.sq * cell;
-
-    // The map itself: one pixel per cell, scaled up without smoothing.
     const pixels = document.createElement('canvas');
     pixels.width = d.sk;
     pixels.height = d.sq;
@@ -582,7 +720,7 @@
     for (let i = 0; i < d.sq; i++) {
       for (let j = 0; j < d.sk; j++) {
         const p = (i * d.sk + j) * 4;
-        if (s.causal && j > i) {
+        if (masked(s, state.layer, i, j)) {
           img.data[p] = MASKED[0]; img.data[p + 1] = MASKED[1]; img.data[p + 2] = MASKED[2];
         } else {
           const n = Math.round(values[i * d.sk + j] * 255) * 3;
@@ -592,101 +730,187 @@
       }
     }
     pctx.putImageData(img, 0, 0);
+    return { pixels, values };
+  }
 
-    // Everything but the cursor goes to an off-screen base, redrawn under each cursor move.
-    const base = document.createElement('canvas');
-    base.width = Math.round(W * dpr);
-    base.height = Math.round(H * dpr);
-    const bctx = base.getContext('2d');
-    bctx.scale(dpr, dpr);
-    bctx.fillStyle = '#ffffff';
-    bctx.fillRect(0, 0, W, H);
-    bctx.imageSmoothingEnabled = false;
-    bctx.drawImage(pixels, left, top, d.sk * cell, d.sq * cell);
-    if (labels) {
-      const size = Math.min(12, cell - 1);
-      bctx.font = size + 'px ui-monospace, "DejaVu Sans Mono", monospace';
-      bctx.fillStyle = '#1b1f24';
-      bctx.textBaseline = 'middle';
-      bctx.textAlign = 'right';
-      s.query_tokens.forEach((t, i) => bctx.fillText(shown(t), left - 5, top + i * cell + cell / 2, MAX_LABEL));
-      bctx.textAlign = 'left';
-      s.key_tokens.forEach((t, j) => {
-        bctx.save();
-        bctx.translate(left + j * cell + cell / 2, top - 5);
-        bctx.rotate(-Math.PI / 2);
-        bctx.fillText(shown(t), 0, 0, MAX_LABEL);
-        bctx.restore();
-      });
-    }
-    if (cell >= 30) {
-      // Values written in the cells, as in the PNG heatmaps.
-      bctx.font = '11px system-ui, "DejaVu Sans", sans-serif';
-      bctx.textAlign = 'center';
-      bctx.textBaseline = 'middle';
-      for (let i = 0; i < d.sq; i++) {
-        for (let j = 0; j < d.sk; j++) {
-          if (s.causal && j > i) continue;
-          bctx.fillStyle = values[i * d.sk + j] > 0.55 ? '#ffffff' : '#1b1f24';
-          bctx.fillText((q16[offset + i * d.sk + j] * unit).toFixed(2), left + j * cell + cell / 2, top + i * cell + cell / 2);
-        }
-      }
-    }
-
-    canvas.width = base.width;
-    canvas.height = base.height;
-    canvas.style.width = W + 'px';
-    canvas.style.height = H + 'px';
-    // Geometry in CSS px, for tools that point at cells.
-    canvas.dataset.cell = String(cell);
-    canvas.dataset.left = String(left);
-    canvas.dataset.top = String(top);
-    canvas.setAttribute('aria-label', 'Attention matrix of ' + state.section + ' layer ' + s.layers[state.layer] +
-      ', head ' + s.heads[state.head] + ': ' + d.sq + ' query rows by ' + d.sk + ' key columns. Use the arrow keys to read cells.');
-    matrix = { base, q16, offset, d, cell, left, top, unit };
+  async function renderMatrix(gen) {
+    const s = sec();
+    const d = dims(s);
+    const q16 = await layerData(state.layer);
+    if (gen !== generation) return;
+    const unit = s.weights.scale;
+    const offset = state.head * d.sq * d.sk;
+    const { pixels, values } = mapPixels(s, q16, offset, d, unit);
+    const canvas = $('ak-matrix');
+    const wrap = $('ak-matrix-wrap');
+    const ctx = canvas.getContext('2d');
+    ctx.font = '12px ui-monospace, "DejaVu Sans Mono", monospace';
+    const widest = (tokens) => Math.min(MAX_LABEL, Math.max(...tokens.map((t) => ctx.measureText(shown(t)).width)));
+    const labelQ = widest(s.query_tokens) + 10;
+    const labelK = widest(s.key_tokens) + 10;
+    wrap.classList.toggle('ak-zoomed', state.zoom > 0);
+    const avail = Math.max(240, wrap.clientWidth - 8);
+    matrixFitCell = Math.max(1, Math.min(36, Math.floor((avail - labelQ) / d.sk)));
+    const cell = state.zoom > 0 ? state.zoom : matrixFitCell;
+    // Labels take room only when cells are tall enough to read them.
+    const labels = cell >= 9;
+    const left = labels ? labelQ : 0;
+    const top = labels ? labelK : 0;
+    matrix = { q16, offset, d, cell, left, top, unit, values, pixels, labels, zoomed: state.zoom > 0, sx: 0, sy: 0 };
     if (state.cursor) {
       state.cursor.i = Math.min(state.cursor.i, d.sq - 1);
       state.cursor.j = Math.min(state.cursor.j, d.sk - 1);
     }
+    // Geometry in CSS px, for tools that point at cells.
+    canvas.dataset.cell = String(cell);
+    canvas.dataset.left = String(left);
+    canvas.dataset.top = String(top);
+    canvas.setAttribute('aria-label', 'Attention matrix of ' + state.section + ' ' + layerName(s, state.layer) +
+      ', head ' + s.heads[state.head] + ': ' + d.sq + ' query rows by ' + d.sk + ' key columns. Use the arrow keys to read cells.');
+    const spacer = $('ak-matrix-spacer');
+    spacer.style.width = spacer.style.height = '';
+    if (matrix.zoomed) {
+      // Only the part in view is drawn, on a canvas that stays in view while the spacer
+      // around it gives the scroll bars the whole map's size.
+      const W = left + d.sk * cell;
+      const H = top + d.sq * cell;
+      spacer.style.width = W + 'px';
+      spacer.style.height = H + 'px';
+      const vw = Math.min(W, wrap.clientWidth);
+      const vh = Math.min(H, wrap.clientHeight);
+      canvas.width = Math.round(vw * dpr);
+      canvas.height = Math.round(vh * dpr);
+      canvas.style.width = vw + 'px';
+      canvas.style.height = vh + 'px';
+      matrix.base = null;
+    } else {
+      const W = left + d.sk * cell;
+      const H = top + d.sq * cell;
+      // Everything but the cursor goes to an off-screen base, redrawn under each cursor move.
+      const base = document.createElement('canvas');
+      base.width = Math.round(W * dpr);
+      base.height = Math.round(H * dpr);
+      drawMatrixRegion(base.getContext('2d'), W, H, 0, 0);
+      canvas.width = base.width;
+      canvas.height = base.height;
+      canvas.style.width = W + 'px';
+      canvas.style.height = H + 'px';
+      matrix.base = base;
+    }
+    if (state.cursor && matrix.zoomed) scrollToCursor();
     paintMatrix();
+    drawLegend();
     if (document.activeElement === canvas && state.cursor) showCursorTip();
+  }
+
+  // Draw the map on ctx (a W x H CSS px area) as seen with the map scrolled by (sx, sy):
+  // labels stay at the left and top edges, cells scroll under them.
+  function drawMatrixRegion(ctx, W, H, sx, sy) {
+    const s = sec();
+    const { d, cell, left, top, pixels, values, q16, offset, unit } = matrix;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.fillStyle = '#ffffff';
+    ctx.fillRect(0, 0, W, H);
+    ctx.imageSmoothingEnabled = false;
+    const i0 = Math.floor(sy / cell);
+    const j0 = Math.floor(sx / cell);
+    const i1 = Math.min(d.sq, Math.ceil((sy + H - top) / cell) + 1);
+    const j1 = Math.min(d.sk, Math.ceil((sx + W - left) / cell) + 1);
+    if (i1 <= i0 || j1 <= j0) return;
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(left, top, W - left, H - top);
+    ctx.clip();
+    ctx.drawImage(pixels, j0, i0, j1 - j0, i1 - i0, left + j0 * cell - sx, top + i0 * cell - sy,
+      (j1 - j0) * cell, (i1 - i0) * cell);
+    if (cell >= 30) {
+      // Values written in the cells, as in the PNG heatmaps.
+      ctx.font = '11px system-ui, "DejaVu Sans", sans-serif';
+      ctx.textAlign = 'center';
+      ctx.textBaseline = 'middle';
+      for (let i = i0; i < i1; i++) {
+        for (let j = j0; j < j1; j++) {
+          if (masked(s, state.layer, i, j)) continue;
+          ctx.fillStyle = values[i * d.sk + j] > 0.55 ? '#ffffff' : '#1b1f24';
+          ctx.fillText((q16[offset + i * d.sk + j] * unit).toFixed(2), left + j * cell + cell / 2 - sx,
+            top + i * cell + cell / 2 - sy);
+        }
+      }
+    }
+    ctx.restore();
+    if (!matrix.labels) return;
+    const size = Math.min(12, cell - 1);
+    ctx.font = size + 'px ui-monospace, "DejaVu Sans Mono", monospace';
+    ctx.fillStyle = '#1b1f24';
+    ctx.textBaseline = 'middle';
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(0, top, left, H - top);
+    ctx.clip();
+    ctx.textAlign = 'right';
+    for (let i = i0; i < i1; i++) ctx.fillText(shown(s.query_tokens[i]), left - 5, top + i * cell + cell / 2 - sy, MAX_LABEL);
+    ctx.restore();
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(left, 0, W - left, top);
+    ctx.clip();
+    ctx.textAlign = 'left';
+    for (let j = j0; j < j1; j++) {
+      ctx.save();
+      ctx.translate(left + j * cell + cell / 2 - sx, top - 5);
+      ctx.rotate(-Math.PI / 2);
+      ctx.fillText(shown(s.key_tokens[j]), 0, 0, MAX_LABEL);
+      ctx.restore();
+    }
+    ctx.restore();
   }
 
   function paintMatrix() {
     const canvas = $('ak-matrix');
     const ctx = canvas.getContext('2d');
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.drawImage(matrix.base, 0, 0);
+    if (matrix.zoomed) {
+      const wrap = $('ak-matrix-wrap');
+      matrix.sx = wrap.scrollLeft;
+      matrix.sy = wrap.scrollTop;
+      drawMatrixRegion(ctx, canvas.width / dpr, canvas.height / dpr, matrix.sx, matrix.sy);
+    } else {
+      ctx.setTransform(1, 0, 0, 1, 0, 0);
+      ctx.drawImage(matrix.base, 0, 0);
+    }
     if (state.cursor) {
-      const { cell, left, top } = matrix;
+      const { cell, left, top, sx, sy } = matrix;
       ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
       ctx.lineWidth = 2;
       ctx.strokeStyle = '#d9480f';
       const pad = Math.max(2, cell / 2);
-      ctx.strokeRect(left + state.cursor.j * cell - pad / 2, top + state.cursor.i * cell - pad / 2, cell + pad, cell + pad);
+      ctx.strokeRect(left + state.cursor.j * cell - pad / 2 - sx, top + state.cursor.i * cell - pad / 2 - sy,
+        cell + pad, cell + pad);
     }
   }
 
-  function describeCell(i, j) {
-    const s = sec();
-    const w = matrix.q16[matrix.offset + i * matrix.d.sk + j] * matrix.unit;
+  // What one cell of a map says: its tokens, its value and whether it is masked.
+  function describeCell(s, li, q16, offset, i, j) {
+    const d = dims(s);
+    const w = q16[offset + i * d.sk + j] * s.weights.scale;
+    const win = windowOf(s, li);
     return {
       query: shown(s.query_tokens[i]) + '  #' + i,
       key: shown(s.key_tokens[j]) + '  #' + j,
       weight: w.toFixed(5),
-      note: s.causal && j > i ? '(masked)' : '',
+      note: s.causal && j > i ? '(masked)' : win > 0 && i - j >= win ? '(masked) outside the window of ' + win : '',
     };
   }
 
-  function showTip(i, j, x, y) {
+  function showTip(c, x, y, where) {
     const tip = $('ak-tooltip');
-    const c = describeCell(i, j);
     tip.querySelector('.ak-tt-query').textContent = c.query;
     tip.querySelector('.ak-tt-key').textContent = c.key;
+    tip.querySelector('.ak-tt-quantity').textContent = quantity().short;
     tip.querySelector('.ak-tt-weight').textContent = c.weight;
     tip.querySelector('.ak-tt-note').textContent = c.note;
-    tip.dataset.i = String(i);
-    tip.dataset.j = String(j);
+    const whereLine = tip.querySelector('.ak-tt-where');
+    whereLine.textContent = where || '';
+    whereLine.hidden = !where;
     tip.hidden = false;
     const w = tip.offsetWidth;
     const h = tip.offsetHeight;
@@ -695,22 +919,77 @@
     return c;
   }
 
+  function showMatrixTip(i, j, x, y) {
+    const c = describeCell(sec(), state.layer, matrix.q16, matrix.offset, i, j);
+    const tip = $('ak-tooltip');
+    tip.dataset.i = String(i);
+    tip.dataset.j = String(j);
+    return showTip(c, x, y, '');
+  }
+
   function hideTip() {
     $('ak-tooltip').hidden = true;
   }
 
   function cellAt(e) {
     const rect = $('ak-matrix').getBoundingClientRect();
-    const j = Math.floor((e.clientX - rect.left - matrix.left) / matrix.cell);
-    const i = Math.floor((e.clientY - rect.top - matrix.top) / matrix.cell);
-    return i >= 0 && j >= 0 && i < matrix.d.sq && j < matrix.d.sk ? { i, j } : null;
+    const x = e.clientX - rect.left - matrix.left;
+    const y = e.clientY - rect.top - matrix.top;
+    if (x < 0 || y < 0) return null;
+    const j = Math.floor((x + matrix.sx) / matrix.cell);
+    const i = Math.floor((y + matrix.sy) / matrix.cell);
+    return i < matrix.d.sq && j < matrix.d.sk ? { i, j } : null;
+  }
+
+  // Keep the cursor's cell in view of a zoomed map.
+  function scrollToCursor() {
+    if (!matrix.zoomed) return;
+    const wrap = $('ak-matrix-wrap');
+    const { cell, left, top } = matrix;
+    const { i, j } = state.cursor;
+    const viewW = wrap.clientWidth - left;
+    const viewH = wrap.clientHeight - top;
+    if (j * cell < wrap.scrollLeft) wrap.scrollLeft = j * cell;
+    else if ((j + 1) * cell > wrap.scrollLeft + viewW) wrap.scrollLeft = (j + 1) * cell - viewW;
+    if (i * cell < wrap.scrollTop) wrap.scrollTop = i * cell;
+    else if ((i + 1) * cell > wrap.scrollTop + viewH) wrap.scrollTop = (i + 1) * cell - viewH;
   }
 
   function showCursorTip() {
     const rect = $('ak-matrix').getBoundingClientRect();
     const { i, j } = state.cursor;
-    const c = showTip(i, j, rect.left + matrix.left + (j + 1) * matrix.cell, rect.top + matrix.top + (i + 1) * matrix.cell);
-    $('ak-matrix-live').textContent = 'query ' + c.query + ', key ' + c.key + ', weight ' + c.weight + ' ' + c.note;
+    const c = showMatrixTip(i, j, rect.left + matrix.left + (j + 1) * matrix.cell - matrix.sx,
+      rect.top + matrix.top + (i + 1) * matrix.cell - matrix.sy);
+    $('ak-matrix-live').textContent = 'query ' + c.query + ', key ' + c.key + ', ' + quantity().short + ' ' + c.weight +
+      ' ' + c.note;
+  }
+
+  // Model view: the tooltip of a thumbnail names the strongest cell of the block under the
+  // pointer (each thumbnail pixel keeps its block's largest value).
+  function thumbTip(e) {
+    const canvas = e.target.closest('.ak-thumb canvas');
+    if (!canvas) { hideTip(); return; }
+    const button = canvas.parentElement;
+    const s = sec();
+    const d = dims(s);
+    const li = Number(button.dataset.layer);
+    const h = Number(button.dataset.head);
+    const q16 = resolved.get(state.section + '/' + li);
+    const where = 'layer ' + s.layers[li] + ', head ' + s.heads[h] + (s.windows ? ', ' + layerKind(s, li) : '');
+    if (!q16) { hideTip(); return; }
+    const rect = canvas.getBoundingClientRect();
+    const r = Math.min(canvas.height - 1, Math.floor(((e.clientY - rect.top) / rect.height) * canvas.height));
+    const c = Math.min(canvas.width - 1, Math.floor(((e.clientX - rect.left) / rect.width) * canvas.width));
+    const offset = h * d.sq * d.sk;
+    let best = null;
+    for (let i = Math.ceil((r * d.sq) / canvas.height); i < Math.ceil(((r + 1) * d.sq) / canvas.height); i++) {
+      for (let j = Math.ceil((c * d.sk) / canvas.width); j < Math.ceil(((c + 1) * d.sk) / canvas.width); j++) {
+        const q = q16[offset + i * d.sk + j];
+        if (!best || q > best.q) best = { i, j, q };
+      }
+    }
+    if (!best) { hideTip(); return; }
+    showTip(describeCell(s, li, q16, offset, best.i, best.j), e.clientX, e.clientY, where);
   }
 
   function matrixEvents() {
@@ -718,10 +997,13 @@
     canvas.addEventListener('mousemove', (e) => {
       if (!matrix) return;
       const cell = cellAt(e);
-      if (cell) showTip(cell.i, cell.j, e.clientX, e.clientY);
+      if (cell) showMatrixTip(cell.i, cell.j, e.clientX, e.clientY);
       else hideTip();
     });
     canvas.addEventListener('mouseleave', hideTip);
+    $('ak-matrix-wrap').addEventListener('scroll', () => {
+      if (matrix && matrix.zoomed) requestAnimationFrame(() => { if (matrix && matrix.zoomed) paintMatrix(); });
+    }, { passive: true });
     canvas.addEventListener('focus', () => {
       if (!matrix) return;
       if (!state.cursor) state.cursor = { i: 0, j: 0 };
@@ -748,9 +1030,102 @@
       e.preventDefault();
       const [ni, nj] = moves[e.key];
       state.cursor = { i: Math.max(0, Math.min(matrix.d.sq - 1, ni)), j: Math.max(0, Math.min(matrix.d.sk - 1, nj)) };
+      scrollToCursor();
       paintMatrix();
       showCursorTip();
     });
+  }
+
+  // ---------------------------------------------------------------- rank view
+
+  function fillRankPickers() {
+    const s = sec();
+    const q = $('ak-rank-q');
+    const k = $('ak-rank-k');
+    q.textContent = '';
+    k.textContent = '';
+    s.query_tokens.forEach((t, n) => q.add(new Option('#' + n + ' ' + shown(t), String(n))));
+    k.add(new Option('any: each map\u2019s strongest key', '-1'));
+    s.key_tokens.forEach((t, n) => k.add(new Option('#' + n + ' ' + shown(t), String(n))));
+    q.value = String(state.pinnedQ >= 0 ? state.pinnedQ : s.query_tokens.length - 1);
+    k.value = String(state.pinnedK >= 0 ? state.pinnedK : -1);
+  }
+
+  // Every map of the section (layer x head), ranked by the weight from the chosen query to
+  // the chosen key (or to the key it attends to most).
+  async function renderRank(gen) {
+    const s = sec();
+    const d = dims(s);
+    const qi = Number($('ak-rank-q').value);
+    const kj = Number($('ak-rank-k').value);
+    const merged = state.section === 'rollout';
+    const found = [];
+    for (let li = 0; li < d.L; li++) {
+      const q16 = await layerData(li);
+      if (gen !== generation) return;
+      for (let h = 0; h < d.h; h++) {
+        const row = (h * d.sq + qi) * d.sk;
+        let j = kj;
+        if (j < 0) {
+          j = 0;
+          for (let n = 1; n < d.sk; n++) if (q16[row + n] > q16[row + j]) j = n;
+        }
+        found.push({ li, h, j, q: q16[row + j] });
+      }
+    }
+    found.sort((a, b) => b.q - a.q || a.li - b.li || a.h - b.h);
+    const tbody = $('ak-rank-rows');
+    tbody.textContent = '';
+    found.slice(0, RANK_ROWS).forEach((r, n) => {
+      const tr = document.createElement('tr');
+      const rank = document.createElement('td');
+      rank.textContent = String(n + 1);
+      const where = document.createElement('td');
+      const button = document.createElement('button');
+      button.type = 'button';
+      button.className = 'ak-rank-open';
+      button.dataset.layer = String(r.li);
+      button.dataset.head = String(r.h);
+      button.dataset.key = String(r.j);
+      button.textContent = (merged ? layerName(s, r.li) : layerName(s, r.li) + ', head ' + s.heads[r.h]);
+      button.setAttribute('aria-label', button.textContent + ': open in the matrix view');
+      where.appendChild(button);
+      const key = document.createElement('td');
+      const keyText = document.createElement('span');
+      keyText.className = 'ak-token-text';
+      keyText.textContent = shown(s.key_tokens[r.j]);
+      key.append(keyText, ' #' + r.j);
+      const value = document.createElement('td');
+      value.textContent = (r.q * s.weights.scale).toFixed(4);
+      tr.append(rank, where, key, value);
+      tbody.appendChild(tr);
+    });
+    $('ak-rank-quantity').textContent = quantity().short;
+    const from = '\u201c' + shown(s.query_tokens[qi]) + '\u201d #' + qi;
+    const to = kj < 0 ? 'its strongest key' : '\u201c' + shown(s.key_tokens[kj]) + '\u201d #' + kj;
+    const count = (n, word) => n + ' ' + word + (n === 1 ? '' : 's');
+    const maps = merged ? count(d.L, 'layer') : count(d.L, 'layer') + ' \u00d7 ' + count(d.h, 'head');
+    let note = 'From ' + from + ' to ' + to + ': ' + maps + ', ' +
+      (found.length > RANK_ROWS ? 'the strongest ' + RANK_ROWS + ' listed.' : 'all listed.');
+    const m = info && info.models.find((x) => x.name === state.data.model);
+    const stack = state.section === 'decoder' || state.section === 'cross' ? (m && m.decoder_layers) : (m && m.layers);
+    if (m && stack > d.L) {
+      note += ' Only ' + d.L + ' of the model\u2019s ' + stack + ' layers were computed: choose more in Layers to ' +
+        'compute and Show attention again to rank them too.';
+    }
+    $('ak-rank-note').textContent = note;
+  }
+
+  function openRanked(button) {
+    const li = Number(button.dataset.layer);
+    const h = Number(button.dataset.head);
+    state.layer = li;
+    state.head = h;
+    $('ak-layer').value = String(li);
+    $('ak-head').value = String(h);
+    state.cursor = { i: Number($('ak-rank-q').value), j: Number(button.dataset.key) };
+    setView('matrix', false);
+    $('ak-matrix').focus({ preventScroll: true });
   }
 
   // ---------------------------------------------------------------- views and controls
@@ -766,23 +1141,70 @@
     $('ak-head-view').hidden = view !== 'head';
     $('ak-model-view').hidden = view !== 'model';
     $('ak-matrix-view').hidden = view !== 'matrix';
+    $('ak-rank-view').hidden = view !== 'rank';
     $('ak-head-field').hidden = view !== 'matrix';
     $('ak-topk-field').hidden = view !== 'head';
-    $('ak-layer-field').hidden = view === 'model';
+    $('ak-zoom-field').hidden = view !== 'matrix';
+    $('ak-layer-field').hidden = view === 'model' || view === 'rank';
     hideTip();
     if (state.data) render();
     if (view === 'model') fetchEveryLayer();
   }
 
   // In the app, the model view is a grid of every layer: a text computed for fewer layers
-  // is computed again for all of them (the server says so if that is too many weights).
+  // is computed again for all of them when the server's limit allows it; otherwise the
+  // request pickers offer ranges of layers that fit, and the page says so (it never sends a
+  // request the server would refuse for its size).
   function fetchEveryLayer() {
+    const note = $('ak-model-note');
+    note.hidden = true;
     if (body.dataset.mode !== 'app' || !info || !state.data || $('ak-run').disabled) return;
     const m = info.models.find((x) => x.name === state.data.model);
     const picker = $('ak-req-layer');
-    if (!m || picker.value === 'all' || dims(sec()).L >= depth(m)) return;
-    picker.value = 'all';
-    $('ak-app').requestSubmit();
+    if (!m || m.name !== $('ak-model').value || picker.value === 'all' || dims(sec()).L >= depth(m)) return;
+    const perLayer = requestWeightsPerLayer(m);
+    const fit = Math.floor(info.max_weights / Math.max(1, perLayer));
+    if (fit >= depth(m)) {
+      picker.value = 'all';
+      $('ak-app').requestSubmit();
+      return;
+    }
+    const shownLayers = dims(sec()).L;
+    if (fit >= 2) addLayerRanges(m, fit);
+    note.textContent = 'This text was computed for ' + (shownLayers === 1 ? 'one layer' : shownLayers + ' layers') +
+      ' of ' + depth(m) + '. ' + (fit >= 2
+      ? 'All of them would be more weights than this server sends at once: choose a range of up to ' + fit +
+        ' layers in Layers to compute, then Show attention.'
+      : 'At this length the server sends one layer at a time: choose another layer in Layers to compute, or a shorter text.');
+    note.hidden = false;
+  }
+
+  // Weights one layer of the last request counts against the server's limit: heads x
+  // tokens^2 (an encoder-decoder: both stacks and cross-attention). Between words the
+  // tokens are not in the data: a text's UTF-8 bytes and a few special tokens bound them.
+  function requestWeightsPerLayer(m) {
+    const heads = $('ak-req-head').value === 'all' ? m.heads : 1;
+    const words = state.data.level !== 'token';
+    const bound = (text) => new TextEncoder().encode(text).length + 4;
+    const { self, encoder, decoder, cross } = state.data.sections;
+    if (self) return heads * (words ? bound(state.data.text) : self.query_tokens.length) ** 2;
+    const src = words ? bound(state.data.text) : (cross ? cross.key_tokens : encoder ? encoder.query_tokens : []).length;
+    const tgt = words ? bound(state.data.target_text || '') : (cross ? cross.query_tokens : decoder ? decoder.query_tokens : []).length;
+    return heads * (src * src + tgt * tgt + tgt * src);
+  }
+
+  // "layers 0-7", "layers 8-15", ...: options of the layer picker that the server accepts.
+  function addLayerRanges(m, size) {
+    const picker = $('ak-req-layer');
+    for (const option of Array.from(picker.options)) if (option.value.includes('-')) option.remove();
+    const after = picker.querySelector('option[value="all"]');
+    let anchor = after.nextSibling;
+    for (let a = 0; a < depth(m); a += size) {
+      const b = Math.min(depth(m), a + size) - 1;
+      if (b === a) continue; // a single layer has its own option
+      picker.insertBefore(new Option('layers ' + a + '\u2013' + b, a + '-' + b), anchor);
+    }
+    picker.value = '0-' + (Math.min(depth(m), size) - 1);
   }
 
   function controls() {
@@ -802,6 +1224,23 @@
     $('ak-head').addEventListener('change', (e) => { state.head = Number(e.target.value); render(); });
     $('ak-topk').addEventListener('change', (e) => { state.topk = Number(e.target.value); render(); });
     $('ak-scale').addEventListener('change', (e) => { state.scale = e.target.value; render(); });
+    $('ak-zoom').addEventListener('change', (e) => { state.zoom = Number(e.target.value); render(); });
+    $('ak-rank-q').addEventListener('change', () => render());
+    $('ak-rank-k').addEventListener('change', () => render());
+    $('ak-rank-rows').addEventListener('click', (e) => {
+      const b = e.target.closest('.ak-rank-open');
+      if (b) openRanked(b);
+    });
+    $('ak-pinned-rank').addEventListener('click', () => {
+      $('ak-rank-q').value = String(state.pinnedQ);
+      setView('rank', false);
+    });
+    $('ak-pinned-clear').addEventListener('click', () => {
+      state.pinnedQ = state.pinnedK = -1;
+      showPinned();
+    });
+    $('ak-grid').addEventListener('mousemove', thumbTip);
+    $('ak-grid').addEventListener('mouseleave', hideTip);
     $('ak-head-toggles').addEventListener('change', (e) => {
       state.headsOn[Number(e.target.dataset.index)] = e.target.checked;
       drawLines();
@@ -855,7 +1294,9 @@
     $('ak-text-label').textContent = seq2seq ? 'Source' : 'Text';
     const layers = $('ak-req-layer');
     layers.textContent = '';
-    layers.add(new Option('last layer (' + (depth(m) - 1) + ')', String(depth(m) - 1)));
+    layers.add(new Option(seq2seq
+      ? 'last layer of each stack (' + (m.layers - 1) + ' and ' + (m.decoder_layers - 1) + ')'
+      : 'last layer (' + (m.layers - 1) + ')', 'last'));
     layers.add(new Option('all ' + depth(m) + ' layers', 'all'));
     for (let n = 0; n < depth(m); n++) layers.add(new Option('layer ' + n, String(n)));
     const heads = $('ak-req-head');
@@ -886,7 +1327,15 @@
     if (m.kind === 'encoder-decoder' && $('ak-target').value.trim()) payload.decoder_text = $('ak-target').value;
     const layer = $('ak-req-layer').value;
     const head = $('ak-req-head').value;
-    if (layer !== 'all') payload.layers = [Number(layer)];
+    if (layer === 'last') {
+      // An encoder-decoder's last layer is each stack's own last layer.
+      payload.layers = m.kind === 'encoder-decoder' ? 'last' : [m.layers - 1];
+    } else if (layer.includes('-')) {
+      const [a, b] = layer.split('-').map(Number);
+      payload.layers = Array.from({ length: b - a + 1 }, (_, n) => a + n);
+    } else if (layer !== 'all') {
+      payload.layers = [Number(layer)];
+    }
     if (head !== 'all') payload.heads = [Number(head)];
     const button = $('ak-run');
     button.disabled = true;
@@ -909,8 +1358,7 @@
       const unit = level === 'word' ? ' words' : ' tokens';
       status(json.kind === 'encoder-decoder'
         ? (json.generated ? 'No target given: the model wrote it by greedy decoding. ' : '') +
-          (json.sections.cross || first).key_tokens.length + ' source and ' +
-          (json.sections.cross || first).query_tokens.length + ' target' + unit + ' in ' + seconds + ' s.'
+          seq2seqCounts(json, unit) + ' in ' + seconds + ' s.'
         : first.query_tokens.length + unit + ' in ' + seconds + ' s.', false);
       $('ak-error').hidden = true;
       load(json);

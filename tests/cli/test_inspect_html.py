@@ -1,0 +1,94 @@
+"""`attnkit inspect --format html`: the page's size estimate, which guards --max-size before
+anything is computed, is within 10% of the page written, its advice names only the options
+that change an HTML page, and a method the page does not show is said to be missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnkit import models
+from attnkit.cli import main
+from attnkit.viz.export import estimate_viewer_html
+
+# English prose, as a learner would paste it: the opening of the analysis guide.
+PROSE = Path(__file__).resolve().parents[2].joinpath("docs", "analysis.md").read_text(encoding="utf-8")
+
+
+def within(model, text: str, tokens: int) -> bool:
+    """Whether ``text`` has at most ``tokens`` tokens (and the model reads it)."""
+    try:
+        return len(model.tokenize(text).tokens) <= tokens
+    except ValueError:  # longer than the model reads
+        return False
+
+
+def prose_of(model, tokens: int) -> str:
+    """The longest start of PROSE with at most ``tokens`` tokens."""
+    lo, hi = 0, 8000
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if within(model, PROSE[:mid], tokens):
+            lo = mid
+        else:
+            hi = mid - 1
+    return PROSE[:lo]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, tokens, layers", [("smollm2", 700, "0,15,29"), ("minilm", 400, "0,3,5")])
+def test_the_html_estimate_is_within_ten_percent(capsys, tmp_path, smollm2_path, minilm_path, name, tokens, layers):
+    model = models.load(name)
+    text = prose_of(model, tokens)
+    count = len(model.tokenize(text).tokens)
+    code = main(["inspect", text, "--model", name, "--layers", layers, "--format", "html", "--out", str(tmp_path)])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    written = (tmp_path / f"{name}_viewer.html").stat().st_size
+    estimate = estimate_viewer_html(count, 3, model.num_heads, causal=bool(model.causal))
+    assert abs(estimate - written) <= 0.10 * written, (estimate, written)
+
+
+def test_html_advice_does_not_suggest_picture_options(capsys, tmp_path, minilm_path):
+    text = prose_of(models.load("minilm"), 300)
+    code = main(
+        ["inspect", text, "--model", "minilm", "--format", "html", "--max-size", "100kB", "--out", str(tmp_path)]
+    )
+    _, err = capsys.readouterr()
+    assert code != 0 and "--max-size" in err and "--layers" in err
+    assert "--dpi" not in err and "--figsize" not in err
+    code = main(
+        ["inspect", text, "--model", "minilm", "--format", "png", "--max-size", "100kB", "--out", str(tmp_path)]
+    )
+    _, err = capsys.readouterr()
+    assert code != 0 and "--dpi" in err
+
+
+def test_methods_the_page_does_not_show_are_said_to_be_missing(capsys, tmp_path, minilm_path):
+    from attnkit.cli.inspect import VIEWER_PAGE_MODES
+    from attnkit.viz.viewer.data import MODES
+
+    assert VIEWER_PAGE_MODES == MODES
+    code = main(
+        ["inspect", "The cat sat.", "--model", "minilm", "--method", "flow", "--format", "html", "--out", str(tmp_path)]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "note: the viewer page shows the raw attention weights, not --method flow" in out
+    code = main(
+        [
+            "inspect",
+            "The cat sat.",
+            "--model",
+            "minilm",
+            "--method",
+            "value",
+            "--format",
+            "html",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0 and "note:" not in out
