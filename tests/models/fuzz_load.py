@@ -145,20 +145,36 @@ def fuzz_config_fields(folder: Path) -> Counter[str]:
     for model_type, valid in FAMILY_CONFIGS.items():
         family = FAMILIES[model_type]
         family.build(family.read_config(valid, path=path))  # the unchanged file builds
-        for field in sorted(set(valid) - {"model_type"}):
-            for value in WRONG_VALUES:
-                path.write_text(json.dumps(valid | {field: value}))
-                case = f"{model_type} {field}={value!r}"
-                try:
-                    family.build(family.read_config(read_config(folder), path=path))
-                except models.CheckpointError as err:
-                    message = str(err)
-                    assert "\n" not in message and message.startswith(f"{path}"), f"{case}: {message}"
-                    assert err.field is not None, f"{case}: names no field: {message}"
-                    outcomes["refused"] += 1
-                else:
-                    outcomes["built"] += 1
+        changes = [(field, value) for field in sorted(set(valid) - {"model_type"}) for value in WRONG_VALUES]
+        if model_type in ("llama", "gemma3_text"):  # and the fields inside rope_parameters
+            changes += [("rope_parameters", rope) for rope in _wrong_rope_parameters(model_type)]
+        for field, value in changes:
+            path.write_text(json.dumps(valid | {field: value}))
+            case = f"{model_type} {field}={value!r}"
+            try:
+                family.build(family.read_config(read_config(folder), path=path))
+            except models.CheckpointError as err:
+                message = str(err)
+                assert "\n" not in message and message.startswith(f"{path}"), f"{case}: {message}"
+                assert err.field is not None, f"{case}: names no field: {message}"
+                outcomes["refused"] += 1
+            else:
+                outcomes["built"] += 1
     return outcomes
+
+
+def _wrong_rope_parameters(model_type: str) -> list[dict[str, Any]]:
+    """``rope_parameters`` of every rotary type with one field of a wrong value (Gemma 3's
+    keyed by layer type)."""
+    fields = ("rope_type", "rope_theta", "factor", "low_freq_factor", "original_max_position_embeddings")
+    out = []
+    for rope_type in ("default", "linear", "llama3", "dynamic"):
+        for field in fields:
+            for value in WRONG_VALUES:
+                params = {"rope_type": rope_type, field: value}
+                keyed = {"sliding_attention": params, "full_attention": params}
+                out.append(keyed if model_type == "gemma3_text" else params)
+    return out
 
 
 def main() -> None:
