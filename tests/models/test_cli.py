@@ -36,7 +36,7 @@ def test_generate_errors_name_the_fix(capsys, tmp_path, monkeypatch, minilm_path
     assert main(["generate", "hi", "--model", "minilm"]) == 2
     assert "minilm is a bidirectional encoder (bert); it cannot generate text" in capsys.readouterr().err
     assert main(["generate", "hi", "--model", "nosuch"]) == 2
-    assert "--model 'nosuch' is neither a known model (smollm2, minilm) nor a folder" in capsys.readouterr().err
+    assert "--model 'nosuch' is neither a known model (smollm2, minilm, gemma3) nor a folder" in capsys.readouterr().err
     monkeypatch.setenv("ATTNKIT_HOME", str(tmp_path))
     assert main(["generate", "hi"]) == 2
     assert "run `attnkit models fetch smollm2` first" in capsys.readouterr().err
