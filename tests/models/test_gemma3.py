@@ -1,8 +1,12 @@
 """Gemma 3 270M on attnkit.nn against transformers' Gemma3ForCausalLM on the same weights:
 tokens, logits, every layer's and head's attention weights, the sliding window of its local
-layers on a text longer than the window, greedy generation, hooks and the viewer."""
+layers on a text longer than the window, greedy generation, hooks, the viewer, and the
+pictures of docs/models.md."""
 
 from __future__ import annotations
+
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -162,3 +166,20 @@ def test_the_html_viewer_carries_every_map(gemma3, tmp_path):
     for layer in section.layers:
         for head in section.heads:
             assert (section.map(layer, head) - expected[layer][0, head]).abs().max() < 1e-5, (layer, head)
+
+
+def test_the_pictures_in_the_docs_come_from_the_command_they_show(gemma3, tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "models.md").read_text()
+    sentence = "Queries look for keys, and the values of the keys they find are mixed into the output."
+    assert f"""TEXT=$(python -c 'print(" ".join(["{sentence}"] * 36))')""" in page
+    command = (
+        'attnkit inspect "$TEXT" --model gemma3 --layers 4,5 --heads 0 --format png --scale log '
+        "--figsize 11,10 --dpi 64 --out docs/images"
+    )
+    assert command in page
+    argv = [" ".join([sentence] * 36) if word == "$TEXT" else word for word in shlex.split(command)[1:]]
+    assert main([*argv[:-1], str(tmp_path), "--quiet"]) == 0
+    for name in ("gemma3_layer4_head0.png", "gemma3_layer5_head0.png"):
+        assert (tmp_path / name).stat().st_size < 300_000
+        assert f"(images/{name})" in page and (root / "docs" / "images" / name).stat().st_size < 300_000
