@@ -113,7 +113,10 @@ def test_bad_layer_head_or_length_is_a_clear_error(capsys, tmp_path, smollm2_pat
         (["  "], "the text is empty"),
         (["hi", "--format", "gif"], "--format takes a comma-separated list of png, svg, json, html, got 'gif'"),
         (["hi", "--top", "0"], "--top must be at least 1"),
-        (["hi", "--model", "gpt-17"], "--model 'gpt-17' is neither a known model (smollm2, minilm, gemma3) nor a folder"),
+        (
+            ["hi", "--model", "gpt-17"],
+            "--model 'gpt-17' is neither a known model (smollm2, minilm, gemma3) nor a folder",
+        ),
         (["hi", "--model", "smolm2"], "did you mean 'smollm2'?"),
     ],
 )
