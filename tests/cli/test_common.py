@@ -52,7 +52,7 @@ def test_a_mistyped_model_fails_before_torch_is_imported():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["2", "False"]
     assert done.stderr == (
-        "attnkit: error: --model 'smolm2' is neither a known model (smollm2, minilm), a folder, nor a Hugging Face name ORG/NAME; "
+        "attnkit: error: --model 'smolm2' is neither a known model (smollm2, minilm, gemma3), a folder, nor a Hugging Face name ORG/NAME; "
         "did you mean 'smollm2'?\n"
     )
 

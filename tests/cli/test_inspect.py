@@ -115,7 +115,7 @@ def test_bad_layer_head_or_length_is_a_clear_error(capsys, tmp_path, smollm2_pat
         (["hi", "--top", "0"], "--top must be at least 1"),
         (
             ["hi", "--model", "gpt-17"],
-            "--model 'gpt-17' is neither a known model (smollm2, minilm), a folder, nor a Hugging Face name ORG/NAME",
+            "--model 'gpt-17' is neither a known model (smollm2, minilm, gemma3), a folder, nor a Hugging Face name ORG/NAME",
         ),
         (["hi", "--model", "smolm2"], "did you mean 'smollm2'?"),
     ],

