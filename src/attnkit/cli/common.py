@@ -60,7 +60,7 @@ MODEL_HELP = (
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
-    """``--model smollm2|minilm|PATH|ORG/NAME``, ``--revision``, ``--dtype`` and ``--device``."""
+    """``--model NAME|PATH|ORG/NAME``, ``--revision``, ``--dtype`` and ``--device``."""
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, metavar="NAME|PATH|ORG/NAME", help=f"{MODEL_HELP} (default: {DEFAULT_MODEL})"
     )
