@@ -335,6 +335,22 @@ def test_inspect_takes_a_hugging_face_name_and_revision(offline: Path, tmp_path:
     assert REPO in json.dumps(data)
 
 
+@pytest.mark.slow
+def test_inspect_by_name_as_its_own_process(hub_cache: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "attnkit", "inspect", "w1 w5 w2", "--model", REPO, "--format", "png"]
+    done = subprocess.run(
+        [*command, "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"loading {REPO} on cpu" in done.stderr
+    assert len(list(tmp_path.glob("tiny-org_tiny-llama_*.png"))) == 1, sorted(p.name for p in tmp_path.iterdir())
+
+
 def test_the_command_line_refuses_a_missing_name_in_one_line(offline: Path, capsys) -> None:
     from attnkit.cli import main
 

@@ -106,13 +106,17 @@ def test_available_memory_is_the_least_of_ram_the_cgroup_and_the_variable(monkey
         memory.available_memory()
 
 
-def test_the_estimate_of_cached_activations_is_what_a_run_keeps(smollm2) -> None:
-    text = "The cat sat on the mat. " * 4
-    s = len(smollm2.tokenize(text))
-    for names in (None, lambda n: n.endswith("pattern"), lambda n: "resid" in n or n.endswith(".q")):
-        _, cache = smollm2.run_with_cache(text, names=names)
+@pytest.mark.parametrize("case", ["qwen2", "gemma2", "gpt2", "minilm"])
+def test_the_estimate_of_cached_activations_is_what_a_run_keeps(case, tiny_family_folder, minilm) -> None:
+    # Grouped keys and values (Qwen 2), heads wider than the model dim (Gemma 2), fused
+    # projections (GPT-2), an encoder (MiniLM).
+    model = minilm if case == "minilm" else models.load(tiny_family_folder(case))
+    text = "the cat sat" if case == "minilm" else "w1 w5 w2 w7 w3 w9"
+    s = len(model.tokenize(text))
+    for names in (None, lambda n: n.endswith("pattern"), lambda n: "resid" in n or n.endswith((".q", ".k"))):
+        _, cache = model.run_with_cache(text, names=names)
         kept = sum(t.numel() * t.element_size() for t in cache.values())
-        assert memory.run_bytes(smollm2, [(1, s)], weight_layers=0, cache=names, logits=False) == kept
+        assert memory.run_bytes(model, [(1, s)], weight_layers=0, cache=names, logits=False) == kept
 
 
 def test_run_with_cache_and_run_get_the_same_estimate_up_front(smollm2, monkeypatch) -> None:

@@ -207,6 +207,8 @@ class Model:
             ValueError: an empty or too long input, ids outside the vocabulary, a layer or
                 head out of range, weights that would exceed :data:`ATTENTION_MEMORY_LIMIT`
                 bytes, or an unknown name in ``cache`` (the message lists the names).
+            MemoryEstimateError: the weights, cached activations and logits asked for
+                would exceed the memory available (:mod:`attnkit.models.memory`).
         """
         ids, tokens, offsets = self.prepare_input(text_or_ids)
         layers, head_list = self._selection(return_weights, heads)
