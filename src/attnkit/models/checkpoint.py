@@ -152,6 +152,21 @@ def config_float(config: dict[str, Any], key: str, *, path: Path, default: float
     return float(value)
 
 
+def config_bool(config: dict[str, Any], key: str, *, path: Path, default: bool) -> bool:
+    """A boolean field of a ``config.json``: JSON ``true`` or ``false`` (``null`` or absent
+    is ``default``). A string such as ``"false"`` is refused rather than read as true.
+
+    Raises:
+        CheckpointError: a field that is not a boolean.
+    """
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(path, f"{key} must be true or false, got {short_repr(value)}", field=key)
+    return value
+
+
 def short_repr(value: Any, limit: int = 60) -> str:
     """`repr(value)`, cut to `limit` characters (a crafted file may hold megabytes)."""
     text = repr(value)

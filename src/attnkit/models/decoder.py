@@ -26,6 +26,7 @@ from attnkit.models.checkpoint import (
     REQUIRED,
     CheckpointError,
     build_without_weights,
+    config_bool,
     config_float,
     config_int,
     short_repr,
@@ -377,6 +378,10 @@ class ConfigReader:
         """A number field with ``low < value <= high``."""
         return config_float(self.config, key, path=self.path, default=default, low=low, high=high)
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A boolean field (:func:`attnkit.models.checkpoint.config_bool`)."""
+        return config_bool(self.config, key, path=self.path, default=default)
+
     def optional_number(self, key: str) -> float | None:
         """A positive number field, or ``None`` when absent or ``null``."""
         return None if self.config.get(key) is None else self.number(key, 0.0)
@@ -495,7 +500,7 @@ class ConfigReader:
         ``layer_types`` marks ``"sliding_attention"`` (every layer when there is no
         ``layer_types`` and ``sliding_by_default``), ``None`` on the others."""
         window = self.config.get("sliding_window")
-        if window is None or self.config.get("use_sliding_window") is False:
+        if window is None or not self.flag("use_sliding_window", True):
             return (None,) * num_layers
         size = self.size("sliding_window")
         types = self.config.get("layer_types")

@@ -87,7 +87,7 @@ def _gemma_config(read: ConfigReader, *, ropes: tuple[Rope, ...], qk_norm: bool)
         head_dim=head_dim,
         intermediate_size=read.size("intermediate_size"),
         max_length=read.size("max_position_embeddings", 8192),
-        tie_embeddings=bool(read.config.get("tie_word_embeddings", True)),
+        tie_embeddings=read.flag("tie_word_embeddings", True),
         eos_token_ids=read.eos(vocab),
         activation=read.choice(activation_key, _ACTIVATIONS, "gelu_pytorch_tanh"),
         norm="rms_plus_one",

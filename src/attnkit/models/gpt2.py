@@ -57,7 +57,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
     """
     read = ConfigReader(config, path)
     read.no_flags("scale_attn_by_inverse_layer_idx", "add_cross_attention")
-    if config.get("scale_attn_weights") is False:
+    if not read.flag("scale_attn_weights", True):
         raise read.refuse("scale_attn_weights", "unscaled attention scores are not supported")
     hidden, heads, vocab = read.size("n_embd"), read.size("n_head"), read.size("vocab_size")
     if hidden % heads:
@@ -72,7 +72,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
         head_dim=hidden // heads,
         intermediate_size=read.size("n_inner", 4 * hidden),
         max_length=read.size("n_positions", 1024, maximum=2**17),
-        tie_embeddings=bool(config.get("tie_word_embeddings", True)),
+        tie_embeddings=read.flag("tie_word_embeddings", True),
         eos_token_ids=read.eos(vocab),
         activation=read.choice("activation_function", _ACTIVATIONS, "gelu_new"),
         norm="layer",

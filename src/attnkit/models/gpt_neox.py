@@ -66,7 +66,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
     hidden, vocab, layers = read.size("hidden_size"), read.size("vocab_size"), read.size("num_hidden_layers")
     heads, _, head_dim = read.heads(hidden)
     rope, partial = read.rope(head_dim=head_dim)
-    bias = bool(config.get("attention_bias", True))
+    bias = read.flag("attention_bias", True)
     return DecoderConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -76,7 +76,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
         head_dim=head_dim,
         intermediate_size=read.size("intermediate_size"),
         max_length=read.context_length(rope, 2048),
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        tie_embeddings=read.flag("tie_word_embeddings", False),
         eos_token_ids=read.eos(vocab),
         activation=read.choice("hidden_act", _ACTIVATIONS, "gelu"),
         norm="layer",
@@ -88,7 +88,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
         qkv_bias=bias,
         out_bias=bias,
         mlp_bias=True,
-        parallel=bool(config.get("use_parallel_residual", True)),
+        parallel=read.flag("use_parallel_residual", True),
     )
 
 

@@ -83,7 +83,7 @@ def llama_like_config(read: ConfigReader, **options: Any) -> DecoderConfig:
     if read.config.get("hidden_act", "silu") != "silu":
         raise read.refuse("hidden_act", f"{short_repr(read.config['hidden_act'])} is not supported (only 'silu')")
     rope, partial = read.rope(head_dim=head_dim)
-    bias = bool(read.config.get("attention_bias", False))
+    bias = read.flag("attention_bias", False)
     fields: dict[str, Any] = {
         "vocab_size": vocab,
         "hidden_size": hidden,
@@ -93,7 +93,7 @@ def llama_like_config(read: ConfigReader, **options: Any) -> DecoderConfig:
         "head_dim": head_dim,
         "intermediate_size": read.size("intermediate_size"),
         "max_length": read.context_length(rope, 2048),
-        "tie_embeddings": bool(read.config.get("tie_word_embeddings", False)),
+        "tie_embeddings": read.flag("tie_word_embeddings", False),
         "eos_token_ids": read.eos(vocab),
         "activation": "swiglu",
         "norm": "rms",
@@ -104,7 +104,7 @@ def llama_like_config(read: ConfigReader, **options: Any) -> DecoderConfig:
         "windows": read.windows(layers, sliding_by_default=False),
         "qkv_bias": bias,
         "out_bias": bias,
-        "mlp_bias": bool(read.config.get("mlp_bias", False)),
+        "mlp_bias": read.flag("mlp_bias", False),
     }
     return DecoderConfig(**(fields | options))
 

@@ -957,8 +957,10 @@ def _check_weights_fit(
     ``module``, the family's build of ``config`` on the ``meta`` device, needs.
 
     Raises:
-        CheckpointError: a layer count that differs from the weights', missing, unexpected,
-            misshaped or non-floating weights.
+        CheckpointError: a layer count that differs from the weights', missing, unexpected
+            (a tensor the module would not use: every tensor is used, but for the known
+            redundant ones each family drops, listed in docs/models.md), misshaped or
+            non-floating weights.
     """
     where = next(iter(headers.values()))[0] if len({f for f, _, _ in headers.values()}) == 1 else folder
     expected = module.state_dict()
@@ -967,6 +969,9 @@ def _check_weights_fit(
         for key, (_, dtype, shape) in headers.items()
     }
     state, unknown = family.state_dict_from_hf(described, config)
+    # A tensor a family renames to a key the module does not have is unused too.
+    renamed_from = {id(t): key for key, t in described.items()}
+    unknown = [*unknown, *sorted(renamed_from.get(id(state[key]), key) for key in set(state) - set(expected))]
     # Depth first: the clearest message when config.json and the weights disagree on it.
     fields = dict(getattr(config, "layer_count_fields", ()))
     for stack, want in _layer_counts(expected).items():

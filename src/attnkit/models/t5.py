@@ -45,6 +45,7 @@ from attnkit.models.checkpoint import (
     CONFIG_LIMITS,
     REQUIRED,
     CheckpointError,
+    config_bool,
     config_float,
     config_int,
     short_repr,
@@ -162,8 +163,8 @@ class T5Config(EncoderDecoderSizes):
         # transformers 5 always ties T5's head and records whether to scale in
         # scale_decoder_outputs; older files say tie_word_embeddings=false for v1.1, whose
         # checkpoints then hold their own lm_head.
-        tie = config.get("tie_word_embeddings", True) is not False
-        scale = config.get("scale_decoder_outputs", tie)
+        tie = config_bool(config, "tie_word_embeddings", path=path, default=True)
+        scale = config_bool(config, "scale_decoder_outputs", path=path, default=tie)
         pad = config_int(config, "pad_token_id", path=path, default=0, minimum=0, maximum=vocab - 1)
         return cls(
             vocab_size=vocab,
@@ -178,7 +179,7 @@ class T5Config(EncoderDecoderSizes):
             activation=_ACTIVATIONS[proj],
             layer_norm_eps=config_float(config, "layer_norm_epsilon", path=path, default=1e-6, low=0.0, high=1.0),
             tie_embeddings=tie,
-            scale_decoder_outputs=bool(scale),
+            scale_decoder_outputs=scale,
             decoder_start_token_id=config_int(
                 config, "decoder_start_token_id", path=path, default=pad, minimum=0, maximum=vocab - 1
             ),
