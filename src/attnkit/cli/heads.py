@@ -300,7 +300,7 @@ def _run_seq2seq_survey(
     with command_errors("cannot read or write"):
         alignments = None if args.align is None else read_alignments(args.align, len(pairs))
         depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
-        sizes = f"{counted(depth, 'layer')} × {counted(model.num_heads, 'head')}"
+        sizes = f"{counted(depth, 'layer')} × {counted(model.heads_per_kind[kind], 'head')}"
         with status.step(f"surveying the {kind} attention of {sizes} on {counted(len(pairs), 'source')}"):
             survey = survey_seq2seq(model, pairs, attention=kind, alignments=alignments)
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)

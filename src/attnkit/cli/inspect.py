@@ -385,7 +385,15 @@ def _run_seq2seq(
         raise CommandError(str(err)) from None
     depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
     map_layers = parse_layers(args.layers, depth) or [depth - 1]
-    heads = parse_heads(args.heads, model.num_heads)
+    counts = model.heads_per_kind  # the stacks may have different head counts (BART)
+    try:
+        heads = parse_heads(args.heads, counts[kind])
+    except CommandError:
+        each = ", ".join(f"{other} {count}" for other, count in counts.items())
+        raise CommandError(
+            f"--heads {args.heads}: the {kind} attention of {model.name} has {counts[kind]} heads per layer "
+            f"(heads per kind: {each}); --attention picks the kind"
+        ) from None
     map_heads = heads or [0]
     html = "html" in formats
     _check_seq2seq_sizes(model, formats, limit, max(s_src, s_tgt), map_layers, heads)
@@ -401,7 +409,7 @@ def _run_seq2seq(
                 args.decoder_text,
                 encoder_layers=encoder_layers,
                 decoder_layers=decoder_layers,
-                heads=heads,
+                heads=_heads_of_each_kind(heads, kind, counts),
                 max_new_tokens=args.max_new_tokens,
             )
         if run.generated:
@@ -427,6 +435,16 @@ def _run_seq2seq(
     return 0
 
 
+def _heads_of_each_kind(heads: list[int] | None, kind: str, counts: dict[str, int]) -> dict[str, list[int]] | None:
+    """The heads a run keeps of each kind of attention: those of ``--heads`` (checked
+    against ``kind``'s stack); the page's other kinds keep the ones their stack has, or all
+    their heads when it has none of them."""
+    if heads is None:
+        return None
+    out = {other: [h for h in heads if h < count] or list(range(count)) for other, count in counts.items()}
+    return out | {kind: heads}
+
+
 def _check_seq2seq_sizes(
     model: Any, formats: list[str], limit: int | None, tokens: int, map_layers: list[int], heads: list[int] | None
 ) -> None:
@@ -443,7 +461,7 @@ def _check_seq2seq_sizes(
         for layer in map_layers:
             estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(heads or [0]), causal=False)
     if "html" in formats:
-        page_heads = len(heads or range(model.num_heads))
+        page_heads = len(heads or range(max(model.heads_per_kind.values())))
         page_layers = model.num_layers + 2 * model.num_decoder_layers
         estimates[f"the viewer page of {page_layers} maps × {counted(page_heads, 'head')}"] = estimate_viewer_html(
             tokens, page_layers, page_heads, causal=False

@@ -14,7 +14,7 @@ self-attention are the decoder's input tokens (the start token, then the target)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,6 +51,9 @@ class EncoderDecoderSizes:
 
 
 ATTENTION_KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
+# The heads to keep: one list for every kind of attention, or a list per kind (a kind left
+# out keeps all its heads); None keeps all.
+HeadSelection = Sequence[int] | Mapping[str, Sequence[int]] | None
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,9 @@ class Seq2SeqRun:
         decoder_attentions: decoder layer → ``[1, h_sel, s_tgt, s_tgt]`` (causal).
         cross_attentions: decoder layer → ``[1, h_sel, s_tgt, s_src]``: target rows,
             source columns.
-        heads: the selected head indices.
+        heads: kind (``"encoder"``, ``"decoder"``, ``"cross"``) → the selected head
+            indices of its maps (the stacks may have different head counts: BART's
+            ``encoder_attention_heads`` and ``decoder_attention_heads``).
     """
 
     source_ids: Tensor
@@ -100,7 +105,7 @@ class Seq2SeqRun:
     encoder_attentions: LayerAttentions
     decoder_attentions: LayerAttentions
     cross_attentions: LayerAttentions
-    heads: list[int]
+    heads: dict[str, list[int]]
 
     def attentions(self, kind: str) -> LayerAttentions:
         """The maps of one kind: ``"encoder"``, ``"decoder"`` or ``"cross"``.
@@ -144,6 +149,45 @@ def network(model: Any) -> EncoderDecoderLM:
     return model.module
 
 
+def attention_head_counts(module: EncoderDecoderLM) -> dict[str, int]:
+    """Heads per layer of each kind of attention of an encoder–decoder network:
+    ``{"encoder": h_enc, "decoder": h_dec, "cross": h_cross}``."""
+    first_encoder, first_decoder = module.encoder.layers[0], module.decoder.layers[0]
+    counts = {
+        "encoder": first_encoder.self_attn,
+        "decoder": first_decoder.self_attn,
+        "cross": getattr(first_decoder, "cross_attn", None),
+    }
+    out = {}
+    for kind, attention in counts.items():
+        assert isinstance(attention, MultiHeadAttention)  # every decoder layer has cross-attention
+        out[kind] = attention.num_heads
+    return out
+
+
+def select_heads(model: Any, heads: HeadSelection) -> dict[str, list[int]]:
+    """The heads of each kind of attention that ``heads`` selects.
+
+    Raises:
+        ValueError: an unknown kind, or a head a stack does not have (the message names
+            the stack and its head count).
+    """
+    counts = attention_head_counts(network(model))
+    if isinstance(heads, Mapping):
+        unknown = [kind for kind in heads if kind not in ATTENTION_KINDS]
+        if unknown:
+            raise ValueError(f"heads are selected per kind: {', '.join(ATTENTION_KINDS)}; got {unknown[0]!r}")
+    out = {}
+    for kind, count in counts.items():
+        asked = heads.get(kind) if isinstance(heads, Mapping) else heads
+        context = f"{model.name}'s {_STACK_NAMES[kind]} has {count} heads per layer"
+        out[kind] = normalize_indices(asked, count, "head", context=context)
+    return out
+
+
+_STACK_NAMES = {"encoder": "encoder", "decoder": "decoder self-attention", "cross": "cross-attention"}
+
+
 def generate_target(model: Any, source_ids: Tensor, max_new_tokens: int) -> list[int]:
     """Greedy decoding of a source (the encoder once, the decoder with its KV cache),
     ending with the end-of-sequence token when the model produces one within
@@ -172,7 +216,7 @@ def run_seq2seq(
     *,
     encoder_layers: LayerSelection = True,
     decoder_layers: LayerSelection = True,
-    heads: Sequence[int] | None = None,
+    heads: HeadSelection = None,
     max_new_tokens: int = 32,
 ) -> Seq2SeqRun:
     """:meth:`attnkit.models.Model.run_seq2seq` of ``model`` (an
@@ -184,15 +228,16 @@ def run_seq2seq(
     num_decoder_layers = len(module.decoder.layers)
     encoder_list = _layers(encoder_layers, model.num_layers, "encoder")
     decoder_list = _layers(decoder_layers, num_decoder_layers, "decoder")
-    head_list = normalize_indices(
-        heads, model.num_heads, "head", context=f"{model.name} has {model.num_heads} heads per layer"
-    )
+    head_lists = select_heads(model, heads)
     generated = target is None
     target_ids, target_tokens, target_offsets, target_text = _target(model, source_ids, target, max_new_tokens)
     s_src, s_tgt = source_ids.shape[1], target_ids.shape[1]
     if s_tgt == 0:
         raise ValueError(f"{model.name} produced no token for this source; give a target text")
-    needed = 4 * len(head_list) * (len(encoder_list) * s_src * s_src + len(decoder_list) * s_tgt * (s_tgt + s_src))
+    needed = 4 * (
+        len(head_lists["encoder"]) * len(encoder_list) * s_src * s_src
+        + len(decoder_list) * s_tgt * (len(head_lists["decoder"]) * s_tgt + len(head_lists["cross"]) * s_src)
+    )
     if needed > ATTENTION_MEMORY_LIMIT:
         raise ValueError(
             f"the attention weights of this source and target take {needed / 2**30:.1f} GiB, over the "
@@ -200,7 +245,6 @@ def run_seq2seq(
         )
     start = torch.tensor([[module.decoder_start_token_id]])
     decoder_input_ids = torch.cat((start, target_ids[:, :-1]), dim=1)  # [1, s_tgt]
-    select = head_list != list(range(model.num_heads))
     with torch.no_grad():
         encoded = module.encode(source_ids.to(model.device), return_weights=encoder_list)
         assert isinstance(encoded, StackOutput)  # a record whenever return_weights is a list
@@ -208,15 +252,17 @@ def run_seq2seq(
         assert isinstance(decoded, StackOutput)
         logits = module.head(decoded.output)  # [1, s_tgt, v]
 
-    def kept(record: LayerWeights | None, cross: bool = False) -> Tensor:
+    def kept(record: LayerWeights | None, kind: str) -> Tensor:
         assert record is not None  # every layer in the lists was asked for
-        weights = record.cross_attention if cross else record.self_attention  # [1, h, s_q, s_k]
+        weights = record.cross_attention if kind == "cross" else record.self_attention  # [1, h, s_q, s_k]
         assert weights is not None  # the decoder's layers all have cross-attention
+        head_list = head_lists[kind]
+        select = head_list != list(range(weights.shape[1]))
         return (weights[:, head_list] if select else weights).float()  # [1, h_sel, s_q, s_k]
 
-    encoder_maps = {i: kept(encoded.weights[i]) for i in encoder_list}
-    decoder_maps = {i: kept(decoded.weights[i]) for i in decoder_list}
-    cross_maps = {i: kept(decoded.weights[i], cross=True) for i in decoder_list}
+    encoder_maps = {i: kept(encoded.weights[i], "encoder") for i in encoder_list}
+    decoder_maps = {i: kept(decoded.weights[i], "decoder") for i in decoder_list}
+    cross_maps = {i: kept(decoded.weights[i], "cross") for i in decoder_list}
     return Seq2SeqRun(
         source_ids=source_ids,
         source_text=source if isinstance(source, str) else model.tokenizer.decode(source_ids[0]),
@@ -234,7 +280,7 @@ def run_seq2seq(
         encoder_attentions=LayerAttentions(encoder_maps, model.num_layers),
         decoder_attentions=LayerAttentions(decoder_maps, num_decoder_layers),
         cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),
-        heads=head_list,
+        heads=head_lists,
     )
 
 

@@ -33,7 +33,7 @@ from attnkit.models.checkpoint import (
     verify_manifest,
     weight_files,
 )
-from attnkit.models.encoder_decoder import Seq2SeqRun, run_seq2seq
+from attnkit.models.encoder_decoder import HeadSelection, Seq2SeqRun, attention_head_counts, network, run_seq2seq
 from attnkit.models.families import FAMILIES, unsupported_model_type
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
@@ -115,7 +115,8 @@ class Model:
         config: the family's config (:class:`attnkit.models.llama.LlamaConfig` or
             :class:`attnkit.models.bert.BertConfig`).
         num_layers: depth.
-        num_heads: query heads per layer.
+        num_heads: query heads per layer (an encoder–decoder's encoder; each stack's in
+            :attr:`heads_per_kind`).
         num_kv_heads: key/value heads per layer (fewer than ``num_heads`` with GQA).
         max_length: the most tokens one text may have (the model's context).
         causal: whether a token attends only to itself and earlier tokens.
@@ -252,6 +253,16 @@ class Model:
             cache=kept,
         )
 
+    @property
+    def heads_per_kind(self) -> dict[str, int]:
+        """Heads per layer of each kind of attention: ``{"self": num_heads}`` for a model
+        of one text; ``{"encoder", "decoder", "cross"}`` for an encoder–decoder, whose
+        stacks may differ (BART's ``encoder_attention_heads`` and
+        ``decoder_attention_heads``; :attr:`num_heads` is the encoder's)."""
+        if not self.encoder_decoder:
+            return {"self": self.num_heads}
+        return attention_head_counts(network(self))
+
     def run_seq2seq(
         self,
         source: str | Tensor | Sequence[int],
@@ -259,7 +270,7 @@ class Model:
         *,
         encoder_layers: LayerSelection = True,
         decoder_layers: LayerSelection = True,
-        heads: Sequence[int] | None = None,
+        heads: HeadSelection = None,
         max_new_tokens: int = 32,
     ) -> Seq2SeqRun:
         """A source and a target through an encoder–decoder, with its three kinds of
@@ -278,7 +289,9 @@ class Model:
                 indices, negative from the end).
             decoder_layers: the decoder layers whose self- and cross-attention weights to
                 return.
-            heads: the heads to keep; default all.
+            heads: the heads to keep: one list for every kind of attention, or a mapping
+                kind (``"encoder"``, ``"decoder"``, ``"cross"``) → list, for stacks with
+                different head counts (:attr:`heads_per_kind`); default all.
             max_new_tokens: the most tokens to generate when no target is given.
 
         Returns:
