@@ -221,67 +221,155 @@ def run_seq2seq(
 ) -> Seq2SeqRun:
     """:meth:`attnkit.models.Model.run_seq2seq` of ``model`` (an
     :class:`attnkit.models.Model`)."""
+    return run_seq2seq_batch(
+        model,
+        [source],
+        [target],
+        encoder_layers=encoder_layers,
+        decoder_layers=decoder_layers,
+        heads=heads,
+        max_new_tokens=max_new_tokens,
+    )[0]
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """One source and target, tokenized (the target generated when none was given)."""
+
+    source: str | Tensor | Sequence[int]
+    source_ids: Tensor  # [1, s_src]
+    source_tokens: list[str]
+    source_offsets: list[tuple[int, int]] | None
+    target_ids: Tensor  # [1, s_tgt]
+    target_tokens: list[str]
+    target_offsets: list[tuple[int, int]] | None
+    target_text: str
+    generated: bool
+
+
+def run_seq2seq_batch(
+    model: Any,
+    sources: Sequence[str | Tensor | Sequence[int]],
+    targets: Sequence[str | Tensor | Sequence[int] | None] | None = None,
+    *,
+    encoder_layers: LayerSelection = True,
+    decoder_layers: LayerSelection = True,
+    heads: HeadSelection = None,
+    max_new_tokens: int = 32,
+) -> list[Seq2SeqRun]:
+    """:meth:`attnkit.models.Model.run_seq2seq_batch` of ``model`` (an
+    :class:`attnkit.models.Model`)."""
     module = network(model)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    source_ids, source_tokens, source_offsets = model.prepare_input(source)
+    if isinstance(sources, (str, Tensor)) or not sources:
+        raise ValueError("sources must be a non-empty list of texts or token ids (run_seq2seq takes one)")
+    wanted = [None] * len(sources) if targets is None else list(targets)
+    if len(wanted) != len(sources):
+        raise ValueError(f"give one target (or None) per source: got {len(wanted)} targets for {len(sources)} sources")
     num_decoder_layers = len(module.decoder.layers)
     encoder_list = _layers(encoder_layers, model.num_layers, "encoder")
     decoder_list = _layers(decoder_layers, num_decoder_layers, "decoder")
     head_lists = select_heads(model, heads)
-    generated = target is None
-    target_ids, target_tokens, target_offsets, target_text = _target(model, source_ids, target, max_new_tokens)
-    s_src, s_tgt = source_ids.shape[1], target_ids.shape[1]
-    if s_tgt == 0:
-        raise ValueError(f"{model.name} produced no token for this source; give a target text")
-    needed = 4 * (
-        len(head_lists["encoder"]) * len(encoder_list) * s_src * s_src
-        + len(decoder_list) * s_tgt * (len(head_lists["decoder"]) * s_tgt + len(head_lists["cross"]) * s_src)
+    pairs = [_prepare(model, source, target, max_new_tokens) for source, target in zip(sources, wanted)]
+    s_src = max(pair.source_ids.shape[1] for pair in pairs)
+    s_tgt = max(pair.target_ids.shape[1] for pair in pairs)
+    needed = (
+        4
+        * len(pairs)
+        * (
+            len(head_lists["encoder"]) * len(encoder_list) * s_src * s_src
+            + len(decoder_list) * s_tgt * (len(head_lists["decoder"]) * s_tgt + len(head_lists["cross"]) * s_src)
+        )
     )
     if needed > ATTENTION_MEMORY_LIMIT:
+        what = "this source and target" if len(pairs) == 1 else f"these {len(pairs)} sources and targets"
         raise ValueError(
-            f"the attention weights of this source and target take {needed / 2**30:.1f} GiB, over the "
+            f"the attention weights of {what} take {needed / 2**30:.1f} GiB, over the "
             f"{ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or shorter texts"
         )
-    start = torch.tensor([[module.decoder_start_token_id]])
-    decoder_input_ids = torch.cat((start, target_ids[:, :-1]), dim=1)  # [1, s_tgt]
+    start = torch.tensor([module.decoder_start_token_id])
+    decoder_inputs = [torch.cat((start, pair.target_ids[0, :-1])) for pair in pairs]  # [s_tgt_i] each
+    source_ids, source_mask = _right_padded([pair.source_ids[0] for pair in pairs], s_src)  # [b, s_src] x 2
+    # The target is padded at the end: a decoder position never sees later ones, so no mask.
+    decoder_input_ids, _ = _right_padded(decoder_inputs, s_tgt)  # [b, s_tgt]
+    mask = None if bool(source_mask.all()) else source_mask.to(model.device)
     with torch.no_grad():
-        encoded = module.encode(source_ids.to(model.device), return_weights=encoder_list)
+        encoded = module.encode(source_ids.to(model.device), source_mask=mask, return_weights=encoder_list)
         assert isinstance(encoded, StackOutput)  # a record whenever return_weights is a list
-        decoded = module.decode(decoder_input_ids.to(model.device), encoded.output, return_weights=decoder_list)
+        decoded = module.decode(
+            decoder_input_ids.to(model.device), encoded.output, source_mask=mask, return_weights=decoder_list
+        )
         assert isinstance(decoded, StackOutput)
-        logits = module.head(decoded.output)  # [1, s_tgt, v]
+        logits = module.head(decoded.output)  # [b, s_tgt, v]
+    runs = []
+    for row, pair in enumerate(pairs):
+        n, m = pair.source_ids.shape[1], pair.target_ids.shape[1]
 
-    def kept(record: LayerWeights | None, kind: str) -> Tensor:
-        assert record is not None  # every layer in the lists was asked for
-        weights = record.cross_attention if kind == "cross" else record.self_attention  # [1, h, s_q, s_k]
-        assert weights is not None  # the decoder's layers all have cross-attention
-        head_list = head_lists[kind]
-        select = head_list != list(range(weights.shape[1]))
-        return (weights[:, head_list] if select else weights).float()  # [1, h_sel, s_q, s_k]
+        def kept(record: LayerWeights | None, kind: str, rows: int, columns: int, row: int = row) -> Tensor:
+            assert record is not None  # every layer in the lists was asked for
+            weights = record.cross_attention if kind == "cross" else record.self_attention  # [b, h, s_q, s_k]
+            assert weights is not None  # the decoder's layers all have cross-attention
+            own = weights[row : row + 1, :, :rows, :columns]  # [1, h, s_q, s_k] of this pair
+            head_list = head_lists[kind]
+            select = head_list != list(range(weights.shape[1]))
+            return (own[:, head_list] if select else own).float()  # [1, h_sel, s_q, s_k]
 
-    encoder_maps = {i: kept(encoded.weights[i], "encoder") for i in encoder_list}
-    decoder_maps = {i: kept(decoded.weights[i], "decoder") for i in decoder_list}
-    cross_maps = {i: kept(decoded.weights[i], "cross") for i in decoder_list}
-    return Seq2SeqRun(
-        source_ids=source_ids,
-        source_text=source if isinstance(source, str) else model.tokenizer.decode(source_ids[0]),
-        source_tokens=source_tokens,
-        source_offsets=source_offsets,
-        target_ids=target_ids,
-        target_tokens=target_tokens,
-        target_offsets=target_offsets,
-        target_text=target_text,
-        generated=generated,
-        decoder_input_ids=decoder_input_ids,
-        decoder_input_tokens=[model.tokenizer.id_to_token(i) for i in decoder_input_ids[0].tolist()],
-        logits=logits.float(),
-        encoder_hidden_states=encoded.output.float(),
-        encoder_attentions=LayerAttentions(encoder_maps, model.num_layers),
-        decoder_attentions=LayerAttentions(decoder_maps, num_decoder_layers),
-        cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),
-        heads=head_lists,
-    )
+        encoder_maps = {i: kept(encoded.weights[i], "encoder", n, n) for i in encoder_list}
+        decoder_maps = {i: kept(decoded.weights[i], "decoder", m, m) for i in decoder_list}
+        cross_maps = {i: kept(decoded.weights[i], "cross", m, n) for i in decoder_list}
+        runs.append(
+            Seq2SeqRun(
+                source_ids=pair.source_ids,
+                source_text=pair.source if isinstance(pair.source, str) else model.tokenizer.decode(pair.source_ids[0]),
+                source_tokens=pair.source_tokens,
+                source_offsets=pair.source_offsets,
+                target_ids=pair.target_ids,
+                target_tokens=pair.target_tokens,
+                target_offsets=pair.target_offsets,
+                target_text=pair.target_text,
+                generated=pair.generated,
+                decoder_input_ids=decoder_inputs[row][None],  # [1, s_tgt]
+                decoder_input_tokens=[model.tokenizer.id_to_token(i) for i in decoder_inputs[row].tolist()],
+                logits=logits[row : row + 1, :m].float(),  # [1, s_tgt, v]
+                encoder_hidden_states=encoded.output[row : row + 1, :n].float(),  # [1, s_src, e]
+                encoder_attentions=LayerAttentions(encoder_maps, model.num_layers),
+                decoder_attentions=LayerAttentions(decoder_maps, num_decoder_layers),
+                cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),
+                heads=head_lists,
+            )
+        )
+    return runs
+
+
+def _prepare(
+    model: Any, source: str | Tensor | Sequence[int], target: str | Tensor | Sequence[int] | None, max_new_tokens: int
+) -> _Pair:
+    """One pair tokenized, its target generated when it is ``None``.
+
+    Raises:
+        ValueError: what :meth:`attnkit.models.Model.prepare_input` refuses, or a model
+            that produces no token for the source.
+    """
+    source_ids, source_tokens, source_offsets = model.prepare_input(source)
+    target_ids, target_tokens, target_offsets, target_text = _target(model, source_ids, target, max_new_tokens)
+    if target_ids.shape[1] == 0:
+        raise ValueError(f"{model.name} produced no token for this source; give a target text")
+    return _Pair(
+        source, source_ids, source_tokens, source_offsets, target_ids, target_tokens, target_offsets, target_text,
+        target is None,
+    )  # fmt: skip
+
+
+def _right_padded(rows: Sequence[Tensor], length: int) -> tuple[Tensor, Tensor]:
+    """Id rows ``[n_i]`` padded at the end to ``length`` with id 0: ``(ids [b, s], mask
+    [b, s])``, the mask ``True`` on tokens."""
+    ids = torch.zeros(len(rows), length, dtype=torch.long)  # [b, s]
+    mask = torch.zeros(len(rows), length, dtype=torch.bool)  # [b, s]
+    for row, tokens in enumerate(rows):
+        ids[row, : len(tokens)] = tokens
+        mask[row, : len(tokens)] = True
+    return ids, mask
 
 
 def _target(

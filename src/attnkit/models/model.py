@@ -33,7 +33,14 @@ from attnkit.models.checkpoint import (
     verify_manifest,
     weight_files,
 )
-from attnkit.models.encoder_decoder import HeadSelection, Seq2SeqRun, attention_head_counts, network, run_seq2seq
+from attnkit.models.encoder_decoder import (
+    HeadSelection,
+    Seq2SeqRun,
+    attention_head_counts,
+    network,
+    run_seq2seq,
+    run_seq2seq_batch,
+)
 from attnkit.models.families import FAMILIES, unsupported_model_type
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
@@ -306,6 +313,47 @@ class Model:
             self,
             source,
             target,
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            heads=heads,
+            max_new_tokens=max_new_tokens,
+        )
+
+    def run_seq2seq_batch(
+        self,
+        sources: Sequence[str | Tensor | Sequence[int]],
+        targets: Sequence[str | Tensor | Sequence[int] | None] | None = None,
+        *,
+        encoder_layers: LayerSelection = True,
+        decoder_layers: LayerSelection = True,
+        heads: HeadSelection = None,
+        max_new_tokens: int = 32,
+    ) -> list[Seq2SeqRun]:
+        """:meth:`run_seq2seq` on several source/target pairs in one pass: the sources
+        padded at the end and masked (a source mask), the decoder inputs padded at the end
+        (a decoder position never reads later ones, so the padding changes nothing before
+        it). Each run is cropped to its own tokens and equals :meth:`run_seq2seq` of its
+        pair up to float rounding.
+
+        Args:
+            sources: texts or token ids.
+            targets: one target (text, ids, or ``None`` to generate it greedily) per
+                source; ``None`` generates every target.
+            encoder_layers, decoder_layers, heads, max_new_tokens: as :meth:`run_seq2seq`.
+
+        Returns:
+            One :class:`attnkit.models.encoder_decoder.Seq2SeqRun` per pair, in order.
+
+        Raises:
+            ValueError: no sources, another number of targets, or what
+                :meth:`run_seq2seq` refuses for any pair (the memory limit counts the
+                padded batch).
+            TypeError: ids that are not integers.
+        """
+        return run_seq2seq_batch(
+            self,
+            sources,
+            targets,
             encoder_layers=encoder_layers,
             decoder_layers=decoder_layers,
             heads=heads,
