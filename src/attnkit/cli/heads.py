@@ -177,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
         return run_ablation(args)
     if args.mean or args.ablate_target is not None:
         raise CommandError("--mean and --target go with --ablate")
+    if args.stat == "alignment" and args.align is None:
+        raise CommandError(
+            "--stat alignment needs --align FILE: the score compares cross-attention with the word alignments given"
+        )
     seq2seq_options = args.decoder_text is not None or args.attention is not None or args.align is not None
     formats = parse_formats(args.format)
     texts = read_texts(args.text, args.file)

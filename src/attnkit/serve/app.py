@@ -568,7 +568,11 @@ async def _count_tokens(text: str, s: ServedModel, what: str = "the text") -> in
     try:
         count = len((await run_in_threadpool(s.model.tokenize, text)).tokens)
     except ValueError as err:
-        raise _error(422, str(err)) from None
+        message = str(err)
+        # The model says "text is N tokens long": name which text when it is not the source.
+        if what != "the text" and message.startswith("text is "):
+            message = f"{what} is {message.removeprefix('text is ')}"
+        raise _error(422, message) from None
     if count > s.max_tokens:
         raise _error(422, f"{what} is {count} tokens, more than the limit of {s.max_tokens} for {s.name}")
     return count
@@ -618,7 +622,7 @@ async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits
             raise _error(422, str(err)) from None
         s_tgt = written.target_ids.shape[1]
     else:
-        s_tgt = await _count_tokens(target, s, "the decoder text")
+        s_tgt = await _count_tokens(target, s, "the target (decoder_text)")
     weights = len(kept["encoder"]) * len(encoder_layers) * s_src**2 + len(decoder_layers) * (
         len(kept["decoder"]) * s_tgt**2 + len(kept["cross"]) * s_tgt * s_src
     )
