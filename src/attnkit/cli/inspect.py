@@ -385,15 +385,7 @@ def _run_seq2seq(
         raise CommandError(str(err)) from None
     depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
     map_layers = parse_layers(args.layers, depth) or [depth - 1]
-    counts = model.heads_per_kind  # the stacks may have different head counts (BART)
-    try:
-        heads = parse_heads(args.heads, counts[kind])
-    except CommandError:
-        each = ", ".join(f"{other} {count}" for other, count in counts.items())
-        raise CommandError(
-            f"--heads {args.heads}: the {kind} attention of {model.name} has {counts[kind]} heads per layer "
-            f"(heads per kind: {each}); --attention picks the kind"
-        ) from None
+    heads = _parse_stack_heads(args.heads, kind, model)
     map_heads = heads or [0]
     html = "html" in formats
     _check_seq2seq_sizes(model, formats, limit, max(s_src, s_tgt), map_layers, heads)
@@ -409,7 +401,7 @@ def _run_seq2seq(
                 args.decoder_text,
                 encoder_layers=encoder_layers,
                 decoder_layers=decoder_layers,
-                heads=_heads_of_each_kind(heads, kind, counts),
+                heads=_heads_of_each_kind(heads, kind, model.heads_per_kind),
                 max_new_tokens=args.max_new_tokens,
             )
         if run.generated:
@@ -433,6 +425,24 @@ def _run_seq2seq(
                 written.append(write_seq2seq_viewer(model, run, out, level=args.level))
     print_written(written, sizes=True)
     return 0
+
+
+def _parse_stack_heads(spec: str | None, kind: str, model: Any) -> list[int] | None:
+    """``--heads`` checked against the heads of ``kind``'s stack (an encoder–decoder's
+    stacks may have different head counts: BART).
+
+    Raises:
+        CommandError: a head that stack does not have (the message gives every kind's count).
+    """
+    counts, name = model.heads_per_kind, model.name
+    try:
+        return parse_heads(spec, counts[kind])
+    except CommandError:
+        each = ", ".join(f"{other} {count}" for other, count in counts.items())
+        raise CommandError(
+            f"--heads {spec}: the {kind} attention of {name} has {counts[kind]} heads per layer "
+            f"(heads per kind: {each}); --attention picks the kind"
+        ) from None
 
 
 def _heads_of_each_kind(heads: list[int] | None, kind: str, counts: dict[str, int]) -> dict[str, list[int]] | None:

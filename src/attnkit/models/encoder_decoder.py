@@ -26,7 +26,7 @@ from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
 from attnkit.models.checkpoint import build_without_weights
 from attnkit.models.decoder import eos_token_ids
 from attnkit.models.family import ModelFamily
-from attnkit.nn import EncoderDecoderLM, LayerSelection, LayerWeights, MultiHeadAttention, StackOutput
+from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
 
@@ -274,20 +274,10 @@ def run_seq2seq_batch(
     pairs = [_prepare(model, source, target, max_new_tokens) for source, target in zip(sources, wanted)]
     s_src = max(pair.source_ids.shape[1] for pair in pairs)
     s_tgt = max(pair.target_ids.shape[1] for pair in pairs)
-    needed = (
-        4
-        * len(pairs)
-        * (
-            len(head_lists["encoder"]) * len(encoder_list) * s_src * s_src
-            + len(decoder_list) * s_tgt * (len(head_lists["decoder"]) * s_tgt + len(head_lists["cross"]) * s_src)
-        )
+    per_pair = len(head_lists["encoder"]) * len(encoder_list) * s_src * s_src + len(decoder_list) * s_tgt * (
+        len(head_lists["decoder"]) * s_tgt + len(head_lists["cross"]) * s_src
     )
-    if needed > ATTENTION_MEMORY_LIMIT:
-        what = "this source and target" if len(pairs) == 1 else f"these {len(pairs)} sources and targets"
-        raise ValueError(
-            f"the attention weights of {what} take {needed / 2**30:.1f} GiB, over the "
-            f"{ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or shorter texts"
-        )
+    _check_memory(4 * len(pairs) * per_pair, len(pairs))
     start = torch.tensor([module.decoder_start_token_id])
     decoder_inputs = [torch.cat((start, pair.target_ids[0, :-1])) for pair in pairs]  # [s_tgt_i] each
     source_ids, source_mask = _right_padded([pair.source_ids[0] for pair in pairs], s_src)  # [b, s_src] x 2
@@ -302,44 +292,70 @@ def run_seq2seq_batch(
         )
         assert isinstance(decoded, StackOutput)
         logits = module.head(decoded.output)  # [b, s_tgt, v]
-    runs = []
-    for row, pair in enumerate(pairs):
-        n, m = pair.source_ids.shape[1], pair.target_ids.shape[1]
+    batch = _PaddedPass(encoded, decoded, logits, encoder_list, decoder_list, head_lists)
+    return [_pair_run(model, pair, row, decoder_inputs[row], batch) for row, pair in enumerate(pairs)]
 
-        def kept(record: LayerWeights | None, kind: str, rows: int, columns: int, row: int = row) -> Tensor:
-            assert record is not None  # every layer in the lists was asked for
-            weights = record.cross_attention if kind == "cross" else record.self_attention  # [b, h, s_q, s_k]
-            assert weights is not None  # the decoder's layers all have cross-attention
-            own = weights[row : row + 1, :, :rows, :columns]  # [1, h, s_q, s_k] of this pair
-            head_list = head_lists[kind]
-            select = head_list != list(range(weights.shape[1]))
-            return (own[:, head_list] if select else own).float()  # [1, h_sel, s_q, s_k]
 
-        encoder_maps = {i: kept(encoded.weights[i], "encoder", n, n) for i in encoder_list}
-        decoder_maps = {i: kept(decoded.weights[i], "decoder", m, m) for i in decoder_list}
-        cross_maps = {i: kept(decoded.weights[i], "cross", m, n) for i in decoder_list}
-        runs.append(
-            Seq2SeqRun(
-                source_ids=pair.source_ids,
-                source_text=pair.source if isinstance(pair.source, str) else model.tokenizer.decode(pair.source_ids[0]),
-                source_tokens=pair.source_tokens,
-                source_offsets=pair.source_offsets,
-                target_ids=pair.target_ids,
-                target_tokens=pair.target_tokens,
-                target_offsets=pair.target_offsets,
-                target_text=pair.target_text,
-                generated=pair.generated,
-                decoder_input_ids=decoder_inputs[row][None],  # [1, s_tgt]
-                decoder_input_tokens=[model.tokenizer.id_to_token(i) for i in decoder_inputs[row].tolist()],
-                logits=logits[row : row + 1, :m].float(),  # [1, s_tgt, v]
-                encoder_hidden_states=encoded.output[row : row + 1, :n].float(),  # [1, s_src, e]
-                encoder_attentions=LayerAttentions(encoder_maps, model.num_layers),
-                decoder_attentions=LayerAttentions(decoder_maps, num_decoder_layers),
-                cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),
-                heads=head_lists,
-            )
+def _check_memory(needed: int, count: int) -> None:
+    """Refuse attention weights of ``needed`` bytes over :data:`ATTENTION_MEMORY_LIMIT`."""
+    if needed > ATTENTION_MEMORY_LIMIT:
+        what = "this source and target" if count == 1 else f"these {count} sources and targets"
+        raise ValueError(
+            f"the attention weights of {what} take {needed / 2**30:.1f} GiB, over the "
+            f"{ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or shorter texts"
         )
-    return runs
+
+
+@dataclass(frozen=True)
+class _PaddedPass:
+    """What one padded pass over a batch of pairs produced, and what to keep of it."""
+
+    encoded: StackOutput
+    decoded: StackOutput
+    logits: Tensor  # [b, s_tgt, v]
+    encoder_layers: list[int]
+    decoder_layers: list[int]
+    heads: dict[str, list[int]]
+
+    def kept(self, row: int, layer: int, kind: str, rows: int, columns: int) -> Tensor:
+        """``[1, h_sel, rows, columns]``: one layer's map of one kind for the pair in
+        ``row``, cropped to its tokens, with the kept heads."""
+        record = (self.encoded if kind == "encoder" else self.decoded).weights[layer]
+        assert record is not None  # every layer in the lists was asked for
+        weights = record.cross_attention if kind == "cross" else record.self_attention  # [b, h, s_q, s_k]
+        assert weights is not None  # the decoder's layers all have cross-attention
+        own = weights[row : row + 1, :, :rows, :columns]  # [1, h, s_q, s_k] of this pair
+        head_list = self.heads[kind]
+        select = head_list != list(range(weights.shape[1]))
+        return (own[:, head_list] if select else own).float()  # [1, h_sel, s_q, s_k]
+
+
+def _pair_run(model: Any, pair: _Pair, row: int, decoder_input: Tensor, batch: _PaddedPass) -> Seq2SeqRun:
+    """The run of the pair in row ``row`` of a padded pass, cropped to its own tokens."""
+    n, m = pair.source_ids.shape[1], pair.target_ids.shape[1]
+    num_decoder_layers = len(network(model).decoder.layers)
+    encoder_maps = {i: batch.kept(row, i, "encoder", n, n) for i in batch.encoder_layers}
+    decoder_maps = {i: batch.kept(row, i, "decoder", m, m) for i in batch.decoder_layers}
+    cross_maps = {i: batch.kept(row, i, "cross", m, n) for i in batch.decoder_layers}
+    return Seq2SeqRun(
+        source_ids=pair.source_ids,
+        source_text=pair.source if isinstance(pair.source, str) else model.tokenizer.decode(pair.source_ids[0]),
+        source_tokens=pair.source_tokens,
+        source_offsets=pair.source_offsets,
+        target_ids=pair.target_ids,
+        target_tokens=pair.target_tokens,
+        target_offsets=pair.target_offsets,
+        target_text=pair.target_text,
+        generated=pair.generated,
+        decoder_input_ids=decoder_input[None],  # [1, s_tgt]
+        decoder_input_tokens=[model.tokenizer.id_to_token(i) for i in decoder_input.tolist()],
+        logits=batch.logits[row : row + 1, :m].float(),  # [1, s_tgt, v]
+        encoder_hidden_states=batch.encoded.output[row : row + 1, :n].float(),  # [1, s_src, e]
+        encoder_attentions=LayerAttentions(encoder_maps, model.num_layers),
+        decoder_attentions=LayerAttentions(decoder_maps, num_decoder_layers),
+        cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),
+        heads=batch.heads,
+    )
 
 
 def _prepare(
