@@ -90,7 +90,7 @@ def test_a_component_by_head_is_refused_before_loading(tiny, capsys, monkeypatch
 
 def test_errors_of_the_library_read_as_the_commands(tiny, tmp_path, capsys):
     assert _patch(tiny, tmp_path, "--metric", "log-p", "--target", "mat", "--wrong", "b") == 2
-    assert "'log-p' measures the target alone and takes no wrong token" in capsys.readouterr().err
+    assert "--metric log-p measures the --target token alone; leave out --wrong" in capsys.readouterr().err
     argv = ["patch", "--clean", CLEAN, "--corrupt", "a cat sat", "--model", str(tiny), "--by", "position"]
     assert main([*argv, "--target", "mat", "--wrong", "b", "--quiet"]) == 2
     assert "same number of tokens, got 5 ('the' 'cat' 'sat' 'on' 'the') and 3 ('a' 'cat' 'sat')" in (

@@ -494,9 +494,12 @@ def test_python_blocks_run(page, in_tmp, shared_models):
 def run_python_block(block: Block, namespace: dict) -> None:
     """Run a python block statement by statement. A statement that is only an expression
     must not make a generator: pasted into a script (or a notebook, unless last) it would
-    run nothing and show nothing."""
+    run nothing and show nothing. A statement whose line ends in a shape comment of numbers
+    (``x = f(y)  # [31, 1, 5, 576]``) must give a value of that shape."""
     filename = f"{block.page.name}:{block.line}"
+    lines = block.text.splitlines()
     for statement in ast.parse(block.text, filename).body:
+        value = None
         if isinstance(statement, ast.Expr):
             value = eval(compile(ast.Expression(statement.value), filename, "eval"), namespace)
             if isinstance(value, types.GeneratorType):
@@ -506,6 +509,80 @@ def run_python_block(block: Block, namespace: dict) -> None:
                 )
         else:
             exec(compile(ast.Module([statement], type_ignores=[]), filename, "exec"), namespace)
+            value = _assigned(statement, namespace)
+        end = statement.end_lineno or statement.lineno
+        _check_shape_comment(lines[end - 1], value, f"line {block.line + end} of {block.page.name}")
+
+
+# A comment that states a shape in numbers: "# [31, 1, 5, 576]" (shapes in letters,
+# "# [b, h, s, s]", are read, not checked).
+_SHAPE_COMMENT = re.compile(r"#\s*\[(\d+(?:,\s*\d+)*)\]")
+
+
+def _assigned(statement: ast.stmt, namespace: dict) -> object:
+    """The value an assignment gave its (first) name, or ``None``."""
+    if not isinstance(statement, ast.Assign):
+        return None
+    target = statement.targets[0]
+    if isinstance(target, ast.Tuple) and target.elts:
+        target = target.elts[0]
+    return namespace.get(target.id) if isinstance(target, ast.Name) else None
+
+
+def _check_shape_comment(line: str, value: object, where: str) -> None:
+    """Raise when ``line`` ends in a shape comment of numbers that ``value`` (a tensor, or
+    a shape itself: ``x.shape  # [1, 7, 576]``) contradicts."""
+    _, hash_, comment = line.partition("  #")
+    found = _SHAPE_COMMENT.match(f"#{comment}") if hash_ else None
+    shape = getattr(value, "shape", value)
+    if found is None or not isinstance(shape, tuple) or not all(isinstance(n, int) for n in shape):
+        return
+    stated = tuple(int(n) for n in found.group(1).split(","))
+    if tuple(shape) != stated:
+        raise AssertionError(f"{where} says the shape is {list(stated)}, but the run gives {list(shape)}")
+
+
+def fence_problems(text: str) -> list[str]:
+    """What is wrong with the code fences of a Markdown page: every block opens with a
+    language (``text`` for text) and closes with a bare fence, so a bare fence where a
+    block would open means one closed too early above, and a fence left open at the end
+    swallows the page."""
+    problems, opened = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("```"):
+            continue
+        if opened is None and line == "```":
+            problems.append(f"line {number}: a bare fence opens a block (a block above closed early?)")
+        elif opened is not None and line != "```":
+            problems.append(f"line {number}: {line!r} inside the block of line {opened}")
+        opened = number if opened is None else None
+    if opened is not None:
+        problems.append(f"line {opened}: this block never closes")
+    return problems
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.name) for p in PAGES])
+def test_code_fences_are_balanced(page):
+    assert fence_problems(page.read_text(encoding="utf-8")) == []
+
+
+def test_an_early_closing_fence_is_caught():
+    page = "```python\nx = 1\n```\n# a comment that was meant as code\nx = 2\n```\n\nProse.\n"
+    assert fence_problems(page) == [
+        "line 6: a bare fence opens a block (a block above closed early?)",
+        "line 6: this block never closes",
+    ]
+
+
+def test_a_shape_comment_the_run_contradicts_is_caught():
+    block = Block(ROOT / "README.md", 1, "python", "import torch\nx = torch.zeros(2, 3)  # [2, 4]: rows, columns\n")
+    with pytest.raises(AssertionError, match=r"says the shape is \[2, 4\], but the run gives \[2, 3\]"):
+        run_python_block(block, {})
+    size = Block(ROOT / "README.md", 1, "python", "import torch\ntorch.zeros(2, 3).shape  # [3, 2]\n")
+    with pytest.raises(AssertionError, match=r"line 3 of README.md says the shape is \[3, 2\]"):
+        run_python_block(size, {})
+    right = Block(ROOT / "README.md", 1, "python", "import torch\nx, y = torch.zeros(2, 3), 1  # [2, 3]\n")
+    run_python_block(right, {})
 
 
 @pytest.mark.parametrize("block", page_blocks({"console"}))

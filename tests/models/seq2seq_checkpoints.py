@@ -14,15 +14,15 @@ WORDS = "the cat sat on mat a dog ran to park big red blue house tree river and 
 VOCAB_SIZE = 99
 
 
-def _tokenizer(specials: list[str], template: str) -> str:
-    """A whitespace word-level tokenizer of :data:`VOCAB_SIZE` ids: ``specials`` first
-    (ids 0, 1, ...), then :data:`WORDS`, then ``w0``, ``w1``, ... (so that every id a
-    random model produces has a string), with a post-processor that wraps a text as
-    ``template`` says."""
+def _tokenizer(specials: list[str], template: str, size: int = VOCAB_SIZE) -> str:
+    """A whitespace word-level tokenizer of ``size`` ids: ``specials`` first (ids 0, 1,
+    ...), then :data:`WORDS`, then ``w0``, ``w1``, ... (so that, with ``size`` the
+    model's vocabulary, every id a random model produces has a string), with a
+    post-processor that wraps a text as ``template`` says."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     known = [*specials, *WORDS]
-    filler = [f"w{i}" for i in range(VOCAB_SIZE - len(known))]
+    filler = [f"w{i}" for i in range(size - len(known))]
     vocab = {token: i for i, token in enumerate(known + filler)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -34,10 +34,13 @@ def _tokenizer(specials: list[str], template: str) -> str:
     return backend.to_str()
 
 
-def write_t5(folder: Path, *, gated: bool = False, seed: int = 0, **sizes: Any) -> Path:
+def write_t5(
+    folder: Path, *, gated: bool = False, seed: int = 0, tokenizer_size: int = VOCAB_SIZE, **sizes: Any
+) -> Path:
     """A tiny random T5 (v1.1 with a gated-GELU feed-forward when ``gated``): 2 encoder and
     3 decoder layers, ``d_model`` 32, 4 heads, a vocabulary of :data:`VOCAB_SIZE` (``sizes`` override the
-    config's fields)."""
+    config's fields), and a tokenizer of ``tokenizer_size`` ids (fewer than the
+    embedding's rows, as in real T5: 32,100 ids for 32,128 rows)."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     fields: dict[str, Any] = dict(
@@ -58,7 +61,7 @@ def write_t5(folder: Path, *, gated: bool = False, seed: int = 0, **sizes: Any) 
     torch.manual_seed(seed)
     model = T5ForConditionalGeneration(T5Config(**(fields | sizes)))
     model.save_pretrained(folder)
-    (folder / "tokenizer.json").write_text(_tokenizer(["<pad>", "</s>", "<unk>"], "$A </s>"))
+    (folder / "tokenizer.json").write_text(_tokenizer(["<pad>", "</s>", "<unk>"], "$A </s>", tokenizer_size))
     return folder
 
 

@@ -56,6 +56,7 @@ def test_info(client):
         "layers": 2,
         "decoder_layers": 0,
         "heads": 4,
+        "decoder_heads": 0,
         "max_tokens": 64,
     }
     assert (info["max_chars"], info["max_weights"], info["max_body_bytes"]) == (2_000, 20_000, 4_096)
@@ -246,6 +247,7 @@ def test_cli_serves_a_real_model(minilm_path):
                 "layers": 6,
                 "decoder_layers": 0,
                 "heads": 12,
+                "decoder_heads": 0,
                 "max_tokens": 512,
             }
         ]

@@ -203,6 +203,10 @@ def run(args: argparse.Namespace) -> int:
         return run_ablation(args)
     if args.mean or args.ablate_target is not None:
         raise CommandError("--mean and --target go with --ablate")
+    if args.stat == "alignment" and args.align is None:
+        raise CommandError(
+            "--stat alignment needs --align FILE: the score compares cross-attention with the word alignments given"
+        )
     seq2seq_options = args.decoder_text is not None or args.attention is not None or args.align is not None
     formats = parse_formats(args.format)
     numbered = read_numbered_texts(args.text, args.file)
@@ -329,7 +333,7 @@ def _run_seq2seq_survey(
     with command_errors("cannot read or write"):
         alignments = None if args.align is None else read_alignments(args.align, len(pairs))
         depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
-        sizes = f"{counted(depth, 'layer')} × {counted(model.num_heads, 'head')}"
+        sizes = f"{counted(depth, 'layer')} × {counted(model.heads_per_kind[kind], 'head')}"
         with status.step(f"surveying the {kind} attention of {sizes} on {counted(len(pairs), 'source')}"):
             survey = survey_seq2seq(model, pairs, attention=kind, alignments=alignments)
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)

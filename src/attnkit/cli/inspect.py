@@ -422,7 +422,7 @@ def _run_seq2seq(
         raise CommandError(str(err)) from None
     depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
     map_layers = parse_layers(args.layers, depth) or [depth - 1]
-    heads = parse_heads(args.heads, model.num_heads)
+    heads = _parse_stack_heads(args.heads, kind, model)
     map_heads = heads or [0]
     html = "html" in formats
     _check_seq2seq_sizes(model, formats, limit, max(s_src, s_tgt), map_layers, heads)
@@ -438,7 +438,7 @@ def _run_seq2seq(
                 args.decoder_text,
                 encoder_layers=encoder_layers,
                 decoder_layers=decoder_layers,
-                heads=heads,
+                heads=_heads_of_each_kind(heads, kind, model.heads_per_kind),
                 max_new_tokens=new_tokens,
             )
         if run.generated:
@@ -487,6 +487,34 @@ def _target_budget(args: argparse.Namespace, model: Any) -> int:
     return int(model.max_length)
 
 
+def _parse_stack_heads(spec: str | None, kind: str, model: Any) -> list[int] | None:
+    """``--heads`` checked against the heads of ``kind``'s stack (an encoder–decoder's
+    stacks may have different head counts: BART).
+
+    Raises:
+        CommandError: a head that stack does not have (the message gives every kind's count).
+    """
+    counts, name = model.heads_per_kind, model.name
+    try:
+        return parse_heads(spec, counts[kind])
+    except CommandError:
+        each = ", ".join(f"{other} {count}" for other, count in counts.items())
+        raise CommandError(
+            f"--heads {spec}: the {kind} attention of {name} has {counts[kind]} heads per layer "
+            f"(heads per kind: {each}); --attention picks the kind"
+        ) from None
+
+
+def _heads_of_each_kind(heads: list[int] | None, kind: str, counts: dict[str, int]) -> dict[str, list[int]] | None:
+    """The heads a run keeps of each kind of attention: those of ``--heads`` (checked
+    against ``kind``'s stack); the page's other kinds keep the ones their stack has, or all
+    their heads when it has none of them."""
+    if heads is None:
+        return None
+    out = {other: [h for h in heads if h < count] or list(range(count)) for other, count in counts.items()}
+    return out | {kind: heads}
+
+
 def _check_seq2seq_sizes(
     model: Any, formats: list[str], limit: int | None, tokens: int, map_layers: list[int], heads: list[int] | None
 ) -> None:
@@ -503,7 +531,7 @@ def _check_seq2seq_sizes(
         for layer in map_layers:
             estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(heads or [0]), causal=False)
     if "html" in formats:
-        page_heads = len(heads or range(model.num_heads))
+        page_heads = len(heads or range(max(model.heads_per_kind.values())))
         page_layers = model.num_layers + 2 * model.num_decoder_layers
         estimates[f"the viewer page of {page_layers} maps × {counted(page_heads, 'head')}"] = estimate_viewer_html(
             tokens, page_layers, page_heads, causal=False

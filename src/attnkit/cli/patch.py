@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             f"--by head patches each head's z; --component {args.component} is one vector per position: "
             "use --by layer-position or --by position"
         )
+    _check_metric_tokens(args.metric, args.target, args.wrong)
     formats = parse_formats(args.format)
     figure = figure_options(args)
     status = Status(args.quiet)
@@ -131,3 +132,17 @@ def run(args: argparse.Namespace) -> int:
             written = write_effects(effects, out, formats, **figure)
     print_written(written)
     return 0
+
+
+def _check_metric_tokens(metric: str | None, target: str | None, wrong: str | None) -> None:
+    """Refuse, before the model loads, tokens a named metric never takes, whatever the
+    model (what a metric lacks, and whether it fits the model, depends on the model's kind:
+    checked once it loads).
+
+    Raises:
+        CommandError: ``log-p`` with ``--wrong``, ``cosine`` with ``--target`` or ``--wrong``.
+    """
+    if metric == "log-p" and wrong is not None:
+        raise CommandError("--metric log-p measures the --target token alone; leave out --wrong")
+    if metric == "cosine" and (target is not None or wrong is not None):
+        raise CommandError("--metric cosine compares sentence embeddings and takes no --target or --wrong")

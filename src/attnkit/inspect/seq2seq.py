@@ -44,7 +44,7 @@ def value_weighted_cross(model: Any, run: Seq2SeqRun, layer: int) -> Tensor:
         layer: a decoder layer, ``0 .. L-1``.
 
     Returns:
-        ``[h, s_tgt, s_src]`` float32, for the heads of ``run.heads``.
+        ``[h, s_tgt, s_src]`` float32, for the heads of ``run.heads["cross"]``.
 
     Raises:
         KeyError: the run has no cross-attention of ``layer``.
@@ -55,8 +55,9 @@ def value_weighted_cross(model: Any, run: Seq2SeqRun, layer: int) -> Tensor:
     memory = run.encoder_hidden_states[0].to(attn.v_proj.weight)  # [s_src, e]
     with torch.no_grad():
         v = attn.v_proj(memory).double().view(-1, attn.num_kv_heads, d).transpose(0, 1)  # [h_kv, s_src, d]
-    v = v.repeat_interleave(h // v.shape[0], dim=0)[run.heads]  # [h_sel, s_src, d]
-    w_o = attn.out_proj.weight.double().view(-1, h, d).permute(1, 2, 0)[run.heads]  # [h_sel, d, e]
+    heads = run.heads["cross"]
+    v = v.repeat_interleave(h // v.shape[0], dim=0)[heads]  # [h_sel, s_src, d]
+    w_o = attn.out_proj.weight.double().view(-1, h, d).permute(1, 2, 0)[heads]  # [h_sel, d, e]
     norms = (v @ w_o).norm(dim=-1)  # [h_sel, s_src]
     alpha = run.cross_attentions[layer][0].double()  # [h_sel, s_tgt, s_src]
     return (alpha * norms[:, None, :]).float()
@@ -80,7 +81,7 @@ def seq2seq_map(
         attention: ``"encoder"``, ``"decoder"`` or ``"cross"``.
         layer: an encoder layer for ``"encoder"``, a decoder layer otherwise (negative
             from the end).
-        heads: heads among ``run.heads`` (default all of them).
+        heads: heads among ``run.heads[attention]`` (default all of them).
         level: ``"token"``, or ``"word"`` for the attention between words, on both sides.
         method: ``"raw"``, or ``"value"`` (value-weighted, cross-attention only).
 
@@ -108,7 +109,11 @@ def seq2seq_map(
             f"layer {layer} of the {attention} attention was not computed; this run has layers {sorted(maps)} "
             f"of 0..{depth - 1}"
         )
-    positions = list(range(len(run.heads))) if heads is None else [run.heads.index(h) for h in heads]
+    held = run.heads[attention]
+    missing = [h for h in heads or () if h not in held]
+    if missing:
+        raise ValueError(f"head {missing[0]} of the {attention} attention was not computed; this run has heads {held}")
+    positions = list(range(len(held))) if heads is None else [held.index(h) for h in heads]
     weights = (value_weighted_cross(model, run, index) if method == "value" else maps[index][0])[positions]
     source_text, source = readable_sequence(
         model, run.source_tokens, run.source_ids, run.source_offsets, run.source_text
@@ -136,7 +141,7 @@ def seq2seq_map(
         labels=[t.label for t in rows],
         layer=index,
         num_layers=depth,
-        heads=[run.heads[p] for p in positions],
+        heads=[held[p] for p in positions],
         weights=weights,
         readable=rows,
         causal=attention == "decoder",
@@ -317,7 +322,7 @@ def survey_seq2seq(
     return HeadSurvey(
         model=model.name,
         num_layers=depth,
-        num_heads=model.num_heads,
+        num_heads=model.heads_per_kind[attention],
         texts=len(pairs),
         tokens=tokens,
         statistics=statistics,

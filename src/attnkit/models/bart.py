@@ -5,17 +5,22 @@ Shape letters: ``s`` tokens, ``e`` model dim (``d_model``), ``v`` vocabulary siz
 A BART layer is a post-norm layer with LayerNorm and biases everywhere, scaled
 dot-product attention and a GELU feed-forward (``activation_function``), as the original
 Transformer. Each stack embeds its tokens as ``layernorm(token · scale + position)``: the
-shared token matrix (times ``√d_model`` when ``scale_embedding``), a learned position table
+token matrix (times ``√d_model`` when ``scale_embedding``), a learned position table
 whose row of position ``p`` is ``p + 2`` (BART's offset: the table has two extra rows), and
-a LayerNorm (``layernorm_embedding``); no final norm after the stacks. The head is tied to
-the token matrix and adds ``final_logits_bias``. Keys map from Hugging Face's
+a LayerNorm (``layernorm_embedding``); no final norm after the stacks. The head adds
+``final_logits_bias``. With ``tie_word_embeddings`` (the default) both stacks and the head
+share ``model.shared``, and the stacks' ``embed_tokens`` and ``lm_head`` are saved copies of
+it; without it each reads its own matrix and ``model.shared`` is unused, as in
+transformers. Keys map from Hugging Face's
 ``BartForConditionalGeneration`` (``S`` a stack, ``encoder`` or ``decoder``; ``E`` its
 embedding, ``source_embedding`` or ``target_embedding``):
 
 ===================================================  ===============================================
 Hugging Face                                         attnkit
 ===================================================  ===============================================
-``model.shared``                                     ``source_embedding.token`` (and the target's)
+``model.shared`` (tied)                              ``source_embedding.token`` (and the target's)
+``model.encoder.embed_tokens`` (untied)              ``source_embedding.token``
+``model.decoder.embed_tokens`` (untied)              ``target_embedding.token``
 ``model.S.embed_positions``                          ``E.position``
 ``model.S.layernorm_embedding``                      ``E.norm``
 ``model.S.layers.N.self_attn.{q,k,v,out}_proj``      ``S.layers.N.self_attn.{q,k,v,out}_proj``
@@ -25,7 +30,7 @@ Hugging Face                                         attnkit
 ``model.S.layers.N.fc1``, ``fc2``                    ``S.layers.N.ff.up_proj``, ``ff.down_proj``
 ``model.S.layers.N.final_layer_norm``                ``S.layers.N.ff_norm``
 ``final_logits_bias`` ``[1, v]``                     ``head.proj.bias`` ``[v]``
-``lm_head`` (a copy of ``model.shared``)             ``head.proj.weight``
+``lm_head`` (untied)                                 ``head.proj.weight``
 ===================================================  ===============================================
 """
 
@@ -109,6 +114,8 @@ class BartConfig(EncoderDecoderSizes):
         max_length: learned positions (``max_position_embeddings``).
         activation: the feed-forward activation.
         scale_embedding: token vectors are multiplied by ``√d_model``.
+        tie_embeddings: both stacks and the head share ``model.shared`` (when false, as
+            ``tie_word_embeddings: false`` says, each reads its own matrix).
         decoder_start_token_id: the decoder's first input (BART: ``</s>``, 2).
         eos_token_ids: ids that end a generation.
         layer_count_fields: the ``config.json`` field of each stack's depth.
@@ -125,6 +132,7 @@ class BartConfig(EncoderDecoderSizes):
     max_length: int
     activation: Activation
     scale_embedding: bool
+    tie_embeddings: bool
     decoder_start_token_id: int
     eos_token_ids: tuple[int, ...]
     layer_count_fields: tuple[tuple[str, str], ...] = (("encoder", "encoder_layers"), ("decoder", "decoder_layers"))
@@ -176,6 +184,7 @@ class BartConfig(EncoderDecoderSizes):
             max_length=size("max_position_embeddings", "max_position_embeddings", 1024),
             activation=_ACTIVATIONS[activation],
             scale_embedding=config_bool(config, "scale_embedding", path=path, default=False),
+            tie_embeddings=config_bool(config, "tie_word_embeddings", path=path, default=True),
             decoder_start_token_id=config_int(
                 config, "decoder_start_token_id", path=path, default=2, minimum=0, maximum=vocab - 1
             ),
@@ -204,7 +213,8 @@ def build_network(config: BartConfig) -> EncoderDecoderLM:
     """A BART :class:`attnkit.nn.EncoderDecoderLM` with random weights (``FAMILY.build``
     builds it without storage, for a checkpoint's weights to replace)."""
     e = config.d_model
-    token = nn.Embedding(config.vocab_size, e)
+    source_token = nn.Embedding(config.vocab_size, e)
+    target_token = source_token if config.tie_embeddings else nn.Embedding(config.vocab_size, e)
     options: dict[str, Any] = {
         "dropout": 0.0,
         "activation": config.activation,
@@ -218,10 +228,11 @@ def build_network(config: BartConfig) -> EncoderDecoderLM:
     encoder = Encoder(EncoderLayer(encoder_layer) for _ in range(config.num_layers))
     decoder = Decoder(DecoderLayer(decoder_layer) for _ in range(config.num_decoder_layers))
     head = LMHead(e, config.vocab_size, bias=True)
-    head.proj.weight = token.weight
+    if config.tie_embeddings:
+        head.proj.weight = source_token.weight
     return EncoderDecoderLM(
-        source_embedding=_embedding(config, token),
-        target_embedding=_embedding(config, token),
+        source_embedding=_embedding(config, source_token),
+        target_embedding=_embedding(config, target_token),
         encoder=encoder,
         decoder=decoder,
         head=head,
@@ -234,9 +245,18 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: BartConfig) -> tuple[
 
     Returns:
         ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place in
-        the model. The head gets the token matrix and ``final_logits_bias`` (zeros when the
-        checkpoint has none, as transformers assumes).
+        the model. With tied embeddings both stacks and the head get ``model.shared``, and
+        the stacks' ``embed_tokens`` and ``lm_head`` (saved copies of it) are dropped; with
+        untied ones each reads its own tensor and ``model.shared`` (which transformers'
+        forward pass never reads then) is dropped. The head's bias is
+        ``final_logits_bias`` (zeros when the checkpoint has none, as transformers assumes).
     """
+    own = {
+        "model.encoder.embed_tokens.weight": "source_embedding.token.weight",
+        "model.decoder.embed_tokens.weight": "target_embedding.token.weight",
+        "lm_head.weight": "head.proj.weight",
+    }
+    redundant = set(own) if config.tie_embeddings else {"model.shared.weight"}
     state: dict[str, Tensor] = {}
     unknown = []
     for key, value in tensors.items():
@@ -248,13 +268,17 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: BartConfig) -> tuple[
         elif embedding:
             stack, part, leaf = embedding.groups()
             state[f"{_EMBEDDING_OF[stack]}.{_EMBEDDING_PARTS[part]}.{leaf}"] = value
+        elif key in redundant:
+            continue
         elif key == "model.shared.weight":
-            for name in ("source_embedding.token", "target_embedding.token", "head.proj"):
-                state[f"{name}.weight"] = value
+            for name in own.values():
+                state[name] = value
+        elif key in own:
+            state[own[key]] = value
         elif key == "final_logits_bias":
             state["head.proj.bias"] = value.reshape(-1)
-        elif key not in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
-            unknown.append(key)  # (those are saved copies of the shared matrix)
+        else:
+            unknown.append(key)
     if "head.proj.bias" not in state and "head.proj.weight" in state:
         weight = state["head.proj.weight"]
         state["head.proj.bias"] = weight.new_zeros(weight.shape[0])
@@ -262,10 +286,13 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: BartConfig) -> tuple[
 
 
 def finish(module: EncoderDecoderLM, config: BartConfig) -> None:
-    """Tie the head to the token matrix again: assignment gives each key its own
-    Parameter object."""
+    """Tie the target embedding and the head to the source's token matrix again when the
+    checkpoint ties them: assignment gives each key its own Parameter object."""
+    if not config.tie_embeddings:
+        return
     head = module.head
     assert isinstance(head, LMHead)
+    module.target_embedding.token = module.source_embedding.token
     head.proj.weight = module.token_embedding.weight
 
 

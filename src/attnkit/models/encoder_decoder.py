@@ -14,7 +14,7 @@ self-attention are the decoder's input tokens (the start token, then the target)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ from attnkit.models.checkpoint import build_without_weights
 from attnkit.models.decoder import eos_token_ids
 from attnkit.models.family import ModelFamily
 from attnkit.models.memory import check_fits
-from attnkit.nn import EncoderDecoderLM, LayerSelection, LayerWeights, MultiHeadAttention, StackOutput
+from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
 
@@ -52,6 +52,9 @@ class EncoderDecoderSizes:
 
 
 ATTENTION_KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
+# The heads to keep: one list for every kind of attention, or a list per kind (a kind left
+# out keeps all its heads); None keeps all.
+HeadSelection = Sequence[int] | Mapping[str, Sequence[int]] | None
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,9 @@ class Seq2SeqRun:
         decoder_attentions: decoder layer → ``[1, h_sel, s_tgt, s_tgt]`` (causal).
         cross_attentions: decoder layer → ``[1, h_sel, s_tgt, s_src]``: target rows,
             source columns.
-        heads: the selected head indices.
+        heads: kind (``"encoder"``, ``"decoder"``, ``"cross"``) → the selected head
+            indices of its maps (the stacks may have different head counts: BART's
+            ``encoder_attention_heads`` and ``decoder_attention_heads``).
     """
 
     source_ids: Tensor
@@ -101,7 +106,7 @@ class Seq2SeqRun:
     encoder_attentions: LayerAttentions
     decoder_attentions: LayerAttentions
     cross_attentions: LayerAttentions
-    heads: list[int]
+    heads: dict[str, list[int]]
 
     def attentions(self, kind: str) -> LayerAttentions:
         """The maps of one kind: ``"encoder"``, ``"decoder"`` or ``"cross"``.
@@ -145,6 +150,45 @@ def network(model: Any) -> EncoderDecoderLM:
     return model.module
 
 
+def attention_head_counts(module: EncoderDecoderLM) -> dict[str, int]:
+    """Heads per layer of each kind of attention of an encoder–decoder network:
+    ``{"encoder": h_enc, "decoder": h_dec, "cross": h_cross}``."""
+    first_encoder, first_decoder = module.encoder.layers[0], module.decoder.layers[0]
+    counts = {
+        "encoder": first_encoder.self_attn,
+        "decoder": first_decoder.self_attn,
+        "cross": getattr(first_decoder, "cross_attn", None),
+    }
+    out = {}
+    for kind, attention in counts.items():
+        assert isinstance(attention, MultiHeadAttention)  # every decoder layer has cross-attention
+        out[kind] = attention.num_heads
+    return out
+
+
+def select_heads(model: Any, heads: HeadSelection) -> dict[str, list[int]]:
+    """The heads of each kind of attention that ``heads`` selects.
+
+    Raises:
+        ValueError: an unknown kind, or a head a stack does not have (the message names
+            the stack and its head count).
+    """
+    counts = attention_head_counts(network(model))
+    if isinstance(heads, Mapping):
+        unknown = [kind for kind in heads if kind not in ATTENTION_KINDS]
+        if unknown:
+            raise ValueError(f"heads are selected per kind: {', '.join(ATTENTION_KINDS)}; got {unknown[0]!r}")
+    out = {}
+    for kind, count in counts.items():
+        asked = heads.get(kind) if isinstance(heads, Mapping) else heads
+        context = f"{model.name}'s {_STACK_NAMES[kind]} has {count} heads per layer"
+        out[kind] = normalize_indices(asked, count, "head", context=context)
+    return out
+
+
+_STACK_NAMES = {"encoder": "encoder", "decoder": "decoder self-attention", "cross": "cross-attention"}
+
+
 def generate_target(model: Any, source_ids: Tensor, max_new_tokens: int) -> list[int]:
     """Greedy decoding of a source (the encoder once, the decoder with its KV cache),
     ending with the end-of-sequence token when the model produces one within
@@ -168,19 +212,21 @@ def generate_target(model: Any, source_ids: Tensor, max_new_tokens: int) -> list
     return produced
 
 
-def _check_memory(model: Any, maps: int, s_src: int, s_tgt: int) -> None:
-    """Refuse a source-and-target pass whose float32 attention maps (``maps`` bytes) exceed
+def _check_memory(model: Any, maps: int, count: int, s_src: int, s_tgt: int) -> None:
+    """Refuse a pass over ``count`` source-and-target pairs (padded to ``s_src`` and
+    ``s_tgt`` tokens) whose float32 attention maps (``maps`` bytes) exceed
     :data:`ATTENTION_MEMORY_LIMIT`, or which with its float32 logits exceeds the memory
     available on the model's device."""
+    what = "this source and target" if count == 1 else f"these {count} sources and targets"
     if maps > ATTENTION_MEMORY_LIMIT:
         raise ValueError(
-            f"the attention weights of this source and target take {maps / 2**30:.1f} GiB, over the "
+            f"the attention weights of {what} take {maps / 2**30:.1f} GiB, over the "
             f"{ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or shorter texts"
         )
     check_fits(
-        maps + 4 * s_tgt * model.config.vocab_size,
+        maps + 4 * count * s_tgt * model.config.vocab_size,
         model.device,
-        what=f"the attention maps and logits of {model.name} on {s_src} source and {s_tgt} target tokens",
+        what=f"the attention maps and logits of {model.name} on {what} ({s_src} source and {s_tgt} target tokens)",
         advice="ask for fewer layers or shorter texts",
     )
 
@@ -192,66 +238,166 @@ def run_seq2seq(
     *,
     encoder_layers: LayerSelection = True,
     decoder_layers: LayerSelection = True,
-    heads: Sequence[int] | None = None,
+    heads: HeadSelection = None,
     max_new_tokens: int = 32,
 ) -> Seq2SeqRun:
     """:meth:`attnkit.models.Model.run_seq2seq` of ``model`` (an
     :class:`attnkit.models.Model`)."""
+    return run_seq2seq_batch(
+        model,
+        [source],
+        [target],
+        encoder_layers=encoder_layers,
+        decoder_layers=decoder_layers,
+        heads=heads,
+        max_new_tokens=max_new_tokens,
+    )[0]
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """One source and target, tokenized (the target generated when none was given)."""
+
+    source: str | Tensor | Sequence[int]
+    source_ids: Tensor  # [1, s_src]
+    source_tokens: list[str]
+    source_offsets: list[tuple[int, int]] | None
+    target_ids: Tensor  # [1, s_tgt]
+    target_tokens: list[str]
+    target_offsets: list[tuple[int, int]] | None
+    target_text: str
+    generated: bool
+
+
+def run_seq2seq_batch(
+    model: Any,
+    sources: Sequence[str | Tensor | Sequence[int]],
+    targets: Sequence[str | Tensor | Sequence[int] | None] | None = None,
+    *,
+    encoder_layers: LayerSelection = True,
+    decoder_layers: LayerSelection = True,
+    heads: HeadSelection = None,
+    max_new_tokens: int = 32,
+) -> list[Seq2SeqRun]:
+    """:meth:`attnkit.models.Model.run_seq2seq_batch` of ``model`` (an
+    :class:`attnkit.models.Model`)."""
     module = network(model)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    source_ids, source_tokens, source_offsets = model.prepare_input(source)
+    if isinstance(sources, (str, Tensor)) or not sources:
+        raise ValueError("sources must be a non-empty list of texts or token ids (run_seq2seq takes one)")
+    wanted = [None] * len(sources) if targets is None else list(targets)
+    if len(wanted) != len(sources):
+        raise ValueError(f"give one target (or None) per source: got {len(wanted)} targets for {len(sources)} sources")
     num_decoder_layers = len(module.decoder.layers)
     encoder_list = _layers(encoder_layers, model.num_layers, "encoder")
     decoder_list = _layers(decoder_layers, num_decoder_layers, "decoder")
-    head_list = normalize_indices(
-        heads, model.num_heads, "head", context=f"{model.name} has {model.num_heads} heads per layer"
+    head_lists = select_heads(model, heads)
+    pairs = [_prepare(model, source, target, max_new_tokens) for source, target in zip(sources, wanted)]
+    s_src = max(pair.source_ids.shape[1] for pair in pairs)
+    s_tgt = max(pair.target_ids.shape[1] for pair in pairs)
+    per_pair = len(head_lists["encoder"]) * len(encoder_list) * s_src * s_src + len(decoder_list) * s_tgt * (
+        len(head_lists["decoder"]) * s_tgt + len(head_lists["cross"]) * s_src
     )
-    generated = target is None
-    target_ids, target_tokens, target_offsets, target_text = _target(model, source_ids, target, max_new_tokens)
-    s_src, s_tgt = source_ids.shape[1], target_ids.shape[1]
-    if s_tgt == 0:
-        raise ValueError(f"{model.name} produced no token for this source; give a target text")
-    maps = 4 * len(head_list) * (len(encoder_list) * s_src * s_src + len(decoder_list) * s_tgt * (s_tgt + s_src))
-    _check_memory(model, maps, s_src, s_tgt)
-    start = torch.tensor([[module.decoder_start_token_id]])
-    decoder_input_ids = torch.cat((start, target_ids[:, :-1]), dim=1)  # [1, s_tgt]
-    select = head_list != list(range(model.num_heads))
+    _check_memory(model, 4 * len(pairs) * per_pair, len(pairs), s_src, s_tgt)
+    start = torch.tensor([module.decoder_start_token_id])
+    decoder_inputs = [torch.cat((start, pair.target_ids[0, :-1])) for pair in pairs]  # [s_tgt_i] each
+    source_ids, source_mask = _right_padded([pair.source_ids[0] for pair in pairs], s_src)  # [b, s_src] x 2
+    # The target is padded at the end: a decoder position never sees later ones, so no mask.
+    decoder_input_ids, _ = _right_padded(decoder_inputs, s_tgt)  # [b, s_tgt]
+    mask = None if bool(source_mask.all()) else source_mask.to(model.device)
     with torch.no_grad():
-        encoded = module.encode(source_ids.to(model.device), return_weights=encoder_list)
+        encoded = module.encode(source_ids.to(model.device), source_mask=mask, return_weights=encoder_list)
         assert isinstance(encoded, StackOutput)  # a record whenever return_weights is a list
-        decoded = module.decode(decoder_input_ids.to(model.device), encoded.output, return_weights=decoder_list)
+        decoded = module.decode(
+            decoder_input_ids.to(model.device), encoded.output, source_mask=mask, return_weights=decoder_list
+        )
         assert isinstance(decoded, StackOutput)
-        logits = module.head(decoded.output)  # [1, s_tgt, v]
+        logits = module.head(decoded.output)  # [b, s_tgt, v]
+    batch = _PaddedPass(encoded, decoded, logits, encoder_list, decoder_list, head_lists)
+    return [_pair_run(model, pair, row, decoder_inputs[row], batch) for row, pair in enumerate(pairs)]
 
-    def kept(record: LayerWeights | None, cross: bool = False) -> Tensor:
+
+@dataclass(frozen=True)
+class _PaddedPass:
+    """What one padded pass over a batch of pairs produced, and what to keep of it."""
+
+    encoded: StackOutput
+    decoded: StackOutput
+    logits: Tensor  # [b, s_tgt, v]
+    encoder_layers: list[int]
+    decoder_layers: list[int]
+    heads: dict[str, list[int]]
+
+    def kept(self, row: int, layer: int, kind: str, rows: int, columns: int) -> Tensor:
+        """``[1, h_sel, rows, columns]``: one layer's map of one kind for the pair in
+        ``row``, cropped to its tokens, with the kept heads."""
+        record = (self.encoded if kind == "encoder" else self.decoded).weights[layer]
         assert record is not None  # every layer in the lists was asked for
-        weights = record.cross_attention if cross else record.self_attention  # [1, h, s_q, s_k]
+        weights = record.cross_attention if kind == "cross" else record.self_attention  # [b, h, s_q, s_k]
         assert weights is not None  # the decoder's layers all have cross-attention
-        return (weights[:, head_list] if select else weights).float()  # [1, h_sel, s_q, s_k]
+        own = weights[row : row + 1, :, :rows, :columns]  # [1, h, s_q, s_k] of this pair
+        head_list = self.heads[kind]
+        select = head_list != list(range(weights.shape[1]))
+        return (own[:, head_list] if select else own).float()  # [1, h_sel, s_q, s_k]
 
-    encoder_maps = {i: kept(encoded.weights[i]) for i in encoder_list}
-    decoder_maps = {i: kept(decoded.weights[i]) for i in decoder_list}
-    cross_maps = {i: kept(decoded.weights[i], cross=True) for i in decoder_list}
+
+def _pair_run(model: Any, pair: _Pair, row: int, decoder_input: Tensor, batch: _PaddedPass) -> Seq2SeqRun:
+    """The run of the pair in row ``row`` of a padded pass, cropped to its own tokens."""
+    n, m = pair.source_ids.shape[1], pair.target_ids.shape[1]
+    num_decoder_layers = len(network(model).decoder.layers)
+    encoder_maps = {i: batch.kept(row, i, "encoder", n, n) for i in batch.encoder_layers}
+    decoder_maps = {i: batch.kept(row, i, "decoder", m, m) for i in batch.decoder_layers}
+    cross_maps = {i: batch.kept(row, i, "cross", m, n) for i in batch.decoder_layers}
     return Seq2SeqRun(
-        source_ids=source_ids,
-        source_text=source if isinstance(source, str) else model.tokenizer.decode(source_ids[0]),
-        source_tokens=source_tokens,
-        source_offsets=source_offsets,
-        target_ids=target_ids,
-        target_tokens=target_tokens,
-        target_offsets=target_offsets,
-        target_text=target_text,
-        generated=generated,
-        decoder_input_ids=decoder_input_ids,
-        decoder_input_tokens=[model.tokenizer.id_to_token(i) for i in decoder_input_ids[0].tolist()],
-        logits=logits.float(),
-        encoder_hidden_states=encoded.output.float(),
+        source_ids=pair.source_ids,
+        source_text=pair.source if isinstance(pair.source, str) else model.tokenizer.decode(pair.source_ids[0]),
+        source_tokens=pair.source_tokens,
+        source_offsets=pair.source_offsets,
+        target_ids=pair.target_ids,
+        target_tokens=pair.target_tokens,
+        target_offsets=pair.target_offsets,
+        target_text=pair.target_text,
+        generated=pair.generated,
+        decoder_input_ids=decoder_input[None],  # [1, s_tgt]
+        decoder_input_tokens=[model.tokenizer.id_to_token(i) for i in decoder_input.tolist()],
+        logits=batch.logits[row : row + 1, :m].float(),  # [1, s_tgt, v]
+        encoder_hidden_states=batch.encoded.output[row : row + 1, :n].float(),  # [1, s_src, e]
         encoder_attentions=LayerAttentions(encoder_maps, model.num_layers),
         decoder_attentions=LayerAttentions(decoder_maps, num_decoder_layers),
         cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),
-        heads=head_list,
+        heads=batch.heads,
     )
+
+
+def _prepare(
+    model: Any, source: str | Tensor | Sequence[int], target: str | Tensor | Sequence[int] | None, max_new_tokens: int
+) -> _Pair:
+    """One pair tokenized, its target generated when it is ``None``.
+
+    Raises:
+        ValueError: what :meth:`attnkit.models.Model.prepare_input` refuses, or a model
+            that produces no token for the source.
+    """
+    source_ids, source_tokens, source_offsets = model.prepare_input(source)
+    target_ids, target_tokens, target_offsets, target_text = _target(model, source_ids, target, max_new_tokens)
+    if target_ids.shape[1] == 0:
+        raise ValueError(f"{model.name} produced no token for this source; give a target text")
+    return _Pair(
+        source, source_ids, source_tokens, source_offsets, target_ids, target_tokens, target_offsets, target_text,
+        target is None,
+    )  # fmt: skip
+
+
+def _right_padded(rows: Sequence[Tensor], length: int) -> tuple[Tensor, Tensor]:
+    """Id rows ``[n_i]`` padded at the end to ``length`` with id 0: ``(ids [b, s], mask
+    [b, s])``, the mask ``True`` on tokens."""
+    ids = torch.zeros(len(rows), length, dtype=torch.long)  # [b, s]
+    mask = torch.zeros(len(rows), length, dtype=torch.bool)  # [b, s]
+    for row, tokens in enumerate(rows):
+        ids[row, : len(tokens)] = tokens
+        mask[row, : len(tokens)] = True
+    return ids, mask
 
 
 def _target(

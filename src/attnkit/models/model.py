@@ -19,7 +19,14 @@ from torch import Tensor, nn
 
 from attnkit.functional.indices import normalize_indices, select_indices
 from attnkit.models.attentions import LayerAttentions
-from attnkit.models.encoder_decoder import Seq2SeqRun, run_seq2seq
+from attnkit.models.encoder_decoder import (
+    HeadSelection,
+    Seq2SeqRun,
+    attention_head_counts,
+    network,
+    run_seq2seq,
+    run_seq2seq_batch,
+)
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.memory import check_fits, check_run_memory, kv_cache_bytes
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
@@ -101,7 +108,8 @@ class Model:
         config: the family's config (:class:`attnkit.models.llama.LlamaConfig` or
             :class:`attnkit.models.bert.BertConfig`).
         num_layers: depth.
-        num_heads: query heads per layer.
+        num_heads: query heads per layer (an encoder–decoder's encoder; each stack's in
+            :attr:`heads_per_kind`).
         num_kv_heads: key/value heads per layer (fewer than ``num_heads`` with GQA).
         max_length: the most tokens one text may have (the model's context).
         causal: whether a token attends only to itself and earlier tokens.
@@ -246,6 +254,16 @@ class Model:
             cache=kept,
         )
 
+    @property
+    def heads_per_kind(self) -> dict[str, int]:
+        """Heads per layer of each kind of attention: ``{"self": num_heads}`` for a model
+        of one text; ``{"encoder", "decoder", "cross"}`` for an encoder–decoder, whose
+        stacks may differ (BART's ``encoder_attention_heads`` and
+        ``decoder_attention_heads``; :attr:`num_heads` is the encoder's)."""
+        if not self.encoder_decoder:
+            return {"self": self.num_heads}
+        return attention_head_counts(network(self))
+
     def run_seq2seq(
         self,
         source: str | Tensor | Sequence[int],
@@ -253,7 +271,7 @@ class Model:
         *,
         encoder_layers: LayerSelection = True,
         decoder_layers: LayerSelection = True,
-        heads: Sequence[int] | None = None,
+        heads: HeadSelection = None,
         max_new_tokens: int = 32,
     ) -> Seq2SeqRun:
         """A source and a target through an encoder–decoder, with its three kinds of
@@ -272,7 +290,9 @@ class Model:
                 indices, negative from the end).
             decoder_layers: the decoder layers whose self- and cross-attention weights to
                 return.
-            heads: the heads to keep; default all.
+            heads: the heads to keep: one list for every kind of attention, or a mapping
+                kind (``"encoder"``, ``"decoder"``, ``"cross"``) → list, for stacks with
+                different head counts (:attr:`heads_per_kind`); default all.
             max_new_tokens: the most tokens to generate when no target is given.
 
         Returns:
@@ -287,6 +307,47 @@ class Model:
             self,
             source,
             target,
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            heads=heads,
+            max_new_tokens=max_new_tokens,
+        )
+
+    def run_seq2seq_batch(
+        self,
+        sources: Sequence[str | Tensor | Sequence[int]],
+        targets: Sequence[str | Tensor | Sequence[int] | None] | None = None,
+        *,
+        encoder_layers: LayerSelection = True,
+        decoder_layers: LayerSelection = True,
+        heads: HeadSelection = None,
+        max_new_tokens: int = 32,
+    ) -> list[Seq2SeqRun]:
+        """:meth:`run_seq2seq` on several source/target pairs in one pass: the sources
+        padded at the end and masked (a source mask), the decoder inputs padded at the end
+        (a decoder position never reads later ones, so the padding changes nothing before
+        it). Each run is cropped to its own tokens and equals :meth:`run_seq2seq` of its
+        pair up to float rounding.
+
+        Args:
+            sources: texts or token ids.
+            targets: one target (text, ids, or ``None`` to generate it greedily) per
+                source; ``None`` generates every target.
+            encoder_layers, decoder_layers, heads, max_new_tokens: as :meth:`run_seq2seq`.
+
+        Returns:
+            One :class:`attnkit.models.encoder_decoder.Seq2SeqRun` per pair, in order.
+
+        Raises:
+            ValueError: no sources, another number of targets, or what
+                :meth:`run_seq2seq` refuses for any pair (the memory limit counts the
+                padded batch).
+            TypeError: ids that are not integers.
+        """
+        return run_seq2seq_batch(
+            self,
+            sources,
+            targets,
             encoder_layers=encoder_layers,
             decoder_layers=decoder_layers,
             heads=heads,

@@ -178,7 +178,8 @@ class Tokenizer:
         """The text of token ids.
 
         Args:
-            ids: token ids, a list or a 1-D tensor.
+            ids: token ids, a list or a 1-D tensor; ids the tokenizer has no token for
+                are left out.
             skip_special_tokens: leave out special tokens.
         """
         if isinstance(ids, Tensor):
@@ -188,13 +189,18 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str:
         """The token string of one id (as in :attr:`TokenizedText.tokens`).
 
+        A model's embedding may have more rows than its tokenizer has ids (T5: 32,128 rows,
+        32,100 ids), so a model can produce an id the tokenizer lacks: it is shown as the
+        placeholder ``<id N>`` (:func:`missing_token`), and :meth:`decode` leaves it out,
+        as transformers' decode does.
+
         Raises:
-            ValueError: an id outside the vocabulary.
+            ValueError: a negative id.
         """
+        if int(token_id) < 0:
+            raise ValueError(f"token ids must be >= 0, got {token_id}")
         token = self.backend.id_to_token(int(token_id))
-        if token is None:
-            raise ValueError(f"token id {token_id} is outside the vocabulary of {self.vocab_size}")
-        return token
+        return missing_token(int(token_id)) if token is None else token
 
     def stream(self, ids: Iterable[int]) -> Iterator[str]:
         """Decode ids one by one into text pieces as soon as they are printable.
@@ -223,6 +229,11 @@ class Tokenizer:
         if released < len(seen):
             done = self.decode(seen[window_start:released])
             yield self.decode(seen[window_start:])[len(done) :]
+
+
+def missing_token(token_id: int) -> str:
+    """The placeholder shown for an id the tokenizer has no token for: ``<id 32105>``."""
+    return f"<id {token_id}>"
 
 
 def _listed(items: list[str], most: int) -> str:

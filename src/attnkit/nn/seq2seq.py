@@ -163,7 +163,7 @@ class EncoderDecoderLM(HookedModule):
 
     Attributes:
         token_embedding: the source embedding's token table (shared with the target's in
-            T5 and BART checkpoints).
+            T5 checkpoints and in BART ones that tie their embeddings).
 
     Raises:
         ValueError: a decoder whose layers have no cross-attention, or stacks of different

@@ -115,7 +115,12 @@ class ModelInfo(BaseModel):
     decoder_layers: int = Field(
         0, description="An encoder-decoder's decoder layers (0 for other models); indices 0 .. decoder_layers - 1."
     )
-    heads: int = Field(description="Query heads per layer; valid indices are 0 .. heads - 1.")
+    heads: int = Field(
+        description="Query heads per layer; valid indices are 0 .. heads - 1 (an encoder-decoder: its encoder's)."
+    )
+    decoder_heads: int = Field(
+        0, description="An encoder-decoder's heads per decoder layer, self- and cross-attention (0 for other models)."
+    )
     max_tokens: int = Field(description="Longest text accepted for this model, in its tokens.")
 
 
@@ -198,8 +203,14 @@ class ServedModel:
             layers=self.model.num_layers,
             decoder_layers=int(getattr(self.model, "num_decoder_layers", 0)) if self.encoder_decoder else 0,
             heads=self.model.num_heads,
+            decoder_heads=_decoder_heads(self.model) if self.encoder_decoder else 0,
             max_tokens=self.max_tokens,
         )
+
+
+def _decoder_heads(model: Any) -> int:
+    """An encoder-decoder :class:`attnkit.models.Model`'s heads per decoder layer."""
+    return int(model.heads_per_kind["decoder"])
 
 
 def public_name(spec: str) -> str:
@@ -584,10 +595,30 @@ async def _count_tokens(text: str, s: ServedModel, what: str = "the text") -> in
     try:
         count = len((await run_in_threadpool(s.model.tokenize, text)).tokens)
     except ValueError as err:
-        raise _error(422, str(err)) from None
+        message = str(err)
+        # The model says "text is N tokens long": name which text when it is not the source.
+        if what != "the text" and message.startswith("text is "):
+            message = f"{what} is {message.removeprefix('text is ')}"
+        raise _error(422, message) from None
     if count > s.max_tokens:
         raise _error(422, f"{what} is {count} tokens, more than the limit of {s.max_tokens} for {s.name}")
     return count
+
+
+def _stack_layers(
+    asked: list[int] | str | None, encoder_depth: int, decoder_depth: int, name: str
+) -> tuple[list[int], list[int], list[int]]:
+    """``(layers, encoder_layers, decoder_layers)`` of a request's ``layers``: each stack
+    the indices it has, and for ``"last"`` each stack's own last layer.
+
+    Raises:
+        HTTPException: 422 for an index no stack has.
+    """
+    if isinstance(asked, str):  # "last"
+        encoder_layers, decoder_layers = [encoder_depth - 1], [decoder_depth - 1]
+        return sorted({*encoder_layers, *decoder_layers}), encoder_layers, decoder_layers
+    layers = _indices(asked, max(encoder_depth, decoder_depth), "layer", name)
+    return layers, [i for i in layers if i < encoder_depth], [i for i in layers if i < decoder_depth]
 
 
 async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits) -> Any:
@@ -606,19 +637,22 @@ async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits
     if target is not None:
         _check_text(target, limits, "the decoder text")
     encoder_depth, decoder_depth = model.num_layers, int(model.num_decoder_layers)
-    heads = _indices(request.heads, model.num_heads, "head", s.name)
-    if request.layers == "last":
-        encoder_layers, decoder_layers = [encoder_depth - 1], [decoder_depth - 1]
-        layers = sorted({*encoder_layers, *decoder_layers})
-    else:
-        layers = _indices(request.layers, max(encoder_depth, decoder_depth), "layer", s.name)
-        encoder_layers = [layer for layer in layers if layer < encoder_depth]
-        decoder_layers = [layer for layer in layers if layer < decoder_depth]
+    counts = model.heads_per_kind  # BART's stacks may have different head counts
+    heads = _indices(request.heads, max(counts.values()), "head", s.name)
+    # Each stack shows the asked layers and heads it has; a stack with none of the heads, none.
+    kept = {kind: [head for head in heads if head < count] for kind, count in counts.items()}
+    layers, asked_encoder, asked_decoder = _stack_layers(request.layers, encoder_depth, decoder_depth, s.name)
     s_src = await _count_tokens(request.text, s)
+    encoder_layers = asked_encoder if kept["encoder"] else []
+    decoder_layers = asked_decoder if kept["decoder"] and kept["cross"] else []
+    if not encoder_layers and not decoder_layers:
+        raise _error(422, f"{s.name} has none of these layers and heads in one stack: heads per kind {counts}")
+    # (a stack with none of the heads computes no layer; any valid head stands in for its list)
+    kept = {kind: chosen or [0] for kind, chosen in kept.items()}
 
     def run(target: Any, **asked: Any) -> Any:
         with s.seq2seq_lock:
-            return model.run_seq2seq(request.text, target, heads=heads, **asked)
+            return model.run_seq2seq(request.text, target, heads=kept, **asked)
 
     written = None
     if target is None:
@@ -632,8 +666,10 @@ async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits
             raise _error(422, str(err)) from None
         s_tgt = written.target_ids.shape[1]
     else:
-        s_tgt = await _count_tokens(target, s, "the decoder text")
-    weights = len(heads) * (len(encoder_layers) * s_src**2 + len(decoder_layers) * (s_tgt**2 + s_tgt * s_src))
+        s_tgt = await _count_tokens(target, s, "the target (decoder_text)")
+    weights = len(kept["encoder"]) * len(encoder_layers) * s_src**2 + len(decoder_layers) * (
+        len(kept["decoder"]) * s_tgt**2 + len(kept["cross"]) * s_tgt * s_src
+    )
     if weights > limits.max_weights:
         raise _error(
             422,

@@ -18,6 +18,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnkit.viz.attention_text import numbered
 from attnkit.viz.files import write_text_atomic
 
 if TYPE_CHECKING:
@@ -402,7 +403,7 @@ def write_effects(
         axes: dict[str, Any] = (
             {}
             if effects.by == "head"
-            else {"rows": effects.row_labels, "columns": effects.columns, "xlabel": "position (clean token)"}
+            else {"rows": effects.row_labels, "columns": numbered(effects.columns), "xlabel": "position (clean token)"}
         )
         written.append(
             draw_head_grid(

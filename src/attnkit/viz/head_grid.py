@@ -3,6 +3,7 @@ one value per layer and head or position (``attnkit patch``)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,8 @@ def plot_head_grid(
             high = max(abs(low), abs(high), 1e-12)
             low = -high
         image = ax.imshow(grid, cmap=colour_map(cmap), vmin=min(low, 0.0), vmax=max(high, 1e-12), aspect="auto")
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(plain_text(label), fontfamily=families)
+        bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        bar.set_label(plain_text(_fit_label(label, fig.get_figheight())), fontfamily=families)
         ax.set_xticks(range(n_heads))
         ax.set_yticks(range(n_layers))
         if columns is not None:
@@ -123,3 +125,16 @@ def draw_head_grid(values: Tensor, path: str | Path, *, dpi: float = 100, **opti
         ValueError: ``values`` is not 2-D.
     """
     return save_figure(plot_head_grid(values, **options), path, dpi=dpi)
+
+
+# Points one character of a colour-bar label takes along the bar, at matplotlib's default
+# 10-point label size (a generous average: capitals and quotes are wider than letters).
+_POINTS_PER_CHARACTER = 6.5
+
+
+def _fit_label(label: str, height_inches: float) -> str:
+    """The colour-bar label broken into lines that fit along a bar of the figure's height
+    (a one-row grid is short: "fraction of the logit difference ' Mary' - ' John' restored"
+    ran past both ends)."""
+    width = max(12, int(height_inches * 0.8 * 72 / _POINTS_PER_CHARACTER))
+    return textwrap.fill(label, width=width, break_long_words=False)

@@ -383,7 +383,7 @@ class ViewerData:
         encoder: Mapping[int, Tensor] | None = None,
         decoder: Mapping[int, Tensor] | None = None,
         cross: Mapping[int, Tensor] | None = None,
-        heads: Sequence[int] | None = None,
+        heads: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
         text: str = "",
         decoder_key_tokens: Sequence[str] | None = None,
         level: str = "token",
@@ -400,7 +400,9 @@ class ViewerData:
             encoder: layer → ``[h, s_src, s_src]`` encoder self-attention.
             decoder: layer → ``[h, s_tgt, s_tgt]`` causal decoder self-attention.
             cross: layer → ``[h, s_tgt, s_src]``, decoder queries attending to encoder keys.
-            heads: the head indices of the ``h`` rows (default ``0 .. h-1``).
+            heads: the head indices of the ``h`` rows (default ``0 .. h-1``), or a
+                mapping ``"encoder"``/``"decoder"``/``"cross"`` → indices when the stacks
+                hold different heads (BART with other encoder and decoder head counts).
             text: the source text.
             decoder_key_tokens: the columns of the decoder section when they are not the
                 target tokens (what each position reads: the start token, then the target
@@ -416,13 +418,17 @@ class ViewerData:
             ValueError: none of the three given, or see :meth:`Section.from_layers`.
         """
         sections = {}
+
+        def of(kind: str) -> Sequence[int] | None:
+            return heads.get(kind) if isinstance(heads, Mapping) else heads
+
         if encoder:
-            sections["encoder"] = Section.from_layers(source_tokens, source_tokens, encoder, heads=heads)
+            sections["encoder"] = Section.from_layers(source_tokens, source_tokens, encoder, heads=of("encoder"))
         if decoder:
             keys = target_tokens if decoder_key_tokens is None else decoder_key_tokens
-            sections["decoder"] = Section.from_layers(target_tokens, keys, decoder, heads=heads, causal=True)
+            sections["decoder"] = Section.from_layers(target_tokens, keys, decoder, heads=of("decoder"), causal=True)
         if cross:
-            sections["cross"] = Section.from_layers(target_tokens, source_tokens, cross, heads=heads)
+            sections["cross"] = Section.from_layers(target_tokens, source_tokens, cross, heads=of("cross"))
         return cls(model, "encoder-decoder", sections, text, level, target_text, generated)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1301,8 +1301,9 @@
     for (let n = 0; n < depth(m); n++) layers.add(new Option('layer ' + n, String(n)));
     const heads = $('ak-req-head');
     heads.textContent = '';
-    heads.add(new Option('all ' + m.heads + ' heads', 'all'));
-    for (let n = 0; n < m.heads; n++) heads.add(new Option('head ' + n, String(n)));
+    const headCount = Math.max(m.heads, m.decoder_heads || 0); // an encoder-decoder's stacks may differ
+    heads.add(new Option('all ' + headCount + ' heads', 'all'));
+    for (let n = 0; n < headCount; n++) heads.add(new Option('head ' + n, String(n)));
     if (body.dataset.state === 'empty') status(readyMessage(), false);
   }
 
