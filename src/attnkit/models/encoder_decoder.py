@@ -226,7 +226,8 @@ def _check_memory(model: Any, maps: int, count: int, s_src: int, s_tgt: int) -> 
     check_fits(
         maps + 4 * count * s_tgt * model.config.vocab_size,
         model.device,
-        what=f"the attention maps and logits of {model.name} on {what} ({s_src} source and {s_tgt} target tokens)",
+        what=f"the attention maps and logits of {model.name} on {s_src} source and {s_tgt} target tokens"
+        + ("" if count == 1 else f" (each of {count} pairs, padded)"),
         advice="ask for fewer layers or shorter texts",
     )
 
