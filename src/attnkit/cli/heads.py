@@ -203,18 +203,9 @@ def run(args: argparse.Namespace) -> int:
         return run_ablation(args)
     if args.mean or args.ablate_target is not None:
         raise CommandError("--mean and --target go with --ablate")
-    if args.stat == "alignment" and args.align is None:
-        raise CommandError(
-            "--stat alignment needs --align FILE: the score compares cross-attention with the word alignments given"
-        )
     seq2seq_options = args.decoder_text is not None or args.attention is not None or args.align is not None
-    formats = parse_formats(args.format)
-    numbered = read_numbered_texts(args.text, args.file)
+    formats, numbered = _survey_formats_and_texts(args)
     texts = [line for _, line in numbered]
-    if args.top < 1:
-        raise CommandError(f"--top must be at least 1, got {args.top}")
-    if (args.source is None) != (args.target is None):
-        raise CommandError("--from and --to go together: the token that attends and the token attended to")
     figure = figure_options(args)
     if args.nproc is not None and not distributed:
         return relaunch(args)
@@ -253,6 +244,27 @@ def run(args: argparse.Namespace) -> int:
             written = write_survey(survey, out, formats, **figure)
     print_written(written)
     return 0
+
+
+def _survey_formats_and_texts(args: argparse.Namespace) -> tuple[list[str], list[tuple[int, str]]]:
+    """Check the options of a statistics survey (``--stat alignment`` with ``--align``,
+    ``--top``, ``--from`` with ``--to``) and read what it needs: the output formats and
+    the numbered texts (:func:`read_numbered_texts`).
+
+    Raises:
+        CommandError: an option that does not fit, or texts that cannot be read.
+    """
+    if args.stat == "alignment" and args.align is None:
+        raise CommandError(
+            "--stat alignment needs --align FILE: the score compares cross-attention with the word alignments given"
+        )
+    formats = parse_formats(args.format)
+    numbered = read_numbered_texts(args.text, args.file)
+    if args.top < 1:
+        raise CommandError(f"--top must be at least 1, got {args.top}")
+    if (args.source is None) != (args.target is None):
+        raise CommandError("--from and --to go together: the token that attends and the token attended to")
+    return formats, numbered
 
 
 def _survey_function(args: argparse.Namespace, distributed: bool) -> tuple[Callable[..., Any], bool]:

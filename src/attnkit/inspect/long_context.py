@@ -38,11 +38,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from attnkit.nn.attention import MultiHeadAttention
+
+if TYPE_CHECKING:
+    from attnkit.models.model import Model
 
 # Scores held at once by one block: n_h * rows * keys floats (16 Mi ≈ 64 MiB in float32).
 DEFAULT_BLOCK_BUDGET = 1 << 24
@@ -277,24 +281,71 @@ def summarize_layer(
     Raises:
         ValueError: shapes that do not fit, heads or rows out of range, a size below 1.
     """
+    q, k = _one_sequence(q, k)
+    _check_sizes(top_k=top_k, sink_tokens=sink_tokens, window=window, block_budget=block_budget)
+    h, s, _ = q.shape
+    head_list, row_t = _chosen_heads_and_rows(h, s, heads, rows, map_block, q.device)
+    head_t = torch.tensor(head_list, dtype=torch.long, device=q.device)
+    summary = _empty_summary(
+        q, scoring, layer, head_list, row_t, top_k=top_k, sink_tokens=sink_tokens, window=window, map_block=map_block
+    )
+    block_max = summary.block_max
+    block_sum = None if block_max is None else torch.zeros_like(block_max, dtype=torch.float64)
+    block_rows = _block_rows(len(head_list), s, block_budget, map_block)
+    done = 0
+    for r, k0, w in iter_weight_blocks(q, k, scoring, heads=head_t, rows=row_t, block_rows=block_rows):
+        _fold_block(summary, slice(done, done + r.numel()), r, k0, w)
+        done += r.numel()
+        if block_max is not None and block_sum is not None and map_block is not None:
+            _reduce_blocks(w, int(r[0]), k0, map_block, block_max, block_sum)
+    summary.distance_mass /= max(1, int((row_t >= 1).sum()))
+    if block_sum is not None and map_block is not None:
+        summary.block_mean = (block_sum / _block_sizes(s, map_block, q.device)).to(q.dtype)
+    return summary
+
+
+def _one_sequence(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """``q [h, s, d]`` and ``k [h_kv, s, d]``, from those or a batch of one sequence of each.
+
+    Raises:
+        ValueError: a batch of more than one sequence, or shapes that do not fit.
+    """
     if q.ndim == 4 and k.ndim == 4:
         if q.shape[0] != 1 or k.shape[0] != 1:
             raise ValueError(f"q and k must hold one sequence, got batches of {q.shape[0]} and {k.shape[0]}")
-        q, k = q[0], k[0]
+        q, k = q[0], k[0]  # [h, s, d], [h_kv, s, d]
     if q.ndim != 3 or k.ndim != 3 or q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0]:
         raise ValueError(
             f"q must be [h, s, d] and k [h_kv, s, d] with h_kv dividing h, got {list(q.shape)} and {list(k.shape)}"
         )
-    for name, value in (
-        ("top_k", top_k),
-        ("sink_tokens", sink_tokens),
-        ("window", window),
-        ("block_budget", block_budget),
-    ):
+    return q, k
+
+
+def _check_sizes(**sizes: int) -> None:
+    """Check that each of ``sizes`` (by argument name) is an int of at least 1.
+
+    Raises:
+        ValueError: naming the first one that is not.
+    """
+    for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    h, s, _ = q.shape
-    device = q.device
+
+
+def _chosen_heads_and_rows(
+    h: int,
+    s: int,
+    heads: Sequence[int] | None,
+    rows: Sequence[int] | Tensor | None,
+    map_block: int | None,
+    device: torch.device,
+) -> tuple[list[int], Tensor]:
+    """The heads to summarise (default all ``h``) and the query rows ``[n_r]``, sorted
+    without repeats (default all ``s``), checked against the sizes and ``map_block``.
+
+    Raises:
+        ValueError: heads or rows out of range, or a ``map_block`` below 1 or without every row.
+    """
     head_list = list(range(h)) if heads is None else [int(x) for x in heads]
     if not head_list or any(not 0 <= x < h for x in head_list):
         raise ValueError(f"heads must be in 0..{h - 1}, got {head_list}")
@@ -304,70 +355,89 @@ def summarize_layer(
     row_t = torch.unique(row_t)  # sorted
     if map_block is not None and (row_t.numel() != s or isinstance(map_block, bool) or map_block < 1):
         raise ValueError(f"map_block needs every row and an int >= 1, got map_block={map_block!r}")
-    head_t = torch.tensor(head_list, dtype=torch.long, device=device)
-    n_h, n_r = len(head_list), row_t.numel()
+    return head_list, row_t
+
+
+def _block_rows(n_h: int, s: int, block_budget: int, map_block: int | None) -> int:
+    """Query rows per block: as many as ``block_budget`` scores allow for ``n_h`` heads over
+    ``s`` keys, at most :data:`MAX_BLOCK_ROWS`, a multiple of ``map_block`` when given."""
     # Short blocks follow the causal triangle closely (a block computes keys up to its last row).
     block_rows = max(1, min(MAX_BLOCK_ROWS, block_budget // (n_h * s)))
     if map_block is not None:
         block_rows = max(map_block, block_rows // map_block * map_block)
-    f64 = torch.float64
-    sink = torch.zeros(n_h, n_r, dtype=f64, device=device)
-    distance = torch.zeros_like(sink)
-    within = torch.zeros_like(sink)
-    entropy = torch.zeros_like(sink)
-    distance_mass = torch.zeros(n_h, s, dtype=f64, device=device)
+    return block_rows
+
+
+def _empty_summary(
+    q: Tensor,
+    scoring: LayerScoring,
+    layer: int,
+    heads: list[int],
+    rows: Tensor,
+    *,
+    top_k: int,
+    sink_tokens: int,
+    window: int,
+    map_block: int | None,
+) -> LayerSummary:
+    """A :class:`LayerSummary` of zeros (``-1`` top keys) for ``heads`` and ``rows`` of queries
+    ``q [h, s, d]``, for :func:`_fold_block` to fill; its ``block_max`` is zeros when
+    ``map_block`` is given, its ``block_mean`` is left ``None``."""
+    s, device = q.shape[1], q.device
+    n_h, n_r = len(heads), rows.numel()
+    sink = torch.zeros(n_h, n_r, dtype=torch.float64, device=device)
     kept = min(top_k, s)
-    top_keys = torch.full((n_h, n_r, kept), -1, dtype=torch.long, device=device)
-    top_weights = torch.zeros(n_h, n_r, kept, dtype=q.dtype, device=device)
     n_blocks = math.ceil(s / map_block) if map_block is not None else 0
-    block_max = torch.zeros(n_h, n_blocks, n_blocks, dtype=q.dtype, device=device) if map_block else None
-    block_sum = torch.zeros(n_h, n_blocks, n_blocks, dtype=f64, device=device) if map_block else None
-    done = 0
-    for r, k0, w in iter_weight_blocks(q, k, scoring, heads=head_t, rows=row_t, block_rows=block_rows):
-        m, n_keys = r.numel(), w.shape[-1]
-        out = slice(done, done + m)
-        done += m
-        keys = torch.arange(k0, k0 + n_keys, device=device)
-        gap = r[:, None] - keys[None, :]  # [m, l]
-        dist = gap if scoring.causal else gap.abs()
-        dist = dist.clamp(min=0)  # masked (weight 0) keys after a causal query
-        # Reductions in the weights' dtype (one pass each over the block), kept in float64.
-        near = (dist < window).to(w.dtype)  # [m, l]
-        sink[:, out] = w[..., : max(0, sink_tokens - k0)].sum(-1).to(f64)
-        distance[:, out] = (w * dist.to(w.dtype)).sum(-1).to(f64)
-        within[:, out] = (w * near).sum(-1).to(f64)
-        entropy[:, out] = -torch.special.xlogy(w, w).sum(-1).to(f64) / math.log(2)
-        counted = w if int(r[0]) >= 1 else w * (r >= 1).to(w.dtype)[None, :, None]  # query 0 not counted
-        by_distance = torch.zeros(n_h, s, dtype=w.dtype, device=device)
-        by_distance.scatter_add_(1, dist.reshape(1, -1).expand(n_h, -1), counted.reshape(n_h, -1))
-        distance_mass += by_distance
-        top_w, top_i = w.topk(min(kept, n_keys), dim=-1)  # [n_h, m, k]
-        taken = top_w > 0
-        top_keys[:, out, : top_i.shape[-1]] = torch.where(taken, top_i + k0, -1)
-        top_weights[:, out, : top_w.shape[-1]] = torch.where(taken, top_w, 0)
-        if block_max is not None and block_sum is not None and map_block is not None:
-            _reduce_blocks(w, int(r[0]), k0, map_block, block_max, block_sum)
-    n_counted = max(1, int((row_t >= 1).sum()))
-    summary = LayerSummary(
+    return LayerSummary(
         layer=layer,
-        heads=head_list,
-        rows=row_t,
+        heads=heads,
+        rows=rows,
         sink_tokens=sink_tokens,
         window=window,
         causal=scoring.causal,
         sink=sink,
-        distance=distance,
-        within_window=within,
-        entropy=entropy,
-        distance_mass=distance_mass / n_counted,
-        top_keys=top_keys,
-        top_weights=top_weights,
+        distance=torch.zeros_like(sink),
+        within_window=torch.zeros_like(sink),
+        entropy=torch.zeros_like(sink),
+        distance_mass=torch.zeros(n_h, s, dtype=torch.float64, device=device),
+        top_keys=torch.full((n_h, n_r, kept), -1, dtype=torch.long, device=device),
+        top_weights=torch.zeros(n_h, n_r, kept, dtype=q.dtype, device=device),
         map_block=map_block,
+        block_max=torch.zeros(n_h, n_blocks, n_blocks, dtype=q.dtype, device=device) if map_block else None,
     )
-    if block_max is not None and block_sum is not None and map_block is not None:
-        summary.block_max = block_max
-        summary.block_mean = (block_sum / _block_sizes(s, map_block, device)).to(q.dtype)
-    return summary
+
+
+def _fold_block(summary: LayerSummary, out: slice, r: Tensor, k0: int, w: Tensor) -> None:
+    """Write the per-query statistics of one block into ``summary``'s rows ``out``, and add
+    its mass at each distance to ``summary.distance_mass`` (query 0 not counted).
+
+    Args:
+        summary: from :func:`_empty_summary`.
+        out: the block's rows among ``summary.rows``.
+        r: the block's query positions ``[m]``.
+        k0: the position of the block's first key.
+        w: the weights ``[n_h, m, l]`` of keys ``k0 .. k0 + l - 1`` (:func:`iter_weight_blocks`).
+    """
+    f64 = torch.float64
+    n_h, _, n_keys = w.shape
+    keys = torch.arange(k0, k0 + n_keys, device=w.device)
+    gap = r[:, None] - keys[None, :]  # [m, l]
+    dist = gap if summary.causal else gap.abs()
+    dist = dist.clamp(min=0)  # masked (weight 0) keys after a causal query
+    # Reductions in the weights' dtype (one pass each over the block), kept in float64.
+    near = (dist < summary.window).to(w.dtype)  # [m, l]
+    summary.sink[:, out] = w[..., : max(0, summary.sink_tokens - k0)].sum(-1).to(f64)
+    summary.distance[:, out] = (w * dist.to(w.dtype)).sum(-1).to(f64)
+    summary.within_window[:, out] = (w * near).sum(-1).to(f64)
+    summary.entropy[:, out] = -torch.special.xlogy(w, w).sum(-1).to(f64) / math.log(2)
+    counted = w if int(r[0]) >= 1 else w * (r >= 1).to(w.dtype)[None, :, None]  # query 0 not counted
+    by_distance = torch.zeros(n_h, summary.distance_mass.shape[1], dtype=w.dtype, device=w.device)  # [n_h, s]
+    by_distance.scatter_add_(1, dist.reshape(1, -1).expand(n_h, -1), counted.reshape(n_h, -1))
+    summary.distance_mass += by_distance
+    top_w, top_i = w.topk(min(summary.top_keys.shape[-1], n_keys), dim=-1)  # [n_h, m, k]
+    taken = top_w > 0
+    summary.top_keys[:, out, : top_i.shape[-1]] = torch.where(taken, top_i + k0, -1)
+    summary.top_weights[:, out, : top_w.shape[-1]] = torch.where(taken, top_w, 0)
 
 
 def _reduce_blocks(w: Tensor, r0: int, k0: int, b: int, block_max: Tensor, block_sum: Tensor) -> None:
@@ -511,11 +581,8 @@ def long_context_summaries(
     if model.encoder_decoder:
         raise ValueError(f"{model.name} is an encoder-decoder: long-context summaries read one self-attention stack")
     ids, _, _ = model.prepare_input(text_or_ids)
-    s = ids.shape[1]
     chosen = _layer_list(layers, model.num_layers)
-    positions = [int(p) for p in logits_at]
-    if any(not 0 <= p < s for p in positions):
-        raise ValueError(f"logits_at must be positions in 0..{s - 1}, got {positions}")
+    positions = _positions(logits_at, ids.shape[1])
     scorings = {
         i: layer_scoring(model._attention(i), causal=model.causal, where=f"{model.name} layer {i}") for i in chosen
     }
@@ -559,17 +626,37 @@ def long_context_summaries(
         hooks[model.hook_name("self_attn.k", i)] = take_k(i)
     with model.hooks(hooks):
         run = model.run(ids, return_weights=False, logits=False)
-    logits = None
-    if positions:
-        hidden = run.hidden_states[:, positions].to(next(model.module.parameters()).dtype)  # [1, n, e]
-        with torch.no_grad():
-            scores = model.architecture.logits(model.module, hidden)  # [1, n, v], or None for an encoder
-        if scores is None:
-            raise ValueError(f"{model.name} is an encoder without next-token logits: logits_at must be empty")
-        logits = scores[0].float()
+    logits = _next_token_logits(model, run.hidden_states, positions) if positions else None
     return LongContextRun(
         ids=ids[0], summaries=summaries, logits=logits, logits_at=positions, scorings=scorings, kept_qk=kept
     )
+
+
+def _positions(logits_at: Sequence[int], s: int) -> list[int]:
+    """The positions of ``logits_at`` as ints, checked to be within ``0 .. s - 1``.
+
+    Raises:
+        ValueError: a position out of range.
+    """
+    positions = [int(p) for p in logits_at]
+    if any(not 0 <= p < s for p in positions):
+        raise ValueError(f"logits_at must be positions in 0..{s - 1}, got {positions}")
+    return positions
+
+
+def _next_token_logits(model: Model, hidden_states: Tensor, positions: list[int]) -> Tensor:
+    """Float next-token logits ``[n, v]`` at ``positions`` from the last hidden states
+    ``[1, s, e]``: the vocabulary projection runs on those rows only.
+
+    Raises:
+        ValueError: an encoder, which has no next-token logits.
+    """
+    hidden = hidden_states[:, positions].to(next(model.module.parameters()).dtype)  # [1, n, e]
+    with torch.no_grad():
+        scores = model.architecture.logits(model.module, hidden)  # [1, n, v], or None for an encoder
+    if scores is None:
+        raise ValueError(f"{model.name} is an encoder without next-token logits: logits_at must be empty")
+    return scores[0].float()
 
 
 def _layer_list(layers: Sequence[int] | None, num_layers: int) -> list[int]:

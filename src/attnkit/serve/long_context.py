@@ -21,7 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from torch import Tensor
 
-from attnkit.inspect.long_context import LayerScoring, exact_block, long_context_summaries
+from attnkit.inspect.long_context import LayerScoring, LongContextRun, exact_block, long_context_summaries
 
 # Blocks per side of a reduced map by default, and at most.
 DEFAULT_MAP_SIDE = 256
@@ -80,119 +80,151 @@ def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: 
     kept = {name: _Kept() for name in served}
     errors: dict[int | str, dict[str, Any]] = {422: {"description": "A request that does not fit the model."}}
 
-    def model_of(name: str | None) -> Any:
-        name = name or default
-        if name not in served:
-            raise HTTPException(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
-        model = served[name].model
-        if not hasattr(model, "prepare_input") or getattr(model, "encoder_decoder", False):
-            raise HTTPException(422, f"{name} has no long-context maps: they need one causal or encoder self-attention")
-        return model
-
-    def check(text: str, model: Any, layer: int, head: int) -> None:
-        if not text.strip():
-            raise HTTPException(422, "the text is empty: give some words to look at")
-        if len(text) > max_chars:
-            raise HTTPException(
-                422, f"the text is {len(text)} characters, more than this server's limit of {max_chars}"
-            )
-        if not 0 <= layer < model.num_layers:
-            raise HTTPException(422, f"layer must be in 0..{model.num_layers - 1}, got {layer}")
-        if not 0 <= head < model.num_heads:
-            raise HTTPException(422, f"head must be in 0..{model.num_heads - 1}, got {head}")
-
-    def summarise(name: str, model: Any, text: str, layer: int, head: int, block: int | None, window: int) -> Any:
-        store = kept[name]
-        with store.lock:
-            try:
-                ids, tokens, _ = model.prepare_input(text)
-            except ValueError as err:
-                raise HTTPException(422, str(err)) from None
-            s = ids.shape[1]
-            size = block if block is not None else max(1, math.ceil(s / DEFAULT_MAP_SIDE))
-            if size < 1 or math.ceil(s / size) > MAX_MAP_SIDE:
-                raise HTTPException(
-                    422, f"block must be at least {max(1, math.ceil(s / MAX_MAP_SIDE))} for {s} tokens, got {size}"
-                )
-            if window < 1:
-                raise HTTPException(422, f"window must be at least 1, got {window}")
-            run = long_context_summaries(
-                model, ids, layers=[layer], heads=[head], top_k=1, window=window, map_block=size, keep_qk=True
-            )
-            store.key, store.qk, store.scoring, store.tokens = (
-                (text, layer),
-                run.kept_qk[layer],
-                run.scorings[layer],
-                tokens,
-            )
-            summary = run.summaries[layer]
-            assert summary.block_max is not None and summary.block_mean is not None  # asked with map_block
-            return {
-                "model": name,
-                "layer": layer,
-                "head": head,
-                "tokens": tokens,
-                "causal": bool(model.causal),
-                "block": size,
-                "max": _rounded(summary.block_max[0].tolist()),
-                "mean": _rounded(summary.block_mean[0].tolist()),
-                "summary": summary.head_table()[0],
-                "top_keys": summary.top_keys[0, :, 0].tolist(),
-                "top_weights": _rounded([summary.top_weights[0, :, 0].tolist()])[0],
-            }
-
-    def zoom(name: str, model: Any, request: LongBlockRequest) -> Any:
-        store = kept[name]
-        with store.lock:
-            if store.key != (request.text, request.layer) or store.qk is None or store.scoring is None:
-                ids, tokens, _ = model.prepare_input(request.text)
-                run = long_context_summaries(
-                    model, ids, layers=[request.layer], heads=[request.head], rows=[0], keep_qk=True
-                )
-                store.key, store.qk, store.scoring, store.tokens = (
-                    (request.text, request.layer),
-                    run.kept_qk[request.layer],
-                    run.scorings[request.layer],
-                    tokens,
-                )
-            q, k = store.qk
-            s = k.shape[1]
-            (r0, r1), (k0, k1) = _range(request.rows, s, "rows"), _range(request.keys, s, "keys")
-            if (r1 - r0) * (k1 - k0) > MAX_BLOCK_WEIGHTS:
-                raise HTTPException(
-                    422, f"rows × keys is {(r1 - r0) * (k1 - k0)} weights, more than {MAX_BLOCK_WEIGHTS} in one block"
-                )
-            weights = exact_block(q, k, store.scoring, head=request.head, rows=(r0, r1), keys=(k0, k1))
-            return {
-                "model": name,
-                "layer": request.layer,
-                "head": request.head,
-                "rows": [r0, r1],
-                "keys": [k0, k1],
-                "query_tokens": store.tokens[r0:r1],
-                "key_tokens": store.tokens[k0:k1],
-                "weights": weights.tolist(),
-            }
-
     @app.post("/api/long/map", responses=errors)
     async def api_long_map(request: LongMapRequest) -> Any:
         """One head's map over a long text, reduced to blocks (max and mean of each block,
         exact), with its summary and every query's strongest key."""
         name = request.model or default
-        model = model_of(request.model)
-        check(request.text, model, request.layer, request.head)
-        return await run_in_threadpool(
-            summarise, name, model, request.text, request.layer, request.head, request.block, request.window
-        )
+        model = _model_of(served, name)
+        _check(request.text, model, request.layer, request.head, max_chars)
+        return await run_in_threadpool(_summarise, name, model, kept[name], request)
 
     @app.post("/api/long/block", responses=errors)
     async def api_long_block(request: LongBlockRequest) -> Any:
         """The exact weights of one head for a block of query rows and keys (each row
         normalised over all its keys), from the queries and keys kept by the last map."""
         name = request.model or default
-        model = model_of(request.model)
-        check(request.text, model, request.layer, request.head)
-        return await run_in_threadpool(zoom, name, model, request)
+        model = _model_of(served, name)
+        _check(request.text, model, request.layer, request.head, max_chars)
+        return await run_in_threadpool(_zoom, name, model, kept[name], request)
+
+
+def _model_of(served: dict[str, Any], name: str) -> Any:
+    """The served model called ``name``, checked to have one self-attention stack.
+
+    Raises:
+        HTTPException: 422 for a name this server does not serve, or an encoder-decoder.
+    """
+    if name not in served:
+        raise HTTPException(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
+    model = served[name].model
+    if not hasattr(model, "prepare_input") or getattr(model, "encoder_decoder", False):
+        raise HTTPException(422, f"{name} has no long-context maps: they need one causal or encoder self-attention")
+    return model
+
+
+def _check(text: str, model: Any, layer: int, head: int, max_chars: int) -> None:
+    """Check a request's text, layer and head against the model and the server's limit.
+
+    Raises:
+        HTTPException: 422 for a blank or too long text, or a layer or head out of range.
+    """
+    if not text.strip():
+        raise HTTPException(422, "the text is empty: give some words to look at")
+    if len(text) > max_chars:
+        raise HTTPException(422, f"the text is {len(text)} characters, more than this server's limit of {max_chars}")
+    if not 0 <= layer < model.num_layers:
+        raise HTTPException(422, f"layer must be in 0..{model.num_layers - 1}, got {layer}")
+    if not 0 <= head < model.num_heads:
+        raise HTTPException(422, f"head must be in 0..{model.num_heads - 1}, got {head}")
+
+
+def _map_block(block: int | None, s: int) -> int:
+    """Tokens per side of a map cell for ``s`` tokens: ``block``, or enough for
+    :data:`DEFAULT_MAP_SIDE` cells per side.
+
+    Raises:
+        HTTPException: 422 for a block below 1 or one that makes more than
+            :data:`MAX_MAP_SIDE` cells per side.
+    """
+    size = block if block is not None else max(1, math.ceil(s / DEFAULT_MAP_SIDE))
+    if size < 1 or math.ceil(s / size) > MAX_MAP_SIDE:
+        raise HTTPException(
+            422, f"block must be at least {max(1, math.ceil(s / MAX_MAP_SIDE))} for {s} tokens, got {size}"
+        )
+    return size
+
+
+def _keep(store: _Kept, text: str, layer: int, run: LongContextRun, tokens: list[str]) -> None:
+    """Keep the queries, keys and scoring of ``layer`` from ``run`` for later zooms on ``text``."""
+    store.key, store.qk, store.scoring, store.tokens = (
+        (text, layer),
+        run.kept_qk[layer],
+        run.scorings[layer],
+        tokens,
+    )
+
+
+def _summarise(name: str, model: Any, store: _Kept, request: LongMapRequest) -> dict[str, Any]:
+    """Run ``POST /api/long/map``: summarise the head with a block-reduced map, keep the
+    layer's queries and keys in ``store``, and return the response body.
+
+    Raises:
+        HTTPException: 422 for a text the model cannot take, or a block or window out of range.
+    """
+    layer, head = request.layer, request.head
+    with store.lock:
+        try:
+            ids, tokens, _ = model.prepare_input(request.text)
+        except ValueError as err:
+            raise HTTPException(422, str(err)) from None
+        size = _map_block(request.block, ids.shape[1])
+        if request.window < 1:
+            raise HTTPException(422, f"window must be at least 1, got {request.window}")
+        run = long_context_summaries(
+            model, ids, layers=[layer], heads=[head], top_k=1, window=request.window, map_block=size, keep_qk=True
+        )
+        _keep(store, request.text, layer, run, tokens)
+        summary = run.summaries[layer]
+        assert summary.block_max is not None and summary.block_mean is not None  # asked with map_block
+        return {
+            "model": name,
+            "layer": layer,
+            "head": head,
+            "tokens": tokens,
+            "causal": bool(model.causal),
+            "block": size,
+            "max": _rounded(summary.block_max[0].tolist()),
+            "mean": _rounded(summary.block_mean[0].tolist()),
+            "summary": summary.head_table()[0],
+            "top_keys": summary.top_keys[0, :, 0].tolist(),
+            "top_weights": _rounded([summary.top_weights[0, :, 0].tolist()])[0],
+        }
+
+
+def _zoom(name: str, model: Any, store: _Kept, request: LongBlockRequest) -> dict[str, Any]:
+    """Run ``POST /api/long/block``: the exact weights of the asked block, from the queries
+    and keys in ``store`` (recomputed first when they are of another text or layer).
+
+    Raises:
+        HTTPException: 422 for ranges out of the text or a block of too many weights.
+    """
+    with store.lock:
+        if store.key != (request.text, request.layer) or store.qk is None or store.scoring is None:
+            ids, tokens, _ = model.prepare_input(request.text)
+            run = long_context_summaries(
+                model, ids, layers=[request.layer], heads=[request.head], rows=[0], keep_qk=True
+            )
+            _keep(store, request.text, request.layer, run, tokens)
+        assert store.qk is not None and store.scoring is not None  # kept just above
+        q, k = store.qk
+        s = k.shape[1]
+        (r0, r1), (k0, k1) = _range(request.rows, s, "rows"), _range(request.keys, s, "keys")
+        if (r1 - r0) * (k1 - k0) > MAX_BLOCK_WEIGHTS:
+            raise HTTPException(
+                422, f"rows × keys is {(r1 - r0) * (k1 - k0)} weights, more than {MAX_BLOCK_WEIGHTS} in one block"
+            )
+        weights = exact_block(q, k, store.scoring, head=request.head, rows=(r0, r1), keys=(k0, k1))
+        return {
+            "model": name,
+            "layer": request.layer,
+            "head": request.head,
+            "rows": [r0, r1],
+            "keys": [k0, k1],
+            "query_tokens": store.tokens[r0:r1],
+            "key_tokens": store.tokens[k0:k1],
+            "weights": weights.tolist(),
+        }
 
 
 def _range(pair: Sequence[int], s: int, what: str) -> tuple[int, int]:
