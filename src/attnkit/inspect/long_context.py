@@ -584,7 +584,10 @@ def long_context_summaries(
     chosen = _layer_list(layers, model.num_layers)
     positions = _positions(logits_at, ids.shape[1])
     scorings = {
-        i: layer_scoring(model._attention(i), causal=model.causal, where=f"{model.name} layer {i}") for i in chosen
+        i: layer_scoring(
+            model.architecture.self_attention(model.module, i), causal=model.causal, where=f"{model.name} layer {i}"
+        )
+        for i in chosen
     }
     summaries: dict[int, LayerSummary] = {}
     kept: dict[int, tuple[Tensor, Tensor]] = {}
