@@ -242,14 +242,16 @@ def available_bytes() -> int | None:
 
 def estimated_peak(args: argparse.Namespace, contender: str, dtype_name: str, tokens: int) -> int:
     """A generous estimate of a contender's peak: weights, the maps it keeps (every layer's
-    for the tutorial's code), the logits, and a gigabyte for the rest."""
+    for the tutorial's code), one layer's scores and weights while they are computed, the
+    logits, and a gigabyte for the rest."""
     size = 2 if dtype_name == "bfloat16" else 4
     d = args.hidden // args.heads
     params = args.vocab * args.hidden * 2 + args.layers * (
         args.hidden * (args.heads + 2 * args.kv_heads) * d + args.hidden * args.hidden + 3 * args.hidden * args.ffn
     )
-    maps = (args.layers if contender == "tutorial" else 1) * args.heads * tokens * tokens * size
-    return params * size + 2 * maps + tokens * args.vocab * 4 + 2**30
+    one_layer = args.heads * tokens * tokens * size
+    kept = (args.layers if contender == "tutorial" else 1) * one_layer
+    return params * size + kept + 2 * one_layer + tokens * args.vocab * 4 + 2**30
 
 
 def run_child(args: argparse.Namespace, contender: str, folder: Path, dtype_name: str, tokens: int) -> dict:

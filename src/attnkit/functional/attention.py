@@ -283,10 +283,16 @@ def reference_attention(
     scores = dot_scores(q, k) if isinstance(score, str) else score(q, k)  # [b, h, s_q, s_k]
     if not isinstance(score, str) and scores.shape != (b, h, s_q, s_k):
         raise ValueError(f"score callable must return [b, h, s_q, s_k] = {[b, h, s_q, s_k]}, got {list(scores.shape)}")
+    # Scores of our own are a fresh tensor: scaled, biased and masked in place, so that one
+    # [b, h, s_q, s_k] tensor besides the weights is alive at a time (a callable's may be kept).
+    own = isinstance(score, str)
     if scale != 1.0:
-        scores = scores * scale
+        scores = scores.mul_(scale) if own else scores * scale
     if bias is not None:
-        scores = scores + bias.to(scores.dtype)  # the bias takes the scores' dtype, as in every engine
+        # the bias takes the scores' dtype, as in every engine
+        scores = scores.add_(bias.to(scores.dtype)) if own else scores + bias.to(scores.dtype)
+    if own and allowed is not None and edit_scores is None:
+        scores, allowed = scores.masked_fill_(~allowed, float("-inf")), None
     if edit_scores is not None:
         masked = scores if allowed is None else torch.where(allowed, scores, float("-inf"))
         edited = edit_scores(masked)
