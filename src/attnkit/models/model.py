@@ -36,6 +36,7 @@ from attnkit.models.checkpoint import (
 from attnkit.models.encoder_decoder import Seq2SeqRun, run_seq2seq
 from attnkit.models.families import FAMILIES, unsupported_model_type
 from attnkit.models.family import ModelConfig, ModelFamily
+from attnkit.models.lens import LensMixin
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 from attnkit.nn import (
     ActivationCache,
@@ -45,7 +46,6 @@ from attnkit.nn import (
     EncoderLayer,
     HookedModule,
     LayerSelection,
-    MultiHeadAttention,
     StackOutput,
     pack_projections,
 )
@@ -103,7 +103,7 @@ class RunStopped(RuntimeError):
     """A :meth:`Model.run_batch` pass ended early because its ``stop`` said so."""
 
 
-class Model:
+class Model(LensMixin):
     """A real checkpoint on attnkit modules, with its tokenizer. Get one with :func:`load`.
 
     Attributes:
@@ -624,49 +624,6 @@ class Model:
                 f"({len(pieces)} tokens){hint}"
             )
         return pieces[0][0]
-
-    @property
-    def W_Q(self) -> Tensor:  # noqa: N802 (TransformerLens' names)
-        """Each head's query projection, ``[L, h, e, d]`` (``q = x @ W_Q[l, i]``, before
-        the rotary encoding)."""
-        return self._per_head("q_proj", self.num_heads)
-
-    @property
-    def W_K(self) -> Tensor:  # noqa: N802
-        """Each key/value head's key projection, ``[L, h_kv, e, d]``."""
-        return self._per_head("k_proj", self.num_kv_heads)
-
-    @property
-    def W_V(self) -> Tensor:  # noqa: N802
-        """Each key/value head's value projection, ``[L, h_kv, e, d]``."""
-        return self._per_head("v_proj", self.num_kv_heads)
-
-    @property
-    def W_O(self) -> Tensor:  # noqa: N802
-        """Each head's slice of the output projection, ``[L, h, d, e]`` (a head's
-        ``result = z @ W_O[l, i]``)."""
-        weights = [self._attention(i).out_proj.weight for i in range(self.num_layers)]  # [e, h * d] each
-        return torch.stack([w.view(w.shape[0], self.num_heads, -1).permute(1, 2, 0) for w in weights]).detach()
-
-    @property
-    def W_U(self) -> Tensor:  # noqa: N802
-        """The unembedding ``[e, v]`` (``logits = final @ W_U``).
-
-        Raises:
-            ValueError: a model without a language-model head (BERT).
-        """
-        head = getattr(self.module, "lm_head", None)
-        if head is None:
-            raise ValueError(f"{self.name} is an encoder ({self.family}) without a language-model head: no W_U")
-        return head.weight.detach().T
-
-    def _per_head(self, projection: str, heads: int) -> Tensor:
-        """An input projection of every layer as ``[L, heads, e, d]``."""
-        weights = [getattr(self._attention(i), projection).weight for i in range(self.num_layers)]  # [heads * d, e]
-        return torch.stack([w.view(heads, -1, w.shape[1]).transpose(1, 2) for w in weights]).detach()
-
-    def _attention(self, layer: int) -> MultiHeadAttention:
-        return self.architecture.self_attention(self.module, layer)
 
     def generate_ids(
         self,
