@@ -35,7 +35,7 @@ def test_product_transpose_and_indexing(factored):
     with pytest.raises(ValueError, match="factors must be"):
         FactoredMatrix(_random(3, 4), _random(5, 3))
     with pytest.raises(ValueError, match="square"):
-        FactoredMatrix(_random(3, 2), _random(2, 5)).BA
+        _ = FactoredMatrix(_random(3, 2), _random(2, 5)).BA
 
 
 def test_svd_eigenvalues_and_norm_equal_the_dense_ones(factored):
