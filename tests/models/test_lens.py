@@ -270,3 +270,31 @@ def test_smollm2_weights_tokens_and_loss_equal_transformers(smollm2, hf_smollm2)
         expected = hf(ids, labels=ids).loss
         loss = smollm2.loss(text)
     assert abs(float(loss) - float(expected)) < 1e-4
+
+
+def test_permanent_hooks_equal_transformers_forward_hooks(pair):
+    """A permanent hook adding a vector to layer 0's output equals a forward hook doing the
+    same on transformers' layer 0, in a run and through greedy generation, until reset."""
+    model, hf = pair
+    ids = model.tokenize(TEXT).ids
+    steer = torch.linspace(-2, 2, model.config.hidden_size)
+    layers = hf.base_model.h if hf.config.model_type == "gpt2" else hf.base_model.layers
+
+    def shifted(module, args, output):
+        return (output[0] + steer, *output[1:]) if isinstance(output, tuple) else output + steer
+
+    handle = layers[0].register_forward_hook(shifted)
+    try:
+        with torch.no_grad():
+            expected = hf(ids).logits
+            expected_tokens = hf.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1] :].tolist()
+    finally:
+        handle.remove()
+    plain = model.run(ids, return_weights=False).logits
+    model.add_hook(model.hook_name("resid_post", 0), lambda x: x + steer)
+    try:
+        assert (model.run(ids, return_weights=False).logits - expected).abs().max() < 1e-4
+        assert list(model.generate_ids(ids, max_new_tokens=4)) == expected_tokens
+    finally:
+        model.reset_hooks()
+    assert torch.equal(model.run(ids, return_weights=False).logits, plain)

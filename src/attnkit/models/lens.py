@@ -50,6 +50,7 @@ from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import Tokenizer
 from attnkit.nn import ActivationCache, DecoderLM, HookedModule, LearnedPositionalEmbedding, MultiHeadAttention
 from attnkit.nn.feedforward import FeedForward
+from attnkit.nn.hooks import HookFn
 
 
 def per_query_head(weights: Tensor, num_heads: int) -> Tensor:
@@ -307,6 +308,23 @@ class LensMixin:
         if not isinstance(head, nn.Linear):
             raise ValueError(f"{self.name} is an encoder ({self.family}) without a language-model head: no W_U")
         return head
+
+    # --- permanent hooks -------------------------------------------------------------
+
+    def add_hook(self, name: str, hook: HookFn) -> None:
+        """A permanent hook on ``name``, kept until :meth:`reset_hooks`
+        (:meth:`attnkit.nn.HookedModule.add_hook`): it acts on every run, batch and
+        generation of this model, before the hooks of any ``with model.hooks(...)`` block.
+
+        Raises:
+            ValueError: an unknown name (the message lists the names).
+            TypeError: a hook that is not callable.
+        """
+        self.module.add_hook(name, hook)
+
+    def reset_hooks(self) -> None:
+        """Remove every permanent hook of this model."""
+        self.module.reset_hooks()
 
     # --- tokens ----------------------------------------------------------------------
 
