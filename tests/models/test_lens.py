@@ -298,3 +298,34 @@ def test_permanent_hooks_equal_transformers_forward_hooks(pair):
     finally:
         model.reset_hooks()
     assert torch.equal(model.run(ids, return_weights=False).logits, plain)
+
+
+def test_run_with_cache_of_a_padded_batch_equals_each_text_alone(tiny_family_folder):
+    model = models.load(tiny_family_folder("qwen2"))
+    texts = ["w3 w17 w5", "w8 w61 w23 w70 w1 w5 w99"]
+    ids, mask = model.to_tokens(texts, padding_side="left")
+    logits, cache = model.run_with_cache(ids, attention_mask=mask, names=None)
+    for row, text in enumerate(texts):
+        alone_logits, alone = model.run_with_cache(text)
+        n = alone_logits.shape[1]
+        assert (logits[row, -n:] - alone_logits[0]).abs().max() < 1e-5
+        for name in ("resid_post", "z"):
+            padded = cache[name, 1][row]
+            own = padded[-n:] if name == "resid_post" else padded[:, -n:]
+            assert (own - alone[name, 1][0]).abs().max() < 1e-5, name
+    with pytest.raises(ValueError, match="attention_mask goes with ids"):
+        model.run_with_cache(texts, attention_mask=mask)
+
+
+@pytest.mark.slow
+def test_generate_stream_yields_each_tokens_text_as_decoded(smollm2):
+    prompt = "The capital of France is"
+    pieces = list(smollm2.generate_stream(prompt, max_new_tokens=8))
+    ids = list(smollm2.generate_ids(prompt, max_new_tokens=8))
+    assert [i for piece in pieces for i in piece.ids] == ids
+    assert "".join(piece.text for piece in pieces) == "".join(smollm2.generate(prompt, max_new_tokens=8))
+    assert all(len(piece.ids) == 1 for piece in pieces)  # plain ASCII: one token, one piece
+    korean = list(smollm2.generate_stream("어제 밤에 배가", max_new_tokens=6))
+    assert "".join(p.text for p in korean) == smollm2.tokenizer.decode([i for p in korean for i in p.ids])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        smollm2.generate_stream(prompt, max_new_tokens=-1)

@@ -38,7 +38,7 @@ Shape letters: ``L`` layers, ``h`` query heads, ``h_kv`` key/value heads, ``e`` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -115,6 +115,19 @@ class _HookedRunLike(Protocol):
 
 
 @dataclass(frozen=True)
+class GeneratedPiece:
+    """What :meth:`LensMixin.generate_stream` yields: token ids and the text they complete.
+
+    Attributes:
+        ids: the tokens generated since the last piece (usually one).
+        text: their text.
+    """
+
+    ids: list[int]
+    text: str
+
+
+@dataclass(frozen=True)
 class LogitAttribution:
     """Direct logit attribution of residual-stream parts (:meth:`LensMixin.logit_attribution`).
 
@@ -171,6 +184,16 @@ class LensMixin:
         def run_with_hooks(
             self, ids: Tensor, *, attention_mask: Tensor | None = None, logits: bool = True
         ) -> _HookedRunLike: ...
+
+        def generate_ids(
+            self,
+            prompt: str | Tensor | Sequence[int],
+            *,
+            max_new_tokens: int = 32,
+            temperature: float = 0.0,
+            top_k: int | None = None,
+            seed: int | None = None,
+        ) -> Iterator[int]: ...
 
     # --- weights ---------------------------------------------------------------------
 
@@ -325,6 +348,49 @@ class LensMixin:
     def reset_hooks(self) -> None:
         """Remove every permanent hook of this model."""
         self.module.reset_hooks()
+
+    def generate_stream(
+        self,
+        prompt: str | Tensor | Sequence[int],
+        *,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+    ) -> Iterator[GeneratedPiece]:
+        """Generate as :meth:`attnkit.models.Model.generate_ids` does, yielding each
+        token's id with the text it completes as soon as it is decoded (TransformerLens'
+        ``generate_stream``).
+
+        A byte-level tokenizer may spell one character over several tokens: their ids come
+        together, in one piece, once the character is whole.
+
+        Args:
+            prompt, max_new_tokens, temperature, top_k, seed: as
+                :meth:`attnkit.models.Model.generate_ids` takes them.
+
+        Returns:
+            An iterator of :class:`GeneratedPiece`; their ``ids`` join to the generated ids
+            and their ``text`` to the generated text.
+
+        Raises:
+            ValueError: as :meth:`attnkit.models.Model.generate_ids`, at the call.
+        """
+        ids = self.generate_ids(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
+        return self._pieces(ids)
+
+    def _pieces(self, ids: Iterator[int]) -> Iterator[GeneratedPiece]:
+        produced: list[int] = []
+
+        def recorded() -> Iterator[int]:
+            for token_id in ids:
+                produced.append(token_id)
+                yield token_id
+
+        released = 0
+        for text in self.tokenizer.stream(recorded()):
+            yield GeneratedPiece(ids=produced[released:], text=text)
+            released = len(produced)
 
     # --- tokens ----------------------------------------------------------------------
 

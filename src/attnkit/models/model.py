@@ -533,7 +533,11 @@ class Model(LensMixin):
         return HookedRun(hidden, kept, scores)
 
     def run_with_cache(
-        self, inputs: str | Sequence[str] | Tensor | Sequence[int], *, names: NameFilter = None
+        self,
+        inputs: str | Sequence[str] | Tensor | Sequence[int],
+        *,
+        names: NameFilter = None,
+        attention_mask: Tensor | None = None,
     ) -> tuple[Tensor, ActivationCache]:
         """A forward pass that keeps activations, as TransformerLens' ``run_with_cache``.
 
@@ -542,6 +546,9 @@ class Model(LensMixin):
                 the right by :meth:`to_tokens`, and masked).
             names: which activations: every one (``None``), names (:meth:`hook_names`), or
                 a predicate on names.
+            attention_mask: for ids ``[b, s]`` padded on either side, ``[b, s]`` ``True``
+                on tokens (:meth:`to_tokens` returns it), as :meth:`run_with_hooks` takes
+                it.
 
         Returns:
             ``(logits [b, s, v], cache)`` for LLaMA, ``(hidden states [b, s, e], cache)``
@@ -554,12 +561,16 @@ class Model(LensMixin):
                 unknown name.
         """
         mask = None
+        if attention_mask is not None and not (isinstance(inputs, Tensor) and inputs.ndim == 2):
+            raise ValueError(
+                "attention_mask goes with ids [b, s]; texts are padded and masked by run_with_cache itself"
+            )
         if isinstance(inputs, str):
             ids = self.prepare_input(inputs)[0]  # [1, s]
         elif isinstance(inputs, Sequence) and inputs and all(isinstance(t, str) for t in inputs):
             ids, mask = self.to_tokens(list(inputs))  # type: ignore[arg-type]
         elif isinstance(inputs, Tensor) and inputs.ndim == 2:
-            ids = inputs
+            ids, mask = inputs, attention_mask
         else:
             ids = self.prepare_input(inputs)[0]  # type: ignore[arg-type]
         with torch.no_grad():
