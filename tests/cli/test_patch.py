@@ -85,7 +85,7 @@ def test_a_component_by_head_is_refused_before_loading(tiny, capsys, monkeypatch
     monkeypatch.setattr(patch, "load_model", no_loading)
     argv = ["patch", "--clean", "a", "--corrupt", "b", "--by", "head", "--component", "attn_out"]
     assert main([*argv, "--model", str(tiny), "--quiet"]) == 2
-    assert "--by head patches each head's z; --component attn_out is one vector per position" in capsys.readouterr().err
+    assert "--component attn_out is one vector per position" in capsys.readouterr().err
 
 
 def test_errors_of_the_library_read_as_the_commands(tiny, tmp_path, capsys):

@@ -23,7 +23,8 @@ from attnkit.cli.common import (
 # What `--by` and `--component` accept (attnkit.inspect.interventions.BY and COMPONENTS,
 # repeated here so that the help needs no PyTorch; a test keeps them equal).
 BY = ("head", "layer-position", "position")
-COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
+COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v", "pattern")
+PER_HEAD = ("z", "q", "k", "v", "pattern")
 METRICS = ("logit-diff", "log-p", "cosine")
 
 
@@ -65,8 +66,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=COMPONENTS,
         default=None,
         help="what is patched: the residual stream into a layer, between its blocks or out of it, the attention "
-        "or MLP block's output, or each head's z (default: z by head, resid_pre by position; by head takes "
-        "only z)",
+        "or MLP block's output, or each head's z, q, k, v or pattern (default: z by head, resid_pre by position; "
+        "by head takes only the per-head ones; by position they are patched for every head at the query "
+        "position)",
     )
     parser.add_argument(
         "--metric",
@@ -94,10 +96,10 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--clean and --corrupt must be non-empty texts")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
-    if args.by == "head" and args.component not in (None, "z"):
+    if args.by == "head" and args.component is not None and args.component not in PER_HEAD:
         raise CommandError(
-            f"--by head patches each head's z; --component {args.component} is one vector per position: "
-            "use --by layer-position or --by position"
+            f"--by head patches a per-head component ({', '.join(PER_HEAD)}); --component {args.component} is "
+            "one vector per position: use --by layer-position or --by position"
         )
     formats = parse_formats(args.format)
     figure = figure_options(args)

@@ -12,8 +12,9 @@ activation patching.
   effect is the fraction of the clean-vs-corrupted difference of a metric it restores,
   ``(patched - corrupted) / (clean - corrupted)``: 0 is the corrupted run, 1 the clean one.
   What is patched is a component of :data:`COMPONENTS` (the residual stream into, inside or
-  out of a layer, a block's output, or each head's ``z``), and where, ``by``
-  (:data:`BY`): one head's ``z`` at every position (``"head"``, layers × heads), the
+  out of a layer, a block's output, or each head's ``z``, ``q``, ``k``, ``v`` or ``pattern``:
+  :data:`PER_HEAD`), and where, ``by`` (:data:`BY`): one head's per-head component at every
+  position (``"head"``, layers × heads; key/value heads for ``k`` and ``v``), the
   component of one layer at one position (``"layer-position"``, layers × positions), or
   the component at one position in every layer asked for at once (``"position"``, one row
   of positions). The metric (:data:`METRICS`) is the logit difference between a target
@@ -58,7 +59,10 @@ BY = ("head", "layer-position", "position")
 # What a patch replaces, by the end of its hook name in a layer (attnkit.nn.hooks): the
 # residual stream into the layer, between its blocks and out of it, the attention and
 # feed-forward blocks' outputs, and each head's output before the output projection.
-COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
+COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v", "pattern")
+# The components with a head dimension: patched by head (every position) or by position
+# (every head at that query position; a pattern's row of that query).
+PER_HEAD = ("z", "q", "k", "v", "pattern")
 # The metrics named by a string: of causal models, the logit difference between the target
 # and the wrong token and the target's log-probability at the last position; of encoders,
 # the cosine of the sentence embedding to the clean text's.
@@ -67,7 +71,7 @@ METRICS = ("logit-diff", "log-p", "cosine")
 # (causal models) or of the last hidden states ``[b, s, e]`` (encoders), one number per row.
 MetricFunction = Callable[[Tensor], Tensor]
 
-_HOOK_POINTS = {"z": "self_attn.z"}
+_HOOK_POINTS = {name: f"self_attn.{name}" for name in PER_HEAD}
 
 
 @dataclass(frozen=True)
@@ -271,7 +275,9 @@ def activation_patching(
             layer at one position (layers × positions); ``"position"``, the component at
             one position in every layer of ``layers`` at once (one row of positions).
         component: what is patched (:data:`COMPONENTS`); default ``"z"`` by head,
-            ``"resid_pre"`` by position.
+            ``"resid_pre"`` by position. By head only the per-head ones
+            (:data:`PER_HEAD`: ``k`` and ``v`` by key/value head); by position a per-head
+            component is patched for every head at that (query) position.
         metric: ``"logit-diff"`` (causal default: ``logit(target) - logit(wrong)`` at the
             last position), ``"log-p"`` (``log p(target)`` there), ``"cosine"`` (encoders'
             default and only named metric: the cosine of the sentence embedding to the
@@ -323,12 +329,12 @@ def activation_patching(
         raise ValueError(
             f"the clean and corrupted texts give the same measure ({clean_value:.6g}); there is no difference to restore"
         )
-    # The dimension of the activation that the variants index: heads of z [b, h, s, d],
-    # positions of z or of the others [b, s, e].
-    dim = 1 if by == "head" or component != "z" else 2
+    # The dimension of the activation that the variants index: heads of a per-head
+    # component ([b, h, s, d], [b, h, s, s_k]), its query positions, or positions [b, s, e].
+    dim = 1 if by == "head" or component not in PER_HEAD else 2
     replacements = {layer: clean_cache[name][0] for layer, name in points.items()}  # [h, s, d] or [s, e]
     corrupted = {layer: corrupt_cache[name][0] for layer, name in points.items()}
-    count = model.num_heads if by == "head" else clean_enc.ids.shape[1]
+    count = next(iter(replacements.values())).shape[0] if by == "head" else clean_enc.ids.shape[1]  # h or h_kv
     branches = _changed_branches(by, layer_list, count, replacements, corrupted, dim)
     shape = (1 if by == "position" else len(layer_list), count)
     _, measured = _patched_passes(
@@ -387,9 +393,9 @@ def _check_where(by: str, component: str | None) -> str:
         return "z" if by == "head" else "resid_pre"
     if component not in COMPONENTS:
         raise ValueError(f"component must be one of {', '.join(map(repr, COMPONENTS))}, got {component!r}")
-    if by == "head" and component != "z":
+    if by == "head" and component not in PER_HEAD:
         raise ValueError(
-            f"patching by head needs the per-head component 'z' (each head's output before the output projection); "
+            f"patching by head needs a per-head component ({', '.join(map(repr, PER_HEAD))}); "
             f"{component!r} is one vector per position: patch it by 'layer-position' or 'position'"
         )
     return component
