@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnkit.inspect.names import DETECTORS
 from attnkit.models.protocol import InspectableModel
 
-DETECTORS = ("previous-token", "duplicate-token", "induction")
+__all__ = ["DETECTORS", "HeadDetection", "detect_heads", "detection_pattern"]
 
 
 def detection_pattern(kind: str, ids: Tensor | Sequence[int]) -> Tensor:

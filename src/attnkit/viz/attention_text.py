@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from attnkit.viz.terminal import counted, display_width, format_table
 
 if TYPE_CHECKING:
+    from attnkit.inspect.detectors import HeadDetection
+
     # Imported where they are needed: printing one map reaches none of them.
     from attnkit.inspect.interventions import InterventionEffects
     from attnkit.inspect.maps import AttentionMap
@@ -352,3 +354,27 @@ def _value_grid(survey: HeadSurvey, stat: str) -> list[str]:
 
 def _subscript(n: int) -> str:
     return str(n).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
+
+
+def render_detection(detection: HeadDetection, *, top: int = 5) -> str:
+    """Head detector scores as text: the detector, the heads that follow its pattern most,
+    and the layers × heads grid.
+
+    Args:
+        detection: from :func:`attnkit.inspect.detectors.detect_heads`.
+        top: heads listed.
+
+    Returns:
+        Text ending in a newline.
+    """
+    lines = [
+        f"{detection.model} · {detection.detector} detector on {detection.text!r}",
+        "score: the share of each head's attention that falls on the pattern (0 to 1)",
+        "",
+    ]
+    listed = [[str(layer), str(head), f"{score:.4f}"] for layer, head, score in detection.top(top)]
+    lines += format_table(["layer", "head", "score"], listed, align=">>>").splitlines()
+    lines += ["", "layers × heads:"]
+    rows = [str(layer) for layer in detection.layers]
+    lines += _grid_blocks("layer", rows, detection.columns, detection.scores.tolist())
+    return "\n".join(lines) + "\n"
