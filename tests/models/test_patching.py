@@ -175,7 +175,14 @@ def test_encoders_patch_positions_and_measure_the_cosine(minilm):
             {"by": "head", "component": "resid_pre"},
             r"patching by head needs a per-head component \('z', 'q', 'k', 'v', 'pattern'\)",
         ),
-        ({"by": "layer"}, "by must be one of 'head', 'layer-position', 'position', got 'layer'"),
+        ({"by": "layer"}, "by must be one of 'head', 'layer-position', 'position', 'dest-src', got 'layer'"),
+        ({"by": "dest-src", "component": "z"}, "by='dest-src' patches cells of the pattern; it takes no component 'z'"),
+        (
+            {"by": "head", "heads": [0]},
+            r"heads choose the heads of by='dest-src'; by='head' takes none, got heads=\[0\]",
+        ),
+        ({"by": "dest-src", "heads": [9]}, r"has heads 0..\d+ \(or -\d+..-1\), got \[9\]"),
+        ({"by": "dest-src", "heads": []}, "heads must name at least one head, got none"),
         ({"by": "position", "component": "scores"}, "component must be one of 'resid_pre', .*, got 'scores'"),
         ({"metric": "kl"}, "metric must be one of 'logit-diff', 'log-p', 'cosine' or a function, got 'kl'"),
         ({"metric": "log-p"}, "'log-p' measures the target alone and takes no wrong token"),
@@ -276,3 +283,27 @@ def test_pattern_by_head_equals_a_plain_hook(llama):
     assert effects.effects.shape == (llama.num_layers, llama.num_heads)
     for head in range(llama.num_heads):
         assert abs(float(effects.effects[1, head]) - reference.fraction("pattern", [1], (head,))) < ATOL
+
+
+def test_pattern_by_destination_and_source_equals_a_plain_hook(llama):
+    """Each cell replaces the pattern's weight of one destination on one source, in the heads
+    and layers asked for, with the clean run's (TransformerLens' dest-src pattern patching)."""
+    reference = Reference(llama, _logit_diff(llama))
+    head, layer = llama.num_heads - 1, 1
+    one = interventions.activation_patching(
+        llama, CLEAN, CORRUPT, by="dest-src", target=TARGET, wrong=WRONG, layers=[layer], heads=[head]
+    )
+    assert one.component == "pattern" and one.heads == [head] and one.effects.shape == (10, 10)
+    assert one.row_labels == one.columns and one.to_dict()["heads"] == [head]
+    for dest, src in ((9, 4), (9, 9), (6, 0), (4, 4)):
+        expected = reference.fraction("pattern", [layer], (head, dest, src))
+        assert abs(float(one.effects[dest, src]) - expected) < ATOL, (dest, src)
+    # A causal pattern is 0 above the diagonal in both runs, and equal before the first
+    # differing token: nothing to patch there.
+    assert torch.equal(one.effects.triu(1), torch.zeros(10, 10))
+    assert torch.equal(one.effects[:DIFFERING], torch.zeros(DIFFERING, 10))
+    every = interventions.activation_patching(llama, CLEAN, CORRUPT, by="dest-src", target=TARGET, wrong=WRONG)
+    layers = list(range(llama.num_layers))
+    assert every.heads == list(range(llama.num_heads)) and every.layers == layers
+    expected = reference.fraction("pattern", layers, (slice(None), 9, 4))
+    assert abs(float(every.effects[9, 4]) - expected) < ATOL

@@ -17,7 +17,8 @@ activation patching.
   position (``"head"``, layers × heads; key/value heads for ``k`` and ``v``), the
   component of one layer at one position (``"layer-position"``, layers × positions), or
   the component at one position in every layer asked for at once (``"position"``, one row
-  of positions). The metric (:data:`METRICS`) is the logit difference between a target
+  of positions), or one cell of the pattern, destination (query) by source (key), in the
+  heads and layers asked for at once (``"dest-src"``, positions × positions). The metric (:data:`METRICS`) is the logit difference between a target
   and a wrong token at the last position, the target's log-probability, or any function
   of the output (causal models); the cosine to the clean sentence embedding (encoders).
 
@@ -54,8 +55,9 @@ if TYPE_CHECKING:
 BATCH_MEMORY = 2**30
 
 # Where a patch acts: one head's z at every position; a component of one layer at one
-# position; a component at one position in every layer asked for.
-BY = ("head", "layer-position", "position")
+# position; a component at one position in every layer asked for; one (destination, source)
+# cell of the pattern in every head and layer asked for.
+BY = ("head", "layer-position", "position", "dest-src")
 # What a patch replaces, by the end of its hook name in a layer (attnkit.nn.hooks): the
 # residual stream into the layer, between its blocks and out of it, the attention and
 # feed-forward blocks' outputs, and each head's output before the output projection.
@@ -84,7 +86,9 @@ class InterventionEffects:
         metric: what ``effects`` measure, in words.
         by: where each intervention acts (:data:`BY`): ``"head"`` (rows are layers, columns
             heads), ``"layer-position"`` (rows layers, columns positions) or ``"position"``
-            (one row, the layers of ``layers`` patched together; columns positions).
+            (one row, the layers of ``layers`` patched together; columns positions) or
+            ``"dest-src"`` (rows destination positions, columns source positions: one
+            cell of the pattern patched in ``heads`` of every layer of ``layers``).
         component: what was replaced (:data:`COMPONENTS`): ``"z"`` for heads.
         layers: the layers, in the order of the rows of ``effects`` (with ``by="position"``,
             the layers of its one row).
@@ -98,6 +102,7 @@ class InterventionEffects:
         replacement: ``"zero"`` or ``"mean"`` (ablation), ``"clean"`` (patching).
         baseline: the measure without intervention: the target's log-probability (causal
             ablation); for patching ``{"clean": ..., "corrupt": ...}`` of the metric.
+        heads: the heads patched together (``by="dest-src"``), else ``None``.
     """
 
     model: str
@@ -114,11 +119,14 @@ class InterventionEffects:
     wrong: str | None
     replacement: str
     baseline: float | dict[str, float]
+    heads: list[int] | None = None
 
     @property
     def row_labels(self) -> list[str]:
         """The label of each row: its layer, or for ``by="position"`` the layers patched
-        together (``"0-29"``, ``"3,7"``)."""
+        together (``"0-29"``, ``"3,7"``), or for ``by="dest-src"`` the destination tokens."""
+        if self.by == "dest-src":
+            return list(self.columns)
         if self.by == "position":
             return [layer_span(self.layers)]
         return [str(layer) for layer in self.layers]
@@ -137,6 +145,7 @@ class InterventionEffects:
             "metric": self.metric,
             "by": self.by,
             "component": self.component,
+            **({"heads": self.heads} if self.heads is not None else {}),
             **self.texts,
             "tokens": self.tokens,
             "target": self.target,
@@ -261,9 +270,10 @@ def activation_patching(
     target: str | None = None,
     wrong: str | None = None,
     layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
 ) -> InterventionEffects:
-    """Patch activations of the clean run into the corrupted run, one head or one position
-    at a time, and measure the fraction of the clean-vs-corrupted difference restored:
+    """Patch activations of the clean run into the corrupted run, one head, one position or
+    one cell of the pattern at a time, and measure the fraction of the clean-vs-corrupted difference restored:
     ``(patched - corrupted) / (clean - corrupted)``.
 
     Args:
@@ -273,9 +283,13 @@ def activation_patching(
         by: where each patch acts (:data:`BY`): ``"head"``, one head's ``z`` at every
             position (a layers × heads grid); ``"layer-position"``, the component of one
             layer at one position (layers × positions); ``"position"``, the component at
-            one position in every layer of ``layers`` at once (one row of positions).
+            one position in every layer of ``layers`` at once (one row of positions);
+            ``"dest-src"``, the pattern's weight of one destination (query) position on
+            one source (key) position, in ``heads`` of every layer of ``layers`` at once
+            (destinations × sources; TransformerLens'
+            ``get_act_patch_attn_head_pattern_dest_src_pos`` for one head and layer).
         component: what is patched (:data:`COMPONENTS`); default ``"z"`` by head,
-            ``"resid_pre"`` by position. By head only the per-head ones
+            ``"resid_pre"`` by position, ``"pattern"`` (the only one) by ``"dest-src"``. By head only the per-head ones
             (:data:`PER_HEAD`: ``k`` and ``v`` by key/value head); by position a per-head
             component is patched for every head at that (query) position.
         metric: ``"logit-diff"`` (causal default: ``logit(target) - logit(wrong)`` at the
@@ -288,6 +302,8 @@ def activation_patching(
             ``"log-p"``), leading space included (``" Mary"``).
         wrong: the token the corrupted text continues with instead (``"logit-diff"``).
         layers: layer indices (negative from the end); default all.
+        heads: the query heads whose pattern cell ``by="dest-src"`` patches (negative from
+            the end); default all. Only with ``by="dest-src"``.
 
     Returns:
         :class:`InterventionEffects` of kind ``"patching"``.
@@ -298,7 +314,8 @@ def activation_patching(
             another component than ``z``, a component the model's layers do not have,
             missing or unneeded target/wrong tokens, tokens that are not single tokens,
             texts the metric does not tell apart, a metric function that does not return
-            one number per row, no layer or a layer out of range, an encoder-decoder.
+            one number per row, no layer or a layer out of range, an encoder-decoder,
+            ``heads`` without ``by="dest-src"``, no head or a head out of range.
         TypeError: a metric that is neither a name nor a function.
     """
     _refuse_encoder_decoders(model, "activation patching")
@@ -307,6 +324,7 @@ def activation_patching(
     layer_list = layer_indices(model, layers)
     if not layer_list:
         raise ValueError("layers must name at least one layer, got none")
+    head_list = _check_heads(model, by, heads)
     target_id, wrong_id = _token_ids(model, metric_name, target, wrong)
     clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
     if clean_enc.ids.shape != corrupt_enc.ids.shape:
@@ -335,10 +353,27 @@ def activation_patching(
     replacements = {layer: clean_cache[name][0] for layer, name in points.items()}  # [h, s, d] or [s, e]
     corrupted = {layer: corrupt_cache[name][0] for layer, name in points.items()}
     count = next(iter(replacements.values())).shape[0] if by == "head" else clean_enc.ids.shape[1]  # h or h_kv
-    branches = _changed_branches(by, layer_list, count, replacements, corrupted, dim)
-    shape = (1 if by == "position" else len(layer_list), count)
+    if by == "dest-src":
+        assert head_list is not None  # checked above
+        # Each destination's row of the pattern, in the heads patched: [h_patched, s, s].
+        replacements = {layer: t[head_list] for layer, t in replacements.items()}
+        corrupted = {layer: t[head_list] for layer, t in corrupted.items()}
+        branches = _changed_cells(layer_list, count, replacements, corrupted)
+        shape = (count, count)
+    else:
+        branches = _changed_branches(by, layer_list, count, replacements, corrupted, dim)
+        shape = (1 if by == "position" else len(layer_list), count)
     _, measured = _patched_passes(
-        model, corrupt_enc.ids, branches, points, replacements, dim, measure, shape, fill=corrupt_value
+        model,
+        corrupt_enc.ids,
+        branches,
+        points,
+        replacements,
+        dim,
+        measure,
+        shape,
+        fill=corrupt_value,
+        cell_heads=None if head_list is None else torch.tensor(head_list),
     )
     return InterventionEffects(
         model=model.name,
@@ -359,7 +394,44 @@ def activation_patching(
         wrong=wrong,
         replacement="clean",
         baseline={"clean": clean_value, "corrupt": corrupt_value},
+        heads=head_list,
     )
+
+
+def _check_heads(model: Model, by: str, heads: Sequence[int] | None) -> list[int] | None:
+    """The heads a ``by="dest-src"`` patch acts on (every head by default), ``None`` for the
+    other ``by``, which take no heads."""
+    if by != "dest-src":
+        if heads is not None:
+            raise ValueError(f"heads choose the heads of by='dest-src'; by={by!r} takes none, got heads={list(heads)}")
+        return None
+    count = model.num_heads
+    chosen = list(range(count)) if heads is None else list(heads)
+    if not chosen:
+        raise ValueError("heads must name at least one head, got none")
+    wrong = [head for head in chosen if not -count <= head < count]
+    if wrong:
+        raise ValueError(f"{model.name} has heads 0..{count - 1} (or -{count}..-1), got {wrong}")
+    return sorted({head % count for head in chosen})
+
+
+def _changed_cells(
+    layers: list[int], positions: int, clean: dict[int, Tensor], corrupted: dict[int, Tensor]
+) -> list[_Branch]:
+    """The rows of a ``by="dest-src"`` grid: one branch per destination, branching off at the
+    first layer patched, with the sources whose pattern cell differs between the clean and
+    corrupted runs in a head and layer patched. ``clean`` and ``corrupted``: layer → the
+    pattern of the heads patched ``[h_patched, s, s]``."""
+    branches = []
+    for dest in range(positions):
+        changed = tuple(
+            src
+            for src in range(positions)
+            if any(not torch.equal(clean[i][:, dest, src], corrupted[i][:, dest, src]) for i in layers)
+        )
+        if changed:
+            branches.append(_Branch(layers[0], tuple(layers), changed, dest))
+    return branches
 
 
 def _changed_branches(
@@ -389,6 +461,10 @@ def _check_where(by: str, component: str | None) -> str:
     """The component to patch (its default for ``by``), after checking both."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(map(repr, BY))}, got {by!r}")
+    if by == "dest-src":
+        if component not in (None, "pattern"):
+            raise ValueError(f"by='dest-src' patches cells of the pattern; it takes no component {component!r}")
+        return "pattern"
     if component is None:
         return "z" if by == "head" else "resid_pre"
     if component not in COMPONENTS:
@@ -517,6 +593,7 @@ def _patched_passes(
     shape: tuple[int, int],
     *,
     fill: float = 0.0,
+    cell_heads: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Run ``ids`` unaltered and with the variants of each branch patched in, and measure
     each run.
@@ -532,6 +609,9 @@ def _patched_passes(
         measure: output of every row (the unaltered one first) → ``[b]``.
         shape: ``(rows, variants)`` of the grid.
         fill: the measure of the grid's cells that no branch runs.
+        cell_heads: for a ``by="dest-src"`` grid, the heads patched: each variant is then
+            the source position of a cell of the pattern whose destination is its branch's
+            row, and ``replacements`` are the patterns of these heads ``[h_patched, s, s]``.
 
     Returns:
         ``(measure of the unaltered run, shape measures)``, ``fill`` where nothing ran.
@@ -554,7 +634,12 @@ def _patched_passes(
             chains.setdefault(model.hook_name("resid_pre", branch.start), []).append(_branch(len(branch.variants)))
             rows_of = torch.arange(offset, offset + len(variants))
             for layer in branch.layers:
-                chains.setdefault(points[layer], []).append(_patch(rows_of, variants, replacements[layer], dim))
+                patch = (
+                    _patch(rows_of, variants, replacements[layer], dim)
+                    if cell_heads is None
+                    else _patch_cells(rows_of, cell_heads, branch.row, variants, replacements[layer])
+                )
+                chains.setdefault(points[layer], []).append(patch)
             offset += len(variants)
         with torch.no_grad():
             run = model.run_with_hooks(ids, hooks={name: _chained(fns) for name, fns in chains.items()}, logits=False)
@@ -586,6 +671,23 @@ def _patch(rows: Tensor, variants: Tensor, replacement: Tensor, dim: int) -> Cal
     def hook(x: Tensor) -> Tensor:
         x = x.clone()
         x.movedim(dim, 1)[rows.to(x.device), variants.to(x.device)] = chosen.to(x)
+        return x
+
+    return hook
+
+
+def _patch_cells(
+    rows: Tensor, heads: Tensor, dest: int, sources: Tensor, replacement: Tensor
+) -> Callable[[Tensor], Tensor]:
+    """A ``pattern`` hook that gives row ``rows[j]`` the clean weight of destination ``dest``
+    on source ``sources[j]`` in each of ``heads``; ``replacement``: the clean pattern of these
+    heads ``[h_patched, s, s]``."""
+    chosen = replacement[:, dest, sources].T  # [n, h_patched]: each row's cell, by head
+
+    def hook(x: Tensor) -> Tensor:
+        x = x.clone()
+        at = (rows.to(x.device)[:, None], heads.to(x.device)[None, :], dest, sources.to(x.device)[:, None])
+        x[at] = chosen.to(x)
         return x
 
     return hook

@@ -151,6 +151,7 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         Text ending in a newline.
     """
     from attnkit.inspect.heads import rank_heads
+    from attnkit.inspect.interventions import layer_span
 
     by_head = effects.by == "head"
     if isinstance(effects.baseline, dict):  # patching
@@ -159,6 +160,9 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
             if by_head
             else f"{effects.component} at each layer and position"
             if effects.by == "layer-position"
+            else f"each (destination, source) cell of the pattern (heads {layer_span(effects.heads or [])} of "
+            f"layers {layer_span(effects.layers)} together)"
+            if effects.by == "dest-src"
             else f"{effects.component} at each position (layers {effects.row_labels[0]} together)"
         )
         what = f"patching {where} of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
@@ -173,6 +177,13 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
     if by_head:
         listed = [[rows[row], f"{column}", f"{value:+.4f}"] for row, column, value in order]
         lines += format_table(["layer", "head", "effect"], listed, align=">>>").splitlines()
+    elif effects.by == "dest-src":
+        listed = [
+            [f"{row}", short(rows[row]), f"{column}", short(effects.columns[column]), f"{value:+.4f}"]
+            for row, column, value in order
+        ]
+        header = ["destination", "token", "source", "token", "effect"]
+        lines += format_table(header, listed, align="><><>").splitlines()
     else:
         listed = [
             [rows[row], f"{column}", short(effects.columns[column]), f"{value:+.4f}"] for row, column, value in order
@@ -184,11 +195,16 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         if by_head
         else "layers × positions"
         if effects.by == "layer-position"
+        else "destinations × sources"
+        if effects.by == "dest-src"
         else f"positions, layers {rows[0]} patched together"
     )
     lines += ["", f"{grid_name} ({effects.metric}):"]
     columns = effects.columns if by_head else [short(label) for label in numbered(effects.columns)]
-    lines += _grid_blocks("layers" if effects.by == "position" else "layer", rows, columns, effects.effects.tolist())
+    if effects.by == "dest-src":
+        rows = [short(label) for label in numbered(rows)]
+    row_header = {"position": "layers", "dest-src": "destination"}.get(effects.by, "layer")
+    lines += _grid_blocks(row_header, rows, columns, effects.effects.tolist())
     return "\n".join(lines) + "\n"
 
 

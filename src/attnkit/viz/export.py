@@ -331,7 +331,11 @@ def write_effects(
         axes: dict[str, Any] = (
             {}
             if effects.by == "head"
-            else {"rows": effects.row_labels, "columns": effects.columns, "xlabel": "position (clean token)"}
+            else {
+                "rows": effects.row_labels,
+                "columns": effects.columns,
+                "xlabel": "source position (clean token)" if effects.by == "dest-src" else "position (clean token)",
+            }
         )
         written.append(
             draw_head_grid(
