@@ -271,11 +271,19 @@ def run_ablation(args: argparse.Namespace) -> int:
     from attnkit.viz.terminal import terminal_safe
 
     model = load_model(args.model, args.device, status=status)
-    with command_errors(f"cannot write to --out {args.out}"):
-        with status.step(f"ablating {model.num_layers} layers × {model.num_heads} heads of {model.name}"):
-            effects = head_ablation(
-                model, args.text, target=args.ablate_target, mean_over=reference if args.mean else None
+    target = args.ablate_target
+    if getattr(model, "encoder_decoder", False):
+        if args.decoder_text is None or args.ablate_target is not None or args.mean:
+            raise CommandError(
+                f"{model.name} is an encoder-decoder: --ablate measures log p of the --decoder-text TARGET given "
+                "the source TEXT (no --target, no --mean)"
             )
+        target = args.decoder_text
+    elif args.decoder_text is not None:
+        raise CommandError(f"--decoder-text is for encoder-decoder models (T5, BART); {model.name} is not one")
+    with command_errors(f"cannot write to --out {args.out}"):
+        with status.step(f"ablating the heads of {model.name}"):
+            effects = head_ablation(model, args.text, target=target, mean_over=reference if args.mean else None)
         print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_effects(effects, out, formats, **figure)

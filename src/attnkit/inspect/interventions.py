@@ -103,6 +103,9 @@ class InterventionEffects:
         baseline: the measure without intervention: the target's log-probability (causal
             ablation); for patching ``{"clean": ..., "corrupt": ...}`` of the metric.
         heads: the heads patched together (``by="dest-src"``), else ``None``.
+        rows: the label of each row where rows are not layers of one stack (an
+            encoder–decoder's ``"encoder 0"``, ``"decoder 0 self"``, ``"decoder 0 cross"``),
+            else ``None``.
     """
 
     model: str
@@ -120,11 +123,15 @@ class InterventionEffects:
     replacement: str
     baseline: float | dict[str, float]
     heads: list[int] | None = None
+    rows: list[str] | None = None
 
     @property
     def row_labels(self) -> list[str]:
         """The label of each row: its layer, or for ``by="position"`` the layers patched
-        together (``"0-29"``, ``"3,7"``), or for ``by="dest-src"`` the destination tokens."""
+        together (``"0-29"``, ``"3,7"``), for ``by="dest-src"`` the destination tokens, or
+        :attr:`rows` where given."""
+        if self.rows is not None:
+            return list(self.rows)
         if self.by == "dest-src":
             return list(self.columns)
         if self.by == "position":
@@ -146,6 +153,7 @@ class InterventionEffects:
             "by": self.by,
             "component": self.component,
             **({"heads": self.heads} if self.heads is not None else {}),
+            **({"rows": self.rows} if self.rows is not None else {}),
             **self.texts,
             "tokens": self.tokens,
             "target": self.target,
@@ -199,12 +207,26 @@ def head_ablation(
     Returns:
         :class:`InterventionEffects` of kind ``"ablation"``, by ``"head"``.
 
+    An encoder–decoder (T5, BART) takes ``text`` as its source and ``target`` as the text
+    its decoder reads and predicts: every head of its encoder, decoder self- and
+    cross-attention is zeroed in turn and the change in the target's log-probability is
+    measured (:func:`attnkit.inspect.seq2seq_ablation.seq2seq_head_ablation`).
+
     Raises:
         ValueError: the model refuses a text, a missing or unneeded target, a target that
             is not a single token (the message says how it tokenises), an empty
-            ``mean_over``, a layer out of range, an encoder-decoder.
+            ``mean_over``, a layer out of range, ``mean_over`` or no target with an
+            encoder-decoder.
     """
-    _refuse_encoder_decoders(model, "head ablation")
+    if getattr(model, "encoder_decoder", False):
+        from attnkit.inspect.seq2seq_ablation import seq2seq_head_ablation
+
+        if target is None or mean_over is not None:
+            raise ValueError(
+                f"{model.name} is an encoder-decoder: give the target text its decoder predicts; "
+                "it ablates heads to zero only (no mean_over)"
+            )
+        return seq2seq_head_ablation(model, text, target, layers=layers)
     layer_list = layer_indices(model, layers)
     target_id = _target_id(model, target)
     encoded = model.tokenize(text)

@@ -329,7 +329,7 @@ def write_effects(
 
         options = {"cmap": "RdBu", "symmetric": True, **figure}
         axes: dict[str, Any] = (
-            {}
+            ({} if effects.rows is None else {"rows": effects.rows, "columns": effects.columns, "xlabel": "head"})
             if effects.by == "head"
             else {
                 "rows": effects.row_labels,

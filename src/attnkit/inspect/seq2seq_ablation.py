@@ -1,0 +1,116 @@
+"""Head ablation on encoder–decoders (T5, BART): every head of the encoder's
+self-attention, the decoder's self-attention and its cross-attention set to zero, one at a
+time, measured on the decoder's logits.
+
+The measure is the log-probability of the whole target (teacher-forced, the sum over its
+tokens of ``log p(token)``); the effect of a head is the change it makes, negative where
+the head helped. The three kinds of heads are the rows of one grid (``"encoder 0"``,
+``"decoder 0 self"``, ``"decoder 0 cross"``, ...); each stack's head count is read from its
+own attention modules, and the cells past a row's head count are NaN.
+
+Shape letters: ``h`` heads, ``s`` tokens, ``d`` head dim, ``v`` vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from attnkit.inspect.interventions import InterventionEffects
+    from attnkit.models import Model
+
+# The attention modules of an encoder–decoder's layers, by row label suffix.
+_KINDS = (("encoder", "self_attn", ""), ("decoder", "self_attn", " self"), ("decoder", "cross_attn", " cross"))
+
+
+def seq2seq_head_ablation(
+    model: Model, source: str, target: str, *, layers: Sequence[int] | None = None
+) -> InterventionEffects:
+    """Zero each head's ``z`` (its output before the output projection) of an
+    encoder–decoder, one head at a time, and measure the change in the target's
+    log-probability.
+
+    Args:
+        model: an encoder–decoder :mod:`attnkit.models` model.
+        source: the encoder's input text.
+        target: the text the decoder reads and predicts (teacher-forced).
+        layers: the layers of each stack to ablate (negative from the end of each stack);
+            default all.
+
+    Returns:
+        :class:`attnkit.inspect.interventions.InterventionEffects` of kind ``"ablation"``,
+        by ``"head"``: rows the attention modules (:attr:`~InterventionEffects.row_labels`),
+        columns heads; ``baseline`` the unablated ``log p(target)``.
+
+    Raises:
+        ValueError: a model that is not an encoder–decoder, texts it refuses, a layer out of
+            range in a stack.
+    """
+    from attnkit.inspect.interventions import InterventionEffects
+
+    if not getattr(model, "encoder_decoder", False):
+        raise ValueError(f"seq2seq head ablation runs on encoder-decoders; {model.name} is not one ({model.family})")
+    unablated = model.run_seq2seq(source, target, encoder_layers=False, decoder_layers=False)
+    source_ids, target_ids = unablated.source_ids, unablated.target_ids  # [1, s_src], [1, s_tgt]
+    base = _target_log_p(unablated.logits, target_ids)
+    rows: list[tuple[str, str, int]] = []  # (label, z hook name, heads)
+    for stack_name, attention, suffix in _KINDS:
+        stack = getattr(model.module, stack_name).layers
+        for layer in _chosen(layers, len(stack), stack_name):
+            heads = getattr(stack[layer], attention).num_heads
+            rows.append((f"{stack_name} {layer}{suffix}", f"{stack_name}.layers.{layer}.{attention}.z", heads))
+    width = max(heads for _, _, heads in rows)
+    effects = torch.full((len(rows), width), float("nan"), dtype=torch.float64)
+    for row, (_, name, heads) in enumerate(rows):
+        for head in range(heads):
+            with model.hooks({name: _zero_head(head)}):
+                run = model.run_seq2seq(source_ids, target_ids, encoder_layers=False, decoder_layers=False)
+            effects[row, head] = _target_log_p(run.logits, target_ids) - base
+    return InterventionEffects(
+        model=model.name,
+        kind="ablation",
+        metric="change in log p(target) of the decoder",
+        by="head",
+        component="z",
+        layers=sorted({int(label.split()[1]) for label, _, _ in rows}),
+        columns=[str(head) for head in range(width)],
+        effects=effects.float(),
+        texts={"text": source, "target": target},
+        tokens=list(model.prepare_input(source)[1]),
+        target=target,
+        wrong=None,
+        replacement="zero",
+        baseline=base,
+        rows=[label for label, _, _ in rows],
+    )
+
+
+def _chosen(layers: Sequence[int] | None, depth: int, stack: str) -> list[int]:
+    """The layers of a stack of ``depth`` layers, from 0."""
+    if layers is None:
+        return list(range(depth))
+    wrong = [layer for layer in layers if not -depth <= layer < depth]
+    if wrong:
+        raise ValueError(f"the {stack} has layers 0..{depth - 1} (or -{depth}..-1), got {wrong}")
+    return sorted({layer % depth for layer in layers})
+
+
+def _zero_head(head: int) -> Callable[[Tensor], Tensor]:
+    """A ``z`` hook ``[b, h, s, d]`` that zeroes one head."""
+
+    def hook(z: Tensor) -> Tensor:
+        z = z.clone()
+        z[:, head] = 0.0
+        return z
+
+    return hook
+
+
+def _target_log_p(logits: Tensor, target_ids: Tensor) -> float:
+    """``sum_i log p(target_i)`` of teacher-forced logits ``[1, s_tgt, v]``."""
+    log_p = torch.log_softmax(logits[0].double(), dim=-1)  # [s_tgt, v]
+    return float(log_p.gather(1, target_ids[0].to(log_p.device)[:, None]).sum())
