@@ -224,12 +224,14 @@ def test_a_component_the_layers_lack_is_refused(tiny_family_folder):
         )
 
 
-def test_encoder_decoders_are_refused_by_patching(tmp_path):
+def test_encoder_decoders_patch_heads_on_a_target_text_alone(tmp_path):
     from tests.models.seq2seq_checkpoints import write_t5
 
     t5 = models.load(write_t5(tmp_path / "t5"))
-    with pytest.raises(ValueError, match=r"activation patching runs on decoder-only and encoder models; t5 is an "):
-        interventions.activation_patching(t5, "a b", "a c", by="position")
+    with pytest.raises(ValueError, match=r"t5 is an encoder-decoder: it patches each head's z \(by='head'\)"):
+        interventions.activation_patching(t5, "a b", "a c", by="position", target="a")
+    with pytest.raises(ValueError, match=r"give target=, no wrong token"):
+        interventions.activation_patching(t5, "a b", "a c")
 
 
 @pytest.mark.parametrize("component", ["q", "k", "v"])

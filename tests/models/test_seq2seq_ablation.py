@@ -1,7 +1,8 @@
-"""Head ablation on encoder-decoders (tiny random T5 and BART, tests/models/seq2seq_checkpoints.py):
-every encoder self-, decoder self- and cross-attention head zeroed in turn equals zeroing
-that head's slice of the input of transformers' output projection, measured as the change
-in the target's log-probability from transformers' own logits."""
+"""Head ablation and activation patching on encoder-decoders (tiny random T5 and BART, tests/models/seq2seq_checkpoints.py):
+every encoder self-, decoder self- and cross-attention head zeroed (or taken from the clean
+source's run) in turn equals zeroing (or replacing) that head's slice of the input of
+transformers' output projection, measured on the target's log-probability from
+transformers' own logits."""
 
 from __future__ import annotations
 
@@ -84,3 +85,46 @@ def test_encoder_decoders_need_a_target_text(pair):
     model, _, _ = pair
     with pytest.raises(ValueError, match="is an encoder-decoder: give the target text its decoder predicts"):
         interventions.head_ablation(model, SOURCE)
+
+
+CORRUPT = "the big cat ran to the red house"
+
+
+def test_patching_each_head_equals_transformers_with_its_slice_from_the_clean_run(pair):
+    model, hf, family = pair
+    effects = interventions.activation_patching(model, SOURCE, CORRUPT, target=TARGET)
+    clean = model.run_seq2seq(SOURCE, TARGET, encoder_layers=False, decoder_layers=False)
+    corrupt = model.run_seq2seq(CORRUPT, TARGET, encoder_layers=False, decoder_layers=False)
+    clean_ids = (clean.source_ids, clean.decoder_input_ids, clean.target_ids)
+    corrupt_ids = (corrupt.source_ids, corrupt.decoder_input_ids, corrupt.target_ids)
+    projections = _output_projections(hf, family)
+    kept = {}
+    handles = [
+        p.register_forward_pre_hook(lambda m, args, label=label: kept.__setitem__(label, args[0].clone()))
+        for label, p in projections.items()
+    ]
+    try:
+        clean_value = _log_p(hf, *clean_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    corrupt_value = _log_p(hf, *corrupt_ids)
+    assert abs(effects.baseline["clean"] - clean_value) < 1e-4
+    assert abs(effects.baseline["corrupt"] - corrupt_value) < 1e-4
+    head_dim = hf.config.d_kv if family == "t5" else hf.config.d_model // hf.config.encoder_attention_heads
+    for row, label in enumerate(effects.row_labels):
+        key = label if label.endswith(("self", "cross")) else label + " "
+        for head in range(effects.effects.shape[1]):
+            cut = slice(head * head_dim, (head + 1) * head_dim)
+
+            def patch(module, args, key=key, cut=cut):
+                x = args[0].clone()
+                x[..., cut] = kept[key][..., cut]
+                return (x,)
+
+            handle = projections[key].register_forward_pre_hook(patch)
+            try:
+                expected = (_log_p(hf, *corrupt_ids) - corrupt_value) / (clean_value - corrupt_value)
+            finally:
+                handle.remove()
+            assert math.isclose(float(effects.effects[row, head]), expected, abs_tol=1e-4), (label, head)

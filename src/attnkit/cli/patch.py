@@ -51,7 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--corrupt", required=True, metavar="TEXT", help="the corrupted text, as many tokens as the clean one"
     )
     parser.add_argument(
-        "--target", metavar="TOKEN", help='causal models: the clean continuation, leading space included (" Mary")'
+        "--target",
+        metavar="TOKEN",
+        help='causal models: the clean continuation, leading space included (" Mary"); encoder-decoders '
+        "(T5, BART): the target text their decoder predicts after either source (each head's z is patched)",
     )
     parser.add_argument(
         "--wrong", metavar="TOKEN", help="causal models: the corrupted continuation (the logit difference)"

@@ -298,8 +298,14 @@ def activation_patching(
     one cell of the pattern at a time, and measure the fraction of the clean-vs-corrupted difference restored:
     ``(patched - corrupted) / (clean - corrupted)``.
 
+    An encoder–decoder (T5, BART) takes ``clean`` and ``corrupt`` as sources and ``target``
+    as the text its decoder predicts: each head's ``z`` (encoder self-, decoder self- and
+    cross-attention) is patched and ``log p(target)`` measured
+    (:func:`attnkit.inspect.seq2seq_ablation.seq2seq_activation_patching`).
+
     Args:
-        model: an :mod:`attnkit.models` model (a causal decoder or a bidirectional encoder).
+        model: an :mod:`attnkit.models` model (a causal decoder, a bidirectional encoder or
+            an encoder–decoder).
         clean: the clean text.
         corrupt: the corrupted text, of the same number of tokens.
         by: where each patch acts (:data:`BY`): ``"head"``, one head's ``z`` at every
@@ -336,11 +342,20 @@ def activation_patching(
             another component than ``z``, a component the model's layers do not have,
             missing or unneeded target/wrong tokens, tokens that are not single tokens,
             texts the metric does not tell apart, a metric function that does not return
-            one number per row, no layer or a layer out of range, an encoder-decoder,
+            one number per row, no layer or a layer out of range, an encoder-decoder
+            asked for more than each head's ``z`` by head, or without a target text,
             ``heads`` without ``by="dest-src"``, no head or a head out of range.
         TypeError: a metric that is neither a name nor a function.
     """
-    _refuse_encoder_decoders(model, "activation patching")
+    if getattr(model, "encoder_decoder", False):
+        from attnkit.inspect.seq2seq_ablation import seq2seq_activation_patching
+
+        if by != "head" or component not in (None, "z") or metric not in (None, "log-p") or target is None or wrong:
+            raise ValueError(
+                f"{model.name} is an encoder-decoder: it patches each head's z (by='head') and measures log p of "
+                "the target text its decoder predicts (give target=, no wrong token)"
+            )
+        return seq2seq_activation_patching(model, clean, corrupt, target, layers=layers)
     component = _check_where(by, component)
     metric_name = _check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
@@ -757,13 +772,6 @@ def _refuse_tokens_for_encoders(model: Model, **tokens: str | None) -> None:
         raise ValueError(
             f"{model.name} is a bidirectional encoder without next-token logits; it measures the sentence "
             f"embedding and takes no {' or '.join(given)} token"
-        )
-
-
-def _refuse_encoder_decoders(model: Model, what: str) -> None:
-    if getattr(model, "encoder_decoder", False):
-        raise ValueError(
-            f"{what} runs on decoder-only and encoder models; {model.name} is an encoder-decoder ({model.family})"
         )
 
 
