@@ -93,3 +93,13 @@ def test_a_bias_and_a_score_callable_as_in_the_reference_engine():
         expected = reference_attention(q, k, v, allowed=allowed, bias=bias, scale=scale, score=score).weights
         weights, _ = attention_pattern(q, k, mask=None, causal=True, scale=scale, bias=bias, score=score)
         assert torch.equal(weights, expected)
+
+
+def test_a_large_bias_is_not_kept_after_the_pass(monkeypatch):
+    from attnkit.functional import pattern
+
+    monkeypatch.setattr(pattern, "_KEPT_BYTES", 16 * 4)
+    sizes = {"b": 1, "h": 1, "s_q": 5, "s_k": 5, "device": torch.device("cpu"), "dtype": torch.float32}
+    first, _ = additive_mask(None, causal=True, **sizes)  # 25 floats: over the limit
+    again, _ = additive_mask(None, causal=True, **sizes)
+    assert first is not again and torch.equal(first, again)

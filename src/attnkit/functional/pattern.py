@@ -8,8 +8,8 @@ length, ``s_k`` key length, ``d`` head dim.
 The mask is applied as an additive bias (0 where a query may attend, ``-inf`` where it may
 not) added with the scale in one pass over the scores. Every layer of a model attends with
 the same mask (or with the causal flag alone), so the bias of the last masks seen is kept
-and shared by the layers of a forward pass (and by the next pass of the same shape) rather
-than built per layer. The scores and weights are those of
+(up to 64 MiB each) and shared by the layers of a forward pass (and by the next pass of the
+same shape) rather than built per layer. The scores and weights are those of
 :func:`attnkit.functional.reference_attention`, bit for bit.
 """
 
@@ -31,6 +31,8 @@ EditFn = Callable[[Tensor], Tensor]
 # How many additive masks are kept: a decoder's self-attention and an encoder-decoder's
 # cross-attention alternate within one pass.
 _KEPT_MASKS = 4
+# A bias larger than this (a long, padded batch) is not kept after the pass: built per layer.
+_KEPT_BYTES = 2**26
 _kept: OrderedDict[tuple[object, ...], tuple[object, Tensor | None, bool]] = OrderedDict()
 _kept_lock = threading.Lock()
 
@@ -77,6 +79,8 @@ def additive_mask(
     else:
         bias = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
         empty = s_k == 0 or not bool(allowed.any(-1).all())
+    if bias is not None and bias.numel() * bias.element_size() > _KEPT_BYTES:
+        return bias, empty
     with _kept_lock:
         # The mask itself is kept with its bias, so that its id names it while it is kept.
         _kept[key] = (mask, bias, empty)
