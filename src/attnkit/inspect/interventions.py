@@ -226,7 +226,7 @@ def head_ablation(
                 f"{model.name} is an encoder-decoder: give the target text its decoder predicts; "
                 "it ablates heads to zero only (no mean_over)"
             )
-        return seq2seq_head_ablation(model, text, target, layers=layers)
+        return InterventionEffects(**seq2seq_head_ablation(model, text, target, layers=layers))
     layer_list = layer_indices(model, layers)
     target_id = _target_id(model, target)
     encoded = model.tokenize(text)
@@ -355,7 +355,7 @@ def activation_patching(
                 f"{model.name} is an encoder-decoder: it patches each head's z (by='head') and measures log p of "
                 "the target text its decoder predicts (give target=, no wrong token)"
             )
-        return seq2seq_activation_patching(model, clean, corrupt, target, layers=layers)
+        return InterventionEffects(**seq2seq_activation_patching(model, clean, corrupt, target, layers=layers))
     component = _check_where(by, component)
     metric_name = _check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)

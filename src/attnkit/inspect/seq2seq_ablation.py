@@ -17,13 +17,12 @@ Shape letters: ``h`` heads, ``s`` tokens, ``d`` head dim, ``v`` vocabulary.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from attnkit.inspect.interventions import InterventionEffects
     from attnkit.models import Model
 
 # The attention modules of an encoder–decoder's layers, by row label suffix.
@@ -32,7 +31,7 @@ _KINDS = (("encoder", "self_attn", ""), ("decoder", "self_attn", " self"), ("dec
 
 def seq2seq_head_ablation(
     model: Model, source: str, target: str, *, layers: Sequence[int] | None = None
-) -> InterventionEffects:
+) -> dict[str, Any]:
     """Zero each head's ``z`` (its output before the output projection) of an
     encoder–decoder, one head at a time, and measure the change in the target's
     log-probability.
@@ -45,16 +44,15 @@ def seq2seq_head_ablation(
             default all.
 
     Returns:
-        :class:`attnkit.inspect.interventions.InterventionEffects` of kind ``"ablation"``,
-        by ``"head"``: rows the attention modules (:attr:`~InterventionEffects.row_labels`),
-        columns heads; ``baseline`` the unablated ``log p(target)``.
+        The fields of an :class:`attnkit.inspect.interventions.InterventionEffects` (which
+        :func:`attnkit.inspect.interventions.head_ablation` returns) of kind
+        ``"ablation"``, by ``"head"``: rows the attention modules, columns heads;
+        ``baseline`` the unablated ``log p(target)``.
 
     Raises:
         ValueError: a model that is not an encoder–decoder, texts it refuses, a layer out of
             range in a stack.
     """
-    from attnkit.inspect.interventions import InterventionEffects
-
     if not getattr(model, "encoder_decoder", False):
         raise ValueError(f"seq2seq head ablation runs on encoder-decoders; {model.name} is not one ({model.family})")
     unablated = model.run_seq2seq(source, target, encoder_layers=False, decoder_layers=False)
@@ -68,7 +66,7 @@ def seq2seq_head_ablation(
             with model.hooks({name: _zero_head(head)}):
                 run = model.run_seq2seq(source_ids, target_ids, encoder_layers=False, decoder_layers=False)
             effects[row, head] = _target_log_p(run.logits, target_ids) - base
-    return InterventionEffects(
+    return dict(
         model=model.name,
         kind="ablation",
         metric="change in log p(target) of the decoder",
@@ -116,7 +114,7 @@ def _target_log_p(logits: Tensor, target_ids: Tensor) -> float:
 
 def seq2seq_activation_patching(
     model: Model, clean: str, corrupt: str, target: str, *, layers: Sequence[int] | None = None
-) -> InterventionEffects:
+) -> dict[str, Any]:
     """Patch each head's ``z`` of the run on the clean source into the run on the corrupted
     one, one head at a time, and measure the fraction of the target's log-probability
     difference restored.
@@ -129,16 +127,15 @@ def seq2seq_activation_patching(
         layers: the layers of each stack (negative from the end of each stack); default all.
 
     Returns:
-        :class:`attnkit.inspect.interventions.InterventionEffects` of kind ``"patching"``,
-        by ``"head"``: rows the attention modules, columns heads; ``baseline`` the clean
-        and corrupted ``log p(target)``.
+        The fields of an :class:`attnkit.inspect.interventions.InterventionEffects` (which
+        :func:`attnkit.inspect.interventions.activation_patching` returns) of kind
+        ``"patching"``, by ``"head"``: rows the attention modules, columns heads;
+        ``baseline`` the clean and corrupted ``log p(target)``.
 
     Raises:
         ValueError: a model that is not an encoder–decoder, sources of different token
             lengths, sources the measure does not tell apart, a layer out of range.
     """
-    from attnkit.inspect.interventions import InterventionEffects
-
     if not getattr(model, "encoder_decoder", False):
         raise ValueError(f"seq2seq activation patching runs on encoder-decoders; {model.name} is not one")
     rows = _rows(model, layers)
@@ -168,7 +165,7 @@ def seq2seq_activation_patching(
             with model.hooks({name: _head_from(head, kept[name])}):
                 run = model.run_seq2seq(corrupt_run.source_ids, target_ids, encoder_layers=False, decoder_layers=False)
             effects[row, head] = (_target_log_p(run.logits, target_ids) - corrupt_value) / gap
-    return InterventionEffects(
+    return dict(
         model=model.name,
         kind="patching",
         metric="fraction of log p(target) of the decoder restored",
