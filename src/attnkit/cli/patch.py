@@ -76,6 +76,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "by head takes only the per-head ones; by position they are patched for every head at the query "
         "position)",
     )
+    _add_where_arguments(parser)
+    add_model_argument(parser)
+    parser.add_argument("--top", type=int, default=5, metavar="N", help="cells listed (default: 5)")
+    add_output_arguments(parser, default_formats="png,json")
+    add_figure_arguments(parser, scale=False)
+    add_quiet_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_where_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--metric``, ``--layers`` and ``--heads``."""
     parser.add_argument(
         "--metric",
         choices=METRICS,
@@ -96,12 +107,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="--by dest-src: the heads whose pattern cell is patched, from 0, negative from the end, "
         "comma-separated, or all (default: all)",
     )
-    add_model_argument(parser)
-    parser.add_argument("--top", type=int, default=5, metavar="N", help="cells listed (default: 5)")
-    add_output_arguments(parser, default_formats="png,json")
-    add_figure_arguments(parser, scale=False)
-    add_quiet_argument(parser)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -219,14 +219,7 @@ def head_ablation(
             encoder-decoder.
     """
     if getattr(model, "encoder_decoder", False):
-        from attnkit.inspect.seq2seq_ablation import seq2seq_head_ablation
-
-        if target is None or mean_over is not None:
-            raise ValueError(
-                f"{model.name} is an encoder-decoder: give the target text its decoder predicts; "
-                "it ablates heads to zero only (no mean_over)"
-            )
-        return InterventionEffects(**seq2seq_head_ablation(model, text, target, layers=layers))
+        return _seq2seq_ablation(model, text, target, mean_over, layers)
     layer_list = layer_indices(model, layers)
     target_id = _target_id(model, target)
     encoded = model.tokenize(text)
@@ -348,14 +341,7 @@ def activation_patching(
         TypeError: a metric that is neither a name nor a function.
     """
     if getattr(model, "encoder_decoder", False):
-        from attnkit.inspect.seq2seq_ablation import seq2seq_activation_patching
-
-        if by != "head" or component not in (None, "z") or metric not in (None, "log-p") or target is None or wrong:
-            raise ValueError(
-                f"{model.name} is an encoder-decoder: it patches each head's z (by='head') and measures log p of "
-                "the target text its decoder predicts (give target=, no wrong token)"
-            )
-        return InterventionEffects(**seq2seq_activation_patching(model, clean, corrupt, target, layers=layers))
+        return _seq2seq_patching(model, (clean, corrupt), by, component, metric, (target, wrong), layers)
     component = _check_where(by, component)
     metric_name = _check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
@@ -363,12 +349,7 @@ def activation_patching(
         raise ValueError("layers must name at least one layer, got none")
     head_list = _check_heads(model, by, heads)
     target_id, wrong_id = _token_ids(model, metric_name, target, wrong)
-    clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
-    if clean_enc.ids.shape != corrupt_enc.ids.shape:
-        raise ValueError(
-            f"clean and corrupted texts must have the same number of tokens, got {clean_enc.ids.shape[1]} "
-            f"({_spelled(clean_enc.tokens)}) and {corrupt_enc.ids.shape[1]} ({_spelled(corrupt_enc.tokens)})"
-        )
+    clean_enc, corrupt_enc = _same_length_pair(model, clean, corrupt)
     points = {layer: _hook_point(model, component, layer) for layer in layer_list}
     with torch.no_grad():
         clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names=list(points.values()))
@@ -390,28 +371,10 @@ def activation_patching(
     replacements = {layer: clean_cache[name][0] for layer, name in points.items()}  # [h, s, d] or [s, e]
     corrupted = {layer: corrupt_cache[name][0] for layer, name in points.items()}
     count = next(iter(replacements.values())).shape[0] if by == "head" else clean_enc.ids.shape[1]  # h or h_kv
-    if by == "dest-src":
-        assert head_list is not None  # checked above
-        # Each destination's row of the pattern, in the heads patched: [h_patched, s, s].
-        replacements = {layer: t[head_list] for layer, t in replacements.items()}
-        corrupted = {layer: t[head_list] for layer, t in corrupted.items()}
-        branches = _changed_cells(layer_list, count, replacements, corrupted)
-        shape = (count, count)
-    else:
-        branches = _changed_branches(by, layer_list, count, replacements, corrupted, dim)
-        shape = (1 if by == "position" else len(layer_list), count)
-    _, measured = _patched_passes(
-        model,
-        corrupt_enc.ids,
-        branches,
-        points,
-        replacements,
-        dim,
-        measure,
-        shape,
-        fill=corrupt_value,
-        cell_heads=None if head_list is None else torch.tensor(head_list),
-    )
+    replacements, branches, shape = _grid(by, layer_list, count, (replacements, corrupted), dim, head_list)
+    cell_heads = None if head_list is None else torch.tensor(head_list)
+    grid_args = (branches, points, replacements, dim, measure, shape)
+    _, measured = _patched_passes(model, corrupt_enc.ids, *grid_args, fill=corrupt_value, cell_heads=cell_heads)
     return InterventionEffects(
         model=model.name,
         kind="patching",
@@ -433,6 +396,74 @@ def activation_patching(
         baseline={"clean": clean_value, "corrupt": corrupt_value},
         heads=head_list,
     )
+
+
+def _same_length_pair(model: Model, clean: str, corrupt: str) -> tuple[Any, Any]:
+    """The tokenizations of the clean and corrupted texts, which must have as many tokens."""
+    clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
+    if clean_enc.ids.shape != corrupt_enc.ids.shape:
+        raise ValueError(
+            f"clean and corrupted texts must have the same number of tokens, got {clean_enc.ids.shape[1]} "
+            f"({_spelled(clean_enc.tokens)}) and {corrupt_enc.ids.shape[1]} ({_spelled(corrupt_enc.tokens)})"
+        )
+    return clean_enc, corrupt_enc
+
+
+def _grid(
+    by: str,
+    layers: list[int],
+    count: int,
+    activations: tuple[dict[int, Tensor], dict[int, Tensor]],
+    dim: int,
+    heads: list[int] | None,
+) -> tuple[dict[int, Tensor], list[_Branch], tuple[int, int]]:
+    """``(replacements, branches, shape)`` of a patching grid from the clean and corrupted
+    activations (layer → activation without its batch dimension); for ``by="dest-src"``
+    the replacements are the patterns of ``heads`` alone ``[h_patched, s, s]``."""
+    clean, corrupted = activations
+    if heads is None:
+        shape = (1 if by == "position" else len(layers), count)
+        return clean, _changed_branches(by, layers, count, clean, corrupted, dim), shape
+    # Each destination's row of the pattern, in the heads patched: [h_patched, s, s].
+    clean = {layer: t[heads] for layer, t in clean.items()}
+    corrupted = {layer: t[heads] for layer, t in corrupted.items()}
+    return clean, _changed_cells(layers, count, clean, corrupted), (count, count)
+
+
+def _seq2seq_ablation(
+    model: Model, source: str, target: str | None, mean_over: Sequence[str] | None, layers: Sequence[int] | None
+) -> InterventionEffects:
+    """:func:`head_ablation` of an encoder–decoder, after checking what it takes."""
+    from attnkit.inspect.seq2seq_ablation import seq2seq_head_ablation
+
+    if target is None or mean_over is not None:
+        raise ValueError(
+            f"{model.name} is an encoder-decoder: give the target text its decoder predicts; "
+            "it ablates heads to zero only (no mean_over)"
+        )
+    return InterventionEffects(**seq2seq_head_ablation(model, source, target, layers=layers))
+
+
+def _seq2seq_patching(
+    model: Model,
+    sources: tuple[str, str],
+    by: str,
+    component: str | None,
+    metric: str | MetricFunction | None,
+    tokens: tuple[str | None, str | None],
+    layers: Sequence[int] | None,
+) -> InterventionEffects:
+    """:func:`activation_patching` of an encoder–decoder (``sources``: clean and corrupted;
+    ``tokens``: the target text and the wrong token), after checking what it takes."""
+    from attnkit.inspect.seq2seq_ablation import seq2seq_activation_patching
+
+    target, wrong = tokens
+    if by != "head" or component not in (None, "z") or metric not in (None, "log-p") or target is None or wrong:
+        raise ValueError(
+            f"{model.name} is an encoder-decoder: it patches each head's z (by='head') and measures log p of "
+            "the target text its decoder predicts (give target=, no wrong token)"
+        )
+    return InterventionEffects(**seq2seq_activation_patching(model, *sources, target, layers=layers))
 
 
 def _check_heads(model: Model, by: str, heads: Sequence[int] | None) -> list[int] | None:
