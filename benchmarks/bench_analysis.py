@@ -15,6 +15,11 @@ what activation patching by position costs against one run.
 - :func:`attnkit.inspect.interventions.activation_patching` of ``resid_pre`` on the
   14-token IOI texts, by layer and position over all 30 layers and by position (every
   layer at once), against one plain ``Model.run`` of the clean text.
+- ``run_with_cache`` of every name against a plain ``Model.run`` at 14 and 1,024 tokens
+  (one thread, interleaved, paired ratios): at most 1.3×. Where ``transformer-lens`` is
+  installed (never in the project's environment: it pins its own dependencies), its
+  ``HookedTransformer.run_with_cache`` on the same weights is timed beside it; otherwise
+  that column is left out.
 
 Contenders are interleaved (:func:`benchmarks.common.interleaved_times`): the runs at one
 thread, the ablation and inspect at torch's thread count, the patching at one thread. Run alone: ``python benchmarks/bench_analysis.py`` (``REPEAT=N`` for more rounds;
@@ -32,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -42,8 +48,11 @@ def arguments() -> argparse.ArgumentParser:
     parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--only",
-        choices=["hooks", "patching"],
-        help="hooks: the hook figures only; patching: the patching rows only (printed, not saved)",
+        choices=["hooks", "patching", "cache"],
+        help=(
+            "hooks: the hook figures only; patching: the patching rows only; cache: run_with_cache against run "
+            "at 14 and 1,024 tokens (each printed, not saved)"
+        ),
     )
     return parser
 
@@ -64,6 +73,9 @@ RUN_TARGET_RATIO = 1.02
 GENERATE_TARGET_RATIO = 1.2
 CACHE_TARGET_RATIO = 1.5
 GENERATED_TOKENS = 16
+# A full cache against a plain run, at a short and a long text.
+CACHE_LENGTHS = (14, 1024)
+FULL_CACHE_TARGET_RATIO = 1.3
 # Activation patching: an IOI pair that differs in one name, and the logit difference of the names.
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
@@ -96,6 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     assert tokens == 16, f"the benchmark text should be 16 tokens, got {tokens}"
     ids = model.tokenize(TEXT).ids
     mm = matmul_gflops()
+
+    if args.only == "cache":
+        print(
+            markdown_table(["tokens", "run", "run_with_cache", "ratio", "TransformerLens"], cache_rows(model, repeat))
+        )
+        return
 
     def before() -> None:
         with torch.no_grad():
@@ -258,6 +276,58 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(markdown)
     write_results("analysis", data, markdown, update_docs=args.update_docs)
+
+
+def cache_rows(model: Any, repeat: int) -> list[list[str]]:
+    """``run_with_cache`` of every name against ``run`` at each of :data:`CACHE_LENGTHS`,
+    one thread, interleaved; the paired ratio of each, and TransformerLens' time where it is
+    installed."""
+    from benchmarks.common import interleaved_samples, paired_ratio
+
+    lens = _transformer_lens(model)
+    base = model.tokenize(CLEAN).ids[0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    try:
+        for length in CACHE_LENGTHS:
+            ids = base.repeat(length // len(base) + 1)[:length][None]  # [1, length]
+            fns = {
+                "run": lambda ids=ids: model.run(ids, return_weights=False),
+                "cache": lambda ids=ids: model.run_with_cache(ids),
+            }
+            if lens is not None:
+                fns["lens"] = lambda ids=ids: lens.run_with_cache(ids)
+            samples = interleaved_samples(fns, repeat=repeat)
+            ratio = paired_ratio(samples["cache"], samples["run"])
+            median = {name: statistics.median(ts) for name, ts in samples.items()}
+            rows.append(
+                [
+                    str(length),
+                    f"{median['run'] * 1e3:.0f} ms",
+                    f"{median['cache'] * 1e3:.0f} ms",
+                    f"{ratio:.3f} (≤ {FULL_CACHE_TARGET_RATIO})",
+                    f"{median['lens'] * 1e3:.0f} ms" if lens is not None else "not installed",
+                ]
+            )
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def _transformer_lens(model: Any) -> Any:
+    """TransformerLens' HookedTransformer on SmolLM2's weights, or ``None`` when
+    ``transformer-lens`` is not installed."""
+    try:
+        from transformer_lens import HookedTransformer
+    except ImportError:
+        return None
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model.path)
+    return HookedTransformer.from_pretrained_no_processing(
+        "HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=hf, device="cpu"
+    ).eval()
 
 
 if __name__ == "__main__":

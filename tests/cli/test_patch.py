@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from attnkit import models
 from attnkit.cli import main, patch
 from attnkit.inspect import interventions
 from tests.models.crafted import write_tiny_llama
@@ -85,7 +86,7 @@ def test_a_component_by_head_is_refused_before_loading(tiny, capsys, monkeypatch
     monkeypatch.setattr(patch, "load_model", no_loading)
     argv = ["patch", "--clean", "a", "--corrupt", "b", "--by", "head", "--component", "attn_out"]
     assert main([*argv, "--model", str(tiny), "--quiet"]) == 2
-    assert "--by head patches each head's z; --component attn_out is one vector per position" in capsys.readouterr().err
+    assert "--component attn_out is one vector per position" in capsys.readouterr().err
 
 
 def test_errors_of_the_library_read_as_the_commands(tiny, tmp_path, capsys):
@@ -112,3 +113,32 @@ def test_encoders_measure_the_cosine(minilm_path, tmp_path, capsys):
     assert "minilm is a bidirectional encoder without next-token logits; its metric is 'cosine'" in (
         capsys.readouterr().err
     )
+
+
+def test_by_destination_and_source(tiny, tmp_path, capsys):
+    options = ["--by", "dest-src", "--heads", "1", "--layers", "0", "--target", "mat", "--wrong", "b"]
+    assert _patch(tiny, tmp_path, *options) == 0
+    printed = capsys.readouterr().out
+    assert f"each (destination, source) cell of the pattern (heads 1 of layers 0 together) of {CLEAN!r}" in printed
+    assert "destinations × sources (fraction of the logit difference 'mat' - 'b' restored):" in printed
+    assert "destination    the₁     cat     sat      on    the₂" in printed
+    stem = "tiny_patching_pattern_by-dest-src"
+    data = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert data["heads"] == [1] and data["layers"] == [0] and data["columns"] == TOKENS
+    expected = interventions.activation_patching(
+        models.load(tiny),
+        CLEAN,
+        CORRUPT,
+        by="dest-src",
+        target="mat",
+        wrong="b",
+        layers=[0],
+        heads=[1],
+    )
+    assert data["effects"] == [[round(v, 6) for v in row] for row in expected.effects.tolist()]
+    assert (tmp_path / f"{stem}.png").stat().st_size > 0
+
+
+def test_heads_go_with_dest_src_alone(tiny, tmp_path, capsys):
+    assert _patch(tiny, tmp_path, "--heads", "0", "--target", "mat", "--wrong", "b") == 2
+    assert "--heads chooses the heads of --by dest-src; --by head takes none" in capsys.readouterr().err

@@ -44,7 +44,7 @@ class Reference:
 
     def __init__(self, model, metric):
         self.model, self.metric = model, metric
-        points = [c if c != "z" else "self_attn.z" for c in interventions.COMPONENTS]
+        points = [f"self_attn.{c}" if c in interventions.PER_HEAD else c for c in interventions.COMPONENTS]
         names = [name for name in model.hook_names() if name.endswith(tuple("." + p for p in points))]
         self.clean = model.run(CLEAN, return_weights=False, cache=names)
         self.clean_value, self.corrupt_value = (
@@ -56,7 +56,7 @@ class Reference:
 
     def fraction(self, component, layers, where):
         """``where``: an index of the activation without its batch dimension."""
-        point = "self_attn.z" if component == "z" else component
+        point = f"self_attn.{component}" if component in interventions.PER_HEAD else component
         names = [self.model.hook_name(point, layer) for layer in layers]
 
         def patch(name):
@@ -93,8 +93,9 @@ def test_every_component_by_layer_and_position_equals_a_plain_hook(family):
             family, CLEAN, CORRUPT, by="layer-position", component=component, target=TARGET, wrong=WRONG
         )
         assert effects.effects.shape == (family.num_layers, 10)
-        # z [h, s, d]: every head at the position; the others [s, e].
-        where = (slice(None), 9) if component == "z" else (9,)
+        # z, q, k, v [h, s, d] and pattern [h, s, s_k]: every head at the (query) position;
+        # the others [s, e].
+        where = (slice(None), 9) if component in interventions.PER_HEAD else (9,)
         expected = reference.fraction(component, [layer], where)
         assert abs(float(effects.effects[layer, 9]) - expected) < ATOL, component
         # Before the first differing token a causal model's runs are equal.
@@ -170,9 +171,19 @@ def test_encoders_patch_positions_and_measure_the_cosine(minilm):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"by": "head", "component": "resid_pre"}, "patching by head needs the per-head component 'z'"),
-        ({"by": "layer"}, "by must be one of 'head', 'layer-position', 'position', got 'layer'"),
-        ({"by": "position", "component": "q"}, "component must be one of 'resid_pre', .*, got 'q'"),
+        (
+            {"by": "head", "component": "resid_pre"},
+            r"patching by head needs a per-head component \('z', 'q', 'k', 'v', 'pattern'\)",
+        ),
+        ({"by": "layer"}, "by must be one of 'head', 'layer-position', 'position', 'dest-src', got 'layer'"),
+        ({"by": "dest-src", "component": "z"}, "by='dest-src' patches cells of the pattern; it takes no component 'z'"),
+        (
+            {"by": "head", "heads": [0]},
+            r"heads choose the heads of by='dest-src'; by='head' takes none, got heads=\[0\]",
+        ),
+        ({"by": "dest-src", "heads": [9]}, r"has heads 0..\d+ \(or -\d+..-1\), got \[9\]"),
+        ({"by": "dest-src", "heads": []}, "heads must name at least one head, got none"),
+        ({"by": "position", "component": "scores"}, "component must be one of 'resid_pre', .*, got 'scores'"),
         ({"metric": "kl"}, "metric must be one of 'logit-diff', 'log-p', 'cosine' or a function, got 'kl'"),
         ({"metric": "log-p"}, "'log-p' measures the target alone and takes no wrong token"),
         ({"metric": "cosine"}, "'cosine' is the sentence-embedding metric of encoders"),
@@ -213,11 +224,86 @@ def test_a_component_the_layers_lack_is_refused(tiny_family_folder):
         )
 
 
-def test_encoder_decoders_are_refused(tmp_path):
+def test_encoder_decoders_patch_heads_on_a_target_text_alone(tmp_path):
     from tests.models.seq2seq_checkpoints import write_t5
 
     t5 = models.load(write_t5(tmp_path / "t5"))
-    with pytest.raises(ValueError, match=r"activation patching runs on decoder-only and encoder models; t5 is an "):
-        interventions.activation_patching(t5, "a b", "a c", by="position")
-    with pytest.raises(ValueError, match=r"head ablation runs on decoder-only and encoder models; t5 is an "):
-        interventions.head_ablation(t5, "a b")
+    with pytest.raises(ValueError, match=r"t5 is an encoder-decoder: it patches each head's z \(by='head'\)"):
+        interventions.activation_patching(t5, "a b", "a c", by="position", target="a")
+    with pytest.raises(ValueError, match=r"give target=, no wrong token"):
+        interventions.activation_patching(t5, "a b", "a c")
+
+
+@pytest.mark.parametrize("component", ["q", "k", "v"])
+def test_q_k_v_by_head_equal_transformers_projection_hooks(tiny_family_folder, component):
+    """Patching one head's q, k or v (a key/value head with GQA) equals replacing that head's
+    slice of transformers' projection output with the clean run's: the texts share their
+    positions, so the rotary encoding of the clean values is the clean rotated values."""
+    transformers = pytest.importorskip("transformers")
+    folder = tiny_family_folder("qwen2")  # 4 query heads, 2 key/value heads, q/k/v biases
+    model = models.load(folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    effects = interventions.activation_patching(
+        model, CLEAN, CORRUPT, by="head", component=component, target=TARGET, wrong=WRONG
+    )
+    heads = model.num_heads if component == "q" else model.num_kv_heads
+    assert effects.component == component and effects.effects.shape == (model.num_layers, heads)
+    metric = _logit_diff(model)
+    clean_ids, corrupt_ids = model.tokenize(CLEAN).ids, model.tokenize(CORRUPT).ids
+    layer, head = 1, heads - 1
+    projection = getattr(hf.model.layers[layer].self_attn, f"{component}_proj")
+    kept = {}
+    handle = projection.register_forward_hook(lambda m, a, out: kept.setdefault("clean", out.clone()))
+    with torch.no_grad():
+        clean_value = float(metric(hf(clean_ids).logits[:, -1])[0])
+        handle.remove()
+        corrupt_value = float(metric(hf(corrupt_ids).logits[:, -1])[0])
+        d = kept["clean"].shape[-1] // heads
+        part = slice(head * d, (head + 1) * d)
+
+        def patched(module, args, out):
+            out = out.clone()
+            out[..., part] = kept["clean"][..., part]
+            return out
+
+        handle = projection.register_forward_hook(patched)
+        try:
+            value = float(metric(hf(corrupt_ids).logits[:, -1])[0])
+        finally:
+            handle.remove()
+    expected = (value - corrupt_value) / (clean_value - corrupt_value)
+    assert abs(float(effects.effects[layer, head]) - expected) < 1e-4
+
+
+def test_pattern_by_head_equals_a_plain_hook(llama):
+    reference = Reference(llama, _logit_diff(llama))
+    effects = interventions.activation_patching(
+        llama, CLEAN, CORRUPT, by="head", component="pattern", target=TARGET, wrong=WRONG
+    )
+    assert effects.effects.shape == (llama.num_layers, llama.num_heads)
+    for head in range(llama.num_heads):
+        assert abs(float(effects.effects[1, head]) - reference.fraction("pattern", [1], (head,))) < ATOL
+
+
+def test_pattern_by_destination_and_source_equals_a_plain_hook(llama):
+    """Each cell replaces the pattern's weight of one destination on one source, in the heads
+    and layers asked for, with the clean run's (TransformerLens' dest-src pattern patching)."""
+    reference = Reference(llama, _logit_diff(llama))
+    head, layer = llama.num_heads - 1, 1
+    one = interventions.activation_patching(
+        llama, CLEAN, CORRUPT, by="dest-src", target=TARGET, wrong=WRONG, layers=[layer], heads=[head]
+    )
+    assert one.component == "pattern" and one.heads == [head] and one.effects.shape == (10, 10)
+    assert one.row_labels == one.columns and one.to_dict()["heads"] == [head]
+    for dest, src in ((9, 4), (9, 9), (6, 0), (4, 4)):
+        expected = reference.fraction("pattern", [layer], (head, dest, src))
+        assert abs(float(one.effects[dest, src]) - expected) < ATOL, (dest, src)
+    # A causal pattern is 0 above the diagonal in both runs, and equal before the first
+    # differing token: nothing to patch there.
+    assert torch.equal(one.effects.triu(1), torch.zeros(10, 10))
+    assert torch.equal(one.effects[:DIFFERING], torch.zeros(DIFFERING, 10))
+    every = interventions.activation_patching(llama, CLEAN, CORRUPT, by="dest-src", target=TARGET, wrong=WRONG)
+    layers = list(range(llama.num_layers))
+    assert every.heads == list(range(llama.num_heads)) and every.layers == layers
+    expected = reference.fraction("pattern", layers, (slice(None), 9, 4))
+    assert abs(float(every.effects[9, 4]) - expected) < ATOL

@@ -26,7 +26,7 @@ from attnkit.cli.common import (
 )
 from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, launched_by_torchrun, relaunch
 from attnkit.cli.long_context import LONG_ONLY_STATISTICS, LONG_STATISTICS, add_long_arguments, run_heads_long
-from attnkit.inspect.names import ATTENTION_KINDS, CROSS_STATISTICS, INDUCTION_PERIOD, STATISTICS
+from attnkit.inspect.names import ATTENTION_KINDS, CROSS_STATISTICS, DETECTORS, INDUCTION_PERIOD, STATISTICS
 from attnkit.viz.terminal import counted
 
 
@@ -71,6 +71,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_long_arguments(parser, inspect=False)
     _add_ablation_arguments(parser)
+    parser.add_argument(
+        "--detect",
+        choices=DETECTORS,
+        help="instead of statistics, score every head on TEXT against a detection pattern: the share of its "
+        "attention on the previous token, on earlier occurrences of the same token (duplicate-token), or on "
+        "the tokens after them (induction); a layers × heads grid, PNG and JSON with scores[layer][head]",
+    )
     _add_seq2seq_arguments(parser)
     add_output_arguments(parser, default_formats="png,json")
     add_figure_arguments(parser, scale=False)
@@ -199,8 +206,12 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             "--nproc (and torchrun) split the texts of --file across processes; give --file, without --ablate"
         )
+    if args.ablate and args.detect is not None:
+        raise CommandError("--ablate and --detect are two different analyses: give one")
     if args.ablate:
         return run_ablation(args)
+    if args.detect is not None:
+        return run_detection(args)
     if args.mean or args.ablate_target is not None:
         raise CommandError("--mean and --target go with --ablate")
     seq2seq_options = args.decoder_text is not None or args.attention is not None or args.align is not None
@@ -305,14 +316,53 @@ def run_ablation(args: argparse.Namespace) -> int:
     from attnkit.viz.terminal import terminal_safe
 
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
-    with command_errors(f"cannot write to --out {args.out}"):
-        with status.step(f"ablating {model.num_layers} layers × {model.num_heads} heads of {model.name}"):
-            effects = head_ablation(
-                model, args.text, target=args.ablate_target, mean_over=reference if args.mean else None
+    target = args.ablate_target
+    if getattr(model, "encoder_decoder", False):
+        if args.decoder_text is None or args.ablate_target is not None or args.mean:
+            raise CommandError(
+                f"{model.name} is an encoder-decoder: --ablate measures log p of the --decoder-text TARGET given "
+                "the source TEXT (no --target, no --mean)"
             )
+        target = args.decoder_text
+    elif args.decoder_text is not None:
+        raise CommandError(f"--decoder-text is for encoder-decoder models (T5, BART); {model.name} is not one")
+    with command_errors(f"cannot write to --out {args.out}"):
+        with status.step(f"ablating the heads of {model.name}"):
+            effects = head_ablation(model, args.text, target=target, mean_over=reference if args.mean else None)
         print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_effects(effects, out, formats, **figure)
+    print_written(written)
+    return 0
+
+
+def run_detection(args: argparse.Namespace) -> int:
+    """``heads TEXT --detect previous-token|duplicate-token|induction``."""
+    if args.text is None or not args.text.strip():
+        raise CommandError("--detect needs the TEXT to run")
+    if args.file is not None or args.source is not None or args.stat is not None or args.mean:
+        raise CommandError("--detect takes TEXT alone, without --file, --from, --to, --stat or --mean")
+    if args.top < 1:
+        raise CommandError(f"--top must be at least 1, got {args.top}")
+    formats = parse_formats(args.format)
+    figure = figure_options(args)
+    status = Status(args.quiet)
+    out = prepare_out(args.out)
+    # Every option is checked above, before PyTorch and the model load.
+    from attnkit.inspect.detectors import detect_heads
+    from attnkit.viz.attention_text import render_detection
+    from attnkit.viz.export import write_detection
+    from attnkit.viz.terminal import terminal_safe
+
+    model = load_model(args.model, args.device, status=status)
+    if getattr(model, "encoder_decoder", False):
+        raise CommandError(f"--detect reads one stack's self-attention; {model.name} is an encoder-decoder")
+    with command_errors(f"cannot write to --out {args.out}"):
+        with status.step(f"scoring {model.num_layers} layers × {model.num_heads} heads of {model.name}"):
+            detection = detect_heads(model, args.text, args.detect)
+        print(terminal_safe(render_detection(detection, top=args.top)), end="", flush=True)
+        with status.step(f"writing {', '.join(formats)}"):
+            written = write_detection(detection, out, formats, **figure)
     print_written(written)
     return 0
 

@@ -22,8 +22,9 @@ from attnkit.cli.common import (
 
 # What `--by` and `--component` accept (attnkit.inspect.interventions.BY and COMPONENTS,
 # repeated here so that the help needs no PyTorch; a test keeps them equal).
-BY = ("head", "layer-position", "position")
-COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
+BY = ("head", "layer-position", "position", "dest-src")
+COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v", "pattern")
+PER_HEAD = ("z", "q", "k", "v", "pattern")
 METRICS = ("logit-diff", "log-p", "cosine")
 
 
@@ -38,7 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "--metric log-p (causal models), or of the sentence-embedding cosine to the clean text (encoders). "
             "By default each head's output z is patched at every position, for every layer and head; --by "
             "layer-position patches --component at one layer and one position, for every layer and position; "
-            "--by position patches it at one position in every layer at once. Both texts must have the same "
+            "--by position patches it at one position in every layer at once; --by dest-src patches one cell of "
+            "the pattern, a destination's weight on one source, in --heads of every layer of --layers at once "
+            "(destinations × sources). Both texts must have the same "
             "number of tokens. Prints the cells that restore most and the grid, and writes the grid as a picture "
             "(a diverging map centred on zero) and the numbers as JSON (effects[row][column])."
         ),
@@ -48,7 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--corrupt", required=True, metavar="TEXT", help="the corrupted text, as many tokens as the clean one"
     )
     parser.add_argument(
-        "--target", metavar="TOKEN", help='causal models: the clean continuation, leading space included (" Mary")'
+        "--target",
+        metavar="TOKEN",
+        help='causal models: the clean continuation, leading space included (" Mary"); encoder-decoders '
+        "(T5, BART): the target text their decoder predicts after either source (each head's z is patched)",
     )
     parser.add_argument(
         "--wrong", metavar="TOKEN", help="causal models: the corrupted continuation (the logit difference)"
@@ -58,16 +64,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=BY,
         default="head",
         help="where each patch acts: one head's z at every position (layers × heads, the default); one layer "
-        "at one position (layers × positions); one position in every layer at once (one row of positions)",
+        "at one position (layers × positions); one position in every layer at once (one row of positions); one "
+        "(destination, source) cell of the pattern in --heads of --layers at once (positions × positions)",
     )
     parser.add_argument(
         "--component",
         choices=COMPONENTS,
         default=None,
         help="what is patched: the residual stream into a layer, between its blocks or out of it, the attention "
-        "or MLP block's output, or each head's z (default: z by head, resid_pre by position; by head takes "
-        "only z)",
+        "or MLP block's output, or each head's z, q, k, v or pattern (default: z by head, resid_pre by position; "
+        "by head takes only the per-head ones; by position they are patched for every head at the query "
+        "position)",
     )
+    _add_where_arguments(parser)
+    add_model_argument(parser)
+    parser.add_argument("--top", type=int, default=5, metavar="N", help="cells listed (default: 5)")
+    add_output_arguments(parser, default_formats="png,json")
+    add_figure_arguments(parser, scale=False)
+    add_quiet_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_where_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--metric``, ``--layers`` and ``--heads``."""
     parser.add_argument(
         "--metric",
         choices=METRICS,
@@ -81,12 +100,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="L[,L]|all",
         help="layers, from 0, negative from the end, comma-separated, or all (default: all)",
     )
-    add_model_argument(parser)
-    parser.add_argument("--top", type=int, default=5, metavar="N", help="cells listed (default: 5)")
-    add_output_arguments(parser, default_formats="png,json")
-    add_figure_arguments(parser, scale=False)
-    add_quiet_argument(parser)
-    parser.set_defaults(func=run)
+    parser.add_argument(
+        "--heads",
+        default=None,
+        metavar="H[,H]|all",
+        help="--by dest-src: the heads whose pattern cell is patched, from 0, negative from the end, "
+        "comma-separated, or all (default: all)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,18 +114,22 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--clean and --corrupt must be non-empty texts")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
-    if args.by == "head" and args.component not in (None, "z"):
+    if args.by == "head" and args.component is not None and args.component not in PER_HEAD:
         raise CommandError(
-            f"--by head patches each head's z; --component {args.component} is one vector per position: "
-            "use --by layer-position or --by position"
+            f"--by head patches a per-head component ({', '.join(PER_HEAD)}); --component {args.component} is "
+            "one vector per position: use --by layer-position or --by position"
         )
     _check_metric_tokens(args.metric, args.target, args.wrong)
+    if args.heads is not None and args.by != "dest-src":
+        raise CommandError(f"--heads chooses the heads of --by dest-src; --by {args.by} takes none")
+    if args.by == "dest-src" and args.component not in (None, "pattern"):
+        raise CommandError(f"--by dest-src patches cells of the pattern; it takes no --component {args.component}")
     formats = parse_formats(args.format)
     figure = figure_options(args)
     status = Status(args.quiet)
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
-    from attnkit.cli.inspect import parse_layers
+    from attnkit.cli.inspect import parse_heads, parse_layers
     from attnkit.inspect.interventions import activation_patching
     from attnkit.viz.attention_text import render_effects
     from attnkit.viz.export import write_effects
@@ -113,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     layers = parse_layers(args.layers, model.num_layers)
-    grid = f"{model.num_heads} heads" if args.by == "head" else "positions"
+    heads = parse_heads(args.heads, model.num_heads)
+    grid = {"head": f"{model.num_heads} heads", "dest-src": "destinations × sources"}.get(args.by, "positions")
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"patching {len(layers or range(model.num_layers))} layers × {grid} of {model.name}"):
             effects = activation_patching(
@@ -126,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
                 target=args.target,
                 wrong=args.wrong,
                 layers=layers,
+                heads=heads,
             )
         print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):

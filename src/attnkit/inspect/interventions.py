@@ -12,11 +12,13 @@ activation patching.
   effect is the fraction of the clean-vs-corrupted difference of a metric it restores,
   ``(patched - corrupted) / (clean - corrupted)``: 0 is the corrupted run, 1 the clean one.
   What is patched is a component of :data:`COMPONENTS` (the residual stream into, inside or
-  out of a layer, a block's output, or each head's ``z``), and where, ``by``
-  (:data:`BY`): one head's ``z`` at every position (``"head"``, layers × heads), the
+  out of a layer, a block's output, or each head's ``z``, ``q``, ``k``, ``v`` or ``pattern``:
+  :data:`PER_HEAD`), and where, ``by`` (:data:`BY`): one head's per-head component at every
+  position (``"head"``, layers × heads; key/value heads for ``k`` and ``v``), the
   component of one layer at one position (``"layer-position"``, layers × positions), or
   the component at one position in every layer asked for at once (``"position"``, one row
-  of positions). The metric (:data:`METRICS`) is the logit difference between a target
+  of positions), or one cell of the pattern, destination (query) by source (key), in the
+  heads and layers asked for at once (``"dest-src"``, positions × positions). The metric (:data:`METRICS`) is the logit difference between a target
   and a wrong token at the last position, the target's log-probability, or any function
   of the output (causal models); the cosine to the clean sentence embedding (encoders).
 
@@ -54,12 +56,16 @@ if TYPE_CHECKING:
 BATCH_MEMORY = 2**30
 
 # Where a patch acts: one head's z at every position; a component of one layer at one
-# position; a component at one position in every layer asked for.
-BY = ("head", "layer-position", "position")
+# position; a component at one position in every layer asked for; one (destination, source)
+# cell of the pattern in every head and layer asked for.
+BY = ("head", "layer-position", "position", "dest-src")
 # What a patch replaces, by the end of its hook name in a layer (attnkit.nn.hooks): the
 # residual stream into the layer, between its blocks and out of it, the attention and
 # feed-forward blocks' outputs, and each head's output before the output projection.
-COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z")
+COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v", "pattern")
+# The components with a head dimension: patched by head (every position) or by position
+# (every head at that query position; a pattern's row of that query).
+PER_HEAD = ("z", "q", "k", "v", "pattern")
 # The metrics named by a string: of causal models, the logit difference between the target
 # and the wrong token and the target's log-probability at the last position; of encoders,
 # the cosine of the sentence embedding to the clean text's.
@@ -68,7 +74,7 @@ METRICS = ("logit-diff", "log-p", "cosine")
 # (causal models) or of the last hidden states ``[b, s, e]`` (encoders), one number per row.
 MetricFunction = Callable[[Tensor], Tensor]
 
-_HOOK_POINTS = {"z": "self_attn.z"}
+_HOOK_POINTS = {name: f"self_attn.{name}" for name in PER_HEAD}
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,9 @@ class InterventionEffects:
         metric: what ``effects`` measure, in words.
         by: where each intervention acts (:data:`BY`): ``"head"`` (rows are layers, columns
             heads), ``"layer-position"`` (rows layers, columns positions) or ``"position"``
-            (one row, the layers of ``layers`` patched together; columns positions).
+            (one row, the layers of ``layers`` patched together; columns positions) or
+            ``"dest-src"`` (rows destination positions, columns source positions: one
+            cell of the pattern patched in ``heads`` of every layer of ``layers``).
         component: what was replaced (:data:`COMPONENTS`): ``"z"`` for heads.
         layers: the layers, in the order of the rows of ``effects`` (with ``by="position"``,
             the layers of its one row).
@@ -95,6 +103,10 @@ class InterventionEffects:
         replacement: ``"zero"`` or ``"mean"`` (ablation), ``"clean"`` (patching).
         baseline: the measure without intervention: the target's log-probability (causal
             ablation); for patching ``{"clean": ..., "corrupt": ...}`` of the metric.
+        heads: the heads patched together (``by="dest-src"``), else ``None``.
+        rows: the label of each row where rows are not layers of one stack (an
+            encoder–decoder's ``"encoder 0"``, ``"decoder 0 self"``, ``"decoder 0 cross"``),
+            else ``None``.
     """
 
     model: str
@@ -111,11 +123,18 @@ class InterventionEffects:
     wrong: str | None
     replacement: str
     baseline: float | dict[str, float]
+    heads: list[int] | None = None
+    rows: list[str] | None = None
 
     @property
     def row_labels(self) -> list[str]:
         """The label of each row: its layer, or for ``by="position"`` the layers patched
-        together (``"0-29"``, ``"3,7"``)."""
+        together (``"0-29"``, ``"3,7"``), for ``by="dest-src"`` the destination tokens, or
+        :attr:`rows` where given."""
+        if self.rows is not None:
+            return list(self.rows)
+        if self.by == "dest-src":
+            return list(self.columns)
         if self.by == "position":
             return [layer_span(self.layers)]
         return [str(layer) for layer in self.layers]
@@ -134,6 +153,8 @@ class InterventionEffects:
             "metric": self.metric,
             "by": self.by,
             "component": self.component,
+            **({"heads": self.heads} if self.heads is not None else {}),
+            **({"rows": self.rows} if self.rows is not None else {}),
             **self.texts,
             "tokens": self.tokens,
             "target": self.target,
@@ -187,12 +208,19 @@ def head_ablation(
     Returns:
         :class:`InterventionEffects` of kind ``"ablation"``, by ``"head"``.
 
+    An encoder–decoder (T5, BART) takes ``text`` as its source and ``target`` as the text
+    its decoder reads and predicts: every head of its encoder, decoder self- and
+    cross-attention is zeroed in turn and the change in the target's log-probability is
+    measured (:func:`attnkit.inspect.seq2seq_ablation.seq2seq_head_ablation`).
+
     Raises:
         ValueError: the model refuses a text, a missing or unneeded target, a target that
             is not a single token (the message says how it tokenises), an empty
-            ``mean_over``, a layer out of range, an encoder-decoder.
+            ``mean_over``, a layer out of range, ``mean_over`` or no target with an
+            encoder-decoder.
     """
-    _refuse_encoder_decoders(model, "head ablation")
+    if getattr(model, "encoder_decoder", False):
+        return _seq2seq_ablation(model, text, target, mean_over, layers)
     layer_list = layer_indices(model, layers)
     target_id = _target_id(model, target)
     encoded = model.tokenize(text)
@@ -258,21 +286,34 @@ def activation_patching(
     target: str | None = None,
     wrong: str | None = None,
     layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
 ) -> InterventionEffects:
-    """Patch activations of the clean run into the corrupted run, one head or one position
-    at a time, and measure the fraction of the clean-vs-corrupted difference restored:
+    """Patch activations of the clean run into the corrupted run, one head, one position or
+    one cell of the pattern at a time, and measure the fraction of the clean-vs-corrupted difference restored:
     ``(patched - corrupted) / (clean - corrupted)``.
 
+    An encoder–decoder (T5, BART) takes ``clean`` and ``corrupt`` as sources and ``target``
+    as the text its decoder predicts: each head's ``z`` (encoder self-, decoder self- and
+    cross-attention) is patched and ``log p(target)`` measured
+    (:func:`attnkit.inspect.seq2seq_ablation.seq2seq_activation_patching`).
+
     Args:
-        model: an :mod:`attnkit.models` model (a causal decoder or a bidirectional encoder).
+        model: an :mod:`attnkit.models` model (a causal decoder, a bidirectional encoder or
+            an encoder–decoder).
         clean: the clean text.
         corrupt: the corrupted text, of the same number of tokens.
         by: where each patch acts (:data:`BY`): ``"head"``, one head's ``z`` at every
             position (a layers × heads grid); ``"layer-position"``, the component of one
             layer at one position (layers × positions); ``"position"``, the component at
-            one position in every layer of ``layers`` at once (one row of positions).
+            one position in every layer of ``layers`` at once (one row of positions);
+            ``"dest-src"``, the pattern's weight of one destination (query) position on
+            one source (key) position, in ``heads`` of every layer of ``layers`` at once
+            (destinations × sources; TransformerLens'
+            ``get_act_patch_attn_head_pattern_dest_src_pos`` for one head and layer).
         component: what is patched (:data:`COMPONENTS`); default ``"z"`` by head,
-            ``"resid_pre"`` by position.
+            ``"resid_pre"`` by position, ``"pattern"`` (the only one) by ``"dest-src"``. By head only the per-head ones
+            (:data:`PER_HEAD`: ``k`` and ``v`` by key/value head); by position a per-head
+            component is patched for every head at that (query) position.
         metric: ``"logit-diff"`` (causal default: ``logit(target) - logit(wrong)`` at the
             last position), ``"log-p"`` (``log p(target)`` there), ``"cosine"`` (encoders'
             default and only named metric: the cosine of the sentence embedding to the
@@ -283,6 +324,8 @@ def activation_patching(
             ``"log-p"``), leading space included (``" Mary"``).
         wrong: the token the corrupted text continues with instead (``"logit-diff"``).
         layers: layer indices (negative from the end); default all.
+        heads: the query heads whose pattern cell ``by="dest-src"`` patches (negative from
+            the end); default all. Only with ``by="dest-src"``.
 
     Returns:
         :class:`InterventionEffects` of kind ``"patching"``.
@@ -293,22 +336,21 @@ def activation_patching(
             another component than ``z``, a component the model's layers do not have,
             missing or unneeded target/wrong tokens, tokens that are not single tokens,
             texts the metric does not tell apart, a metric function that does not return
-            one number per row, no layer or a layer out of range, an encoder-decoder.
+            one number per row, no layer or a layer out of range, an encoder-decoder
+            asked for more than each head's ``z`` by head, or without a target text,
+            ``heads`` without ``by="dest-src"``, no head or a head out of range.
         TypeError: a metric that is neither a name nor a function.
     """
-    _refuse_encoder_decoders(model, "activation patching")
+    if getattr(model, "encoder_decoder", False):
+        return _seq2seq_patching(model, (clean, corrupt), by, component, metric, (target, wrong), layers)
     component = _check_where(by, component)
     metric_name = _check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
     if not layer_list:
         raise ValueError("layers must name at least one layer, got none")
+    head_list = _check_heads(model, by, heads)
     target_id, wrong_id = _token_ids(model, metric_name, target, wrong)
-    clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
-    if clean_enc.ids.shape != corrupt_enc.ids.shape:
-        raise ValueError(
-            f"clean and corrupted texts must have the same number of tokens, got {clean_enc.ids.shape[1]} "
-            f"({_spelled(clean_enc.tokens)}) and {corrupt_enc.ids.shape[1]} ({_spelled(corrupt_enc.tokens)})"
-        )
+    clean_enc, corrupt_enc = _same_length_pair(model, clean, corrupt)
     points = {layer: _hook_point(model, component, layer) for layer in layer_list}
     with torch.no_grad():
         clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names=list(points.values()))
@@ -324,17 +366,16 @@ def activation_patching(
         raise ValueError(
             f"the clean and corrupted texts give the same measure ({clean_value:.6g}); there is no difference to restore"
         )
-    # The dimension of the activation that the variants index: heads of z [b, h, s, d],
-    # positions of z or of the others [b, s, e].
-    dim = 1 if by == "head" or component != "z" else 2
+    # The dimension of the activation that the variants index: heads of a per-head
+    # component ([b, h, s, d], [b, h, s, s_k]), its query positions, or positions [b, s, e].
+    dim = 1 if by == "head" or component not in PER_HEAD else 2
     replacements = {layer: clean_cache[name][0] for layer, name in points.items()}  # [h, s, d] or [s, e]
     corrupted = {layer: corrupt_cache[name][0] for layer, name in points.items()}
-    count = model.num_heads if by == "head" else clean_enc.ids.shape[1]
-    branches = _changed_branches(by, layer_list, count, replacements, corrupted, dim)
-    shape = (1 if by == "position" else len(layer_list), count)
-    _, measured = _patched_passes(
-        model, corrupt_enc.ids, branches, points, replacements, dim, measure, shape, fill=corrupt_value
-    )
+    count = next(iter(replacements.values())).shape[0] if by == "head" else clean_enc.ids.shape[1]  # h or h_kv
+    replacements, branches, shape = _grid(by, layer_list, count, (replacements, corrupted), dim, head_list)
+    cell_heads = None if head_list is None else torch.tensor(head_list)
+    grid_args = (branches, points, replacements, dim, measure, shape)
+    _, measured = _patched_passes(model, corrupt_enc.ids, *grid_args, fill=corrupt_value, cell_heads=cell_heads)
     return InterventionEffects(
         model=model.name,
         kind="patching",
@@ -354,7 +395,112 @@ def activation_patching(
         wrong=wrong,
         replacement="clean",
         baseline={"clean": clean_value, "corrupt": corrupt_value},
+        heads=head_list,
     )
+
+
+def _same_length_pair(model: Model, clean: str, corrupt: str) -> tuple[Any, Any]:
+    """The tokenizations of the clean and corrupted texts, which must have as many tokens."""
+    clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
+    if clean_enc.ids.shape != corrupt_enc.ids.shape:
+        raise ValueError(
+            f"clean and corrupted texts must have the same number of tokens, got {clean_enc.ids.shape[1]} "
+            f"({_spelled(clean_enc.tokens)}) and {corrupt_enc.ids.shape[1]} ({_spelled(corrupt_enc.tokens)})"
+        )
+    return clean_enc, corrupt_enc
+
+
+def _grid(
+    by: str,
+    layers: list[int],
+    count: int,
+    activations: tuple[dict[int, Tensor], dict[int, Tensor]],
+    dim: int,
+    heads: list[int] | None,
+) -> tuple[dict[int, Tensor], list[_Branch], tuple[int, int]]:
+    """``(replacements, branches, shape)`` of a patching grid from the clean and corrupted
+    activations (layer → activation without its batch dimension); for ``by="dest-src"``
+    the replacements are the patterns of ``heads`` alone ``[h_patched, s, s]``."""
+    clean, corrupted = activations
+    if heads is None:
+        shape = (1 if by == "position" else len(layers), count)
+        return clean, _changed_branches(by, layers, count, clean, corrupted, dim), shape
+    # Each destination's row of the pattern, in the heads patched: [h_patched, s, s].
+    clean = {layer: t[heads] for layer, t in clean.items()}
+    corrupted = {layer: t[heads] for layer, t in corrupted.items()}
+    return clean, _changed_cells(layers, count, clean, corrupted), (count, count)
+
+
+def _seq2seq_ablation(
+    model: Model, source: str, target: str | None, mean_over: Sequence[str] | None, layers: Sequence[int] | None
+) -> InterventionEffects:
+    """:func:`head_ablation` of an encoder–decoder, after checking what it takes."""
+    from attnkit.inspect.seq2seq_ablation import seq2seq_head_ablation
+
+    if target is None or mean_over is not None:
+        raise ValueError(
+            f"{model.name} is an encoder-decoder: give the target text its decoder predicts; "
+            "it ablates heads to zero only (no mean_over)"
+        )
+    return InterventionEffects(**seq2seq_head_ablation(model, source, target, layers=layers))
+
+
+def _seq2seq_patching(
+    model: Model,
+    sources: tuple[str, str],
+    by: str,
+    component: str | None,
+    metric: str | MetricFunction | None,
+    tokens: tuple[str | None, str | None],
+    layers: Sequence[int] | None,
+) -> InterventionEffects:
+    """:func:`activation_patching` of an encoder–decoder (``sources``: clean and corrupted;
+    ``tokens``: the target text and the wrong token), after checking what it takes."""
+    from attnkit.inspect.seq2seq_ablation import seq2seq_activation_patching
+
+    target, wrong = tokens
+    if by != "head" or component not in (None, "z") or metric not in (None, "log-p") or target is None or wrong:
+        raise ValueError(
+            f"{model.name} is an encoder-decoder: it patches each head's z (by='head') and measures log p of "
+            "the target text its decoder predicts (give target=, no wrong token)"
+        )
+    return InterventionEffects(**seq2seq_activation_patching(model, *sources, target, layers=layers))
+
+
+def _check_heads(model: Model, by: str, heads: Sequence[int] | None) -> list[int] | None:
+    """The heads a ``by="dest-src"`` patch acts on (every head by default), ``None`` for the
+    other ``by``, which take no heads."""
+    if by != "dest-src":
+        if heads is not None:
+            raise ValueError(f"heads choose the heads of by='dest-src'; by={by!r} takes none, got heads={list(heads)}")
+        return None
+    count = model.num_heads
+    chosen = list(range(count)) if heads is None else list(heads)
+    if not chosen:
+        raise ValueError("heads must name at least one head, got none")
+    wrong = [head for head in chosen if not -count <= head < count]
+    if wrong:
+        raise ValueError(f"{model.name} has heads 0..{count - 1} (or -{count}..-1), got {wrong}")
+    return sorted({head % count for head in chosen})
+
+
+def _changed_cells(
+    layers: list[int], positions: int, clean: dict[int, Tensor], corrupted: dict[int, Tensor]
+) -> list[_Branch]:
+    """The rows of a ``by="dest-src"`` grid: one branch per destination, branching off at the
+    first layer patched, with the sources whose pattern cell differs between the clean and
+    corrupted runs in a head and layer patched. ``clean`` and ``corrupted``: layer → the
+    pattern of the heads patched ``[h_patched, s, s]``."""
+    branches = []
+    for dest in range(positions):
+        changed = tuple(
+            src
+            for src in range(positions)
+            if any(not torch.equal(clean[i][:, dest, src], corrupted[i][:, dest, src]) for i in layers)
+        )
+        if changed:
+            branches.append(_Branch(layers[0], tuple(layers), changed, dest))
+    return branches
 
 
 def _changed_branches(
@@ -384,13 +530,17 @@ def _check_where(by: str, component: str | None) -> str:
     """The component to patch (its default for ``by``), after checking both."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(map(repr, BY))}, got {by!r}")
+    if by == "dest-src":
+        if component not in (None, "pattern"):
+            raise ValueError(f"by='dest-src' patches cells of the pattern; it takes no component {component!r}")
+        return "pattern"
     if component is None:
         return "z" if by == "head" else "resid_pre"
     if component not in COMPONENTS:
         raise ValueError(f"component must be one of {', '.join(map(repr, COMPONENTS))}, got {component!r}")
-    if by == "head" and component != "z":
+    if by == "head" and component not in PER_HEAD:
         raise ValueError(
-            f"patching by head needs the per-head component 'z' (each head's output before the output projection); "
+            f"patching by head needs a per-head component ({', '.join(map(repr, PER_HEAD))}); "
             f"{component!r} is one vector per position: patch it by 'layer-position' or 'position'"
         )
     return component
@@ -513,6 +663,7 @@ def _patched_passes(
     shape: tuple[int, int],
     *,
     fill: float = 0.0,
+    cell_heads: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Run ``ids`` unaltered and with the variants of each branch patched in, and measure
     each run.
@@ -528,6 +679,9 @@ def _patched_passes(
         measure: output of every row (the unaltered one first) → ``[b]``.
         shape: ``(rows, variants)`` of the grid.
         fill: the measure of the grid's cells that no branch runs.
+        cell_heads: for a ``by="dest-src"`` grid, the heads patched: each variant is then
+            the source position of a cell of the pattern whose destination is its branch's
+            row, and ``replacements`` are the patterns of these heads ``[h_patched, s, s]``.
 
     Returns:
         ``(measure of the unaltered run, shape measures)``, ``fill`` where nothing ran.
@@ -550,7 +704,12 @@ def _patched_passes(
             chains.setdefault(model.hook_name("resid_pre", branch.start), []).append(_branch(len(branch.variants)))
             rows_of = torch.arange(offset, offset + len(variants))
             for layer in branch.layers:
-                chains.setdefault(points[layer], []).append(_patch(rows_of, variants, replacements[layer], dim))
+                patch = (
+                    _patch(rows_of, variants, replacements[layer], dim)
+                    if cell_heads is None
+                    else _patch_cells(rows_of, cell_heads, branch.row, variants, replacements[layer])
+                )
+                chains.setdefault(points[layer], []).append(patch)
             offset += len(variants)
         with torch.no_grad():
             run = model.run_with_hooks(ids, hooks={name: _chained(fns) for name, fns in chains.items()}, logits=False)
@@ -582,6 +741,23 @@ def _patch(rows: Tensor, variants: Tensor, replacement: Tensor, dim: int) -> Cal
     def hook(x: Tensor) -> Tensor:
         x = x.clone()
         x.movedim(dim, 1)[rows.to(x.device), variants.to(x.device)] = chosen.to(x)
+        return x
+
+    return hook
+
+
+def _patch_cells(
+    rows: Tensor, heads: Tensor, dest: int, sources: Tensor, replacement: Tensor
+) -> Callable[[Tensor], Tensor]:
+    """A ``pattern`` hook that gives row ``rows[j]`` the clean weight of destination ``dest``
+    on source ``sources[j]`` in each of ``heads``; ``replacement``: the clean pattern of these
+    heads ``[h_patched, s, s]``."""
+    chosen = replacement[:, dest, sources].T  # [n, h_patched]: each row's cell, by head
+
+    def hook(x: Tensor) -> Tensor:
+        x = x.clone()
+        at = (rows.to(x.device)[:, None], heads.to(x.device)[None, :], dest, sources.to(x.device)[:, None])
+        x[at] = chosen.to(x)
         return x
 
     return hook
@@ -629,13 +805,6 @@ def _refuse_tokens_for_encoders(model: Model, **tokens: str | None) -> None:
         raise ValueError(
             f"{model.name} is a bidirectional encoder without next-token logits; it measures the sentence "
             f"embedding and takes no {' or '.join(given)} token"
-        )
-
-
-def _refuse_encoder_decoders(model: Model, what: str) -> None:
-    if getattr(model, "encoder_decoder", False):
-        raise ValueError(
-            f"{what} runs on decoder-only and encoder models; {model.name} is an encoder-decoder ({model.family})"
         )
 
 

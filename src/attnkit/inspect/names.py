@@ -44,3 +44,5 @@ CROSS_STATISTICS = {
 # The attentions of an encoder-decoder (attnkit.models.encoder_decoder.ATTENTION_KINDS, which
 # imports PyTorch; a test keeps the two equal).
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
+# The head detectors of attnkit.inspect.detectors.
+DETECTORS = ("previous-token", "duplicate-token", "induction")

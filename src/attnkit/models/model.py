@@ -28,6 +28,7 @@ from attnkit.models.encoder_decoder import (
     run_seq2seq_batch,
 )
 from attnkit.models.family import ModelConfig, ModelFamily
+from attnkit.models.lens import LensMixin
 from attnkit.models.memory import check_fits, check_run_memory, kv_cache_bytes
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
 from attnkit.nn import (
@@ -38,7 +39,6 @@ from attnkit.nn import (
     EncoderLayer,
     HookedModule,
     LayerSelection,
-    MultiHeadAttention,
     StackOutput,
     pack_projections,
 )
@@ -96,7 +96,7 @@ class RunStopped(RuntimeError):
     """A :meth:`Model.run_batch` pass ended early because its ``stop`` said so."""
 
 
-class Model:
+class Model(LensMixin):
     """A real checkpoint on attnkit modules, with its tokenizer. Get one with :func:`load`.
 
     Attributes:
@@ -591,7 +591,11 @@ class Model:
         return HookedRun(hidden, kept, scores)
 
     def run_with_cache(
-        self, inputs: str | Sequence[str] | Tensor | Sequence[int], *, names: NameFilter = None
+        self,
+        inputs: str | Sequence[str] | Tensor | Sequence[int],
+        *,
+        names: NameFilter = None,
+        attention_mask: Tensor | None = None,
     ) -> tuple[Tensor, ActivationCache]:
         """A forward pass that keeps activations, as TransformerLens' ``run_with_cache``.
 
@@ -600,6 +604,9 @@ class Model:
                 the right by :meth:`to_tokens`, and masked).
             names: which activations: every one (``None``), names (:meth:`hook_names`), or
                 a predicate on names.
+            attention_mask: for ids ``[b, s]`` padded on either side, ``[b, s]`` ``True``
+                on tokens (:meth:`to_tokens` returns it), as :meth:`run_with_hooks` takes
+                it.
 
         Returns:
             ``(logits [b, s, v], cache)`` for LLaMA, ``(hidden states [b, s, e], cache)``
@@ -612,12 +619,16 @@ class Model:
                 unknown name.
         """
         mask = None
+        if attention_mask is not None and not (isinstance(inputs, Tensor) and inputs.ndim == 2):
+            raise ValueError(
+                "attention_mask goes with ids [b, s]; texts are padded and masked by run_with_cache itself"
+            )
         if isinstance(inputs, str):
             ids = self.prepare_input(inputs)[0]  # [1, s]
         elif isinstance(inputs, Sequence) and inputs and all(isinstance(t, str) for t in inputs):
             ids, mask = self.to_tokens(list(inputs))  # type: ignore[arg-type]
         elif isinstance(inputs, Tensor) and inputs.ndim == 2:
-            ids = inputs
+            ids, mask = inputs, attention_mask
         else:
             ids = self.prepare_input(inputs)[0]  # type: ignore[arg-type]
         with torch.no_grad():
@@ -682,49 +693,6 @@ class Model:
                 f"({len(pieces)} tokens){hint}"
             )
         return pieces[0][0]
-
-    @property
-    def W_Q(self) -> Tensor:  # noqa: N802 (TransformerLens' names)
-        """Each head's query projection, ``[L, h, e, d]`` (``q = x @ W_Q[l, i]``, before
-        the rotary encoding)."""
-        return self._per_head("q_proj", self.num_heads)
-
-    @property
-    def W_K(self) -> Tensor:  # noqa: N802
-        """Each key/value head's key projection, ``[L, h_kv, e, d]``."""
-        return self._per_head("k_proj", self.num_kv_heads)
-
-    @property
-    def W_V(self) -> Tensor:  # noqa: N802
-        """Each key/value head's value projection, ``[L, h_kv, e, d]``."""
-        return self._per_head("v_proj", self.num_kv_heads)
-
-    @property
-    def W_O(self) -> Tensor:  # noqa: N802
-        """Each head's slice of the output projection, ``[L, h, d, e]`` (a head's
-        ``result = z @ W_O[l, i]``)."""
-        weights = [self._attention(i).out_proj.weight for i in range(self.num_layers)]  # [e, h * d] each
-        return torch.stack([w.view(w.shape[0], self.num_heads, -1).permute(1, 2, 0) for w in weights]).detach()
-
-    @property
-    def W_U(self) -> Tensor:  # noqa: N802
-        """The unembedding ``[e, v]`` (``logits = final @ W_U``).
-
-        Raises:
-            ValueError: a model without a language-model head (BERT).
-        """
-        head = getattr(self.module, "lm_head", None)
-        if head is None:
-            raise ValueError(f"{self.name} is an encoder ({self.family}) without a language-model head: no W_U")
-        return head.weight.detach().T
-
-    def _per_head(self, projection: str, heads: int) -> Tensor:
-        """An input projection of every layer as ``[L, heads, e, d]``."""
-        weights = [getattr(self._attention(i), projection).weight for i in range(self.num_layers)]  # [heads * d, e]
-        return torch.stack([w.view(heads, -1, w.shape[1]).transpose(1, 2) for w in weights]).detach()
-
-    def _attention(self, layer: int) -> MultiHeadAttention:
-        return self.architecture.self_attention(self.module, layer)
 
     def generate_ids(
         self,

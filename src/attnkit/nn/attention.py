@@ -27,10 +27,12 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional import AttentionResult, attention
+from attnkit.functional._validate import check_inputs
 from attnkit.functional.attention import attention_of_checked
 from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resolve_kernel_name
 from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
-from attnkit.functional.scores import dot_scores
+from attnkit.functional.pattern import attention_pattern
+from attnkit.functional.scores import dot_scores, resolve_scale, stack_query_groups
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
@@ -389,6 +391,10 @@ class MultiHeadAttention(nn.Module):
 
             return edit
 
+        if not return_weights:
+            return self._attend_through_pattern(
+                q, k, v, mask=mask, bias=bias, causal=causal, edit_scores=through(self.scores)
+            )
         result = self._attend(
             q,
             k,
@@ -403,6 +409,49 @@ class MultiHeadAttention(nn.Module):
         if return_weights or replaced:
             return result
         return AttentionResult(self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False).output)
+
+    def _attend_through_pattern(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
+        edit_scores: Callable[[Tensor], Tensor],
+    ) -> AttentionResult:
+        """The ``scores`` and ``pattern`` points of a pass that does not return the weights:
+        the pattern alone is formed for them (:func:`attnkit.functional.pattern.attention_pattern`,
+        the mask added once as a bias shared by every layer). The output is the fused
+        kernel's, as in a pass without hooks, unless a hook replaced the scores or the
+        pattern: then it is the pattern (after dropout, in training) times the values."""
+        assert self.pattern is not None  # the caller watches it
+        if self.q.active or self.k.active or self.v.active:
+            check_inputs(q, k, v)  # a hook may have replaced them
+        s_q, s_k = q.shape[2], k.shape[2]
+        windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
+        score: Any = self.score.scores if isinstance(self.score, AttentionScore) else self.score
+        if self.softcap is not None:
+            # The scaled scores, capped, as :meth:`_attend` forms them: the scale is in them.
+            default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
+            capped_scale = default if self.scale is None else self.scale
+            score, scale = partial(_softcapped_scores, scale=capped_scale, softcap=self.softcap), 1.0
+        else:
+            scale = resolve_scale(self.scale, q.shape[-1]) if self.scale is not None or score == "scaled_dot" else 1.0
+        weights, scores_replaced = attention_pattern(
+            q, k, mask=windowed, causal=causal, scale=scale, bias=bias, score=score, edit_scores=edit_scores
+        )  # [b, h, s_q, s_k]
+        pattern = self.pattern(weights)
+        if pattern is weights and not scores_replaced:
+            return AttentionResult(
+                self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False).output
+            )
+        if self.training and self.dropout > 0:
+            pattern = nn.functional.dropout(pattern, p=self.dropout)
+        h_kv, d_v = v.shape[1], v.shape[3]
+        out = stack_query_groups(pattern, h_kv) @ v  # [b, h_kv, g·s_q, d_v]
+        return AttentionResult(out.view(pattern.shape[0], self.num_heads, s_q, d_v))
 
     def _per_head_result(self, heads: Tensor, output: Tensor) -> Tensor:
         """The ``result`` hook point: each head's share of the output projection,

@@ -16,6 +16,12 @@ stack and model of :mod:`attnkit.nn`, and the checkpoints of :mod:`attnkit.model
 :meth:`~HookedModule.hook_names`, :meth:`~HookedModule.hooks`,
 :meth:`~HookedModule.run_with_hooks` and :meth:`~HookedModule.run_with_cache`.
 
+Hooks of a :meth:`~HookedModule.hooks` block live in a context variable: they act in that
+block, in that thread, and nothing is left behind. A permanent hook
+(:meth:`~HookedModule.add_hook`, TransformerLens' ``add_hook``) is kept on its point and
+acts on every forward pass, in every thread, before the hooks of any block, until
+:meth:`~HookedModule.reset_hooks` removes it.
+
 The points, by the module that holds them (shape letters: ``b`` batch, ``h`` query heads,
 ``h_kv`` key/value heads, ``s`` query positions, ``s_k`` key positions (cached ones
 included), ``d`` head dim, ``e`` model dim, ``f`` feed-forward hidden dim):
@@ -82,7 +88,7 @@ import contextlib
 import contextvars
 import inspect
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -124,12 +130,15 @@ class HookPoint(nn.Module):
         self.name = ""
         self.layer: int | None = None
         self.positions = positions
+        self.permanent: tuple[Callable[[Tensor, HookPoint], Tensor | None], ...] = ()
 
     def forward(self, activation: Tensor) -> Tensor:
-        """The activation, after the active hooks on this point (and recorded by the active
-        caches that ask for it)."""
+        """The activation, after this point's permanent hooks and the active hooks on it
+        (and recorded by the active caches that ask for it)."""
         session = _SESSION.get()
-        return activation if session is None else session.apply(self, activation)
+        if session is None:
+            return activation if not self.permanent else _apply_hooks(self, self.permanent, activation)
+        return session.apply(self, activation)
 
     __call__ = forward
 
@@ -137,6 +146,8 @@ class HookPoint(nn.Module):
     def active(self) -> bool:
         """Whether a hook or a cache is on this point now: modules compute what only a
         hook needs (weights, per-head results, norm scales) only then."""
+        if self.permanent:
+            return True
         session = _SESSION.get()
         return session is not None and session.wants(self)
 
@@ -156,21 +167,29 @@ class _Session:
         return point in self.hooks or any(point in names for names, _ in self.caches)
 
     def apply(self, point: HookPoint, activation: Tensor) -> Tensor:
-        for fn in self.hooks.get(point, ()):
-            replaced = fn(activation, point)
-            if replaced is not None:
-                if not isinstance(replaced, Tensor) or replaced.shape[1:] != activation.shape[1:]:
-                    got = list(replaced.shape) if isinstance(replaced, Tensor) else type(replaced).__name__
-                    raise ValueError(
-                        f"hook on {point.name!r} must return None or a tensor shaped like its input "
-                        f"[b, {', '.join(map(str, activation.shape[1:]))}], got {got}"
-                    )
-                activation = replaced
+        activation = _apply_hooks(point, point.permanent + self.hooks.get(point, ()), activation)
         for names, cache in self.caches:
             name = names.get(point)
             if name is not None:
                 cache[name] = activation
         return activation
+
+
+def _apply_hooks(
+    point: HookPoint, hooks: Sequence[Callable[[Tensor, HookPoint], Tensor | None]], activation: Tensor
+) -> Tensor:
+    """``activation`` through ``hooks`` in order, each replacement checked."""
+    for fn in hooks:
+        replaced = fn(activation, point)
+        if replaced is not None:
+            if not isinstance(replaced, Tensor) or replaced.shape[1:] != activation.shape[1:]:
+                got = list(replaced.shape) if isinstance(replaced, Tensor) else type(replaced).__name__
+                raise ValueError(
+                    f"hook on {point.name!r} must return None or a tensor shaped like its input "
+                    f"[b, {', '.join(map(str, activation.shape[1:]))}], got {got}"
+                )
+            activation = replaced
+    return activation
 
 
 _SESSION: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("attnkit_hooks", default=None)
@@ -229,6 +248,37 @@ class HookedModule(nn.Module):
             problem = f"matches several points ({', '.join(found)})" if found else "matches no point"
             raise ValueError(f"hook name {name!r}{where} {problem}; the names are {summarize_names(points)}")
         return found[0]
+
+    def add_hook(self, name: str, hook: HookFn) -> None:
+        """Install a permanent hook: it acts on every forward pass of this module, in every
+        thread, until :meth:`reset_hooks` (TransformerLens' ``add_hook``), before the hooks
+        of any :meth:`hooks` block. Prefer :meth:`hooks` where a ``with`` block fits: it
+        cannot be left behind.
+
+        Args:
+            name: a name of :meth:`hook_names`.
+            hook: a function of ``(activation, hook)`` or of the activation, as
+                :meth:`hooks` takes it.
+
+        Raises:
+            ValueError: an unknown name (the message lists the names).
+            TypeError: a hook that is not callable.
+        """
+        points = self.hook_points()
+        check_hook_names([name], points, "hook")
+        if not callable(hook):
+            raise TypeError(f"the hook on {name!r} must be a function of the activation, got {type(hook).__name__}")
+        point = points[name]
+        point.permanent = (*point.permanent, _with_hook_argument(hook))
+
+    def reset_hooks(self) -> None:
+        """Remove every permanent hook (:meth:`add_hook`) under this module."""
+        for point in self.hook_points().values():
+            point.permanent = ()
+
+    def permanent_hooks(self) -> dict[str, int]:
+        """The points that have permanent hooks, with how many each has."""
+        return {name: len(point.permanent) for name, point in self.hook_points().items() if point.permanent}
 
     def run_with_hooks(self, *args: Any, hooks: Mapping[str, HookFn], **kwargs: Any) -> Any:
         """This module's forward pass on ``args`` / ``kwargs`` with ``hooks`` active.

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from attnkit.viz.terminal import counted, display_width, format_table
 
 if TYPE_CHECKING:
+    from attnkit.inspect.detectors import HeadDetection
+
     # Imported where they are needed: printing one map reaches none of them.
     from attnkit.inspect.interventions import InterventionEffects
     from attnkit.inspect.maps import AttentionMap
@@ -150,6 +152,7 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         Text ending in a newline.
     """
     from attnkit.inspect.heads import rank_heads
+    from attnkit.inspect.interventions import layer_span
 
     by_head = effects.by == "head"
     if isinstance(effects.baseline, dict):  # patching
@@ -158,6 +161,9 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
             if by_head
             else f"{effects.component} at each layer and position"
             if effects.by == "layer-position"
+            else f"each (destination, source) cell of the pattern (heads {layer_span(effects.heads or [])} of "
+            f"layers {layer_span(effects.layers)} together)"
+            if effects.by == "dest-src"
             else f"{effects.component} at each position (layers {effects.row_labels[0]} together)"
         )
         what = f"patching {where} of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
@@ -172,6 +178,13 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
     if by_head:
         listed = [[rows[row], f"{column}", f"{value:+.4f}"] for row, column, value in order]
         lines += format_table(["layer", "head", "effect"], listed, align=">>>").splitlines()
+    elif effects.by == "dest-src":
+        listed = [
+            [f"{row}", short(rows[row]), f"{column}", short(effects.columns[column]), f"{value:+.4f}"]
+            for row, column, value in order
+        ]
+        header = ["destination", "token", "source", "token", "effect"]
+        lines += format_table(header, listed, align="><><>").splitlines()
     else:
         listed = [
             [rows[row], f"{column}", short(effects.columns[column]), f"{value:+.4f}"] for row, column, value in order
@@ -183,11 +196,16 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         if by_head
         else "layers × positions"
         if effects.by == "layer-position"
+        else "destinations × sources"
+        if effects.by == "dest-src"
         else f"positions, layers {rows[0]} patched together"
     )
     lines += ["", f"{grid_name} ({effects.metric}):"]
     columns = effects.columns if by_head else [short(label) for label in numbered(effects.columns)]
-    lines += _grid_blocks("layers" if effects.by == "position" else "layer", rows, columns, effects.effects.tolist())
+    if effects.by == "dest-src":
+        rows = [short(label) for label in numbered(rows)]
+    row_header = {"position": "layers", "dest-src": "destination"}.get(effects.by, "layer")
+    lines += _grid_blocks(row_header, rows, columns, effects.effects.tolist())
     return "\n".join(lines) + "\n"
 
 
@@ -359,3 +377,27 @@ def _value_grid(survey: HeadSurvey, stat: str) -> list[str]:
 
 def _subscript(n: int) -> str:
     return str(n).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
+
+
+def render_detection(detection: HeadDetection, *, top: int = 5) -> str:
+    """Head detector scores as text: the detector, the heads that follow its pattern most,
+    and the layers × heads grid.
+
+    Args:
+        detection: from :func:`attnkit.inspect.detectors.detect_heads`.
+        top: heads listed.
+
+    Returns:
+        Text ending in a newline.
+    """
+    lines = [
+        f"{detection.model} · {detection.detector} detector on {detection.text!r}",
+        "score: the share of each head's attention that falls on the pattern (0 to 1)",
+        "",
+    ]
+    listed = [[str(layer), str(head), f"{score:.4f}"] for layer, head, score in detection.top(top)]
+    lines += format_table(["layer", "head", "score"], listed, align=">>>").splitlines()
+    lines += ["", "layers × heads:"]
+    rows = [str(layer) for layer in detection.layers]
+    lines += _grid_blocks("layer", rows, detection.columns, detection.scores.tolist())
+    return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ from attnkit.viz.files import write_text_atomic
 
 if TYPE_CHECKING:
     # Imported where they are needed: writing one map reaches neither.
+    from attnkit.inspect.detectors import HeadDetection
     from attnkit.inspect.interventions import InterventionEffects
     from attnkit.inspect.maps import AttentionMap
     from attnkit.inspect.survey import HeadSurvey
@@ -401,9 +402,13 @@ def write_effects(
 
         options = {"cmap": "RdBu", "symmetric": True, **figure}
         axes: dict[str, Any] = (
-            {}
+            ({} if effects.rows is None else {"rows": effects.rows, "columns": effects.columns, "xlabel": "head"})
             if effects.by == "head"
-            else {"rows": effects.row_labels, "columns": numbered(effects.columns), "xlabel": "position (clean token)"}
+            else {
+                "rows": effects.row_labels,
+                "columns": numbered(effects.columns),
+                "xlabel": "source position (clean token)" if effects.by == "dest-src" else "position (clean token)",
+            }
         )
         written.append(
             draw_head_grid(
@@ -474,4 +479,47 @@ def write_survey(
                 )
     if "json" in formats:
         written.append(write_json(survey.to_dict(), out / f"{stem}.json"))
+    return written
+
+
+def write_detection(
+    detection: HeadDetection, out: Path, formats: Collection[str], *, dpi: float | None = None, **figure: Any
+) -> list[Path]:
+    """Write a head detector's layers × heads grid (``png``/``svg``) and its scores
+    (``json``, ``scores[row][column]``).
+
+    Args:
+        detection: from :func:`attnkit.inspect.detectors.detect_heads`.
+        out: the folder to write to.
+        formats: any of ``png``, ``svg``, ``json``.
+        dpi: dots per inch of PNG files (default: the drawing function's).
+        **figure: options of the picture: ``figsize``, ``cmap``.
+
+    Returns:
+        The paths written: ``MODEL_detect_DETECTOR.png`` per picture format, and the ``.json``.
+
+    Raises:
+        ImportError: matplotlib is missing and a picture was asked for.
+    """
+    stem = f"{file_stem(detection.model)}_detect_{detection.detector}"
+    written = []
+    pictures = [f for f in formats if f in PICTURE_FORMATS]
+    if pictures:
+        from attnkit.viz.head_grid import draw_head_grid
+
+        label = f"{detection.detector} score"
+        for fmt in pictures:
+            written.append(
+                draw_head_grid(
+                    detection.scores,
+                    out / f"{stem}.{fmt}",
+                    title=f"{label} — {detection.model}",
+                    label=label,
+                    rows=[str(layer) for layer in detection.layers],
+                    **({} if dpi is None else {"dpi": dpi}),
+                    **figure,
+                )
+            )
+    if "json" in formats:
+        written.append(write_json(detection.to_dict(), out / f"{stem}.json"))
     return written

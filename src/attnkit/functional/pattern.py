@@ -1,0 +1,156 @@
+"""The attention pattern alone, for hooks and activation caches: the scaled, masked scores
+and their softmax, without the product with the values that the fused kernel computes
+anyway.
+
+Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q`` query
+length, ``s_k`` key length, ``d`` head dim.
+
+The mask is applied as an additive bias (0 where a query may attend, ``-inf`` where it may
+not) added with the scale in one pass over the scores. Every layer of a model attends with
+the same mask (or with the causal flag alone), so the bias of the last masks seen is kept
+(up to 64 MiB each) and shared by the layers of a forward pass (and by the next pass of the
+same shape) rather than built per layer. The scores and weights are those of
+:func:`attnkit.functional.reference_attention`, bit for bit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from attnkit.functional import masks as masks_mod
+from attnkit.functional._validate import dense_allowed
+from attnkit.functional.scores import dot_scores
+from attnkit.functional.softmax import masked_softmax
+
+EditFn = Callable[[Tensor], Tensor]
+# How many additive masks are kept: a decoder's self-attention and an encoder-decoder's
+# cross-attention alternate within one pass.
+_KEPT_MASKS = 4
+# A bias larger than this (a long, padded batch) is not kept after the pass: built per layer.
+_KEPT_BYTES = 2**26
+_kept: OrderedDict[tuple[object, ...], tuple[object, Tensor | None, bool]] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def additive_mask(
+    mask: masks_mod.Mask | Tensor | None,
+    *,
+    causal: bool,
+    b: int,
+    h: int,
+    s_q: int,
+    s_k: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[Tensor | None, bool]:
+    """The mask and the causal flag as an additive score bias, built once per mask.
+
+    Args:
+        mask: a :class:`attnkit.masks.Mask`, a bool tensor broadcastable to
+            ``[b, h, s_q, s_k]`` (``True`` = may attend), or ``None``.
+        causal: also apply a causal mask, aligned bottom-right.
+        b, h, s_q, s_k: the sizes of the scores.
+        device, dtype: those of the scores.
+
+    Returns:
+        ``(bias, rows_may_be_empty)``: ``bias`` broadcastable to ``[b, h, s_q, s_k]``, 0
+        where a query may attend and ``-inf`` where it may not (``None`` when every query
+        may attend to every key); ``rows_may_be_empty`` is whether some query may attend
+        to no key at all.
+
+    Raises:
+        TypeError, ValueError: a mask :func:`attnkit.functional.attention` refuses.
+    """
+    version = mask._version if isinstance(mask, Tensor) else None
+    key = (id(mask), version, causal, b, h, s_q, s_k, device, dtype)
+    with _kept_lock:
+        kept = _kept.get(key)
+        if kept is not None and kept[0] is mask:
+            _kept.move_to_end(key)
+            return kept[1], kept[2]
+    allowed = dense_allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
+    if allowed is None:
+        bias, empty = None, s_k == 0
+    else:
+        bias = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+        empty = s_k == 0 or not bool(allowed.any(-1).all())
+    if bias is not None and bias.numel() * bias.element_size() > _KEPT_BYTES:
+        return bias, empty
+    with _kept_lock:
+        # The mask itself is kept with its bias, so that its id names it while it is kept.
+        _kept[key] = (mask, bias, empty)
+        while len(_kept) > _KEPT_MASKS:
+            _kept.popitem(last=False)
+    return bias, empty
+
+
+def attention_pattern(
+    q: Tensor,
+    k: Tensor,
+    *,
+    mask: masks_mod.Mask | Tensor | None,
+    causal: bool,
+    scale: float,
+    bias: Tensor | None = None,
+    score: str | Callable[[Tensor, Tensor], Tensor] = "scaled_dot",
+    edit_scores: EditFn | None = None,
+) -> tuple[Tensor, bool]:
+    """``softmax(q · k * scale, masked)``: the weights of
+    :func:`attnkit.functional.reference_attention` without the product with the values.
+
+    Args:
+        q: queries ``[b, h, s_q, d]``, checked (:func:`attnkit.functional.attention`).
+        k: keys ``[b, h_kv, s_k, d]``.
+        mask: a :class:`attnkit.masks.Mask`, a bool tensor (``True`` = may attend), or
+            ``None``.
+        causal: also apply a causal mask, aligned bottom-right.
+        scale: multiplies the scores.
+        bias: additive float score bias broadcastable to ``[b, h, s_q, s_k]`` (ALiBi,
+            relative positions), added after the scale.
+        score: ``"scaled_dot"`` or ``"dot"`` (the dot products), or a callable
+            ``(q, k) -> scores [b, h, s_q, s_k]``.
+        edit_scores: called with the scores ``[b, h, s_q, s_k]`` (``-inf`` where the mask
+            forbids); returns them or the scores to use instead, which go through the
+            softmax as they are.
+
+    Returns:
+        ``(weights [b, h, s_q, s_k], scores_replaced)``; rows with nothing to attend to get
+        zeros.
+
+    Raises:
+        TypeError, ValueError: a mask :func:`attnkit.functional.attention` refuses, a score
+            callable that returns the wrong shape.
+    """
+    b, h, s_q, _ = q.shape
+    s_k = k.shape[2]
+    scores = dot_scores(q, k) if isinstance(score, str) else score(q, k)  # [b, h, s_q, s_k]
+    if not isinstance(score, str) and scores.shape != (b, h, s_q, s_k):
+        raise ValueError(f"score callable must return [b, h, s_q, s_k] = {[b, h, s_q, s_k]}, got {list(scores.shape)}")
+    masking, rows_may_be_empty = additive_mask(
+        mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device, dtype=scores.dtype
+    )
+    if bias is not None:
+        scores = scores * scale if scale != 1.0 else scores
+        scores = scores + bias.to(scores.dtype)  # the bias takes the scores' dtype, as in every engine
+        scale = 1.0
+    if masking is not None:
+        # 0 + scale * scores is scale * scores exactly, -inf + it masks: one pass, in place
+        # (the mask broadcasts to the scores' shape). Autograd takes no out=: a new tensor.
+        if scores.requires_grad:
+            scores = torch.add(masking, scores, alpha=scale)
+        else:
+            torch.add(masking, scores, alpha=scale, out=scores)
+    elif scale != 1.0:
+        scores = scores * scale
+    if edit_scores is not None:
+        edited = edit_scores(scores)
+        if edited is not scores:
+            return masked_softmax(edited)[0], True
+    if rows_may_be_empty:
+        return masked_softmax(scores)[0], False
+    return torch.softmax(scores, dim=-1), False  # [b, h, s_q, s_k]
