@@ -96,6 +96,9 @@ OTHERS_PRIVATE_ATTRIBUTES = {
     "config._attn_implementation",
     "hf_model._can_set_attn_implementation",
     "model._assemble",  # DecoderLM.from_parts, on the DecoderLM it creates
+    # torch's version counter of a tensor: a mask tensor changed in place after its additive
+    # bias was kept gets a new bias (attnkit.functional.pattern).
+    "mask._version",
 }
 
 

@@ -158,6 +158,7 @@ def test_missing_input_file(capsys, tmp_path):
     assert code == 2 and "input file not found" in err
 
 
+@pytest.mark.slow
 def test_console_script_runs():
     result = subprocess.run(
         [sys.executable, "-m", "attnkit.cli", "explain"], capture_output=True, text=True, check=True

@@ -40,6 +40,7 @@ def test_patch_checks_the_metric_and_its_tokens_before_loading(capsys, monkeypat
     assert code == 2 and message in err, err
 
 
+@pytest.mark.slow
 def test_serve_says_it_is_the_target_that_is_too_long(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 

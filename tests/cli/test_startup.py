@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 # Runs `attnkit --version` in a fresh interpreter and prints the OpenMP wait policy after.
 VERSION_THEN_POLICY = """
 import os
@@ -72,6 +74,7 @@ def run_script(script: str, *argv: str) -> str:
     return done.stdout.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_the_collector_waits_for_the_model_only_in_a_process_of_its_own(tmp_path):
     """As the process's command, the start-up runs without the garbage collector, which
     is back once the command ends (here: on the load's error); called with arguments from

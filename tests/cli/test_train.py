@@ -95,6 +95,7 @@ def test_resume_errors_and_unwritable_output(capsys, tmp_path) -> None:
     assert code == 2 and "cannot write to output directory" in err
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_to_the_uninterrupted_result(capsys, tmp_path) -> None:
     # A real SIGKILL right after the first checkpoint (one after every step), then --resume.
     options = ["--task", "copy", *TINY, "--steps", "300"]

@@ -15,6 +15,9 @@ from attnkit.cli import main
 from attnkit.train import load_checkpoint
 from tests.train.tiny import TINY_TRAIN_ARGS
 
+# Several processes each (torchrun-style ranks): seconds per test, left out of make test-fast.
+pytestmark = pytest.mark.slow
+
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TINY = ["--task", "reverse", *TINY_TRAIN_ARGS, "--steps", "30"]
 

@@ -9,6 +9,9 @@ import torch
 
 from tests.distributed.processes import run_ranks
 
+# Several processes each (torchrun-style ranks): seconds per test, left out of make test-fast.
+pytestmark = pytest.mark.slow
+
 
 def _check_ring_module(rank: int, world: int) -> None:
     import torch.distributed as dist

@@ -15,6 +15,9 @@ from attnkit import masks
 from attnkit.distributed import shard_length, shard_positions, shard_ranges
 from tests.distributed.processes import RanksFailed, run_ranks
 
+# Several processes each (torchrun-style ranks): seconds per test, left out of make test-fast.
+pytestmark = pytest.mark.slow
+
 # float64 against the float64 reference; float32 against the float64 reference of the same
 # (float32-rounded) inputs.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}

@@ -10,6 +10,9 @@ import torch
 
 from tests.distributed.processes import run_ranks
 
+# Several processes each (torchrun-style ranks): seconds per test, left out of make test-fast.
+pytestmark = pytest.mark.slow
+
 NAN = float("nan")
 
 

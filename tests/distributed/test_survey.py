@@ -18,6 +18,9 @@ from attnkit.inspect.survey import survey_heads
 from tests.distributed.processes import run_ranks
 from tests.inspect.fake_model import FakeModel
 
+# Several processes each (torchrun-style ranks): seconds per test, left out of make test-fast.
+pytestmark = pytest.mark.slow
+
 # Fewer than 18 distinct words: the fake model gives every word its own id in any process.
 TEXTS = ["a b c a b c", "d e f d", "a c e", "b d f b d f a", "c c c", "e f a b"]
 

@@ -12,6 +12,9 @@ import torch
 from attnkit.train import TrainConfig, load_checkpoint, run
 from tests.distributed.processes import run_ranks
 
+# Several processes each (torchrun-style ranks): seconds per test, left out of make test-fast.
+pytestmark = pytest.mark.slow
+
 CONFIG = TrainConfig(
     task="reverse",
     length=6,

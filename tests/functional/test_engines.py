@@ -85,6 +85,7 @@ def test_every_builtin_mask_is_pointwise(name):
     assert not offending, f"mask {mask.name} is not pointwise: {offending}"
 
 
+@pytest.mark.slow
 def test_every_builtin_mask_gives_the_same_bits_inside_compiled_flex():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -109,6 +110,7 @@ def test_every_builtin_mask_gives_the_same_bits_inside_compiled_flex():
         assert err < 1e-5, f"{name}: compiled Flex differs from the eager mask by {err}"
 
 
+@pytest.mark.slow
 def test_random_mask_bits_do_not_depend_on_the_index_dtype():
     # Compiled GPU kernels pass int32 indices: the hash must stay inside 32-bit range.
     mask = masks.random(0.05, seed=9)
@@ -152,6 +154,7 @@ def test_sparse_attention_on_flex_uses_the_permuted_layout():
     assert (got - want).abs().max().item() < 1e-5
 
 
+@pytest.mark.slow
 def test_many_different_masks_stay_compiled(monkeypatch):
     # torch.compile keeps 8 versions of a function by default and then falls back, silently,
     # to eager FlexAttention. Twelve masks in a row must all be compiled (a graph each);

@@ -199,6 +199,7 @@ def test_state_and_engine_errors():
             linear_attention(q, q, q, causal=True, engine="triton")
 
 
+@pytest.mark.slow
 def test_triton_kernels_through_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     done = subprocess.run(

@@ -217,6 +217,7 @@ def test_text_that_is_not_unicode_is_a_clear_error(tiny):
         model.run("a \ud800 b")
 
 
+@pytest.mark.slow
 def test_fuzzed_checkpoints_give_a_clear_error_or_load_under_a_memory_limit():
     """Hypothesis drives config.json fields, safetensors headers and tokenizer files through
     ``models.load`` in a subprocess limited to 3 GiB of address space (a model of these

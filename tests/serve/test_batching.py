@@ -92,6 +92,7 @@ def test_the_queue_is_bounded_and_cancelled_requests_leave_it():
     assert model.passes[1] == ["b", "c"]
 
 
+@pytest.mark.slow
 def test_after_a_batch_the_next_waits_for_the_same_clients():
     """Clients answered together come back some milliseconds apart: the first of them
     does not run alone while the others queue behind it."""

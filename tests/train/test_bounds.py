@@ -126,8 +126,12 @@ def test_a_run_that_diverges_writes_valid_json(tmp_path):
 
     metrics = json.loads((tmp_path / "metrics.json").read_text(), parse_constant=refuse)
     assert metrics["train"]["final_loss"] is None
+    # Its weights are NaN, so it is not evaluated (generation refuses logits that are not
+    # finite), and the metrics say why.
+    assert metrics["diverged"] is True and metrics["held_out"] is None and metrics["example"] is None
 
 
+@pytest.mark.slow
 def test_fuzzed_training_checkpoints_resume_or_give_a_clear_error_under_a_memory_limit():
     """Hypothesis tampers with every field of a tiny training checkpoint and re-saves it
     with a recomputed checksum, in a subprocess limited to 3 GiB of address space (see
@@ -189,6 +193,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path):
         pass
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_do_not_both_write(tmp_path):
     argv = [sys.executable, "-m", "attnkit.cli", "train", "--task", "reverse", "--out", str(tmp_path)]
     argv += [*TINY_TRAIN_ARGS, "--steps", "40"]

@@ -36,6 +36,7 @@ def without_time(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k != "time"}
 
 
+@pytest.mark.slow
 def test_a_tiny_model_learns_to_copy(tmp_path) -> None:
     config = TrainConfig(
         task="copy",
@@ -62,6 +63,7 @@ def test_a_tiny_model_learns_to_copy(tmp_path) -> None:
     assert (tmp_path / "cross_attention.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_same_seed_same_result_and_resume_equals_uninterrupted(tmp_path) -> None:
     straight = run(TINY, tmp_path / "a", progress=False)
     again = run(TINY, tmp_path / "b", progress=False)

@@ -208,6 +208,9 @@ def _print_summary(metrics: dict[str, Any]) -> None:
         f"training loss: {train['first_loss']:.4f} → {train['final_loss']:.4f} in {metrics['steps']} steps, "
         f"{metrics['time']['train_seconds']:.1f} s"
     )
+    if metrics["diverged"]:
+        print("the training loss stopped being finite (diverged): lower --lr; nothing was evaluated")
+        return
     print(
         f"held-out exact match: {held_out['exact_match']:.2%} of {held_out['examples']} "
         f"(token accuracy {held_out['token_accuracy']:.2%})"

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
-from attnkit.functional._validate import dense_allowed
+from attnkit.functional._validate import check_inputs, dense_allowed
 from attnkit.functional.scores import dot_scores
 from attnkit.functional.softmax import masked_softmax
 
@@ -104,7 +104,8 @@ def attention_pattern(
     :func:`attnkit.functional.reference_attention` without the product with the values.
 
     Args:
-        q: queries ``[b, h, s_q, d]``, checked (:func:`attnkit.functional.attention`).
+        q: queries ``[b, h, s_q, d]``, checked as :func:`attnkit.functional.attention`
+            checks them (a hook may have replaced q or k).
         k: keys ``[b, h_kv, s_k, d]``.
         mask: a :class:`attnkit.masks.Mask`, a bool tensor (``True`` = may attend), or
             ``None``.
@@ -123,9 +124,10 @@ def attention_pattern(
         zeros.
 
     Raises:
-        TypeError, ValueError: a mask :func:`attnkit.functional.attention` refuses, a score
-            callable that returns the wrong shape.
+        TypeError, ValueError: q or k, or a mask, that :func:`attnkit.functional.attention`
+            refuses, a score callable that returns the wrong shape.
     """
+    check_inputs(q, k, k)
     b, h, s_q, _ = q.shape
     s_k = k.shape[2]
     scores = dot_scores(q, k) if isinstance(score, str) else score(q, k)  # [b, h, s_q, s_k]

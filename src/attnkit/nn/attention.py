@@ -27,7 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional import AttentionResult, attention
-from attnkit.functional._validate import check_inputs
 from attnkit.functional.attention import attention_of_checked
 from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resolve_kernel_name
 from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
@@ -427,8 +426,6 @@ class MultiHeadAttention(nn.Module):
         kernel's, as in a pass without hooks, unless a hook replaced the scores or the
         pattern: then it is the pattern (after dropout, in training) times the values."""
         assert self.pattern is not None  # the caller watches it
-        if self.q.active or self.k.active or self.v.active:
-            check_inputs(q, k, v)  # a hook may have replaced them
         s_q, s_k = q.shape[2], k.shape[2]
         windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
         score: Any = self.score.scores if isinstance(self.score, AttentionScore) else self.score

@@ -412,6 +412,11 @@ def _evaluate_and_report(
             checkpoint is intact).
     """
     checkpoint_path = out / CHECKPOINT_NAME
+    curve = trainer.loss_curve()
+    if curve and not math.isfinite(curve[-1]["loss"]):
+        # A model whose weights went to NaN has nothing to evaluate or draw: its next-token
+        # logits are refused as not finite. metrics.json says that it diverged.
+        return _report_divergence(config, task, trainer, out, device)
     eval_start = time.perf_counter()
     evaluation = evaluate(trainer.model, task, size=config.eval_size, seed=config.seed, device=device)
     maps, fractions = inspect_attention(trainer.model, task, evaluation, device)
@@ -454,6 +459,29 @@ def _evaluate_and_report(
                 f"{checkpoint_path}"
             ) from err
     return RunResult(config, trainer.step, True, metrics, files)
+
+
+def _report_divergence(
+    config: TrainConfig, task: Task, trainer: _Trainer, out: Path, device: torch.device
+) -> RunResult:
+    """Write ``metrics.json`` of a run whose loss stopped being finite, without an
+    evaluation or a heatmap.
+
+    Raises:
+        OSError: the metrics cannot be written (the checkpoint is intact).
+    """
+    checkpoint_path = out / CHECKPOINT_NAME
+    metrics = run_metrics(
+        config, task, trainer.model, trainer.loss_curve(), trainer.step, trainer.seconds, None, None, None, 0.0, device
+    )
+    metrics_path = out / METRICS_NAME
+    try:
+        write_text_atomic(metrics_path, metrics_json(metrics))
+    except OSError as err:
+        raise OSError(
+            f"cannot write {metrics_path}: {err.strerror or err}; the training itself is saved in {checkpoint_path}"
+        ) from err
+    return RunResult(config, trainer.step, True, metrics, [checkpoint_path, metrics_path])
 
 
 class _Trainer:

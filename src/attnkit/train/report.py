@@ -52,13 +52,14 @@ def run_metrics(
     loss_curve: list[dict[str, float]],
     steps: int,
     train_seconds: float,
-    evaluation: Evaluation,
+    evaluation: Evaluation | None,
     alignment: dict[str, Any] | None,
-    heatmap: Path,
+    heatmap: Path | None,
     eval_seconds: float,
     device: torch.device,
 ) -> dict[str, Any]:
-    """The content of ``metrics.json`` of a finished run."""
+    """The content of ``metrics.json`` of a finished run; a run that diverged (its final
+    loss not finite) is not evaluated, and says so with ``"diverged": true``."""
     curve = loss_curve
     metrics: dict[str, Any] = {
         "task": task.name,
@@ -69,12 +70,17 @@ def run_metrics(
         },
         "steps": steps,
         "train": {"first_loss": curve[0]["loss"], "final_loss": curve[-1]["loss"], "loss_curve": curve},
-        "held_out": {
+        "diverged": evaluation is None,
+        "held_out": None
+        if evaluation is None
+        else {
             "examples": config.eval_size,
             "exact_match": round(evaluation.exact_match, 6),
             "token_accuracy": round(evaluation.token_accuracy, 6),
         },
-        "example": {
+        "example": None
+        if evaluation is None or heatmap is None
+        else {
             "input": task.tokens(evaluation.inputs[0]),
             "target": task.tokens(evaluation.targets[0]),
             "prediction": task.tokens(evaluation.predictions[0]),
