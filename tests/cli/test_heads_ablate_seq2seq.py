@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from attnkit.cli import main
 from attnkit.inspect import interventions
 
 SOURCE, TARGET = "the big dog ran", "a cat sat"
 
 
+@pytest.mark.slow
 def test_an_encoder_decoders_heads_are_ablated_on_the_target(tiny_t5, tiny_t5_path, tmp_path, capsys):
     argv = ["heads", SOURCE, "--ablate", "--decoder-text", TARGET, "--model", str(tiny_t5_path)]
     assert main([*argv, "--out", str(tmp_path), "--quiet", "--format", "json,png"]) == 0

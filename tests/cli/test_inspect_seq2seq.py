@@ -84,6 +84,7 @@ def test_encoder_decoder_options_are_refused_elsewhere(capsys, tmp_path, tiny_t5
     assert code != 0 and "value-weighted cross-attention" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("asked", ["100", "1000000000"])
 def test_a_target_past_the_positions_stops_there_with_a_note(capsys, tmp_path, asked):
     from tests.models.seq2seq_checkpoints import write_bart

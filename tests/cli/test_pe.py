@@ -22,6 +22,7 @@ def pe(capsys, *argv):
     return code, out, err
 
 
+@pytest.mark.slow
 def test_the_notes_pictures_and_numbers(capsys, tmp_path) -> None:
     code, out, err = pe(capsys, "--d-model", "512", "--out", str(tmp_path), "--max-distance", "200")
     assert code == 0, err

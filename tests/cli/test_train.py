@@ -40,6 +40,7 @@ def test_a_tiny_reverse_run_writes_metrics_heatmap_and_checkpoint(capsys, tmp_pa
     assert set(metrics) >= {"config", "steps", "train", "held_out", "alignment", "time", "example"}
 
 
+@pytest.mark.slow
 def test_stop_after_then_resume_equals_a_straight_run(capsys, tmp_path) -> None:
     assert train(capsys, "--task", "sort", "--out", str(tmp_path / "a"), *TINY)[0] == 0
     code, out, _ = train(capsys, "--task", "sort", "--out", str(tmp_path / "b"), *TINY, "--stop-after", "10")

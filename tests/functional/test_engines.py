@@ -127,6 +127,7 @@ def _qkv(h=4, h_kv=2, s_q=S, s_k=S, d=16, seed=0):
     return (torch.randn(B, n, s, d, generator=gen) for n, s in ((h, s_q), (h_kv, s_k), (h_kv, s_k)))
 
 
+@pytest.mark.slow
 def test_forced_engines_agree_for_a_mask_with_gqa_and_fewer_queries_than_keys():
     q, k, v = _qkv(s_q=150)
     window = masks.sliding_window(37)  # causal local attention, the same mask local_attention uses

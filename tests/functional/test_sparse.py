@@ -92,6 +92,7 @@ BLOCK_TESTED = [
     kv_rows=st.lists(st.integers(0, 23), min_size=1, max_size=6, unique=True),
     period=st.sampled_from([0, 4, 8]),
 )
+@pytest.mark.slow
 def test_block_tests_are_conservative(which, q_rows, kv_rows, period):
     """For any set of positions: `some` False => nothing allowed; `every` True => all allowed."""
     mask = BLOCK_TESTED[which]

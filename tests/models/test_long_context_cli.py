@@ -17,6 +17,7 @@ from attnkit.inspect.retrieval_heads import needle_probe, retrieval_scores
 TEXT = " ".join(f"w{(i * 7) % 40 + 1}" for i in range(50))
 
 
+@pytest.mark.slow
 def test_inspect_long_writes_the_head_table_top_keys_and_maps(capsys, tmp_path, tiny_family_folder):
     folder = tiny_family_folder("gemma3_text")
     (tmp_path / "text.txt").write_text(TEXT)

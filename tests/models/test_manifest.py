@@ -80,6 +80,7 @@ entries = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(files=st.one_of(json_values, st.dictionaries(names, entries, max_size=3)), family=json_values)
 def test_fuzzed_manifests_are_read_or_refused_with_a_value_error(tmp_path_factory, files, family):

@@ -83,6 +83,7 @@ def test_same_seed_same_result_and_resume_equals_uninterrupted(tmp_path) -> None
     assert other_seed.metrics["train"] != straight.metrics["train"]
 
 
+@pytest.mark.slow
 def test_reverse_reports_every_heads_anti_diagonal_fraction(tmp_path) -> None:
     metrics = run(dataclasses.replace(TINY, layers=2), tmp_path, progress=False).metrics
     alignment = metrics["alignment"]

@@ -75,6 +75,7 @@ def test_plot_attention_returns_a_figure_and_draws_into_a_given_axes():
     assert right.get_title() == "mine" and len(right.images) == 1 and not left.images
 
 
+@pytest.mark.slow
 def test_long_inputs_are_reduced_by_block_max_with_thinned_ticks(tmp_path):
     s = 2000
     weights = causal_weights(s)
