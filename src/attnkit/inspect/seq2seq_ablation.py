@@ -60,12 +60,9 @@ def seq2seq_head_ablation(
     base = _target_log_p(unablated.logits, target_ids)
     rows = _rows(model, layers)
     width = max(heads for _, _, heads in rows)
-    effects = torch.full((len(rows), width), float("nan"), dtype=torch.float64)
-    for row, (_, name, heads) in enumerate(rows):
-        for head in range(heads):
-            with model.hooks({name: _zero_head(head)}):
-                run = model.run_seq2seq(source_ids, target_ids, encoder_layers=False, decoder_layers=False)
-            effects[row, head] = _target_log_p(run.logits, target_ids) - base
+    effects = _per_head_effects(
+        model, rows, source_ids, target_ids, lambda _name, head: _zero_head(head), lambda log_p: log_p - base
+    )
     return dict(
         model=model.name,
         kind="ablation",
@@ -159,12 +156,14 @@ def seq2seq_activation_patching(
     if abs(gap) < 1e-6:
         raise ValueError(f"the clean and corrupted sources give the same log p(target) ({clean_value:.6g})")
     width = max(heads for _, _, heads in rows)
-    effects = torch.full((len(rows), width), float("nan"), dtype=torch.float64)
-    for row, (_, name, heads) in enumerate(rows):
-        for head in range(heads):
-            with model.hooks({name: _head_from(head, kept[name])}):
-                run = model.run_seq2seq(corrupt_run.source_ids, target_ids, encoder_layers=False, decoder_layers=False)
-            effects[row, head] = (_target_log_p(run.logits, target_ids) - corrupt_value) / gap
+    effects = _per_head_effects(
+        model,
+        rows,
+        corrupt_run.source_ids,
+        target_ids,
+        lambda name, head: _head_from(head, kept[name]),
+        lambda log_p: (log_p - corrupt_value) / gap,
+    )
     return dict(
         model=model.name,
         kind="patching",
@@ -182,6 +181,27 @@ def seq2seq_activation_patching(
         baseline={"clean": clean_value, "corrupt": corrupt_value},
         rows=[label for label, _, _ in rows],
     )
+
+
+def _per_head_effects(
+    model: Model,
+    rows: list[tuple[str, str, int]],
+    source_ids: Tensor,
+    target_ids: Tensor,
+    hook_of: Callable[[str, int], Callable[[Tensor], Tensor]],
+    effect_of: Callable[[float], float],
+) -> Tensor:
+    """``[rows, most heads]`` float64: for each head of each row's hook point, the target's
+    teacher-forced log-probability with ``hook_of(point, head)`` on that point, mapped by
+    ``effect_of``; NaN past a row's own head count (stacks may differ)."""
+    width = max(heads for _, _, heads in rows)
+    effects = torch.full((len(rows), width), float("nan"), dtype=torch.float64)
+    for row, (_, name, heads) in enumerate(rows):
+        for head in range(heads):
+            with model.hooks({name: hook_of(name, head)}):
+                run = model.run_seq2seq(source_ids, target_ids, encoder_layers=False, decoder_layers=False)
+            effects[row, head] = effect_of(_target_log_p(run.logits, target_ids))
+    return effects
 
 
 def _rows(model: Model, layers: Sequence[int] | None) -> list[tuple[str, str, int]]:
