@@ -27,7 +27,8 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.decoder import ConfigReader, DecoderConfig, Rope, decoder_family
+from attnkit.models.config_reader import ConfigReader, Rope
+from attnkit.models.decoder import DecoderConfig, decoder_family
 from attnkit.models.llama import LAYER_KEYS, rename_llama_layout
 
 _LAYER_KEYS = LAYER_KEYS | {

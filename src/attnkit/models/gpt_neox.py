@@ -30,7 +30,8 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family, rename_decoder_tensors
+from attnkit.models.config_reader import ConfigReader
+from attnkit.models.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
 
 _LAYER_KEYS = {
     "input_layernorm": "self_attn_norm",

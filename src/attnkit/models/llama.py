@@ -32,7 +32,8 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.models.checkpoint import short_repr
-from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family, rename_decoder_tensors
+from attnkit.models.config_reader import ConfigReader
+from attnkit.models.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
 
 # Hugging Face's names → attnkit's, inside layer N (``model.layers.N.``).
 LAYER_KEYS = {

@@ -17,7 +17,8 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family
+from attnkit.models.config_reader import ConfigReader
+from attnkit.models.decoder import DecoderConfig, decoder_family
 from attnkit.models.llama import LAYER_KEYS, llama_like_config, rename_llama_layout
 
 _FUSED_KEY = re.compile(r"(model\.layers\.\d+\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)\.weight")

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family
+from attnkit.models.config_reader import ConfigReader
+from attnkit.models.decoder import DecoderConfig, decoder_family
 from attnkit.models.llama import llama_like_config, state_dict_from_hf
 
 

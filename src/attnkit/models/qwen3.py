@@ -12,7 +12,8 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.decoder import ConfigReader, DecoderConfig, decoder_family
+from attnkit.models.config_reader import ConfigReader
+from attnkit.models.decoder import DecoderConfig, decoder_family
 from attnkit.models.llama import LAYER_KEYS, llama_like_config, rename_llama_layout
 
 _LAYER_KEYS = LAYER_KEYS | {"self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
