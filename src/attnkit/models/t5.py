@@ -41,20 +41,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from attnkit.models.checkpoint import (
-    CONFIG_LIMITS,
-    REQUIRED,
-    CheckpointError,
-    config_bool,
-    config_float,
-    config_int,
-    short_repr,
-)
-from attnkit.models.decoder import token_ids
+from attnkit.models.config_reader import ConfigReader
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
 )
+from attnkit.models.renaming import rename_tensors
 from attnkit.nn import (
     AttentionConfig,
     Decoder,
@@ -84,6 +76,13 @@ _ACTIVATIONS: dict[str, Activation] = {
 _ATTENTION_KEYS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj"}
 _FF_KEYS = {"wi": "up_proj", "wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"}
 _LAYER_KEY = re.compile(r"(encoder|decoder)\.block\.(\d+)\.layer\.(\d)\.(.+)\.weight")
+_OUTER_KEYS = {
+    "shared.weight": "source_embedding.token.weight",
+    "encoder.final_layer_norm.weight": "encoder.final_norm.weight",
+    "decoder.final_layer_norm.weight": "decoder.final_norm.weight",
+}
+# Saved copies of the shared token matrix.
+_EMBEDDING_COPIES = re.compile(r"(encoder|decoder)\.embed_tokens\.weight")
 
 
 @dataclass(frozen=True)
@@ -147,61 +146,37 @@ class T5Config(EncoderDecoderSizes):
                 of :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, or a feed-forward
                 activation attnkit does not implement; the message names the field.
         """
-
-        def size(key: str, limit: str, default: Any = REQUIRED) -> int:
-            return config_int(config, key, path=path, default=default, maximum=CONFIG_LIMITS[limit])
-
-        vocab = size("vocab_size", "vocab_size")
-        layers = size("num_layers", "num_hidden_layers")
-        proj = config.get("feed_forward_proj", "relu")
-        if not isinstance(proj, str) or proj not in _ACTIVATIONS:
-            raise CheckpointError(
-                path,
-                f"feed_forward_proj={short_repr(proj)} is not supported (only {', '.join(map(repr, _ACTIVATIONS))})",
-                field="feed_forward_proj",
-            )
+        read = ConfigReader(config, path)
+        vocab = read.size("vocab_size")
+        layers = read.size("num_layers", like="num_hidden_layers")
+        activation = read.choice("feed_forward_proj", _ACTIVATIONS, "relu")
         # transformers 5 always ties T5's head and records whether to scale in
         # scale_decoder_outputs; older files say tie_word_embeddings=false for v1.1, whose
         # checkpoints then hold their own lm_head.
-        tie = config_bool(config, "tie_word_embeddings", path=path, default=True)
-        scale = config_bool(config, "scale_decoder_outputs", path=path, default=tie)
-        pad = config_int(config, "pad_token_id", path=path, default=0, minimum=0, maximum=vocab - 1)
+        tie = read.flag("tie_word_embeddings", True)
         # Half the buckets of the bidirectional encoder are exact offsets, half of those
         # each way: at least one each, and max_distance beyond the decoder's exact ones.
-        buckets = config_int(
-            config,
-            "relative_attention_num_buckets",
-            path=path,
-            default=32,
-            minimum=4,
-            maximum=CONFIG_LIMITS["num_attention_heads"],
-        )
-        max_distance = config_int(
-            config,
-            "relative_attention_max_distance",
-            path=path,
-            default=128,
-            minimum=buckets // 2 + 1,
-            maximum=CONFIG_LIMITS["max_position_embeddings"],
-        )
+        buckets = read.size("relative_attention_num_buckets", 32, minimum=4, like="num_attention_heads")
         return cls(
             vocab_size=vocab,
-            d_model=size("d_model", "hidden_size"),
-            d_kv=size("d_kv", "head_dim"),
-            d_ff=size("d_ff", "intermediate_size"),
+            d_model=read.size("d_model", like="hidden_size"),
+            d_kv=read.size("d_kv", like="head_dim"),
+            d_ff=read.size("d_ff", like="intermediate_size"),
             num_layers=layers,
-            num_decoder_layers=size("num_decoder_layers", "num_hidden_layers", layers),
-            num_heads=size("num_heads", "num_attention_heads"),
+            num_decoder_layers=read.size("num_decoder_layers", layers, like="num_hidden_layers"),
+            num_heads=read.size("num_heads", like="num_attention_heads"),
             num_buckets=buckets,
-            max_distance=max_distance,
-            activation=_ACTIVATIONS[proj],
-            layer_norm_eps=config_float(config, "layer_norm_epsilon", path=path, default=1e-6, low=0.0, high=1.0),
-            tie_embeddings=tie,
-            scale_decoder_outputs=scale,
-            decoder_start_token_id=config_int(
-                config, "decoder_start_token_id", path=path, default=pad, minimum=0, maximum=vocab - 1
+            max_distance=read.size(
+                "relative_attention_max_distance", 128, minimum=buckets // 2 + 1, like="max_position_embeddings"
             ),
-            eos_token_ids=token_ids(config.get("eos_token_id"), vocab, path),
+            activation=activation,
+            layer_norm_eps=read.number("layer_norm_epsilon", 1e-6, high=1.0),
+            tie_embeddings=tie,
+            scale_decoder_outputs=read.flag("scale_decoder_outputs", tie),
+            decoder_start_token_id=read.token_id(
+                "decoder_start_token_id", vocab, read.token_id("pad_token_id", vocab, 0)
+            ),
+            eos_token_ids=read.eos(vocab),
         )
 
 
@@ -273,34 +248,28 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: T5Config) -> tuple[di
     Returns:
         ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place in
         the model. The first layer's relative-position table goes to every layer of its
-        stack; a tied head gets the embedding matrix.
+        stack; both embeddings, and a tied head, get the shared matrix.
     """
-    state: dict[str, Tensor] = {}
-    unknown = []
     depth = {"encoder": config.num_layers, "decoder": config.num_decoder_layers}
-    for key, value in tensors.items():
+
+    def rename(key: str, value: Tensor) -> dict[str, Tensor] | None:
         match = _LAYER_KEY.fullmatch(key)
         if match:
-            target = _layer_key(match.group(1), int(match.group(3)), match.group(4))
-            if target == "positional" and match.group(2) == "0":
-                for i in range(depth[match.group(1)]):
-                    state[f"{match.group(1)}.layers.{i}.self_attn.positional.weight"] = value
-                continue
-            if target is not None and target != "positional":
-                state[f"{match.group(1)}.layers.{match.group(2)}.{target}.weight"] = value
-                continue
-        if key == "shared.weight":
-            for name in ("source_embedding", "target_embedding"):
-                state[f"{name}.token.weight"] = value
-        elif key in ("encoder.final_layer_norm.weight", "decoder.final_layer_norm.weight"):
-            state[f"{key.split('.')[0]}.final_norm.weight"] = value
-        elif key == "lm_head.weight" and not config.tie_embeddings:
-            state["head.proj.weight"] = value
-        elif key not in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
-            unknown.append(key)  # (the others are saved copies of the shared matrix)
-    if config.tie_embeddings and "source_embedding.token.weight" in state:
-        state["head.proj.weight"] = state["source_embedding.token.weight"]
-    return state, unknown
+            stack, layer, sublayer, rest = match.groups()
+            target = _layer_key(stack, int(sublayer), rest)
+            if target == "positional":
+                positional = (f"{stack}.layers.{i}.self_attn.positional.weight" for i in range(depth[stack]))
+                return {name: value for name in positional} if layer == "0" else None
+            return None if target is None else {f"{stack}.layers.{layer}.{target}.weight": value}
+        if key == "lm_head.weight":
+            return {} if config.tie_embeddings else {"head.proj.weight": value}
+        outer = _OUTER_KEYS.get(key)
+        return None if outer is None else {outer: value}
+
+    shared = {"target_embedding.token.weight": "source_embedding.token.weight"}
+    if config.tie_embeddings:
+        shared["head.proj.weight"] = "source_embedding.token.weight"
+    return rename_tensors(tensors, rename, dropped=_EMBEDDING_COPIES, shared=shared)
 
 
 def _layer_key(stack: str, sublayer: int, rest: str) -> str | None:
