@@ -44,19 +44,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from attnkit.models.checkpoint import (
-    CONFIG_LIMITS,
-    REQUIRED,
-    CheckpointError,
-    config_bool,
-    config_int,
-    short_repr,
-)
-from attnkit.models.decoder import token_ids
+from attnkit.models.config_reader import ConfigReader
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
 )
+from attnkit.models.renaming import rename_tensors
 from attnkit.nn import (
     Decoder,
     DecoderLayer,
@@ -96,6 +89,13 @@ _LAYER_KEY = re.compile(r"model\.(encoder|decoder)\.layers\.(\d+)\.(.+)\.(weight
 _EMBEDDING_KEY = re.compile(r"model\.(encoder|decoder)\.(embed_positions|layernorm_embedding)\.(weight|bias)")
 _EMBEDDING_OF = {"encoder": "source_embedding", "decoder": "target_embedding"}
 _EMBEDDING_PARTS = {"embed_positions": "position", "layernorm_embedding": "norm"}
+# The matrices each part reads when the embeddings are untied (saved copies of
+# model.shared when they are tied).
+_OWN_MATRICES = {
+    "model.encoder.embed_tokens.weight": "source_embedding.token.weight",
+    "model.decoder.embed_tokens.weight": "target_embedding.token.weight",
+    "lm_head.weight": "head.proj.weight",
+}
 
 
 @dataclass(frozen=True)
@@ -156,47 +156,27 @@ class BartConfig(EncoderDecoderSizes):
                 do not divide, or an activation or norm placement attnkit does not
                 implement; the message names the field.
         """
-
-        def size(key: str, limit: str, default: Any = REQUIRED) -> int:
-            return config_int(config, key, path=path, default=default, maximum=CONFIG_LIMITS[limit])
-
-        vocab = size("vocab_size", "vocab_size")
-        activation = config.get("activation_function", "gelu")
-        if not isinstance(activation, str) or activation not in _ACTIVATIONS:
-            raise CheckpointError(
-                path,
-                f"activation_function={short_repr(activation)} is not supported "
-                f"(only {', '.join(map(repr, _ACTIVATIONS))})",
-                field="activation_function",
-            )
-        for key in ("normalize_before", "add_final_layer_norm"):
-            if config_bool(config, key, path=path, default=False):
-                raise CheckpointError(path, f"{key}: pre-norm BART variants are not supported", field=key)
-        out = cls(
+        read = ConfigReader(config, path)
+        vocab = read.size("vocab_size")
+        activation = read.choice("activation_function", _ACTIVATIONS, "gelu")
+        read.no_flags("normalize_before", "add_final_layer_norm", detail="pre-norm BART variants are not supported")
+        d_model = read.size("d_model", like="hidden_size")
+        return cls(
             vocab_size=vocab,
-            d_model=size("d_model", "hidden_size"),
-            num_layers=size("encoder_layers", "num_hidden_layers"),
-            num_decoder_layers=size("decoder_layers", "num_hidden_layers"),
-            num_heads=size("encoder_attention_heads", "num_attention_heads"),
-            num_decoder_heads=size("decoder_attention_heads", "num_attention_heads"),
-            encoder_ffn_dim=size("encoder_ffn_dim", "intermediate_size"),
-            decoder_ffn_dim=size("decoder_ffn_dim", "intermediate_size"),
-            max_length=size("max_position_embeddings", "max_position_embeddings", 1024),
-            activation=_ACTIVATIONS[activation],
-            scale_embedding=config_bool(config, "scale_embedding", path=path, default=False),
-            tie_embeddings=config_bool(config, "tie_word_embeddings", path=path, default=True),
-            decoder_start_token_id=config_int(
-                config, "decoder_start_token_id", path=path, default=2, minimum=0, maximum=vocab - 1
-            ),
-            eos_token_ids=token_ids(config.get("eos_token_id"), vocab, path),
+            d_model=d_model,
+            num_layers=read.size("encoder_layers", like="num_hidden_layers"),
+            num_decoder_layers=read.size("decoder_layers", like="num_hidden_layers"),
+            num_heads=read.head_count("encoder_attention_heads", width=d_model, width_key="d_model"),
+            num_decoder_heads=read.head_count("decoder_attention_heads", width=d_model, width_key="d_model"),
+            encoder_ffn_dim=read.size("encoder_ffn_dim", like="intermediate_size"),
+            decoder_ffn_dim=read.size("decoder_ffn_dim", like="intermediate_size"),
+            max_length=read.size("max_position_embeddings", 1024),
+            activation=activation,
+            scale_embedding=read.flag("scale_embedding", False),
+            tie_embeddings=read.flag("tie_word_embeddings", True),
+            decoder_start_token_id=read.token_id("decoder_start_token_id", vocab, 2),
+            eos_token_ids=read.eos(vocab),
         )
-        for key, heads in (
-            ("encoder_attention_heads", out.num_heads),
-            ("decoder_attention_heads", out.num_decoder_heads),
-        ):
-            if out.d_model % heads:
-                raise CheckpointError(path, f"d_model={out.d_model} is not a multiple of {key}={heads}", field=key)
-        return out
 
 
 def _embedding(config: BartConfig, token: nn.Embedding) -> SequenceEmbedding:
@@ -251,34 +231,26 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: BartConfig) -> tuple[
         forward pass never reads then) is dropped. The head's bias is
         ``final_logits_bias`` (zeros when the checkpoint has none, as transformers assumes).
     """
-    own = {
-        "model.encoder.embed_tokens.weight": "source_embedding.token.weight",
-        "model.decoder.embed_tokens.weight": "target_embedding.token.weight",
-        "lm_head.weight": "head.proj.weight",
-    }
-    redundant = set(own) if config.tie_embeddings else {"model.shared.weight"}
-    state: dict[str, Tensor] = {}
-    unknown = []
-    for key, value in tensors.items():
+
+    def rename(key: str, value: Tensor) -> dict[str, Tensor] | None:
         layer = _LAYER_KEY.fullmatch(key)
-        embedding = _EMBEDDING_KEY.fullmatch(key)
         if layer and layer.group(3) in _LAYER_KEYS:
             stack, index, name, leaf = layer.groups()
-            state[f"{stack}.layers.{index}.{_LAYER_KEYS[name]}.{leaf}"] = value
-        elif embedding:
+            return {f"{stack}.layers.{index}.{_LAYER_KEYS[name]}.{leaf}": value}
+        embedding = _EMBEDDING_KEY.fullmatch(key)
+        if embedding:
             stack, part, leaf = embedding.groups()
-            state[f"{_EMBEDDING_OF[stack]}.{_EMBEDDING_PARTS[part]}.{leaf}"] = value
-        elif key in redundant:
-            continue
-        elif key == "model.shared.weight":
-            for name in own.values():
-                state[name] = value
-        elif key in own:
-            state[own[key]] = value
-        elif key == "final_logits_bias":
-            state["head.proj.bias"] = value.reshape(-1)
-        else:
-            unknown.append(key)
+            return {f"{_EMBEDDING_OF[stack]}.{_EMBEDDING_PARTS[part]}.{leaf}": value}
+        if key == "model.shared.weight":
+            return {"source_embedding.token.weight": value} if config.tie_embeddings else {}
+        if key in _OWN_MATRICES:
+            return {} if config.tie_embeddings else {_OWN_MATRICES[key]: value}
+        if key == "final_logits_bias":
+            return {"head.proj.bias": value.reshape(-1)}
+        return None
+
+    tied = {name: "source_embedding.token.weight" for name in _OWN_MATRICES.values()} if config.tie_embeddings else None
+    state, unknown = rename_tensors(tensors, rename, shared=tied)
     if "head.proj.bias" not in state and "head.proj.weight" in state:
         weight = state["head.proj.weight"]
         state["head.proj.bias"] = weight.new_zeros(weight.shape[0])
