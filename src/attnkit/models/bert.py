@@ -36,15 +36,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.models.checkpoint import (
-    REQUIRED,
-    CheckpointError,
-    build_without_weights,
-    config_float,
-    config_int,
-    short_repr,
-)
+from attnkit.models.checkpoint import build_without_weights
+from attnkit.models.config_reader import ConfigReader
 from attnkit.models.family import ModelFamily
+from attnkit.models.renaming import rename_tensors
 from attnkit.nn import (
     Encoder,
     EncoderLayer,
@@ -79,7 +74,7 @@ _LAYER_KEY = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)")
 # Old checkpoints name LayerNorm parameters gamma/beta.
 _NORM_NAMES = {"gamma": "weight", "beta": "bias"}
 # Not part of the encoder: the position ids buffer, the pooler, pre-training heads.
-_IGNORED = re.compile(r"embeddings\.position_ids|pooler\..*|cls\..*")
+_IGNORED = re.compile(r"(bert\.)?(embeddings\.position_ids|pooler\..*|cls\..*)")
 
 
 @dataclass(frozen=True)
@@ -125,32 +120,21 @@ class BertConfig:
                 not implement (an activation other than exact GELU, relative position
                 embeddings); the message names the field.
         """
-
-        def size(key: str, default: Any = REQUIRED) -> int:
-            return config_int(config, key, path=path, default=default)
-
-        out = cls(
-            vocab_size=size("vocab_size"),
-            hidden_size=size("hidden_size"),
-            num_layers=size("num_hidden_layers"),
-            num_heads=size("num_attention_heads"),
-            intermediate_size=size("intermediate_size"),
-            max_length=size("max_position_embeddings", 512),
-            type_vocab_size=size("type_vocab_size", 2),
-            layer_norm_eps=config_float(config, "layer_norm_eps", path=path, default=1e-12, low=0.0, high=1.0),
+        read = ConfigReader(config, path)
+        # The layers are built with exact GELU and the learned absolute positions only.
+        read.choice("hidden_act", {"gelu": "gelu"}, "gelu")
+        read.choice("position_embedding_type", {"absolute": "absolute"}, "absolute")
+        hidden = read.size("hidden_size")
+        return cls(
+            vocab_size=read.size("vocab_size"),
+            hidden_size=hidden,
+            num_layers=read.size("num_hidden_layers"),
+            num_heads=read.head_count("num_attention_heads", width=hidden, width_key="hidden_size"),
+            intermediate_size=read.size("intermediate_size"),
+            max_length=read.size("max_position_embeddings", 512),
+            type_vocab_size=read.size("type_vocab_size", 2),
+            layer_norm_eps=read.number("layer_norm_eps", 1e-12, high=1.0),
         )
-        for key, supported in (("hidden_act", "gelu"), ("position_embedding_type", "absolute")):
-            if config.get(key, supported) != supported:
-                raise CheckpointError(
-                    path, f"{key}={short_repr(config[key])} is not supported (only {supported!r})", field=key
-                )
-        if out.hidden_size % out.num_heads:
-            raise CheckpointError(
-                path,
-                f"hidden_size={out.hidden_size} is not a multiple of num_attention_heads={out.num_heads}",
-                field="num_attention_heads",
-            )
-        return out
 
 
 class BertModel(HookedModule):
@@ -243,9 +227,8 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: BertConfig) -> tuple[
         ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place in
         the model (the pooler and pre-training heads are dropped, not unknown).
     """
-    state: dict[str, Tensor] = {}
-    unknown = []
-    for key, value in tensors.items():
+
+    def rename(key: str, value: Tensor) -> dict[str, Tensor] | None:
         bare = key.removeprefix("bert.")
         parts = bare.rsplit(".", 1)
         if len(parts) == 2 and parts[1] in _NORM_NAMES:
@@ -253,12 +236,12 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: BertConfig) -> tuple[
         match = _LAYER_KEY.fullmatch(bare)
         stem, _, leaf = bare.rpartition(".")
         if match and match.group(2) in _LAYER_KEYS:
-            state[f"encoder.layers.{match.group(1)}.{_LAYER_KEYS[match.group(2)]}.{match.group(3)}"] = value
-        elif stem in _EMBEDDING_KEYS:
-            state[f"{_EMBEDDING_KEYS[stem]}.{leaf}"] = value
-        elif not _IGNORED.fullmatch(bare):
-            unknown.append(key)
-    return state, unknown
+            return {f"encoder.layers.{match.group(1)}.{_LAYER_KEYS[match.group(2)]}.{match.group(3)}": value}
+        if stem in _EMBEDDING_KEYS:
+            return {f"{_EMBEDDING_KEYS[stem]}.{leaf}": value}
+        return None
+
+    return rename_tensors(tensors, rename, dropped=_IGNORED)
 
 
 def finish(module: BertModel, config: BertConfig) -> None:
