@@ -26,12 +26,12 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.checkpoint import CONFIG_LIMITS, REQUIRED, CheckpointError, config_int
-from attnkit.models.decoder import token_ids
+from attnkit.models.config_reader import ConfigReader
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
 )
+from attnkit.models.renaming import rename_tensors
 from attnkit.nn import EncoderDecoderLM, paper_transformer
 
 MODEL_TYPE = "attnkit_transformer"
@@ -102,35 +102,25 @@ class TrainedConfig(EncoderDecoderSizes):
 
         Raises:
             CheckpointError: a missing size, one that is not an integer within the limits
-                of :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, a width that the heads
-                do not divide into even head dims; the message names the field.
+                of :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, an odd width, or one
+                that the heads do not divide; the message names the field.
         """
-
-        def size(key: str, limit: str, default: Any = REQUIRED) -> int:
-            return config_int(config, key, path=path, default=default, maximum=CONFIG_LIMITS[limit])
-
-        vocab = size("vocab_size", "vocab_size")
-        out = cls(
+        read = ConfigReader(config, path)
+        vocab = read.size("vocab_size")
+        d_model = read.size("d_model", like="hidden_size")
+        if d_model % 2:
+            raise read.refuse("d_model", f"must be even (sinusoidal encoding), got {d_model}")
+        return cls(
             vocab_size=vocab,
-            d_model=size("d_model", "hidden_size"),
-            num_layers=size("encoder_layers", "num_hidden_layers"),
-            num_decoder_layers=size("decoder_layers", "num_hidden_layers"),
-            num_heads=size("attention_heads", "num_attention_heads"),
-            ffn_dim=size("ffn_dim", "intermediate_size"),
-            max_length=size("max_position_embeddings", "max_position_embeddings", MAX_LENGTH),
-            decoder_start_token_id=config_int(
-                config, "decoder_start_token_id", path=path, default=0, minimum=0, maximum=vocab - 1
-            ),
-            eos_token_ids=token_ids(config.get("eos_token_id"), vocab, path),
+            d_model=d_model,
+            num_layers=read.size("encoder_layers", like="num_hidden_layers"),
+            num_decoder_layers=read.size("decoder_layers", like="num_hidden_layers"),
+            num_heads=read.head_count("attention_heads", width=d_model, width_key="d_model"),
+            ffn_dim=read.size("ffn_dim", like="intermediate_size"),
+            max_length=read.size("max_position_embeddings", MAX_LENGTH),
+            decoder_start_token_id=read.token_id("decoder_start_token_id", vocab, 0),
+            eos_token_ids=read.eos(vocab),
         )
-        if out.d_model % 2 or out.d_model % out.num_heads:
-            raise CheckpointError(
-                path,
-                f"d_model={out.d_model} must be even (sinusoidal encoding) and a multiple of "
-                f"attention_heads={out.num_heads}",
-                field="d_model",
-            )
-        return out
 
 
 def build_network(config: TrainedConfig) -> EncoderDecoderLM:
@@ -160,10 +150,11 @@ def state_dict_from_hf(tensors: dict[str, Tensor], config: TrainedConfig) -> tup
         ``(state, unknown)``: the tensors, the target embedding given the source's token
         matrix, and the keys with no place in the model.
     """
-    state = {key: value for key, value in tensors.items() if _KEY.fullmatch(key)}
-    if "source_embedding.token.weight" in state:
-        state["target_embedding.token.weight"] = state["source_embedding.token.weight"]
-    return state, [key for key in tensors if not _KEY.fullmatch(key)]
+    return rename_tensors(
+        tensors,
+        lambda key, value: {key: value} if _KEY.fullmatch(key) else None,
+        shared={"target_embedding.token.weight": "source_embedding.token.weight"},
+    )
 
 
 def finish(module: EncoderDecoderLM, config: TrainedConfig) -> None:
