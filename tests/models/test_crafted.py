@@ -72,7 +72,7 @@ def test_the_tiny_checkpoint_loads(tiny):
         ("rope_scaling", [1, 2], r"rope_scaling: must be an object, got \[1, 2\]"),
         ("eos_token_id", 10**30, r"eos_token_id must be token ids in \[0, 16\)"),
         ("eos_token_id", ["x"], r"eos_token_id must be token ids"),
-        ("hidden_act", {"a": [1]}, "hidden_act: {'a': \\[1\\]} is not supported"),
+        ("hidden_act", {"a": [1]}, "hidden_act={'a': \\[1\\]} is not supported"),
         ("model_type", ["llama"], r"model_type \['llama'\] is not supported"),
     ],
 )

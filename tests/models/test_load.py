@@ -198,7 +198,7 @@ def test_llama_config_checks():
     assert read_config({**base, "attention_bias": True}).qkv_bias
     with pytest.raises(ValueError, match="intermediate_size is missing"):
         read_config({k: v for k, v in base.items() if k != "intermediate_size"})
-    with pytest.raises(ValueError, match="hidden_act: 'gelu' is not supported"):
+    with pytest.raises(ValueError, match=r"hidden_act='gelu' is not supported \(attnkit has 'silu'\)"):
         read_config({**base, "hidden_act": "gelu"})
 
 

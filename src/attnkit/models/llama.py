@@ -31,7 +31,6 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.checkpoint import short_repr
 from attnkit.models.config_reader import ConfigReader
 from attnkit.models.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
 
@@ -81,8 +80,6 @@ def llama_like_config(read: ConfigReader, **options: Any) -> DecoderConfig:
     vocab = read.size("vocab_size")
     layers = read.size("num_hidden_layers")
     heads, kv_heads, head_dim = read.heads(hidden)
-    if read.config.get("hidden_act", "silu") != "silu":
-        raise read.refuse("hidden_act", f"{short_repr(read.config['hidden_act'])} is not supported (only 'silu')")
     rope, partial = read.rope(head_dim=head_dim)
     bias = read.flag("attention_bias", False)
     fields: dict[str, Any] = {
@@ -96,7 +93,7 @@ def llama_like_config(read: ConfigReader, **options: Any) -> DecoderConfig:
         "max_length": read.context_length(rope, 2048),
         "tie_embeddings": read.flag("tie_word_embeddings", False),
         "eos_token_ids": read.eos(vocab),
-        "activation": "swiglu",
+        "activation": read.choice("hidden_act", {"silu": "swiglu"}, "silu"),
         "norm": "rms",
         "norm_eps": read.number("rms_norm_eps", 1e-6, high=1.0),
         "positional": "rotary",
