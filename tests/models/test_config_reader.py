@@ -60,6 +60,9 @@ _OWN_PARSING = {"config_int", "config_float", "config_bool", "token_ids"}
         ("attnkit_transformer", "ffn_dim", 2**18 + 1, "ffn_dim must be an integer from 1 to 262144, got 262145"),
         ("attnkit_transformer", "eos_token_id", [16], r"eos_token_id must be token ids in \[0, 16\), got \[16\]"),
         ("gpt2", "activation_function", "swish", r"activation_function='swish' is not supported \(attnkit has"),
+        # transformers 4's names of GPT-NeoX's rotary fields are named as the file names them.
+        ("gpt_neox", "rotary_emb_base", -1, "rotary_emb_base must be a number above 1.0 and at most 1000000000000.0"),
+        ("gpt_neox", "rotary_pct", 2.0, "rotary_pct must be a number above 0.0 and at most 1.0, got 2.0"),
     ],
 )
 def test_a_refused_field_is_one_line_naming_the_file_the_field_and_both_values(model_type, field, value, match):
@@ -99,6 +102,18 @@ def test_size_is_bounded_like_a_common_field_and_from_a_minimum():
     assert read.token_id("absent", 16, 5) == 5
     with pytest.raises(models.CheckpointError, match="buckets must be an integer from 4 to 1024, got 3"):
         read.size("buckets", 32, minimum=4, like="num_attention_heads")
+
+
+def test_a_field_is_read_under_its_older_name_where_the_file_has_only_that():
+    path = Path("config.json")
+    read = ConfigReader({"rotary_emb_base": 500.0, "rope_theta": None}, path, aliases={"rope_theta": "rotary_emb_base"})
+    assert read.field("rope_theta") == "rotary_emb_base" and read.number("rope_theta", 1.0) == 500.0
+    assert read.rope(head_dim=4)[0].theta == 500.0
+    newer = ConfigReader({"rotary_emb_base": 500.0, "rope_theta": 7.0}, path, aliases={"rope_theta": "rotary_emb_base"})
+    assert newer.field("rope_theta") == "rope_theta" and newer.rope(head_dim=4)[0].theta == 7.0
+    neox = FAMILY_CONFIGS["gpt_neox"]
+    assert FAMILIES["gpt_neox"].read_config(neox | {"rope_theta": 5e5}).ropes[0].theta == 5e5
+    assert FAMILIES["gpt_neox"].read_config(neox).rotary_dim == 2  # rotary_pct 0.5 of 4
 
 
 def test_no_family_module_parses_config_json_or_renames_by_hand():

@@ -9,6 +9,7 @@ or ``null`` takes the default the caller gives (required without one).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,23 @@ class ConfigReader:
     Args:
         config: the parsed file.
         path: the file.
+        aliases: field → the older name a family's files may give it instead (GPT-NeoX's
+            ``rotary_emb_base`` for ``rope_theta``): read where the field itself is absent
+            or ``null``, and named in errors as the file names it.
     """
 
-    def __init__(self, config: dict[str, Any], path: Path) -> None:
+    def __init__(self, config: dict[str, Any], path: Path, *, aliases: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.path = path
+        self.aliases = dict(aliases or {})
+
+    def field(self, key: str) -> str:
+        """The name the file gives ``key``: its alias where the file has that and no value
+        under ``key``."""
+        alias = self.aliases.get(key)
+        if alias is not None and self.config.get(key) is None and alias in self.config:
+            return alias
+        return key
 
     def size(
         self,
@@ -75,9 +88,11 @@ class ConfigReader:
         Raises:
             CheckpointError: a missing field, or one that is not an integer in range.
         """
-        if maximum is None and like is not None:
-            maximum = CONFIG_LIMITS[like]
-        return config_int(self.config, key, path=self.path, default=default, minimum=minimum, maximum=maximum)
+        if maximum is None:
+            maximum = CONFIG_LIMITS[like] if like is not None else CONFIG_LIMITS.get(key)
+        return config_int(
+            self.config, self.field(key), path=self.path, default=default, minimum=minimum, maximum=maximum
+        )
 
     def token_id(self, key: str, vocab_size: int, default: int) -> int:
         """A token id field (``pad_token_id``, ``decoder_start_token_id``).
@@ -89,18 +104,19 @@ class ConfigReader:
 
     def number(self, key: str, default: float, *, low: float = 0.0, high: float = 1e12) -> float:
         """A number field with ``low < value <= high``."""
-        return config_float(self.config, key, path=self.path, default=default, low=low, high=high)
+        return config_float(self.config, self.field(key), path=self.path, default=default, low=low, high=high)
 
     def flag(self, key: str, default: bool) -> bool:
         """A boolean field (:func:`attnkit.models.checkpoint.config_bool`)."""
-        return config_bool(self.config, key, path=self.path, default=default)
+        return config_bool(self.config, self.field(key), path=self.path, default=default)
 
     def optional_number(self, key: str) -> float | None:
         """A positive number field, or ``None`` when absent or ``null``."""
-        return None if self.config.get(key) is None else self.number(key, 0.0)
+        return None if self.config.get(self.field(key)) is None else self.number(key, 0.0)
 
     def refuse(self, key: str, detail: str) -> CheckpointError:
         """The error for a field attnkit cannot load."""
+        key = self.field(key)
         return CheckpointError(self.path, f"{key}: {detail}", field=key)
 
     def choice(self, key: str, mapping: dict[str, Any], default: str) -> Any:
@@ -109,6 +125,7 @@ class ConfigReader:
         Raises:
             CheckpointError: a value that is not a key of ``mapping`` (listed in the message).
         """
+        key = self.field(key)
         value = self.config.get(key, default)
         if value is None:
             value = default
@@ -179,11 +196,10 @@ class ConfigReader:
             params = params[layer_type]
             if not isinstance(params, dict):
                 raise self.refuse(key, f"must be an object, got {short_repr(params)}")
-        merged: dict[str, Any] = {
-            k: self.config[k] for k in ("rope_theta", "partial_rotary_factor") if k in self.config
-        }
+        top = (self.field(k) for k in ("rope_theta", "partial_rotary_factor"))
+        merged: dict[str, Any] = {k: self.config[k] for k in top if k in self.config}
         merged |= params
-        sub = ConfigReader(merged, self.path)
+        sub = ConfigReader(merged, self.path, aliases=self.aliases)
         theta = sub.number("rope_theta", 10000.0, low=1.0)
         partial = sub.number("partial_rotary_factor", 1.0, high=1.0)
         rope_type = merged.get("rope_type", merged.get("type", "default"))

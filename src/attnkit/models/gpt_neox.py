@@ -49,6 +49,8 @@ _OUTER_KEYS = {
     "gpt_neox.final_layer_norm.bias": "decoder.final_norm.bias",
 }
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+# transformers 4's names of the rotary fields.
+_OLDER_NAMES = {"rope_theta": "rotary_emb_base", "partial_rotary_factor": "rotary_pct"}
 
 
 def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> DecoderConfig:
@@ -60,10 +62,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
             implement (rotary scaling other than linear and dynamic, an activation other
             than GELU); the message names the field.
     """
-    legacy = {"rope_theta": config["rotary_emb_base"]} if "rotary_emb_base" in config else {}
-    if "rotary_pct" in config:
-        legacy["partial_rotary_factor"] = config["rotary_pct"]
-    read = ConfigReader({**legacy, **config}, path)
+    read = ConfigReader(config, path, aliases=_OLDER_NAMES)
     hidden, vocab, layers = read.size("hidden_size"), read.size("vocab_size"), read.size("num_hidden_layers")
     heads, _, head_dim = read.heads(hidden)
     rope, partial = read.rope(head_dim=head_dim)
