@@ -75,6 +75,14 @@ def test_exported_long_view_shows_the_reduced_map_top_keys_and_summaries(gemma3,
         key = int(summary.top_keys[0, query, n])
         assert cells[1].endswith(f"#{key}") and int(cells[3]) == query - key
         assert float(cells[2]) == pytest.approx(float(summary.top_weights[0, query, n]), abs=1e-4)
+    # The keyboard: focused again, the map's cursor starts on the selected cell (4, 0) and
+    # moves with the arrows; Enter clicks its cell.
+    page.locator("#ak-long-hint").click()
+    canvas.focus()
+    for key in ("ArrowUp", "ArrowUp", "ArrowRight", "Enter"):
+        page.keyboard.press(key)
+    assert "queries #16\u201323, keys #8\u201315" in page.text_content("#ak-long-where")
+    assert 16 <= int(page.text_content("#ak-long-query").split("#")[1].split(",")[0]) < 24
     # Another layer and head.
     page.get_by_label("Layer", exact=True).select_option(label="layer 1")
     page.get_by_label("Head", exact=True).select_option(label="head 2")

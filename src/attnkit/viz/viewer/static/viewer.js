@@ -1163,6 +1163,7 @@
   let long = null;
   let longMap = null; // what the long map shows: {rows, cols, cw, ch, values, pixels}
   let longDrag = null; // cells from the one pressed to the one under the pointer: {i0, j0, i1, j1}
+  let longCursor = null; // the keyboard's cell {i, j} while the map has the focus
 
   // One head of an exported page, decoded: its maps as weights, its top keys and weights.
   async function decodeLongHead(json, entry, what) {
@@ -1323,6 +1324,7 @@
     const cw = Math.max(1, Math.min(LONG_MAX_CELL, Math.floor(avail / cols)));
     const ch = Math.max(cw, Math.min(LONG_MAX_CELL, Math.floor(LONG_MIN_HEIGHT / rows)));
     longMap = { rows, cols, cw, ch, values, pixels };
+    if (longCursor) longCursor = { i: Math.min(longCursor.i, rows - 1), j: Math.min(longCursor.j, cols - 1) };
     const canvas = $('ak-long-map');
     canvas.width = Math.round(cols * cw * dpr);
     canvas.height = Math.round(rows * ch * dpr);
@@ -1359,6 +1361,43 @@
       ctx.strokeStyle = '#d9480f';
       ctx.strokeRect(box.j0 * cw, box.i0 * ch, (box.j1 - box.j0 + 1) * cw, (box.i1 - box.i0 + 1) * ch);
     }
+    if (longCursor) {
+      ctx.strokeStyle = '#1b1f24';
+      const pad = Math.max(2, cw / 2);
+      ctx.strokeRect(longCursor.j * cw - pad / 2, longCursor.i * ch - pad / 2, cw + pad, ch + pad);
+    }
+  }
+
+  // Keys on the focused map: arrows (Page Up/Down, Home/End) move a cursor whose cell the
+  // tooltip reads; Enter or Space clicks it.
+  function longKey(e) {
+    if (!longMap || !longCursor) return;
+    const { i, j } = longCursor;
+    const moves = {
+      ArrowDown: [i + 1, j], ArrowUp: [i - 1, j], ArrowRight: [i, j + 1], ArrowLeft: [i, j - 1],
+      PageDown: [i + 10, j], PageUp: [i - 10, j], Home: [i, 0], End: [i, longMap.cols - 1],
+    };
+    if (e.key === 'Enter' || e.key === ' ') {
+      e.preventDefault();
+      selectLongCell(i, j);
+    } else if (e.key in moves) {
+      e.preventDefault();
+      const [ni, nj] = moves[e.key];
+      longCursor = { i: Math.max(0, Math.min(longMap.rows - 1, ni)), j: Math.max(0, Math.min(longMap.cols - 1, nj)) };
+      paintLong();
+      longCursorTip();
+    } else if (e.key === 'Escape') {
+      hideTip();
+    }
+  }
+
+  function longCursorTip() {
+    const rect = $('ak-long-map').getBoundingClientRect();
+    const { i, j } = longCursor;
+    longTip(i, j, rect.left + (j + 1) * longMap.cw, rect.top + (i + 1) * longMap.ch);
+    const tip = $('ak-tooltip');
+    $('ak-long-live').textContent = 'query ' + tip.querySelector('.ak-tt-query').textContent + ', key ' +
+      tip.querySelector('.ak-tt-key').textContent + ', weight ' + tip.querySelector('.ak-tt-weight').textContent;
   }
 
   // A drag's cells as a box with i0 <= i1 and j0 <= j1.
@@ -1544,6 +1583,18 @@
       longTip(c.i, c.j, e.clientX, e.clientY);
     });
     canvas.addEventListener('mouseleave', hideTip);
+    canvas.addEventListener('focus', () => {
+      if (!longMap) return;
+      longCursor = long.sel ? { i: long.sel.i0, j: long.sel.j0 } : { i: 0, j: 0 };
+      paintLong();
+      longCursorTip();
+    });
+    canvas.addEventListener('blur', () => {
+      longCursor = null;
+      hideTip();
+      if (longMap) paintLong();
+    });
+    canvas.addEventListener('keydown', longKey);
     window.addEventListener('mouseup', () => {
       if (!longDrag) return;
       const box = longBox(longDrag);
