@@ -52,7 +52,9 @@ def test_page_data_equals_the_summaries_maps_and_top_keys(gemma3):
     _, model = gemma3
     run = long_context_summaries(model, TEXT, layers=[0, 1], top_k=3, window=5, map_block=8)
     ids, tokens, _ = model.prepare_input(TEXT)
-    data = embedded(render_long_html(long_viewer_data(run, tokens, model=model.name, causal=model.causal)))
+    html = render_long_html(long_viewer_data(run, tokens, model=model.name, causal=model.causal))
+    assert len(html.encode()) <= estimate_long_html(tokens, 2 * model.num_heads, top_k=3, block=8, model=model.name)
+    data = embedded(html)
     s, n = ids.shape[1], 8
     assert (data["format"], data["tokens"], data["block"], data["top_k"]) == ("attnkit-viewer-long", tokens, 8, 3)
     assert [layer["layer"] for layer in data["layers"]] == [0, 1]
@@ -85,7 +87,7 @@ def test_page_size_is_bounded_and_linear_in_the_text():
         )
         tokens = [f"t{i}" for i in range(s)]
         page = len(render_long_html(long_viewer_data(run, tokens, model="m", causal=True)).encode())
-        assert page <= estimate_long_html(tokens, heads, top_k=8, block=block)
+        assert page <= estimate_long_html(tokens, heads, top_k=8, block=block, model="m")
         sizes[s] = page
     # Four times the text, at most four times the page (the maps stay 256 x 256, the top
     # keys grow with s); the plain viewer's two maps at 4,096 tokens, as uint16, are 64 MiB.

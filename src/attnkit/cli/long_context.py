@@ -138,7 +138,7 @@ def run_inspect_long(
     chosen = layers or list(range(model.num_layers))
     _, tokens, _ = model.prepare_input(ids)
     if "html" in args.format.split(","):
-        _check_page_size(args, tokens, len(chosen) * len(heads or range(model.num_heads)), block)
+        _check_page_size(args, model, tokens, len(chosen) * len(heads or range(model.num_heads)), block)
     with command_errors(f"cannot write to --out {args.out}"):
         from attnkit.inspect.long_context import long_context_summaries
 
@@ -162,7 +162,7 @@ def run_inspect_long(
     return 0
 
 
-def _check_page_size(args: argparse.Namespace, tokens: list[str], heads: int, block: int) -> None:
+def _check_page_size(args: argparse.Namespace, model: Any, tokens: list[str], heads: int, block: int) -> None:
     """Refuse, before the model runs, a long-view page over ``--max-size``: its bound
     (:func:`attnkit.viz.viewer.long_view.estimate_long_html`) grows with the heads and with
     ``s · --top``.
@@ -172,7 +172,7 @@ def _check_page_size(args: argparse.Namespace, tokens: list[str], heads: int, bl
     """
     from attnkit.viz.viewer.long_view import estimate_long_html
 
-    bound = estimate_long_html(tokens, heads, top_k=args.top, block=block)
+    bound = estimate_long_html(tokens, heads, top_k=args.top, block=block, model=model.name)
     check_sizes(
         {f"the long view page of {counted(heads, 'head')} ({LONG_PAGE})": bound},
         parse_size(args.max_size),

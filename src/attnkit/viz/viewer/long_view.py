@@ -49,10 +49,11 @@ VERSION = 1
 LEVELS = 65535
 # zlib level 6: these arrays are written once per export, and the top keys shrink with it.
 _ZLIB_LEVEL = 6
-# Bytes of the page besides the data (script, style, template), and of a head's record
-# besides its arrays (its summary, names, zlib headers).
-LONG_PAGE_BYTES = 120_000
-LONG_HEAD_BYTES = 600
+# Bytes of a head's record besides its arrays, at most: its summary, names, zlib's headers
+# and its stored blocks' (about 300 to 500), and its layer's record.
+LONG_HEAD_BYTES = 1000
+# Bytes of the page's fields besides the tokens and layers (model name aside).
+LONG_FIELDS_BYTES = 300
 
 
 def _packed(array: np.ndarray) -> str:
@@ -145,9 +146,11 @@ def render_long_html(data: dict[str, Any], *, title: str | None = None) -> str:
         raise ValueError(
             f"data must be {FORMAT!r} version {VERSION}, got {data.get('format')!r} {data.get('version')!r}"
         )
-    return render_page(
-        json.dumps(data, separators=(",", ":")), title=title or f"Long-context attention: {data['model']}"
-    )
+    return render_page(json.dumps(data, separators=(",", ":")), title=title or _title(data["model"]))
+
+
+def _title(model: str) -> str:
+    return f"Long-context attention: {model}"
 
 
 def write_long_html(path: str | Path, data: dict[str, Any]) -> Path:
@@ -159,7 +162,7 @@ def write_long_html(path: str | Path, data: dict[str, Any]) -> Path:
     return write_text_atomic(path, render_long_html(data))
 
 
-def estimate_long_html(tokens: Sequence[str], heads: int, *, top_k: int, block: int) -> int:
+def estimate_long_html(tokens: Sequence[str], heads: int, *, top_k: int, block: int, model: str = "") -> int:
     """An upper bound of the bytes :func:`write_long_html` writes: the arrays as if zlib
     saved nothing, in base64, plus the token labels and the page around the data.
 
@@ -168,13 +171,16 @@ def estimate_long_html(tokens: Sequence[str], heads: int, *, top_k: int, block: 
         heads: how many heads the page holds, over all its layers.
         top_k: keys kept per query.
         block: ``B``, tokens per side of a map cell.
+        model: the model's name, as the page shows it.
 
     Returns:
-        The bound in bytes: ``heads · (2 · 2n² + 6 · s · k + HEAD_BYTES) · 4/3`` plus the
-        labels and :data:`LONG_PAGE_BYTES`.
+        The bound in bytes: ``heads · (2 · 2n² + 6 · s · k + LONG_HEAD_BYTES) · 4/3`` plus
+        the labels and the page without data.
     """
     s = len(tokens)
     n = math.ceil(s / block)
     per_head = 2 * 2 * n * n + (4 + 2) * s * min(top_k, s) + LONG_HEAD_BYTES  # two uint16 maps, int32 + uint16 top-k
     labels = len(embed_json(json.dumps(list(tokens))))
-    return math.ceil(heads * per_head * 4 / 3) + labels + LONG_PAGE_BYTES
+    fields = LONG_FIELDS_BYTES + len(embed_json(json.dumps(model)))
+    page = len(render_page("null", title=_title(model)).encode())
+    return math.ceil(heads * per_head * 4 / 3) + labels + fields + page
