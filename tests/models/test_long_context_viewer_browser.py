@@ -144,4 +144,11 @@ def test_serve_zooms_a_dragged_region_to_exact_weights_and_back(gemma3, server, 
     page.wait_for_selector(READY)
     assert (canvas.get_attribute("data-rows"), canvas.get_attribute("data-cols")) == ("1", "21")
     assert float(hover(page, 0, 5)["weight"]) == pytest.approx(float(dense[2, 20, 5]), abs=2e-6)
+
+    # Long text off: the full maps of the same text, in the usual views.
+    page.get_by_label("Long text", exact=True).select_option(value="off")
+    page.get_by_role("button", name="Show attention").click()
+    page.wait_for_selector(READY)
+    assert page.locator("#ak-long-view").is_hidden() and page.locator("#ak-tab-head").is_visible()
+    assert page.locator("#ak-queries .ak-token").count() == 40
     assert page.requests and all(url.startswith(server + "/") for url in page.requests)
