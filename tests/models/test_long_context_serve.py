@@ -10,7 +10,8 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from attnkit import models  # noqa: E402
-from attnkit.serve import create_app  # noqa: E402
+from attnkit.serve import create_app, long_context  # noqa: E402
+from attnkit.serve.long_context import MAX_BLOCK_WEIGHTS  # noqa: E402
 
 TEXT = " ".join(f"w{(i * 11) % 50 + 1}" for i in range(40))
 LOCAL = "http://127.0.0.1:8000"
@@ -62,3 +63,34 @@ def test_bad_requests_are_refused(served, route, body, message):
     client, _, _ = served
     got = client.post(route, json=body)
     assert got.status_code == 422 and message in got.json()["detail"]
+
+
+def test_map_lists_top_k_keys_and_names_the_zoom_limit(served):
+    client, name, dense = served
+    got = client.post(
+        "/api/long/map", json={"text": TEXT, "model": name, "layer": 1, "head": 3, "block": 4, "top_k": 5}
+    ).json()
+    top = dense[3].topk(5, dim=-1)
+    keys = torch.tensor(got["top_k_keys"])  # [s, 5]; -1 where a query has fewer keys
+    shown = keys >= 0
+    assert torch.equal(keys[shown], top.indices[shown]) and not shown[4:].logical_not().any()
+    torch.testing.assert_close(
+        torch.tensor(got["top_k_weights"])[shown], top.values[shown].float(), rtol=1e-5, atol=1e-6
+    )
+    assert got["max_block_weights"] == MAX_BLOCK_WEIGHTS and "sliding_window" in got
+
+
+def test_a_zoom_over_the_limit_is_refused_in_one_line_naming_it(served, monkeypatch):
+    client, name, _ = served
+    monkeypatch.setattr(long_context, "MAX_BLOCK_WEIGHTS", 100)
+    body = {"text": TEXT, "model": name, "layer": 1, "head": 0, "rows": [0, 11], "keys": [0, 10]}
+    got = client.post("/api/long/block", json=body)
+    assert got.status_code == 422
+    detail = got.json()["detail"]
+    assert detail == (
+        "the block is 11 rows × 10 keys = 110 weights, more than this server's limit of 100 per zoom: "
+        "ask for fewer rows or keys"
+    )
+    assert client.post("/api/long/block", json={**body, "rows": [0, 10]}).status_code == 200
+    bad = client.post("/api/long/map", json={"text": TEXT, "model": name, "layer": 1, "head": 0, "top_k": 0})
+    assert bad.status_code == 422 and "top_k must be in 1..32" in bad.json()["detail"]

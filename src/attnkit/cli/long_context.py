@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from attnkit.cli import CommandError
-from attnkit.cli.common import Status, command_errors, load_model, prepare_out, print_written
+from attnkit.cli.common import (
+    Status,
+    check_sizes,
+    command_errors,
+    load_model,
+    parse_size,
+    prepare_out,
+    print_written,
+)
 from attnkit.viz.terminal import counted
 
 # Statistics of `attnkit heads` that come from the long-context summaries.
@@ -21,6 +29,8 @@ LONG_STATISTICS = ("sink", "distance", "window", "entropy", "retrieval")
 LONG_ONLY_STATISTICS = ("sink", "window", "retrieval")
 # Sides of the block-reduced map drawn by `attnkit inspect --long` (blocks per side at most).
 MAP_SIDE = 256
+# The viewer's long view that `attnkit inspect --long --format html` writes.
+LONG_PAGE = "long_context.html"
 
 
 def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> None:
@@ -32,7 +42,12 @@ def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> Non
         "--long streams exact per-head summaries block by block from the fused forward pass, without "
         "forming any [s, s] map: mass on the first tokens (sink), mean and quantiles of the attention "
         "distance, mass within --window tokens, entropy"
-        + (", the top --top keys of every query and a block-reduced map." if inspect else "."),
+        + (
+            ", the top --top keys of every query and a block-reduced map; --format html adds "
+            "long_context.html, the viewer's long view of them all."
+            if inspect
+            else "."
+        ),
     )
     group.add_argument("--long", action="store_true", help="summaries of a long text in bounded memory")
     group.add_argument("--window", type=int, default=256, metavar="W", help="distance counted as near (default: 256)")
@@ -120,10 +135,13 @@ def run_inspect_long(
     layers, heads = choose(model)
     s = ids.numel()
     block = max(1, math.ceil(s / MAP_SIDE))
+    chosen = layers or list(range(model.num_layers))
+    _, tokens, _ = model.prepare_input(ids)
+    if "html" in args.format.split(","):
+        _check_page_size(args, model, tokens, len(chosen) * len(heads or range(model.num_heads)), block)
     with command_errors(f"cannot write to --out {args.out}"):
         from attnkit.inspect.long_context import long_context_summaries
 
-        chosen = layers or list(range(model.num_layers))
         with status.step(f"summarising {counted(len(chosen), 'layer')} of {model.name} over {counted(s, 'token')}"):
             run = long_context_summaries(
                 model,
@@ -139,9 +157,27 @@ def run_inspect_long(
         table = run.head_table()
         print(format_head_table(table, window=args.window))
         with status.step("writing the summaries"):
-            written = write_long_outputs(run, out, model, block=block, formats=args.format)
+            written = write_long_outputs(run, out, model, block=block, formats=args.format, tokens=tokens)
     print_written(written, sizes=True)
     return 0
+
+
+def _check_page_size(args: argparse.Namespace, model: Any, tokens: list[str], heads: int, block: int) -> None:
+    """Refuse, before the model runs, a long-view page over ``--max-size``: its bound
+    (:func:`attnkit.viz.viewer.long_view.estimate_long_html`) grows with the heads and with
+    ``s · --top``.
+
+    Raises:
+        CommandError: naming the page's bound, the limit and what to ask instead.
+    """
+    from attnkit.viz.viewer.long_view import estimate_long_html
+
+    bound = estimate_long_html(tokens, heads, top_k=args.top, block=block, model=model.name)
+    check_sizes(
+        {f"the long view page of {counted(heads, 'head')} ({LONG_PAGE})": bound},
+        parse_size(args.max_size),
+        advice=f"The text is {len(tokens)} tokens: ask for fewer layers or heads (--layers, --heads), a smaller --top",
+    )
 
 
 def format_head_table(table: list[dict[str, Any]], *, window: int) -> str:
@@ -158,11 +194,12 @@ def format_head_table(table: list[dict[str, Any]], *, window: int) -> str:
     return "\n".join(lines)
 
 
-def write_long_outputs(run: Any, out: Path, model: Any, *, block: int, formats: str) -> list[Path]:
+def write_long_outputs(run: Any, out: Path, model: Any, *, block: int, formats: str, tokens: list[str]) -> list[Path]:
     """``long_context.json`` (the head table), ``long_context_top.npz`` (each summarised
     layer's top keys and weights, ``top_keys_L`` and ``top_weights_L`` of ``[heads, s, k]``),
-    and with png in ``formats`` one block-reduced map (max over blocks) per summarised
-    layer's first head."""
+    with html in ``formats`` the viewer's long view (``long_context.html``: reduced maps,
+    top keys and summaries of every summarised head), and with png one block-reduced map
+    (max over blocks) per summarised layer's first head."""
     import numpy as np
 
     data = {"model": model.name, "tokens": int(run.ids.numel()), "map_block": block, "heads": run.head_table()}
@@ -175,6 +212,11 @@ def write_long_outputs(run: Any, out: Path, model: Any, *, block: int, formats: 
     top = out / "long_context_top.npz"
     np.savez_compressed(top, **arrays)
     written = [path, top]
+    if "html" in formats.split(","):
+        from attnkit.viz.viewer.long_view import long_viewer_data, write_long_html
+
+        data = long_viewer_data(run, tokens, model=model.name, causal=bool(model.causal))
+        written.append(write_long_html(out / LONG_PAGE, data))
     if "png" in formats.split(","):
         from attnkit.viz.heatmap import plot_attention, save_figure
 

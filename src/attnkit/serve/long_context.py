@@ -28,6 +28,8 @@ DEFAULT_MAP_SIDE = 256
 MAX_MAP_SIDE = 512
 # The most weights one zoom returns (rows × keys).
 MAX_BLOCK_WEIGHTS = 512 * 512
+# The most keys a map lists per query.
+MAX_TOP_K = 32
 
 
 class LongMapRequest(BaseModel):
@@ -43,6 +45,7 @@ class LongMapRequest(BaseModel):
         description=f"Tokens per side of a map cell (default: the text's tokens / {DEFAULT_MAP_SIDE}, rounded up).",
     )
     window: StrictInt = Field(256, description="Distance counted as near in the head's summary.")
+    top_k: StrictInt = Field(1, description=f"Keys listed per query in top_k_keys, 1 to {MAX_TOP_K}.")
 
 
 class LongBlockRequest(BaseModel):
@@ -171,8 +174,17 @@ def _summarise(name: str, model: Any, store: _Kept, request: LongMapRequest) -> 
         size = _map_block(request.block, ids.shape[1])
         if request.window < 1:
             raise HTTPException(422, f"window must be at least 1, got {request.window}")
+        if not 1 <= request.top_k <= MAX_TOP_K:
+            raise HTTPException(422, f"top_k must be in 1..{MAX_TOP_K}, got {request.top_k}")
         run = long_context_summaries(
-            model, ids, layers=[layer], heads=[head], top_k=1, window=request.window, map_block=size, keep_qk=True
+            model,
+            ids,
+            layers=[layer],
+            heads=[head],
+            top_k=request.top_k,
+            window=request.window,
+            map_block=size,
+            keep_qk=True,
         )
         _keep(store, request.text, layer, run, tokens)
         summary = run.summaries[layer]
@@ -189,6 +201,10 @@ def _summarise(name: str, model: Any, store: _Kept, request: LongMapRequest) -> 
             "summary": summary.head_table()[0],
             "top_keys": summary.top_keys[0, :, 0].tolist(),
             "top_weights": _rounded([summary.top_weights[0, :, 0].tolist()])[0],
+            "top_k_keys": summary.top_keys[0].tolist(),
+            "top_k_weights": _rounded(summary.top_weights[0].tolist()),
+            "sliding_window": run.scorings[layer].window,
+            "max_block_weights": MAX_BLOCK_WEIGHTS,
         }
 
 
@@ -212,7 +228,9 @@ def _zoom(name: str, model: Any, store: _Kept, request: LongBlockRequest) -> dic
         (r0, r1), (k0, k1) = _range(request.rows, s, "rows"), _range(request.keys, s, "keys")
         if (r1 - r0) * (k1 - k0) > MAX_BLOCK_WEIGHTS:
             raise HTTPException(
-                422, f"rows × keys is {(r1 - r0) * (k1 - k0)} weights, more than {MAX_BLOCK_WEIGHTS} in one block"
+                422,
+                f"the block is {r1 - r0} rows × {k1 - k0} keys = {(r1 - r0) * (k1 - k0)} weights, more than this "
+                f"server's limit of {MAX_BLOCK_WEIGHTS} per zoom: ask for fewer rows or keys",
             )
         weights = exact_block(q, k, store.scoring, head=request.head, rows=(r0, r1), keys=(k0, k1))
         return {

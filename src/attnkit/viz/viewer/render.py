@@ -100,16 +100,31 @@ def render_html(data: ViewerData | None, *, app: bool = False, title: str | None
     """
     if data is None and not app:
         raise ValueError("an exported page needs data; only the app page (app=True) fetches its own")
-    assets = _assets()
     if title is None:
         title = f"Attention: {data.model}" if data is not None else APP_TITLE
+    return render_page(data.to_json() if data is not None else "null", title=title, app=app)
+
+
+def render_page(data_json: str, *, title: str, app: bool = False) -> str:
+    """The viewer page around any data the script reads: :class:`ViewerData`'s JSON, or
+    the long view's (:mod:`attnkit.viz.viewer.long_view`).
+
+    Args:
+        data_json: the data as JSON text (``"null"`` for the app page, which fetches it).
+        title: the page's title.
+        app: the ``attnkit serve`` page.
+
+    Returns:
+        One self-contained HTML document.
+    """
+    assets = _assets()
     values = {
         "CSP": html.escape(content_security_policy(app=app)),
         "VERSION": __version__,
         "TITLE": html.escape(title),
         "MODE": "app" if app else "file",
         "CSS": assets.style,
-        "DATA": embed_json(data.to_json()) if data is not None else "null",
+        "DATA": embed_json(data_json),
         "JS": assets.script,
     }
     # One pass over the template, so that placeholders inside the data stay as they are.

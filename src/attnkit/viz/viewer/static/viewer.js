@@ -75,6 +75,7 @@
     pinnedQ: -1, // a clicked query token: kept across layers, heads and views
     pinnedK: -1, // a clicked key token
     zoom: 0, // matrix view: CSS px per cell, 0 to fit the width
+    reduce: 'max', // long view: each block's largest weight ('max') or its mean ('mean')
     cursor: null, // matrix view keyboard cell {i, j}
   };
   let generation = 0; // bumped by every render; stale asynchronous work sees it and stops
@@ -87,21 +88,26 @@
   const dims = (s) => ({ L: s.weights.shape[0], h: s.weights.shape[1], sq: s.weights.shape[2], sk: s.weights.shape[3] });
   const shown = (t) => (t === '' ? '\u2205' : t.replace(/\n/g, '\u21b5').replace(/\t/g, '\u2192'));
 
-  async function decodeLayer(section, li) {
-    const w = section.weights;
-    const d = dims(section);
-    const text = atob(w.data[li]);
+  // The bytes of a base64 string of zlib-compressed data.
+  async function inflate(b64) {
+    const text = atob(b64);
     const packed = new Uint8Array(text.length);
     for (let n = 0; n < text.length; n++) packed[n] = text.charCodeAt(n);
     const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream('deflate'));
-    const bytes = new Uint8Array(await new Response(stream).arrayBuffer());
-    const count = d.h * d.sq * d.sk;
-    if (bytes.length !== 2 * count) {
-      throw new Error('layer ' + section.layers[li] + ': expected ' + 2 * count + ' bytes of weights, got ' + bytes.length);
-    }
+    return new Uint8Array(await new Response(stream).arrayBuffer());
+  }
+
+  // `count` little-endian unsigned 16-bit integers of `bytes` (`what` names them in an error).
+  function uint16s(bytes, count, what) {
+    if (bytes.length !== 2 * count) throw new Error(what + ': expected ' + 2 * count + ' bytes, got ' + bytes.length);
     const out = new Uint16Array(count);
     for (let n = 0; n < count; n++) out[n] = bytes[2 * n] | (bytes[2 * n + 1] << 8);
     return out;
+  }
+
+  async function decodeLayer(section, li) {
+    const d = dims(section);
+    return uint16s(await inflate(section.weights.data[li]), d.h * d.sq * d.sk, 'layer ' + section.layers[li] + ' weights');
   }
 
   function layerData(li) {
@@ -160,6 +166,10 @@
   // ---------------------------------------------------------------- loading
 
   function load(json) {
+    if (json && json.format === 'attnkit-viewer-long') {
+      loadLong(longFromPage(json));
+      return;
+    }
     if (!json || json.format !== 'attnkit-viewer' || json.version !== 1) {
       throw new Error('this is not attnkit viewer data (expected format "attnkit-viewer", version 1)');
     }
@@ -199,8 +209,13 @@
     $('ak-title').textContent = 'Attention: ' + json.model;
     $('ak-main').hidden = false;
     $('ak-model-note').hidden = true; // what it said was about the previous data
+    // After a long view (in the app), the page opens on the head view again.
+    const wasLong = state.view === 'long';
+    long = null;
+    if (wasLong) state.view = 'head';
     // An encoder-decoder opens on cross-attention, as attnkit inspect prints it.
     setSection(json.sections.cross ? 'cross' : names[0], true);
+    if (wasLong) setView('head', false);
   }
 
   // "11 source and 9 target tokens": the source from the encoder or cross section, the target
@@ -282,6 +297,7 @@
       if (state.view === 'head') await renderHead(gen);
       else if (state.view === 'model') await renderModel(gen);
       else if (state.view === 'rank') await renderRank(gen);
+      else if (state.view === 'long') await renderLong(gen);
       else await renderMatrix(gen);
       if (gen === generation) body.dataset.state = 'ready';
     } catch (err) {
@@ -337,6 +353,7 @@
         notes.push('Grey: masked, in this local layer a token may not attend to tokens ' + w + ' or more positions away.');
       }
     }
+    if (long && state.view === 'long') notes.push(longLegendNote());
     if (state.data && state.view === 'matrix' && matrixFitCell > 0 && matrixFitCell < 9 && !state.zoom) {
       notes.push('Cells are ' + matrixFitCell + ' px, too small for labels: choose a larger Cell size to zoom in.');
     }
@@ -1128,6 +1145,519 @@
     $('ak-matrix').focus({ preventScroll: true });
   }
 
+  // ---------------------------------------------------------------- long view
+
+  // A long text's attention without its [s, s] map: each head's block-reduced map (the max
+  // and the mean of the weights in B x B blocks of query and key tokens), every query's
+  // strongest keys and each head's summary, from an exported page (format
+  // "attnkit-viewer-long", docs/long-contexts.md) or from POST api/long/map. In the app,
+  // selected blocks are replaced by their exact weights from POST api/long/block, computed
+  // by the model for that region only; Zoom out goes back to the reduced map.
+  const LONG_MAX_CELL = 24; // long view: largest cell side, CSS px
+  const LONG_MIN_HEIGHT = 36; // long view: a zoom into a few rows is drawn at least this tall, CSS px
+  const LONG_TOP_K = 8; // long view in the app: keys listed per query
+  const LONG_WINDOW = 256; // long view in the app: distance counted as near in the summaries
+
+  // {model, causal, tokens, block, k, n, window, layers: [{layer, window, heads: [{head, summary, get}]}],
+  //  app: null or {text, model, maxWeights}, zoom, sel, query, current}
+  let long = null;
+  let longMap = null; // what the long map shows: {rows, cols, cw, ch, values, pixels}
+  let longDrag = null; // cells from the one pressed to the one under the pointer: {i0, j0, i1, j1}
+  let longCursor = null; // the keyboard's cell {i, j} while the map has the focus
+
+  // One head of an exported page, decoded: its maps as weights, its top keys and weights.
+  async function decodeLongHead(json, entry, what) {
+    const n = Math.ceil(json.tokens.length / json.block);
+    const map = async (m) => Float32Array.from(uint16s(await inflate(m.data), n * n, what + ' map'), (q) => q * m.scale);
+    const count = json.tokens.length * json.top_k;
+    const keyBytes = await inflate(entry.top_keys);
+    if (keyBytes.length !== 4 * count) {
+      throw new Error(what + ' top keys: expected ' + 4 * count + ' bytes, got ' + keyBytes.length);
+    }
+    const topKeys = new Int32Array(count);
+    for (let x = 0; x < count; x++) {
+      topKeys[x] = keyBytes[4 * x] | (keyBytes[4 * x + 1] << 8) | (keyBytes[4 * x + 2] << 16) | (keyBytes[4 * x + 3] << 24);
+    }
+    const topWeights = Float32Array.from(uint16s(await inflate(entry.top_weights), count, what + ' top weights'),
+      (q) => q / 65535);
+    return { max: await map(entry.max), mean: await map(entry.mean), topKeys, topWeights };
+  }
+
+  function longFromPage(json) {
+    if (json.version !== 1) throw new Error('this long view is version ' + json.version + '; this viewer reads version 1');
+    return {
+      model: json.model, causal: json.causal, tokens: json.tokens, block: json.block, k: json.top_k,
+      n: Math.ceil(json.tokens.length / json.block), window: json.window, app: null,
+      layers: json.layers.map((l) => ({
+        layer: l.layer,
+        window: l.sliding_window || 0,
+        heads: l.heads.map((h) => {
+          let decodedHead = null;
+          const get = () => (decodedHead = decodedHead || decodeLongHead(json, h, 'layer ' + l.layer + ' head ' + h.head));
+          return { head: h.head, summary: h.summary, get };
+        }),
+      })),
+    };
+  }
+
+  // The answer of POST api/long/map (one layer and head) as a long view.
+  function longFromApp(json, request) {
+    const head = {
+      max: Float32Array.from(json.max.flat()), mean: Float32Array.from(json.mean.flat()),
+      topKeys: Int32Array.from(json.top_k_keys.flat()), topWeights: Float32Array.from(json.top_k_weights.flat()),
+    };
+    return {
+      model: json.model, causal: json.causal, tokens: json.tokens, block: json.block, k: request.top_k,
+      n: json.max.length, window: request.window,
+      app: { text: request.text, model: json.model, maxWeights: json.max_block_weights },
+      layers: [{ layer: json.layer, window: json.sliding_window || 0,
+        heads: [{ head: json.head, summary: json.summary, get: () => Promise.resolve(head) }] }],
+    };
+  }
+
+  function loadLong(data) {
+    state.data = null;
+    long = Object.assign(data, { zoom: null, sel: null, query: -1, current: null });
+    longMap = null;
+    longDrag = null;
+    const unit = long.tokens.length + ' tokens';
+    $('ak-summary').textContent = long.model + ' \u00b7 ' + (long.causal ? 'causal' : 'bidirectional') +
+      ' self-attention \u00b7 ' + unit + ' \u00b7 blocks of ' + long.block + ' \u00d7 ' + long.block + ' tokens';
+    $('ak-text-shown').textContent = '';
+    document.title = 'Long-context attention: ' + long.model;
+    $('ak-title').textContent = document.title;
+    $('ak-error').hidden = true;
+    $('ak-main').hidden = false;
+    $('ak-long-hint').textContent = 'Rows are query tokens (attending), columns key tokens (attended to), ' +
+      long.block + ' of each per cell: a cell is the largest or the mean weight of its block, exact, computed ' +
+      'without the whole map. Hover a cell to read it; click it to list the strongest keys of the query that ' +
+      'attends to it most. ' + (long.app
+      ? 'Drag across blocks, or click one and choose Exact weights, to replace them with their exact weights ' +
+        'computed by the model; Zoom out goes back.'
+      : 'For exact weights of any region, open the text in attnkit serve with Long text on.');
+    const layerSelect = $('ak-layer');
+    layerSelect.textContent = '';
+    long.layers.forEach((l, n) =>
+      layerSelect.add(new Option('layer ' + l.layer + (l.window ? ' \u00b7 local (' + l.window + ')' : ''), String(n))));
+    state.layer = 0;
+    state.head = 0;
+    layerSelect.value = '0';
+    fillSelect($('ak-head'), long.layers[0].heads.map((h) => h.head), 'head', 0);
+    state.scale = 'sqrt';
+    $('ak-scale').value = state.scale;
+    $('ak-scale').options[0].text = WEIGHT.scaleLabel;
+    $('ak-axes').hidden = true;
+    setView('long', false);
+  }
+
+  // Back to the reduced map of another head (and, for another layer, its first head).
+  function longReset(layerChanged) {
+    long.zoom = null;
+    long.sel = null;
+    if (layerChanged) {
+      state.head = 0;
+      fillSelect($('ak-head'), long.layers[state.layer].heads.map((h) => h.head), 'head', 0);
+    }
+  }
+
+  function longLegendNote() {
+    if (long.zoom) return 'Exact weights of the zoomed region.';
+    return state.reduce === 'mean'
+      ? 'Mean weight of each block, the map scaled so that its largest block mean is 1.'
+      : 'Largest weight of each block: a single strong key shows even when the block\u2019s mean is tiny.';
+  }
+
+  // Whether every query and key a cell of the long map covers is masked: later keys
+  // (causal) or keys outside a local layer's window.
+  function longMasked(i, j) {
+    const r = longRegion(i, i, j, j);
+    const w = long.layers[state.layer].window;
+    const q0 = r.r0;
+    const q1 = r.r1 - 1;
+    const k0 = r.k0;
+    const k1 = r.k1 - 1;
+    return (long.causal && k0 > q1) || (w > 0 && q0 - k1 >= w) || (w > 0 && !long.causal && k0 - q1 >= w);
+  }
+
+  // The query and key tokens [start, stop) that cells i0..i1 x j0..j1 of the long map cover.
+  function longRegion(i0, i1, j0, j1) {
+    const z = long.zoom;
+    if (z) return { r0: z.r0 + i0, r1: z.r0 + i1 + 1, k0: z.k0 + j0, k1: z.k0 + j1 + 1 };
+    const s = long.tokens.length;
+    const b = long.block;
+    return { r0: i0 * b, r1: Math.min(s, (i1 + 1) * b), k0: j0 * b, k1: Math.min(s, (j1 + 1) * b) };
+  }
+
+  async function renderLong(gen) {
+    const layer = long.layers[state.layer];
+    const head = await layer.heads[state.head].get();
+    if (gen !== generation) return;
+    long.current = head;
+    fillLongHeads(layer);
+    fillLongTop();
+    const z = long.zoom;
+    const values = z ? z.weights : state.reduce === 'mean' ? head.mean : head.max;
+    const rows = z ? z.r1 - z.r0 : long.n;
+    const cols = z ? z.k1 - z.k0 : long.n;
+    let largest = 0;
+    for (const v of values) if (v > largest) largest = v;
+    const unit = !z && state.reduce === 'mean' && largest > 0 ? 1 / largest : 1;
+    const shades = intensities(values, 0, rows, cols, unit);
+    const pixels = document.createElement('canvas');
+    pixels.width = cols;
+    pixels.height = rows;
+    const pctx = pixels.getContext('2d');
+    const img = pctx.createImageData(cols, rows);
+    for (let i = 0; i < rows; i++) {
+      for (let j = 0; j < cols; j++) {
+        const p = (i * cols + j) * 4;
+        const n = Math.round(Math.min(1, shades[i * cols + j]) * 255) * 3;
+        const rgb = longMasked(i, j) ? MASKED : [LUT[n], LUT[n + 1], LUT[n + 2]];
+        img.data[p] = rgb[0];
+        img.data[p + 1] = rgb[1];
+        img.data[p + 2] = rgb[2];
+        img.data[p + 3] = 255;
+      }
+    }
+    pctx.putImageData(img, 0, 0);
+    const avail = Math.max(240, $('ak-long-wrap').clientWidth - 8);
+    const cw = Math.max(1, Math.min(LONG_MAX_CELL, Math.floor(avail / cols)));
+    const ch = Math.max(cw, Math.min(LONG_MAX_CELL, Math.floor(LONG_MIN_HEIGHT / rows)));
+    longMap = { rows, cols, cw, ch, values, pixels };
+    if (longCursor) longCursor = { i: Math.min(longCursor.i, rows - 1), j: Math.min(longCursor.j, cols - 1) };
+    const canvas = $('ak-long-map');
+    canvas.width = Math.round(cols * cw * dpr);
+    canvas.height = Math.round(rows * ch * dpr);
+    canvas.style.width = cols * cw + 'px';
+    canvas.style.height = rows * ch + 'px';
+    // Geometry and what is shown, for tools that point at cells.
+    Object.assign(canvas.dataset, { cellWidth: String(cw), cellHeight: String(ch), rows: String(rows),
+      cols: String(cols), shows: z ? 'exact' : state.reduce });
+    const r = longRegion(0, rows - 1, 0, cols - 1);
+    canvas.setAttribute('aria-label', (z ? 'Exact attention weights' : 'Block-reduced attention map (' + state.reduce +
+      ')') + ' of layer ' + layer.layer + ', head ' + layer.heads[state.head].head + ': queries ' + r.r0 + ' to ' +
+      (r.r1 - 1) + ' down, keys ' + r.k0 + ' to ' + (r.k1 - 1) + ' across.');
+    paintLong();
+    longBar();
+    drawLegend();
+  }
+
+  function paintLong() {
+    const ctx = $('ak-long-map').getContext('2d');
+    const { rows, cols, cw, ch, pixels } = longMap;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(pixels, 0, 0, cols * cw, rows * ch);
+    // The selected query's row, then the selection.
+    const z = long.zoom;
+    const row = long.query < 0 ? -1 : z ? long.query - z.r0 : Math.floor(long.query / long.block);
+    ctx.lineWidth = 2;
+    if (row >= 0 && row < rows) {
+      ctx.strokeStyle = '#c88a00';
+      ctx.strokeRect(0, row * ch, cols * cw, ch);
+    }
+    const box = longDrag ? longBox(longDrag) : long.sel;
+    if (box) {
+      ctx.strokeStyle = '#d9480f';
+      ctx.strokeRect(box.j0 * cw, box.i0 * ch, (box.j1 - box.j0 + 1) * cw, (box.i1 - box.i0 + 1) * ch);
+    }
+    if (longCursor) {
+      ctx.strokeStyle = '#1b1f24';
+      const pad = Math.max(2, cw / 2);
+      ctx.strokeRect(longCursor.j * cw - pad / 2, longCursor.i * ch - pad / 2, cw + pad, ch + pad);
+    }
+  }
+
+  // Keys on the focused map: arrows (Page Up/Down, Home/End) move a cursor whose cell the
+  // tooltip reads; Enter or Space clicks it.
+  function longKey(e) {
+    if (!longMap || !longCursor) return;
+    const { i, j } = longCursor;
+    const moves = {
+      ArrowDown: [i + 1, j], ArrowUp: [i - 1, j], ArrowRight: [i, j + 1], ArrowLeft: [i, j - 1],
+      PageDown: [i + 10, j], PageUp: [i - 10, j], Home: [i, 0], End: [i, longMap.cols - 1],
+    };
+    if (e.key === 'Enter' || e.key === ' ') {
+      e.preventDefault();
+      selectLongCell(i, j);
+    } else if (e.key in moves) {
+      e.preventDefault();
+      const [ni, nj] = moves[e.key];
+      longCursor = { i: Math.max(0, Math.min(longMap.rows - 1, ni)), j: Math.max(0, Math.min(longMap.cols - 1, nj)) };
+      paintLong();
+      longCursorTip();
+    } else if (e.key === 'Escape') {
+      hideTip();
+    }
+  }
+
+  function longCursorTip() {
+    const rect = $('ak-long-map').getBoundingClientRect();
+    const { i, j } = longCursor;
+    longTip(i, j, rect.left + (j + 1) * longMap.cw, rect.top + (i + 1) * longMap.ch);
+    const tip = $('ak-tooltip');
+    $('ak-long-live').textContent = 'query ' + tip.querySelector('.ak-tt-query').textContent + ', key ' +
+      tip.querySelector('.ak-tt-key').textContent + ', weight ' + tip.querySelector('.ak-tt-weight').textContent;
+  }
+
+  // A drag's cells as a box with i0 <= i1 and j0 <= j1.
+  const longBox = (d) => ({ i0: Math.min(d.i0, d.i1), i1: Math.max(d.i0, d.i1), j0: Math.min(d.j0, d.j1),
+    j1: Math.max(d.j0, d.j1) });
+
+  function fillLongHeads(layer) {
+    $('ak-long-heads-caption').textContent = 'Heads of layer ' + layer.layer + (layer.window
+      ? ' (local, window ' + layer.window + ')' : '') + ', averaged over the queries';
+    $('ak-long-window-col').textContent = 'within ' + long.window;
+    const rows = $('ak-long-head-rows');
+    rows.textContent = '';
+    layer.heads.forEach((h, n) => {
+      const tr = document.createElement('tr');
+      tr.dataset.head = String(n);
+      tr.classList.toggle('ak-current', n === state.head);
+      const t = h.summary;
+      for (const v of ['head ' + h.head, t.sink.toFixed(3), t.distance.toFixed(1), String(t.distance_q50),
+        t.within_window.toFixed(3), t.entropy.toFixed(2)]) {
+        const td = document.createElement('td');
+        td.textContent = v;
+        tr.appendChild(td);
+      }
+      rows.appendChild(tr);
+    });
+  }
+
+  // The strongest keys of the selected query, as the summaries found them over every key.
+  function fillLongTop() {
+    const rows = $('ak-long-top-rows');
+    rows.textContent = '';
+    const q = long.query;
+    if (q < 0 || !long.current) {
+      $('ak-long-query').textContent = 'Click the map to list a query\u2019s strongest keys.';
+      return;
+    }
+    $('ak-long-query').textContent = 'Strongest keys of query \u201c' + shown(long.tokens[q]) + '\u201d #' + q +
+      ', over all ' + (long.causal ? q + 1 : long.tokens.length) + ' keys it may attend to';
+    for (let n = 0; n < long.k; n++) {
+      const key = long.current.topKeys[q * long.k + n];
+      if (key < 0) continue;
+      const tr = document.createElement('tr');
+      const token = document.createElement('span');
+      token.className = 'ak-token-text';
+      token.textContent = shown(long.tokens[key]);
+      const cells = [String(n + 1), null, long.current.topWeights[q * long.k + n].toFixed(4),
+        String(long.causal ? q - key : Math.abs(q - key))];
+      for (const v of cells) {
+        const td = document.createElement('td');
+        if (v === null) td.append(token, ' #' + key);
+        else td.textContent = v;
+        tr.appendChild(td);
+      }
+      rows.appendChild(tr);
+    }
+  }
+
+  // What the map shows and the zoom buttons that apply.
+  function longBar() {
+    const z = long.zoom;
+    let where = 'Each cell: the ' + (state.reduce === 'mean' ? 'mean' : 'largest') + ' weight of ' + long.block +
+      ' \u00d7 ' + long.block + ' query and key tokens.';
+    if (z) {
+      where = 'Exact weights of queries #' + z.r0 + '\u2013' + (z.r1 - 1) + ' and keys #' + z.k0 + '\u2013' + (z.k1 - 1) +
+        ', each row normalised over all its keys.';
+    } else if (long.sel) {
+      const r = longRegion(long.sel.i0, long.sel.i1, long.sel.j0, long.sel.j1);
+      where = 'Selected: queries #' + r.r0 + '\u2013' + (r.r1 - 1) + ', keys #' + r.k0 + '\u2013' + (r.k1 - 1) + '.';
+    }
+    $('ak-long-where').textContent = where;
+    $('ak-long-out').hidden = !z;
+    $('ak-long-zoom').hidden = !(long.app && !z && long.sel);
+    $('ak-long-row').hidden = !(long.app && long.query >= 0);
+  }
+
+  function longCellAt(e) {
+    const rect = $('ak-long-map').getBoundingClientRect();
+    const j = Math.floor((e.clientX - rect.left) / longMap.cw);
+    const i = Math.floor((e.clientY - rect.top) / longMap.ch);
+    return i >= 0 && j >= 0 && i < longMap.rows && j < longMap.cols ? { i, j } : null;
+  }
+
+  function longTip(i, j, x, y) {
+    const r = longRegion(i, i, j, j);
+    const tokens = (a, b) => (b - a === 1 ? shown(long.tokens[a]) + '  #' + a
+      : '#' + a + '\u2013' + (b - 1) + ' (\u201c' + shown(long.tokens[a]) + '\u201d\u2026)');
+    const note = longMasked(i, j) ? '(masked)' : long.zoom ? '(exact)'
+      : state.reduce === 'mean' ? '(mean of the block)' : '(largest in the block)';
+    const tip = $('ak-tooltip');
+    tip.dataset.i = String(i);
+    tip.dataset.j = String(j);
+    showTip({ query: tokens(r.r0, r.r1), key: tokens(r.k0, r.k1), weight: longMap.values[i * longMap.cols + j].toFixed(6),
+      note }, x, y, '');
+  }
+
+  // A click on one cell: select it, and the query of its rows with the strongest key in its
+  // columns (by the top keys; its first query when none of them falls there).
+  function selectLongCell(i, j) {
+    long.sel = { i0: i, i1: i, j0: j, j1: j };
+    const r = longRegion(i, i, j, j);
+    let best = r.r0;
+    let bestWeight = -1;
+    for (let q = r.r0; q < r.r1; q++) {
+      for (let n = 0; n < long.k; n++) {
+        const key = long.current.topKeys[q * long.k + n];
+        const w = long.current.topWeights[q * long.k + n];
+        if (key >= r.k0 && key < r.k1 && w > bestWeight) {
+          best = q;
+          bestWeight = w;
+        }
+      }
+    }
+    long.query = best;
+    fillLongTop();
+    paintLong();
+    longBar();
+  }
+
+  async function requestJSON(url, payload) {
+    const response = await fetch(url, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(payload),
+    });
+    const json = await response.json().catch(() => null);
+    if (response.ok) return json;
+    const detail = json && typeof json.detail === 'string' ? json.detail : response.statusText;
+    throw new Error('Error ' + response.status + ': ' + detail);
+  }
+
+  // Replace the map with the exact weights of queries r0..r1 and keys k0..k1, from the model.
+  async function zoomLong(r) {
+    const count = (r.r1 - r.r0) * (r.k1 - r.k0);
+    if (count > long.app.maxWeights) {
+      status('The selection is ' + (r.r1 - r.r0) + ' rows \u00d7 ' + (r.k1 - r.k0) + ' keys = ' + count +
+        ' weights, more than this server\u2019s limit of ' + long.app.maxWeights + ' per zoom: select fewer blocks.', true);
+      return;
+    }
+    const asked = long;
+    const layer = long.layers[state.layer];
+    body.dataset.state = 'loading';
+    status('Computing the exact weights of ' + (r.r1 - r.r0) + ' \u00d7 ' + (r.k1 - r.k0) + ' tokens\u2026', false);
+    try {
+      const json = await requestJSON('api/long/block', { text: long.app.text, model: long.app.model, layer: layer.layer,
+        head: layer.heads[state.head].head, rows: [r.r0, r.r1], keys: [r.k0, r.k1] });
+      if (asked !== long) return;
+      long.zoom = { r0: r.r0, r1: r.r1, k0: r.k0, k1: r.k1, weights: Float32Array.from(json.weights.flat()) };
+      long.sel = null;
+      status('Exact weights of queries #' + r.r0 + '\u2013' + (r.r1 - 1) + ' and keys #' + r.k0 + '\u2013' + (r.k1 - 1) +
+        '.', false);
+      await render();
+    } catch (err) {
+      status(err && err.message ? err.message : String(err), true);
+      body.dataset.state = 'error';
+    }
+  }
+
+  // The keys the selected query may attend to, for its exact row.
+  function longRowKeys(q) {
+    const s = long.tokens.length;
+    const w = long.layers[state.layer].window;
+    const k0 = w > 0 ? Math.max(0, q - w + 1) : 0;
+    const k1 = long.causal ? q + 1 : w > 0 ? Math.min(s, q + w) : s;
+    return { r0: q, r1: q + 1, k0, k1 };
+  }
+
+  function longEvents() {
+    const canvas = $('ak-long-map');
+    canvas.addEventListener('mousedown', (e) => {
+      if (!longMap || e.button !== 0) return;
+      const c = longCellAt(e);
+      if (!c) return;
+      e.preventDefault();
+      longDrag = { i0: c.i, j0: c.j, i1: c.i, j1: c.j };
+    });
+    canvas.addEventListener('mousemove', (e) => {
+      if (!longMap) return;
+      const c = longCellAt(e);
+      if (!c) { hideTip(); return; }
+      if (longDrag && (longDrag.i1 !== c.i || longDrag.j1 !== c.j)) {
+        longDrag.i1 = c.i;
+        longDrag.j1 = c.j;
+        paintLong();
+      }
+      longTip(c.i, c.j, e.clientX, e.clientY);
+    });
+    canvas.addEventListener('mouseleave', hideTip);
+    canvas.addEventListener('focus', () => {
+      if (!longMap) return;
+      longCursor = long.sel ? { i: long.sel.i0, j: long.sel.j0 } : { i: 0, j: 0 };
+      paintLong();
+      longCursorTip();
+    });
+    canvas.addEventListener('blur', () => {
+      longCursor = null;
+      hideTip();
+      if (longMap) paintLong();
+    });
+    canvas.addEventListener('keydown', longKey);
+    window.addEventListener('mouseup', () => {
+      if (!longDrag) return;
+      const box = longBox(longDrag);
+      longDrag = null;
+      if (box.i0 === box.i1 && box.j0 === box.j1) {
+        selectLongCell(box.i0, box.j0);
+      } else if (long.app && !long.zoom) {
+        long.sel = box;
+        zoomLong(longRegion(box.i0, box.i1, box.j0, box.j1));
+      } else {
+        long.sel = box;
+        paintLong();
+        longBar();
+      }
+    });
+    $('ak-long-zoom').addEventListener('click', () => {
+      if (long && long.sel) zoomLong(longRegion(long.sel.i0, long.sel.i1, long.sel.j0, long.sel.j1));
+    });
+    $('ak-long-row').addEventListener('click', () => {
+      if (long && long.query >= 0) zoomLong(longRowKeys(long.query));
+    });
+    $('ak-long-out').addEventListener('click', () => {
+      long.zoom = null;
+      long.sel = null;
+      status('', false);
+      render();
+    });
+    $('ak-long-head-rows').addEventListener('click', (e) => {
+      const tr = e.target.closest('tr[data-head]');
+      if (!tr || long.app) return;
+      state.head = Number(tr.dataset.head);
+      $('ak-head').value = tr.dataset.head;
+      longReset(false);
+      render();
+    });
+  }
+
+  // The app's long view: POST api/long/map for one layer and head of the text.
+  async function submitLong(text, m) {
+    const layerPick = $('ak-req-layer').value;
+    const headPick = $('ak-req-head').value;
+    const payload = { text, model: m.name, layer: /^\d+$/.test(layerPick) ? Number(layerPick) : m.layers - 1,
+      head: headPick === 'all' ? 0 : Number(headPick), window: LONG_WINDOW, top_k: LONG_TOP_K };
+    const button = $('ak-run');
+    button.disabled = true;
+    body.dataset.state = 'loading';
+    status('Computing the block-reduced map\u2026', false);
+    const started = performance.now();
+    try {
+      const json = await requestJSON('api/long/map', payload);
+      const seconds = ((performance.now() - started) / 1000).toFixed(2);
+      const chosen = /^\d+$/.test(layerPick) && headPick !== 'all';
+      status(json.tokens.length + ' tokens, layer ' + json.layer + ' head ' + json.head + ', in ' + seconds + ' s.' +
+        (chosen ? '' : ' The long view shows one layer and head: choose them in Layers and Heads to compute.'), false);
+      loadLong(longFromApp(json, payload));
+    } catch (err) {
+      status(err && err.message ? err.message : String(err), true);
+      body.dataset.state = 'error';
+    } finally {
+      button.disabled = false;
+    }
+  }
+
   // ---------------------------------------------------------------- views and controls
 
   function setView(view, focusTab) {
@@ -1142,12 +1672,18 @@
     $('ak-model-view').hidden = view !== 'model';
     $('ak-matrix-view').hidden = view !== 'matrix';
     $('ak-rank-view').hidden = view !== 'rank';
-    $('ak-head-field').hidden = view !== 'matrix';
+    const isLong = view === 'long';
+    $('ak-long-view').hidden = !isLong;
+    document.querySelector('.ak-tabs').hidden = isLong;
+    $('ak-reduce-field').hidden = !isLong;
+    // The app's long view holds the one layer and head it was asked for.
+    $('ak-head-field').hidden = !(view === 'matrix' || (isLong && !long.app));
     $('ak-topk-field').hidden = view !== 'head';
     $('ak-zoom-field').hidden = view !== 'matrix';
-    $('ak-layer-field').hidden = view === 'model' || view === 'rank';
+    $('ak-layer-field').hidden = view === 'model' || view === 'rank' || (isLong && Boolean(long.app));
+    if (isLong) $('ak-section-field').hidden = true;
     hideTip();
-    if (state.data) render();
+    if (state.data || isLong) render();
     if (view === 'model') fetchEveryLayer();
   }
 
@@ -1220,8 +1756,18 @@
       });
     }
     $('ak-section').addEventListener('change', (e) => setSection(e.target.value, false));
-    $('ak-layer').addEventListener('change', (e) => { state.layer = Number(e.target.value); state.cursor = null; render(); });
-    $('ak-head').addEventListener('change', (e) => { state.head = Number(e.target.value); render(); });
+    $('ak-layer').addEventListener('change', (e) => {
+      state.layer = Number(e.target.value);
+      state.cursor = null;
+      if (state.view === 'long') longReset(true);
+      render();
+    });
+    $('ak-head').addEventListener('change', (e) => {
+      state.head = Number(e.target.value);
+      if (state.view === 'long') longReset(false);
+      render();
+    });
+    $('ak-reduce').addEventListener('change', (e) => { state.reduce = e.target.value; render(); });
     $('ak-topk').addEventListener('change', (e) => { state.topk = Number(e.target.value); render(); });
     $('ak-scale').addEventListener('change', (e) => { state.scale = e.target.value; render(); });
     $('ak-zoom').addEventListener('change', (e) => { state.zoom = Number(e.target.value); render(); });
@@ -1266,10 +1812,11 @@
     tokenColumnEvents($('ak-keys'), 'k');
     $('ak-head-scroll').addEventListener('scroll', () => requestAnimationFrame(drawLines), { passive: true });
     matrixEvents();
+    longEvents();
     let resizing = 0;
     window.addEventListener('resize', () => {
       clearTimeout(resizing);
-      resizing = setTimeout(() => { if (state.data && state.view !== 'model') render(); }, 150);
+      resizing = setTimeout(() => { if ((state.data || long) && state.view !== 'model') render(); }, 150);
     });
   }
 
@@ -1325,6 +1872,10 @@
     const level = $('ak-level').value;
     const payload = { text, model: $('ak-model').value, level };
     const m = info.models.find((x) => x.name === payload.model);
+    if ($('ak-long-mode').value === 'on') {
+      await submitLong(text, m);
+      return;
+    }
     if (m.kind === 'encoder-decoder' && $('ak-target').value.trim()) payload.decoder_text = $('ak-target').value;
     const layer = $('ak-req-layer').value;
     const head = $('ak-req-head').value;
