@@ -232,27 +232,112 @@ def _check_memory(model: Any, maps: int, count: int, s_src: int, s_tgt: int) -> 
     )
 
 
-def run_seq2seq(
-    model: Any,
-    source: str | Tensor | Sequence[int],
-    target: str | Tensor | Sequence[int] | None = None,
-    *,
-    encoder_layers: LayerSelection = True,
-    decoder_layers: LayerSelection = True,
-    heads: HeadSelection = None,
-    max_new_tokens: int = 32,
-) -> Seq2SeqRun:
-    """:meth:`attnkit.models.Model.run_seq2seq` of ``model`` (an
-    :class:`attnkit.models.Model`)."""
-    return run_seq2seq_batch(
-        model,
-        [source],
-        [target],
-        encoder_layers=encoder_layers,
-        decoder_layers=decoder_layers,
-        heads=heads,
-        max_new_tokens=max_new_tokens,
-    )[0]
+class Seq2SeqMixin:
+    """The runs of an encoder–decoder on a source and a target, as methods of
+    :class:`attnkit.models.Model` (a mixin over what :func:`run_seq2seq_batch` reads of a
+    model, so that this module never imports :mod:`attnkit.models.model`)."""
+
+    encoder_decoder: bool
+    num_heads: int
+
+    @property
+    def heads_per_kind(self) -> dict[str, int]:
+        """Heads per layer of each kind of attention: ``{"self": num_heads}`` for a model
+        of one text; ``{"encoder", "decoder", "cross"}`` for an encoder–decoder, whose
+        stacks may differ (BART's ``encoder_attention_heads`` and
+        ``decoder_attention_heads``; :attr:`num_heads` is the encoder's)."""
+        if not self.encoder_decoder:
+            return {"self": self.num_heads}
+        return attention_head_counts(network(self))
+
+    def run_seq2seq(
+        self,
+        source: str | Tensor | Sequence[int],
+        target: str | Tensor | Sequence[int] | None = None,
+        *,
+        encoder_layers: LayerSelection = True,
+        decoder_layers: LayerSelection = True,
+        heads: HeadSelection = None,
+        max_new_tokens: int = 32,
+    ) -> Seq2SeqRun:
+        """A source and a target through an encoder–decoder, with its three kinds of
+        attention: the encoder's self-attention, the decoder's masked self-attention and
+        the decoder's cross-attention to the source (:mod:`attnkit.models.encoder_decoder`).
+
+        Without a target the model produces one first, greedily (the encoder once, the
+        decoder with its KV cache) until its end-of-sequence token or ``max_new_tokens``;
+        the maps are then those it computed while producing it.
+
+        Args:
+            source: a text, or token ids ``[s]`` / ``[1, s]``.
+            target: a text or ids (tokenized with the model's special tokens, e.g. T5's
+                closing ``</s>``), or ``None`` to generate it.
+            encoder_layers: the encoder layers whose weights to return (``True`` for all,
+                indices, negative from the end).
+            decoder_layers: the decoder layers whose self- and cross-attention weights to
+                return.
+            heads: the heads to keep: one list for every kind of attention, or a mapping
+                kind (``"encoder"``, ``"decoder"``, ``"cross"``) → list, for stacks with
+                different head counts (:attr:`heads_per_kind`); default all.
+            max_new_tokens: the most tokens to generate when no target is given.
+
+        Returns:
+            A :class:`attnkit.models.encoder_decoder.Seq2SeqRun`.
+
+        Raises:
+            ValueError: a model that is not an encoder–decoder, an empty or too long text,
+                a layer or head out of range, weights over :data:`ATTENTION_MEMORY_LIMIT`.
+            TypeError: ids that are not integers.
+        """
+        return self.run_seq2seq_batch(
+            [source],
+            [target],
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            heads=heads,
+            max_new_tokens=max_new_tokens,
+        )[0]
+
+    def run_seq2seq_batch(
+        self,
+        sources: Sequence[str | Tensor | Sequence[int]],
+        targets: Sequence[str | Tensor | Sequence[int] | None] | None = None,
+        *,
+        encoder_layers: LayerSelection = True,
+        decoder_layers: LayerSelection = True,
+        heads: HeadSelection = None,
+        max_new_tokens: int = 32,
+    ) -> list[Seq2SeqRun]:
+        """:meth:`run_seq2seq` on several source/target pairs in one pass: the sources
+        padded at the end and masked (a source mask), the decoder inputs padded at the end
+        (a decoder position never reads later ones, so the padding changes nothing before
+        it). Each run is cropped to its own tokens and equals :meth:`run_seq2seq` of its
+        pair up to float rounding.
+
+        Args:
+            sources: texts or token ids.
+            targets: one target (text, ids, or ``None`` to generate it greedily) per
+                source; ``None`` generates every target.
+            encoder_layers, decoder_layers, heads, max_new_tokens: as :meth:`run_seq2seq`.
+
+        Returns:
+            One :class:`attnkit.models.encoder_decoder.Seq2SeqRun` per pair, in order.
+
+        Raises:
+            ValueError: no sources, another number of targets, or what
+                :meth:`run_seq2seq` refuses for any pair (the memory limit counts the
+                padded batch).
+            TypeError: ids that are not integers.
+        """
+        return run_seq2seq_batch(
+            self,
+            sources,
+            targets,
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            heads=heads,
+            max_new_tokens=max_new_tokens,
+        )
 
 
 @dataclass(frozen=True)
