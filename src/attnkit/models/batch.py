@@ -10,7 +10,7 @@ Shape letters: ``b`` batch, ``s`` number of tokens (padded), ``n`` one input's t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -18,11 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.models.attentions import LayerAttentions
-from attnkit.models.family import ModelFamily
 from attnkit.models.memory import check_run_memory
-from attnkit.models.runs import ModelRun, RunStopped, self_attention_weights
-from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, HookedModule, LayerSelection, StackOutput
-from attnkit.nn.hooks import HookPoint, NameFilter
+from attnkit.models.runs import ForwardPass, ModelRun, RunStopped, self_attention_weights
+from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput
+from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
+from attnkit.nn.text_module import TextModule
 
 
 class BatchMixin:
@@ -30,13 +30,11 @@ class BatchMixin:
 
     Attributes (what the mixin reads of its class):
         module: the network.
-        architecture: its :class:`attnkit.models.family.ModelFamily`.
         causal: whether a token attends only to itself and earlier tokens.
         num_layers: depth.
     """
 
-    module: HookedModule
-    architecture: ModelFamily
+    module: TextModule
     causal: bool
     num_layers: int
 
@@ -52,6 +50,17 @@ class BatchMixin:
         def _selection(
             self, return_weights: LayerSelection, heads: Sequence[int] | None
         ) -> tuple[list[int], list[int]]: ...
+
+        def _forward(
+            self,
+            ids: Tensor,
+            *,
+            layers: Collection[int] = (),
+            padding: Tensor | None = None,
+            logits: bool = True,
+            hooks: Mapping[str, HookFn] | None = None,
+            cache: NameFilter = (),
+        ) -> ForwardPass: ...
 
     def run_batch(
         self,
@@ -121,15 +130,13 @@ class BatchMixin:
                 ids, padding = pad_rows([prepared[i][0][0] for i in group], s, padding_side)  # [b, s] x 2
                 # Padding at the end is unseen by a causal model's tokens: no mask needed.
                 needs_mask = padding_side == "left" and not bool(padding.all())
-                with self.module.hook_session(cache=cache) as kept:
-                    out = self.architecture.hidden_states(
-                        self.module, ids.to(self.device), layers, padding.to(self.device) if needs_mask else None
-                    )
-                scores = self.architecture.logits(self.module, out.output) if logits else None  # [b, s, v], or None
+                forward = self._forward(
+                    ids, layers=layers, padding=padding if needs_mask else None, logits=logits, cache=cache
+                )
                 for row, i in enumerate(group):
                     n = lengths[i]
                     own = slice(s - n, s) if padding_side == "left" else slice(0, n)
-                    rows = _BatchRows(out, scores, _rows_of(kept, points, row, own), row, own)
+                    rows = _BatchRows(forward.out, forward.logits, _rows_of(forward.cache, points, row, own), row, own)
                     runs[i] = self._run_of_row(prepared[i], rows, layers, head_list)
         return [run for run in runs if run is not None]
 

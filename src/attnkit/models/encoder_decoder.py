@@ -14,7 +14,7 @@ self-attention are the decoder's input tokens (the start token, then the target)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -507,31 +507,6 @@ def _layers(selection: LayerSelection, depth: int, stack: str) -> list[int]:
     return sorted(set(normalize_indices(selection, depth, "layer", context=context, allow_empty=True)))
 
 
-def encoder_hidden_states(
-    module: EncoderDecoderLM, ids: Tensor, layers: Collection[int], padding: Tensor | None = None
-) -> StackOutput:
-    """The encoder's output ``[b, s, e]`` of source ids ``[b, s]``, with the weights of
-    ``layers`` (a run over one text is the encoder's); ``padding`` (``[b, s]``, ``True`` on
-    tokens) masks padded keys. The ``hidden_states`` of every encoder–decoder family."""
-    out = module.encode(ids, source_mask=padding, return_weights=layers)
-    assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
-    return out
-
-
-def no_logits(module: EncoderDecoderLM, hidden: Tensor) -> None:
-    """None: the encoder alone predicts no tokens (:meth:`attnkit.models.Model.run_seq2seq`
-    gives the decoder's logits). The ``logits`` of every encoder–decoder family."""
-    return None
-
-
-def encoder_self_attention(module: EncoderDecoderLM, layer: int) -> MultiHeadAttention:
-    """The self-attention module of encoder layer ``layer``. The ``self_attention`` of every
-    encoder–decoder family."""
-    attention = module.encoder.layers[layer].self_attn
-    assert isinstance(attention, MultiHeadAttention)
-    return attention
-
-
 def encoder_decoder_family(
     *,
     name: str,
@@ -573,8 +548,5 @@ def encoder_decoder_family(
         state_dict_from_hf=state_dict_from_hf,
         finish=finish,
         eos_token_ids=eos_token_ids,
-        hidden_states=encoder_hidden_states,
-        logits=no_logits,
-        self_attention=encoder_self_attention,
         summary=summary,
     )

@@ -8,7 +8,6 @@ networks' (:meth:`attnkit.nn.DecoderLM.stream`, :meth:`attnkit.nn.EncoderDecoder
 from __future__ import annotations
 
 import contextvars
-import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -18,7 +17,9 @@ from torch import Tensor
 from attnkit.models.family import ModelConfig
 from attnkit.models.memory import check_fits, kv_cache_bytes
 from attnkit.models.tokenizer import Tokenizer
-from attnkit.nn import DecoderLM, EncoderDecoderLM, HookedModule, pack_projections
+from attnkit.nn import DecoderLM, EncoderDecoderLM, pack_projections
+from attnkit.nn.lm import check_decoding_options
+from attnkit.nn.text_module import TextModule
 
 
 class GenerationMixin:
@@ -36,7 +37,7 @@ class GenerationMixin:
 
     name: str
     family: str
-    module: HookedModule
+    module: TextModule
     config: ModelConfig
     tokenizer: Tokenizer
     causal: bool
@@ -93,12 +94,7 @@ class GenerationMixin:
         """
         if not self.causal and not self.encoder_decoder:
             raise ValueError(f"{self.name} is a bidirectional encoder ({self.family}); it cannot generate text")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        check_decoding_options(max_new_tokens, temperature, top_k)
         ids, _, _ = self.prepare_input(prompt)
         if not self._packed:
             # One matrix product for q/k/v and for SwiGLU's gate/up: the same results, fewer

@@ -11,17 +11,17 @@ Shape letters: ``b`` batch, ``s`` number of tokens, ``e`` model dim, ``v`` vocab
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, Self
 
 import torch
 from torch import Tensor
 
-from attnkit.models.family import ModelFamily
 from attnkit.models.memory import check_run_memory
-from attnkit.models.runs import HookedRun
-from attnkit.nn import ActivationCache, HookedModule
+from attnkit.models.runs import ForwardPass, HookedRun
+from attnkit.nn import ActivationCache
 from attnkit.nn.hooks import HookFn, NameFilter
+from attnkit.nn.text_module import TextModule
 
 
 class HooksMixin:
@@ -29,11 +29,9 @@ class HooksMixin:
 
     Attributes (what the mixin reads of its class):
         module: the network, whose hook points the runs go through.
-        architecture: its :class:`attnkit.models.family.ModelFamily`.
     """
 
-    module: HookedModule
-    architecture: ModelFamily
+    module: TextModule
 
     if TYPE_CHECKING:  # what the model class defines
 
@@ -43,6 +41,17 @@ class HooksMixin:
         def prepare_input(
             self, text_or_ids: str | Tensor | Sequence[int]
         ) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]: ...
+
+        def _forward(
+            self,
+            ids: Tensor,
+            *,
+            layers: Collection[int] = (),
+            padding: Tensor | None = None,
+            logits: bool = True,
+            hooks: Mapping[str, HookFn] | None = None,
+            cache: NameFilter = (),
+        ) -> ForwardPass: ...
 
         def to_tokens(
             self, texts: str | Sequence[str], *, padding_side: Literal["right", "left"] = "right"
@@ -145,10 +154,8 @@ class HooksMixin:
             on=f"{b} × {s} tokens",
             advice="cache fewer activations (names=), fewer or shorter texts",
         )
-        with self.module.hook_session(hooks, cache=cache) as kept:
-            hidden = self.architecture.hidden_states(self.module, ids.to(self.device), (), padding).output  # [b, s, e]
-            scores = self.architecture.logits(self.module, hidden) if logits else None  # [b, s, v], or None
-        return HookedRun(hidden, kept, scores)
+        forward = self._forward(ids, padding=padding, logits=logits, hooks=hooks, cache=cache)
+        return HookedRun(forward.out.output, forward.cache, forward.logits)  # [b, s, e], cache, [b, s, v] or None
 
     def run_with_cache(
         self,

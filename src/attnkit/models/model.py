@@ -11,7 +11,7 @@ Shape letters: ``s`` number of tokens, ``h`` query heads, ``h_sel`` selected hea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -27,10 +27,11 @@ from attnkit.models.generation import GenerationMixin
 from attnkit.models.hooks import HooksMixin
 from attnkit.models.lens import LensMixin
 from attnkit.models.memory import check_run_memory
-from attnkit.models.runs import HookedRun, ModelRun, RunStopped, self_attention_weights
+from attnkit.models.runs import ForwardPass, HookedRun, ModelRun, RunStopped, self_attention_weights
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
-from attnkit.nn import HookedModule, LayerSelection
-from attnkit.nn.hooks import NameFilter
+from attnkit.nn import LayerSelection, StackOutput
+from attnkit.nn.hooks import HookFn, NameFilter
+from attnkit.nn.text_module import TextModule
 
 __all__ = ["HookedRun", "Model", "ModelRun", "RunStopped"]
 
@@ -56,8 +57,10 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
             its encoder, :meth:`run_seq2seq` a source and a target with the three kinds of
             attention, and generation translates a source.
         num_decoder_layers: the decoder's depth (encoder–decoders; 0 otherwise).
-        module: the network, an :class:`attnkit.nn.DecoderLM` or
-            :class:`attnkit.models.bert.BertModel`, in evaluation mode.
+        module: the network, in evaluation mode: an :class:`attnkit.nn.DecoderLM`,
+            :class:`attnkit.nn.EncoderDecoderLM` or :class:`attnkit.models.bert.BertModel`,
+            each an :class:`attnkit.nn.text_module.TextModule`, whose methods every run
+            calls.
         tokenizer: the :class:`attnkit.models.Tokenizer`.
     """
 
@@ -68,7 +71,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         architecture: ModelFamily,
         path: Path,
         config: ModelConfig,
-        module: HookedModule,
+        module: TextModule,
         tokenizer: Tokenizer,
     ) -> None:
         self.name = name
@@ -172,13 +175,11 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         select_heads = head_list != list(range(self.num_heads))
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
         # that callers may use in any mode.
-        with torch.no_grad(), self.module.hook_session(cache=cache) as kept:
-            out = self.architecture.hidden_states(self.module, ids.to(self.device), layers, None)
-            hidden = out.output  # [1, s, e]
-            all_weights = {i: self_attention_weights(out, i) for i in layers}  # [1, h, s, s] each
-            scores = self.architecture.logits(self.module, hidden) if logits else None  # [1, s, v], or None
+        with torch.no_grad():
+            forward = self._forward(ids, layers=layers, logits=logits, cache=cache)
             attentions = {}
-            for i, weights in all_weights.items():
+            for i in layers:
+                weights = self_attention_weights(forward.out, i)  # [1, h, s, s]
                 if select_heads:
                     weights = weights[:, head_list]  # [1, h_sel, s, s]
                 attentions[i] = weights.float()
@@ -186,12 +187,47 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
             ids=ids,
             tokens=tokens,
             offsets=offsets,
-            logits=None if scores is None else scores.float(),
-            hidden_states=hidden.float(),
+            logits=None if forward.logits is None else forward.logits.float(),
+            hidden_states=forward.out.output.float(),  # [1, s, e]
             attentions=LayerAttentions(attentions, self.num_layers),
             heads=head_list,
-            cache=kept,
+            cache=forward.cache,
         )
+
+    def _forward(
+        self,
+        ids: Tensor,
+        *,
+        layers: Collection[int] = (),
+        padding: Tensor | None = None,
+        logits: bool = True,
+        hooks: Mapping[str, HookFn] | None = None,
+        cache: NameFilter = (),
+    ) -> ForwardPass:
+        """The one forward path of :meth:`run`, :meth:`run_batch` and :meth:`run_with_hooks`:
+        ids ``[b, s]`` through the network's hook points, in the caller's autograd mode.
+
+        Args:
+            ids: token ids ``[b, s]``, checked, on any device (moved to the model's).
+            layers: the layers whose weights to return.
+            padding: ``None``, or ``[b, s]`` bool ``True`` on tokens and ``False`` on
+                padding (on either side), which no token attends to.
+            logits: compute the next-token logits (where the network has a head).
+            hooks: name → function, applied after those of enclosing :meth:`hooks` blocks.
+            cache: the activations to keep, as :meth:`run` takes them.
+
+        Returns:
+            A :class:`attnkit.models.runs.ForwardPass`.
+        """
+        with self.module.hook_session(hooks, cache=cache) as kept:
+            out = self.module.hidden_states(
+                ids.to(self.device),
+                padding=None if padding is None else padding.to(self.device),
+                return_weights=list(layers),
+            )
+            assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
+            scores = self.module.logits(out.output) if logits else None  # [b, s, v], or None
+        return ForwardPass(out, scores, kept)
 
     def _selection(self, return_weights: LayerSelection, heads: Sequence[int] | None) -> tuple[list[int], list[int]]:
         """The layers whose weights a run returns and the heads it keeps, checked."""

@@ -61,6 +61,24 @@ class HookedRun:
     logits: Tensor | None
 
 
+@dataclass(frozen=True)
+class ForwardPass:
+    """What the one forward path of every run (:meth:`attnkit.models.Model.run`,
+    ``run_batch``, ``run_with_hooks``) produced, before each run keeps its part.
+
+    Attributes:
+        out: the network's :class:`attnkit.nn.StackOutput`: the last hidden states
+            ``[b, s, e]`` and the weights of the layers asked for.
+        logits: next-token logits ``[b, s, v]``, or ``None`` (not asked for, or a network
+            without a head on these states).
+        cache: the activations asked for, by name.
+    """
+
+    out: StackOutput
+    logits: Tensor | None
+    cache: ActivationCache
+
+
 class RunStopped(RuntimeError):
     """A :meth:`Model.run_batch` pass ended early because its ``stop`` said so."""
 

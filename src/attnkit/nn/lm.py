@@ -16,9 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.finite import check_finite
+from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.dropout import Dropout
 from attnkit.nn.feedforward import Activation
-from attnkit.nn.hooks import HookedModule, HookPoint
+from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, LayerConfig, MaskLike
 from attnkit.nn.norms import make_norm
@@ -30,6 +31,7 @@ from attnkit.nn.positional import (
     SinusoidalPositionalEncoding,
 )
 from attnkit.nn.records import LMOutput, StackOutput
+from attnkit.nn.text_module import TextModule, padding_positions
 from attnkit.nn.transformer import Decoder, LayerSelection
 
 PositionalKind = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
@@ -90,7 +92,7 @@ class DecoderLMConfig(LayerConfig):
         super().__post_init__()
 
 
-class DecoderLM(HookedModule):
+class DecoderLM(TextModule):
     """A GPT-style language model over :class:`attnkit.nn.DecoderLayer` blocks without
     cross-attention.
 
@@ -228,6 +230,12 @@ class DecoderLM(HookedModule):
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits
 
+    def self_attention(self, layer: int) -> MultiHeadAttention:
+        """The self-attention module of layer ``layer``."""
+        attention = self.decoder.layers[layer].self_attn
+        assert isinstance(attention, MultiHeadAttention)
+        return attention
+
     def new_cache(self, *, capacity: int | None = None) -> DecoderCache:
         """An empty cache for incremental decoding with :meth:`forward`; with
         ``capacity``, preallocated for that many positions (inference, see
@@ -242,6 +250,7 @@ class DecoderLM(HookedModule):
         positions: Tensor | None = None,
         cache: DecoderCache | None = None,
         return_weights: LayerSelection = False,
+        padding: Tensor | None = None,
     ) -> Tensor | StackOutput:
         """The last layer's output (after the final norm): what the head turns into logits.
 
@@ -258,18 +267,29 @@ class DecoderLM(HookedModule):
             cache: from :meth:`new_cache`, updated in place.
             return_weights: also return the weights of every layer (``True``) or of the
                 layers with these indices.
+            padding: ``[b, s]`` bool, ``True`` on tokens and ``False`` on padding (on
+                either side): padded keys are masked and each row's positions count its
+                tokens only, so that a left-padded row gives its unpadded results; instead
+                of ``mask`` and ``positions``, without a cache.
 
         Returns:
             ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
 
         Raises:
             TypeError: non-integer tokens.
-            ValueError: tokens not ``[b, s]``, a layer index out of range.
+            ValueError: tokens not ``[b, s]``, a layer index out of range, ``padding`` not
+                ``[b, s]`` bool or given with ``mask``, ``positions`` or ``cache``.
         """
         if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
+        if padding is not None:
+            if mask is not None or positions is not None or cache is not None:
+                raise ValueError(
+                    "padding sets the mask and the positions itself; give it without mask, positions or cache"
+                )
+            mask, positions = padding_positions(padding, tokens)  # [b, 1, 1, s], [b, s]
         x = self.token_embedding(tokens)  # [b, s, e]
         if self.embedding_scale is not None:
             x = x * torch.tensor(self.embedding_scale, dtype=x.dtype)

@@ -23,13 +23,15 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.dropout import Dropout
-from attnkit.nn.hooks import HookedModule, HookPoint
+from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer
 from attnkit.nn.lm import check_decoding_options, pick_next_token
 from attnkit.nn.positional import SinusoidalPositionalEncoding
 from attnkit.nn.records import Seq2SeqLMOutput, StackOutput
+from attnkit.nn.text_module import TextModule, check_padding
 from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer, TransformerConfig
 
 
@@ -149,7 +151,7 @@ def source_padding_mask(source_mask: Tensor | None) -> Tensor | None:
     return source_mask[:, None, None, :]  # [b, 1, 1, s_src]
 
 
-class EncoderDecoderLM(HookedModule):
+class EncoderDecoderLM(TextModule):
     """An encoder–decoder language model.
 
     Args:
@@ -203,6 +205,38 @@ class EncoderDecoderLM(HookedModule):
         """An empty cache for :meth:`decode` step by step; with ``capacity``, the
         self-attention caches are preallocated for that many target positions."""
         return self.decoder.new_cache(capacity=capacity)
+
+    def hidden_states(
+        self, tokens: Tensor, *, padding: Tensor | None = None, return_weights: LayerSelection = False
+    ) -> Tensor | StackOutput:
+        """The encoder's output over one text (:meth:`encode`): what a run over one text
+        reads; :meth:`decode` runs the decoder.
+
+        Args:
+            tokens: source ids ``[b, s_src]``.
+            padding: ``[b, s_src]`` bool, ``True`` on tokens and ``False`` on padding.
+            return_weights: the encoder layers whose self-attention weights to return.
+
+        Returns:
+            ``[b, s_src, e]``, or a :class:`attnkit.nn.StackOutput`.
+
+        Raises:
+            TypeError, ValueError: as :meth:`encode`; padding of another shape.
+        """
+        if padding is not None:
+            check_padding(padding, tokens)
+        return self.encode(tokens, source_mask=padding, return_weights=return_weights)
+
+    def logits(self, hidden: Tensor) -> None:
+        """None: the encoder's states (:meth:`hidden_states`) have no head; the decoder's
+        output goes through :attr:`head` (:meth:`forward`)."""
+        return None
+
+    def self_attention(self, layer: int) -> MultiHeadAttention:
+        """The self-attention module of encoder layer ``layer``."""
+        attention = self.encoder.layers[layer].self_attn
+        assert isinstance(attention, MultiHeadAttention)
+        return attention
 
     def encode(
         self, source: Tensor, *, source_mask: Tensor | None = None, return_weights: LayerSelection = False
