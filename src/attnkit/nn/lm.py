@@ -8,7 +8,7 @@ Shape letters: ``b`` batch, ``s`` sequence length, ``n`` generated tokens, ``e``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import KW_ONLY, dataclass
 from typing import Literal
 
@@ -379,21 +379,8 @@ class DecoderLM(TextModule):
             ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``.
         """
         steps = self.stream(tokens, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
-        was_training = self.training
-        self.eval()
-        try:
-            out = [tokens]
-            finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-            for next_token in steps:  # [b]
-                if eos_token_id is not None:
-                    next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
-                    finished |= next_token == eos_token_id
-                out.append(next_token[:, None])  # [b, 1]
-                if finished.all():
-                    break
-            return torch.cat(out, dim=1)  # [b, s + n']
-        finally:
-            self.train(was_training)
+        produced = run_to_end(self, steps, rows=tokens.shape[0], device=tokens.device, eos_token_id=eos_token_id)
+        return torch.cat([tokens, *produced], dim=1)  # [b, s + n']
 
     def stream(
         self,
@@ -438,16 +425,82 @@ class DecoderLM(TextModule):
         generator: torch.Generator | None,
     ) -> Iterator[Tensor]:
         cache = self.new_cache(capacity=tokens.shape[1] + max_new_tokens)
-        step_input = tokens  # [b, s], then [b, 1]
-        for _ in range(max_new_tokens):
-            with torch.inference_mode():
-                # The head on the last position only: the others' logits are not needed.
-                hidden = self.hidden_states(step_input, cache=cache)  # [b, s, e]: no weights asked for
-                assert isinstance(hidden, Tensor)
-                logits = self.logits(hidden[:, -1])  # [b, v]
-                next_token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [b]
-            yield next_token
-            step_input = next_token[:, None]  # [b, 1]
+
+        def next_logits(step_input: Tensor) -> Tensor:
+            # The head on the last position only: the others' logits are not needed.
+            hidden = self.hidden_states(step_input, cache=cache)  # [b, s, e]: no weights asked for
+            assert isinstance(hidden, Tensor)
+            return self.logits(hidden[:, -1])  # [b, v]
+
+        yield from decoding_loop(next_logits, tokens, max_new_tokens, temperature, top_k, generator)
+
+
+def decoding_loop(
+    next_logits: Callable[[Tensor], Tensor],
+    first_input: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator | None,
+) -> Iterator[Tensor]:
+    """The one decoding loop of every language model (:meth:`DecoderLM.stream`,
+    :meth:`attnkit.nn.EncoderDecoderLM.stream`): each step feeds its input to
+    ``next_logits`` (which runs the network against its KV cache), picks the next token of
+    every row and feeds it to the next step. Each step opens its own ``inference_mode``: a
+    mode left open across a ``yield`` would leak into the caller's code between steps.
+
+    Args:
+        next_logits: step input ids ``[b, s]`` → the next-token logits ``[b, v]``.
+        first_input: the first step's ids ``[b, s]`` (a prompt, a decoder start token);
+            every later step's is the token just picked, ``[b, 1]``.
+        max_new_tokens: ``n``, the number of steps.
+        temperature, top_k, generator: as :func:`pick_next_token` takes them.
+
+    Returns:
+        An iterator of ``n`` token id tensors ``[b]``, computed as it is consumed.
+    """
+    step_input = first_input  # [b, s], then [b, 1]
+    for _ in range(max_new_tokens):
+        with torch.inference_mode():
+            next_token = pick_next_token(
+                next_logits(step_input), temperature=temperature, top_k=top_k, generator=generator
+            )  # [b]
+        yield next_token
+        step_input = next_token[:, None]  # [b, 1]
+
+
+def run_to_end(
+    module: nn.Module, steps: Iterator[Tensor], *, rows: int, device: torch.device, eos_token_id: int | None
+) -> list[Tensor]:
+    """Consume a decoding loop in evaluation mode (no dropout), restoring the module's mode
+    afterwards: what ``generate`` of every language model returns.
+
+    Args:
+        module: the network the steps run.
+        steps: the decoding loop, token ids ``[b]`` per step.
+        rows: ``b``.
+        device: where the token ids are.
+        eos_token_id: a row that produced it keeps producing it; the loop stops once every
+            row has.
+
+    Returns:
+        Each step's tokens ``[b, 1]``, in order.
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        out = []
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        for next_token in steps:  # [b]
+            if eos_token_id is not None:
+                next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
+                finished |= next_token == eos_token_id
+            out.append(next_token[:, None])  # [b, 1]
+            if finished.all():
+                break
+        return out
+    finally:
+        module.train(was_training)
 
 
 def check_decoding_options(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
