@@ -23,6 +23,7 @@ from torch import Tensor
 
 from attnkit.functional.indices import normalize_indices
 from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
+from attnkit.models.batch import pad_rows
 from attnkit.models.checkpoint import build_without_weights
 from attnkit.models.decoder import eos_token_ids
 from attnkit.models.family import ModelFamily
@@ -388,9 +389,9 @@ def run_seq2seq_batch(
     _check_memory(model, 4 * len(pairs) * per_pair, len(pairs), s_src, s_tgt)
     start = torch.tensor([module.decoder_start_token_id])
     decoder_inputs = [torch.cat((start, pair.target_ids[0, :-1])) for pair in pairs]  # [s_tgt_i] each
-    source_ids, source_mask = _right_padded([pair.source_ids[0] for pair in pairs], s_src)  # [b, s_src] x 2
+    source_ids, source_mask = pad_rows([pair.source_ids[0] for pair in pairs], s_src, "right")  # [b, s_src] x 2
     # The target is padded at the end: a decoder position never sees later ones, so no mask.
-    decoder_input_ids, _ = _right_padded(decoder_inputs, s_tgt)  # [b, s_tgt]
+    decoder_input_ids, _ = pad_rows(decoder_inputs, s_tgt, "right")  # [b, s_tgt]
     mask = None if bool(source_mask.all()) else source_mask.to(model.device)
     with torch.no_grad():
         encoded = module.encode(source_ids.to(model.device), source_mask=mask, return_weights=encoder_list)
@@ -473,17 +474,6 @@ def _prepare(
         source, source_ids, source_tokens, source_offsets, target_ids, target_tokens, target_offsets, target_text,
         target is None,
     )  # fmt: skip
-
-
-def _right_padded(rows: Sequence[Tensor], length: int) -> tuple[Tensor, Tensor]:
-    """Id rows ``[n_i]`` padded at the end to ``length`` with id 0: ``(ids [b, s], mask
-    [b, s])``, the mask ``True`` on tokens."""
-    ids = torch.zeros(len(rows), length, dtype=torch.long)  # [b, s]
-    mask = torch.zeros(len(rows), length, dtype=torch.bool)  # [b, s]
-    for row, tokens in enumerate(rows):
-        ids[row, : len(tokens)] = tokens
-        mask[row, : len(tokens)] = True
-    return ids, mask
 
 
 def _target(

@@ -64,8 +64,9 @@ class ModelFamily:
         encoder_decoder: an encoder–decoder (T5, BART), whose module is an
             :class:`attnkit.nn.EncoderDecoderLM`: a run over one text is its encoder's
             (the module's ``hidden_states`` and ``self_attention`` read the encoder, its
-            ``logits`` are ``None``), :meth:`attnkit.models.Model.run_seq2seq` runs a source and a target
-            with the three kinds of attention, and generation translates a source.
+            ``logits`` are ``None``), :meth:`attnkit.models.Model.run_seq2seq` runs a
+            source and a target with the three kinds of attention, and generation
+            translates a source.
         read_config: ``(config.json as a dict, path=the file)`` → the family's config (a
             :class:`ModelConfig`); raises :class:`attnkit.models.CheckpointError`, naming
             the field, for what it cannot load or what exceeds

@@ -43,7 +43,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         name: ``"smollm2"``, ``"minilm"``, or the folder name of a local checkpoint.
         family: ``"llama"`` (causal decoder) or ``"bert"`` (bidirectional encoder): the
             :attr:`attnkit.models.family.ModelFamily.name` of ``architecture``.
-        architecture: the :class:`attnkit.models.family.ModelFamily` that runs it.
+        architecture: the :class:`attnkit.models.family.ModelFamily` it was loaded with.
         path: the checkpoint folder.
         config: the family's config (:class:`attnkit.models.llama.LlamaConfig` or
             :class:`attnkit.models.bert.BertConfig`).

@@ -84,7 +84,7 @@ class RunStopped(RuntimeError):
 
 
 def self_attention_weights(out: StackOutput, layer: int) -> Tensor:
-    """The self-attention weights of ``layer`` in a family's result, which were asked for."""
+    """The self-attention weights of ``layer`` in a network's result, which were asked for."""
     weights = out.weights[layer]
     assert weights is not None, f"layer {layer}'s weights were asked for and not returned"
     return weights.self_attention
