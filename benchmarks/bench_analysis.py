@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def before() -> None:
         with torch.no_grad():
-            hidden = model.architecture.hidden_states(model.module, ids, []).output
-            model.architecture.logits(model.module, hidden)
+            hidden = model.module.hidden_states(ids, return_weights=[]).output
+            model.module.logits(hidden)
 
     reading = {
         name: (lambda t: None) for name in model.hook_names() if not name.endswith(("pattern", "scores", "result"))

@@ -228,10 +228,7 @@ def head_ablation(
         replacements = _mean_z(model, mean_over, layer_list)
     else:
         # Each layer's own head dim: some families choose it (num_heads · head_dim != hidden size).
-        replacements = {
-            i: torch.zeros(model.num_heads, 1, model.architecture.self_attention(model.module, i).head_dim)
-            for i in layer_list
-        }
+        replacements = {i: torch.zeros(model.num_heads, 1, model.module.self_attention(i).head_dim) for i in layer_list}
     unablated: list[Tensor] = []  # the output of the first (unaltered) row
     if model.causal:
         assert target is not None and target_id is not None  # a causal model's target is checked

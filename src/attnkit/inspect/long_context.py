@@ -584,9 +584,7 @@ def long_context_summaries(
     chosen = _layer_list(layers, model.num_layers)
     positions = _positions(logits_at, ids.shape[1])
     scorings = {
-        i: layer_scoring(
-            model.architecture.self_attention(model.module, i), causal=model.causal, where=f"{model.name} layer {i}"
-        )
+        i: layer_scoring(model.module.self_attention(i), causal=model.causal, where=f"{model.name} layer {i}")
         for i in chosen
     }
     summaries: dict[int, LayerSummary] = {}
@@ -656,7 +654,7 @@ def _next_token_logits(model: Model, hidden_states: Tensor, positions: list[int]
     """
     hidden = hidden_states[:, positions].to(next(model.module.parameters()).dtype)  # [1, n, e]
     with torch.no_grad():
-        scores = model.architecture.logits(model.module, hidden)  # [1, n, v], or None for an encoder
+        scores = model.module.logits(hidden)  # [1, n, v], or None for an encoder
     if scores is None:
         raise ValueError(f"{model.name} is an encoder without next-token logits: logits_at must be empty")
     return scores[0].float()

@@ -164,7 +164,7 @@ def value_weighted(model: Model, text: str, *, layers: Sequence[int] | None = No
     )
     heads, summed, norms = {}, {}, {}
     for i in layer_list:
-        attn = model.architecture.self_attention(model.module, i)
+        attn = model.module.self_attention(i)
         h, d = attn.num_heads, attn.head_dim
         v = run.cache[model.hook_name("self_attn.v", i)][0].double()  # [h_kv, s, d]
         v = v.repeat_interleave(h // v.shape[0], dim=0)  # [h, s, d]

@@ -77,7 +77,7 @@ def last_logits(model: Model, hidden: Tensor) -> Tensor:
     Raises:
         ValueError: a model without a language-model head.
     """
-    logits = model.architecture.logits(model.module, hidden[:, -1:])  # [b, 1, v]
+    logits = model.module.logits(hidden[:, -1:])  # [b, 1, v]
     if logits is None:
         raise ValueError(f"{model.name} ({model.family}) has no language-model head: no next-token logits")
     return logits[:, 0].float()

@@ -28,7 +28,6 @@ task heads are not part of the encoder and are left out.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,6 @@ from attnkit.models.renaming import rename_tensors
 from attnkit.nn import (
     Encoder,
     EncoderLayer,
-    HookedModule,
     HookPoint,
     LayerConfig,
     LayerNorm,
@@ -53,6 +51,7 @@ from attnkit.nn import (
     StackOutput,
 )
 from attnkit.nn.layers import MaskLike
+from attnkit.nn.text_module import TextModule, check_padding
 
 _LAYER_KEYS = {
     "attention.self.query": "self_attn.q_proj",
@@ -137,7 +136,7 @@ class BertConfig:
         )
 
 
-class BertModel(HookedModule):
+class BertModel(TextModule):
     """A BERT encoder: embeddings, then a stack of post-norm encoder layers. Its hook
     points (:mod:`attnkit.nn.hooks`) are ``embed`` (the normalised embeddings), those of
     ``encoder``'s layers and ``encoder.final``.
@@ -210,6 +209,38 @@ class BertModel(HookedModule):
         x = self.embed(self.dropout(self.embedding_norm(self.position(x))))  # [b, s, e]
         return self.encoder(x, mask=mask, return_weights=return_weights)
 
+    def hidden_states(
+        self, tokens: Tensor, *, padding: Tensor | None = None, return_weights: LayerSelection = False
+    ) -> Tensor | StackOutput:
+        """The last layer's output of single-segment ids (:meth:`forward`).
+
+        Args:
+            tokens: integer ids ``[b, s]``.
+            padding: ``[b, s]`` bool, ``True`` on tokens and ``False`` on padding, whose
+                keys are masked (positions stay ``0 .. s - 1``, as in Hugging Face's BERT).
+            return_weights: the layers whose weights to return (``True`` for all).
+
+        Returns:
+            ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
+
+        Raises:
+            TypeError, ValueError: as :meth:`forward`; padding of another shape.
+        """
+        if padding is None:
+            return self(tokens, return_weights=return_weights)
+        check_padding(padding, tokens)
+        return self(tokens, mask=padding[:, None, None, :], return_weights=return_weights)
+
+    def logits(self, hidden: Tensor) -> None:
+        """None: the encoder has no language-model head."""
+        return None
+
+    def self_attention(self, layer: int) -> MultiHeadAttention:
+        """The self-attention module of layer ``layer``."""
+        attention = self.encoder.layers[layer].self_attn
+        assert isinstance(attention, MultiHeadAttention)
+        return attention
+
 
 def build(config: BertConfig) -> BertModel:
     """A :class:`BertModel` on the ``meta`` device (no storage), whose weights the
@@ -253,28 +284,6 @@ def eos_token_ids(config: BertConfig, folder: Path) -> tuple[int, ...]:
     return ()
 
 
-def hidden_states(
-    module: BertModel, ids: Tensor, layers: Collection[int], padding: Tensor | None = None
-) -> StackOutput:
-    """The last layer's output ``[b, s, e]`` of ids ``[b, s]``, with the weights of
-    ``layers``; with ``padding`` (``[b, s]``, ``True`` on tokens), padded keys are masked
-    (positions stay ``0 .. s - 1``, as in Hugging Face's BERT)."""
-    return module(ids, mask=None if padding is None else padding[:, None, None, :], return_weights=layers)
-
-
-def logits(module: BertModel, hidden: Tensor) -> Tensor | None:
-    """None: the encoder has no language-model head."""
-    return None
-
-
-def self_attention(module: nn.Module, layer: int) -> MultiHeadAttention:
-    """The self-attention module of layer ``layer``."""
-    assert isinstance(module, BertModel)
-    attn = module.encoder.layers[layer].self_attn
-    assert isinstance(attn, MultiHeadAttention)
-    return attn
-
-
 FAMILY = ModelFamily(
     name="bert",
     model_type="bert",
@@ -284,8 +293,5 @@ FAMILY = ModelFamily(
     state_dict_from_hf=state_dict_from_hf,
     finish=finish,
     eos_token_ids=eos_token_ids,
-    hidden_states=hidden_states,
-    logits=logits,
-    self_attention=self_attention,
     summary="post-norm encoder: LayerNorm, exact GELU, learned positions and segment embeddings, biases",
 )

@@ -33,7 +33,6 @@ from attnkit.nn import (
     LearnedPositionalEmbedding,
     MultiHeadAttention,
     RotaryEmbedding,
-    StackOutput,
     make_norm,
 )
 from attnkit.nn.feedforward import Activation
@@ -216,36 +215,6 @@ def eos_token_ids(config: DecoderConfig, folder: Path) -> tuple[int, ...]:
     return tuple(dict.fromkeys(config.eos_token_ids + extra))
 
 
-def hidden_states(
-    module: DecoderLM, ids: Tensor, layers: Collection[int], padding: Tensor | None = None
-) -> StackOutput:
-    """The hidden states after the final norm ``[b, s, e]`` of ids ``[b, s]``, with the
-    weights of ``layers``; with ``padding`` (``[b, s]``, ``True`` on tokens), padded keys
-    are masked and each row's positions count its tokens only (a left-padded row gives its
-    unpadded results)."""
-    if padding is None:
-        out = module.hidden_states(ids, return_weights=layers)
-    else:
-        positions = (padding.long().cumsum(-1) - 1).clamp(min=0)  # [b, s]
-        out = module.hidden_states(ids, mask=padding[:, None, None, :], positions=positions, return_weights=layers)
-    assert isinstance(out, StackOutput)
-    return out
-
-
-def logits(module: DecoderLM, hidden: Tensor) -> Tensor:
-    """Next-token logits ``[b, s, v]`` of hidden states ``[b, s, e]`` (soft-capped where the
-    family caps them)."""
-    return module.logits(hidden)
-
-
-def self_attention(module: nn.Module, layer: int) -> MultiHeadAttention:
-    """The self-attention module of layer ``layer``."""
-    assert isinstance(module, DecoderLM)
-    attn = module.decoder.layers[layer].self_attn
-    assert isinstance(attn, MultiHeadAttention)
-    return attn
-
-
 def decoder_family(
     *,
     name: str,
@@ -274,9 +243,6 @@ def decoder_family(
         state_dict_from_hf=state_dict_from_hf,
         finish=finish,
         eos_token_ids=eos_token_ids,
-        hidden_states=hidden_states,
-        logits=logits,
-        self_attention=self_attention,
         summary=summary,
     )
 

@@ -14,7 +14,7 @@ self-attention are the decoder's input tokens (the start token, then the target)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +23,7 @@ from torch import Tensor
 
 from attnkit.functional.indices import normalize_indices
 from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
+from attnkit.models.batch import pad_rows
 from attnkit.models.checkpoint import build_without_weights
 from attnkit.models.decoder import eos_token_ids
 from attnkit.models.family import ModelFamily
@@ -232,27 +233,112 @@ def _check_memory(model: Any, maps: int, count: int, s_src: int, s_tgt: int) -> 
     )
 
 
-def run_seq2seq(
-    model: Any,
-    source: str | Tensor | Sequence[int],
-    target: str | Tensor | Sequence[int] | None = None,
-    *,
-    encoder_layers: LayerSelection = True,
-    decoder_layers: LayerSelection = True,
-    heads: HeadSelection = None,
-    max_new_tokens: int = 32,
-) -> Seq2SeqRun:
-    """:meth:`attnkit.models.Model.run_seq2seq` of ``model`` (an
-    :class:`attnkit.models.Model`)."""
-    return run_seq2seq_batch(
-        model,
-        [source],
-        [target],
-        encoder_layers=encoder_layers,
-        decoder_layers=decoder_layers,
-        heads=heads,
-        max_new_tokens=max_new_tokens,
-    )[0]
+class Seq2SeqMixin:
+    """The runs of an encoder–decoder on a source and a target, as methods of
+    :class:`attnkit.models.Model` (a mixin over what :func:`run_seq2seq_batch` reads of a
+    model, so that this module never imports :mod:`attnkit.models.model`)."""
+
+    encoder_decoder: bool
+    num_heads: int
+
+    @property
+    def heads_per_kind(self) -> dict[str, int]:
+        """Heads per layer of each kind of attention: ``{"self": num_heads}`` for a model
+        of one text; ``{"encoder", "decoder", "cross"}`` for an encoder–decoder, whose
+        stacks may differ (BART's ``encoder_attention_heads`` and
+        ``decoder_attention_heads``; :attr:`num_heads` is the encoder's)."""
+        if not self.encoder_decoder:
+            return {"self": self.num_heads}
+        return attention_head_counts(network(self))
+
+    def run_seq2seq(
+        self,
+        source: str | Tensor | Sequence[int],
+        target: str | Tensor | Sequence[int] | None = None,
+        *,
+        encoder_layers: LayerSelection = True,
+        decoder_layers: LayerSelection = True,
+        heads: HeadSelection = None,
+        max_new_tokens: int = 32,
+    ) -> Seq2SeqRun:
+        """A source and a target through an encoder–decoder, with its three kinds of
+        attention: the encoder's self-attention, the decoder's masked self-attention and
+        the decoder's cross-attention to the source (:mod:`attnkit.models.encoder_decoder`).
+
+        Without a target the model produces one first, greedily (the encoder once, the
+        decoder with its KV cache) until its end-of-sequence token or ``max_new_tokens``;
+        the maps are then those it computed while producing it.
+
+        Args:
+            source: a text, or token ids ``[s]`` / ``[1, s]``.
+            target: a text or ids (tokenized with the model's special tokens, e.g. T5's
+                closing ``</s>``), or ``None`` to generate it.
+            encoder_layers: the encoder layers whose weights to return (``True`` for all,
+                indices, negative from the end).
+            decoder_layers: the decoder layers whose self- and cross-attention weights to
+                return.
+            heads: the heads to keep: one list for every kind of attention, or a mapping
+                kind (``"encoder"``, ``"decoder"``, ``"cross"``) → list, for stacks with
+                different head counts (:attr:`heads_per_kind`); default all.
+            max_new_tokens: the most tokens to generate when no target is given.
+
+        Returns:
+            A :class:`attnkit.models.encoder_decoder.Seq2SeqRun`.
+
+        Raises:
+            ValueError: a model that is not an encoder–decoder, an empty or too long text,
+                a layer or head out of range, weights over :data:`ATTENTION_MEMORY_LIMIT`.
+            TypeError: ids that are not integers.
+        """
+        return self.run_seq2seq_batch(
+            [source],
+            [target],
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            heads=heads,
+            max_new_tokens=max_new_tokens,
+        )[0]
+
+    def run_seq2seq_batch(
+        self,
+        sources: Sequence[str | Tensor | Sequence[int]],
+        targets: Sequence[str | Tensor | Sequence[int] | None] | None = None,
+        *,
+        encoder_layers: LayerSelection = True,
+        decoder_layers: LayerSelection = True,
+        heads: HeadSelection = None,
+        max_new_tokens: int = 32,
+    ) -> list[Seq2SeqRun]:
+        """:meth:`run_seq2seq` on several source/target pairs in one pass: the sources
+        padded at the end and masked (a source mask), the decoder inputs padded at the end
+        (a decoder position never reads later ones, so the padding changes nothing before
+        it). Each run is cropped to its own tokens and equals :meth:`run_seq2seq` of its
+        pair up to float rounding.
+
+        Args:
+            sources: texts or token ids.
+            targets: one target (text, ids, or ``None`` to generate it greedily) per
+                source; ``None`` generates every target.
+            encoder_layers, decoder_layers, heads, max_new_tokens: as :meth:`run_seq2seq`.
+
+        Returns:
+            One :class:`attnkit.models.encoder_decoder.Seq2SeqRun` per pair, in order.
+
+        Raises:
+            ValueError: no sources, another number of targets, or what
+                :meth:`run_seq2seq` refuses for any pair (the memory limit counts the
+                padded batch).
+            TypeError: ids that are not integers.
+        """
+        return run_seq2seq_batch(
+            self,
+            sources,
+            targets,
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            heads=heads,
+            max_new_tokens=max_new_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -303,9 +389,9 @@ def run_seq2seq_batch(
     _check_memory(model, 4 * len(pairs) * per_pair, len(pairs), s_src, s_tgt)
     start = torch.tensor([module.decoder_start_token_id])
     decoder_inputs = [torch.cat((start, pair.target_ids[0, :-1])) for pair in pairs]  # [s_tgt_i] each
-    source_ids, source_mask = _right_padded([pair.source_ids[0] for pair in pairs], s_src)  # [b, s_src] x 2
+    source_ids, source_mask = pad_rows([pair.source_ids[0] for pair in pairs], s_src, "right")  # [b, s_src] x 2
     # The target is padded at the end: a decoder position never sees later ones, so no mask.
-    decoder_input_ids, _ = _right_padded(decoder_inputs, s_tgt)  # [b, s_tgt]
+    decoder_input_ids, _ = pad_rows(decoder_inputs, s_tgt, "right")  # [b, s_tgt]
     mask = None if bool(source_mask.all()) else source_mask.to(model.device)
     with torch.no_grad():
         encoded = module.encode(source_ids.to(model.device), source_mask=mask, return_weights=encoder_list)
@@ -390,17 +476,6 @@ def _prepare(
     )  # fmt: skip
 
 
-def _right_padded(rows: Sequence[Tensor], length: int) -> tuple[Tensor, Tensor]:
-    """Id rows ``[n_i]`` padded at the end to ``length`` with id 0: ``(ids [b, s], mask
-    [b, s])``, the mask ``True`` on tokens."""
-    ids = torch.zeros(len(rows), length, dtype=torch.long)  # [b, s]
-    mask = torch.zeros(len(rows), length, dtype=torch.bool)  # [b, s]
-    for row, tokens in enumerate(rows):
-        ids[row, : len(tokens)] = tokens
-        mask[row, : len(tokens)] = True
-    return ids, mask
-
-
 def _target(
     model: Any, source_ids: Tensor, target: str | Tensor | Sequence[int] | None, max_new_tokens: int
 ) -> tuple[Tensor, list[str], list[tuple[int, int]] | None, str]:
@@ -420,31 +495,6 @@ def _layers(selection: LayerSelection, depth: int, stack: str) -> list[int]:
         return list(range(depth)) if selection else []
     context = f"the {stack} has {depth} layers"
     return sorted(set(normalize_indices(selection, depth, "layer", context=context, allow_empty=True)))
-
-
-def encoder_hidden_states(
-    module: EncoderDecoderLM, ids: Tensor, layers: Collection[int], padding: Tensor | None = None
-) -> StackOutput:
-    """The encoder's output ``[b, s, e]`` of source ids ``[b, s]``, with the weights of
-    ``layers`` (a run over one text is the encoder's); ``padding`` (``[b, s]``, ``True`` on
-    tokens) masks padded keys. The ``hidden_states`` of every encoder–decoder family."""
-    out = module.encode(ids, source_mask=padding, return_weights=layers)
-    assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
-    return out
-
-
-def no_logits(module: EncoderDecoderLM, hidden: Tensor) -> None:
-    """None: the encoder alone predicts no tokens (:meth:`attnkit.models.Model.run_seq2seq`
-    gives the decoder's logits). The ``logits`` of every encoder–decoder family."""
-    return None
-
-
-def encoder_self_attention(module: EncoderDecoderLM, layer: int) -> MultiHeadAttention:
-    """The self-attention module of encoder layer ``layer``. The ``self_attention`` of every
-    encoder–decoder family."""
-    attention = module.encoder.layers[layer].self_attn
-    assert isinstance(attention, MultiHeadAttention)
-    return attention
 
 
 def encoder_decoder_family(
@@ -488,8 +538,5 @@ def encoder_decoder_family(
         state_dict_from_hf=state_dict_from_hf,
         finish=finish,
         eos_token_ids=eos_token_ids,
-        hidden_states=encoder_hidden_states,
-        logits=no_logits,
-        self_attention=encoder_self_attention,
         summary=summary,
     )

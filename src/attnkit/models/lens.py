@@ -48,9 +48,10 @@ from torch import Tensor, nn
 
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import Tokenizer
-from attnkit.nn import ActivationCache, DecoderLM, HookedModule, LearnedPositionalEmbedding, MultiHeadAttention
+from attnkit.nn import ActivationCache, DecoderLM, LearnedPositionalEmbedding, MultiHeadAttention
 from attnkit.nn.feedforward import FeedForward
 from attnkit.nn.hooks import HookFn
+from attnkit.nn.text_module import TextModule
 
 
 def per_query_head(weights: Tensor, num_heads: int) -> Tensor:
@@ -167,7 +168,7 @@ class LensMixin:
 
     name: str
     family: str
-    module: HookedModule
+    module: TextModule
     architecture: ModelFamily
     config: ModelConfig
     tokenizer: Tokenizer
@@ -316,7 +317,7 @@ class LensMixin:
         )
 
     def _attention(self, layer: int) -> MultiHeadAttention:
-        return self.architecture.self_attention(self.module, layer)
+        return self.module.self_attention(layer)
 
     def _feed_forwards(self) -> list[FeedForward]:
         """The feed-forward block of every layer of the stack :meth:`_attention` reads."""
@@ -509,7 +510,7 @@ class LensMixin:
             ValueError: a model without a language-model head.
         """
         self._lm_head()
-        logits = self.architecture.logits(self.module, normed)
+        logits = self.module.logits(normed)
         assert logits is not None
         return logits
 

@@ -8,7 +8,7 @@ Shape letters: ``b`` batch, ``s`` sequence length, ``n`` generated tokens, ``e``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import KW_ONLY, dataclass
 from typing import Literal
 
@@ -16,9 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.finite import check_finite
+from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.dropout import Dropout
 from attnkit.nn.feedforward import Activation
-from attnkit.nn.hooks import HookedModule, HookPoint
+from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, LayerConfig, MaskLike
 from attnkit.nn.norms import make_norm
@@ -30,6 +31,7 @@ from attnkit.nn.positional import (
     SinusoidalPositionalEncoding,
 )
 from attnkit.nn.records import LMOutput, StackOutput
+from attnkit.nn.text_module import TextModule, padding_positions
 from attnkit.nn.transformer import Decoder, LayerSelection
 
 PositionalKind = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
@@ -90,7 +92,7 @@ class DecoderLMConfig(LayerConfig):
         super().__post_init__()
 
 
-class DecoderLM(HookedModule):
+class DecoderLM(TextModule):
     """A GPT-style language model over :class:`attnkit.nn.DecoderLayer` blocks without
     cross-attention.
 
@@ -228,6 +230,12 @@ class DecoderLM(HookedModule):
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits
 
+    def self_attention(self, layer: int) -> MultiHeadAttention:
+        """The self-attention module of layer ``layer``."""
+        attention = self.decoder.layers[layer].self_attn
+        assert isinstance(attention, MultiHeadAttention)
+        return attention
+
     def new_cache(self, *, capacity: int | None = None) -> DecoderCache:
         """An empty cache for incremental decoding with :meth:`forward`; with
         ``capacity``, preallocated for that many positions (inference, see
@@ -242,6 +250,7 @@ class DecoderLM(HookedModule):
         positions: Tensor | None = None,
         cache: DecoderCache | None = None,
         return_weights: LayerSelection = False,
+        padding: Tensor | None = None,
     ) -> Tensor | StackOutput:
         """The last layer's output (after the final norm): what the head turns into logits.
 
@@ -258,18 +267,29 @@ class DecoderLM(HookedModule):
             cache: from :meth:`new_cache`, updated in place.
             return_weights: also return the weights of every layer (``True``) or of the
                 layers with these indices.
+            padding: ``[b, s]`` bool, ``True`` on tokens and ``False`` on padding (on
+                either side): padded keys are masked and each row's positions count its
+                tokens only, so that a left-padded row gives its unpadded results; instead
+                of ``mask`` and ``positions``, without a cache.
 
         Returns:
             ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
 
         Raises:
             TypeError: non-integer tokens.
-            ValueError: tokens not ``[b, s]``, a layer index out of range.
+            ValueError: tokens not ``[b, s]``, a layer index out of range, ``padding`` not
+                ``[b, s]`` bool or given with ``mask``, ``positions`` or ``cache``.
         """
         if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
+        if padding is not None:
+            if mask is not None or positions is not None or cache is not None:
+                raise ValueError(
+                    "padding sets the mask and the positions itself; give it without mask, positions or cache"
+                )
+            mask, positions = padding_positions(padding, tokens)  # [b, 1, 1, s], [b, s]
         x = self.token_embedding(tokens)  # [b, s, e]
         if self.embedding_scale is not None:
             x = x * torch.tensor(self.embedding_scale, dtype=x.dtype)
@@ -359,21 +379,8 @@ class DecoderLM(HookedModule):
             ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``.
         """
         steps = self.stream(tokens, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
-        was_training = self.training
-        self.eval()
-        try:
-            out = [tokens]
-            finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-            for next_token in steps:  # [b]
-                if eos_token_id is not None:
-                    next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
-                    finished |= next_token == eos_token_id
-                out.append(next_token[:, None])  # [b, 1]
-                if finished.all():
-                    break
-            return torch.cat(out, dim=1)  # [b, s + n']
-        finally:
-            self.train(was_training)
+        produced = run_to_end(self, steps, rows=tokens.shape[0], device=tokens.device, eos_token_id=eos_token_id)
+        return torch.cat([tokens, *produced], dim=1)  # [b, s + n']
 
     def stream(
         self,
@@ -418,16 +425,82 @@ class DecoderLM(HookedModule):
         generator: torch.Generator | None,
     ) -> Iterator[Tensor]:
         cache = self.new_cache(capacity=tokens.shape[1] + max_new_tokens)
-        step_input = tokens  # [b, s], then [b, 1]
-        for _ in range(max_new_tokens):
-            with torch.inference_mode():
-                # The head on the last position only: the others' logits are not needed.
-                hidden = self.hidden_states(step_input, cache=cache)  # [b, s, e]: no weights asked for
-                assert isinstance(hidden, Tensor)
-                logits = self.logits(hidden[:, -1])  # [b, v]
-                next_token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [b]
-            yield next_token
-            step_input = next_token[:, None]  # [b, 1]
+
+        def next_logits(step_input: Tensor) -> Tensor:
+            # The head on the last position only: the others' logits are not needed.
+            hidden = self.hidden_states(step_input, cache=cache)  # [b, s, e]: no weights asked for
+            assert isinstance(hidden, Tensor)
+            return self.logits(hidden[:, -1])  # [b, v]
+
+        yield from decoding_loop(next_logits, tokens, max_new_tokens, temperature, top_k, generator)
+
+
+def decoding_loop(
+    next_logits: Callable[[Tensor], Tensor],
+    first_input: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator | None,
+) -> Iterator[Tensor]:
+    """The one decoding loop of every language model (:meth:`DecoderLM.stream`,
+    :meth:`attnkit.nn.EncoderDecoderLM.stream`): each step feeds its input to
+    ``next_logits`` (which runs the network against its KV cache), picks the next token of
+    every row and feeds it to the next step. Each step opens its own ``inference_mode``: a
+    mode left open across a ``yield`` would leak into the caller's code between steps.
+
+    Args:
+        next_logits: step input ids ``[b, s]`` → the next-token logits ``[b, v]``.
+        first_input: the first step's ids ``[b, s]`` (a prompt, a decoder start token);
+            every later step's is the token just picked, ``[b, 1]``.
+        max_new_tokens: ``n``, the number of steps.
+        temperature, top_k, generator: as :func:`pick_next_token` takes them.
+
+    Returns:
+        An iterator of ``n`` token id tensors ``[b]``, computed as it is consumed.
+    """
+    step_input = first_input  # [b, s], then [b, 1]
+    for _ in range(max_new_tokens):
+        with torch.inference_mode():
+            next_token = pick_next_token(
+                next_logits(step_input), temperature=temperature, top_k=top_k, generator=generator
+            )  # [b]
+        yield next_token
+        step_input = next_token[:, None]  # [b, 1]
+
+
+def run_to_end(
+    module: nn.Module, steps: Iterator[Tensor], *, rows: int, device: torch.device, eos_token_id: int | None
+) -> list[Tensor]:
+    """Consume a decoding loop in evaluation mode (no dropout), restoring the module's mode
+    afterwards: what ``generate`` of every language model returns.
+
+    Args:
+        module: the network the steps run.
+        steps: the decoding loop, token ids ``[b]`` per step.
+        rows: ``b``.
+        device: where the token ids are.
+        eos_token_id: a row that produced it keeps producing it; the loop stops once every
+            row has.
+
+    Returns:
+        Each step's tokens ``[b, 1]``, in order.
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        out = []
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        for next_token in steps:  # [b]
+            if eos_token_id is not None:
+                next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
+                finished |= next_token == eos_token_id
+            out.append(next_token[:, None])  # [b, 1]
+            if finished.all():
+                break
+        return out
+    finally:
+        module.train(was_training)
 
 
 def check_decoding_options(max_new_tokens: int, temperature: float, top_k: int | None) -> None:

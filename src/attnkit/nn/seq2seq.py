@@ -23,13 +23,15 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.dropout import Dropout
-from attnkit.nn.hooks import HookedModule, HookPoint
+from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer
-from attnkit.nn.lm import check_decoding_options, pick_next_token
+from attnkit.nn.lm import check_decoding_options, decoding_loop, run_to_end
 from attnkit.nn.positional import SinusoidalPositionalEncoding
 from attnkit.nn.records import Seq2SeqLMOutput, StackOutput
+from attnkit.nn.text_module import TextModule, check_padding
 from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer, TransformerConfig
 
 
@@ -149,7 +151,7 @@ def source_padding_mask(source_mask: Tensor | None) -> Tensor | None:
     return source_mask[:, None, None, :]  # [b, 1, 1, s_src]
 
 
-class EncoderDecoderLM(HookedModule):
+class EncoderDecoderLM(TextModule):
     """An encoder–decoder language model.
 
     Args:
@@ -203,6 +205,38 @@ class EncoderDecoderLM(HookedModule):
         """An empty cache for :meth:`decode` step by step; with ``capacity``, the
         self-attention caches are preallocated for that many target positions."""
         return self.decoder.new_cache(capacity=capacity)
+
+    def hidden_states(
+        self, tokens: Tensor, *, padding: Tensor | None = None, return_weights: LayerSelection = False
+    ) -> Tensor | StackOutput:
+        """The encoder's output over one text (:meth:`encode`): what a run over one text
+        reads; :meth:`decode` runs the decoder.
+
+        Args:
+            tokens: source ids ``[b, s_src]``.
+            padding: ``[b, s_src]`` bool, ``True`` on tokens and ``False`` on padding.
+            return_weights: the encoder layers whose self-attention weights to return.
+
+        Returns:
+            ``[b, s_src, e]``, or a :class:`attnkit.nn.StackOutput`.
+
+        Raises:
+            TypeError, ValueError: as :meth:`encode`; padding of another shape.
+        """
+        if padding is not None:
+            check_padding(padding, tokens)
+        return self.encode(tokens, source_mask=padding, return_weights=return_weights)
+
+    def logits(self, hidden: Tensor) -> None:
+        """None: the encoder's states (:meth:`hidden_states`) have no head; the decoder's
+        output goes through :attr:`head` (:meth:`forward`)."""
+        return None
+
+    def self_attention(self, layer: int) -> MultiHeadAttention:
+        """The self-attention module of encoder layer ``layer``."""
+        attention = self.encoder.layers[layer].self_attn
+        assert isinstance(attention, MultiHeadAttention)
+        return attention
 
     def encode(
         self, source: Tensor, *, source_mask: Tensor | None = None, return_weights: LayerSelection = False
@@ -346,15 +380,14 @@ class EncoderDecoderLM(HookedModule):
             memory = self.encode(source, source_mask=source_mask)  # [b, s_src, e]
         assert isinstance(memory, Tensor)
         cache = self.new_cache(capacity=max_new_tokens)
-        step_input = torch.full((source.shape[0], 1), self.decoder_start_token_id, device=source.device)  # [b, 1]
-        for _ in range(max_new_tokens):
-            with torch.inference_mode():
-                hidden = self.decode(step_input, memory, source_mask=source_mask, cache=cache)  # [b, 1, e]
-                assert isinstance(hidden, Tensor)
-                logits = self.head(hidden[:, -1])  # [b, v]
-                next_token = pick_next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # [b]
-            yield next_token
-            step_input = next_token[:, None]  # [b, 1]
+        start = torch.full((source.shape[0], 1), self.decoder_start_token_id, device=source.device)  # [b, 1]
+
+        def next_logits(step_input: Tensor) -> Tensor:
+            hidden = self.decode(step_input, memory, source_mask=source_mask, cache=cache)  # [b, 1, e]
+            assert isinstance(hidden, Tensor)
+            return self.head(hidden[:, -1])  # [b, v]
+
+        yield from decoding_loop(next_logits, start, max_new_tokens, temperature, top_k, generator)
 
     @torch.no_grad()
     def generate(
@@ -373,21 +406,8 @@ class EncoderDecoderLM(HookedModule):
             The produced ids ``[b, n']``, ``n' <= n``, without the decoder start token.
         """
         steps = self.stream(source, max_new_tokens, source_mask=source_mask)
-        was_training = self.training
-        self.eval()
-        try:
-            out = []
-            finished = torch.zeros(source.shape[0], dtype=torch.bool, device=source.device)
-            for next_token in steps:  # [b]
-                if eos_token_id is not None:
-                    next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
-                    finished |= next_token == eos_token_id
-                out.append(next_token[:, None])  # [b, 1]
-                if finished.all():
-                    break
-            return torch.cat(out, dim=1) if out else source.new_zeros(source.shape[0], 0)  # [b, n']
-        finally:
-            self.train(was_training)
+        out = run_to_end(self, steps, rows=source.shape[0], device=source.device, eos_token_id=eos_token_id)
+        return torch.cat(out, dim=1) if out else source.new_zeros(source.shape[0], 0)  # [b, n']
 
 
 def _check_ids(ids: Tensor, what: str) -> None:

@@ -1,0 +1,90 @@
+"""What the runs of a :class:`attnkit.models.Model` return: :class:`ModelRun` (one text's
+pass), :class:`HookedRun` (a batch through the hook points), and :class:`RunStopped`.
+
+Shape letters: ``b`` batch, ``s`` number of tokens, ``h`` query heads, ``h_sel`` selected
+heads, ``e`` model dim, ``v`` vocabulary size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from attnkit.nn import ActivationCache, StackOutput
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """What one forward pass of :meth:`Model.run` produced.
+
+    Attributes:
+        ids: token ids ``[1, s]``.
+        tokens: the ``s`` token strings (see :class:`attnkit.models.TokenizedText`).
+        offsets: each token's ``(start, end)`` character span in the text; ``None`` when
+            the run was given ids rather than text.
+        logits: next-token logits ``[1, s, v]`` (LLaMA), or ``None`` (BERT, or a run
+            without them).
+        hidden_states: the last layer's output ``[1, s, e]`` (after the final norm for
+            LLaMA, what the head reads).
+        attentions: layer index → weights ``[1, h_sel, s, s]`` float32 of the selected
+            heads, for the layers asked for; rows are queries, columns keys. A
+            :class:`LayerAttentions`: ``attentions[-1]`` is the last layer's.
+        heads: the selected head indices, in the order of dimension 1 of every map.
+        cache: the activations asked for with ``cache=``, by name
+            (:mod:`attnkit.nn.hooks`), batch dimension 1, in the model's dtype.
+    """
+
+    ids: Tensor
+    tokens: list[str]
+    offsets: list[tuple[int, int]] | None
+    logits: Tensor | None
+    hidden_states: Tensor
+    attentions: dict[int, Tensor]
+    heads: list[int]
+    cache: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HookedRun:
+    """What :meth:`Model.run_with_hooks` produced.
+
+    Attributes:
+        hidden_states: the last hidden states ``[b, s, e]`` (after the final norm for
+            LLaMA).
+        cache: the activations asked for, by name.
+        logits: next-token logits ``[b, s, v]`` (LLaMA), or ``None`` (BERT).
+    """
+
+    hidden_states: Tensor
+    cache: ActivationCache
+    logits: Tensor | None
+
+
+@dataclass(frozen=True)
+class ForwardPass:
+    """What the one forward path of every run (:meth:`attnkit.models.Model.run`,
+    ``run_batch``, ``run_with_hooks``) produced, before each run keeps its part.
+
+    Attributes:
+        out: the network's :class:`attnkit.nn.StackOutput`: the last hidden states
+            ``[b, s, e]`` and the weights of the layers asked for.
+        logits: next-token logits ``[b, s, v]``, or ``None`` (not asked for, or a network
+            without a head on these states).
+        cache: the activations asked for, by name.
+    """
+
+    out: StackOutput
+    logits: Tensor | None
+    cache: ActivationCache
+
+
+class RunStopped(RuntimeError):
+    """A :meth:`Model.run_batch` pass ended early because its ``stop`` said so."""
+
+
+def self_attention_weights(out: StackOutput, layer: int) -> Tensor:
+    """The self-attention weights of ``layer`` in a network's result, which were asked for."""
+    weights = out.weights[layer]
+    assert weights is not None, f"layer {layer}'s weights were asked for and not returned"
+    return weights.self_attention
