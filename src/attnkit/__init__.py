@@ -9,9 +9,10 @@ command's start, and its argument errors) does not wait for PyTorch.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import TYPE_CHECKING, Any
+
+from attnkit._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -63,17 +64,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
-    module = importlib.import_module(_LAZY[name])
-    value = module if name == "masks" else getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 def _register_notebook_display() -> None:

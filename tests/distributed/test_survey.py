@@ -45,6 +45,12 @@ def _check_failing_text(rank: int, world: int) -> None:
         assert str(err) == "text 4 is empty", err
     else:
         raise AssertionError("an empty text was accepted")
+    try:
+        distributed_survey(FakeModel(), ["a b"], level="sentence", period=8)
+    except ValueError as err:
+        assert str(err) == "level must be one of token, word, got 'sentence'", err
+    else:
+        raise AssertionError("an unknown level was accepted")
 
 
 def _check_survey_and_failing_text(rank: int, world: int, texts: list[str], expected: dict) -> None:

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from attnkit.inspect.maps import attention_map, resolve_heads, resolve_layer, token_labels
-from attnkit.inspect.survey import DESCRIPTIONS, induction_scores, random_token_ids, survey_heads
+from attnkit.inspect.survey import (
+    DESCRIPTIONS,
+    induction_scores,
+    random_token_ids,
+    survey_heads,
+    survey_heads_with,
+)
 from tests.inspect.fake_model import FakeModel
 
 
@@ -22,6 +28,31 @@ def test_text_statistics_average_over_texts():
     assert stats["first"][0, 1] == pytest.approx(1.0)
     assert stats["self"].abs().max() == 0
     assert survey.texts == 2 and survey.tokens == 4 + 7
+
+
+def test_a_survey_whose_parts_are_computed_elsewhere_and_out_of_order_equals_the_one_process_survey():
+    texts = ["a b c a b c", "d e f d", "a c e"]
+    asked = []
+
+    def backwards(count, survey_one):
+        asked.append(count)
+        return [survey_one(index) for index in reversed(range(count))]
+
+    single = survey_heads(FakeModel(), texts, source="a", target="c", period=8)
+    survey = survey_heads_with(FakeModel(), texts, backwards, source="a", target="c", period=8)
+    assert asked == [3]
+    assert survey.texts == single.texts and survey.tokens == single.tokens
+    for name, values in single.statistics.items():
+        assert torch.equal(survey.statistics[name], values), name
+    assert torch.equal(survey.pair.mass, single.pair.mass)
+
+
+def test_the_arguments_are_checked_before_any_part_is_computed():
+    def never(count, survey_one):
+        raise AssertionError("no part should be computed")
+
+    with pytest.raises(ValueError, match="level must be one of token, word, got 'sentence'"):
+        survey_heads_with(FakeModel(), ["a b"], never, level="sentence")
 
 
 def test_induction_score_runs_repeated_random_tokens_through_the_model():

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from attnkit.distributed.agreement import Setting, agree, code_float, float_code, text_code
 from attnkit.distributed.layout import LAYOUTS, Layout, check_layout, check_lengths, shard_positions
 from attnkit.functional import masks as masks_mod
 from attnkit.functional.blockwise import lse_dtype, merge
+from attnkit.functional.recompute import recomputed_attention
 from attnkit.functional.records import AttentionResult
 from attnkit.functional.scores import resolve_scale
 from attnkit.functional.tiled import EMPTY, TiledPlan, make_plan, plan_backward, plan_forward
@@ -219,10 +219,8 @@ def ring_attention(
         )
         lengths = [values[0] for values in every]
     ring = _make_ring(q, lengths, mask, causal, scale, group, layout, block_size, timings)
-    if needs_grad:
-        out, lse = _RingFunction.apply(q, k, v, ring)
-    else:
-        out, lse = _ring_forward(ring, q, k, v)
+    # [b, h, s_local, d_v], [b, h, s_local]; differentiable when needs_grad (the same on every rank)
+    out, lse = recomputed_attention(_ring_forward, _ring_backward, ring, q, k, v)
     return AttentionResult(out, None, lse) if return_lse else out
 
 
@@ -445,23 +443,6 @@ def _ring_backward(
         return dq, dk_acc, dv_acc
     ring.wait(grad_requests)  # this rank's own shard, home after a full turn
     return dq, dk_recv, dv_recv
-
-
-class _RingFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, ring: _Ring):
-        out, lse = _ring_forward(ring, q, k, v)
-        ctx.ring = ring
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout: Tensor, _dlse: Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(ctx.ring, dout.contiguous(), q, k, v, out, lse)
-        return dq, dk, dv, None
 
 
 def ring_kernel(

@@ -7,20 +7,14 @@ process computes from the same texts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from attnkit.distributed.layout import shard_ranges
-from attnkit.inspect.survey import (
-    INDUCTION_PERIOD,
-    INDUCTION_SEED,
-    HeadSurvey,
-    TextSurvey,
-    combine_surveys,
-    survey_text,
-)
+from attnkit.inspect.survey import INDUCTION_PERIOD, INDUCTION_SEED, HeadSurvey, TextSurvey, survey_heads_with
 
 if TYPE_CHECKING:
     from attnkit.models import Model
@@ -49,17 +43,29 @@ def survey_heads(
         raise RuntimeError(
             "torch.distributed is not initialised: launch with torchrun and call attnkit.distributed.init()"
         )
-    if not texts:
-        raise ValueError("give at least one text")
-    if (source is None) != (target is None):
-        raise ValueError("give both the token that attends (source) and the token attended to (target)")
+    return survey_heads_with(
+        model,
+        texts,
+        functools.partial(_across_ranks, group=group),
+        source=source,
+        target=target,
+        level=level,
+        period=period,
+        seed=seed,
+    )
+
+
+def _across_ranks(
+    count: int, survey_one: Callable[[int], TextSurvey], *, group: dist.ProcessGroup | None
+) -> list[TextSurvey]:
+    """The parts of all ``count`` texts on every rank: each rank surveys its contiguous
+    share and the shares are gathered. A text that fails on one rank fails every rank with
+    the first failing text's error."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    ((start, stop),) = shard_ranges(len(texts), rank, world)
+    ((start, stop),) = shard_ranges(count, rank, world)
     mine: list[TextSurvey] | tuple[int, str] = []
     try:
-        mine = [
-            survey_text(model, texts[i], i + 1, source=source, target=target, level=level) for i in range(start, stop)
-        ]
+        mine = [survey_one(index) for index in range(start, stop)]
     except ValueError as err:
         mine = (start, str(err))  # every rank learns of it, so nobody waits for ever
     gathered: list[list[TextSurvey] | tuple[int, str]] = [[] for _ in range(world)]
@@ -67,5 +73,4 @@ def survey_heads(
     errors = sorted(part for part in gathered if isinstance(part, tuple))
     if errors:
         raise ValueError(errors[0][1])
-    parts = [part for share in gathered if isinstance(share, list) for part in share]
-    return combine_surveys(model, parts, source=source, target=target, level=level, period=period, seed=seed)
+    return [part for share in gathered if isinstance(share, list) for part in share]

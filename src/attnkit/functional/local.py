@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from attnkit.functional import masks as masks_mod
 from attnkit.functional._validate import accepts_single_head
 from attnkit.functional.blockwise import BlockOp, block_backward, block_forward, lse_dtype, use_fused
 from attnkit.functional.engines import Engine, choose_masked_engine
 from attnkit.functional.flex import flex_core
+from attnkit.functional.recompute import recomputed_attention
 from attnkit.functional.records import AttentionResult
 from attnkit.functional.scores import resolve_scale
 
@@ -194,9 +194,7 @@ def local_core(
     if s_q == 0 or s_k == 0:
         out = q.new_zeros(b, h, s_q, v.shape[-1])
         return out, torch.full((b, h, s_q), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _LocalFunction.apply(q, k, v, geo)
-    return _forward(geo, q, k, v)
+    return recomputed_attention(_forward, _backward, geo, q, k, v)
 
 
 # ---------------------------------------------------------------------------------------
@@ -397,23 +395,6 @@ def _backward(
         dkbuf.index_add_(0, rows, dkw.reshape(-1, dkw.shape[-1]))
         dvbuf.index_add_(0, rows, dvw.reshape(-1, dvw.shape[-1]))
     return _from_query_blocks(dqb, geo), _from_key_buffer(dkbuf, geo), _from_key_buffer(dvbuf, geo)
-
-
-class _LocalFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, geo: _Geometry):
-        out, lse = _forward(geo, q, k, v)
-        ctx.geo = geo
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout: Tensor, _dlse: Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(ctx.geo, dout, q, k, v, out, lse)
-        return dq, dk, dv, None
 
 
 def scores_computed(

@@ -7,8 +7,9 @@ per-head statistics (:mod:`attnkit.inspect.heads`), and step-by-step explanation
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from attnkit._lazy import lazy_names
 
 if TYPE_CHECKING:
     from attnkit.inspect.capture import CapturedAttention, capture
@@ -45,17 +46,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'attnkit.inspect' has no attribute {name!r}")
-    module = importlib.import_module(_LAZY[name])
-    # Every name of that module at once: importing attnkit.inspect.capture has just set this
-    # package's attribute ``capture`` to the module, which the function must replace.
-    for public, source in _LAZY.items():
-        if source == module.__name__:
-            globals()[public] = getattr(module, public)
-    return globals()[name]
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -7,7 +7,7 @@ tokens repeated twice, run through the model itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -153,17 +153,56 @@ def survey_heads(
             the model's context, only one of ``source``/``target``, an unknown level, or no
             text containing both (the message lists the tokens or words).
     """
+    return survey_heads_with(
+        model, texts, _every_text, source=source, target=target, level=level, period=period, seed=seed
+    )
+
+
+# Computes the parts of a survey of ``count`` texts: called with ``count`` and the function
+# that surveys the text of index ``i`` (from 0), it returns the parts of all the texts.
+PartsOfTexts = Callable[[int, Callable[[int], "TextSurvey"]], list["TextSurvey"]]
+
+
+def survey_heads_with(
+    model: Model,
+    texts: Sequence[str],
+    parts_of_texts: PartsOfTexts,
+    *,
+    source: str | None = None,
+    target: str | None = None,
+    level: str = "token",
+    period: int = INDUCTION_PERIOD,
+    seed: int = INDUCTION_SEED,
+) -> HeadSurvey:
+    """:func:`survey_heads`, with ``parts_of_texts`` deciding where each text's
+    :class:`TextSurvey` is computed: here, one after the other (:func:`survey_heads`), or
+    across the ranks of a process group (:func:`attnkit.distributed.survey_heads`).
+
+    Args:
+        model, texts, source, target, level, period, seed: as :func:`survey_heads`.
+        parts_of_texts: ``(count, survey_one) -> parts``: the parts of all ``count`` texts,
+            where ``survey_one(i)`` surveys the text of index ``i``.
+
+    Raises:
+        ValueError: as :func:`survey_heads`, checked before any text is run.
+    """
     if not texts:
         raise ValueError("give at least one text")
     if (source is None) != (target is None):
         raise ValueError("give both the token that attends (source) and the token attended to (target)")
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
-    parts = [
-        survey_text(model, text, number, source=source, target=target, level=level)
-        for number, text in enumerate(texts, 1)
-    ]
+
+    def survey_one(index: int) -> TextSurvey:
+        return survey_text(model, texts[index], index + 1, source=source, target=target, level=level)
+
+    parts = parts_of_texts(len(texts), survey_one)
     return combine_surveys(model, parts, source=source, target=target, level=level, period=period, seed=seed)
+
+
+def _every_text(count: int, survey_one: Callable[[int], TextSurvey]) -> list[TextSurvey]:
+    """Every text surveyed here, in order."""
+    return [survey_one(index) for index in range(count)]
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ Mistral, Gemma 2 and 3, Phi-3) loads by its path, and a Hugging Face name
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from attnkit._lazy import lazy_names
 from attnkit.models.protocol import InspectableModel  # no torch: cheap to import
 from attnkit.models.registry import MODELS, home
 
@@ -71,13 +71,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'attnkit.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -36,7 +36,7 @@ from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
 from attnkit.nn.positional import AttentionPositional
-from attnkit.nn.records import MultiHeadOutput
+from attnkit.nn.records import MultiHeadOutput, forward_of_record
 from attnkit.nn.rnn_attention import AttentionScore
 
 Score = Literal["scaled_dot", "dot"] | AttentionScore
@@ -227,7 +227,7 @@ class MultiHeadAttention(nn.Module):
             )
         self._packed = PackedLinears([self.q_proj, self.k_proj, self.v_proj])
 
-    def forward(
+    def forward_record(
         self,
         x: Tensor,
         context: Context | None = None,
@@ -238,7 +238,7 @@ class MultiHeadAttention(nn.Module):
         kv_cache: KVCache | None = None,
         position_bias: Tensor | None = None,
         return_weights: bool = False,
-    ) -> Tensor | MultiHeadOutput:
+    ) -> MultiHeadOutput:
         """Attend from ``x`` to itself (``context=None``) or to ``context``.
 
         Args:
@@ -265,7 +265,10 @@ class MultiHeadAttention(nn.Module):
             return_weights: also return the weights ``[b, h, s_q, s_k]``.
 
         Returns:
-            ``[b, s_q, e]``, or a :class:`attnkit.nn.MultiHeadOutput` with the weights.
+            ``forward``: ``[b, s_q, e]``, or with ``return_weights`` a
+            :class:`attnkit.nn.MultiHeadOutput` with the weights. ``forward_record``: always
+            the record (weights ``None`` unless asked for; then the fused kernel runs), the
+            one path attention runs through.
 
         Raises:
             ValueError: shapes that do not fit the module or each other, a positional
@@ -274,44 +277,6 @@ class MultiHeadAttention(nn.Module):
                 ``position_bias`` without a positional encoding or not
                 ``[1, h, s_q, s_k]``.
             TypeError: non-float inputs, a ``kv_cache`` that is not a ``KVCache``.
-        """
-        record = self.forward_record(
-            x,
-            context,
-            mask=mask,
-            causal=causal,
-            positions=positions,
-            kv_cache=kv_cache,
-            position_bias=position_bias,
-            return_weights=return_weights,
-        )
-        return record if return_weights else record.output
-
-    def forward_record(
-        self,
-        x: Tensor,
-        context: Context | None = None,
-        *,
-        mask: Mask | Tensor | None = None,
-        causal: bool = False,
-        positions: Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        position_bias: Tensor | None = None,
-        return_weights: bool = False,
-    ) -> MultiHeadOutput:
-        """:meth:`forward`, always as a record: the one path attention runs through.
-
-        Args:
-            x, context, mask, causal, positions, kv_cache, position_bias: as in
-                :meth:`forward`.
-            return_weights: compute the weights; otherwise ``record.weights`` is ``None``
-                and the fused kernel runs.
-
-        Returns:
-            A :class:`attnkit.nn.MultiHeadOutput`.
-
-        Raises:
-            ValueError, TypeError: as :meth:`forward`.
         """
         key_input, value_input = self._check_forward(x, context, positions, kv_cache)
         b, s_q, _ = x.shape
@@ -342,6 +307,8 @@ class MultiHeadAttention(nn.Module):
         if self.result.active:
             output = self._per_head_result(heads, output)  # [b, s_q, e]
         return MultiHeadOutput(output, result.weights)
+
+    forward = forward_of_record(forward_record)
 
     def _position_bias(self, given: Tensor | None, q: Tensor, s_k: int) -> Tensor | None:
         """The positional encoding's score bias ``[1, h, s_q, s_k]`` for queries

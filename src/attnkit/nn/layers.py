@@ -31,7 +31,7 @@ from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.norms import NORM_KINDS, NormKind, make_norm
 from attnkit.nn.positional import AttentionPositional
-from attnkit.nn.records import LayerOutput, LayerWeights, MultiHeadOutput
+from attnkit.nn.records import LayerOutput, LayerWeights, MultiHeadOutput, forward_of_record
 
 MaskLike = Mask | Tensor
 _Layer = TypeVar("_Layer", "EncoderLayer", "DecoderLayer")
@@ -270,7 +270,7 @@ class EncoderLayer(_ResidualLayer):
             self_attn = MultiHeadAttention(config.attention(), positional=positional)
         super().__init__(config, self_attn, None)
 
-    def forward(
+    def forward_record(
         self,
         x: Tensor,
         *,
@@ -278,7 +278,7 @@ class EncoderLayer(_ResidualLayer):
         positions: Tensor | None = None,
         position_bias: Tensor | None = None,
         return_weights: bool = False,
-    ) -> Tensor | LayerOutput:
+    ) -> LayerOutput:
         """Self-attention, then feed-forward, each with Add & Norm.
 
         Args:
@@ -292,23 +292,10 @@ class EncoderLayer(_ResidualLayer):
             return_weights: also return the attention weights.
 
         Returns:
-            ``[b, s, e]``, or a :class:`attnkit.nn.LayerOutput`.
+            ``forward``: ``[b, s, e]``, or with ``return_weights`` a
+            :class:`attnkit.nn.LayerOutput`. ``forward_record``: always the record (weights
+            ``None`` unless asked for).
         """
-        record = self.forward_record(
-            x, mask=mask, positions=positions, position_bias=position_bias, return_weights=return_weights
-        )
-        return record if return_weights else record.output
-
-    def forward_record(
-        self,
-        x: Tensor,
-        *,
-        mask: MaskLike | None = None,
-        positions: Tensor | None = None,
-        position_bias: Tensor | None = None,
-        return_weights: bool = False,
-    ) -> LayerOutput:
-        """:meth:`forward`, always as a record (weights ``None`` unless asked for)."""
         return self._run(
             x,
             None,
@@ -321,6 +308,8 @@ class EncoderLayer(_ResidualLayer):
             cross_cache=None,
             return_weights=return_weights,
         )
+
+    forward = forward_of_record(forward_record)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerEncoderLayer) -> EncoderLayer:
@@ -376,7 +365,7 @@ class DecoderLayer(_ResidualLayer):
             cross_attn = MultiHeadAttention(config.attention())
         super().__init__(config, self_attn, cross_attn)
 
-    def forward(
+    def forward_record(
         self,
         x: Tensor,
         memory: Tensor | None = None,
@@ -389,7 +378,7 @@ class DecoderLayer(_ResidualLayer):
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
         return_weights: bool = False,
-    ) -> Tensor | LayerOutput:
+    ) -> LayerOutput:
         """Masked self-attention, cross-attention to ``memory`` (if the layer has it), then
         feed-forward, each with Add & Norm.
 
@@ -411,46 +400,14 @@ class DecoderLayer(_ResidualLayer):
             return_weights: also return the attention weights.
 
         Returns:
-            ``[b, s, e]``, or a :class:`attnkit.nn.LayerOutput` whose weights have
-            ``cross_attention`` set when the layer has one.
+            ``forward``: ``[b, s, e]``, or with ``return_weights`` a
+            :class:`attnkit.nn.LayerOutput` whose weights have ``cross_attention`` set when
+            the layer has one. ``forward_record``: always the record (weights ``None``
+            unless asked for), the one path the layer runs through.
 
         Raises:
             ValueError: ``memory`` given to a layer without cross-attention or missing for
                 one with it (and the errors of the attention modules).
-        """
-        record = self.forward_record(
-            x,
-            memory,
-            mask=mask,
-            memory_mask=memory_mask,
-            causal=causal,
-            positions=positions,
-            position_bias=position_bias,
-            self_cache=self_cache,
-            cross_cache=cross_cache,
-            return_weights=return_weights,
-        )
-        return record if return_weights else record.output
-
-    def forward_record(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        *,
-        mask: MaskLike | None = None,
-        memory_mask: MaskLike | None = None,
-        causal: bool = True,
-        positions: Tensor | None = None,
-        position_bias: Tensor | None = None,
-        self_cache: KVCache | None = None,
-        cross_cache: KVCache | None = None,
-        return_weights: bool = False,
-    ) -> LayerOutput:
-        """:meth:`forward`, always as a record (weights ``None`` unless asked for): the one
-        path the layer runs through.
-
-        Raises:
-            ValueError: as :meth:`forward`.
         """
         if (memory is None) != (self.cross_attn is None):
             raise ValueError(
@@ -469,6 +426,8 @@ class DecoderLayer(_ResidualLayer):
             cross_cache=cross_cache,
             return_weights=return_weights,
         )
+
+    forward = forward_of_record(forward_record)
 
     @classmethod
     def from_torch(cls, m: nn.TransformerDecoderLayer) -> DecoderLayer:

@@ -10,7 +10,11 @@ post-softmax and before dropout, zero on rows that could attend to nothing.
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, TypeVar
 
 from torch import Tensor
 
@@ -135,3 +139,36 @@ class Seq2SeqLMOutput:
     logits: Tensor
     encoder_weights: list[LayerWeights | None]
     decoder_weights: list[LayerWeights | None]
+
+
+_Module = TypeVar("_Module")
+_Arguments = ParamSpec("_Arguments")
+_Record = TypeVar("_Record", MultiHeadOutput, LayerOutput)
+
+
+def forward_of_record(
+    forward_record: Callable[Concatenate[_Module, _Arguments], _Record],
+) -> Callable[Concatenate[_Module, _Arguments], Tensor | _Record]:
+    """A module's ``forward`` made from its ``forward_record``: the same arguments, the
+    record's ``output`` tensor returned, or the whole record with ``return_weights=True``.
+    The arguments (and their documentation) are written once, on ``forward_record``.
+
+    Args:
+        forward_record: the method that always returns a :class:`MultiHeadOutput` or
+            :class:`LayerOutput`, taking ``return_weights`` by keyword.
+
+    Returns:
+        The ``forward`` method, with ``forward_record``'s arguments and docstring.
+    """
+
+    @functools.wraps(forward_record)
+    def forward(self: _Module, /, *args: _Arguments.args, **kwargs: _Arguments.kwargs) -> Tensor | _Record:
+        record = forward_record(self, *args, **kwargs)
+        return record if kwargs.get("return_weights", False) else record.output
+
+    forward.__name__ = "forward"
+    forward.__qualname__ = f"{forward_record.__qualname__.rpartition('.')[0]}.forward"
+    returned = f"Tensor | {forward_record.__annotations__['return']}"
+    forward.__annotations__ = {**forward_record.__annotations__, "return": returned}
+    forward.__signature__ = inspect.signature(forward_record).replace(return_annotation=returned)  # type: ignore[attr-defined]
+    return forward
