@@ -316,18 +316,24 @@ def cache_rows(model: Any, repeat: int) -> list[list[str]]:
 
 
 def _transformer_lens(model: Any) -> Any:
-    """TransformerLens' HookedTransformer on SmolLM2's weights, or ``None`` when
-    ``transformer-lens`` is not installed."""
+    """TransformerLens on SmolLM2's weights without weight processing (as attnkit runs
+    them), or ``None`` when ``transformer-lens`` is not installed: ``HookedTransformer``
+    before TransformerLens 4, its ``TransformerBridge`` in compatibility mode from 4 on."""
     try:
-        from transformer_lens import HookedTransformer
+        import transformer_lens
     except ImportError:
         return None
     import transformers
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model.path)
-    return HookedTransformer.from_pretrained_no_processing(
-        "HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=hf, device="cpu"
-    ).eval()
+    name = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local: nothing to ask the Hub
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model.path, attn_implementation="eager")
+    if not hasattr(transformer_lens, "TransformerBridge"):
+        return transformer_lens.HookedTransformer.from_pretrained_no_processing(name, hf_model=hf, device="cpu").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model.path)
+    bridge = transformer_lens.TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tokenizer, device="cpu")
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    return bridge.eval()
 
 
 if __name__ == "__main__":
