@@ -18,18 +18,21 @@ what activation patching by position costs against one run.
 - ``run_with_cache`` of every name against a plain ``Model.run`` at 14 and 1,024 tokens
   (one thread, interleaved, paired ratios): at most 1.3×. Where ``transformer-lens`` is
   installed (never in the project's environment: it pins its own dependencies), its
-  ``HookedTransformer.run_with_cache`` on the same weights is timed beside it; otherwise
+  ``run_with_cache`` (``HookedTransformer`` before TransformerLens 4, ``TransformerBridge`` from
+  4 on) on the same weights is timed beside it; otherwise
   that column is left out.
 
 Contenders are interleaved (:func:`benchmarks.common.interleaved_times`): the runs at one
 thread, the ablation and inspect at torch's thread count, the patching at one thread. Run alone: ``python benchmarks/bench_analysis.py`` (``REPEAT=N`` for more rounds;
 ``--only hooks`` skips the ablation, the patching and the commands; ``--only patching``
-prints the patching rows alone).
+prints the patching rows alone; ``--only cache`` measures the full cache alone and writes it
+into the analysis results already there).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -50,8 +53,9 @@ def arguments() -> argparse.ArgumentParser:
         "--only",
         choices=["hooks", "patching", "cache"],
         help=(
-            "hooks: the hook figures only; patching: the patching rows only; cache: run_with_cache against run "
-            "at 14 and 1,024 tokens (each printed, not saved)"
+            "hooks: the hook figures only; patching: the patching rows only (both printed, not saved); cache: "
+            "run_with_cache against run and TransformerLens at 14 and 1,024 tokens, written into the analysis "
+            "results already there"
         ),
     )
     return parser
@@ -76,6 +80,9 @@ GENERATED_TOKENS = 16
 # A full cache against a plain run, at a short and a long text.
 CACHE_LENGTHS = (14, 1024)
 FULL_CACHE_TARGET_RATIO = 1.3
+# TransformerLens' run_with_cache over attnkit's: at least this.
+LENS_TARGET_RATIO = 1.2
+FULL_CACHE_KEY = "full_cache"
 # Activation patching: an IOI pair that differs in one name, and the logit difference of the names.
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
@@ -110,9 +117,9 @@ def main(argv: list[str] | None = None) -> None:
     mm = matmul_gflops()
 
     if args.only == "cache":
-        print(
-            markdown_table(["tokens", "run", "run_with_cache", "ratio", "TransformerLens"], cache_rows(model, repeat))
-        )
+        cache_data, cache_markdown = full_cache(model, repeat)
+        print(cache_markdown)
+        write_full_cache(cache_data, cache_markdown, update_docs=args.update_docs)
         return
 
     def before() -> None:
@@ -274,21 +281,23 @@ def main(argv: list[str] | None = None) -> None:
         "position off each layer of the corrupted run; the positions before the differing name hold the same "
         "activations in both runs and are not run.\n\n" + markdown_table(["what", "time", "ratio"], rows)
     )
+    cache_data, cache_markdown = full_cache(model, repeat)
+    markdown += "\n\n" + cache_markdown
     print(markdown)
-    write_results("analysis", data, markdown, update_docs=args.update_docs)
+    write_results("analysis", {**data, FULL_CACHE_KEY: cache_data}, markdown, update_docs=args.update_docs)
 
 
-def cache_rows(model: Any, repeat: int) -> list[list[str]]:
+def full_cache(model: Any, repeat: int) -> tuple[dict, str]:
     """``run_with_cache`` of every name against ``run`` at each of :data:`CACHE_LENGTHS`,
-    one thread, interleaved; the paired ratio of each, and TransformerLens' time where it is
-    installed."""
+    one thread, interleaved, and TransformerLens' ``run_with_cache`` where it is installed:
+    the figures and their Markdown subsection (a heading, a sentence, the table)."""
     from benchmarks.common import interleaved_samples, paired_ratio
 
     lens = _transformer_lens(model)
     base = model.tokenize(CLEAN).ids[0]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    rows = []
+    rows, lengths = [], {}
     try:
         for length in CACHE_LENGTHS:
             ids = base.repeat(length // len(base) + 1)[:length][None]  # [1, length]
@@ -299,8 +308,10 @@ def cache_rows(model: Any, repeat: int) -> list[list[str]]:
             if lens is not None:
                 fns["lens"] = lambda ids=ids: lens.run_with_cache(ids)
             samples = interleaved_samples(fns, repeat=repeat)
-            ratio = paired_ratio(samples["cache"], samples["run"])
             median = {name: statistics.median(ts) for name, ts in samples.items()}
+            ratio = paired_ratio(samples["cache"], samples["run"])
+            lens_ratio = paired_ratio(samples["lens"], samples["cache"]) if lens is not None else None
+            lengths[str(length)] = {"seconds": median, "cache_ratio_vs_run": ratio, "lens_ratio_vs_cache": lens_ratio}
             rows.append(
                 [
                     str(length),
@@ -308,26 +319,72 @@ def cache_rows(model: Any, repeat: int) -> list[list[str]]:
                     f"{median['cache'] * 1e3:.0f} ms",
                     f"{ratio:.3f} (≤ {FULL_CACHE_TARGET_RATIO})",
                     f"{median['lens'] * 1e3:.0f} ms" if lens is not None else "not installed",
+                    f"{lens_ratio:.2f} (≥ {LENS_TARGET_RATIO})" if lens_ratio is not None else "",
                 ]
             )
     finally:
         torch.set_num_threads(threads)
-    return rows
+    lens_name = "not installed" if lens is None else f"{type(lens).__name__} (transformer-lens {_lens_version()})"
+    data = {
+        "repeat": repeat,
+        "lengths": lengths,
+        "transformer_lens": lens_name,
+        "targets": {"cache_vs_run": FULL_CACHE_TARGET_RATIO, "lens_vs_cache": LENS_TARGET_RATIO},
+    }
+    markdown = (
+        "### Full cache against a plain run and TransformerLens\n\n"
+        f"`run_with_cache` of all {len(model.hook_names())} names against `run(ids, return_weights=False)` on "
+        f"copies of {CLEAN!r} cut to each length, one thread, {repeat} interleaved rounds, medians and paired "
+        f"ratios; TransformerLens: {lens_name}'s `run_with_cache` on the same weights (eager attention, no weight "
+        "processing), its ratio to attnkit's cache (above 1: attnkit is faster).\n\n"
+        + markdown_table(
+            ["tokens", "run", "run_with_cache", "cache / run", "TransformerLens", "TransformerLens / cache"], rows
+        )
+    )
+    return data, markdown
+
+
+def write_full_cache(data: dict, markdown: str, *, update_docs: bool) -> None:
+    """Put the full-cache figures into the analysis results already written (replacing the
+    subsection of an earlier run), as a run of the whole script would."""
+    from benchmarks.common import RESULTS
+
+    previous = RESULTS / "analysis.json"
+    results = json.loads(previous.read_text()) if previous.exists() else {}
+    if "environment" in results:  # the rest was measured by an earlier run: say when and where
+        results["environment_of_the_other_figures"] = results.pop("environment")
+    text = (RESULTS / "analysis.md").read_text() if (RESULTS / "analysis.md").exists() else ""
+    text = text.split("\n### Full cache", 1)[0].rstrip()
+    write_results(
+        "analysis", {**results, FULL_CACHE_KEY: data}, f"{text}\n\n{markdown}".strip(), update_docs=update_docs
+    )
+
+
+def _lens_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformer-lens")
 
 
 def _transformer_lens(model: Any) -> Any:
-    """TransformerLens' HookedTransformer on SmolLM2's weights, or ``None`` when
-    ``transformer-lens`` is not installed."""
+    """TransformerLens on SmolLM2's weights without weight processing (as attnkit runs
+    them), or ``None`` when ``transformer-lens`` is not installed: ``HookedTransformer``
+    before TransformerLens 4, its ``TransformerBridge`` in compatibility mode from 4 on."""
     try:
-        from transformer_lens import HookedTransformer
+        import transformer_lens
     except ImportError:
         return None
     import transformers
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model.path)
-    return HookedTransformer.from_pretrained_no_processing(
-        "HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=hf, device="cpu"
-    ).eval()
+    name = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights are local: nothing to ask the Hub
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model.path, attn_implementation="eager")
+    if not hasattr(transformer_lens, "TransformerBridge"):
+        return transformer_lens.HookedTransformer.from_pretrained_no_processing(name, hf_model=hf, device="cpu").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model.path)
+    bridge = transformer_lens.TransformerBridge.boot_transformers(name, hf_model=hf, tokenizer=tokenizer, device="cpu")
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    return bridge.eval()
 
 
 if __name__ == "__main__":

@@ -24,10 +24,12 @@ from torch import Tensor
 
 from attnkit.functional import masks as masks_mod
 from attnkit.functional._validate import check_inputs, dense_allowed
-from attnkit.functional.scores import dot_scores
+from attnkit.functional.scores import dot_scores, stack_query_groups
 from attnkit.functional.softmax import masked_softmax
 
 EditFn = Callable[[Tensor], Tensor]
+# Makes an uninitialised contiguous tensor: (shape, dtype, device) -> tensor.
+AllocateFn = Callable[[tuple[int, ...], torch.dtype, torch.device], Tensor]
 # How many additive masks are kept: a decoder's self-attention and an encoder-decoder's
 # cross-attention alternate within one pass.
 _KEPT_MASKS = 4
@@ -99,6 +101,7 @@ def attention_pattern(
     bias: Tensor | None = None,
     score: str | Callable[[Tensor, Tensor], Tensor] = "scaled_dot",
     edit_scores: EditFn | None = None,
+    allocate: AllocateFn | None = None,
 ) -> tuple[Tensor, bool]:
     """``softmax(q · k * scale, masked)``: the weights of
     :func:`attnkit.functional.reference_attention` without the product with the values.
@@ -118,6 +121,9 @@ def attention_pattern(
         edit_scores: called with the scores ``[b, h, s_q, s_k]`` (``-inf`` where the mask
             forbids); returns them or the scores to use instead, which go through the
             softmax as they are.
+        allocate: makes the tensors the scores and weights are written into (without
+            autograd), as :func:`torch.empty` would: the same values, in memory of the
+            caller's choosing (an activation cache's). ``None``: :func:`torch.empty`.
 
     Returns:
         ``(weights [b, h, s_q, s_k], scores_replaced)``; rows with nothing to attend to get
@@ -130,7 +136,15 @@ def attention_pattern(
     check_inputs(q, k, k)
     b, h, s_q, _ = q.shape
     s_k = k.shape[2]
-    scores = dot_scores(q, k) if isinstance(score, str) else score(q, k)  # [b, h, s_q, s_k]
+    into = allocate if allocate is not None and not (q.requires_grad or k.requires_grad) else None
+    if not isinstance(score, str):
+        scores = score(q, k)  # [b, h, s_q, s_k]
+    elif into is None:
+        scores = dot_scores(q, k)  # [b, h, s_q, s_k]
+    else:
+        h_kv = k.shape[1]
+        scores = into((b, h, s_q, s_k), torch.result_type(q, k), q.device)  # [b, h, s_q, s_k]
+        torch.matmul(stack_query_groups(q, h_kv), k.transpose(-1, -2), out=scores.view(b, h_kv, -1, s_k))
     if not isinstance(score, str) and scores.shape != (b, h, s_q, s_k):
         raise ValueError(f"score callable must return [b, h, s_q, s_k] = {[b, h, s_q, s_k]}, got {list(scores.shape)}")
     masking, rows_may_be_empty = additive_mask(
@@ -148,11 +162,13 @@ def attention_pattern(
         else:
             torch.add(masking, scores, alpha=scale, out=scores)
     elif scale != 1.0:
-        scores = scores * scale
+        scores = scores.mul_(scale) if into is not None and isinstance(score, str) else scores * scale
     if edit_scores is not None:
         edited = edit_scores(scores)
         if edited is not scores:
             return masked_softmax(edited)[0], True
     if rows_may_be_empty:
         return masked_softmax(scores)[0], False
-    return torch.softmax(scores, dim=-1), False  # [b, h, s_q, s_k]
+    if into is None or scores.requires_grad:
+        return torch.softmax(scores, dim=-1), False  # [b, h, s_q, s_k]
+    return torch.softmax(scores, dim=-1, out=into(tuple(scores.shape), scores.dtype, scores.device)), False

@@ -32,6 +32,7 @@ from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resol
 from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
 from attnkit.functional.pattern import attention_pattern
 from attnkit.functional.scores import dot_scores, resolve_scale, stack_query_groups
+from attnkit.nn.cache_memory import empty_large
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
@@ -404,7 +405,15 @@ class MultiHeadAttention(nn.Module):
         else:
             scale = resolve_scale(self.scale, q.shape[-1]) if self.scale is not None or score == "scaled_dot" else 1.0
         weights, scores_replaced = attention_pattern(
-            q, k, mask=windowed, causal=causal, scale=scale, bias=bias, score=score, edit_scores=edit_scores
+            q,
+            k,
+            mask=windowed,
+            causal=causal,
+            scale=scale,
+            bias=bias,
+            score=score,
+            edit_scores=edit_scores,
+            allocate=empty_large,
         )  # [b, h, s_q, s_k]
         pattern = self.pattern(weights)
         if pattern is weights and not scores_replaced:
@@ -421,7 +430,13 @@ class MultiHeadAttention(nn.Module):
         """The ``result`` hook point: each head's share of the output projection,
         ``[b, h, s, e]``; the output is their sum (plus the bias) if a hook replaced them."""
         w_o = self.out_proj.weight.view(-1, self.num_heads, self.head_dim)  # [e, h, d]
-        per_head = torch.einsum("bhsd,ehd->bhse", heads, w_o)  # [b, h, s, e]
+        if torch.is_grad_enabled() and (heads.requires_grad or w_o.requires_grad):
+            per_head = torch.einsum("bhsd,ehd->bhse", heads, w_o)  # [b, h, s, e]
+        else:
+            # Written straight into memory the cache may keep (attnkit.nn.cache_memory).
+            b, h, s, _ = heads.shape
+            per_head = empty_large((b, h, s, w_o.shape[0]), heads.dtype, heads.device)
+            torch.matmul(heads, w_o.permute(1, 2, 0), out=per_head)  # [b, h, s, e]
         hooked = self.result(per_head)
         if hooked is per_head:
             return output
