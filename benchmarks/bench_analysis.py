@@ -2,7 +2,7 @@
 what activation patching by position costs against one run.
 
 - ``Model.run`` without hooks against the fused forward pass called directly (the family's
-  ``hidden_states`` and ``logits``, no hook point active): at most 1.02×. A run with a
+  ``last_hidden_state`` and ``logits``, no hook point active): at most 1.02×. A run with a
   reading hook on every point but the weights, and ``run_with_cache`` of every name (the
   weights, per-head results and norm scales included) against a plain run: at most 1.5×.
 - ``generate_ids`` of 16 tokens with one hook (on a middle layer's ``resid_post``) against
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def before() -> None:
         with torch.no_grad():
-            hidden = model.module.hidden_states(ids, return_weights=[]).output
+            hidden = model.module.last_hidden_state(ids, return_weights=[]).output
             model.module.logits(hidden)
 
     reading = {

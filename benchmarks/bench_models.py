@@ -139,7 +139,7 @@ def _measure(ours, hf: dict, repeat: int) -> dict:
     mm = matmul_gflops()
     with torch.inference_mode():
         # The contenders compute the same thing: check before timing.
-        ours_last = module.lm_head(module.hidden_states(ids)[:, -1])
+        ours_last = module.lm_head(module.last_hidden_state(ids)[:, -1])
         prefill_error = max(
             (ours_last - m(ids, use_cache=False, logits_to_keep=1).logits[:, -1]).abs().max().item()
             for m in hf.values()
@@ -148,7 +148,7 @@ def _measure(ours, hf: dict, repeat: int) -> dict:
         assert len(tokens) == NEW_TOKENS and all(generate_hf(impl) == tokens for impl in hf), "generations differ"
         prefill = interleaved_times(
             {
-                "attnkit": lambda: module.lm_head(module.hidden_states(ids)[:, -1]),
+                "attnkit": lambda: module.lm_head(module.last_hidden_state(ids)[:, -1]),
                 "hf_sdpa": lambda: hf["sdpa"](ids, use_cache=False, logits_to_keep=1),
                 "hf_eager": lambda: hf["eager"](ids, use_cache=False, logits_to_keep=1),
             },
@@ -262,14 +262,14 @@ def bench_family(family: str, repeat: int) -> dict:
         return out[0, FAMILY_PROMPT:].tolist()
 
     with torch.inference_mode():
-        ours_last = module.logits(module.hidden_states(ids)[:, -1])
+        ours_last = module.logits(module.last_hidden_state(ids)[:, -1])
         theirs_last = hf(ids, use_cache=False, logits_to_keep=1).logits[:, -1]
         error = ((ours_last - theirs_last).abs().max() / theirs_last.abs().max()).item()
         tokens = list(ours.generate_ids(prompt, max_new_tokens=NEW_TOKENS))
         assert tokens == generate_hf(), "attnkit and transformers generate different tokens"
         prefill = interleaved_samples(
             {
-                "attnkit": lambda: module.logits(module.hidden_states(ids)[:, -1]),
+                "attnkit": lambda: module.logits(module.last_hidden_state(ids)[:, -1]),
                 "hf_sdpa": lambda: hf(ids, use_cache=False, logits_to_keep=1),
             },
             repeat=repeat,

@@ -20,6 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = {
     "functional": 0,
     "masks": 0,  # attnkit.masks re-exports attnkit.functional.masks
+    "deprecation": 0,  # old spellings kept for one release
     "_lazy": 0,  # attnkit._lazy: every package's import on first use; imports nothing of attnkit
     "nn": 1,
     "models": 2,

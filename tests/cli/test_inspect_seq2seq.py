@@ -37,7 +37,7 @@ def test_cross_attention_has_target_rows_and_source_columns(capsys, tmp_path, ti
     assert data["attention"] == "cross" and data["heads"] == [0, 2]
     assert data["labels"] == ["a", "cat", "sat", "on", "the", "mat", "</s>"]
     assert data["key_labels"][:3] == ["the", "big", "dog"] and data["key_text"] == SOURCE
-    run_ = tiny_t5.run_seq2seq(SOURCE, TARGET, decoder_layers=[2], encoder_layers=False)
+    run_ = tiny_t5.run_encoder_decoder(SOURCE, TARGET, decoder_layers=[2], encoder_layers=False)
     want = run_.cross_attentions[2][0, [0, 2]]  # [2, 7, 9]
     torch.testing.assert_close(torch.tensor(data["weights"]), want, rtol=0, atol=1e-6)  # 6 decimals
     for fmt in ("png", "svg"):

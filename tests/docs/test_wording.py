@@ -50,5 +50,5 @@ def test_the_decoder_start_token_of_each_family_is_the_one_documented(tmp_path):
 
     page = " ".join((ROOT / "docs" / "encoder-decoder.md").read_text(encoding="utf-8").split())
     for family, write in (("BART", write_bart), ("T5", write_t5)):
-        run = models.load(write(tmp_path / family)).run_seq2seq("the cat sat", "a dog")
+        run = models.load(write(tmp_path / family)).run_encoder_decoder("the cat sat", "a dog")
         assert f"`{run.decoder_input_tokens[0]}` in {family}" in page

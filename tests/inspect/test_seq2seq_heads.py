@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnkit.cli import main
-from attnkit.inspect.seq2seq import alignment_hits, read_alignments, survey_seq2seq
+from attnkit.inspect.encoder_decoder import alignment_hits, read_alignments, survey_encoder_decoder
 
 
 def test_alignment_hits_count_the_aligned_argmax() -> None:
@@ -42,20 +42,20 @@ def test_alignment_files_are_read_in_the_pharaoh_format(tmp_path) -> None:
 
 def test_survey_of_each_kind(tiny_t5) -> None:
     pairs = [("the big dog ran", "a cat sat"), ("the red house", None)]
-    cross = survey_seq2seq(tiny_t5, pairs, alignments=["diagonal", "anti-diagonal"], max_new_tokens=3)
+    cross = survey_encoder_decoder(tiny_t5, pairs, alignments=["diagonal", "anti-diagonal"], max_new_tokens=3)
     assert cross.attention == "cross" and cross.num_layers == 3
     assert list(cross.statistics) == ["entropy", "first", "last", "alignment"]
     assert all(v.shape == (3, 4) for v in cross.statistics.values())
     assert 0 <= float(cross.statistics["alignment"].min()) <= float(cross.statistics["alignment"].max()) <= 1
     # By hand for the first pair: the mass on the first source token of the last layer.
-    run = tiny_t5.run_seq2seq(*pairs[0])
+    run = tiny_t5.run_encoder_decoder(*pairs[0])
     first = run.cross_attentions[2][0, :, :, 0].mean(-1)
-    second = tiny_t5.run_seq2seq("the red house", max_new_tokens=3).cross_attentions[2][0, :, :, 0].mean(-1)
+    second = tiny_t5.run_encoder_decoder("the red house", max_new_tokens=3).cross_attentions[2][0, :, :, 0].mean(-1)
     torch.testing.assert_close(cross.statistics["first"][2], (first + second) / 2)
-    encoder = survey_seq2seq(tiny_t5, pairs[:1], attention="encoder")
+    encoder = survey_encoder_decoder(tiny_t5, pairs[:1], attention="encoder")
     assert encoder.num_layers == 2 and "previous" in encoder.statistics
     with pytest.raises(ValueError, match="alignments go with cross-attention"):
-        survey_seq2seq(tiny_t5, pairs[:1], attention="decoder", alignments=["diagonal"])
+        survey_encoder_decoder(tiny_t5, pairs[:1], attention="decoder", alignments=["diagonal"])
 
 
 def test_heads_command_takes_pairs_and_an_alignment(capsys, tmp_path, tiny_t5_path) -> None:

@@ -93,7 +93,7 @@ def test_greedy_tokens_with_the_cache_equal_transformers(pairs, kind: str) -> No
     decoder_input, produced = step, []
     with torch.no_grad():
         for _ in range(8):
-            logits = module.head(module.decode(step, memory, cache=cache))[:, -1]  # [1, v]
+            logits = module.head(module.decode(step, memory, kv_cache=cache))[:, -1]  # [1, v]
             want = hf(input_ids=source, decoder_input_ids=decoder_input).logits[:, -1]
             assert relative_error(logits, want) < 1e-4
             assert int(logits.argmax()) == int(want.argmax())
@@ -126,7 +126,7 @@ def test_an_untied_t5_head_reads_its_own_matrix_unscaled(folders, tmp_path: Path
 @pytest.mark.parametrize("kind", KINDS)
 def test_run_seq2seq_gives_the_three_kinds_of_attention(pairs, kind: str) -> None:
     model, hf = pairs[kind]
-    run = model.run_seq2seq(SOURCE, TARGET, heads=[1, 3])
+    run = model.run_encoder_decoder(SOURCE, TARGET, heads=[1, 3])
     s_src, s_tgt = len(model.tokenize(SOURCE)), len(model.tokenize(TARGET))
     assert not run.generated and run.target_text == TARGET
     assert run.target_tokens == model.tokenize(TARGET).tokens
@@ -154,7 +154,7 @@ def test_run_seq2seq_gives_the_three_kinds_of_attention(pairs, kind: str) -> Non
 @pytest.mark.parametrize("kind", KINDS)
 def test_without_a_target_the_model_generates_it(pairs, kind: str) -> None:
     model, _ = pairs[kind]
-    run = model.run_seq2seq(SOURCE, max_new_tokens=6, decoder_layers=[-1], encoder_layers=False)
+    run = model.run_encoder_decoder(SOURCE, max_new_tokens=6, decoder_layers=[-1], encoder_layers=False)
     produced = [int(t) for t in model.module.stream(model.tokenize(SOURCE).ids, 6)]
     eos = model.tokenizer.eos_token_ids
     expected = produced[: next((i + 1 for i, t in enumerate(produced) if t in eos), 6)]
@@ -187,7 +187,7 @@ def test_run_seq2seq_refuses_a_model_with_one_text(tmp_path: Path) -> None:
     model = models.load(write_tiny_llama(tmp_path / "llama"))
     assert not model.encoder_decoder
     with pytest.raises(ValueError, match="not an encoder-decoder"):
-        model.run_seq2seq("the cat", "a b")
+        model.run_encoder_decoder("the cat", "a b")
 
 
 HF_CROSS = {"t5": "decoder.block.{}.layer.1.EncDecAttention", "bart": "model.decoder.layers.{}.encoder_attn"}
@@ -214,7 +214,7 @@ def test_hooks_on_cross_attention_equal_transformers_forward_hooks(pairs, kind: 
         handle.remove()
     names = ["decoder.layers.2.cross_attn.pattern"]
     with torch.no_grad(), model.hooks({"decoder.layers.1.cross_attn_out": lambda x: x * 4.0}):
-        got, cache = model.module.run_with_cache(source, target, names=names)
+        got, cache = model.module.run_with_cache(source, target, names_filter=names)
         unhooked = hf(input_ids=source, decoder_input_ids=target).logits
     assert relative_error(got, want.logits) < 1e-4
     assert relative_error(got, unhooked) > 1e-3  # the hook changed something

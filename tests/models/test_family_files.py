@@ -1,4 +1,4 @@
-"""A family is one file plus one entry in the table (attnkit.models.families.FAMILIES):
+"""A family is one file plus one entry in the table (attnkit.models.family_table.FAMILIES):
 nothing else imports a family's file or names its model_type. Walks the imports of every
 module under src/attnkit."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ast
 
-from attnkit.models.families import FAMILIES
+from attnkit.models.family_table import FAMILIES
 from tests.test_layering import imports_of, module_files
 
-TABLE = "attnkit.models.families"
+TABLE = "attnkit.models.family_table"
 # attnkit train writes the folders that the family of its trained models reads.
 WRITERS = {"attnkit.train.export": "attnkit.models.trained"}
 
@@ -58,7 +58,7 @@ def test_the_table_lists_every_family_a_module_defines():
 def test_no_other_module_names_a_family_by_its_model_type():
     families = _family_modules()
     # The fetchable checkpoints' registry names the families of the two models it fetches.
-    allowed = {"attnkit.models.registry", "attnkit.models.cache"}
+    allowed = {"attnkit.models.registry", "attnkit.models.store"}
     owners = {model_type: module for module, types in families.items() for model_type in types.split()}
     for name, path in module_files().items():
         if name in allowed:

@@ -73,7 +73,7 @@ def test_hooks_equal_transformers_forward_hooks(pair):
         for handle in handles:
             handle.remove()
     names = [model.hook_name(kind, i) for i in range(model.num_layers) for kind in ("resid_post", "attn_out")]
-    cache = model.run(ids, return_weights=False, cache=names).cache
+    cache = model.run(ids, return_weights=False, names_filter=names).cache
     for i in range(model.num_layers):
         for kind, key in (("resid_post", f"resid_post{i}"), ("attn_out", f"attn_out{i}")):
             ours, expected = cache[model.hook_name(kind, i)], theirs[key]

@@ -114,8 +114,8 @@ def test_cached_decoding_past_the_window_equals_full_recomputation(gemma3):
     with torch.no_grad():
         full = module(ids)  # [1, s, v]
         cache = module.new_cache()
-        steps = [module(ids[:, :WINDOW], cache=cache)]
-        steps += [module(ids[:, i : i + 1], cache=cache) for i in range(WINDOW, ids.shape[1])]
+        steps = [module(ids[:, :WINDOW], kv_cache=cache)]
+        steps += [module(ids[:, i : i + 1], kv_cache=cache) for i in range(WINDOW, ids.shape[1])]
     assert (torch.cat(steps, dim=1)[:, WINDOW - 1 :] - full[:, WINDOW - 1 :]).abs().max() < LOGITS_ATOL
 
 
@@ -136,7 +136,7 @@ def test_hooks_equal_transformers_forward_hooks(gemma3, hf_gemma3):
         for handle in handles:
             handle.remove()
     names = [gemma3.hook_name(kind, i) for i in range(18) for kind in ("resid_post", "attn_out")]
-    cache = gemma3.run(ids, return_weights=False, cache=names).cache
+    cache = gemma3.run(ids, return_weights=False, names_filter=names).cache
     for i in range(18):
         for kind in ("resid_post", "attn_out"):
             ours, expected = cache[gemma3.hook_name(kind, i)], theirs[f"{kind}{i}"]

@@ -156,7 +156,7 @@ def test_a_changing_hook_matches_transformers_on_bert(tiny_bert):
             handle.remove()
         with model.hooks({ours: _steer}):
             run = model.run(ids, return_weights=False)
-        assert (run.hidden_states - expected).abs().max() < LOGITS_ATOL, ours
+        assert (run.last_hidden_state - expected).abs().max() < LOGITS_ATOL, ours
 
 
 @pytest.mark.parametrize("which", ["tiny_llama", "tiny_bert"])
@@ -174,7 +174,7 @@ def test_identity_hooks_on_every_name_leave_results_identical(which, request):
             hooked_batch = model.run_batch([text, "a dog"], return_weights=False)
             hooked_weights = model.run(text)
         for a, b in ((plain, hooked), *zip(plain_batch, hooked_batch), (with_weights, hooked_weights)):
-            assert torch.equal(a.hidden_states, b.hidden_states)
+            assert torch.equal(a.last_hidden_state, b.last_hidden_state)
             assert a.logits is None or torch.equal(a.logits, b.logits)
         assert all(
             torch.equal(with_weights.attentions[i], hooked_weights.attentions[i]) for i in range(model.num_layers)
@@ -224,9 +224,9 @@ def test_run_batch_caches_each_row_without_padding(tiny_llama):
     model, _ = tiny_llama
     texts = ["the cat sat on the mat", "a dog"]
     names = ["decoder.layers.1.self_attn.pattern", "decoder.layers.1.resid_post", "decoder.layers.1.self_attn.q"]
-    batch = model.run_batch(texts, return_weights=False, cache=names)
+    batch = model.run_batch(texts, return_weights=False, names_filter=names)
     for text, batched in zip(texts, batch):
-        single = model.run(text, return_weights=False, cache=names)
+        single = model.run(text, return_weights=False, names_filter=names)
         for name in names:
             assert batched.cache[name].shape == single.cache[name].shape, name
             assert (batched.cache[name] - single.cache[name]).abs().max() < 1e-5, name
@@ -298,7 +298,7 @@ def test_run_with_cache_and_the_weights_per_head(tiny_llama):
     assert torch.allclose(cache["v", 1][0, 1], normed[0] @ w_v[1], atol=1e-5)
     assert torch.allclose(cache["result", 1][0, 3], cache["z", 1][0, 3] @ w_o[3], atol=1e-5)
     assert torch.allclose(cache["decoder.final"] @ model.W_U, logits, atol=1e-5)
-    batch_logits, batch_cache = model.run_with_cache(["the cat", "a dog ran"], names=["decoder.final"])
+    batch_logits, batch_cache = model.run_with_cache(["the cat", "a dog ran"], names_filter=["decoder.final"])
     assert batch_logits.shape == (2, 3, len(WORDS)) and list(batch_cache) == ["decoder.final"]
     assert model.to_single_token("cat") == WORDS.index("cat")
     with pytest.raises(ValueError, match="must be a single token"):

@@ -13,7 +13,7 @@ TEXT = "The capital of France is"
 
 
 def output(run):
-    return run.logits if run.logits is not None else run.hidden_states
+    return run.logits if run.logits is not None else run.last_hidden_state
 
 
 @pytest.fixture(params=["smollm2", "minilm"])
@@ -63,7 +63,7 @@ def test_cache_returns_the_named_activations(smollm2):
     run = smollm2.run(
         TEXT,
         return_weights=[2],
-        cache=[
+        names_filter=[
             "decoder.layers.2.self_attn.q",
             "decoder.layers.2.self_attn.k",
             "decoder.layers.2.self_attn.pattern",
@@ -76,14 +76,14 @@ def test_cache_returns_the_named_activations(smollm2):
     assert cache["q", 2].shape == (1, 9, 5, 64) and cache["k", 2].shape == (1, 3, 5, 64)
     assert cache["z", 2].shape == (1, 9, 5, 64) and cache["resid_post", 2].shape == (1, 5, 576)
     assert torch.equal(cache["pattern", 2], run.attentions[2])
-    assert torch.equal(cache["decoder.final"].float(), run.hidden_states)
+    assert torch.equal(cache["decoder.final"].float(), run.last_hidden_state)
     # z is the pattern applied to the values of each head's key/value group.
-    values = smollm2.run(TEXT, return_weights=False, cache=["decoder.layers.2.self_attn.v"]).cache["v", 2]
+    values = smollm2.run(TEXT, return_weights=False, names_filter=["decoder.layers.2.self_attn.v"]).cache["v", 2]
     expected = run.attentions[2] @ values.repeat_interleave(3, dim=1)
     assert (cache["z", 2] - expected).abs().max() < 1e-5
     # The residual stream out of one layer is the stream into the next.
     nxt = smollm2.run(
-        TEXT, return_weights=False, cache=lambda name: name.endswith((".2.resid_post", ".3.resid_pre"))
+        TEXT, return_weights=False, names_filter=lambda name: name.endswith((".2.resid_post", ".3.resid_pre"))
     ).cache
     assert list(nxt) == ["decoder.layers.2.resid_post", "decoder.layers.3.resid_pre"]
     assert torch.equal(nxt["resid_post", 2], nxt["resid_pre", 3])
@@ -110,7 +110,7 @@ def test_a_hook_that_zeroes_a_heads_z_equals_the_ablation(smollm2, minilm):
             else:
                 effect = (
                     torch.nn.functional.cosine_similarity(
-                        ablated.hidden_states[0].mean(0), plain.hidden_states[0].mean(0), dim=0
+                        ablated.last_hidden_state[0].mean(0), plain.last_hidden_state[0].mean(0), dim=0
                     )
                     - 1
                 )
@@ -128,7 +128,7 @@ def test_a_replaced_pattern_changes_the_output(smollm2):
 
     with smollm2.hooks({"decoder.layers.0.self_attn.pattern": first_token_only}):
         hooked = smollm2.run(
-            TEXT, return_weights=[0], cache=["decoder.layers.0.self_attn.z", "decoder.layers.0.self_attn.v"]
+            TEXT, return_weights=[0], names_filter=["decoder.layers.0.self_attn.z", "decoder.layers.0.self_attn.v"]
         )
     assert torch.equal(hooked.attentions[0], torch.zeros(1, 9, 5, 5).index_fill_(-1, torch.tensor([0]), 1.0))
     # Every query now reads the first token's value.
@@ -158,10 +158,10 @@ def test_run_with_hooks_takes_a_batch_and_lets_gradients_flow(smollm2):
 
     with torch.enable_grad():
         hooked = smollm2.run_with_hooks(
-            ids, hooks={"decoder.layers.4.self_attn.pattern": keep}, cache=["decoder.layers.4.self_attn.z"]
+            ids, hooks={"decoder.layers.4.self_attn.pattern": keep}, names_filter=["decoder.layers.4.self_attn.z"]
         )
-        (grad,) = torch.autograd.grad(hooked.hidden_states.sum(), kept["pattern"])
-    assert hooked.hidden_states.shape == (2, 5, 576) and hooked.cache["z", 4].shape == (2, 9, 5, 64)
+        (grad,) = torch.autograd.grad(hooked.last_hidden_state.sum(), kept["pattern"])
+    assert hooked.last_hidden_state.shape == (2, 5, 576) and hooked.cache["z", 4].shape == (2, 9, 5, 64)
     assert hooked.logits is not None and hooked.logits.shape == (2, 5, 49152)
     assert grad.shape == (2, 9, 5, 5) and grad.abs().max() > 0
 
@@ -175,7 +175,7 @@ def test_unknown_hook_names_are_listed(smollm2):
         with smollm2.hooks({"layers.3.attn.out": print}):
             pass
     with pytest.raises(ValueError, match="unknown cache names 'decoder.layers.30.self_attn.z', 'final'"):
-        smollm2.run(TEXT, cache=["decoder.layers.30.self_attn.z", "final"])
+        smollm2.run(TEXT, names_filter=["decoder.layers.30.self_attn.z", "final"])
     with pytest.raises(TypeError, match="the hook on 'decoder.final' must be a function of the activation, got int"):
         with smollm2.hooks({"decoder.final": 3}):
             pass

@@ -192,7 +192,7 @@ def test_accumulated_bias_is_what_the_blocks_add_to_a_zero_input(pair):
     hooks = {name: (lambda x: torch.zeros_like(x)) for name in model.hook_names() if name.endswith("ff.post")}
     try:
         with model.hooks(hooks):
-            cache = model.run(ids, return_weights=False, cache=None).cache
+            cache = model.run(ids, return_weights=False, names_filter=None).cache
     finally:
         for handle in handles:
             handle.remove()
@@ -305,7 +305,7 @@ def test_run_with_cache_of_a_padded_batch_equals_each_text_alone(tiny_family_fol
     model = models.load(tiny_family_folder("qwen2"))
     texts = ["w3 w17 w5", "w8 w61 w23 w70 w1 w5 w99"]
     ids, mask = model.to_tokens(texts, padding_side="left")
-    logits, cache = model.run_with_cache(ids, attention_mask=mask, names=None)
+    logits, cache = model.run_with_cache(ids, attention_mask=mask, names_filter=None)
     for row, text in enumerate(texts):
         alone_logits, alone = model.run_with_cache(text)
         n = alone_logits.shape[1]

@@ -50,7 +50,7 @@ def test_a_folder_loads_like_the_named_model(minilm_path, tmp_path, minilm):
     assert copy.name == "my-minilm" and copy.family == "bert" and not copy.causal
     assert (copy.num_layers, copy.num_heads, copy.num_kv_heads, copy.max_length) == (6, 12, 12, 512)
     text = "same weights, same output"
-    assert torch.equal(copy.run(text).hidden_states, minilm.run(text).hidden_states)
+    assert torch.equal(copy.run(text).last_hidden_state, minilm.run(text).last_hidden_state)
 
 
 def test_loading_takes_the_weights_without_copying_or_initialising(smollm2):
@@ -74,7 +74,7 @@ def test_loading_builds_the_module_once(minilm_path, monkeypatch):
     on the meta device, not one for the check and another for the weights."""
     import dataclasses
 
-    from attnkit.models.families import FAMILIES
+    from attnkit.models.family_table import FAMILIES
 
     family = FAMILIES["bert"]
     builds = []
@@ -89,7 +89,7 @@ def test_dtype_and_device_options(minilm_path, tmp_path):
     half = models.load(_copy_minilm(minilm_path, tmp_path / "m"), dtype=torch.bfloat16)
     assert half.module.token_embedding.weight.dtype == torch.bfloat16
     run = half.run("low precision still runs", return_weights=[0])
-    assert run.hidden_states.dtype == torch.float32 and run.attentions[0].dtype == torch.float32
+    assert run.last_hidden_state.dtype == torch.float32 and run.attentions[0].dtype == torch.float32
     with pytest.raises(TypeError, match="floating torch.dtype"):
         models.load(tmp_path / "m", dtype=torch.int8)
 

@@ -66,7 +66,7 @@ def _double(model: models.Model) -> models.Model:
 def test_summaries_equal_dense_statistics_on_tiny_families(family, tiny_family_folder):
     model = _double(models.load(tiny_family_folder(family)))
     ids = torch.randint(0, VOCAB - 1, (TEXT_LENGTH,), generator=torch.Generator().manual_seed(1))
-    dense = model.run(ids, return_weights=False, logits=True, cache=_patterns(model))
+    dense = model.run(ids, return_weights=False, logits=True, names_filter=_patterns(model))
     got = long_context_summaries(
         model, ids, top_k=4, sink_tokens=2, window=5, map_block=3, logits_at=[0, 7, TEXT_LENGTH - 1], block_budget=40
     )
@@ -94,7 +94,7 @@ def test_summaries_equal_dense_statistics_on_tiny_families(family, tiny_family_f
 def test_heads_rows_and_exact_blocks_of_a_soft_capped_windowed_layer(tiny_family_folder):
     model = _double(models.load(tiny_family_folder("gemma2")))
     ids = torch.randint(0, VOCAB - 1, (TEXT_LENGTH,), generator=torch.Generator().manual_seed(2))
-    dense = model.run(ids, return_weights=False, logits=False, cache=_patterns(model))
+    dense = model.run(ids, return_weights=False, logits=False, names_filter=_patterns(model))
     got = long_context_summaries(model, ids, layers=[0, -1], heads=[3, 1], rows=[19, 4, 11], top_k=2, keep_qk=True)
     assert sorted(got.summaries) == [0, 2]
     for layer in (0, 2):
@@ -199,7 +199,7 @@ def test_layers_that_cannot_be_reproduced_are_refused():
 def test_minilm_summaries_equal_its_dense_weights(minilm):
     text = "The animal didn't cross the road because it was too tired, and the road was long."
     name = minilm.hook_name("self_attn.pattern", 3)
-    dense = minilm.run(text, return_weights=False, cache=[name]).cache[name][0].double()  # [h, s, s]
+    dense = minilm.run(text, return_weights=False, names_filter=[name]).cache[name][0].double()  # [h, s, s]
     got = long_context_summaries(minilm, text, layers=[3], top_k=2, window=4).summaries[3]
     s = dense.shape[-1]
     dist = (torch.arange(s)[:, None] - torch.arange(s)[None, :]).abs()

@@ -23,7 +23,7 @@ def served(tiny_family_folder):
     client = TestClient(create_app([str(folder)]), base_url=LOCAL)
     model = models.load(folder)
     name = model.hook_name("self_attn.pattern", 1)
-    dense = model.run(TEXT, return_weights=False, logits=False, cache=[name]).cache[name][0]  # [h, s, s]
+    dense = model.run(TEXT, return_weights=False, logits=False, names_filter=[name]).cache[name][0]  # [h, s, s]
     return client, folder.name, dense
 
 

@@ -106,7 +106,7 @@ def server(gemma3):
 def test_serve_zooms_a_dragged_region_to_exact_weights_and_back(gemma3, server, page):
     folder, model = gemma3
     name = model.hook_name("self_attn.pattern", 1)
-    dense = model.run(TEXT, return_weights=False, logits=False, cache=[name]).cache[name][0]  # [h, s, s]
+    dense = model.run(TEXT, return_weights=False, logits=False, names_filter=[name]).cache[name][0]  # [h, s, s]
     page.goto(server + "/")
     page.wait_for_selector("body[data-state=empty]")
     page.get_by_label("Text", exact=True).fill(TEXT)

@@ -114,9 +114,9 @@ def test_the_estimate_of_cached_activations_is_what_a_run_keeps(case, tiny_famil
     text = "the cat sat" if case == "minilm" else "w1 w5 w2 w7 w3 w9"
     s = len(model.tokenize(text))
     for names in (None, lambda n: n.endswith("pattern"), lambda n: "resid" in n or n.endswith((".q", ".k"))):
-        _, cache = model.run_with_cache(text, names=names)
+        _, cache = model.run_with_cache(text, names_filter=names)
         kept = sum(t.numel() * t.element_size() for t in cache.values())
-        assert memory.run_bytes(model, [(1, s)], weight_layers=0, cache=names, logits=False) == kept
+        assert memory.run_bytes(model, [(1, s)], weight_layers=0, names_filter=names, logits=False) == kept
 
 
 def test_run_with_cache_and_run_get_the_same_estimate_up_front(smollm2, monkeypatch) -> None:
@@ -125,11 +125,11 @@ def test_run_with_cache_and_run_get_the_same_estimate_up_front(smollm2, monkeypa
     with pytest.raises(models.MemoryEstimateError) as cached:
         smollm2.run_with_cache(text)
     with pytest.raises(models.MemoryEstimateError) as ran:
-        smollm2.run(text, return_weights=False, cache=None)
+        smollm2.run(text, return_weights=False, names_filter=None)
     assert cached.value.needed == ran.value.needed > 2 * 30 * 9 * 3001**2 * 4  # scores and pattern alone
     assert "\n" not in str(ran.value) and "of smollm2 on 3001 tokens would take about" in str(ran.value)
     with pytest.raises(models.MemoryEstimateError, match="on 2 inputs would take"):
-        smollm2.run_batch([text, text], return_weights=False, cache=lambda n: n.endswith("pattern"))
+        smollm2.run_batch([text, text], return_weights=False, names_filter=lambda n: n.endswith("pattern"))
 
 
 def test_a_generation_whose_kv_cache_does_not_fit_is_refused_at_the_call(smollm2, monkeypatch) -> None:
@@ -146,4 +146,4 @@ def test_a_source_and_target_pass_is_checked_too(tiny_t5, monkeypatch) -> None:
         models.MemoryEstimateError,
         match=r"of tiny-t5 on 4 source and 3 target tokens would take about \d+ KiB, more than the 1 KiB",
     ):
-        tiny_t5.run_seq2seq("the cat sat", "a dog")
+        tiny_t5.run_encoder_decoder("the cat sat", "a dog")

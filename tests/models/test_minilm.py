@@ -42,7 +42,7 @@ def test_hidden_states_and_every_attention_map_match_transformers(minilm, refere
     run = minilm.run(text)
     assert torch.equal(run.ids, ids)
     assert run.tokens[0] == "[CLS]" and run.tokens[-1] == "[SEP]" and run.logits is None
-    assert (run.hidden_states - hidden).abs().max() < 1e-4
+    assert (run.last_hidden_state - hidden).abs().max() < 1e-4
     assert sorted(run.attentions) == list(range(6))
     for layer, expected in enumerate(attentions):  # [1, 12, s, s]
         assert (run.attentions[layer] - expected).abs().max() < 1e-5, f"layer {layer}"
@@ -51,7 +51,7 @@ def test_hidden_states_and_every_attention_map_match_transformers(minilm, refere
 def test_sentence_embeddings_match_sentence_transformers_recipe(minilm, reference):
     expected = reference[1]
     for i, text in enumerate(SENTENCES):
-        hidden = minilm.run(text, return_weights=False).hidden_states[0]  # [s, e]
+        hidden = minilm.run(text, return_weights=False).last_hidden_state[0]  # [s, e]
         ours = F.normalize(hidden.mean(0), dim=-1)
         assert F.cosine_similarity(ours, expected[i], dim=0) >= 0.9999
     # And they mean something: the two cat sentences are the closest pair.

@@ -46,7 +46,7 @@ def test_the_tokenizer_has_fewer_ids_than_the_embedding_has_rows(model) -> None:
 
 
 def test_a_generated_id_the_tokenizer_lacks_shows_as_a_placeholder(model) -> None:
-    run = model.run_seq2seq(SOURCE, max_new_tokens=8)
+    run = model.run_encoder_decoder(SOURCE, max_new_tokens=8)
     ids = run.target_ids[0].tolist()
     assert ids[0] == BEYOND and run.target_tokens[0] == f"<id {BEYOND}>"
     for token_id, token in zip(ids, run.target_tokens, strict=True):
@@ -55,7 +55,7 @@ def test_a_generated_id_the_tokenizer_lacks_shows_as_a_placeholder(model) -> Non
     assert "<id" not in run.target_text
     assert run.target_text == model.tokenizer.decode([i for i in ids if i < TOKENIZER_SIZE], skip_special_tokens=True)
     # Given as ids, such a target runs too.
-    again = model.run_seq2seq(SOURCE, run.target_ids[0])
+    again = model.run_encoder_decoder(SOURCE, run.target_ids[0])
     assert again.target_tokens == run.target_tokens
     assert again.decoder_input_tokens[1] == f"<id {BEYOND}>"
 

@@ -46,7 +46,7 @@ class Reference:
         self.model, self.metric = model, metric
         points = [f"self_attn.{c}" if c in interventions.PER_HEAD else c for c in interventions.COMPONENTS]
         names = [name for name in model.hook_names() if name.endswith(tuple("." + p for p in points))]
-        self.clean = model.run(CLEAN, return_weights=False, cache=names)
+        self.clean = model.run(CLEAN, return_weights=False, names_filter=names)
         self.clean_value, self.corrupt_value = (
             self.value(model.run(text, return_weights=False)) for text in (CLEAN, CORRUPT)
         )

@@ -43,7 +43,7 @@ def test_bfloat16_equals_transformers_in_bfloat16(tiny: Path) -> None:
     run = model.run(ids)
     with torch.no_grad():
         expected = reference(ids, output_attentions=True)
-    assert run.logits.dtype == run.hidden_states.dtype == torch.float32
+    assert run.logits.dtype == run.last_hidden_state.dtype == torch.float32
     assert (run.logits - expected.logits.float()).abs().max() <= 2**-3 * expected.logits.float().abs().max()
     for i, weights in enumerate(expected.attentions):
         assert run.attentions[i].dtype == torch.float32

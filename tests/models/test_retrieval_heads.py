@@ -32,7 +32,7 @@ def test_retrieval_scores_equal_the_count_on_dense_weights(tiny_family_folder):
     model = models.load(tiny_family_folder("gemma3_text"))
     probe = _probe(model, 0.5)
     names = [model.hook_name("self_attn.pattern", i) for i in range(model.num_layers)]
-    dense = model.run(probe.ids, return_weights=False, logits=True, cache=names)
+    dense = model.run(probe.ids, return_weights=False, logits=True, names_filter=names)
     got = retrieval_scores(model, probe)
     targets = probe.ids[probe.answer[0] : probe.answer[1]]
     copied = dense.logits[0, probe.queries].argmax(-1) == targets

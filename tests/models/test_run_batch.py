@@ -15,7 +15,7 @@ def _same(batch, alone, *, logits: bool) -> None:
     assert batch.attentions.keys() == alone.attentions.keys()
     for layer, weights in alone.attentions.items():
         torch.testing.assert_close(batch.attentions[layer], weights, atol=1e-5, rtol=0)
-    torch.testing.assert_close(batch.hidden_states, alone.hidden_states, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(batch.last_hidden_state, alone.last_hidden_state, atol=1e-4, rtol=1e-4)
     if logits:
         torch.testing.assert_close(batch.logits, alone.logits, atol=1e-4, rtol=1e-4)
     else:
@@ -43,7 +43,7 @@ def test_a_run_without_logits_skips_the_head_and_keeps_the_rest(tmp_path):
     bare = model.run("the cat sat", return_weights=[-1], logits=False)
     assert len(calls) == 1 and bare.logits is None and full.logits is not None
     assert torch.equal(bare.attentions[-1], full.attentions[-1])
-    assert torch.equal(bare.hidden_states, full.hidden_states)
+    assert torch.equal(bare.last_hidden_state, full.last_hidden_state)
 
 
 def test_a_bidirectional_model_runs_each_length_together(minilm):

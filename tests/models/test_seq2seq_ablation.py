@@ -55,7 +55,7 @@ def _log_p(hf, source_ids, decoder_input_ids, target_ids):
 def test_every_head_of_the_three_kinds_equals_transformers_with_its_slice_zeroed(pair):
     model, hf, family = pair
     effects = interventions.head_ablation(model, SOURCE, target=TARGET)
-    run = model.run_seq2seq(SOURCE, TARGET, encoder_layers=False, decoder_layers=False)
+    run = model.run_encoder_decoder(SOURCE, TARGET, encoder_layers=False, decoder_layers=False)
     ids = (run.source_ids, run.decoder_input_ids, run.target_ids)
     base = _log_p(hf, *ids)
     assert abs(effects.baseline - base) < 1e-4
@@ -93,8 +93,8 @@ CORRUPT = "the big cat ran to the red house"
 def test_patching_each_head_equals_transformers_with_its_slice_from_the_clean_run(pair):
     model, hf, family = pair
     effects = interventions.activation_patching(model, SOURCE, CORRUPT, target=TARGET)
-    clean = model.run_seq2seq(SOURCE, TARGET, encoder_layers=False, decoder_layers=False)
-    corrupt = model.run_seq2seq(CORRUPT, TARGET, encoder_layers=False, decoder_layers=False)
+    clean = model.run_encoder_decoder(SOURCE, TARGET, encoder_layers=False, decoder_layers=False)
+    corrupt = model.run_encoder_decoder(CORRUPT, TARGET, encoder_layers=False, decoder_layers=False)
     clean_ids = (clean.source_ids, clean.decoder_input_ids, clean.target_ids)
     corrupt_ids = (corrupt.source_ids, corrupt.decoder_input_ids, corrupt.target_ids)
     projections = _output_projections(hf, family)

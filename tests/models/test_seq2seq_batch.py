@@ -1,6 +1,6 @@
-"""``run_seq2seq_batch``: several source/target pairs in one padded pass (a source mask,
+"""``run_encoder_decoder_batch``: several source/target pairs in one padded pass (a source mask,
 targets padded at the end) equal transformers given the same padded batch with its
-attention masks, and each equals ``run_seq2seq`` of its pair."""
+attention masks, and each equals ``run_encoder_decoder`` of its pair."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _pad_id(folder: Path) -> int:
 
 def test_a_padded_batch_equals_transformers_with_its_masks(pair) -> None:
     model, hf, pad = pair
-    runs = model.run_seq2seq_batch(SOURCES, TARGETS)
+    runs = model.run_encoder_decoder_batch(SOURCES, TARGETS)
     s_src = max(run.source_ids.shape[1] for run in runs)
     s_tgt = max(run.target_ids.shape[1] for run in runs)
     source = torch.full((len(runs), s_src), pad)  # [b, s_src]
@@ -72,9 +72,9 @@ def test_a_padded_batch_equals_transformers_with_its_masks(pair) -> None:
 
 def test_each_run_of_a_batch_equals_its_own_run(pair) -> None:
     model, _, _ = pair
-    runs = model.run_seq2seq_batch(SOURCES, [TARGETS[0], None, TARGETS[2]], decoder_layers=[-1], heads=[1])
+    runs = model.run_encoder_decoder_batch(SOURCES, [TARGETS[0], None, TARGETS[2]], decoder_layers=[-1], heads=[1])
     for source, target, run in zip(SOURCES, [TARGETS[0], None, TARGETS[2]], runs, strict=True):
-        alone = model.run_seq2seq(source, target, decoder_layers=[-1], heads=[1])
+        alone = model.run_encoder_decoder(source, target, decoder_layers=[-1], heads=[1])
         assert run.generated == (target is None) and run.target_tokens == alone.target_tokens
         assert run.source_text == alone.source_text and run.target_text == alone.target_text
         assert torch.equal(run.decoder_input_ids, alone.decoder_input_ids)
@@ -87,6 +87,6 @@ def test_each_run_of_a_batch_equals_its_own_run(pair) -> None:
 def test_a_batch_refuses_mismatched_targets(pair) -> None:
     model, _, _ = pair
     with pytest.raises(ValueError, match="one target \\(or None\\) per source: got 1 targets for 3 sources"):
-        model.run_seq2seq_batch(SOURCES, TARGETS[:1])
+        model.run_encoder_decoder_batch(SOURCES, TARGETS[:1])
     with pytest.raises(ValueError, match="non-empty list"):
-        model.run_seq2seq_batch("the cat")
+        model.run_encoder_decoder_batch("the cat")

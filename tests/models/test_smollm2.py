@@ -110,8 +110,8 @@ def test_cached_decoding_equals_full_recomputation(smollm2):
     with torch.no_grad():
         full = module(ids)  # [1, s, v]
         cache = module.new_cache()
-        steps = [module(ids[:, :5], cache=cache)]
-        steps += [module(ids[:, i : i + 1], cache=cache) for i in range(5, ids.shape[1])]
+        steps = [module(ids[:, :5], kv_cache=cache)]
+        steps += [module(ids[:, i : i + 1], kv_cache=cache) for i in range(5, ids.shape[1])]
     assert len(cache) == ids.shape[1]
     assert (torch.cat(steps, dim=1) - full).abs().max() < LOGITS_ATOL
 
@@ -130,7 +130,7 @@ def test_generation_from_ids_and_sampling(smollm2):
 def test_run_from_ids_names_the_tokens(smollm2):
     run = smollm2.run(torch.tensor([504, 2644, 2643]), return_weights=[0])
     assert run.tokens == ["The", "Ġcat", "Ġsat"] and run.offsets is None
-    assert run.ids.shape == (1, 3) and run.logits.shape == (1, 3, 49152) and run.hidden_states.shape == (1, 3, 576)
+    assert run.ids.shape == (1, 3) and run.logits.shape == (1, 3, 49152) and run.last_hidden_state.shape == (1, 3, 576)
 
 
 def test_input_errors(smollm2):

@@ -1,5 +1,5 @@
 """BART with other head counts in its encoder and decoder (3 and 7; 4 and 2): heads are
-per stack everywhere — run_seq2seq's records, head selection, ``attnkit inspect`` (its
+per stack everywhere — run_encoder_decoder's records, head selection, ``attnkit inspect`` (its
 maps and the HTML page), ``attnkit heads`` and ``serve``."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from attnkit import models
 from attnkit.cli import main
-from attnkit.inspect.seq2seq import survey_seq2seq
+from attnkit.inspect.encoder_decoder import survey_encoder_decoder
 from attnkit.viz.viewer import ViewerData
 from tests.models.seq2seq_checkpoints import write_bart
 
@@ -47,7 +47,7 @@ def test_run_seq2seq_holds_every_head_of_each_stack_as_transformers(folders, nam
     model = models.load(folders[name])
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(folders[name], attn_implementation="eager").eval()
     assert model.heads_per_kind == {"encoder": enc, "decoder": dec, "cross": dec}
-    run = model.run_seq2seq(SOURCE, TARGET)
+    run = model.run_encoder_decoder(SOURCE, TARGET)
     assert run.heads == {"encoder": list(range(enc)), "decoder": list(range(dec)), "cross": list(range(dec))}
     start = torch.tensor([[model.module.decoder_start_token_id]])
     with torch.no_grad():
@@ -64,14 +64,14 @@ def test_run_seq2seq_holds_every_head_of_each_stack_as_transformers(folders, nam
 def test_heads_are_checked_against_each_stack(folders) -> None:
     model = models.load(folders["bart-3-7"])
     with pytest.raises(ValueError, match="encoder has 3 heads per layer"):
-        model.run_seq2seq(SOURCE, TARGET, heads=[5])
-    run = model.run_seq2seq(SOURCE, TARGET, heads={"decoder": [5], "cross": [6, 1]})
+        model.run_encoder_decoder(SOURCE, TARGET, heads=[5])
+    run = model.run_encoder_decoder(SOURCE, TARGET, heads={"decoder": [5], "cross": [6, 1]})
     assert run.heads == {"encoder": [0, 1, 2], "decoder": [5], "cross": [6, 1]}
     assert run.decoder_attentions[0].shape[1] == 1 and run.cross_attentions[0].shape[1] == 2
-    full = model.run_seq2seq(SOURCE, TARGET)
+    full = model.run_encoder_decoder(SOURCE, TARGET)
     torch.testing.assert_close(run.cross_attentions[0][:, 0], full.cross_attentions[0][:, 6], rtol=0, atol=0)
     with pytest.raises(ValueError, match="heads are selected per kind"):
-        model.run_seq2seq(SOURCE, TARGET, heads={"self": [0]})
+        model.run_encoder_decoder(SOURCE, TARGET, heads={"self": [0]})
 
 
 def test_inspect_shows_the_heads_of_the_kind_asked(capsys, folders, tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_the_html_page_holds_each_stacks_heads(capsys, folders, tmp_path: Path) 
 def test_a_head_survey_counts_the_heads_of_its_stack(folders) -> None:
     model = models.load(folders["bart-3-7"])
     for kind, count in (("encoder", 3), ("decoder", 7), ("cross", 7)):
-        survey = survey_seq2seq(model, [(SOURCE, TARGET)], attention=kind)
+        survey = survey_encoder_decoder(model, [(SOURCE, TARGET)], attention=kind)
         assert survey.num_heads == count
         assert all(values.shape[-1] == count for values in survey.statistics.values())
 

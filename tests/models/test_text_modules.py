@@ -66,8 +66,8 @@ def test_padding_leaves_each_rows_tokens_as_they_are_alone(network) -> None:
     if isinstance(network, DecoderLM):
         tokens, padding, own = tokens[:, [3, 4, 0, 1, 2]], padding[:, [3, 4, 0, 1, 2]], slice(2, 5)
     with torch.no_grad():
-        out = network.hidden_states(tokens, padding=padding, return_weights=[1])
-        alone = network.hidden_states(tokens[1:, own], return_weights=[1])
+        out = network.last_hidden_state(tokens, padding=padding, return_weights=[1])
+        alone = network.last_hidden_state(tokens[1:, own], return_weights=[1])
     assert isinstance(out, StackOutput) and isinstance(alone, StackOutput)
     torch.testing.assert_close(out.output[1:, own], alone.output, atol=1e-5, rtol=1e-5)
     assert out.weights[0] is None and out.weights[1] is not None
@@ -79,7 +79,7 @@ def test_padding_leaves_each_rows_tokens_as_they_are_alone(network) -> None:
 def test_logits_are_the_heads_or_none_for_encoders(network) -> None:
     tokens = torch.tensor([[3, 4, 5]])
     with torch.no_grad():
-        hidden = network.hidden_states(tokens)
+        hidden = network.last_hidden_state(tokens)
         logits = network.logits(hidden)
     if isinstance(network, DecoderLM):
         torch.testing.assert_close(logits, network(tokens))
@@ -89,17 +89,21 @@ def test_logits_are_the_heads_or_none_for_encoders(network) -> None:
 
 def test_padding_of_another_shape_is_refused(network) -> None:
     with pytest.raises(ValueError, match=r"padding must be a bool tensor \[b, s\] = \[1, 3\]"):
-        network.hidden_states(torch.tensor([[3, 4, 5]]), padding=torch.ones(1, 4, dtype=torch.bool))
+        network.last_hidden_state(torch.tensor([[3, 4, 5]]), padding=torch.ones(1, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="padding must be a bool tensor"):
-        network.hidden_states(torch.tensor([[3, 4, 5]]), padding=torch.ones(1, 3))
+        network.last_hidden_state(torch.tensor([[3, 4, 5]]), padding=torch.ones(1, 3))
 
 
 def test_a_decoders_padding_comes_without_mask_positions_or_cache() -> None:
     network, tokens = _decoder(), torch.tensor([[3, 4, 5]])
     padding = torch.ones(1, 3, dtype=torch.bool)
-    for extra in ({"mask": padding[:, None, None, :]}, {"positions": torch.arange(3)}, {"cache": network.new_cache()}):
+    for extra in (
+        {"mask": padding[:, None, None, :]},
+        {"positions": torch.arange(3)},
+        {"kv_cache": network.new_cache()},
+    ):
         with pytest.raises(ValueError, match="padding sets the mask and the positions itself"):
-            network.hidden_states(tokens, padding=padding, **extra)
+            network.last_hidden_state(tokens, padding=padding, **extra)
 
 
 def test_model_families_hold_no_function_that_runs_the_network() -> None:

@@ -55,7 +55,7 @@ def test_a_decoder_lm_has_hook_names_hooks_and_run_with_cache():
     # The per-head results sum to the attention output (no bias here).
     assert torch.allclose(cache["result", 0].sum(1), cache["attn_out", 0], atol=1e-6)
     # The cache keeps only what a filter accepts.
-    _, patterns = lm.run_with_cache(tokens, names=lambda name: name.endswith("pattern"))
+    _, patterns = lm.run_with_cache(tokens, names_filter=lambda name: name.endswith("pattern"))
     assert list(patterns) == ["decoder.layers.0.self_attn.pattern", "decoder.layers.1.self_attn.pattern"]
     zeroed = lm.run_with_hooks(tokens, hooks={"decoder.layers.0.attn_out": lambda x: x * 0})
     assert not torch.allclose(zeroed, logits)
@@ -103,7 +103,7 @@ def test_replaced_scores_and_pattern_with_an_additive_score():
     by_pattern = model.run_with_hooks(x, hooks={"attn.pattern": uniform})
     by_scores, cache = None, None
     with model.hooks({"attn.scores": flat}):
-        by_scores, cache = model.run_with_cache(x, names=["attn.pattern", "attn.scores"])
+        by_scores, cache = model.run_with_cache(x, names_filter=["attn.pattern", "attn.scores"])
     assert torch.allclose(by_pattern, by_scores, atol=1e-6) and not torch.allclose(by_pattern, plain)
     assert torch.allclose(cache["attn.pattern"][0, 0], uniform_rows)
     assert torch.isinf(cache["attn.scores"][0, 0, 0, 1])  # the causal mask shows as -inf
@@ -140,7 +140,7 @@ def test_norm_scale_hook_reads_and_replaces_the_scale(norm):
     lm = tiny_lm(norm=norm, bias=norm == "layer")
     tokens = torch.randint(0, 20, (1, 6))
     plain, cache = lm.run_with_cache(
-        tokens, names=["decoder.layers.0.resid_pre", "decoder.layers.0.self_attn_norm.scale"]
+        tokens, names_filter=["decoder.layers.0.resid_pre", "decoder.layers.0.self_attn_norm.scale"]
     )
     x = cache["decoder.layers.0.resid_pre"]
     centred = x if norm == "rms" else x - x.mean(-1, keepdim=True)

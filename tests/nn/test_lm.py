@@ -35,7 +35,7 @@ def test_cached_logits_equal_full_recomputation(options: dict) -> None:
     tokens = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(1))
     full = model(tokens)
     cache = model.new_cache()
-    steps = [model(tokens[:, :4], cache=cache)] + [model(tokens[:, i : i + 1], cache=cache) for i in range(4, 9)]
+    steps = [model(tokens[:, :4], kv_cache=cache)] + [model(tokens[:, i : i + 1], kv_cache=cache) for i in range(4, 9)]
     assert len(cache) == 9
     assert_close(torch.cat(steps, dim=1), full)
 
@@ -139,10 +139,10 @@ def test_weights_of_chosen_layers_only() -> None:
 def test_hidden_states_are_what_the_head_reads() -> None:
     model = _tiny(**LLAMA_LIKE)
     tokens = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(7))
-    hidden = model.hidden_states(tokens)
+    hidden = model.last_hidden_state(tokens)
     assert hidden.shape == (2, 5, E)
     assert_close(model.lm_head(hidden), model(tokens))
-    record = model.hidden_states(tokens, return_weights=[0])
+    record = model.last_hidden_state(tokens, return_weights=[0])
     assert_close(record.output, hidden)
     assert record.weights[1] is None
 
@@ -153,14 +153,16 @@ def test_preallocated_cache_equals_growing_cache() -> None:
     with torch.no_grad():
         full = model(tokens)
         cache = model.new_cache(capacity=9)
-        steps = [model(tokens[:, :4], cache=cache)] + [model(tokens[:, i : i + 1], cache=cache) for i in range(4, 9)]
+        steps = [model(tokens[:, :4], kv_cache=cache)] + [
+            model(tokens[:, i : i + 1], kv_cache=cache) for i in range(4, 9)
+        ]
         assert_close(torch.cat(steps, dim=1), full)
         layer_cache = cache.self_attention[0]
         assert len(layer_cache) == 9 and layer_cache.keys.shape == (2, 2, 9, E // H)
         assert "capacity=9" in repr(layer_cache)
         with pytest.raises(ValueError, match="10 positions overflow this cache's capacity of 9"):
-            model(tokens[:, :1], cache=cache)
+            model(tokens[:, :1], kv_cache=cache)
     with pytest.raises(ValueError, match="preallocated KVCache is for inference"):
-        model(tokens, cache=model.new_cache(capacity=9))
+        model(tokens, kv_cache=model.new_cache(capacity=9))
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         model.new_cache(capacity=0)

@@ -48,7 +48,7 @@ def test_packed_model_computes_the_same_with_the_same_parameters() -> None:
         cache_plain, cache_packed = plain.new_cache(capacity=7), packed.new_cache(capacity=7)
         for i in range(7):
             step = tokens[:, i : i + 1]
-            assert_close(packed(step, cache=cache_packed), plain(step, cache=cache_plain))
+            assert_close(packed(step, kv_cache=cache_packed), plain(step, kv_cache=cache_plain))
         result = packed(tokens, return_weights=[1])
         assert_close(result.weights[1].self_attention, plain(tokens, return_weights=True).weights[1].self_attention)
 

@@ -32,7 +32,7 @@ def test_a_permanent_hook_equals_the_same_hook_in_a_block_until_reset():
     thread.start()
     thread.join()
     assert torch.equal(seen["out"], scoped)  # every thread
-    _, cache = lm.run_with_cache(IDS, names=["decoder.layers.0.self_attn.z"])
+    _, cache = lm.run_with_cache(IDS, names_filter=["decoder.layers.0.self_attn.z"])
     assert not cache["decoder.layers.0.self_attn.z"][:, 1].any()  # the cache sees the replaced activation
     lm.reset_hooks()
     assert lm.permanent_hooks() == {} and torch.equal(lm(IDS), plain)

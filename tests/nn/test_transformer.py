@@ -178,8 +178,8 @@ def test_incremental_decoding_equals_teacher_forcing() -> None:
     full = model(src, tgt, src_mask=src_padding, memory_mask=src_padding)
     memory = model.encode(src, src_mask=src_padding)
     cache = model.new_cache()
-    steps = [model.decode(tgt[:, :2], memory, memory_mask=src_padding, cache=cache)]
-    steps += [model.decode(tgt[:, i : i + 1], memory, memory_mask=src_padding, cache=cache) for i in range(2, 6)]
+    steps = [model.decode(tgt[:, :2], memory, memory_mask=src_padding, kv_cache=cache)]
+    steps += [model.decode(tgt[:, i : i + 1], memory, memory_mask=src_padding, kv_cache=cache) for i in range(2, 6)]
     assert len(cache) == 6
     assert_close(torch.cat(steps, dim=1), full)
 
@@ -204,7 +204,7 @@ def test_decoder_only_stack_with_rotary_gqa_rms_swiglu_caches() -> None:
     full = decoder(x, return_weights=True)
     assert isinstance(full, StackOutput) and len(full.weights) == 3
     cache = decoder.new_cache()
-    steps = [decoder(x[:, :3], cache=cache)] + [decoder(x[:, i : i + 1], cache=cache) for i in range(3, 7)]
+    steps = [decoder(x[:, :3], kv_cache=cache)] + [decoder(x[:, i : i + 1], kv_cache=cache) for i in range(3, 7)]
     assert_close(torch.cat(steps, dim=1), full.output)
     assert set(decoder.state_dict()) == {name for name, _ in decoder.named_parameters()}
 
@@ -246,7 +246,7 @@ def test_errors() -> None:
         decoder(
             torch.randn(1, 3, E),
             torch.randn(1, 3, E),
-            cache=Decoder([layer, DecoderLayer(LayerConfig(E, H, FF))]).new_cache(),
+            kv_cache=Decoder([layer, DecoderLayer(LayerConfig(E, H, FF))]).new_cache(),
         )
     with pytest.raises(ValueError, match="norm must be"):
         EncoderLayer(LayerConfig(E, H, FF, norm="batch"))
@@ -346,8 +346,8 @@ def test_a_shared_bias_encoding_is_computed_once_per_forward_pass(monkeypatch: p
     assert_close(memory, own_encoder(src))  # each layer computing its own bias: the same result
     calls.clear()
     cache = shared_decoder.new_cache()
-    steps = [shared_decoder(tgt[:, :2], memory, cache=cache)]
-    steps += [shared_decoder(tgt[:, i : i + 1], memory, cache=cache) for i in (2, 3)]
+    steps = [shared_decoder(tgt[:, :2], memory, kv_cache=cache)]
+    steps += [shared_decoder(tgt[:, i : i + 1], memory, kv_cache=cache) for i in (2, 3)]
     assert calls == [(2, 2), (1, 3), (1, 4)]  # once per step, the new queries against every key
     assert_close(torch.cat(steps, dim=1), own_decoder(tgt, memory))
 

@@ -54,7 +54,7 @@ def test_a_given_target_gives_the_three_kinds_of_the_library(client, folder) -> 
     cross = data.sections["cross"]
     assert list(cross.query_tokens) == TARGET.split() and list(cross.key_tokens) == SOURCE.split()
     assert data.sections["decoder"].causal and data.sections["decoder"].key_tokens[0] == "<s>"
-    run = models.load(folder).run_seq2seq(SOURCE, TARGET, heads=[0])
+    run = models.load(folder).run_encoder_decoder(SOURCE, TARGET, heads=[0])
     for kind in ("encoder", "decoder", "cross"):
         expected = run.attentions(kind)[1][0, 0]  # layer 1, head 0: [s_q, s_k]
         torch.testing.assert_close(data.sections[kind].map(1, 0), expected, rtol=0, atol=1e-4)  # stored as uint16
@@ -63,7 +63,7 @@ def test_a_given_target_gives_the_three_kinds_of_the_library(client, folder) -> 
 def test_without_a_target_the_model_writes_it_and_says_so(client, folder) -> None:
     for body in ({}, {"decoder_text": "  "}):
         data = ViewerData.from_json(post(client, text=SOURCE, **body).text)
-        expected = models.load(folder).run_seq2seq(SOURCE, max_new_tokens=64)
+        expected = models.load(folder).run_encoder_decoder(SOURCE, max_new_tokens=64)
         assert data.generated and data.target_text == expected.target_text
         assert data.sections["cross"].query_tokens[-1] == expected.target_tokens[-1]
         assert len(data.sections["cross"].query_tokens) == len(expected.target_tokens)

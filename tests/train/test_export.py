@@ -74,13 +74,13 @@ def test_run_seq2seq_shows_the_cross_attention_and_output_of_the_trained_model(r
     produced = net.generate(ids, 6)[0].tolist()  # up to six tokens, ideally the symbols reversed and </s>
     if EOS in produced:
         produced = produced[: produced.index(EOS) + 1]
-    generated = model.run_seq2seq(source, max_new_tokens=6)
+    generated = model.run_encoder_decoder(source, max_new_tokens=6)
     assert generated.generated and generated.target_ids.tolist() == [produced]
     assert generated.source_tokens == source.split()
     maps = net.attention_maps(ids, torch.tensor([produced]))  # cross, [L, 1, h, s_tgt, 5]
     for layer in range(2):
         torch.testing.assert_close(generated.cross_attentions[layer], maps.weights[layer], rtol=0, atol=1e-6)
-    given = model.run_seq2seq(source, "2 1 5 0 3")
+    given = model.run_encoder_decoder(source, "2 1 5 0 3")
     assert not given.generated and given.target_tokens == ["2", "1", "5", "0", "3"]
     assert given.decoder_input_tokens == ["<s>", "2", "1", "5", "0"]
     assert given.cross_attentions[0].shape == (1, 2, 5, 5)
@@ -103,7 +103,7 @@ def test_a_symbol_outside_the_task_is_a_clear_error(run_folder) -> None:
     model = models.load(run_folder)
     vocabulary = "'<s>', '</s>', '0', '1', '2', '3', '4', '5'"
     with pytest.raises(ValueError, match=rf"tokenizer.json has no token for '9', 'x'; its vocabulary is {vocabulary}$"):
-        model.run_seq2seq("3 0 9 x 9")
+        model.run_encoder_decoder("3 0 9 x 9")
 
 
 def test_a_decoder_only_run_writes_no_model_folder(tmp_path) -> None:

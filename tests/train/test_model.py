@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from attnkit.train.model import DecoderOnlyTransformer, Seq2SeqTransformer, build_model
+from attnkit.train.model import DecoderOnlyTransformer, EncoderDecoderTransformer, build_model
 from attnkit.train.tasks import make_task
 
 SIZES = dict(d_model=32, heads=4, layers=2, ff=64, dropout=0.1)
@@ -25,7 +25,7 @@ def test_cached_greedy_decoding_equals_recomputation() -> None:
     torch.manual_seed(0)
     for task in (make_task("reverse", length=6, symbols=8), make_task("addition", digits=2)):
         model = build_model(task.vocab_size, decoder_only=task.decoder_only, **SIZES).eval()
-        assert isinstance(model, DecoderOnlyTransformer if task.decoder_only else Seq2SeqTransformer)
+        assert isinstance(model, DecoderOnlyTransformer if task.decoder_only else EncoderDecoderTransformer)
         inputs = task.sample(5, torch.Generator().manual_seed(1)).inputs
         with torch.no_grad():
             expected = greedy_by_recomputation(model, inputs, task.target_length)

@@ -78,7 +78,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "attention on the previous token, on earlier occurrences of the same token (duplicate-token), or on "
         "the tokens after them (induction); a layers × heads grid, PNG and JSON with scores[layer][head]",
     )
-    _add_seq2seq_arguments(parser)
+    _add_encoder_decoder_arguments(parser)
     add_output_arguments(parser, default_formats="png,json")
     add_figure_arguments(parser, scale=False)
     add_quiet_argument(parser)
@@ -117,23 +117,23 @@ def _add_ablation_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_encoder_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     """``--decoder-text``, ``--attention`` and ``--align``."""
-    seq2seq = parser.add_argument_group(
+    encoder_decoder = parser.add_argument_group(
         "encoder-decoder models (T5, BART)",
         "TEXT (or each line of --file) is a source; a line may give its target after a tab "
         "(SOURCE<TAB>TARGET), else the model generates it greedily. Statistics are those of one "
         "kind of attention; cross-attention has entropy, mass on the first and the last source "
         "token, and with --align the alignment score.",
     )
-    seq2seq.add_argument("--decoder-text", metavar="TEXT", help="the target of TEXT (default: generated)")
-    seq2seq.add_argument(
+    encoder_decoder.add_argument("--decoder-text", metavar="TEXT", help="the target of TEXT (default: generated)")
+    encoder_decoder.add_argument(
         "--attention",
         choices=ATTENTION_KINDS,
         default=None,
         help="encoder, decoder or cross (the default) attention",
     )
-    seq2seq.add_argument(
+    encoder_decoder.add_argument(
         "--align",
         metavar="FILE|diagonal|anti-diagonal",
         help="score each cross-attention head by the fraction of target words whose most-attended "
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         return run_detection(args)
     if args.mean or args.ablate_target is not None:
         raise CommandError("--mean and --target go with --ablate")
-    seq2seq_options = args.decoder_text is not None or args.attention is not None or args.align is not None
+    encoder_decoder_options = args.decoder_text is not None or args.attention is not None or args.align is not None
     formats, numbered = _survey_formats_and_texts(args)
     texts = [line for _, line in numbered]
     figure = figure_options(args)
@@ -234,8 +234,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(model, "encoder_decoder", False):
         if distributed or args.source is not None:
             raise CommandError("an encoder-decoder's heads are surveyed in one process, without --from and --to")
-        return _run_seq2seq_survey(args, model, texts, status, formats, figure, out)
-    if seq2seq_options:
+        return _run_encoder_decoder_survey(args, model, texts, status, formats, figure, out)
+    if encoder_decoder_options:
         raise CommandError(
             f"--decoder-text, --attention and --align are for encoder-decoder models (T5, BART); {model.name} is a "
             f"{model.family} model"
@@ -367,7 +367,7 @@ def run_detection(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_seq2seq_survey(
+def _run_encoder_decoder_survey(
     args: argparse.Namespace,
     model: Any,
     texts: list[str],
@@ -378,7 +378,7 @@ def _run_seq2seq_survey(
 ) -> int:
     """``attnkit heads`` on an encoder–decoder: one kind of attention over source/target
     pairs, with the alignment score when ``--align`` is given."""
-    from attnkit.inspect.seq2seq import read_alignments, survey_seq2seq
+    from attnkit.inspect.encoder_decoder import read_alignments, survey_encoder_decoder
     from attnkit.viz.attention_text import render_survey
     from attnkit.viz.export import write_survey
     from attnkit.viz.terminal import terminal_safe
@@ -397,7 +397,7 @@ def _run_seq2seq_survey(
         depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
         sizes = f"{counted(depth, 'layer')} × {counted(model.heads_per_kind[kind], 'head')}"
         with status.step(f"surveying the {kind} attention of {sizes} on {counted(len(pairs), 'source')}"):
-            survey = survey_seq2seq(model, pairs, attention=kind, alignments=alignments)
+            survey = survey_encoder_decoder(model, pairs, attention=kind, alignments=alignments)
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_survey(survey, out, formats, **figure)

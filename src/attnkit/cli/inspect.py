@@ -59,7 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_argument(parser)
     _add_map_arguments(parser)
-    _add_seq2seq_arguments(parser)
+    _add_encoder_decoder_arguments(parser)
     add_level_argument(parser)
     add_output_arguments(parser, default_formats="png,json", formats=INSPECT_FORMATS)
     add_size_argument(parser)
@@ -110,29 +110,29 @@ def _add_map_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_seq2seq_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_encoder_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     """``--decoder-text``, ``--attention`` and ``--max-new-tokens``."""
-    seq2seq = parser.add_argument_group(
+    encoder_decoder = parser.add_argument_group(
         "encoder-decoder models (T5, BART)",
         "TEXT is the source; the maps show one of the three kinds of attention, the decoder's with "
         "target tokens as rows (each the token its position produces) and, for cross-attention, "
         "source tokens as columns. --layers are then the decoder's layers (the encoder's for "
         "--attention encoder); the html page shows the three kinds, every layer of both stacks.",
     )
-    seq2seq.add_argument(
+    encoder_decoder.add_argument(
         "--decoder-text",
         metavar="TEXT",
         help="the target the decoder reads (teacher forcing); without it the model generates the "
         "target greedily, and says so",
     )
-    seq2seq.add_argument(
+    encoder_decoder.add_argument(
         "--attention",
         choices=ATTENTION_KINDS,
         default=None,
         help="encoder (self-attention over the source), decoder (masked self-attention over the "
         "target) or cross (target tokens attending to source tokens; the default)",
     )
-    seq2seq.add_argument(
+    encoder_decoder.add_argument(
         "--max-new-tokens",
         type=int,
         default=32,
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     # Every option is checked above, before PyTorch and the model load.
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     if getattr(model, "encoder_decoder", False):
-        return _run_seq2seq(args, model, status, formats, limit, figure, out)
+        return _run_encoder_decoder(args, model, status, formats, limit, figure, out)
     if args.decoder_text is not None or args.attention is not None:
         raise CommandError(
             f"--decoder-text and --attention are for encoder-decoder models (T5, BART); {model.name} is a "
@@ -392,7 +392,7 @@ def _write_maps(
     return written
 
 
-def _run_seq2seq(
+def _run_encoder_decoder(
     args: argparse.Namespace,
     model: Any,
     status: Status,
@@ -403,13 +403,13 @@ def _run_seq2seq(
 ) -> int:
     """``attnkit inspect`` on an encoder–decoder: one run of the source and the target (given
     or generated), then the maps of one kind of attention and the viewer page of all three."""
-    from attnkit.inspect.seq2seq import SEQ2SEQ_METHODS, seq2seq_map
+    from attnkit.inspect.encoder_decoder import ENCODER_DECODER_METHODS, encoder_decoder_map
     from attnkit.viz.attention_text import render_map
-    from attnkit.viz.export import write_map, write_seq2seq_viewer
+    from attnkit.viz.export import write_encoder_decoder_viewer, write_map
     from attnkit.viz.terminal import terminal_safe
 
     kind = args.attention or "cross"
-    if args.method not in SEQ2SEQ_METHODS or (args.method == "value" and kind != "cross"):
+    if args.method not in ENCODER_DECODER_METHODS or (args.method == "value" and kind != "cross"):
         raise CommandError(
             f"--method {args.method} is not available for an encoder-decoder's {kind} attention; "
             "it shows raw weights, and value-weighted cross-attention (--attention cross --method value)"
@@ -425,7 +425,7 @@ def _run_seq2seq(
     heads = _parse_stack_heads(args.heads, kind, model)
     map_heads = heads or [0]
     html = "html" in formats
-    _check_seq2seq_sizes(model, formats, limit, max(s_src, s_tgt), map_layers, heads)
+    _check_encoder_decoder_sizes(model, formats, limit, max(s_src, s_tgt), map_layers, heads)
     # The html page shows every layer of both stacks; the other formats the chosen ones.
     encoder_layers: bool | list[int] = True if html else (map_layers if kind == "encoder" else [])
     decoder_layers: bool | list[int] = True if html else (map_layers if kind != "encoder" else [])
@@ -433,7 +433,7 @@ def _run_seq2seq(
     written = []
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"running {model.name} on {s_src} source tokens and {what}"):
-            run = model.run_seq2seq(
+            run = model.run_encoder_decoder(
                 args.text,
                 args.decoder_text,
                 encoder_layers=encoder_layers,
@@ -449,7 +449,7 @@ def _run_seq2seq(
                 )
             )
         for layer in map_layers:
-            amap = seq2seq_map(
+            amap = encoder_decoder_map(
                 model, run, attention=kind, layer=layer, heads=map_heads, level=args.level, method=args.method
             )
             print(terminal_safe(render_map(amap, top=args.top)), end="", flush=True)
@@ -459,7 +459,7 @@ def _run_seq2seq(
                     written += write_map(amap, out, files, **figure)
         if html:
             with status.step("writing the viewer page of the encoder, decoder and cross-attention"):
-                written.append(write_seq2seq_viewer(model, run, out, level=args.level))
+                written.append(write_encoder_decoder_viewer(model, run, out, level=args.level))
     print_written(written, sizes=True)
     return 0
 
@@ -515,7 +515,7 @@ def _heads_of_each_kind(heads: list[int] | None, kind: str, counts: dict[str, in
     return out | {kind: heads}
 
 
-def _check_seq2seq_sizes(
+def _check_encoder_decoder_sizes(
     model: Any, formats: list[str], limit: int | None, tokens: int, map_layers: list[int], heads: list[int] | None
 ) -> None:
     """Estimate an encoder–decoder's files before anything is computed, and refuse those

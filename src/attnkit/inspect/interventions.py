@@ -211,7 +211,7 @@ def head_ablation(
     An encoder–decoder (T5, BART) takes ``text`` as its source and ``target`` as the text
     its decoder reads and predicts: every head of its encoder, decoder self- and
     cross-attention is zeroed in turn and the change in the target's log-probability is
-    measured (:func:`attnkit.inspect.seq2seq_ablation.seq2seq_head_ablation`).
+    measured (:func:`attnkit.inspect.encoder_decoder_ablation.encoder_decoder_head_ablation`).
 
     Raises:
         ValueError: the model refuses a text, a missing or unneeded target, a target that
@@ -220,7 +220,7 @@ def head_ablation(
             encoder-decoder.
     """
     if getattr(model, "encoder_decoder", False):
-        return _seq2seq_ablation(model, text, target, mean_over, layers)
+        return _encoder_decoder_ablation(model, text, target, mean_over, layers)
     layer_list = layer_indices(model, layers)
     target_id = _target_id(model, target)
     encoded = model.tokenize(text)
@@ -292,7 +292,7 @@ def activation_patching(
     An encoder–decoder (T5, BART) takes ``clean`` and ``corrupt`` as sources and ``target``
     as the text its decoder predicts: each head's ``z`` (encoder self-, decoder self- and
     cross-attention) is patched and ``log p(target)`` measured
-    (:func:`attnkit.inspect.seq2seq_ablation.seq2seq_activation_patching`).
+    (:func:`attnkit.inspect.encoder_decoder_ablation.encoder_decoder_activation_patching`).
 
     Args:
         model: an :mod:`attnkit.models` model (a causal decoder, a bidirectional encoder or
@@ -339,7 +339,7 @@ def activation_patching(
         TypeError: a metric that is neither a name nor a function.
     """
     if getattr(model, "encoder_decoder", False):
-        return _seq2seq_patching(model, (clean, corrupt), by, component, metric, (target, wrong), layers)
+        return _encoder_decoder_patching(model, (clean, corrupt), by, component, metric, (target, wrong), layers)
     component = _check_where(by, component)
     metric_name = _check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
@@ -350,8 +350,8 @@ def activation_patching(
     clean_enc, corrupt_enc = _same_length_pair(model, clean, corrupt)
     points = {layer: _hook_point(model, component, layer) for layer in layer_list}
     with torch.no_grad():
-        clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names=list(points.values()))
-        corrupt_out, corrupt_cache = model.run_with_cache(corrupt_enc.ids, names=list(points.values()))
+        clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names_filter=list(points.values()))
+        corrupt_out, corrupt_cache = model.run_with_cache(corrupt_enc.ids, names_filter=list(points.values()))
     clean_output, corrupt_output = _final_output(model, clean_out), _final_output(model, corrupt_out)
     words, measure = _measure(model, metric, metric_name, (target, wrong), (target_id, wrong_id), clean_output)
     with torch.no_grad():
@@ -428,21 +428,21 @@ def _grid(
     return clean, _changed_cells(layers, count, clean, corrupted), (count, count)
 
 
-def _seq2seq_ablation(
+def _encoder_decoder_ablation(
     model: Model, source: str, target: str | None, mean_over: Sequence[str] | None, layers: Sequence[int] | None
 ) -> InterventionEffects:
     """:func:`head_ablation` of an encoder–decoder, after checking what it takes."""
-    from attnkit.inspect.seq2seq_ablation import seq2seq_head_ablation
+    from attnkit.inspect.encoder_decoder_ablation import encoder_decoder_head_ablation
 
     if target is None or mean_over is not None:
         raise ValueError(
             f"{model.name} is an encoder-decoder: give the target text its decoder predicts; "
             "it ablates heads to zero only (no mean_over)"
         )
-    return InterventionEffects(**seq2seq_head_ablation(model, source, target, layers=layers))
+    return InterventionEffects(**encoder_decoder_head_ablation(model, source, target, layers=layers))
 
 
-def _seq2seq_patching(
+def _encoder_decoder_patching(
     model: Model,
     sources: tuple[str, str],
     by: str,
@@ -453,7 +453,7 @@ def _seq2seq_patching(
 ) -> InterventionEffects:
     """:func:`activation_patching` of an encoder–decoder (``sources``: clean and corrupted;
     ``tokens``: the target text and the wrong token), after checking what it takes."""
-    from attnkit.inspect.seq2seq_ablation import seq2seq_activation_patching
+    from attnkit.inspect.encoder_decoder_ablation import encoder_decoder_activation_patching
 
     target, wrong = tokens
     if by != "head" or component not in (None, "z") or metric not in (None, "log-p") or target is None or wrong:
@@ -461,7 +461,7 @@ def _seq2seq_patching(
             f"{model.name} is an encoder-decoder: it patches each head's z (by='head') and measures log p of "
             "the target text its decoder predicts (give target=, no wrong token)"
         )
-    return InterventionEffects(**seq2seq_activation_patching(model, *sources, target, layers=layers))
+    return InterventionEffects(**encoder_decoder_activation_patching(model, *sources, target, layers=layers))
 
 
 def _check_heads(model: Model, by: str, heads: Sequence[int] | None) -> list[int] | None:
@@ -710,7 +710,7 @@ def _patched_passes(
             offset += len(variants)
         with torch.no_grad():
             run = model.run_with_hooks(ids, hooks={name: _chained(fns) for name, fns in chains.items()}, logits=False)
-            values = measure(_final_output_of_hidden(model, run.hidden_states)).double()  # [offset]
+            values = measure(_final_output_of_hidden(model, run.last_hidden_state)).double()  # [offset]
         base, offset = values[0].cpu(), 1
         for branch in group:
             grid[branch.row, list(branch.variants)] = values[offset : offset + len(branch.variants)].cpu()
@@ -778,7 +778,7 @@ def _mean_z(model: Model, texts: Sequence[str], layers: list[int]) -> dict[int, 
     totals: dict[int, Tensor] = {}
     count = 0
     for text in texts:
-        run = model.run(text, return_weights=False, cache=[model.hook_name("self_attn.z", i) for i in layers])
+        run = model.run(text, return_weights=False, names_filter=[model.hook_name("self_attn.z", i) for i in layers])
         for i in layers:
             z = run.cache[model.hook_name("self_attn.z", i)][0].double().sum(1, keepdim=True)  # [h, 1, d]
             totals[i] = z if i not in totals else totals[i] + z

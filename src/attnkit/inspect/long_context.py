@@ -627,7 +627,7 @@ def long_context_summaries(
         hooks[model.hook_name("self_attn.k", i)] = take_k(i)
     with model.hooks(hooks):
         run = model.run(ids, return_weights=False, logits=False)
-    logits = _next_token_logits(model, run.hidden_states, positions) if positions else None
+    logits = _next_token_logits(model, run.last_hidden_state, positions) if positions else None
     return LongContextRun(
         ids=ids[0], summaries=summaries, logits=logits, logits_at=positions, scorings=scorings, kept_qk=kept
     )
@@ -645,14 +645,14 @@ def _positions(logits_at: Sequence[int], s: int) -> list[int]:
     return positions
 
 
-def _next_token_logits(model: Model, hidden_states: Tensor, positions: list[int]) -> Tensor:
+def _next_token_logits(model: Model, last_hidden_state: Tensor, positions: list[int]) -> Tensor:
     """Float next-token logits ``[n, v]`` at ``positions`` from the last hidden states
     ``[1, s, e]``: the vocabulary projection runs on those rows only.
 
     Raises:
         ValueError: an encoder, which has no next-token logits.
     """
-    hidden = hidden_states[:, positions].to(next(model.module.parameters()).dtype)  # [1, n, e]
+    hidden = last_hidden_state[:, positions].to(next(model.module.parameters()).dtype)  # [1, n, e]
     with torch.no_grad():
         scores = model.module.logits(hidden)  # [1, n, v], or None for an encoder
     if scores is None:

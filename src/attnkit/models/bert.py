@@ -209,7 +209,7 @@ class BertModel(TextModule):
         x = self.embed(self.dropout(self.embedding_norm(self.position(x))))  # [b, s, e]
         return self.encoder(x, mask=mask, return_weights=return_weights)
 
-    def hidden_states(
+    def last_hidden_state(
         self, tokens: Tensor, *, padding: Tensor | None = None, return_weights: LayerSelection = False
     ) -> Tensor | StackOutput:
         """The last layer's output of single-segment ids (:meth:`forward`).

@@ -1,5 +1,5 @@
 """Runs of an encoder–decoder checkpoint (T5, BART) on a source and a target, with its
-three kinds of attention: :meth:`attnkit.models.Model.run_seq2seq`.
+three kinds of attention: :meth:`attnkit.models.Model.run_encoder_decoder`.
 
 Shape letters: ``s_src`` source tokens, ``s_tgt`` target tokens, ``h_sel`` selected heads,
 ``e`` model dim, ``v`` vocabulary size.
@@ -21,6 +21,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.indices import normalize_indices
 from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
 from attnkit.models.batch import pad_rows
@@ -58,8 +59,9 @@ ATTENTION_KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
 HeadSelection = Sequence[int] | Mapping[str, Sequence[int]] | None
 
 
+@deprecated_aliases(encoder_hidden_states="encoder_last_hidden_state", removed_in="0.3")
 @dataclass(frozen=True)
-class Seq2SeqRun:
+class EncoderDecoderRun:
     """What one teacher-forced pass of an encoder–decoder produced.
 
     Attributes:
@@ -80,7 +82,7 @@ class Seq2SeqRun:
             its last token.
         decoder_input_tokens: their strings (the columns of decoder self-attention).
         logits: ``[1, s_tgt, v]``: row ``i`` predicts target token ``i``.
-        encoder_hidden_states: the encoder's output ``[1, s_src, e]`` (the memory the
+        encoder_last_hidden_state: the encoder's output ``[1, s_src, e]`` (the memory the
             cross-attention reads).
         encoder_attentions: encoder layer → ``[1, h_sel, s_src, s_src]``.
         decoder_attentions: decoder layer → ``[1, h_sel, s_tgt, s_tgt]`` (causal).
@@ -103,7 +105,7 @@ class Seq2SeqRun:
     decoder_input_ids: Tensor
     decoder_input_tokens: list[str]
     logits: Tensor
-    encoder_hidden_states: Tensor
+    encoder_last_hidden_state: Tensor
     encoder_attentions: LayerAttentions
     decoder_attentions: LayerAttentions
     cross_attentions: LayerAttentions
@@ -233,9 +235,9 @@ def _check_memory(model: Any, maps: int, count: int, s_src: int, s_tgt: int) -> 
     )
 
 
-class Seq2SeqMixin:
+class EncoderDecoderMixin:
     """The runs of an encoder–decoder on a source and a target, as methods of
-    :class:`attnkit.models.Model` (a mixin over what :func:`run_seq2seq_batch` reads of a
+    :class:`attnkit.models.Model` (a mixin over what :func:`run_encoder_decoder_batch` reads of a
     model, so that this module never imports :mod:`attnkit.models.model`)."""
 
     encoder_decoder: bool
@@ -251,7 +253,7 @@ class Seq2SeqMixin:
             return {"self": self.num_heads}
         return attention_head_counts(network(self))
 
-    def run_seq2seq(
+    def run_encoder_decoder(
         self,
         source: str | Tensor | Sequence[int],
         target: str | Tensor | Sequence[int] | None = None,
@@ -260,7 +262,7 @@ class Seq2SeqMixin:
         decoder_layers: LayerSelection = True,
         heads: HeadSelection = None,
         max_new_tokens: int = 32,
-    ) -> Seq2SeqRun:
+    ) -> EncoderDecoderRun:
         """A source and a target through an encoder–decoder, with its three kinds of
         attention: the encoder's self-attention, the decoder's masked self-attention and
         the decoder's cross-attention to the source (:mod:`attnkit.models.encoder_decoder`).
@@ -283,14 +285,14 @@ class Seq2SeqMixin:
             max_new_tokens: the most tokens to generate when no target is given.
 
         Returns:
-            A :class:`attnkit.models.encoder_decoder.Seq2SeqRun`.
+            A :class:`attnkit.models.encoder_decoder.EncoderDecoderRun`.
 
         Raises:
             ValueError: a model that is not an encoder–decoder, an empty or too long text,
                 a layer or head out of range, weights over :data:`ATTENTION_MEMORY_LIMIT`.
             TypeError: ids that are not integers.
         """
-        return self.run_seq2seq_batch(
+        return self.run_encoder_decoder_batch(
             [source],
             [target],
             encoder_layers=encoder_layers,
@@ -299,7 +301,7 @@ class Seq2SeqMixin:
             max_new_tokens=max_new_tokens,
         )[0]
 
-    def run_seq2seq_batch(
+    def run_encoder_decoder_batch(
         self,
         sources: Sequence[str | Tensor | Sequence[int]],
         targets: Sequence[str | Tensor | Sequence[int] | None] | None = None,
@@ -308,29 +310,29 @@ class Seq2SeqMixin:
         decoder_layers: LayerSelection = True,
         heads: HeadSelection = None,
         max_new_tokens: int = 32,
-    ) -> list[Seq2SeqRun]:
-        """:meth:`run_seq2seq` on several source/target pairs in one pass: the sources
+    ) -> list[EncoderDecoderRun]:
+        """:meth:`run_encoder_decoder` on several source/target pairs in one pass: the sources
         padded at the end and masked (a source mask), the decoder inputs padded at the end
         (a decoder position never reads later ones, so the padding changes nothing before
-        it). Each run is cropped to its own tokens and equals :meth:`run_seq2seq` of its
+        it). Each run is cropped to its own tokens and equals :meth:`run_encoder_decoder` of its
         pair up to float rounding.
 
         Args:
             sources: texts or token ids.
             targets: one target (text, ids, or ``None`` to generate it greedily) per
                 source; ``None`` generates every target.
-            encoder_layers, decoder_layers, heads, max_new_tokens: as :meth:`run_seq2seq`.
+            encoder_layers, decoder_layers, heads, max_new_tokens: as :meth:`run_encoder_decoder`.
 
         Returns:
-            One :class:`attnkit.models.encoder_decoder.Seq2SeqRun` per pair, in order.
+            One :class:`attnkit.models.encoder_decoder.EncoderDecoderRun` per pair, in order.
 
         Raises:
             ValueError: no sources, another number of targets, or what
-                :meth:`run_seq2seq` refuses for any pair (the memory limit counts the
+                :meth:`run_encoder_decoder` refuses for any pair (the memory limit counts the
                 padded batch).
             TypeError: ids that are not integers.
         """
-        return run_seq2seq_batch(
+        return run_encoder_decoder_batch(
             self,
             sources,
             targets,
@@ -356,7 +358,7 @@ class _Pair:
     generated: bool
 
 
-def run_seq2seq_batch(
+def run_encoder_decoder_batch(
     model: Any,
     sources: Sequence[str | Tensor | Sequence[int]],
     targets: Sequence[str | Tensor | Sequence[int] | None] | None = None,
@@ -365,14 +367,14 @@ def run_seq2seq_batch(
     decoder_layers: LayerSelection = True,
     heads: HeadSelection = None,
     max_new_tokens: int = 32,
-) -> list[Seq2SeqRun]:
-    """:meth:`attnkit.models.Model.run_seq2seq_batch` of ``model`` (an
+) -> list[EncoderDecoderRun]:
+    """:meth:`attnkit.models.Model.run_encoder_decoder_batch` of ``model`` (an
     :class:`attnkit.models.Model`)."""
     module = network(model)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if isinstance(sources, (str, Tensor)) or not sources:
-        raise ValueError("sources must be a non-empty list of texts or token ids (run_seq2seq takes one)")
+        raise ValueError("sources must be a non-empty list of texts or token ids (run_encoder_decoder takes one)")
     wanted = [None] * len(sources) if targets is None else list(targets)
     if len(wanted) != len(sources):
         raise ValueError(f"give one target (or None) per source: got {len(wanted)} targets for {len(sources)} sources")
@@ -429,14 +431,14 @@ class _PaddedPass:
         return (own[:, head_list] if select else own).float()  # [1, h_sel, s_q, s_k]
 
 
-def _pair_run(model: Any, pair: _Pair, row: int, decoder_input: Tensor, batch: _PaddedPass) -> Seq2SeqRun:
+def _pair_run(model: Any, pair: _Pair, row: int, decoder_input: Tensor, batch: _PaddedPass) -> EncoderDecoderRun:
     """The run of the pair in row ``row`` of a padded pass, cropped to its own tokens."""
     n, m = pair.source_ids.shape[1], pair.target_ids.shape[1]
     num_decoder_layers = len(network(model).decoder.layers)
     encoder_maps = {i: batch.kept(row, i, "encoder", n, n) for i in batch.encoder_layers}
     decoder_maps = {i: batch.kept(row, i, "decoder", m, m) for i in batch.decoder_layers}
     cross_maps = {i: batch.kept(row, i, "cross", m, n) for i in batch.decoder_layers}
-    return Seq2SeqRun(
+    return EncoderDecoderRun(
         source_ids=pair.source_ids,
         source_text=pair.source if isinstance(pair.source, str) else model.tokenizer.decode(pair.source_ids[0]),
         source_tokens=pair.source_tokens,
@@ -449,7 +451,7 @@ def _pair_run(model: Any, pair: _Pair, row: int, decoder_input: Tensor, batch: _
         decoder_input_ids=decoder_input[None],  # [1, s_tgt]
         decoder_input_tokens=[model.tokenizer.id_to_token(i) for i in decoder_input.tolist()],
         logits=batch.logits[row : row + 1, :m].float(),  # [1, s_tgt, v]
-        encoder_hidden_states=batch.encoded.output[row : row + 1, :n].float(),  # [1, s_src, e]
+        encoder_last_hidden_state=batch.encoded.output[row : row + 1, :n].float(),  # [1, s_src, e]
         encoder_attentions=LayerAttentions(encoder_maps, model.num_layers),
         decoder_attentions=LayerAttentions(decoder_maps, num_decoder_layers),
         cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),

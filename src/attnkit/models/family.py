@@ -3,9 +3,9 @@ network and rename its checkpoint's tensors.
 
 :func:`attnkit.models.load` and :class:`attnkit.models.Model` know nothing about any
 particular family: they look the checkpoint's ``model_type`` up in
-:data:`attnkit.models.families.FAMILIES` and call the family's functions. Running the
+:data:`attnkit.models.family_table.FAMILIES` and call the family's functions. Running the
 network is the network's own job: every family builds an
-:class:`attnkit.nn.text_module.TextModule` (``hidden_states``, ``logits``,
+:class:`attnkit.nn.text_module.TextModule` (``last_hidden_state``, ``logits``,
 ``self_attention``), which :class:`attnkit.models.Model` calls directly. A new family is
 one new file that defines a :class:`ModelFamily`, plus its entry in that table.
 """
@@ -63,8 +63,8 @@ class ModelFamily:
             :class:`attnkit.nn.DecoderLM` (generation runs its cached decoding loop).
         encoder_decoder: an encoder–decoder (T5, BART), whose module is an
             :class:`attnkit.nn.EncoderDecoderLM`: a run over one text is its encoder's
-            (the module's ``hidden_states`` and ``self_attention`` read the encoder, its
-            ``logits`` are ``None``), :meth:`attnkit.models.Model.run_seq2seq` runs a
+            (the module's ``last_hidden_state`` and ``self_attention`` read the encoder, its
+            ``logits`` are ``None``), :meth:`attnkit.models.Model.run_encoder_decoder` runs a
             source and a target with the three kinds of attention, and generation
             translates a source.
         read_config: ``(config.json as a dict, path=the file)`` → the family's config (a

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal, Self
 import torch
 from torch import Tensor
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.models.memory import check_run_memory
 from attnkit.models.runs import ForwardPass, HookedRun
 from attnkit.nn import ActivationCache
@@ -50,7 +51,7 @@ class HooksMixin:
             padding: Tensor | None = None,
             logits: bool = True,
             hooks: Mapping[str, HookFn] | None = None,
-            cache: NameFilter = (),
+            names_filter: NameFilter = (),
         ) -> ForwardPass: ...
 
         def to_tokens(
@@ -98,12 +99,13 @@ class HooksMixin:
         with self.module.hooks(hooks):
             yield self
 
+    @renamed_keywords(cache="names_filter", removed_in="0.3")
     def run_with_hooks(
         self,
         ids: Tensor,
         *,
         hooks: Mapping[str, HookFn] | None = None,
-        cache: NameFilter = (),
+        names_filter: NameFilter = (),
         attention_mask: Tensor | None = None,
         logits: bool = True,
     ) -> HookedRun:
@@ -114,7 +116,7 @@ class HooksMixin:
         Args:
             ids: integer token ids ``[b, s]``, on any device (moved to the model's).
             hooks: name → function, applied after those of enclosing :meth:`hooks` blocks.
-            cache: the activations to return, as :meth:`run` takes them.
+            names_filter: the activations to return, as :meth:`run` takes them.
             attention_mask: ``[b, s]``, ``True`` (or 1) on tokens and ``False`` (0) on
                 padding, on either side (:meth:`to_tokens` makes both); padding is never
                 attended to, and a causal model counts each row's positions from its first
@@ -149,19 +151,20 @@ class HooksMixin:
             self,
             [(b, s)],
             weight_layers=0,
-            cache=cache,
+            names_filter=names_filter,
             logits=logits,
             on=f"{b} × {s} tokens",
-            advice="cache fewer activations (names=), fewer or shorter texts",
+            advice="cache fewer activations (names_filter=), fewer or shorter texts",
         )
-        forward = self._forward(ids, padding=padding, logits=logits, hooks=hooks, cache=cache)
+        forward = self._forward(ids, padding=padding, logits=logits, hooks=hooks, names_filter=names_filter)
         return HookedRun(forward.out.output, forward.cache, forward.logits)  # [b, s, e], cache, [b, s, v] or None
 
+    @renamed_keywords(names="names_filter", removed_in="0.3")
     def run_with_cache(
         self,
         inputs: str | Sequence[str] | Tensor | Sequence[int],
         *,
-        names: NameFilter = None,
+        names_filter: NameFilter = None,
         attention_mask: Tensor | None = None,
     ) -> tuple[Tensor, ActivationCache]:
         """A forward pass that keeps activations, as TransformerLens' ``run_with_cache``.
@@ -169,7 +172,7 @@ class HooksMixin:
         Args:
             inputs: a text, token ids ``[s]`` or ``[b, s]``, or several texts (padded on
                 the right by :meth:`to_tokens`, and masked).
-            names: which activations: every one (``None``), names (:meth:`hook_names`), or
+            names_filter: which activations: every one (``None``), names (:meth:`hook_names`), or
                 a predicate on names.
             attention_mask: for ids ``[b, s]`` padded on either side, ``[b, s]`` ``True``
                 on tokens (:meth:`to_tokens` returns it), as :meth:`run_with_hooks` takes
@@ -199,5 +202,5 @@ class HooksMixin:
         else:
             ids = self.prepare_input(inputs)[0]  # type: ignore[arg-type]
         with torch.no_grad():
-            run = self.run_with_hooks(ids, cache=names, attention_mask=mask)
-        return (run.hidden_states if run.logits is None else run.logits), run.cache
+            run = self.run_with_hooks(ids, names_filter=names_filter, attention_mask=mask)
+        return (run.last_hidden_state if run.logits is None else run.logits), run.cache

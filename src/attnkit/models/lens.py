@@ -160,7 +160,7 @@ class LensMixin:
     Attributes (what the mixin reads of its class):
         name, family: for messages.
         module: the network (:class:`attnkit.nn.DecoderLM`, BERT's, an encoder–decoder's).
-        architecture: its :class:`attnkit.models.family.ModelFamily`.
+        model_family: its :class:`attnkit.models.family.ModelFamily`.
         config: its :class:`attnkit.models.family.ModelConfig`.
         tokenizer: the :class:`attnkit.models.Tokenizer`.
         num_layers, num_heads, num_kv_heads: sizes.
@@ -169,7 +169,7 @@ class LensMixin:
     name: str
     family: str
     module: TextModule
-    architecture: ModelFamily
+    model_family: ModelFamily
     config: ModelConfig
     tokenizer: Tokenizer
     num_layers: int
@@ -558,7 +558,7 @@ class LensMixin:
         ``False`` and :attr:`LogitAttribution.residual` holds the exact difference.
 
         Args:
-            cache: of :meth:`run_with_cache` with every point (``names=None``).
+            cache: of :meth:`run_with_cache` with every point (``names_filter=None``).
             token: the token (text of one token, or id).
             wrong: another token, for a logit difference.
             by: ``"block"``: embeddings, each attention and feed-forward output; ``"head"``:

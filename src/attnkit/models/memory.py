@@ -185,24 +185,29 @@ def activation_bytes(points: Iterable[tuple[int, str]], *, b: int, s: int, width
 
 
 def run_bytes(
-    model: Any, batches: Sequence[tuple[int, int]], *, weight_layers: int, cache: NameFilter = (), logits: bool = True
+    model: Any,
+    batches: Sequence[tuple[int, int]],
+    *,
+    weight_layers: int,
+    names_filter: NameFilter = (),
+    logits: bool = True,
 ) -> int:
     """The memory a forward pass of ``model`` hands back: the float32 attention maps of
     ``weight_layers`` layers (every head: they are computed before heads are selected),
-    the activations ``cache`` asks for, and the float32 logits.
+    the activations ``names_filter`` asks for, and the float32 logits.
 
     Args:
         model: an :class:`attnkit.models.Model` (its heads, config and network).
         batches: ``(b, s)`` of each batch the pass runs.
         weight_layers: the layers whose attention maps are returned.
-        cache: the activations kept, as :meth:`attnkit.models.Model.run` takes them.
+        names_filter: the activations kept, as :meth:`attnkit.models.Model.run` takes them.
         logits: whether logits ``[b, s, v]`` are computed.
 
     Raises:
-        ValueError: an unknown name in ``cache``.
+        ValueError: an unknown name in ``names_filter``.
     """
     itemsize = next(model.module.parameters()).dtype.itemsize
-    points = {} if cache == () else cached_points(cache, model.module.hook_points())
+    points = {} if names_filter == () else cached_points(names_filter, model.module.hook_points())
     shapes = [(len(point.positions), name) for point, name in points.items()]
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // model.num_heads
@@ -219,7 +224,7 @@ def check_run_memory(
     batches: Sequence[tuple[int, int]],
     *,
     weight_layers: int,
-    cache: NameFilter = (),
+    names_filter: NameFilter = (),
     logits: bool = True,
     on: str,
     advice: str,
@@ -235,7 +240,7 @@ def check_run_memory(
 
     Raises:
         ValueError: attention maps over :data:`ATTENTION_MEMORY_LIMIT`, an unknown name in
-            ``cache``.
+            ``names_filter``.
         MemoryEstimateError: a total over :func:`available_memory` on the model's device.
     """
     maps = attention_bytes(weight_layers, model.num_heads, batches)
@@ -244,8 +249,8 @@ def check_run_memory(
             f"the attention weights of {weight_layers} layers on {on} take {maps / 2**30:.1f} GiB, over "
             f"the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; {advice}"
         )
-    needed = run_bytes(model, batches, weight_layers=weight_layers, cache=cache, logits=logits)
-    parts = "attention maps, cached activations and logits" if cache != () else "attention maps and logits"
+    needed = run_bytes(model, batches, weight_layers=weight_layers, names_filter=names_filter, logits=logits)
+    parts = "attention maps, cached activations and logits" if names_filter != () else "attention maps and logits"
     check_fits(needed, model.device, what=f"the {parts} of {model.name} on {on}", advice=advice)
 
 

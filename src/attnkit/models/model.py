@@ -18,10 +18,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from attnkit.deprecation import deprecated_aliases, renamed_keywords
 from attnkit.functional.indices import normalize_indices, select_indices
 from attnkit.models.attentions import LayerAttentions
 from attnkit.models.batch import BatchMixin, pad_rows
-from attnkit.models.encoder_decoder import Seq2SeqMixin
+from attnkit.models.encoder_decoder import EncoderDecoderMixin
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.generation import GenerationMixin
 from attnkit.models.hooks import HooksMixin
@@ -36,14 +37,20 @@ from attnkit.nn.text_module import TextModule
 __all__ = ["HookedRun", "Model", "ModelRun", "RunStopped"]
 
 
-class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
+@deprecated_aliases(
+    architecture="model_family",
+    run_seq2seq="run_encoder_decoder",
+    run_seq2seq_batch="run_encoder_decoder_batch",
+    removed_in="0.3",
+)
+class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMixin):
     """A real checkpoint on attnkit modules, with its tokenizer. Get one with :func:`load`.
 
     Attributes:
         name: ``"smollm2"``, ``"minilm"``, or the folder name of a local checkpoint.
         family: ``"llama"`` (causal decoder) or ``"bert"`` (bidirectional encoder): the
-            :attr:`attnkit.models.family.ModelFamily.name` of ``architecture``.
-        architecture: the :class:`attnkit.models.family.ModelFamily` it was loaded with.
+            :attr:`attnkit.models.family.ModelFamily.name` of ``model_family``.
+        model_family: the :class:`attnkit.models.family.ModelFamily` it was loaded with.
         path: the checkpoint folder.
         config: the family's config (:class:`attnkit.models.llama.LlamaConfig` or
             :class:`attnkit.models.bert.BertConfig`).
@@ -54,7 +61,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         max_length: the most tokens one text may have (the model's context).
         causal: whether a token attends only to itself and earlier tokens.
         encoder_decoder: an encoder–decoder (T5, BART): :meth:`run` reads one text with
-            its encoder, :meth:`run_seq2seq` a source and a target with the three kinds of
+            its encoder, :meth:`run_encoder_decoder` a source and a target with the three kinds of
             attention, and generation translates a source.
         num_decoder_layers: the decoder's depth (encoder–decoders; 0 otherwise).
         module: the network, in evaluation mode: an :class:`attnkit.nn.DecoderLM`,
@@ -68,15 +75,15 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         self,
         *,
         name: str,
-        architecture: ModelFamily,
+        model_family: ModelFamily,
         path: Path,
         config: ModelConfig,
         module: TextModule,
         tokenizer: Tokenizer,
     ) -> None:
         self.name = name
-        self.architecture = architecture
-        self.family = architecture.name
+        self.model_family = model_family
+        self.family = model_family.name
         self.path = path
         self.config = config
         self.module = module
@@ -85,8 +92,8 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.max_length = config.max_length
-        self.causal = architecture.causal
-        self.encoder_decoder = architecture.encoder_decoder
+        self.causal = model_family.causal
+        self.encoder_decoder = model_family.encoder_decoder
         self.num_decoder_layers = getattr(config, "num_decoder_layers", 0) if self.encoder_decoder else 0
         self._packed = False
 
@@ -122,6 +129,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         self._check_length(len(encoded))
         return encoded
 
+    @renamed_keywords(cache="names_filter", removed_in="0.3")
     def run(
         self,
         text_or_ids: str | Tensor | Sequence[int],
@@ -129,7 +137,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         return_weights: LayerSelection = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
-        cache: NameFilter = (),
+        names_filter: NameFilter = (),
     ) -> ModelRun:
         """One forward pass: logits (LLaMA) or hidden states, and attention weights.
 
@@ -146,7 +154,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
             logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
                 projection when only attention is wanted, and the run's ``logits`` is
                 ``None``.
-            cache: the activations to return in :attr:`ModelRun.cache`: names
+            names_filter: the activations to return in :attr:`ModelRun.cache`: names
                 (:meth:`hook_names`), a predicate on names, or ``None`` for every one.
 
         Returns:
@@ -156,7 +164,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
             TypeError: ids that are not integers.
             ValueError: an empty or too long input, ids outside the vocabulary, a layer or
                 head out of range, weights that would exceed :data:`ATTENTION_MEMORY_LIMIT`
-                bytes, or an unknown name in ``cache`` (the message lists the names).
+                bytes, or an unknown name in ``names_filter`` (the message lists the names).
             MemoryEstimateError: the weights, cached activations and logits asked for
                 would exceed the memory available (:mod:`attnkit.models.memory`).
         """
@@ -167,7 +175,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
             self,
             [(1, s)],
             weight_layers=len(layers),
-            cache=cache,
+            names_filter=names_filter,
             logits=logits,
             on=f"{s} tokens",
             advice="ask for fewer layers (--layers), fewer cached activations or a shorter text",
@@ -176,7 +184,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
         # that callers may use in any mode.
         with torch.no_grad():
-            forward = self._forward(ids, layers=layers, logits=logits, cache=cache)
+            forward = self._forward(ids, layers=layers, logits=logits, names_filter=names_filter)
             attentions = {}
             for i in layers:
                 weights = self_attention_weights(forward.out, i)  # [1, h, s, s]
@@ -188,7 +196,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
             tokens=tokens,
             offsets=offsets,
             logits=None if forward.logits is None else forward.logits.float(),
-            hidden_states=forward.out.output.float(),  # [1, s, e]
+            last_hidden_state=forward.out.output.float(),  # [1, s, e]
             attentions=LayerAttentions(attentions, self.num_layers),
             heads=head_list,
             cache=forward.cache,
@@ -202,7 +210,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
         padding: Tensor | None = None,
         logits: bool = True,
         hooks: Mapping[str, HookFn] | None = None,
-        cache: NameFilter = (),
+        names_filter: NameFilter = (),
     ) -> ForwardPass:
         """The one forward path of :meth:`run`, :meth:`run_batch` and :meth:`run_with_hooks`:
         ids ``[b, s]`` through the network's hook points, in the caller's autograd mode.
@@ -214,13 +222,13 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, Seq2SeqMixin, LensMixin):
                 padding (on either side), which no token attends to.
             logits: compute the next-token logits (where the network has a head).
             hooks: name → function, applied after those of enclosing :meth:`hooks` blocks.
-            cache: the activations to keep, as :meth:`run` takes them.
+            names_filter: the activations to keep, as :meth:`run` takes them.
 
         Returns:
             A :class:`attnkit.models.runs.ForwardPass`.
         """
-        with self.module.hook_session(hooks, cache=cache) as kept:
-            out = self.module.hidden_states(
+        with self.module.hook_session(hooks, names_filter=names_filter) as kept:
+            out = self.module.last_hidden_state(
                 ids.to(self.device),
                 padding=None if padding is None else padding.to(self.device),
                 return_weights=list(layers),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 # The model_type of a fetched model's config.json, as attnkit.models.Model.family names it.
-Family = Literal["llama", "bert", "gemma3_text"]
+FamilyName = Literal["llama", "bert", "gemma3_text"]
 
 # Written last into a model's folder: a folder without it is not a complete model.
 MANIFEST = "attnkit-manifest.json"
@@ -112,7 +112,7 @@ class ModelSpec:
     """
 
     name: str
-    family: Family
+    family: FamilyName
     title: str
     files: tuple[ModelFile, ...]
     gguf: str | None = None

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from attnkit.deprecation import deprecated_aliases
 from attnkit.nn import ActivationCache, StackOutput
 
 
+@deprecated_aliases(hidden_states="last_hidden_state", removed_in="0.3")
 @dataclass(frozen=True)
 class ModelRun:
     """What one forward pass of :meth:`Model.run` produced.
@@ -25,13 +27,13 @@ class ModelRun:
             the run was given ids rather than text.
         logits: next-token logits ``[1, s, v]`` (LLaMA), or ``None`` (BERT, or a run
             without them).
-        hidden_states: the last layer's output ``[1, s, e]`` (after the final norm for
+        last_hidden_state: the last layer's output ``[1, s, e]`` (after the final norm for
             LLaMA, what the head reads).
         attentions: layer index → weights ``[1, h_sel, s, s]`` float32 of the selected
             heads, for the layers asked for; rows are queries, columns keys. A
             :class:`LayerAttentions`: ``attentions[-1]`` is the last layer's.
         heads: the selected head indices, in the order of dimension 1 of every map.
-        cache: the activations asked for with ``cache=``, by name
+        cache: the activations asked for with ``names_filter=``, by name
             (:mod:`attnkit.nn.hooks`), batch dimension 1, in the model's dtype.
     """
 
@@ -39,24 +41,25 @@ class ModelRun:
     tokens: list[str]
     offsets: list[tuple[int, int]] | None
     logits: Tensor | None
-    hidden_states: Tensor
+    last_hidden_state: Tensor
     attentions: dict[int, Tensor]
     heads: list[int]
     cache: dict[str, Tensor] = field(default_factory=dict)
 
 
+@deprecated_aliases(hidden_states="last_hidden_state", removed_in="0.3")
 @dataclass(frozen=True)
 class HookedRun:
     """What :meth:`Model.run_with_hooks` produced.
 
     Attributes:
-        hidden_states: the last hidden states ``[b, s, e]`` (after the final norm for
+        last_hidden_state: the last hidden states ``[b, s, e]`` (after the final norm for
             LLaMA).
         cache: the activations asked for, by name.
         logits: next-token logits ``[b, s, v]`` (LLaMA), or ``None`` (BERT).
     """
 
-    hidden_states: Tensor
+    last_hidden_state: Tensor
     cache: ActivationCache
     logits: Tensor | None
 

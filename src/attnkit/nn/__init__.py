@@ -27,6 +27,13 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
 from attnkit.functional.kernels import KERNELS
 from attnkit.nn.activation_cache import ActivationCache
 from attnkit.nn.attention import AttentionConfig, MultiHeadAttention
+from attnkit.nn.encoder_decoder import (
+    EncoderDecoderLM,
+    LMHead,
+    SequenceEmbedding,
+    paper_transformer,
+    source_padding_mask,
+)
 from attnkit.nn.feedforward import FeedForward
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache, KVCache
@@ -46,16 +53,15 @@ from attnkit.nn.positional import (
 )
 from attnkit.nn.records import (
     AttentionContext,
+    EncoderDecoderLMOutput,
     LayerOutput,
     LayerWeights,
     LMOutput,
     MultiHeadOutput,
-    Seq2SeqLMOutput,
     StackOutput,
     TransformerOutput,
 )
 from attnkit.nn.rnn_attention import AdditiveAttention, AttentionScore, LuongAttention
-from attnkit.nn.seq2seq import EncoderDecoderLM, LMHead, SequenceEmbedding, paper_transformer, source_padding_mask
 from attnkit.nn.torch_compat import mask_from_torch
 from attnkit.nn.transformer import (
     Decoder,
@@ -82,6 +88,7 @@ __all__ = [
     "DecoderLayer",
     "Encoder",
     "EncoderDecoderLM",
+    "EncoderDecoderLMOutput",
     "EncoderLayer",
     "FeedForward",
     "HookPoint",
@@ -102,7 +109,6 @@ __all__ = [
     "RMSNorm",
     "RelativePositionBias",
     "RotaryEmbedding",
-    "Seq2SeqLMOutput",
     "SequenceEmbedding",
     "SinusoidalPositionalEncoding",
     "StackOutput",

@@ -94,6 +94,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import Tensor, nn
 
+from attnkit.deprecation import renamed_keywords
+
 if TYPE_CHECKING:
     from attnkit.nn.activation_cache import ActivationCache
 
@@ -290,12 +292,13 @@ class HookedModule(nn.Module):
         with self.hooks(hooks):
             return self(*args, **kwargs)
 
-    def run_with_cache(self, *args: Any, names: NameFilter = None, **kwargs: Any) -> tuple[Any, ActivationCache]:
+    @renamed_keywords(names="names_filter", removed_in="0.3")
+    def run_with_cache(self, *args: Any, names_filter: NameFilter = None, **kwargs: Any) -> tuple[Any, ActivationCache]:
         """This module's forward pass on ``args`` / ``kwargs``, keeping activations.
 
         Args:
             args, kwargs: what the forward pass takes.
-            names: which activations: every one (``None``), a collection of names, or a
+            names_filter: which activations: every one (``None``), a collection of names, or a
                 predicate on names (``lambda name: name.endswith("pattern")``).
 
         Returns:
@@ -304,7 +307,7 @@ class HookedModule(nn.Module):
         Raises:
             ValueError: an unknown name.
         """
-        with self.hook_session(cache=names) as cache:
+        with self.hook_session(names_filter=names_filter) as cache:
             out = self(*args, **kwargs)
         return out, cache
 
@@ -328,15 +331,16 @@ class HookedModule(nn.Module):
         with self.hook_session(hooks):
             yield self
 
+    @renamed_keywords(cache="names_filter", removed_in="0.3")
     @contextlib.contextmanager
     def hook_session(
-        self, hooks: Mapping[str, HookFn] | None = None, *, cache: NameFilter = ()
+        self, hooks: Mapping[str, HookFn] | None = None, *, names_filter: NameFilter = ()
     ) -> Iterator[ActivationCache]:
         """Hooks and a cache, active inside the ``with`` block (in this thread).
 
         Args:
             hooks: as :meth:`hooks` takes them.
-            cache: the activations to keep, as :meth:`run_with_cache` takes them; ``()``
+            names_filter: the activations to keep, as :meth:`run_with_cache` takes them; ``()``
                 keeps none.
 
         Yields:
@@ -349,7 +353,7 @@ class HookedModule(nn.Module):
         from attnkit.nn.activation_cache import ActivationCache
 
         hooks = dict(hooks or {})
-        if not hooks and cache == ():
+        if not hooks and names_filter == ():
             # Nothing to add: no walk over the module tree, the context stays as it is.
             yield ActivationCache(self)
             return
@@ -365,7 +369,7 @@ class HookedModule(nn.Module):
         for name, fn in hooks.items():
             point = points[name]
             chains[point] = (*chains.get(point, ()), _with_hook_argument(fn))
-        cached = cached_points(cache, points)
+        cached = cached_points(names_filter, points)
         activation_cache = ActivationCache(self)
         caches = outer.caches if outer else ()
         if cached:
@@ -419,18 +423,18 @@ def summarize_names(names: Collection[str]) -> str:
     return ", ".join(parts)
 
 
-def cached_points(cache: NameFilter, points: Mapping[str, HookPoint]) -> dict[HookPoint, str]:
+def cached_points(names_filter: NameFilter, points: Mapping[str, HookPoint]) -> dict[HookPoint, str]:
     """Point → name for the points a cache keeps.
 
     Raises:
-        ValueError: an unknown name in ``cache`` (the message lists the names).
+        ValueError: an unknown name in ``names_filter`` (the message lists the names).
     """
-    if cache is None:
+    if names_filter is None:
         return {point: name for name, point in points.items()}
-    if callable(cache) and not isinstance(cache, (str, Collection)):
-        return {point: name for name, point in points.items() if cache(name)}
-    check_hook_names(cache, points, "cache")
-    return {points[name]: name for name in cache}
+    if callable(names_filter) and not isinstance(names_filter, (str, Collection)):
+        return {point: name for name, point in points.items() if names_filter(name)}
+    check_hook_names(names_filter, points, "names_filter")
+    return {points[name]: name for name in names_filter}
 
 
 def _with_hook_argument(fn: HookFn) -> Callable[[Tensor, HookPoint], Tensor | None]:

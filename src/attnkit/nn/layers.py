@@ -197,8 +197,8 @@ class _ResidualLayer(nn.Module):
         causal: bool,
         positions: Tensor | None,
         position_bias: Tensor | None,
-        self_cache: KVCache | None,
-        cross_cache: KVCache | None,
+        self_kv_cache: KVCache | None,
+        cross_kv_cache: KVCache | None,
         return_weights: bool,
     ) -> LayerOutput:
         """The one path both layer kinds run through (see :meth:`DecoderLayer.forward`)."""
@@ -209,7 +209,7 @@ class _ResidualLayer(nn.Module):
                 mask=mask,
                 causal=causal,
                 positions=positions,
-                kv_cache=self_cache,
+                kv_cache=self_kv_cache,
                 position_bias=position_bias,
                 return_weights=return_weights,
             )
@@ -229,7 +229,7 @@ class _ResidualLayer(nn.Module):
                     self._sublayer_input(x, self.cross_attn_norm),
                     memory,
                     mask=memory_mask,
-                    kv_cache=cross_cache,
+                    kv_cache=cross_kv_cache,
                     return_weights=return_weights,
                 )
             )
@@ -304,8 +304,8 @@ class EncoderLayer(_ResidualLayer):
             causal=False,
             positions=positions,
             position_bias=position_bias,
-            self_cache=None,
-            cross_cache=None,
+            self_kv_cache=None,
+            cross_kv_cache=None,
             return_weights=return_weights,
         )
 
@@ -375,8 +375,8 @@ class DecoderLayer(_ResidualLayer):
         causal: bool = True,
         positions: Tensor | None = None,
         position_bias: Tensor | None = None,
-        self_cache: KVCache | None = None,
-        cross_cache: KVCache | None = None,
+        self_kv_cache: KVCache | None = None,
+        cross_kv_cache: KVCache | None = None,
         return_weights: bool = False,
     ) -> LayerOutput:
         """Masked self-attention, cross-attention to ``memory`` (if the layer has it), then
@@ -395,8 +395,8 @@ class DecoderLayer(_ResidualLayer):
             position_bias: the self-attention's positional score bias ``[1, h, s, s_k]``,
                 computed once by a stack for all its layers (see
                 :meth:`attnkit.nn.MultiHeadAttention.forward`); ``None``: computed here.
-            self_cache: KV cache of the self-attention.
-            cross_cache: KV cache of the cross-attention (filled once from ``memory``).
+            self_kv_cache: KV cache of the self-attention.
+            cross_kv_cache: KV cache of the cross-attention (filled once from ``memory``).
             return_weights: also return the attention weights.
 
         Returns:
@@ -422,8 +422,8 @@ class DecoderLayer(_ResidualLayer):
             causal=causal,
             positions=positions,
             position_bias=position_bias,
-            self_cache=self_cache,
-            cross_cache=cross_cache,
+            self_kv_cache=self_kv_cache,
+            cross_kv_cache=cross_kv_cache,
             return_weights=return_weights,
         )
 

@@ -220,7 +220,7 @@ class DecoderLM(TextModule):
         """The head on hidden states (soft-capped when the model says so).
 
         Args:
-            hidden: ``[..., e]``, what :meth:`hidden_states` returns.
+            hidden: ``[..., e]``, what :meth:`last_hidden_state` returns.
 
         Returns:
             Next-token logits ``[..., v]``.
@@ -242,20 +242,20 @@ class DecoderLM(TextModule):
         :class:`attnkit.nn.KVCache`)."""
         return self.decoder.new_cache(capacity=capacity)
 
-    def hidden_states(
+    def last_hidden_state(
         self,
         tokens: Tensor,
         *,
         mask: MaskLike | None = None,
         positions: Tensor | None = None,
-        cache: DecoderCache | None = None,
+        kv_cache: DecoderCache | None = None,
         return_weights: LayerSelection = False,
         padding: Tensor | None = None,
     ) -> Tensor | StackOutput:
         """The last layer's output (after the final norm): what the head turns into logits.
 
         Generation needs the logits of the last position only; calling the head on
-        ``hidden_states(...)[:, -1]`` skips a ``[s, e] x [e, v]`` product.
+        ``last_hidden_state(...)[:, -1]`` skips a ``[s, e] x [e, v]`` product.
 
         Args:
             tokens: integer token ids ``[b, s]``; with a cache, only the new ones.
@@ -264,7 +264,7 @@ class DecoderLM(TextModule):
                 tokens; e.g. padding ``[b, 1, 1, s_k]``.
             positions: token positions ``[s]`` or ``[b, s]`` (default: continuing after the
                 cache), for absolute and rotary encodings.
-            cache: from :meth:`new_cache`, updated in place.
+            kv_cache: from :meth:`new_cache`, updated in place.
             return_weights: also return the weights of every layer (``True``) or of the
                 layers with these indices.
             padding: ``[b, s]`` bool, ``True`` on tokens and ``False`` on padding (on
@@ -278,23 +278,23 @@ class DecoderLM(TextModule):
         Raises:
             TypeError: non-integer tokens.
             ValueError: tokens not ``[b, s]``, a layer index out of range, ``padding`` not
-                ``[b, s]`` bool or given with ``mask``, ``positions`` or ``cache``.
+                ``[b, s]`` bool or given with ``mask``, ``positions`` or ``kv_cache``.
         """
         if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
         if padding is not None:
-            if mask is not None or positions is not None or cache is not None:
+            if mask is not None or positions is not None or kv_cache is not None:
                 raise ValueError(
-                    "padding sets the mask and the positions itself; give it without mask, positions or cache"
+                    "padding sets the mask and the positions itself; give it without mask, positions or kv_cache"
                 )
             mask, positions = padding_positions(padding, tokens)  # [b, 1, 1, s], [b, s]
         x = self.token_embedding(tokens)  # [b, s, e]
         if self.embedding_scale is not None:
             x = x * torch.tensor(self.embedding_scale, dtype=x.dtype)
         if self.position is not None:
-            past = 0 if cache is None else len(cache)
+            past = 0 if kv_cache is None else len(kv_cache)
             start = torch.arange(past, past + tokens.shape[1], device=tokens.device)
             x = self.position(x, start if positions is None else positions)
         return self.decoder(
@@ -302,7 +302,7 @@ class DecoderLM(TextModule):
             mask=mask,
             causal=True,
             positions=positions,
-            cache=cache,
+            kv_cache=kv_cache,
             return_weights=return_weights,
         )
 
@@ -312,7 +312,7 @@ class DecoderLM(TextModule):
         *,
         mask: MaskLike | None = None,
         positions: Tensor | None = None,
-        cache: DecoderCache | None = None,
+        kv_cache: DecoderCache | None = None,
         return_weights: LayerSelection = False,
     ) -> Tensor | LMOutput:
         """Next-token logits at every position.
@@ -324,7 +324,7 @@ class DecoderLM(TextModule):
                 tokens; e.g. padding ``[b, 1, 1, s_k]``.
             positions: token positions ``[s]`` or ``[b, s]`` (default: continuing after the
                 cache), for absolute and rotary encodings.
-            cache: from :meth:`new_cache`, updated in place.
+            kv_cache: from :meth:`new_cache`, updated in place.
             return_weights: also return the weights of every layer (``True``) or of the
                 layers with these indices (``None`` in place of the others).
 
@@ -336,11 +336,11 @@ class DecoderLM(TextModule):
             ValueError: tokens not ``[b, s]``, a layer index out of range.
         """
         # Always a record inside (no layer's weights when none are asked for): one path.
-        decoded = self.hidden_states(
+        decoded = self.last_hidden_state(
             tokens,
             mask=mask,
             positions=positions,
-            cache=cache,
+            kv_cache=kv_cache,
             return_weights=[] if return_weights is False else return_weights,
         )
         assert isinstance(decoded, StackOutput)  # weights asked for (none, maybe): a record
@@ -428,7 +428,7 @@ class DecoderLM(TextModule):
 
         def next_logits(step_input: Tensor) -> Tensor:
             # The head on the last position only: the others' logits are not needed.
-            hidden = self.hidden_states(step_input, cache=cache)  # [b, s, e]: no weights asked for
+            hidden = self.last_hidden_state(step_input, kv_cache=cache)  # [b, s, e]: no weights asked for
             assert isinstance(hidden, Tensor)
             return self.logits(hidden[:, -1])  # [b, v]
 

@@ -122,7 +122,7 @@ class LMOutput:
 
 
 @dataclass(frozen=True)
-class Seq2SeqLMOutput:
+class EncoderDecoderLMOutput:
     """The result of an :class:`attnkit.nn.EncoderDecoderLM` with its weights: the three
     kinds of attention of an encoder–decoder.
 

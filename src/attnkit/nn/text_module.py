@@ -24,12 +24,12 @@ class TextModule(HookedModule, ABC):
     the hidden states of its stack (with the weights of chosen layers), the logits of its
     head, and each layer's self-attention.
 
-    A subclass may take more keywords in :meth:`hidden_states` (a KV cache, explicit
+    A subclass may take more keywords in :meth:`last_hidden_state` (a KV cache, explicit
     positions), with defaults.
     """
 
     @abstractmethod
-    def hidden_states(
+    def last_hidden_state(
         self, tokens: Tensor, *, padding: Tensor | None = None, return_weights: LayerSelection = False
     ) -> Tensor | StackOutput:
         """The last layer's output for a batch of token ids (an encoder–decoder's encoder).
@@ -55,13 +55,13 @@ class TextModule(HookedModule, ABC):
 
     @abstractmethod
     def logits(self, hidden: Tensor) -> Tensor | None:
-        """Next-token logits ``[..., v]`` of what :meth:`hidden_states` returns
+        """Next-token logits ``[..., v]`` of what :meth:`last_hidden_state` returns
         (``[..., e]``), or ``None`` when the network has no head on those states (an
         encoder; an encoder–decoder, whose head reads its decoder)."""
 
     @abstractmethod
     def self_attention(self, layer: int) -> MultiHeadAttention:
-        """The self-attention module of layer ``layer`` of the stack :meth:`hidden_states`
+        """The self-attention module of layer ``layer`` of the stack :meth:`last_hidden_state`
         runs (whose projections value-weighted attention and TransformerLens-style weights
         read)."""
 

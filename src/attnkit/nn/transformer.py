@@ -220,7 +220,7 @@ class Decoder(HookedModule):
         memory_mask: MaskLike | None = None,
         causal: bool = True,
         positions: Tensor | None = None,
-        cache: DecoderCache | None = None,
+        kv_cache: DecoderCache | None = None,
         return_weights: LayerSelection = False,
     ) -> Tensor | StackOutput:
         """Run every layer in order, then the final norm.
@@ -233,7 +233,7 @@ class Decoder(HookedModule):
             memory_mask: cross-attention mask, broadcastable to ``[b, h, s, s_src]``.
             causal: causal self-attention (the default; a decoder must not see ahead).
             positions: token positions for a rotary encoding, ``[s]`` or ``[b, s]``.
-            cache: a :class:`attnkit.nn.DecoderCache` from :meth:`new_cache`, updated in
+            kv_cache: a :class:`attnkit.nn.DecoderCache` from :meth:`new_cache`, updated in
                 place.
             return_weights: also return the weights of every layer (``True``) or of the
                 layers with these indices.
@@ -247,15 +247,15 @@ class Decoder(HookedModule):
             ValueError: a cache for another number of layers, a layer index out of range
                 (and the layers' errors).
         """
-        if cache is not None:
-            if not isinstance(cache, DecoderCache):
-                raise TypeError(f"cache must be an attnkit.nn.DecoderCache, got {type(cache).__name__}")
-            if len(cache.self_attention) != len(self.layers):
+        if kv_cache is not None:
+            if not isinstance(kv_cache, DecoderCache):
+                raise TypeError(f"cache must be an attnkit.nn.DecoderCache, got {type(kv_cache).__name__}")
+            if len(kv_cache.self_attention) != len(self.layers):
                 raise ValueError(
-                    f"cache has {len(cache.self_attention)} layers, this decoder has {len(self.layers)}; "
+                    f"cache has {len(kv_cache.self_attention)} layers, this decoder has {len(self.layers)}; "
                     "make it with new_cache()"
                 )
-        s_k = x.shape[1] + (0 if cache is None else len(cache))
+        s_k = x.shape[1] + (0 if kv_cache is None else len(kv_cache))
         position_bias = shared_position_bias(self.layers, x, s_k)  # [1, h, s, s_k] or None
         return _run_stack(
             self.layers,
@@ -271,8 +271,8 @@ class Decoder(HookedModule):
                 causal=causal,
                 positions=positions,
                 position_bias=position_bias,
-                self_cache=None if cache is None else cache.self_attention[i],
-                cross_cache=None if cache is None else cache.cross_attention[i],
+                self_kv_cache=None if kv_cache is None else kv_cache.self_attention[i],
+                cross_kv_cache=None if kv_cache is None else kv_cache.cross_attention[i],
                 return_weights=weights,
             ),
         )
@@ -373,7 +373,7 @@ class Transformer(HookedModule):
         tgt_mask: MaskLike | None = None,
         memory_mask: MaskLike | None = None,
         causal: bool = True,
-        cache: DecoderCache | None = None,
+        kv_cache: DecoderCache | None = None,
         return_weights: bool = False,
     ) -> Tensor | StackOutput:
         """Run the decoder against an encoded source; with a cache, step by step.
@@ -384,7 +384,7 @@ class Transformer(HookedModule):
             tgt_mask: extra decoder self-attention mask, e.g. target padding.
             memory_mask: cross-attention mask, e.g. source padding ``[b, 1, 1, s_src]``.
             causal: causal decoder self-attention.
-            cache: from :meth:`new_cache`.
+            kv_cache: from :meth:`new_cache`.
             return_weights: also return the decoder layers' weights.
 
         Returns:
@@ -396,7 +396,7 @@ class Transformer(HookedModule):
             mask=tgt_mask,
             memory_mask=memory_mask,
             causal=causal,
-            cache=cache,
+            kv_cache=kv_cache,
             return_weights=return_weights,
         )
 

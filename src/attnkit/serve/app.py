@@ -52,8 +52,8 @@ from attnkit.viz.terminal import counted
 from attnkit.viz.viewer import (
     content_security_policy,
     render_html,
+    viewer_data_from_encoder_decoder,
     viewer_data_from_run,
-    viewer_data_from_seq2seq,
 )
 
 logger = logging.getLogger("attnkit.serve")
@@ -183,14 +183,14 @@ class ServedModel:
     max_queue: int = DEFAULT_MAX_QUEUE
     batcher: Batcher = field(init=False, repr=False)
     # An encoder-decoder runs one source and target at a time, outside the batcher.
-    seq2seq_lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
+    encoder_decoder_lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(self.model, max_queue=self.max_queue, name=f"attnkit-model-{self.name}")
 
     @property
     def encoder_decoder(self) -> bool:
-        """Whether the model reads a source and a target (:meth:`attnkit.models.Model.run_seq2seq`)."""
+        """Whether the model reads a source and a target (:meth:`attnkit.models.Model.run_encoder_decoder`)."""
         return bool(getattr(self.model, "encoder_decoder", False))
 
     def info(self) -> ModelInfo:
@@ -508,7 +508,7 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
             raise _error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
         s = served[name]
         if s.encoder_decoder:
-            data = await _run_seq2seq(request, s, limits)
+            data = await _run_encoder_decoder(request, s, limits)
             timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
             return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
         if request.decoder_text is not None:
@@ -621,7 +621,7 @@ def _stack_layers(
     return layers, [i for i in layers if i < encoder_depth], [i for i in layers if i < decoder_depth]
 
 
-async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits) -> Any:
+async def _run_encoder_decoder(request: AttentionRequest, s: ServedModel, limits: Limits) -> Any:
     """The viewer data of an encoder-decoder request: the source (``text``) and the target
     (``decoder_text``, or the model's own greedy one when it is absent or blank), with the
     encoder, decoder and cross-attention of the asked layers (each stack the indices it
@@ -631,7 +631,7 @@ async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits
     Raises:
         HTTPException: 422 naming what is wrong and, for too many weights, what would fit.
     """
-    model: Any = s.model  # an encoder-decoder attnkit.models.Model, beyond the protocol: run_seq2seq
+    model: Any = s.model  # an encoder-decoder attnkit.models.Model, beyond the protocol: run_encoder_decoder
     _check_text(request.text, limits)
     target = request.decoder_text if request.decoder_text is not None and request.decoder_text.strip() else None
     if target is not None:
@@ -651,8 +651,8 @@ async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits
     kept = {kind: chosen or [0] for kind, chosen in kept.items()}
 
     def run(target: Any, **asked: Any) -> Any:
-        with s.seq2seq_lock:
-            return model.run_seq2seq(request.text, target, heads=kept, **asked)
+        with s.encoder_decoder_lock:
+            return model.run_encoder_decoder(request.text, target, heads=kept, **asked)
 
     written = None
     if target is None:
@@ -684,7 +684,7 @@ async def _run_seq2seq(request: AttentionRequest, s: ServedModel, limits: Limits
         else:
             result = run(written.target_ids, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
             result = dataclasses.replace(result, target_text=written.target_text, generated=True)
-        return viewer_data_from_seq2seq(model, result, name=s.name, level=request.level)
+        return viewer_data_from_encoder_decoder(model, result, name=s.name, level=request.level)
 
     try:
         return await run_in_threadpool(work)

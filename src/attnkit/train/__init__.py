@@ -3,7 +3,7 @@ checkpoints that survive being killed, and the evaluation that shows what attent
 learned (``attnkit train``).
 
 - :mod:`attnkit.train.tasks`: ``copy``, ``reverse``, ``sort``, ``addition``.
-- :mod:`attnkit.train.model`: :class:`Seq2SeqTransformer`, :class:`DecoderOnlyTransformer`.
+- :mod:`attnkit.train.model`: :class:`EncoderDecoderTransformer`, :class:`DecoderOnlyTransformer`.
 - :mod:`attnkit.train.config`: :class:`TrainConfig`.
 - :mod:`attnkit.train.loop`: :func:`run`, the trainer, resuming.
 - :mod:`attnkit.train.evaluation`: held-out evaluation and the heads' alignment.
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from attnkit.train.config import TrainConfig
     from attnkit.train.evaluation import Evaluation, evaluate
     from attnkit.train.loop import Replicas, RunResult, run
-    from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer, build_model
+    from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, EncoderDecoderTransformer, build_model
     from attnkit.train.tasks import TASKS, Batch, Task, make_task
 
 # Public name -> the module it comes from, imported on first use: `attnkit train` reads its
@@ -34,7 +34,7 @@ _LAZY = {
     **dict.fromkeys(("Evaluation", "evaluate"), "attnkit.train.evaluation"),
     **dict.fromkeys(("Replicas", "RunResult", "run"), "attnkit.train.loop"),
     **dict.fromkeys(
-        ("AttentionMaps", "DecoderOnlyTransformer", "Seq2SeqTransformer", "build_model"), "attnkit.train.model"
+        ("AttentionMaps", "DecoderOnlyTransformer", "EncoderDecoderTransformer", "build_model"), "attnkit.train.model"
     ),
     **dict.fromkeys(("TASKS", "Batch", "Task", "make_task"), "attnkit.train.tasks"),
 }
@@ -44,10 +44,10 @@ __all__ = [
     "AttentionMaps",
     "Batch",
     "DecoderOnlyTransformer",
+    "EncoderDecoderTransformer",
     "Evaluation",
     "Replicas",
     "RunResult",
-    "Seq2SeqTransformer",
     "Task",
     "TrainConfig",
     "build_model",

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, Seq2SeqTransformer
+from attnkit.train.model import AttentionMaps, DecoderOnlyTransformer, EncoderDecoderTransformer
 from attnkit.train.tasks import Task
 
 # The held-out stream is seeded apart from the training one (which uses the seed itself).
@@ -21,7 +21,7 @@ HELD_OUT_SEED_OFFSET = 0x5EED_0FF
 EVAL_BATCH = 500
 ATTENTION_BATCH = 100
 
-Model = Seq2SeqTransformer | DecoderOnlyTransformer
+Model = EncoderDecoderTransformer | DecoderOnlyTransformer
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from attnkit.models.checkpoint import require
 from attnkit.models.trained import TrainedConfig, saved_state
 from attnkit.train.config import TrainConfig
-from attnkit.train.model import Seq2SeqTransformer
+from attnkit.train.model import EncoderDecoderTransformer
 from attnkit.train.tasks import BOS, EOS, SPECIAL_TOKENS, Task
 from attnkit.viz.files import atomic_path, write_text_atomic
 
@@ -19,7 +19,7 @@ WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 
 
-def write_model_folder(model: Seq2SeqTransformer, config: TrainConfig, task: Task, out: Path) -> list[Path]:
+def write_model_folder(model: EncoderDecoderTransformer, config: TrainConfig, task: Task, out: Path) -> list[Path]:
     """Write ``config.json``, ``model.safetensors`` and ``tokenizer.json`` of ``model``
     into ``out``, each atomically.
 

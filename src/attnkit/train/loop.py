@@ -48,7 +48,7 @@ from attnkit.train.evaluation import (
 )
 from attnkit.train.export import write_model_folder
 from attnkit.train.folder_lock import folder_lock
-from attnkit.train.model import Seq2SeqTransformer, build_model
+from attnkit.train.model import EncoderDecoderTransformer, build_model
 from attnkit.train.report import METRICS_NAME, draw_example, metrics_json, run_metrics
 from attnkit.train.state_checks import check_model, check_state
 from attnkit.train.tasks import Task
@@ -450,7 +450,7 @@ def _evaluate_and_report(
             f"cannot write {metrics_path}: {err.strerror or err}; the training itself is saved in {checkpoint_path}"
         ) from err
     files = [checkpoint_path, metrics_path, heatmap]
-    if isinstance(trainer.model, Seq2SeqTransformer):
+    if isinstance(trainer.model, EncoderDecoderTransformer):
         try:
             files += write_model_folder(trainer.model, config, task, out)
         except OSError as err:

@@ -5,7 +5,7 @@ Shape letters: ``b`` batch, ``s_in`` input length, ``s_out`` target length (with
 ``s_ctx`` decoder-only context length, ``L`` layers, ``h`` heads, ``e`` model dim,
 ``v`` vocabulary size.
 
-- :class:`Seq2SeqTransformer`: token embeddings, sinusoidal positions and the stacks of
+- :class:`EncoderDecoderTransformer`: token embeddings, sinusoidal positions and the stacks of
   :class:`attnkit.nn.Transformer` on :class:`attnkit.nn.EncoderDecoderLM`, as in
   "Attention Is All You Need"; greedy decoding with the decoder's KV cache.
 - :class:`DecoderOnlyTransformer`: :class:`attnkit.nn.DecoderLM` over
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnkit.nn import DecoderLM, DecoderLMConfig, Seq2SeqLMOutput, paper_transformer
+from attnkit.nn import DecoderLM, DecoderLMConfig, EncoderDecoderLMOutput, paper_transformer
 from attnkit.train.tasks import BOS
 
 
@@ -45,7 +45,7 @@ def _with_bos(tokens: Tensor) -> Tensor:
     return torch.cat((bos, tokens), dim=1)
 
 
-class Seq2SeqTransformer(nn.Module):
+class EncoderDecoderTransformer(nn.Module):
     """An encoder–decoder Transformer over token ids, post-norm as in the paper: the
     :class:`attnkit.nn.EncoderDecoderLM` of :func:`attnkit.nn.paper_transformer`, the
     network that :func:`attnkit.models.load` builds again from the run's folder.
@@ -133,7 +133,7 @@ class Seq2SeqTransformer(nn.Module):
             out = self.network(inputs, _with_bos(targets[:, :-1]), return_weights=True)
         finally:
             self.train(was_training)
-        assert isinstance(out, Seq2SeqLMOutput)
+        assert isinstance(out, EncoderDecoderLMOutput)
         cross = []
         for layer in out.decoder_weights:
             assert layer is not None and layer.cross_attention is not None  # every layer was asked for
@@ -230,11 +230,11 @@ class DecoderOnlyTransformer(nn.Module):
 
 def build_model(
     vocab_size: int, *, decoder_only: bool, d_model: int, heads: int, layers: int, ff: int, dropout: float
-) -> Seq2SeqTransformer | DecoderOnlyTransformer:
+) -> EncoderDecoderTransformer | DecoderOnlyTransformer:
     """The model a task needs: decoder-only or encoder–decoder.
 
     Raises:
         ValueError: inconsistent sizes.
     """
-    cls = DecoderOnlyTransformer if decoder_only else Seq2SeqTransformer
+    cls = DecoderOnlyTransformer if decoder_only else EncoderDecoderTransformer
     return cls(vocab_size, d_model=d_model, heads=heads, layers=layers, ff=ff, dropout=dropout)

@@ -336,13 +336,13 @@ def viewer_page(
     return out / f"{file_stem(model.name)}_viewer{suffix}.html", data
 
 
-def write_seq2seq_viewer(model: Any, run: Any, out: Path, *, level: str = "token") -> Path:
+def write_encoder_decoder_viewer(model: Any, run: Any, out: Path, *, level: str = "token") -> Path:
     """Write the viewer page of an encoder–decoder run: its encoder, decoder and
     cross-attention sections, each with the layers and heads the run holds.
 
     Args:
         model: the encoder–decoder :class:`attnkit.models.Model`.
-        run: its :class:`attnkit.models.encoder_decoder.Seq2SeqRun`.
+        run: its :class:`attnkit.models.encoder_decoder.EncoderDecoderRun`.
         out: the folder to write to.
         level: ``"token"``, or ``"word"`` for the attention between words on both sides.
 
@@ -354,9 +354,9 @@ def write_seq2seq_viewer(model: Any, run: Any, out: Path, *, level: str = "token
         ImportError: the viewer's dependencies are missing.
     """
     from attnkit.viz.viewer import write_html
-    from attnkit.viz.viewer.adapters import viewer_data_from_seq2seq
+    from attnkit.viz.viewer.adapters import viewer_data_from_encoder_decoder
 
-    data = viewer_data_from_seq2seq(model, run, level=level)
+    data = viewer_data_from_encoder_decoder(model, run, level=level)
     suffix = "_words" if level == "word" else ""
     return write_html(out / f"{file_stem(model.name)}_viewer{suffix}.html", data)
 

@@ -10,9 +10,9 @@ model view and a matrix view, for causal, bidirectional and encoder–decoder at
 
 from attnkit.viz.viewer.adapters import (
     model_name,
+    viewer_data_from_encoder_decoder,
     viewer_data_from_lm_output,
     viewer_data_from_run,
-    viewer_data_from_seq2seq,
     viewer_data_from_transformer_output,
 )
 from attnkit.viz.viewer.data import KINDS, SCALE, Section, ViewerData
@@ -27,9 +27,9 @@ __all__ = [
     "embed_json",
     "model_name",
     "render_html",
+    "viewer_data_from_encoder_decoder",
     "viewer_data_from_lm_output",
     "viewer_data_from_run",
-    "viewer_data_from_seq2seq",
     "viewer_data_from_transformer_output",
     "write_html",
 ]

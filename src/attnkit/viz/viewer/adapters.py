@@ -87,13 +87,15 @@ def _word_starts(readable: Any) -> list[bool]:
     return starts
 
 
-def viewer_data_from_seq2seq(model: Any, run: Any, *, name: str | None = None, level: str = "token") -> ViewerData:
+def viewer_data_from_encoder_decoder(
+    model: Any, run: Any, *, name: str | None = None, level: str = "token"
+) -> ViewerData:
     """Viewer data of an encoder–decoder run: its encoder, decoder and cross-attention
     sections, each with the layers and heads the run holds, between tokens or words.
 
     Args:
         model: the encoder–decoder :class:`attnkit.models.Model`.
-        run: its :class:`attnkit.models.encoder_decoder.Seq2SeqRun`.
+        run: its :class:`attnkit.models.encoder_decoder.EncoderDecoderRun`.
         name: the model's display name (default :func:`model_name`).
         level: ``"token"``, or ``"word"`` for the attention between words on both sides.
 
@@ -105,13 +107,13 @@ def viewer_data_from_seq2seq(model: Any, run: Any, *, name: str | None = None, l
     Raises:
         ValueError: a run without any weights, or an unknown level.
     """
-    from attnkit.inspect.seq2seq import seq2seq_map
+    from attnkit.inspect.encoder_decoder import encoder_decoder_map
 
     sections: dict[str, dict[int, Tensor]] = {}
     labels: dict[str, tuple[list[str], list[str]]] = {}
     for kind in ("encoder", "decoder", "cross"):
         for layer in sorted(run.attentions(kind)):
-            amap = seq2seq_map(model, run, attention=kind, layer=layer, level=level)
+            amap = encoder_decoder_map(model, run, attention=kind, layer=layer, level=level)
             sections.setdefault(kind, {})[layer] = amap.weights  # [h, n, m]
             labels[kind] = (amap.labels, amap.column_labels)
     if not sections:

@@ -199,7 +199,7 @@
       'encoder-decoder': 'encoder\u2013decoder' };
     const counts = names.map((n) => json.sections[n].query_tokens.length);
     const unit = json.level === 'word' ? ' words' : ' tokens';
-    const tokens = json.kind === 'encoder-decoder' ? seq2seqCounts(json, unit) : Math.max(...counts) + unit;
+    const tokens = json.kind === 'encoder-decoder' ? encoderDecoderCounts(json, unit) : Math.max(...counts) + unit;
     $('ak-summary').textContent = json.model + ' \u00b7 ' + (kinds[json.kind] || json.kind) + ' \u00b7 ' + tokens;
     $('ak-text-shown').textContent = json.kind === 'encoder-decoder'
       ? 'Source: \u201c' + json.text + '\u201d \u00b7 target: \u201c' + (json.target_text || '') + '\u201d' +
@@ -220,7 +220,7 @@
 
   // "11 source and 9 target tokens": the source from the encoder or cross section, the target
   // from the cross or decoder section (rows are target tokens).
-  function seq2seqCounts(json, unit) {
+  function encoderDecoderCounts(json, unit) {
     const { encoder, decoder, cross } = json.sections;
     const source = cross ? cross.key_tokens.length : encoder ? encoder.query_tokens.length : 0;
     const target = cross ? cross.query_tokens.length : decoder ? decoder.query_tokens.length : 0;
@@ -1836,12 +1836,12 @@
 
   function fillRequestPickers() {
     const m = info.models.find((x) => x.name === $('ak-model').value);
-    const seq2seq = m.kind === 'encoder-decoder';
-    $('ak-target-field').hidden = !seq2seq;
-    $('ak-text-label').textContent = seq2seq ? 'Source' : 'Text';
+    const encoderDecoder = m.kind === 'encoder-decoder';
+    $('ak-target-field').hidden = !encoderDecoder;
+    $('ak-text-label').textContent = encoderDecoder ? 'Source' : 'Text';
     const layers = $('ak-req-layer');
     layers.textContent = '';
-    layers.add(new Option(seq2seq
+    layers.add(new Option(encoderDecoder
       ? 'last layer of each stack (' + (m.layers - 1) + ' and ' + (m.decoder_layers - 1) + ')'
       : 'last layer (' + (m.layers - 1) + ')', 'last'));
     layers.add(new Option('all ' + depth(m) + ' layers', 'all'));
@@ -1910,7 +1910,7 @@
       const unit = level === 'word' ? ' words' : ' tokens';
       status(json.kind === 'encoder-decoder'
         ? (json.generated ? 'No target given: the model wrote it by greedy decoding. ' : '') +
-          seq2seqCounts(json, unit) + ' in ' + seconds + ' s.'
+          encoderDecoderCounts(json, unit) + ' in ' + seconds + ' s.'
         : first.query_tokens.length + unit + ' in ' + seconds + ' s.', false);
       $('ak-error').hidden = true;
       load(json);

@@ -34,7 +34,7 @@ from attnkit.models.checkpoint import (
     require,
     sha256_file,
 )
-from attnkit.models.registry import MANIFEST, MODELS, Family, ModelFile, ModelSpec, Package
+from attnkit.models.registry import MANIFEST, MODELS, FamilyName, ModelFile, ModelSpec, Package
 from attnkit.models.registry import home as default_home
 
 _CHUNK = 2**20
@@ -58,7 +58,7 @@ class ModelInfo:
 
     name: str
     path: Path
-    family: Family
+    family: FamilyName
     size: int
 
 
@@ -192,7 +192,7 @@ def available(*, home: str | os.PathLike[str] | None = None) -> list[ModelInfo]:
             manifest = read_manifest(folder)
         except ValueError:
             continue  # a corrupt manifest: `load` reports it; the listing shows the rest
-        if manifest is None or manifest.get("family") not in typing.get_args(Family):
+        if manifest is None or manifest.get("family") not in typing.get_args(FamilyName):
             continue
         infos.append(ModelInfo(folder.name, folder, manifest["family"], folder_size(folder)))
     return infos

@@ -25,15 +25,15 @@ from attnkit.inspect import heads as H
 from attnkit.inspect.maps import LEVELS, AttentionMap, readable_sequence
 from attnkit.inspect.survey import HeadSurvey
 from attnkit.inspect.tokens import ReadableToken
-from attnkit.models.encoder_decoder import ATTENTION_KINDS, Seq2SeqRun, network
+from attnkit.models.encoder_decoder import ATTENTION_KINDS, EncoderDecoderRun, network
 from attnkit.nn import MultiHeadAttention
 
 # What the maps of an encoder–decoder may show: the weights, or value-weighted
 # cross-attention ‖α_ij · f(x_j)‖ with x the encoder's output.
-SEQ2SEQ_METHODS = ("raw", "value")
+ENCODER_DECODER_METHODS = ("raw", "value")
 
 
-def value_weighted_cross(model: Any, run: Seq2SeqRun, layer: int) -> Tensor:
+def value_weighted_cross(model: Any, run: EncoderDecoderRun, layer: int) -> Tensor:
     """Value-weighted cross-attention (Kobayashi et al., 2020) of one decoder layer:
     ``‖α_ij · f_h(x_j)‖`` with ``x`` the encoder's output and ``f_h(x) = x W_V^h W_O^h`` what
     source token ``j`` sends through head ``h``.
@@ -52,7 +52,7 @@ def value_weighted_cross(model: Any, run: Seq2SeqRun, layer: int) -> Tensor:
     attn = network(model).decoder.layers[layer].cross_attn
     assert isinstance(attn, MultiHeadAttention)  # every decoder layer of an encoder-decoder has one
     h, d = attn.num_heads, attn.head_dim
-    memory = run.encoder_hidden_states[0].to(attn.v_proj.weight)  # [s_src, e]
+    memory = run.encoder_last_hidden_state[0].to(attn.v_proj.weight)  # [s_src, e]
     with torch.no_grad():
         v = attn.v_proj(memory).double().view(-1, attn.num_kv_heads, d).transpose(0, 1)  # [h_kv, s_src, d]
     heads = run.heads["cross"]
@@ -63,9 +63,9 @@ def value_weighted_cross(model: Any, run: Seq2SeqRun, layer: int) -> Tensor:
     return (alpha * norms[:, None, :]).float()
 
 
-def seq2seq_map(
+def encoder_decoder_map(
     model: Any,
-    run: Seq2SeqRun,
+    run: EncoderDecoderRun,
     *,
     attention: str = "cross",
     layer: int = -1,
@@ -77,7 +77,7 @@ def seq2seq_map(
 
     Args:
         model: the :class:`attnkit.models.Model` that ran.
-        run: from :meth:`attnkit.models.Model.run_seq2seq`, with that layer's weights.
+        run: from :meth:`attnkit.models.Model.run_encoder_decoder`, with that layer's weights.
         attention: ``"encoder"``, ``"decoder"`` or ``"cross"``.
         layer: an encoder layer for ``"encoder"``, a decoder layer otherwise (negative
             from the end).
@@ -97,8 +97,8 @@ def seq2seq_map(
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
-    if method not in SEQ2SEQ_METHODS:
-        raise ValueError(f"an encoder-decoder's maps show {' or '.join(SEQ2SEQ_METHODS)}, got method={method!r}")
+    if method not in ENCODER_DECODER_METHODS:
+        raise ValueError(f"encoder-decoder maps show {' or '.join(ENCODER_DECODER_METHODS)}, got method={method!r}")
     if method == "value" and attention != "cross":
         raise ValueError("value-weighted maps of an encoder-decoder are computed for cross-attention only")
     maps = run.attentions(attention)
@@ -241,7 +241,7 @@ def alignment_hits(
     return hits, len(aligned)
 
 
-def survey_seq2seq(
+def survey_encoder_decoder(
     model: Any,
     pairs: Sequence[tuple[str, str | None]],
     *,
@@ -287,7 +287,7 @@ def survey_seq2seq(
     totals: dict[str, Tensor] = {}
     hits, aligned, tokens = None, 0, 0
     for number, (source, target) in enumerate(pairs):
-        run = model.run_seq2seq(
+        run = model.run_encoder_decoder(
             source, target, encoder_layers=encoder, decoder_layers=not encoder, max_new_tokens=max_new_tokens
         )
         maps = run.attentions(attention)
@@ -304,12 +304,12 @@ def survey_seq2seq(
         for name, values in statistics.items():
             totals[name] = values if name not in totals else totals[name] + values
         if alignments is not None:
-            words = seq2seq_map(model, run, attention="cross", layer=0, level="word")
+            words = encoder_decoder_map(model, run, attention="cross", layer=0, level="word")
             keep_rows = [i for i, w in enumerate(words.words or []) if w.span is not None]
             keep_cols = [i for i, w in enumerate(words.key_words or []) if w.span is not None]
-            cross = torch.stack([seq2seq_map(model, run, layer=layer, level="word").weights for layer in sorted(maps)])[
-                ..., keep_rows, :
-            ][..., keep_cols]  # [layers, heads, w_tgt, w_src]
+            cross = torch.stack(
+                [encoder_decoder_map(model, run, layer=layer, level="word").weights for layer in sorted(maps)]
+            )[..., keep_rows, :][..., keep_cols]  # [layers, heads, w_tgt, w_src]
             found, count = alignment_hits(cross, len(keep_cols), len(keep_rows), alignments[number])
             hits = found if hits is None else hits + found
             aligned += count

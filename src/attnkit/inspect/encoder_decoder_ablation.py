@@ -1,7 +1,7 @@
 """Head ablation and activation patching on encoder–decoders (T5, BART): every head of the
 encoder's self-attention, the decoder's self-attention and its cross-attention set to zero
-(:func:`seq2seq_head_ablation`), or given its output on a clean source in a run on a
-corrupted one (:func:`seq2seq_activation_patching`), one head at a time, measured on the
+(:func:`encoder_decoder_head_ablation`), or given its output on a clean source in a run on a
+corrupted one (:func:`encoder_decoder_activation_patching`), one head at a time, measured on the
 decoder's logits.
 
 The measure is the log-probability of the whole target (teacher-forced, the sum over its
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 _KINDS = (("encoder", "self_attn", ""), ("decoder", "self_attn", " self"), ("decoder", "cross_attn", " cross"))
 
 
-def seq2seq_head_ablation(
+def encoder_decoder_head_ablation(
     model: Model, source: str, target: str, *, layers: Sequence[int] | None = None
 ) -> dict[str, Any]:
     """Zero each head's ``z`` (its output before the output projection) of an
@@ -54,8 +54,10 @@ def seq2seq_head_ablation(
             range in a stack.
     """
     if not getattr(model, "encoder_decoder", False):
-        raise ValueError(f"seq2seq head ablation runs on encoder-decoders; {model.name} is not one ({model.family})")
-    unablated = model.run_seq2seq(source, target, encoder_layers=False, decoder_layers=False)
+        raise ValueError(
+            f"encoder-decoder head ablation runs on encoder-decoders; {model.name} is not one ({model.family})"
+        )
+    unablated = model.run_encoder_decoder(source, target, encoder_layers=False, decoder_layers=False)
     source_ids, target_ids = unablated.source_ids, unablated.target_ids  # [1, s_src], [1, s_tgt]
     base = _target_log_p(unablated.logits, target_ids)
     rows = _rows(model, layers)
@@ -109,7 +111,7 @@ def _target_log_p(logits: Tensor, target_ids: Tensor) -> float:
     return float(log_p.gather(1, target_ids[0].to(log_p.device)[:, None]).sum())
 
 
-def seq2seq_activation_patching(
+def encoder_decoder_activation_patching(
     model: Model, clean: str, corrupt: str, target: str, *, layers: Sequence[int] | None = None
 ) -> dict[str, Any]:
     """Patch each head's ``z`` of the run on the clean source into the run on the corrupted
@@ -134,7 +136,7 @@ def seq2seq_activation_patching(
             lengths, sources the measure does not tell apart, a layer out of range.
     """
     if not getattr(model, "encoder_decoder", False):
-        raise ValueError(f"seq2seq activation patching runs on encoder-decoders; {model.name} is not one")
+        raise ValueError(f"encoder-decoder activation patching runs on encoder-decoders; {model.name} is not one")
     rows = _rows(model, layers)
     kept: dict[str, Tensor] = {}
 
@@ -142,8 +144,8 @@ def seq2seq_activation_patching(
         return lambda z: kept.__setitem__(name, z.detach().clone())
 
     with model.hooks({name: keep(name) for _, name, _ in rows}):
-        clean_run = model.run_seq2seq(clean, target, encoder_layers=False, decoder_layers=False)
-    corrupt_run = model.run_seq2seq(corrupt, target, encoder_layers=False, decoder_layers=False)
+        clean_run = model.run_encoder_decoder(clean, target, encoder_layers=False, decoder_layers=False)
+    corrupt_run = model.run_encoder_decoder(corrupt, target, encoder_layers=False, decoder_layers=False)
     if clean_run.source_ids.shape != corrupt_run.source_ids.shape:
         raise ValueError(
             f"clean and corrupted sources must have the same number of tokens, got {clean_run.source_ids.shape[1]} "
@@ -199,7 +201,7 @@ def _per_head_effects(
     for row, (_, name, heads) in enumerate(rows):
         for head in range(heads):
             with model.hooks({name: hook_of(name, head)}):
-                run = model.run_seq2seq(source_ids, target_ids, encoder_layers=False, decoder_layers=False)
+                run = model.run_encoder_decoder(source_ids, target_ids, encoder_layers=False, decoder_layers=False)
             effects[row, head] = effect_of(_target_log_p(run.logits, target_ids))
     return effects
 

@@ -7,7 +7,7 @@ Shape letters: ``b`` batch, ``s_src`` source length, ``s_tgt`` target length (de
 input), ``e`` model dim, ``v`` vocabulary size.
 
 Such a model has three kinds of attention, all in the records it returns
-(:class:`attnkit.nn.Seq2SeqLMOutput`): the encoder's self-attention over the source, the
+(:class:`attnkit.nn.EncoderDecoderLMOutput`): the encoder's self-attention over the source, the
 decoder's masked self-attention over the target so far, and the decoder's cross-attention
 from each target position to every source token. Generation (:meth:`EncoderDecoderLM.stream`)
 runs the encoder once, then one decoder step per token against a KV cache: the
@@ -30,7 +30,7 @@ from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer
 from attnkit.nn.lm import check_decoding_options, decoding_loop, run_to_end
 from attnkit.nn.positional import SinusoidalPositionalEncoding
-from attnkit.nn.records import Seq2SeqLMOutput, StackOutput
+from attnkit.nn.records import EncoderDecoderLMOutput, StackOutput
 from attnkit.nn.text_module import TextModule, check_padding
 from attnkit.nn.transformer import Decoder, Encoder, LayerSelection, Transformer, TransformerConfig
 
@@ -206,7 +206,7 @@ class EncoderDecoderLM(TextModule):
         self-attention caches are preallocated for that many target positions."""
         return self.decoder.new_cache(capacity=capacity)
 
-    def hidden_states(
+    def last_hidden_state(
         self, tokens: Tensor, *, padding: Tensor | None = None, return_weights: LayerSelection = False
     ) -> Tensor | StackOutput:
         """The encoder's output over one text (:meth:`encode`): what a run over one text
@@ -228,7 +228,7 @@ class EncoderDecoderLM(TextModule):
         return self.encode(tokens, source_mask=padding, return_weights=return_weights)
 
     def logits(self, hidden: Tensor) -> None:
-        """None: the encoder's states (:meth:`hidden_states`) have no head; the decoder's
+        """None: the encoder's states (:meth:`last_hidden_state`) have no head; the decoder's
         output goes through :attr:`head` (:meth:`forward`)."""
         return None
 
@@ -267,7 +267,7 @@ class EncoderDecoderLM(TextModule):
         memory: Tensor,
         *,
         source_mask: Tensor | None = None,
-        cache: DecoderCache | None = None,
+        kv_cache: DecoderCache | None = None,
         return_weights: LayerSelection = False,
     ) -> Tensor | StackOutput:
         """Run the decoder over target ids against the encoder's output.
@@ -277,7 +277,7 @@ class EncoderDecoderLM(TextModule):
                 with a cache, only the ids not decoded yet.
             memory: :meth:`encode`'s output ``[b, s_src, e]``.
             source_mask: the source's padding, as in :meth:`encode`.
-            cache: from :meth:`new_cache`, updated in place; positions continue after the
+            kv_cache: from :meth:`new_cache`, updated in place; positions continue after the
                 cached ones.
             return_weights: the decoder layers whose weights (self- and cross-attention)
                 to return.
@@ -290,13 +290,13 @@ class EncoderDecoderLM(TextModule):
             TypeError, ValueError: as :meth:`encode`.
         """
         _check_ids(target, "target")
-        start = 0 if cache is None else len(cache)
+        start = 0 if kv_cache is None else len(kv_cache)
         return self.decoder(
             self.target_embedding(target, start),
             memory,
             memory_mask=source_padding_mask(source_mask),
             causal=True,
-            cache=cache,
+            kv_cache=kv_cache,
             return_weights=return_weights,
         )
 
@@ -307,7 +307,7 @@ class EncoderDecoderLM(TextModule):
         *,
         source_mask: Tensor | None = None,
         return_weights: LayerSelection = False,
-    ) -> Tensor | Seq2SeqLMOutput:
+    ) -> Tensor | EncoderDecoderLMOutput:
         """Next-token logits of every target position (teacher forcing).
 
         Args:
@@ -318,7 +318,7 @@ class EncoderDecoderLM(TextModule):
                 for all; indices beyond a stack's depth are refused).
 
         Returns:
-            Logits ``[b, s_tgt, v]``, or a :class:`attnkit.nn.Seq2SeqLMOutput` with the
+            Logits ``[b, s_tgt, v]``, or a :class:`attnkit.nn.EncoderDecoderLMOutput` with the
             three kinds of attention.
         """
         layers: LayerSelection = [] if return_weights is False else return_weights
@@ -329,7 +329,7 @@ class EncoderDecoderLM(TextModule):
         logits = self.head(decoded.output)  # [b, s_tgt, v]
         if return_weights is False:
             return logits
-        return Seq2SeqLMOutput(logits, encoded.weights, decoded.weights)
+        return EncoderDecoderLMOutput(logits, encoded.weights, decoded.weights)
 
     def stream(
         self,
@@ -383,7 +383,7 @@ class EncoderDecoderLM(TextModule):
         start = torch.full((source.shape[0], 1), self.decoder_start_token_id, device=source.device)  # [b, 1]
 
         def next_logits(step_input: Tensor) -> Tensor:
-            hidden = self.decode(step_input, memory, source_mask=source_mask, cache=cache)  # [b, 1, e]
+            hidden = self.decode(step_input, memory, source_mask=source_mask, kv_cache=cache)  # [b, 1, e]
             assert isinstance(hidden, Tensor)
             return self.head(hidden[:, -1])  # [b, v]
 
