@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 
@@ -163,3 +164,43 @@ def test_the_old_spellings_still_work_with_a_warning() -> None:
         assert run(cache=5) == 5
     with pytest.raises(TypeError, match="both cache= and names_filter="):
         run(cache=1, names_filter=2)
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(SRC)))
+def test_a_records_model_name_is_model_name(path: Path) -> None:
+    """A result record's field holding the model's name is ``model_name``: ``model`` names a
+    :class:`attnkit.models.Model` (the JSON files keep the key ``"model"``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [
+        f"line {node.lineno}: {cls.name}.model: str"
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef) and any(_decorator_name(d) == "dataclass" for d in cls.decorator_list)
+        for node in cls.body
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.target.id == "model"
+        and ast.unparse(node.annotation) == "str"
+    ]
+    assert not found, f"{path.relative_to(SRC)} names a model's name `model` (now model_name): {found}"
+
+
+def _decorator_name(decorator: ast.expr) -> str:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+
+
+def test_the_old_model_field_still_reads_with_a_warning() -> None:
+    from attnkit.inspect.maps import AttentionMap
+
+    amap = AttentionMap(
+        model_name="toy",
+        text="a b",
+        tokens=["a", "b"],
+        labels=["a", "b"],
+        layer=0,
+        num_layers=1,
+        heads=[0],
+        weights=torch.zeros(1, 2, 2),
+    )
+    with pytest.warns(DeprecationWarning, match="model_name"):
+        assert amap.model == "toy"

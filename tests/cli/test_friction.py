@@ -88,7 +88,7 @@ def test_repeated_tokens_are_numbered_on_the_axes_of_a_position_picture(tmp_path
     monkeypatch.setattr(attnkit.viz.head_grid, "draw_head_grid", capture)
     tokens = ["When", " John", " and", " Mary", ",", " John", " gave"]
     effects = InterventionEffects(
-        model="m", kind="patching", metric="logit difference", by="position", component="resid_pre",
+        model_name="m", kind="patching", metric="logit difference", by="position", component="resid_pre",
         layers=[0, 1], columns=[t.strip() for t in tokens], effects=torch.zeros(1, len(tokens)),
         texts={"clean": "c", "corrupt": "d"}, tokens=tokens, target=" Mary", wrong=" John", replacement="clean",
         baseline={"clean": 1.0, "corrupt": 0.0},

@@ -210,7 +210,7 @@ def test_html_is_the_viewer_of_every_layer_and_head(capsys, tmp_path, smollm2_pa
     assert not re.search(r"\b(?:https?|wss?|ftp):|//[a-z0-9.-]+\.[a-z]{2,}/", page, re.I)
     data = embedded_viewer_data(page)
     section = data.sections["self"]
-    assert data.model == "smollm2" and data.kind == "causal" and data.text == EXAMPLE_TEXT
+    assert data.model_name == "smollm2" and data.kind == "causal" and data.text == EXAMPLE_TEXT
     # Every layer and head, not only the printed layer 29, head 0.
     assert section.layers == tuple(range(30)) and section.heads == tuple(range(9))
     assert section.query_tokens == section.key_tokens == ("The", "cat", "sat", "on", "the", "mat", ".")

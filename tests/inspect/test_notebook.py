@@ -20,7 +20,7 @@ def word_map() -> AttentionMap:
     weights = torch.ones(6, 6).tril()
     weights = torch.stack([weights / weights.sum(-1, keepdim=True), torch.eye(6)])  # [2, 6, 6]
     return AttentionMap(
-        model="smollm2",
+        model_name="smollm2",
         text=" ".join(WORDS),
         tokens=["x"] * 44,
         labels=WORDS,
@@ -62,7 +62,7 @@ def long_map(s: int) -> AttentionMap:
     labels = [f"w{i}" for i in range(s)]
     weights = torch.softmax(torch.randn(1, s, s), dim=-1).tril()
     return AttentionMap(
-        model="toy",
+        model_name="toy",
         text=" ".join(labels),
         tokens=labels,
         labels=labels,

@@ -56,5 +56,5 @@ def test_serve_answers_for_every_family(folders) -> None:
         response = client.post("/api/attention", json={"text": TEXT, "model": case})
         assert response.status_code == 200, (case, response.text[:300])
         data = ViewerData.from_json(response.text)
-        assert data.model == case
+        assert data.model_name == case
         _assert_every_map_equals_run(data.sections["self"], app.state.models[case].model)

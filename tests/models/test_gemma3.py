@@ -160,7 +160,7 @@ def test_the_html_viewer_carries_every_map(gemma3, tmp_path):
     (page,) = tmp_path.glob("*_viewer.html")
     data = ViewerData.from_json(page_parts(page.read_text())["data"])
     section = data.sections["self"]
-    assert data.kind == "causal" and data.model == "gemma3" and data.text == text
+    assert data.kind == "causal" and data.model_name == "gemma3" and data.text == text
     expected = gemma3.run(text).attentions
     assert section.layers == tuple(range(18)) and section.heads == tuple(range(4))
     for layer in section.layers:

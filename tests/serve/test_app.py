@@ -67,7 +67,7 @@ def test_attention_matches_the_model(client):
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
     data = ViewerData.from_json(response.text)
     section = data.sections["self"]
-    assert data.model == "tiny" and data.kind == "causal" and data.text == TEXT
+    assert data.model_name == "tiny" and data.kind == "causal" and data.text == TEXT
     assert section.query_tokens == tuple(TEXT.split())
     assert section.layers == (0, 1) and section.heads == (1, 3)
     expected = client.app.state.models["tiny"].model.run(TEXT, return_weights=[0, 1], heads=[1, 3]).attentions
@@ -75,7 +75,7 @@ def test_attention_matches_the_model(client):
         for n, head in enumerate((1, 3)):
             assert (section.map(layer, head) - expected[layer][0, n]).abs().max() < 1e-5
     other = ViewerData.from_json(client.post("/api/attention", json={"text": TEXT, "model": "tiny2"}).text)
-    assert other.model == "tiny2" and other.sections["self"].layers == (0, 1)
+    assert other.model_name == "tiny2" and other.sections["self"].layers == (0, 1)
     assert not (other.sections["self"].weights[:, 1] - section.weights[:, 0]).abs().max() < 1e-3
 
 

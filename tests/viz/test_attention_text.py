@@ -19,7 +19,7 @@ def causal_map() -> AttentionMap:
     weights[:, 0] += 3  # most attention on "The"
     weights = weights.tril() / weights.tril().sum(-1, keepdim=True)
     return AttentionMap(
-        model="toy",
+        model_name="toy",
         text="The cat sat on the mat.",
         tokens=["The", *("Ġ" + t for t in labels[1:6]), "."],
         labels=labels,
@@ -64,7 +64,7 @@ def survey(pair: bool = False) -> HeadSurvey:
     mass[13, 8] = 0.76
     token_pair = TokenPair("it", "animal", mass, texts=1, uniform=0.11) if pair else None
     return HeadSurvey(
-        model="toy",
+        model_name="toy",
         num_layers=layers,
         num_heads=heads,
         texts=1,
@@ -118,7 +118,7 @@ def test_long_maps_print_a_shortened_table_saying_what_was_left_out():
     labels = [f"w{i}" for i in range(s)]
     weights = torch.softmax(torch.randn(s, s), dim=-1)
     amap = AttentionMap(
-        model="toy",
+        model_name="toy",
         text=" ".join(labels),
         tokens=labels,
         labels=labels,

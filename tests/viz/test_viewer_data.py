@@ -48,7 +48,7 @@ def test_json_round_trip_within_quantisation():
     data = ViewerData.from_run("bert-ish", [f"w{i}" for i in range(17)], attn, causal=False, text="some text")
     text = data.to_json()
     back = ViewerData.from_json(text)
-    assert back.model == "bert-ish" and back.kind == "bidirectional" and back.text == "some text"
+    assert back.model_name == "bert-ish" and back.kind == "bidirectional" and back.text == "some text"
     s, b = data.sections["self"], back.sections["self"]
     assert (b.query_tokens, b.layers, b.heads, b.causal) == (s.query_tokens, s.layers, s.heads, s.causal)
     error = (b.weights - s.weights).abs().max().item()
@@ -126,11 +126,11 @@ def test_from_model_run_uses_labels_heads_and_model_attributes():
     )
     data = viewer_data_from_run(model, run, text="the cat")
     s = data.sections["self"]
-    assert data.model == "fake" and data.kind == "bidirectional" and data.text == "the cat"
+    assert data.model_name == "fake" and data.kind == "bidirectional" and data.text == "the cat"
     assert s.query_tokens == ("[CLS]", "the", "cat", "[SEP]")
     assert s.heads == (4, 7) and s.layers == (1,)
     raw = viewer_data_from_run(model, run, name="other")
-    assert raw.model == "other" and raw.sections["self"].key_tokens[2] == "Ġcat"
+    assert raw.model_name == "other" and raw.sections["self"].key_tokens[2] == "Ġcat"
     with pytest.raises(ValueError, match="run the model with return_weights"):
         viewer_data_from_run(model, SimpleNamespace(tokens=["a"], offsets=[(0, 1)], attentions={}, heads=None))
 

@@ -49,7 +49,7 @@ def test_embedded_data_round_trips_and_cannot_end_the_script(data):
     assert "<" not in parts["data"] and ">" not in parts["data"] and "&" not in parts["data"]
     back = ViewerData.from_json(parts["data"])
     assert back.sections["self"].query_tokens == tuple(HOSTILE)
-    assert back.text == "x</script>" and back.model == "m<b>"
+    assert back.text == "x</script>" and back.model_name == "m<b>"
     assert back.to_json() == data.to_json()
     assert "<title>Attention: m&lt;b&gt;</title>" in page
 

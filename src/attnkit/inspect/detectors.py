@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnkit.deprecation import deprecated_aliases
 from attnkit.inspect.names import DETECTORS
 from attnkit.models.protocol import InspectableModel
 
@@ -57,12 +58,13 @@ def detection_pattern(kind: str, ids: Tensor | Sequence[int]) -> Tensor:
     raise ValueError(f"detector must be one of {DETECTORS} or an [s, s] pattern, got {kind!r}")
 
 
+@deprecated_aliases(model="model_name", removed_in="0.3")
 @dataclass(frozen=True)
 class HeadDetection:
     """Every head's score against one detection pattern on one text.
 
     Attributes:
-        model: the model's name.
+        model_name: the model's name.
         detector: the kind (:data:`DETECTORS`) or ``"custom"``.
         text: the text (``""`` for ids).
         tokens: its token strings.
@@ -72,7 +74,7 @@ class HeadDetection:
         pattern: the ``[s, s]`` detection pattern used.
     """
 
-    model: str
+    model_name: str
     detector: str
     text: str
     tokens: list[str]
@@ -91,7 +93,7 @@ class HeadDetection:
     def to_dict(self, digits: int = 6) -> dict[str, Any]:
         """A JSON-ready dict; ``scores[row][column]`` as the ablation grid lays them out."""
         return {
-            "model": self.model,
+            "model": self.model_name,
             "kind": "detection",
             "detector": self.detector,
             "text": self.text,
@@ -114,7 +116,7 @@ def detect_heads(
     """Score every head of ``layers`` against a detection pattern on one text.
 
     Args:
-        model: the model.
+        model_name: the model.
         text_or_ids: the text, or its ids ``[s]`` / ``[1, s]``.
         detector: one of :data:`DETECTORS`, or a ``[s, s]`` pattern (any non-negative
             weights; rows are queries).
@@ -151,7 +153,7 @@ def detect_heads(
     total = weights.sum((-1, -2)).clamp(min=torch.finfo(weights.dtype).tiny)  # [L, h]
     scores = (weights * pattern.to(weights.device)).sum((-1, -2)) / total  # [L, h]
     return HeadDetection(
-        model=model.name,
+        model_name=model.name,
         detector=name,
         text=text_or_ids if isinstance(text_or_ids, str) else "",
         tokens=list(run.tokens),

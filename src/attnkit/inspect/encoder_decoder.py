@@ -135,7 +135,7 @@ def encoder_decoder_map(
         start = ReadableToken(run.decoder_input_tokens[0], run.decoder_input_tokens[0], None, special=True)
         columns = (target_text, [start, *target[:-1]], run.decoder_input_tokens)
     amap = AttentionMap(
-        model=model.name,
+        model_name=model.name,
         text=rows_text,
         tokens=list(row_tokens),
         labels=[t.label for t in rows],
@@ -320,7 +320,7 @@ def survey_encoder_decoder(
         statistics["alignment"] = hits / aligned
     depth = model.num_layers if encoder else model.num_decoder_layers
     return HeadSurvey(
-        model=model.name,
+        model_name=model.name,
         num_layers=depth,
         num_heads=model.heads_per_kind[attention],
         texts=len(pairs),

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.finite import check_finite
 from attnkit.inspect import targets
 from attnkit.inspect.maps import token_labels
@@ -77,12 +78,13 @@ MetricFunction = Callable[[Tensor], Tensor]
 _HOOK_POINTS = {name: f"self_attn.{name}" for name in PER_HEAD}
 
 
+@deprecated_aliases(model="model_name", removed_in="0.3")
 @dataclass(frozen=True)
 class InterventionEffects:
     """The effect of intervening on each head, or on each layer and position.
 
     Attributes:
-        model: the model's name.
+        model_name: the model's name.
         kind: ``"ablation"`` or ``"patching"``.
         metric: what ``effects`` measure, in words.
         by: where each intervention acts (:data:`BY`): ``"head"`` (rows are layers, columns
@@ -109,7 +111,7 @@ class InterventionEffects:
             else ``None``.
     """
 
-    model: str
+    model_name: str
     kind: str
     metric: str
     by: str
@@ -148,7 +150,7 @@ class InterventionEffects:
             else round(self.baseline, digits)
         )
         return {
-            "model": self.model,
+            "model": self.model_name,
             "kind": self.kind,
             "metric": self.metric,
             "by": self.by,
@@ -255,7 +257,7 @@ def head_ablation(
         targets.warn_if_space_missing(model, target, target_id, unablated[0])
         measured = measured - base
     return InterventionEffects(
-        model=model.name,
+        model_name=model.name,
         kind="ablation",
         metric=metric,
         by="head",
@@ -374,7 +376,7 @@ def activation_patching(
     grid_args = (branches, points, replacements, dim, measure, shape)
     _, measured = _patched_passes(model, corrupt_enc.ids, *grid_args, fill=corrupt_value, cell_heads=cell_heads)
     return InterventionEffects(
-        model=model.name,
+        model_name=model.name,
         kind="patching",
         metric=f"fraction of the {words} restored",
         by=by,
@@ -666,7 +668,7 @@ def _patched_passes(
     each run.
 
     Args:
-        model: the model.
+        model_name: the model.
         ids: ``[1, s]``.
         branches: the rows to run; a grid row may have no branch (nothing to patch there).
         points: layer → the hook name of the component patched.

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.indices import normalize_index
 from attnkit.inspect.names import LEVELS
 from attnkit.inspect.tokens import ReadableToken, decode_tokens, readable_tokens, special_token_ids, token_scheme
@@ -22,12 +23,13 @@ if TYPE_CHECKING:
     from attnkit.models import Model, ModelRun
 
 
+@deprecated_aliases(model="model_name", removed_in="0.3")
 @dataclass(frozen=True)
 class AttentionMap:
     """The attention of some heads of one layer on one text, between tokens or words.
 
     Attributes:
-        model: the model's name.
+        model_name: the model's name.
         text: the input text.
         tokens: the tokenizer's token strings (``"Ġcat"``, ``"[CLS]"``).
         labels: the rows' and columns' labels, as they read in the text: one per token
@@ -64,7 +66,7 @@ class AttentionMap:
     In Jupyter, the map shows as the interactive viewer (:mod:`attnkit.viz.notebook`).
     """
 
-    model: str
+    model_name: str
     text: str
     tokens: list[str]
     labels: list[str]
@@ -157,7 +159,7 @@ class AttentionMap:
         ``key_words``) for the columns.
         """
         data = {
-            "model": self.model,
+            "model": self.model_name,
             "text": self.text,
             "level": self.level,
             "tokens": self.tokens,
@@ -215,19 +217,20 @@ class ReadableRun:
     attentions: dict[int, Tensor]
 
 
+@deprecated_aliases(model="model_name", removed_in="0.3")
 @dataclass(frozen=True)
 class AttentionView:
     """The attention of many layers and heads on one text, with readable labels: what
     :func:`view` returns, shown inline in Jupyter as the interactive viewer.
 
     Attributes:
-        model: the model's name.
+        model_name: the model's name.
         causal: whether the model is causal.
         heads: the heads, counted from 0, in the order of dimension 1 of every map.
         run: the labels and maps (:class:`ReadableRun`), between tokens or words.
     """
 
-    model: str
+    model_name: str
     causal: bool
     heads: list[int]
     run: ReadableRun
@@ -286,7 +289,7 @@ def readable_sequence(
     """The text of a token sequence and its readable tokens.
 
     Args:
-        model: the model whose tokenizer made the tokens (its special tokens and how its
+        model_name: the model whose tokenizer made the tokens (its special tokens and how its
             tokens spell text); a stand-in without a tokenizer has plain-text tokens.
         tokens: the token strings.
         ids: their ids ``[1, s]`` (to tell special tokens), or ``None``.
@@ -312,7 +315,7 @@ def readable_run(model: Model, run: ModelRun, text: str | None = None, *, level:
     """A run's attention with labels people can read, between tokens or words.
 
     Args:
-        model: the model that ran (its tokenizer tells special tokens and how tokens spell
+        model_name: the model that ran (its tokenizer tells special tokens and how tokens spell
             text).
         run: its :class:`attnkit.models.ModelRun` (``tokens``, ``offsets``, ``attentions``
             and ``ids`` are read).
@@ -382,7 +385,7 @@ def attention_map(
     weights = run.attentions[layer][0].float()  # [h, s, s]
     readable = readable_run(model, run, text)
     amap = AttentionMap(
-        model=model.name,
+        model_name=model.name,
         causal=bool(model.causal),
         text=text,
         tokens=list(run.tokens),

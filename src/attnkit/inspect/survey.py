@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from attnkit.deprecation import deprecated_aliases
 from attnkit.inspect import heads as H
 from attnkit.inspect.maps import LEVELS, readable_run
 from attnkit.inspect.names import CROSS_STATISTICS, INDUCTION_PERIOD, STATISTICS
@@ -56,12 +57,13 @@ class TokenPair:
     level: str = "token"
 
 
+@deprecated_aliases(model="model_name", removed_in="0.3")
 @dataclass(frozen=True)
 class HeadSurvey:
     """Per-head statistics of one model.
 
     Attributes:
-        model: the model's name.
+        model_name: the model's name.
         num_layers: layers of the model.
         num_heads: query heads per layer.
         texts: how many texts the text statistics average over.
@@ -76,7 +78,7 @@ class HeadSurvey:
             context is shorter than its probe).
     """
 
-    model: str
+    model_name: str
     num_layers: int
     num_heads: int
     texts: int
@@ -95,7 +97,7 @@ class HeadSurvey:
             return [[round(v, digits) for v in row] for row in values.tolist()]
 
         data: dict[str, Any] = {
-            "model": self.model,
+            "model": self.model_name,
             "num_layers": self.num_layers,
             "num_heads": self.num_heads,
             "texts": self.texts,
@@ -317,7 +319,7 @@ def combine_surveys(
     else:
         notes.append(f"no induction score: its probe is {period} distinct random tokens repeated twice, {missing}")
     return HeadSurvey(
-        model=model.name,
+        model_name=model.name,
         num_layers=model.num_layers,
         num_heads=model.num_heads,
         texts=len(parts),

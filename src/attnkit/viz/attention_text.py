@@ -95,7 +95,7 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
         if amap.words is not None and amap.key_words is not None:
             size = f"{len(amap.key_words)} source × {n} target words"
     layer = f"layer {amap.layer} (0..{amap.num_layers - 1})" + (f", {amap.layer_kind}" if amap.layer_kind else "")
-    lines = [f"{amap.model} · {layer} · {heads}{kind}{method} · {size}"]
+    lines = [f"{amap.model_name} · {layer} · {heads}{kind}{method} · {size}"]
     token_labels = [t.label for t in amap.readable] if amap.readable else list(amap.labels)
     if cross:
         source_labels = [t.label for t in amap.key_readable] if amap.key_readable else list(amap.column_labels)
@@ -171,7 +171,7 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
     else:
         what = f"{effects.replacement} ablation of each head on {effects.texts['text']!r}"
         baseline = "" if effects.target is None else f"; unablated log p({effects.target!r}) = {effects.baseline:.4f}"
-    lines = [f"{effects.model} · {what}", f"measure: {effects.metric}{baseline}", ""]
+    lines = [f"{effects.model_name} · {what}", f"measure: {effects.metric}{baseline}", ""]
     # Ablation: the heads whose removal lowers the measure most; patching: those that restore most.
     order = rank_heads(effects.effects, top=top, descending=effects.kind == "patching")
     rows = effects.row_labels
@@ -296,12 +296,12 @@ def render_survey(survey: HeadSurvey, *, top: int = 5, stat: str | None = None) 
     if stat is not None and stat not in survey.statistics:
         raise ValueError(f"unknown statistic {stat!r}; choose from {', '.join(survey.statistics)}")
     sizes = f"{counted(survey.num_layers, 'layer')} × {counted(survey.num_heads, 'head')}"
-    head = f"{survey.model} · {sizes} · {counted(survey.texts, 'text')}, {counted(survey.tokens, 'token')}"
+    head = f"{survey.model_name} · {sizes} · {counted(survey.texts, 'text')}, {counted(survey.tokens, 'token')}"
     if survey.attention != "self":
         pairs = counted(survey.texts, "source/target pair")
         rows_of = "source" if survey.attention == "encoder" else "target"
         head = (
-            f"{survey.model} · {ATTENTION_NAMES[survey.attention]} · {sizes} · {pairs}, "
+            f"{survey.model_name} · {ATTENTION_NAMES[survey.attention]} · {sizes} · {pairs}, "
             f"{counted(survey.tokens, rows_of + ' token')}"
         )
     elif "induction" in survey.statistics:  # a note says why it is missing
@@ -391,7 +391,7 @@ def render_detection(detection: HeadDetection, *, top: int = 5) -> str:
         Text ending in a newline.
     """
     lines = [
-        f"{detection.model} · {detection.detector} detector on {detection.text!r}",
+        f"{detection.model_name} · {detection.detector} detector on {detection.text!r}",
         "score: the share of each head's attention that falls on the pattern (0 to 1)",
         "",
     ]

@@ -180,7 +180,7 @@ def write_map(
     check_map_finite(amap)
     tag = heads_tag(amap.heads) if amap.heads else "all-heads"
     kind = "" if amap.attention == "self" else f"_{amap.attention}"
-    stem = f"{file_stem(amap.model)}{kind}_layer{amap.layer}_{tag}" + (
+    stem = f"{file_stem(amap.model_name)}{kind}_layer{amap.layer}_{tag}" + (
         "" if amap.method == "raw" else f"_{amap.method}"
     )
     # Word maps get their own names, next to the token maps of the same text.
@@ -192,7 +192,7 @@ def write_map(
 
         xlabel, ylabel = _axis_labels(amap.attention, unit)
         what = (
-            f"{amap.model}"
+            f"{amap.model_name}"
             + ("" if amap.attention == "self" else f" {amap.attention}")
             + ("" if amap.method == "raw" else f", {amap.method}")
             + (" (words)" if suffix else "")
@@ -248,7 +248,7 @@ def check_map_finite(amap: AttentionMap) -> None:
 
     kind = "" if amap.attention == "self" else f"{amap.attention} "
     method = "" if amap.method == "raw" else f" ({amap.method})"
-    check_finite(amap.weights, f"the {kind}attention map{method} of layer {amap.layer} of {amap.model}")
+    check_finite(amap.weights, f"the {kind}attention map{method} of layer {amap.layer} of {amap.model_name}")
 
 
 def _axis_labels(attention: str, unit: str) -> tuple[str, str]:
@@ -389,13 +389,13 @@ def write_effects(
     from attnkit.functional.finite import check_finite
 
     kind = "mean-ablation" if effects.replacement == "mean" else effects.kind
-    check_finite(effects.effects, f"the {kind} effects ({effects.metric}) of {effects.model}")
-    stem = f"{file_stem(effects.model)}_{kind}"
+    check_finite(effects.effects, f"the {kind} effects ({effects.metric}) of {effects.model_name}")
+    stem = f"{file_stem(effects.model_name)}_{kind}"
     if effects.by != "head":
         stem += f"_{effects.component}_by-{effects.by}"
-    title = f"{kind} — {effects.model}"
+    title = f"{kind} — {effects.model_name}"
     if effects.by != "head":
-        title = f"patching {effects.component} by {effects.by} — {effects.model}"
+        title = f"patching {effects.component} by {effects.by} — {effects.model_name}"
     written = []
     for fmt in [f for f in formats if f in PICTURE_FORMATS]:
         from attnkit.viz.head_grid import draw_head_grid
@@ -450,11 +450,11 @@ def write_survey(
     from attnkit.inspect.survey import ALL_DESCRIPTIONS
 
     for name, values in survey.statistics.items():
-        check_finite(values, f"the head statistic {name!r} of {survey.model}")
+        check_finite(values, f"the head statistic {name!r} of {survey.model_name}")
     if survey.pair is not None:
         check_finite(survey.pair.mass, f"the attention of {survey.pair.source!r} on {survey.pair.target!r}")
 
-    stem = f"{file_stem(survey.model)}_heads"
+    stem = f"{file_stem(survey.model_name)}_heads"
     written = []
     pictures = [f for f in formats if f in PICTURE_FORMATS]
     if pictures:
@@ -471,7 +471,7 @@ def write_survey(
                     draw_head_grid(
                         values,
                         out / f"{stem}_{name}.{fmt}",
-                        title=f"{label} — {survey.model}",
+                        title=f"{label} — {survey.model_name}",
                         label=label,
                         **({} if dpi is None else {"dpi": dpi}),
                         **figure,
@@ -501,7 +501,7 @@ def write_detection(
     Raises:
         ImportError: matplotlib is missing and a picture was asked for.
     """
-    stem = f"{file_stem(detection.model)}_detect_{detection.detector}"
+    stem = f"{file_stem(detection.model_name)}_detect_{detection.detector}"
     written = []
     pictures = [f for f in formats if f in PICTURE_FORMATS]
     if pictures:
@@ -513,7 +513,7 @@ def write_detection(
                 draw_head_grid(
                     detection.scores,
                     out / f"{stem}.{fmt}",
-                    title=f"{label} — {detection.model}",
+                    title=f"{label} — {detection.model_name}",
                     label=label,
                     rows=[str(layer) for layer in detection.layers],
                     **({} if dpi is None else {"dpi": dpi}),

@@ -27,7 +27,7 @@ def notebook_html_of(shown: AttentionMap | AttentionView) -> str:
     """
     if isinstance(shown, AttentionMap):
         return notebook_html(
-            shown.model,
+            shown.model_name,
             shown.labels,
             {shown.layer: shown.weights},
             causal=shown.causal,
@@ -38,7 +38,7 @@ def notebook_html_of(shown: AttentionMap | AttentionView) -> str:
         )
     if isinstance(shown, AttentionView):
         return notebook_html(
-            shown.model,
+            shown.model_name,
             shown.run.labels,
             shown.run.attentions,
             causal=shown.causal,

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnkit.deprecation import deprecated_aliases
+
 Kind = Literal["bidirectional", "causal", "encoder-decoder"]
 KINDS: tuple[str, ...] = ("bidirectional", "causal", "encoder-decoder")
 # Colour modes a self-attention page may add beside its weights (attnkit.inspect.methods):
@@ -281,12 +283,13 @@ class Section:
         )
 
 
+@deprecated_aliases(model="model_name", removed_in="0.3")
 @dataclass(frozen=True)
 class ViewerData:
     """Everything the attention viewer displays.
 
     Attributes:
-        model: the model's name, shown in the page's title.
+        model_name: the model's name, shown in the page's title.
         kind: ``"bidirectional"`` or ``"causal"`` self-attention (one section, ``"self"``),
             or ``"encoder-decoder"`` (sections among ``"encoder"``, ``"decoder"``,
             ``"cross"``).
@@ -303,7 +306,7 @@ class ViewerData:
             section whose ``causal`` flag contradicts the kind.
     """
 
-    model: str
+    model_name: str
     kind: Kind
     sections: Mapping[str, Section]
     text: str = ""
@@ -351,7 +354,7 @@ class ViewerData:
         """Self-attention of a decoder-only or encoder-only model over one text.
 
         Args:
-            model: the model's name.
+            model_name: the model's name.
             tokens: ``s`` token strings (or words, with ``level="word"``).
             attentions: layer index → ``[h, s, s]`` (or ``[1, h, s, s]``) weights.
             causal: a decoder (``True``) or an encoder (``False``).
@@ -393,7 +396,7 @@ class ViewerData:
         """The three kinds of attention of an encoder–decoder model.
 
         Args:
-            model: the model's name.
+            model_name: the model's name.
             source_tokens: the encoder's ``s_src`` tokens.
             target_tokens: the decoder's ``s_tgt`` tokens (the rows of the decoder and
                 cross sections).
@@ -436,7 +439,7 @@ class ViewerData:
         return {
             "format": FORMAT,
             "version": VERSION,
-            "model": self.model,
+            "model": self.model_name,
             "kind": self.kind,
             "text": self.text,
             "level": self.level,

@@ -101,7 +101,7 @@ def render_html(data: ViewerData | None, *, app: bool = False, title: str | None
     if data is None and not app:
         raise ValueError("an exported page needs data; only the app page (app=True) fetches its own")
     if title is None:
-        title = f"Attention: {data.model}" if data is not None else APP_TITLE
+        title = f"Attention: {data.model_name}" if data is not None else APP_TITLE
     return render_page(data.to_json() if data is not None else "null", title=title, app=app)
 
 
