@@ -66,7 +66,7 @@ def encoder_decoder_head_ablation(
         model, rows, source_ids, target_ids, lambda _name, head: _zero_head(head), lambda log_p: log_p - base
     )
     return dict(
-        model=model.name,
+        model_name=model.name,
         kind="ablation",
         metric="change in log p(target) of the decoder",
         by="head",
@@ -167,7 +167,7 @@ def encoder_decoder_activation_patching(
         lambda log_p: (log_p - corrupt_value) / gap,
     )
     return dict(
-        model=model.name,
+        model_name=model.name,
         kind="patching",
         metric="fraction of log p(target) of the decoder restored",
         by="head",
