@@ -126,6 +126,36 @@ def run_cells(name: str, wanted: list[tuple[int, str]], *, jobs: int) -> dict[tu
     return cells
 
 
+def earlier_rows(name: str, measured: list[int]) -> list[dict]:
+    """The rows of ``name`` at other lengths than ``measured`` from the results already saved,
+    so that a long row measured alone joins the table of the shorter ones."""
+    from benchmarks.common import RESULTS
+
+    saved = RESULTS / "bench_long_context.json"
+    if not saved.exists():
+        return []
+    data = json.loads(saved.read_text())
+    if data.get("model") != name:
+        return []
+    return [row for row in data["rows"] if row["tokens"] not in measured]
+
+
+def table_row(row: dict) -> list[str]:
+    """One line of the Markdown table from a saved row."""
+    forward, summaries, recipe = (row[mode] for mode in MODES)
+    return [
+        f"{row['tokens']:,}",
+        _cell_text(forward),
+        _cell_text(summaries),
+        f"{summaries['seconds'] / forward['seconds']:.2f}x",
+        "yes" if summaries["peak_growth_mib"] <= BUDGET_GIB * 1024 else "no",
+        _cell_text(recipe)
+        if recipe is not None
+        else f"not run: its weights alone are {row['recipe_weights_gib']:,.1f} GiB",
+        f"{row['all_logits_gib']:.1f} GiB",
+    ]
+
+
 def _cell_text(cell: dict) -> str:
     return f"{cell['seconds']:,.1f} s, {cell['peak_growth_mib']:,.0f} MiB"
 
@@ -151,11 +181,13 @@ def main() -> None:
 
     name = args.model or default_model()
     model = models.load(name)
-    chosen = [s for s in lengths if s <= model.max_length]
+    context, num_layers, num_heads, vocab = model.max_length, model.num_layers, model.num_heads, model.config.vocab_size
+    del model  # the children load their own: this process holds no weights while they run
+    chosen = [s for s in lengths if s <= context]
     for s in lengths:
-        if s > model.max_length:
-            print(f"{s} tokens: more than {name}'s context of {model.max_length}, skipped")
-    recipe_gib = {s: model.num_layers * model.num_heads * s * s * 4 / 2**30 for s in chosen}
+        if s > context:
+            print(f"{s} tokens: more than {name}'s context of {context}, skipped")
+    recipe_gib = {s: num_layers * num_heads * s * s * 4 / 2**30 for s in chosen}
     # The longest first, so that with --jobs the slowest children start at once.
     wanted = [
         (s, mode)
@@ -164,34 +196,17 @@ def main() -> None:
         if mode != "recipe" or recipe_gib[s] <= args.recipe_budget
     ]
     cells = run_cells(name, wanted, jobs=args.jobs)
-    rows, table = [], []
-    for s in chosen:
-        forward, summaries, recipe = (cells.get((s, mode)) for mode in MODES)
-        assert forward is not None and summaries is not None
-        logits_gib = s * model.config.vocab_size * 4 / 2**30
-        rows.append(
-            {
-                "tokens": s,
-                "forward": forward,
-                "summaries": summaries,
-                "recipe": recipe,
-                "recipe_weights_gib": recipe_gib[s],
-                "all_logits_gib": logits_gib,
-            }
-        )
-        table.append(
-            [
-                f"{s:,}",
-                _cell_text(forward),
-                _cell_text(summaries),
-                f"{summaries['seconds'] / forward['seconds']:.2f}x",
-                "yes" if summaries["peak_growth_mib"] <= BUDGET_GIB * 1024 else "no",
-                _cell_text(recipe)
-                if recipe is not None
-                else f"not run: its weights alone are {recipe_gib[s]:,.1f} GiB",
-                f"{logits_gib:.1f} GiB",
-            ]
-        )
+    rows = [
+        {
+            "tokens": s,
+            **{mode: cells.get((s, mode)) for mode in MODES},
+            "recipe_weights_gib": recipe_gib[s],
+            "all_logits_gib": s * vocab * 4 / 2**30,
+        }
+        for s in chosen
+    ]
+    rows = sorted(rows + earlier_rows(name, chosen), key=lambda row: row["tokens"])
+    table = [table_row(row) for row in rows]
     markdown = (
         f"## Long-context summaries ({name})\n\n"
         "Processor time (one thread) and the growth of the peak resident set over the loaded model. "

@@ -19,8 +19,9 @@ padding. Read with a row stride of ``L + 1`` instead of ``L`` (the *skewed view*
   maxima (every one of the ``k`` strongest keys lies in one of them).
 
 Weights stay unnormalised (``e``, the largest of each row is 1); every statistic divides by
-``Z`` once per row. Padding and masked keys hold the dtype's lowest finite number, so their
-``e`` is exactly 0 and ``e · (s - max)`` is 0, not NaN.
+``Z`` once per row. Padding and masked keys hold ``-inf`` (``exp`` of a huge finite negative
+number takes a slow path, several times the cost of a normal one), so their ``e`` is 0;
+before the entropy's ``e · (s - max)`` they are set to 0, as ``0 · -inf`` would be NaN.
 
 Shape letters: ``n_h`` heads, ``m`` rows of a block, ``l`` keys of a block, ``d`` head dim,
 ``k`` top keys.
@@ -130,7 +131,6 @@ class BlockScorer:
         self.statistics = frozenset(statistics)
         self.top_k = top_k if "top" in self.statistics else 0
         self.sink_tokens, self.window = sink_tokens, window
-        self.low = torch.finfo(q.dtype).min
         self._buffers: dict[str, Tensor] = {}
 
     def _buffer(self, name: str, shape: tuple[int, int, int]) -> Tensor:
@@ -143,29 +143,35 @@ class BlockScorer:
         return buffer[:numel].view(shape)
 
     def _scores(self, r0: int, m: int, k0: int, k1: int) -> Tensor:
-        """Masked scores ``[n_h, m, L]`` of rows ``r0 ..`` and keys ``k0 .. k1 - 1`` in the
-        padded layout (module docstring)."""
+        """Scores ``[n_h, m, L]`` of rows ``r0 ..`` and keys ``k0 .. k1 - 1`` in the padded
+        layout (module docstring), ``-inf`` where masked and in the padding."""
         n_h, d = self.q.shape[0], self.q.shape[2]
         n_keys = k1 - k0
         width = n_keys + 2 * m
         if self.top_k:
             width = -(-width // TOP_CHUNK) * TOP_CHUNK
         scores = self._buffer("scores", (n_h, m, width))
-        scores[..., :m].fill_(self.low)
-        scores[..., m + n_keys :].fill_(self.low)
         for p0, p1, kv in self.groups:
             # Rows of consecutive heads have one stride in this layout: one product writes them.
             out = scores.as_strided(((p1 - p0) * m, n_keys), (width, 1), scores.storage_offset() + p0 * m * width + m)
             torch.mm(self.q[p0:p1, r0 : r0 + m].reshape(-1, d), self.k[kv, k0:k1].T, out=out)  # [g·m, l]
         if self.softcap is not None:
             scores[..., m : m + n_keys].tanh_().mul_(self.softcap)
-        skewed = _skewed(scores, n_keys)  # [n_h, m, l + m], column u: distance r0 - k0 + m - u
+        self._fill_unseen(scores, r0, k0, n_keys, float("-inf"))
+        return scores
+
+    def _fill_unseen(self, block: Tensor, r0: int, k0: int, n_keys: int, value: float) -> None:
+        """Set the padding of a block ``[n_h, m, L]`` and the keys its rows may not attend
+        to (whole columns of the skewed view) to ``value``."""
+        m = block.shape[1]
+        block[..., :m].fill_(value)
+        block[..., m + n_keys :].fill_(value)
+        skewed = _skewed(block, n_keys)  # [n_h, m, l + m], column u: distance r0 - k0 + m - u
         nearest_column = r0 - k0 + m
         if self.lowest is not None:
-            skewed[..., max(0, nearest_column - self.lowest + 1) :].fill_(self.low)
+            skewed[..., max(0, nearest_column - self.lowest + 1) :].fill_(value)
         if self.highest is not None:
-            skewed[..., : max(0, nearest_column - self.highest)].fill_(self.low)
-        return scores
+            skewed[..., : max(0, nearest_column - self.highest)].fill_(value)
 
     def block(self, r0: int, m: int, k0: int, k1: int, *, keep_weights: bool = False) -> BlockStatistics:
         """The statistics of query rows ``r0 .. r0 + m - 1`` over keys ``k0 .. k1 - 1``
@@ -200,6 +206,7 @@ class BlockScorer:
             mass = torch.bmm(share[:, None, :], skewed)[:, 0]  # [n_h, l + m]
         entropy = None
         if "entropy" in wanted:
+            self._fill_unseen(scores, r0, k0, n_keys, 0.0)
             dot = torch.bmm(e.view(-1, 1, e.shape[-1]), scores.view(-1, e.shape[-1], 1)).view(total.shape)
             entropy = (total.log() - dot / total) / math.log(2)
         sink = None
@@ -229,9 +236,10 @@ class BlockScorer:
         count = min(self.top_k, width)
         chunks = width // TOP_CHUNK
         if width % TOP_CHUNK == 0 and chunks > 2 * count:
-            tiles = e.view(n_h, m, chunks, TOP_CHUNK)
-            best = tiles.amax(-1).topk(count, dim=-1).indices  # [n_h, m, k] chunks
-            candidates = tiles.gather(2, best[..., None].expand(-1, -1, -1, TOP_CHUNK))  # [n_h, m, k, C]
+            tiles = e.view(n_h * m, chunks, TOP_CHUNK)
+            best = tiles.amax(-1).topk(count, dim=-1).indices.view(n_h, m, count)  # [n_h, m, k] chunks
+            query = torch.arange(n_h * m, device=e.device)[:, None]
+            candidates = tiles[query, best.view(n_h * m, count)]  # [n_h·m, k, C]
             values, within = candidates.view(n_h, m, -1).topk(count, dim=-1)  # [n_h, m, k]
             columns = best.gather(2, within // TOP_CHUNK) * TOP_CHUNK + within % TOP_CHUNK
         else:
