@@ -20,7 +20,8 @@ the model was loaded, so the weights are not counted. The logits of every positi
 neither of the first two computes, are ``s × vocab × 4`` bytes: listed beside. Time is the
 child's processor time (one thread): on a shared machine the wall time also counts the time
 spent waiting for a core, so the ratio is taken on processor time; wall times are saved too.
-``--jobs 2`` runs two children at once (each still on one thread).
+``--jobs 2`` runs two children at once (each still on one thread). The summaries' head
+table (every head's sink, distances and window mass) is saved with the results.
 
 Run: ``python benchmarks/bench_long_context.py`` (model ``gemma3`` when it is fetched,
 ``smollm2`` otherwise; the 32K row takes long on a CPU), or ``--lengths 256,512`` for a
@@ -90,17 +91,19 @@ def run_cell(model_name: str, mode: str, tokens: int) -> dict:
     _reset_peak()
     before = _peak_kib()
     start, cpu_start = time.perf_counter(), time.process_time()
+    heads = None
     if mode == "forward":
         model.run(ids, return_weights=False, logits=False)
     elif mode == "summaries":
-        long_context_summaries(model, ids, top_k=8, local_statistics=LOCAL_STATISTICS)
+        heads = long_context_summaries(model, ids, top_k=8, local_statistics=LOCAL_STATISTICS).head_table()
     else:
         model.run(ids, return_weights=True, logits=False)
-    return {
+    cell = {
         "seconds": time.process_time() - cpu_start,
         "wall_seconds": time.perf_counter() - start,
         "peak_growth_mib": (_peak_kib() - before) / 1024,
     }
+    return cell if heads is None else {**cell, "heads": heads}
 
 
 def run_cells(name: str, wanted: list[tuple[int, str]], *, jobs: int) -> dict[tuple[int, str], dict]:
@@ -120,7 +123,8 @@ def run_cells(name: str, wanted: list[tuple[int, str]], *, jobs: int) -> dict[tu
             if child.returncode:
                 raise SystemExit(f"{name} {key[0]} tokens {key[1]}: the child failed (exit {child.returncode})")
             cells[key] = json.loads(out.strip().splitlines()[-1])
-            print(f"{name} {key[0]} tokens {key[1]}: {cells[key]}", flush=True)
+            shown = {name: value for name, value in cells[key].items() if name != "heads"}
+            print(f"{name} {key[0]} tokens {key[1]}: {shown}", flush=True)
             del running[key]
         time.sleep(0.5)
     return cells
