@@ -327,6 +327,10 @@ def summarize_layer(
     block_max = summary.block_max
     block_sum = None if block_max is None else torch.zeros_like(block_max, dtype=torch.float64)
     lowest, highest = scoring.distance_range()
+    blocks = [
+        (done, r0, m, *scoring.key_range(r0, r0 + m, s))
+        for done, r0, m in row_blocks(row_t, _block_rows(len(head_list), s, block_budget, map_block))
+    ]
     scorer = BlockScorer(
         q.index_select(0, torch.tensor(head_list, device=q.device)) * scoring.query_factor,  # [n_h, s, d]
         k,
@@ -338,9 +342,10 @@ def summarize_layer(
         top_k=summary.top_keys.shape[-1],
         sink_tokens=sink_tokens,
         window=window,
+        max_rows=max(m for _, _, m, _, _ in blocks),
+        max_keys=max(k1 - k0 for _, _, _, k0, k1 in blocks),
     )
-    for done, r0, m in row_blocks(row_t, _block_rows(len(head_list), s, block_budget, map_block)):
-        k0, k1 = scoring.key_range(r0, r0 + m, s)
+    for done, r0, m, k0, k1 in blocks:
         block = scorer.block(r0, m, k0, k1, keep_weights=block_max is not None)
         _store_block(summary, slice(done, done + m), block)
         if block_max is not None and block_sum is not None and map_block is not None and block.weights is not None:

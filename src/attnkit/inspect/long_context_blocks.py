@@ -110,6 +110,9 @@ class BlockScorer:
         top_k: keys kept per query for ``"top"``.
         sink_tokens: the first tokens counted as the sink.
         window: the distance below which attention counts as within the window.
+        max_rows, max_keys: the most rows and keys of any block: the buffers are made that
+            large at once (a buffer that grew block by block, as the keys of causal blocks
+            do, would be new memory to fault in for every block).
     """
 
     def __init__(
@@ -125,20 +128,29 @@ class BlockScorer:
         top_k: int,
         sink_tokens: int,
         window: int,
+        max_rows: int,
+        max_keys: int,
     ) -> None:
         self.q, self.k, self.groups = q, k, groups
         self.softcap, self.lowest, self.highest = softcap, lowest, highest
         self.statistics = frozenset(statistics)
         self.top_k = top_k if "top" in self.statistics else 0
         self.sink_tokens, self.window = sink_tokens, window
+        self._capacity = q.shape[0] * max_rows * self._width(max_rows, max_keys)
         self._buffers: dict[str, Tensor] = {}
+
+    def _width(self, m: int, n_keys: int) -> int:
+        """Columns ``L`` of a block's rows: the keys, ``m`` of padding on each side, and for
+        the top keys a whole number of chunks."""
+        width = n_keys + 2 * m
+        return -(-width // TOP_CHUNK) * TOP_CHUNK if self.top_k else width
 
     def _buffer(self, name: str, shape: tuple[int, int, int]) -> Tensor:
         """A reused buffer viewed as ``shape`` (its contents are whatever the last block left)."""
         numel = math.prod(shape)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() < numel:
-            buffer = torch.empty(numel, dtype=self.q.dtype, device=self.q.device)
+            buffer = torch.empty(max(numel, self._capacity), dtype=self.q.dtype, device=self.q.device)
             self._buffers[name] = buffer
         return buffer[:numel].view(shape)
 
@@ -147,9 +159,7 @@ class BlockScorer:
         layout (module docstring), ``-inf`` where masked and in the padding."""
         n_h, d = self.q.shape[0], self.q.shape[2]
         n_keys = k1 - k0
-        width = n_keys + 2 * m
-        if self.top_k:
-            width = -(-width // TOP_CHUNK) * TOP_CHUNK
+        width = self._width(m, n_keys)
         scores = self._buffer("scores", (n_h, m, width))
         for p0, p1, kv in self.groups:
             # Rows of consecutive heads have one stride in this layout: one product writes them.
