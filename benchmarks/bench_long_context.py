@@ -164,6 +164,30 @@ def _cell_text(cell: dict) -> str:
     return f"{cell['seconds']:,.1f} s, {cell['peak_growth_mib']:,.0f} MiB"
 
 
+def report(name: str, rows: list[dict]) -> str:
+    """The Markdown section of ``rows`` (saved rows of model ``name``, shortest first)."""
+    table = [table_row(row) for row in rows]
+    return (
+        f"## Long-context summaries ({name})\n\n"
+        "Processor time (one thread) and the growth of the peak resident set over the loaded model. "
+        "Summaries: every head; the global layers' sinks, distances, window mass, entropy and top-8 keys "
+        "of every query, the sliding-window layers' distances and window mass. The recipe holds "
+        "layers × heads × s² × 4 bytes of weights at once.\n\n"
+        + markdown_table(
+            [
+                "tokens",
+                "forward",
+                "summaries",
+                "time ratio",
+                f"within weights + {BUDGET_GIB:.0f} GiB",
+                "output_attentions recipe",
+                "logits of every position",
+            ],
+            table,
+        )
+    )
+
+
 def default_model() -> str:
     from attnkit import models
 
@@ -210,26 +234,7 @@ def main() -> None:
         for s in chosen
     ]
     rows = sorted(rows + earlier_rows(name, chosen), key=lambda row: row["tokens"])
-    table = [table_row(row) for row in rows]
-    markdown = (
-        f"## Long-context summaries ({name})\n\n"
-        "Processor time (one thread) and the growth of the peak resident set over the loaded model. "
-        "Summaries: every head; the global layers' sinks, distances, window mass, entropy and top-8 keys "
-        "of every query, the sliding-window layers' distances and window mass. The recipe holds "
-        "layers × heads × s² × 4 bytes of weights at once.\n\n"
-        + markdown_table(
-            [
-                "tokens",
-                "forward",
-                "summaries",
-                "time ratio",
-                f"within weights + {BUDGET_GIB:.0f} GiB",
-                "output_attentions recipe",
-                "logits of every position",
-            ],
-            table,
-        )
-    )
+    markdown = report(name, rows)
     print(markdown)
     write_results("bench_long_context", {"model": name, "rows": rows}, markdown, update_docs=args.update_docs)
 
