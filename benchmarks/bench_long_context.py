@@ -5,9 +5,11 @@ Three ways to look at the attention of one long text, each in its own child proc
 
 - ``forward``: the plain forward pass on the fused kernels, no weights, no logits (the
   baseline of the time ratio);
-- ``summaries``: :func:`attnkit.inspect.long_context.long_context_summaries` over every layer
-  and head (sinks, distances, window mass, entropy, top-8 keys of every query), which never
-  forms an ``[s, s]`` map (sliding-window layers only compute their window);
+- ``summaries``: :func:`attnkit.inspect.long_context.long_context_summaries` over every head
+  of every layer, which never forms an ``[s, s]`` map: every statistic of the global layers
+  (sinks, distances, window mass, entropy, top-8 keys of every query) and the distance
+  summaries of the sliding-window layers (mean, quantiles, window mass: Gemma 3's local
+  layers), which only compute their window;
 - ``recipe``: the tutorial's recipe, every layer's ``[h, s, s]`` weights at once
   (``output_attentions=True``; ``Model.run(return_weights=True)`` here). It is run only where
   its weights fit ``--recipe-budget``; past that the table gives the size it would need
@@ -15,7 +17,11 @@ Three ways to look at the attention of one long text, each in its own child proc
 
 Memory is the growth of the child's peak resident set (``VmHWM``) over what it held once
 the model was loaded, so the weights are not counted. The logits of every position, which
-neither of the first two computes, are ``s × vocab × 4`` bytes: listed beside.
+neither of the first two computes, are ``s × vocab × 4`` bytes: listed beside. Time is the
+child's processor time (one thread): on a shared machine the wall time also counts the time
+spent waiting for a core, so the ratio is taken on processor time; wall times are saved too.
+``--jobs 2`` runs two children at once (each still on one thread). The summaries' head
+table (every head's sink, distances and window mass) is saved with the results.
 
 Run: ``python benchmarks/bench_long_context.py`` (model ``gemma3`` when it is fetched,
 ``smollm2`` otherwise; the 32K row takes long on a CPU), or ``--lengths 256,512`` for a
@@ -41,6 +47,10 @@ TEXT = (
     "water while the wheel turns slowly; the village keeps its market on Saturdays. "
 )
 MODES = ("forward", "summaries", "recipe")
+# What the summaries compute on sliding-window layers: how far they look.
+LOCAL_STATISTICS = ("distance", "window")
+# The memory budget of the summaries beyond the weights.
+BUDGET_GIB = 4.0
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -50,6 +60,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument(
         "--recipe-budget", type=float, default=4.0, metavar="GIB", help="run the recipe only below this (default: 4)"
     )
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="children run at once (default: 1)")
     parser.add_argument("--cell", nargs=3, metavar=("MODEL", "MODE", "TOKENS"), help=argparse.SUPPRESS)
     return parser
 
@@ -72,21 +83,109 @@ def run_cell(model_name: str, mode: str, tokens: int) -> dict:
     from attnkit import models
     from attnkit.inspect.long_context import long_context_summaries
 
+    torch.set_num_threads(1)
     model = models.load(model_name)
     ids = model.tokenizer.encode(TEXT * (tokens // 20 + 1)).ids[0, :tokens]
     with torch.no_grad():
         model.run(ids[:16], return_weights=False, logits=False)  # warm up
     _reset_peak()
     before = _peak_kib()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    heads = None
     if mode == "forward":
         model.run(ids, return_weights=False, logits=False)
     elif mode == "summaries":
-        long_context_summaries(model, ids, top_k=8)
+        heads = long_context_summaries(model, ids, top_k=8, local_statistics=LOCAL_STATISTICS).head_table()
     else:
         model.run(ids, return_weights=True, logits=False)
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "peak_growth_mib": (_peak_kib() - before) / 1024}
+    cell = {
+        "seconds": time.process_time() - cpu_start,
+        "wall_seconds": time.perf_counter() - start,
+        "peak_growth_mib": (_peak_kib() - before) / 1024,
+    }
+    return cell if heads is None else {**cell, "heads": heads}
+
+
+def run_cells(name: str, wanted: list[tuple[int, str]], *, jobs: int) -> dict[tuple[int, str], dict]:
+    """Each ``(tokens, mode)`` of ``wanted`` measured in its own child process, ``jobs`` at once."""
+    cells: dict[tuple[int, str], dict] = {}
+    waiting = list(wanted)
+    running: dict[tuple[int, str], subprocess.Popen] = {}
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            tokens, mode = waiting.pop(0)
+            command = [sys.executable, __file__, "--cell", name, mode, str(tokens)]
+            running[tokens, mode] = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        for key, child in list(running.items()):
+            if child.poll() is None:
+                continue
+            out, _ = child.communicate()
+            if child.returncode:
+                raise SystemExit(f"{name} {key[0]} tokens {key[1]}: the child failed (exit {child.returncode})")
+            cells[key] = json.loads(out.strip().splitlines()[-1])
+            shown = {name: value for name, value in cells[key].items() if name != "heads"}
+            print(f"{name} {key[0]} tokens {key[1]}: {shown}", flush=True)
+            del running[key]
+        time.sleep(0.5)
+    return cells
+
+
+def earlier_rows(name: str, measured: list[int]) -> list[dict]:
+    """The rows of ``name`` at other lengths than ``measured`` from the results already saved,
+    so that a long row measured alone joins the table of the shorter ones."""
+    from benchmarks.common import RESULTS
+
+    saved = RESULTS / "bench_long_context.json"
+    if not saved.exists():
+        return []
+    data = json.loads(saved.read_text())
+    if data.get("model") != name:
+        return []
+    return [row for row in data["rows"] if row["tokens"] not in measured]
+
+
+def table_row(row: dict) -> list[str]:
+    """One line of the Markdown table from a saved row."""
+    forward, summaries, recipe = (row[mode] for mode in MODES)
+    return [
+        f"{row['tokens']:,}",
+        _cell_text(forward),
+        _cell_text(summaries),
+        f"{summaries['seconds'] / forward['seconds']:.2f}x",
+        "yes" if summaries["peak_growth_mib"] <= BUDGET_GIB * 1024 else "no",
+        _cell_text(recipe)
+        if recipe is not None
+        else f"not run: its weights alone are {row['recipe_weights_gib']:,.1f} GiB",
+        f"{row['all_logits_gib']:.1f} GiB",
+    ]
+
+
+def _cell_text(cell: dict) -> str:
+    return f"{cell['seconds']:,.1f} s, {cell['peak_growth_mib']:,.0f} MiB"
+
+
+def report(name: str, rows: list[dict]) -> str:
+    """The Markdown section of ``rows`` (saved rows of model ``name``, shortest first)."""
+    table = [table_row(row) for row in rows]
+    return (
+        f"## Long-context summaries ({name})\n\n"
+        "Processor time (one thread) and the growth of the peak resident set over the loaded model. "
+        "Summaries: every head; the global layers' sinks, distances, window mass, entropy and top-8 keys "
+        "of every query, the sliding-window layers' distances and window mass. The recipe holds "
+        "layers × heads × s² × 4 bytes of weights at once.\n\n"
+        + markdown_table(
+            [
+                "tokens",
+                "forward",
+                "summaries",
+                "time ratio",
+                f"within weights + {BUDGET_GIB:.0f} GiB",
+                "output_attentions recipe",
+                "logits of every position",
+            ],
+            table,
+        )
+    )
 
 
 def default_model() -> str:
@@ -110,45 +209,32 @@ def main() -> None:
 
     name = args.model or default_model()
     model = models.load(name)
-    rows, table = [], []
+    context, num_layers, num_heads, vocab = model.max_length, model.num_layers, model.num_heads, model.config.vocab_size
+    del model  # the children load their own: this process holds no weights while they run
+    chosen = [s for s in lengths if s <= context]
     for s in lengths:
-        if s > model.max_length:
-            print(f"{s} tokens: more than {name}'s context of {model.max_length}, skipped")
-            continue
-        recipe_gib = model.num_layers * model.num_heads * s * s * 4 / 2**30
-        logits_gib = s * model.config.vocab_size * 4 / 2**30
-        cells = {}
-        for mode in MODES:
-            if mode == "recipe" and recipe_gib > args.recipe_budget:
-                cells[mode] = None
-                continue
-            out = subprocess.run(
-                [sys.executable, __file__, "--cell", name, mode, str(s)], check=True, capture_output=True, text=True
-            )
-            cells[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{name} {s} tokens {mode}: {cells[mode]}", flush=True)
-        forward, summaries, recipe = cells["forward"], cells["summaries"], cells["recipe"]
-        rows.append({"tokens": s, **cells, "recipe_weights_gib": recipe_gib, "all_logits_gib": logits_gib})
-        table.append(
-            [
-                str(s),
-                f"{forward['seconds']:.1f} s, {forward['peak_growth_mib']:.0f} MiB",
-                f"{summaries['seconds']:.1f} s, {summaries['peak_growth_mib']:.0f} MiB",
-                f"{summaries['seconds'] / forward['seconds']:.2f}x",
-                f"{recipe['seconds']:.1f} s, {recipe['peak_growth_mib']:.0f} MiB"
-                if recipe is not None
-                else f"not run: its weights alone are {recipe_gib:.2f} GiB, over --recipe-budget",
-                f"{logits_gib:.2f} GiB",
-            ]
-        )
-    markdown = (
-        f"## Long-context summaries ({name})\n\n"
-        "Peak memory is the growth over the loaded model. Summaries: every layer and head, top-8 keys.\n\n"
-        + markdown_table(
-            ["tokens", "forward", "summaries", "time ratio", "output_attentions recipe", "logits of every position"],
-            table,
-        )
-    )
+        if s > context:
+            print(f"{s} tokens: more than {name}'s context of {context}, skipped")
+    recipe_gib = {s: num_layers * num_heads * s * s * 4 / 2**30 for s in chosen}
+    # The longest first, so that with --jobs the slowest children start at once.
+    wanted = [
+        (s, mode)
+        for s in sorted(chosen, reverse=True)
+        for mode in MODES
+        if mode != "recipe" or recipe_gib[s] <= args.recipe_budget
+    ]
+    cells = run_cells(name, wanted, jobs=args.jobs)
+    rows = [
+        {
+            "tokens": s,
+            **{mode: cells.get((s, mode)) for mode in MODES},
+            "recipe_weights_gib": recipe_gib[s],
+            "all_logits_gib": s * vocab * 4 / 2**30,
+        }
+        for s in chosen
+    ]
+    rows = sorted(rows + earlier_rows(name, chosen), key=lambda row: row["tokens"])
+    markdown = report(name, rows)
     print(markdown)
     write_results("bench_long_context", {"model": name, "rows": rows}, markdown, update_docs=args.update_docs)
 

@@ -206,3 +206,50 @@ def test_minilm_summaries_equal_its_dense_weights(minilm):
     torch.testing.assert_close(got.distance, (dense * dist).sum(-1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.within_window, (dense * (dist < 4)).sum(-1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.top_weights.double(), dense.topk(2, dim=-1).values, rtol=1e-5, atol=1e-6)
+
+
+def test_top_keys_of_long_rows_come_from_the_best_chunks():
+    # Rows of more than 2 * top_k chunks of 64 keys take the two-stage top-k: each chunk's
+    # maximum, then the keys of the best chunks. It must equal a plain top-k of dense weights.
+    s, h, d = 1500, 2, 16
+    gen = torch.Generator().manual_seed(4)
+    q, k = (
+        torch.randn(h, s, d, generator=gen, dtype=torch.float64),
+        torch.randn(1, s, d, generator=gen, dtype=torch.float64),
+    )
+    scores = (q @ k[0].T) * d**-0.5  # [h, s, s]
+    weights = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    summary = summarize_layer(q, k, LayerScoring(scale=d**-0.5), top_k=5, block_budget=h * 100 * s)
+    top_w, top_i = weights.topk(5, dim=-1)  # [h, s, 5]
+    present = top_w > 0
+    assert torch.equal(summary.top_keys, torch.where(present, top_i, -1))
+    torch.testing.assert_close(summary.top_weights, torch.where(present, top_w, 0.0), rtol=1e-10, atol=1e-12)
+
+
+def test_only_the_statistics_asked_are_computed(tiny_family_folder):
+    model = _double(models.load(tiny_family_folder("gemma3_text")))
+    ids = torch.randint(0, VOCAB - 1, (TEXT_LENGTH,), generator=torch.Generator().manual_seed(5))
+    full = long_context_summaries(model, ids, top_k=3, window=4)
+    got = long_context_summaries(model, ids, top_k=3, window=4, local_statistics=("distance",))
+    local = [i for i, scoring in got.scorings.items() if scoring.window is not None]
+    assert local and len(local) < model.num_layers  # the tiny Gemma 3 has local and global layers
+    for layer, summary in got.summaries.items():
+        expected = full.summaries[layer]
+        torch.testing.assert_close(summary.distance, expected.distance, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(summary.distance_mass, expected.distance_mass, rtol=1e-12, atol=1e-12)
+        if layer in local:
+            assert summary.sink is None and summary.entropy is None and summary.within_window is None
+            assert summary.top_keys.shape[-1] == 0 and summary.top_weights.shape[-1] == 0
+            assert set(summary.head_table()[0]) == {
+                "layer",
+                "head",
+                "distance",
+                *(f"distance_q{q}" for q in (25, 50, 75, 90)),
+            }
+        else:
+            torch.testing.assert_close(summary.entropy, expected.entropy, rtol=1e-12, atol=1e-12)
+            assert torch.equal(summary.top_keys, expected.top_keys)
+    with pytest.raises(ValueError, match="statistics must be a collection of sink, distance"):
+        long_context_summaries(model, ids, statistics="distance")
+    with pytest.raises(ValueError, match="got \\('distances',\\)"):
+        long_context_summaries(model, ids, local_statistics=("distances",))

@@ -36,13 +36,14 @@ Shape letters: ``h`` query heads, ``h_kv`` key/value heads, ``s`` tokens, ``d`` 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from attnkit.inspect.long_context_blocks import STATISTICS, BlockScorer, BlockStatistics, head_groups, row_blocks
 from attnkit.nn.attention import MultiHeadAttention
 
 if TYPE_CHECKING:
@@ -80,9 +81,25 @@ class LayerScoring:
             return (q * self.scale) @ k.transpose(-1, -2)
         return torch.tanh((q * (self.scale / self.softcap)) @ k.transpose(-1, -2)) * self.softcap
 
+    @property
+    def query_factor(self) -> float:
+        """What :meth:`scores` multiplies the queries by before ``q·k``."""
+        return self.scale if self.softcap is None else self.scale / self.softcap
+
+    def distance_range(self) -> tuple[int | None, int | None]:
+        """The lowest and highest signed distance ``i - j`` from a query ``i`` to a key
+        ``j`` it may attend to (``None``: unbounded), from the causal mask and the window."""
+        reach = None if self.window is None else self.window - 1
+        if self.causal:
+            return 0, reach
+        return (None if reach is None else -reach), reach
+
     def key_range(self, r0: int, r1: int, s: int) -> tuple[int, int]:
         """The keys ``k0:k1`` that queries ``r0:r1`` may attend to, as one range."""
-        k1 = r1 if self.causal else s
+        if self.causal:
+            k1 = r1
+        else:
+            k1 = s if self.window is None else min(s, r1 + self.window - 1)
         k0 = max(0, r0 - self.window + 1) if self.window is not None else 0
         return k0, k1
 
@@ -138,10 +155,13 @@ class LayerSummary:
         heads: the chosen heads, ``[n_h]``.
         rows: the query positions summarised, ``[n_r]`` (every position by default).
         sink_tokens, window: as asked.
-        sink, distance, within_window, entropy: ``[n_h, n_r]`` float64.
+        sink, distance, within_window, entropy: ``[n_h, n_r]`` float64, or ``None`` when
+            not among the ``statistics`` asked (``"sink"``, ``"distance"``, ``"window"``,
+            ``"entropy"``).
         distance_mass: ``[n_h, s]`` float64, mass at each distance averaged over the rows
-            ``rows >= 1``.
-        top_keys: ``[n_h, n_r, k]`` int64 key positions, strongest first (``-1`` padding).
+            ``rows >= 1`` (``None`` with ``distance``).
+        top_keys: ``[n_h, n_r, k]`` int64 key positions, strongest first (``-1`` padding);
+            ``k`` is 0 when ``"top"`` was not asked.
         top_weights: ``[n_h, n_r, k]`` their weights (``0`` padding).
         block_max, block_mean: ``[n_h, ceil(s/B), ceil(s/B)]`` the block-reduced map, when
             asked for (``map_block=B``); the mean counts masked pairs as 0.
@@ -153,11 +173,11 @@ class LayerSummary:
     sink_tokens: int
     window: int
     causal: bool
-    sink: Tensor
-    distance: Tensor
-    within_window: Tensor
-    entropy: Tensor
-    distance_mass: Tensor
+    sink: Tensor | None
+    distance: Tensor | None
+    within_window: Tensor | None
+    entropy: Tensor | None
+    distance_mass: Tensor | None
     top_keys: Tensor
     top_weights: Tensor
     map_block: int | None = None
@@ -173,18 +193,22 @@ class LayerSummary:
         """One dict per chosen head: ``layer``, ``head``, ``sink``, ``distance`` (mean),
         ``distance_q25`` … (quantiles of the distance distribution of
         :attr:`distance_mass`), ``within_window``, ``beyond_window``, ``entropy``, all
-        averaged over the queries ``1 .. s-1``."""
+        averaged over the queries ``1 .. s-1`` (those computed)."""
         counted = self._counted()
         table = []
         for i, head in enumerate(self.heads):
             row: dict[str, float | int] = {"layer": self.layer, "head": head}
-            row["sink"] = float(self.sink[i, counted].mean())
-            row["distance"] = float(self.distance[i, counted].mean())
-            for q, value in zip(quantiles, distance_quantiles(self.distance_mass[i], quantiles)):
-                row[f"distance_q{round(q * 100)}"] = value
-            row["within_window"] = float(self.within_window[i, counted].mean())
-            row["beyond_window"] = 1.0 - row["within_window"]
-            row["entropy"] = float(self.entropy[i, counted].mean())
+            if self.sink is not None:
+                row["sink"] = float(self.sink[i, counted].mean())
+            if self.distance is not None and self.distance_mass is not None:
+                row["distance"] = float(self.distance[i, counted].mean())
+                for q, value in zip(quantiles, distance_quantiles(self.distance_mass[i], quantiles)):
+                    row[f"distance_q{round(q * 100)}"] = value
+            if self.within_window is not None:
+                row["within_window"] = float(self.within_window[i, counted].mean())
+                row["beyond_window"] = 1.0 - row["within_window"]
+            if self.entropy is not None:
+                row["entropy"] = float(self.entropy[i, counted].mean())
             table.append(row)
         return table
 
@@ -259,8 +283,14 @@ def summarize_layer(
     window: int = 256,
     map_block: int | None = None,
     block_budget: int = DEFAULT_BLOCK_BUDGET,
+    statistics: Collection[str] = STATISTICS,
 ) -> LayerSummary:
     """Summarise one layer's attention from its queries and keys, never holding ``[s, s]``.
+
+    Each block of consecutive query rows gets its exact weights from one recomputed block of
+    scores, and every statistic comes from that block
+    (:class:`attnkit.inspect.long_context_blocks.BlockScorer`): a sliding-window layer only
+    computes the keys of its window.
 
     Args:
         q: ``[h, s, d]`` (or ``[1, h, s, d]``), the layer's queries after the rotary
@@ -274,34 +304,83 @@ def summarize_layer(
         window: the distance below which attention counts as ``within_window``.
         map_block: also reduce the map to ``B × B`` blocks (max and mean); needs every row.
         block_budget: the most scores held at once (``n_h × rows × keys``).
+        statistics: which of ``"sink"``, ``"distance"`` (mean and quantiles),
+            ``"window"``, ``"entropy"`` and ``"top"`` (the top keys) to compute; the
+            others are ``None`` (no top keys: ``k`` = 0).
 
     Returns:
         A :class:`LayerSummary` (statistics in float64 whatever the dtype of ``q``).
 
     Raises:
-        ValueError: shapes that do not fit, heads or rows out of range, a size below 1.
+        ValueError: shapes that do not fit, heads or rows out of range, a size below 1, an
+            unknown statistic.
     """
     q, k = _one_sequence(q, k)
     _check_sizes(top_k=top_k, sink_tokens=sink_tokens, window=window, block_budget=block_budget)
+    wanted = _checked_statistics(statistics)
     h, s, _ = q.shape
     head_list, row_t = _chosen_heads_and_rows(h, s, heads, rows, map_block, q.device)
-    head_t = torch.tensor(head_list, dtype=torch.long, device=q.device)
     summary = _empty_summary(
         q, scoring, layer, head_list, row_t, top_k=top_k, sink_tokens=sink_tokens, window=window, map_block=map_block
     )
+    _keep_only(summary, wanted)
     block_max = summary.block_max
     block_sum = None if block_max is None else torch.zeros_like(block_max, dtype=torch.float64)
-    block_rows = _block_rows(len(head_list), s, block_budget, map_block)
-    done = 0
-    for r, k0, w in iter_weight_blocks(q, k, scoring, heads=head_t, rows=row_t, block_rows=block_rows):
-        _fold_block(summary, slice(done, done + r.numel()), r, k0, w)
-        done += r.numel()
-        if block_max is not None and block_sum is not None and map_block is not None:
-            _reduce_blocks(w, int(r[0]), k0, map_block, block_max, block_sum)
-    summary.distance_mass /= max(1, int((row_t >= 1).sum()))
+    lowest, highest = scoring.distance_range()
+    blocks = [
+        (done, r0, m, *scoring.key_range(r0, r0 + m, s))
+        for done, r0, m in row_blocks(row_t, _block_rows(len(head_list), s, block_budget, map_block))
+    ]
+    scorer = BlockScorer(
+        q.index_select(0, torch.tensor(head_list, device=q.device)) * scoring.query_factor,  # [n_h, s, d]
+        k,
+        head_groups(head_list, h, k.shape[0]),
+        softcap=scoring.softcap,
+        lowest=lowest,
+        highest=highest,
+        statistics=wanted,
+        top_k=summary.top_keys.shape[-1],
+        sink_tokens=sink_tokens,
+        window=window,
+        max_rows=max(m for _, _, m, _, _ in blocks),
+        max_keys=max(k1 - k0 for _, _, _, k0, k1 in blocks),
+    )
+    for done, r0, m, k0, k1 in blocks:
+        block = scorer.block(r0, m, k0, k1, keep_weights=block_max is not None)
+        _store_block(summary, slice(done, done + m), block)
+        if block_max is not None and block_sum is not None and map_block is not None and block.weights is not None:
+            _reduce_blocks(block.weights, r0, k0, map_block, block_max, block_sum)
+    if summary.distance_mass is not None:
+        summary.distance_mass /= max(1, int((row_t >= 1).sum()))
     if block_sum is not None and map_block is not None:
         summary.block_mean = (block_sum / _block_sizes(s, map_block, q.device)).to(q.dtype)
     return summary
+
+
+def _checked_statistics(statistics: Collection[str]) -> frozenset[str]:
+    """``statistics`` as a set, checked against :data:`STATISTICS`.
+
+    Raises:
+        ValueError: an unknown name, or a plain string (which would be read letter by letter).
+    """
+    if isinstance(statistics, str) or any(name not in STATISTICS for name in statistics):
+        raise ValueError(f"statistics must be a collection of {', '.join(STATISTICS)}, got {statistics!r}")
+    return frozenset(statistics)
+
+
+def _keep_only(summary: LayerSummary, wanted: frozenset[str]) -> None:
+    """Drop the fields of ``summary`` that ``wanted`` does not ask for."""
+    if "sink" not in wanted:
+        summary.sink = None
+    if "distance" not in wanted:
+        summary.distance = summary.distance_mass = None
+    if "window" not in wanted:
+        summary.within_window = None
+    if "entropy" not in wanted:
+        summary.entropy = None
+    if "top" not in wanted:
+        summary.top_keys = summary.top_keys[..., :0]
+        summary.top_weights = summary.top_weights[..., :0]
 
 
 def _one_sequence(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -407,37 +486,20 @@ def _empty_summary(
     )
 
 
-def _fold_block(summary: LayerSummary, out: slice, r: Tensor, k0: int, w: Tensor) -> None:
-    """Write the per-query statistics of one block into ``summary``'s rows ``out``, and add
-    its mass at each distance to ``summary.distance_mass`` (query 0 not counted).
-
-    Args:
-        summary: from :func:`_empty_summary`.
-        out: the block's rows among ``summary.rows``.
-        r: the block's query positions ``[m]``.
-        k0: the position of the block's first key.
-        w: the weights ``[n_h, m, l]`` of keys ``k0 .. k0 + l - 1`` (:func:`iter_weight_blocks`).
-    """
+def _store_block(summary: LayerSummary, out: slice, block: BlockStatistics) -> None:
+    """Write one block's per-query statistics into ``summary``'s rows ``out``, and add its
+    mass at each distance to ``summary.distance_mass``."""
     f64 = torch.float64
-    n_h, _, n_keys = w.shape
-    keys = torch.arange(k0, k0 + n_keys, device=w.device)
-    gap = r[:, None] - keys[None, :]  # [m, l]
-    dist = gap if summary.causal else gap.abs()
-    dist = dist.clamp(min=0)  # masked (weight 0) keys after a causal query
-    # Reductions in the weights' dtype (one pass each over the block), kept in float64.
-    near = (dist < summary.window).to(w.dtype)  # [m, l]
-    summary.sink[:, out] = w[..., : max(0, summary.sink_tokens - k0)].sum(-1).to(f64)
-    summary.distance[:, out] = (w * dist.to(w.dtype)).sum(-1).to(f64)
-    summary.within_window[:, out] = (w * near).sum(-1).to(f64)
-    summary.entropy[:, out] = -torch.special.xlogy(w, w).sum(-1).to(f64) / math.log(2)
-    counted = w if int(r[0]) >= 1 else w * (r >= 1).to(w.dtype)[None, :, None]  # query 0 not counted
-    by_distance = torch.zeros(n_h, summary.distance_mass.shape[1], dtype=w.dtype, device=w.device)  # [n_h, s]
-    by_distance.scatter_add_(1, dist.reshape(1, -1).expand(n_h, -1), counted.reshape(n_h, -1))
-    summary.distance_mass += by_distance
-    top_w, top_i = w.topk(min(summary.top_keys.shape[-1], n_keys), dim=-1)  # [n_h, m, k]
-    taken = top_w > 0
-    summary.top_keys[:, out, : top_i.shape[-1]] = torch.where(taken, top_i + k0, -1)
-    summary.top_weights[:, out, : top_w.shape[-1]] = torch.where(taken, top_w, 0)
+    for name in ("sink", "distance", "within_window", "entropy"):
+        target, value = getattr(summary, name), getattr(block, name)
+        if target is not None and value is not None:
+            target[:, out] = value.to(f64)
+    if summary.distance_mass is not None and block.distance_mass is not None:
+        reach = block.mass_at < summary.distance_mass.shape[1]  # columns of keys beyond the text hold 0
+        summary.distance_mass.index_add_(1, block.mass_at[reach], block.distance_mass[:, reach].to(f64))
+    kept = block.top_keys.shape[-1]
+    summary.top_keys[:, out, :kept] = block.top_keys
+    summary.top_weights[:, out, :kept] = block.top_weights
 
 
 def _reduce_blocks(w: Tensor, r0: int, k0: int, b: int, block_max: Tensor, block_sum: Tensor) -> None:
@@ -547,6 +609,8 @@ def long_context_summaries(
     logits_at: Sequence[int] = (),
     keep_qk: bool = False,
     block_budget: int = DEFAULT_BLOCK_BUDGET,
+    statistics: Collection[str] = STATISTICS,
+    local_statistics: Collection[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> LongContextRun:
     """Per-head summaries of a real model's attention over a long text, in bounded memory.
@@ -559,8 +623,10 @@ def long_context_summaries(
         model: an :class:`attnkit.models.Model` of a decoder or encoder family.
         text_or_ids: the text, or token ids ``[s]`` / ``[1, s]``.
         layers: layers to summarise (negative from the end; default all).
-        heads, rows, top_k, sink_tokens, window, map_block, block_budget: as
+        heads, rows, top_k, sink_tokens, window, map_block, block_budget, statistics: as
             :func:`summarize_layer`.
+        local_statistics: the statistics of sliding-window layers, when they differ from
+            ``statistics`` (``("distance",)``: only how far Gemma's local layers look).
         logits_at: positions whose next-token logits to return (the vocabulary projection
             runs on those rows only).
         keep_qk: keep each chosen layer's queries and keys in the result (``2 · s · h · d``
@@ -583,6 +649,8 @@ def long_context_summaries(
     ids, _, _ = model.prepare_input(text_or_ids)
     chosen = _layer_list(layers, model.num_layers)
     positions = _positions(logits_at, ids.shape[1])
+    wanted = _checked_statistics(statistics)
+    local_wanted = wanted if local_statistics is None else _checked_statistics(local_statistics)
     scorings = {
         i: layer_scoring(model.module.self_attention(i), causal=model.causal, where=f"{model.name} layer {i}")
         for i in chosen
@@ -613,6 +681,7 @@ def long_context_summaries(
                 window=window,
                 map_block=map_block,
                 block_budget=block_budget,
+                statistics=wanted if scorings[layer].window is None else local_wanted,
             )
             if keep_qk:
                 kept[layer] = (q, k)
