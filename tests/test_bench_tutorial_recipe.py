@@ -129,8 +129,9 @@ def test_render_rebuilds_the_table_of_a_stopped_run_from_its_results(tmp_path):
     assert "float32 at 50 tokens; bfloat16 at 50 tokens." in table
     assert "1.0 at the start" not in table and "3.0 at the start of this run and 4.5 at its end" in table
     assert "tokens: the median of 5 more)" in table
-    assert "the plain forward's processor time in bfloat16 is 4.0× at 7 tokens its float32 time" in table
+    assert "the plain forward's processor time, bfloat16 ÷ float32: 4.0× at 7 tokens (rows measured" in table
     assert "`torch.backends.cpu.get_cpu_capability()`: AVX2)" in table
+    assert "Targets: memory within 1.15× in every row measured; processor time within 1.1× in every row" in table
 
 
 def test_render_without_results_is_refused(tmp_path):
