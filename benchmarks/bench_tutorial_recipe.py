@@ -422,7 +422,7 @@ def notes(data: dict) -> list[str]:
             + (f" (this machine's `torch.backends.cpu.get_cpu_capability()`: {capability})" if capability else "")
             + ". Without them every product converts its operands to float32 and back: bfloat16 then halves the "
             "weights' memory and multiplies a longer text's time, for the three contenders alike, and float32 is "
-            "the faster choice for all but the shortest texts."
+            "the faster choice for long texts."
         )
     found += target_notes(data["rows"])
     missing = [
