@@ -8,9 +8,14 @@ The model has TinyLlama-1.1B's shape (transformers' ``LlamaConfig``: 22 layers, 
 2048, 32 heads, 4 key-value heads, feed-forward 5632, vocabulary 32000) and random weights,
 written once into ``--cache`` (about 6.6 GB: one folder per dtype) with a word-level
 tokenizer. Each contender runs in a process of its own, which loads the model, runs one
-forward pass (short texts: then two more, and the median of those is the time), and
+forward pass (short texts: then five more, and the median of those is the time), and
 reports its peak resident set (``ru_maxrss``): a process's peak is all the memory it ever
-held, weights included. Load time is reported apart.
+held, weights included. Load time is reported apart. Each pass's processor time (every
+thread of the process) is recorded beside its wall time: on a machine shared with other
+work, wall time swings with the other load and processor time much less, so the table
+gives the attnkit ÷ plain ratio of both. The results file is rewritten after every
+contender, so a run stopped early keeps what it measured; ``--render`` rebuilds the table
+from it without measuring anything.
 
 Run alone: ``python benchmarks/bench_tutorial_recipe.py`` (the full configuration needs
 about 18 GB of free memory for the tutorial's code at 2,000 tokens in float32, 6.6 GB of
@@ -45,9 +50,10 @@ CONTENDERS = {
 }
 DTYPES = ("float32", "bfloat16")
 # Forward passes timed after the first one on texts up to this length (the median is the
-# time); a longer text is timed once.
+# time: a 7-token pass takes about a second, which another process on a shared machine
+# easily doubles, so one or two passes decide nothing); a longer text is timed once.
 SHORT = 256
-WARM_RUNS = 2
+WARM_RUNS = 5
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -68,6 +74,12 @@ def arguments() -> argparse.ArgumentParser:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads in every child (default: torch's)")
     parser.add_argument("--out", type=Path, default=None, help="write the results here instead of benchmarks/results/")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: rebuild the table from the results file (benchmarks/results/, or --out) as it is, "
+        "also after a run that was stopped early",
+    )
     parser.add_argument("--child", choices=sorted(CONTENDERS), help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", choices=DTYPES, help=argparse.SUPPRESS)
@@ -143,14 +155,17 @@ def child(args: argparse.Namespace) -> dict:
                 return hf(ids).logits
 
     loaded = time.perf_counter()
+    processor = time.process_time()
     result = forward()
     first = time.perf_counter() - loaded
-    warm = []
+    first_cpu = time.process_time() - processor
+    warm, warm_cpu = [], []
     if args.length <= SHORT:
         for _ in range(WARM_RUNS):
-            again = time.perf_counter()
+            again, processor = time.perf_counter(), time.process_time()
             forward()
             warm.append(time.perf_counter() - again)
+            warm_cpu.append(time.process_time() - processor)
     tokens = int(ids.shape[1])
     expected = (tokens, tokens) if args.child != "plain" else (1, tokens, args_vocab(folder=args.folder))
     if tokens != args.length or tuple(result.shape) != expected:
@@ -160,6 +175,8 @@ def child(args: argparse.Namespace) -> dict:
         "load_s": loaded - start,
         "first_s": first,
         "warm_s": statistics.median(warm) if warm else None,
+        "first_cpu_s": first_cpu,
+        "warm_cpu_s": statistics.median(warm_cpu) if warm_cpu else None,
         "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "threads": torch.get_num_threads(),
     }
@@ -280,12 +297,22 @@ def time_of(cell: dict) -> float:
     return cell["warm_s"] if cell["warm_s"] is not None else cell["first_s"]
 
 
-def measure(args: argparse.Namespace, log) -> list[dict]:
-    rows = []
+def processor_time_of(cell: dict) -> float | None:
+    """The processor time of the same pass (or median) as :func:`time_of`; ``None`` in
+    results recorded before processor time was."""
+    if "first_cpu_s" not in cell:
+        return None
+    return cell["warm_cpu_s"] if cell["warm_s"] is not None else cell["first_cpu_s"]
+
+
+def measure(args: argparse.Namespace, log, save) -> list[dict]:
+    """Every cell, each contender in a child; ``save(rows)`` after each contender."""
+    rows: list[dict] = []
     for dtype_name in args.dtype_names:
         folder = checkpoint(args, dtype_name, log)
         for tokens in args.token_counts:
             row: dict = {"dtype": dtype_name, "tokens": tokens, "contenders": {}}
+            rows.append(row)
             for contender in CONTENDERS:
                 need, free = estimated_peak(args, contender, dtype_name, tokens), available_bytes()
                 if free is not None and need > free:
@@ -293,52 +320,167 @@ def measure(args: argparse.Namespace, log) -> list[dict]:
                         "skipped": f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
                     }
                     log(f"{dtype_name} {tokens} tokens {contender}: skipped, {row['contenders'][contender]['skipped']}")
-                    continue
-                cell = run_child(args, contender, folder, dtype_name, tokens)
-                row["contenders"][contender] = cell
-                log(
-                    f"{dtype_name} {tokens} tokens {contender}: {time_of(cell):.3f} s, "
-                    f"peak {cell['peak_bytes'] / 1e9:.2f} GB (load {cell['load_s']:.1f} s)"
-                )
-            plain, ours = row["contenders"].get("plain", {}), row["contenders"].get("attnkit", {})
-            if "peak_bytes" in plain and "peak_bytes" in ours:
-                row["attnkit_time_ratio"] = time_of(ours) / time_of(plain)
-                row["attnkit_memory_ratio"] = ours["peak_bytes"] / plain["peak_bytes"]
-            rows.append(row)
+                else:
+                    cell = run_child(args, contender, folder, dtype_name, tokens)
+                    row["contenders"][contender] = cell
+                    log(
+                        f"{dtype_name} {tokens} tokens {contender}: {time_of(cell):.3f} s "
+                        f"(processor {processor_time_of(cell):.3f} s), peak {cell['peak_bytes'] / 1e9:.2f} GB "
+                        f"(load {cell['load_s']:.1f} s)"
+                    )
+                save(rows)
     return rows
 
 
-def markdown(args: argparse.Namespace, rows: list[dict]) -> str:
+def ratios(row: dict) -> dict[str, float]:
+    """attnkit ÷ plain in ``row``: time, processor time and memory, where both were measured."""
+    plain, ours = row["contenders"].get("plain", {}), row["contenders"].get("attnkit", {})
+    if "peak_bytes" not in plain or "peak_bytes" not in ours:
+        return {}
+    found = {"time": time_of(ours) / time_of(plain), "memory": ours["peak_bytes"] / plain["peak_bytes"]}
+    ours_cpu, plain_cpu = processor_time_of(ours), processor_time_of(plain)
+    if ours_cpu is not None and plain_cpu is not None:
+        found["processor time"] = ours_cpu / plain_cpu
+    return found
+
+
+def markdown(data: dict) -> str:
+    """The section of docs/benchmarks.md: the table of ``data`` (the results file) and what
+    it shows."""
+    rows = data["rows"]
     headers = ["dtype", "tokens"]
     for contender in CONTENDERS:
         headers += [f"{contender} s", f"{contender} GB"]
-    headers += ["attnkit ÷ plain, time", "attnkit ÷ plain, memory"]
+    headers += ["attnkit ÷ plain, time", "attnkit ÷ plain, processor time", "attnkit ÷ plain, memory"]
     table = []
     for row in rows:
         cells = [row["dtype"], str(row["tokens"])]
         for contender in CONTENDERS:
-            cell = row["contenders"][contender]
-            if "skipped" in cell:
+            cell = row["contenders"].get(contender)
+            if cell is None:
+                cells += ["not run", "not run"]
+            elif "skipped" in cell:
                 cells += ["skipped", cell["skipped"]]
             else:
                 cells += [f"{time_of(cell):.3f}", f"{cell['peak_bytes'] / 1e9:.2f}"]
-        for key in ("attnkit_time_ratio", "attnkit_memory_ratio"):
-            cells.append(f"{row[key]:.2f}×" if key in row else "–")
+        found = ratios(row)
+        cells += [f"{found[key]:.2f}×" if key in found else "–" for key in ("time", "processor time", "memory")]
         table.append(cells)
     from benchmarks.common import markdown_table
 
-    shape = shape_of(args)
-    return (
+    shape = data["shape"]
+    threads = next((c["threads"] for r in rows for c in r["contenders"].values() if "threads" in c), "?")
+    text = (
         "## The tutorial's recipe (bench_tutorial_recipe.py)\n\n"
         "One attention map (last layer, head 0) of a model of TinyLlama-1.1B's shape with random weights "
         f"({shape['layers']} layers, hidden {shape['hidden']}, {shape['heads']} heads, {shape['kv_heads']} key-value "
         f"heads, feed-forward {shape['ffn']}, vocabulary {shape['vocab']}). Each contender runs in its own process: "
         + "; ".join(f"**{name}**: {label}" for name, label in CONTENDERS.items())
         + ". Time: one forward pass after loading (texts up to "
-        f"{SHORT} tokens: the median of {WARM_RUNS} more); memory: the process's peak resident set (`ru_maxrss`), "
-        f"weights included. {rows[0]['contenders'].get('plain', {}).get('threads', '?')} threads.\n\n"
+        f"{SHORT} tokens: the median of {data.get('warm_runs', WARM_RUNS)} more); processor time: the same passes' "
+        "time on every thread of the process, which other work on a shared machine lengthens far less than wall "
+        "time; memory: the process's peak resident set (`ru_maxrss`), weights included. "
+        f"{threads} threads. Target: attnkit within 1.1× the plain forward's time and 1.15× its memory.\n\n"
         + markdown_table(headers, table)
     )
+    return text + "".join(f"\n\n{note}" for note in notes(data))
+
+
+def notes(data: dict) -> list[str]:
+    """What the table shows beyond its cells: the machine's load, bfloat16 against float32,
+    cells not reached, and the device."""
+    found = []
+    load = data.get("load_average_1min")
+    if load:
+        found.append(
+            f"The machine's load (1-minute load average, {data.get('cores', '?')} cores): {load['start']:.1f} at the "
+            f"start of this run and {load['end']:.1f} at its end."
+        )
+    plain = {
+        (row["dtype"], row["tokens"]): row["contenders"]["plain"]
+        for row in data["rows"]
+        if "peak_bytes" in row["contenders"].get("plain", {})
+    }
+    slower = []
+    for (dtype_name, tokens), cell in plain.items():
+        base = plain.get(("float32", tokens))
+        if dtype_name == "bfloat16" and base is not None:
+            ours, theirs = processor_time_of(cell), processor_time_of(base)
+            by = (ours / theirs) if ours is not None and theirs is not None else time_of(cell) / time_of(base)
+            slower.append(f"{by:.1f}× at {tokens} tokens")
+    if slower:
+        capability = data.get("cpu_capability")
+        found.append(
+            "bfloat16 against float32 on the CPU, the plain forward's "
+            + ("processor " if all(processor_time_of(c) is not None for c in plain.values()) else "")
+            + "time, bfloat16 ÷ float32: "
+            + ", ".join(slower)
+            + " (rows measured minutes apart on a shared machine: a looser comparison than attnkit ÷ plain within a "
+            "row). A short text's pass is bound by reading the weights, which bfloat16 halves; a longer text's by "
+            "the matrix products, which PyTorch runs natively in bfloat16 on the CPU only with AVX-512 BF16 or AMX "
+            "instructions"
+            + (f" (this machine's `torch.backends.cpu.get_cpu_capability()`: {capability})" if capability else "")
+            + ". Without them every product converts its operands to float32 and back: bfloat16 then halves the "
+            "weights' memory and multiplies a longer text's time, for the three contenders alike, and float32 is "
+            "the faster choice for long texts."
+        )
+    found += target_notes(data["rows"])
+    missing = [
+        f"{row['dtype']} at {row['tokens']} tokens ({', '.join(c for c in CONTENDERS if c not in row['contenders'])})"
+        for row in data["rows"]
+        if any(c not in row["contenders"] for c in CONTENDERS)
+    ]
+    missing += [
+        f"{dtype_name} at {tokens} tokens"
+        for dtype_name in data.get("dtypes", [])
+        for tokens in data.get("tokens", [])
+        if not any(row["dtype"] == dtype_name and row["tokens"] == tokens for row in data["rows"])
+    ]
+    if missing:
+        found.append(f"Not measured (the run was stopped before them): {'; '.join(missing)}.")
+    found.append(
+        "Every figure here is the CPU's: the script runs on the CPU only, and no GPU was at hand for this run, so "
+        "bfloat16 on CUDA, where it is the native precision, is not in the table."
+    )
+    return found
+
+
+def target_notes(rows: list[dict]) -> list[str]:
+    """Whether attnkit met the targets (1.1× the plain forward's time, 1.15× its memory) in
+    the rows where both ran, by processor time and by wall time."""
+    measured = [(row, ratios(row)) for row in rows if ratios(row)]
+    if not measured:
+        return []
+
+    def missed(key: str, limit: float) -> list[str]:
+        return [
+            f"{row['dtype']} at {row['tokens']} tokens ({found[key]:.2f}×)"
+            for row, found in measured
+            if key in found and round(found[key], 2) > limit  # as the table shows it
+        ]
+
+    by_processor, by_wall, by_memory = missed("processor time", 1.1), missed("time", 1.1), missed("memory", 1.15)
+    sentences = [
+        "Targets: memory "
+        + (f"above 1.15× in {', '.join(by_memory)}" if by_memory else "within 1.15× in every row measured")
+        + "; processor time "
+        + (f"above 1.1× in {', '.join(by_processor)}" if by_processor else "within 1.1× in every row measured")
+        + "; wall time "
+        + (f"above 1.1× in {', '.join(by_wall)}" if by_wall else "within 1.1× in every row measured")
+        + "."
+    ]
+    if by_wall and not by_processor:
+        sentences.append(
+            "Where only the wall time is above, the processes' own work was within the target and the difference is "
+            "the time they waited for the machine's other work."
+        )
+    return [" ".join(sentences)]
+
+
+def results_file(args: argparse.Namespace) -> Path:
+    from benchmarks.common import RESULTS
+
+    return (args.out if args.out is not None else RESULTS) / "tutorial_recipe.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,29 +490,52 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(args)), flush=True)
         return 0
-    if args.cache is None:
-        args.cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit-benchmarks"
-    args.cache.mkdir(parents=True, exist_ok=True)
-
-    def log(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
-    rows = measure(args, log)
-    data = {"shape": shape_of(args), "rows": rows}
-    text = markdown(args, rows)
-    print(text)
-    if args.out is not None:
-        from benchmarks.common import environment
-
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "tutorial_recipe.json").write_text(
-            json.dumps({"environment": environment(), **data}, indent=2) + "\n"
-        )
-        (args.out / "tutorial_recipe.md").write_text(text + "\n")
+    path = results_file(args)
+    if args.render:
+        if not path.is_file():
+            parser.error(f"--render needs the results file {path}, which does not exist: run the benchmark first")
+        data = json.loads(path.read_text())
+        environment = data.pop("environment", {})
     else:
-        from benchmarks.common import write_results
+        if args.cache is None:
+            args.cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit-benchmarks"
+        args.cache.mkdir(parents=True, exist_ok=True)
+        import torch
 
-        write_results("tutorial_recipe", data, text, update_docs=args.update_docs)
+        from benchmarks.common import environment as environment_now
+
+        environment = environment_now()
+        data = {
+            "shape": shape_of(args),
+            "dtypes": args.dtype_names,
+            "tokens": args.token_counts,
+            "warm_runs": WARM_RUNS,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cores": os.cpu_count(),
+            "complete": False,
+            "rows": [],
+        }
+        load_start = os.getloadavg()[0]
+
+        def save(rows: list[dict]) -> None:
+            data["rows"] = rows
+            data["load_average_1min"] = {"start": load_start, "end": os.getloadavg()[0]}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"environment": environment, **data}, indent=2) + "\n")
+
+        def log(text: str) -> None:
+            print(text, file=sys.stderr, flush=True)
+
+        save(measure(args, log, save))
+        data["complete"] = True
+        save(data["rows"])
+    text = markdown(data)
+    print(text)
+    path.with_suffix(".md").write_text(text + "\n")
+    if args.update_docs and args.out is None:
+        from benchmarks.common import rebuild_report
+
+        rebuild_report()
     return 0
 
 

@@ -1,6 +1,8 @@
 """benchmarks/bench_tutorial_recipe.py at a tiny size: its arguments are checked, every
 contender runs in its own process and reports time and peak memory, a configuration that
-would not fit the memory available is skipped, and the results are written where asked.
+would not fit the memory available is skipped, the results are written where asked (after
+every contender, so a stopped run keeps what it measured), and ``--render`` rebuilds the
+table from them.
 (The full TinyLlama-shaped configuration needs about 18 GB and is run by hand.)"""
 
 from __future__ import annotations
@@ -48,9 +50,13 @@ def test_a_tiny_configuration_runs_every_contender_in_its_own_process(tmp_path):
     assert sorted(row["contenders"]) == sorted(bench.CONTENDERS)
     for cell in row["contenders"].values():
         assert cell["tokens"] == 7 and cell["peak_bytes"] > 0 and cell["first_s"] > 0 and cell["warm_s"] > 0
-    assert row["attnkit_time_ratio"] > 0 and row["attnkit_memory_ratio"] > 0
+        assert cell["first_cpu_s"] > 0 and cell["warm_cpu_s"] > 0
+    assert data["complete"] and data["warm_runs"] == bench.WARM_RUNS
+    assert sorted(bench.ratios(row)) == ["memory", "processor time", "time"]
+    assert all(ratio > 0 for ratio in bench.ratios(row).values())
     table = (out / "tutorial_recipe.md").read_text()
     assert table.startswith("## The tutorial's recipe") and "| float32 | 7 |" in table
+    assert "attnkit ÷ plain, processor time" in table and "Not measured" not in table
     (folder,) = cache.iterdir()
     assert json.loads((folder / "written.json").read_text())["layers"] == 2
 
@@ -61,7 +67,73 @@ def test_a_configuration_larger_than_the_free_memory_is_skipped(tmp_path, monkey
     bench._check(bench.arguments(), args)
     monkeypatch.setattr(bench, "available_bytes", lambda: 10**6)
     monkeypatch.setattr(bench, "run_child", lambda *a: pytest.fail("nothing should run"))
-    (row,) = bench.measure(args, lambda text: None)
+    saved = []
+    (row,) = bench.measure(args, lambda text: None, lambda rows: saved.append(len(rows[0]["contenders"])))
     assert all(cell["skipped"].startswith("needs about 1.1 GB, 0.0 GB free") for cell in row["contenders"].values())
-    assert "attnkit_time_ratio" not in row
-    assert "| skipped | needs about" in bench.markdown(args, [row])
+    assert saved == [1, 2, 3]  # the results are saved after every contender
+    assert bench.ratios(row) == {}
+    assert "| skipped | needs about" in bench.markdown({"shape": bench.shape_of(args), "rows": [row]})
+
+
+def _cell(seconds: float, processor: float, gigabytes: float) -> dict:
+    return {
+        "tokens": 7,
+        "load_s": 1.0,
+        "first_s": seconds,
+        "warm_s": seconds,
+        "first_cpu_s": processor,
+        "warm_cpu_s": processor,
+        "peak_bytes": int(gigabytes * 1e9),
+        "threads": 2,
+    }
+
+
+def test_render_rebuilds_the_table_of_a_stopped_run_from_its_results(tmp_path):
+    """A run stopped in its second row: --render tables what it measured, says what it did
+    not, and compares bfloat16 with float32 by the plain forward's processor time."""
+    rows = [
+        {
+            "dtype": "float32",
+            "tokens": 7,
+            "contenders": {
+                "tutorial": _cell(1.3, 2.6, 4.6),
+                "attnkit": _cell(1.2, 2.4, 4.7),
+                "plain": _cell(1.25, 2.5, 4.6),
+            },
+        },
+        {
+            "dtype": "bfloat16",
+            "tokens": 7,
+            "contenders": {"tutorial": _cell(5.0, 8.0, 5.0), "plain": _cell(5.0, 10.0, 5.0)},
+        },
+    ]
+    data = {
+        "environment": {},
+        "shape": {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 100},
+        "dtypes": ["float32", "bfloat16"],
+        "tokens": [7, 50],
+        "warm_runs": 5,
+        "cpu_capability": "AVX2",
+        "cores": 2,
+        "complete": False,
+        "load_average_1min": {"start": 3.0, "end": 4.5},
+        "rows": rows,
+    }
+    (tmp_path / "tutorial_recipe.json").write_text(json.dumps(data))
+    done = _run(["--render", "--out", str(tmp_path)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (tmp_path / "tutorial_recipe.md").read_text()
+    assert "| float32 | 7 | 1.300 | 4.60 | 1.200 | 4.70 | 1.250 | 4.60 | 0.96× | 0.96× | 1.02× |" in table
+    assert "| bfloat16 | 7 | 5.000 | 5.00 | not run | not run | 5.000 | 5.00 | – | – | – |" in table
+    assert "Not measured (the run was stopped before them): bfloat16 at 7 tokens (attnkit); " in table
+    assert "float32 at 50 tokens; bfloat16 at 50 tokens." in table
+    assert "1.0 at the start" not in table and "3.0 at the start of this run and 4.5 at its end" in table
+    assert "tokens: the median of 5 more)" in table
+    assert "the plain forward's processor time, bfloat16 ÷ float32: 4.0× at 7 tokens (rows measured" in table
+    assert "`torch.backends.cpu.get_cpu_capability()`: AVX2)" in table
+    assert "Targets: memory within 1.15× in every row measured; processor time within 1.1× in every row" in table
+
+
+def test_render_without_results_is_refused(tmp_path):
+    done = _run(["--render", "--out", str(tmp_path)])
+    assert done.returncode == 2 and "--render needs the results file" in done.stderr
