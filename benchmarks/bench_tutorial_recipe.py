@@ -80,6 +80,13 @@ def arguments() -> argparse.ArgumentParser:
         help="measure nothing: rebuild the table from the results file (benchmarks/results/, or --out) as it is, "
         "also after a run that was stopped early",
     )
+    parser.add_argument(
+        "--join",
+        type=Path,
+        metavar="RESULTS",
+        help="with --render: add the rows of another run's results file (the same model shape) to the results "
+        "file, replacing its rows of the same dtype and length; the notes say which rows came from which run",
+    )
     parser.add_argument("--child", choices=sorted(CONTENDERS), help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", choices=DTYPES, help=argparse.SUPPRESS)
@@ -105,6 +112,10 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         )
     if max(args.token_counts) >= args.vocab:
         parser.error(f"--tokens must stay below --vocab ({args.vocab}): the text is the words w1, w2, ...")
+    if args.join is not None and not args.render:
+        parser.error("--join adds the rows of another run to the results when rendering them: give --render too")
+    if args.join is not None and not args.join.is_file():
+        parser.error(f"--join needs another run's results file, got {str(args.join)!r}, which is not a file")
 
 
 if __name__ == "__main__":
@@ -396,6 +407,14 @@ def notes(data: dict) -> list[str]:
             f"The machine's load (1-minute load average, {data.get('cores', '?')} cores): {load['start']:.1f} at the "
             f"start of this run and {load['end']:.1f} at its end."
         )
+    for run in data.get("joined_runs", []):
+        rows = ", ".join(f"{dtype_name} at {tokens} tokens" for dtype_name, tokens in run["rows"])
+        load = run.get("load_average_1min")
+        found.append(
+            f"Measured in another run ({run.get('date') or 'date unknown'}"
+            + (f"; load {load['start']:.1f} at its start and {load['end']:.1f} at its end" if load else "")
+            + f"): {rows}. The ratios within a row compare contenders of the same run."
+        )
     plain = {
         (row["dtype"], row["tokens"]): row["contenders"]["plain"]
         for row in data["rows"]
@@ -483,6 +502,27 @@ def results_file(args: argparse.Namespace) -> Path:
     return (args.out if args.out is not None else RESULTS) / "tutorial_recipe.json"
 
 
+def joined(data: dict, other: dict, source: str) -> dict:
+    """``data`` (a results file, without its environment) with the rows of ``other`` (another
+    run's results file) added, replacing the rows of the same dtype and length.
+
+    Raises:
+        ValueError: the two runs measured models of different shapes.
+    """
+    if other.get("shape") != data.get("shape"):
+        raise ValueError(f"{source} measured the shape {other.get('shape')}, these results {data.get('shape')}")
+    keys = {(row["dtype"], row["tokens"]) for row in other["rows"]}
+    rows = [row for row in data["rows"] if (row["dtype"], row["tokens"]) not in keys] + other["rows"]
+    order = {name: i for i, name in enumerate(DTYPES)}
+    rows.sort(key=lambda row: (order.get(row["dtype"], len(order)), row["tokens"]))
+    run = {
+        "rows": sorted([list(key) for key in keys], key=lambda key: (order.get(key[0], len(order)), key[1])),
+        "date": other.get("environment", {}).get("date"),
+        "load_average_1min": other.get("load_average_1min"),
+    }
+    return {**data, "rows": rows, "joined_runs": [*data.get("joined_runs", []), run]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = arguments()
     args = parser.parse_args(argv)
@@ -496,6 +536,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--render needs the results file {path}, which does not exist: run the benchmark first")
         data = json.loads(path.read_text())
         environment = data.pop("environment", {})
+        if args.join is not None:
+            try:
+                data = joined(data, json.loads(args.join.read_text()), str(args.join))
+            except ValueError as error:
+                parser.error(str(error))
+            path.write_text(json.dumps({"environment": environment, **data}, indent=2) + "\n")
     else:
         if args.cache is None:
             args.cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit-benchmarks"

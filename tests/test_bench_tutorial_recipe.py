@@ -137,3 +137,69 @@ def test_render_rebuilds_the_table_of_a_stopped_run_from_its_results(tmp_path):
 def test_render_without_results_is_refused(tmp_path):
     done = _run(["--render", "--out", str(tmp_path)])
     assert done.returncode == 2 and "--render needs the results file" in done.stderr
+
+
+def _results(rows: list[dict], *, date: str, shape: dict | None = None) -> dict:
+    return {
+        "environment": {"date": date},
+        "shape": shape or {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 100},
+        "dtypes": ["float32", "bfloat16"],
+        "tokens": [7, 50],
+        "warm_runs": 5,
+        "cpu_capability": "AVX2",
+        "cores": 2,
+        "complete": True,
+        "load_average_1min": {"start": 1.0, "end": 2.0},
+        "rows": rows,
+    }
+
+
+def _row(dtype_name: str, tokens: int, attnkit_seconds: float) -> dict:
+    return {
+        "dtype": dtype_name,
+        "tokens": tokens,
+        "contenders": {
+            "tutorial": _cell(2.0, 2.0, 5.0),
+            "attnkit": _cell(attnkit_seconds, attnkit_seconds, 4.0),
+            "plain": _cell(1.0, 1.0, 4.0),
+        },
+    }
+
+
+def test_render_joins_another_runs_rows_and_says_which(tmp_path):
+    """--join adds the rows of another run (replacing the same dtype and length), keeps them
+    in the results file, and the notes name that run."""
+    mine = [_row("float32", 7, 1.0), _row("bfloat16", 7, 1.0), _row("float32", 50, 9.0)]
+    (tmp_path / "tutorial_recipe.json").write_text(json.dumps(_results(mine, date="2026-01-01 10:00:00")))
+    other = tmp_path / "other.json"
+    other.write_text(
+        json.dumps(_results([_row("bfloat16", 50, 1.1), _row("float32", 50, 1.05)], date="2026-01-02 11:00:00"))
+    )
+    done = _run(["--render", "--out", str(tmp_path), "--join", str(other)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (tmp_path / "tutorial_recipe.md").read_text()
+    lines = [line for line in table.splitlines() if line.startswith("| float32") or line.startswith("| bfloat16")]
+    assert [line.split(" | ")[:2] for line in lines] == [
+        ["| float32", "7"],
+        ["| float32", "50"],
+        ["| bfloat16", "7"],
+        ["| bfloat16", "50"],
+    ]
+    assert "| float32 | 50 | 2.000 | 5.00 | 1.050 |" in table
+    assert (
+        "Measured in another run (2026-01-02 11:00:00; load 1.0 at its start and 2.0 at its end): "
+        "float32 at 50 tokens, bfloat16 at 50 tokens." in table
+    )
+    saved = json.loads((tmp_path / "tutorial_recipe.json").read_text())
+    assert saved["environment"] == {"date": "2026-01-01 10:00:00"} and len(saved["rows"]) == 4
+    assert saved["joined_runs"][0]["rows"] == [["float32", 50], ["bfloat16", 50]]
+
+
+def test_join_refuses_another_shape_and_needs_render(tmp_path):
+    (tmp_path / "tutorial_recipe.json").write_text(json.dumps(_results([_row("float32", 7, 1.0)], date="d")))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_results([_row("float32", 7, 1.0)], date="e", shape={"layers": 3})))
+    done = _run(["--render", "--out", str(tmp_path), "--join", str(other)])
+    assert done.returncode == 2 and "measured the shape {'layers': 3}" in done.stderr
+    done = _run(["--out", str(tmp_path), "--join", str(other)])
+    assert done.returncode == 2 and "--join adds the rows of another run" in done.stderr
