@@ -174,7 +174,7 @@ def test_unknown_hook_names_are_listed(smollm2):
     ):
         with smollm2.hooks({"layers.3.attn.out": print}):
             pass
-    with pytest.raises(ValueError, match="unknown cache names 'decoder.layers.30.self_attn.z', 'final'"):
+    with pytest.raises(ValueError, match="unknown cached names 'decoder.layers.30.self_attn.z', 'final'"):
         smollm2.run(TEXT, names_filter=["decoder.layers.30.self_attn.z", "final"])
     with pytest.raises(TypeError, match="the hook on 'decoder.final' must be a function of the activation, got int"):
         with smollm2.hooks({"decoder.final": 3}):

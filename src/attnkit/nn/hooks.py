@@ -433,7 +433,7 @@ def cached_points(names_filter: NameFilter, points: Mapping[str, HookPoint]) -> 
         return {point: name for name, point in points.items()}
     if callable(names_filter) and not isinstance(names_filter, (str, Collection)):
         return {point: name for name, point in points.items() if names_filter(name)}
-    check_hook_names(names_filter, points, "names_filter")
+    check_hook_names(names_filter, points, "cached")
     return {points[name]: name for name in names_filter}
 
 
