@@ -55,6 +55,7 @@ def test_serve_says_it_is_the_target_that_is_too_long(tmp_path: Path) -> None:
     assert response.json()["detail"] == "the target (decoder_text) is 92 tokens long; bart reads at most 64 tokens"
 
 
+@pytest.mark.slow
 def test_a_long_colour_bar_label_of_a_one_row_grid_stays_in_the_picture() -> None:
     from attnkit.viz.head_grid import plot_head_grid
 

@@ -11,6 +11,9 @@ import pytest
 from attnkit.cli import main
 from attnkit.inspect import interventions
 
+# Slow (a tiny T5 and BART written and loaded for the module: about 6 s): outside make test-fast.
+pytestmark = pytest.mark.slow
+
 SOURCE, TARGET = "the big dog ran", "a cat sat"
 
 

@@ -137,6 +137,7 @@ def test_forced_engines_agree_for_a_mask_with_gqa_and_fewer_queries_than_keys():
         assert (out - outs["reference"]).abs().max().item() < 1e-5, engine
 
 
+@pytest.mark.slow
 def test_flex_with_a_bias_and_rows_with_nothing_allowed():
     q, k, v = _qkv()
     bias = torch.randn(1, 4, S, S, generator=torch.Generator().manual_seed(3))
@@ -147,6 +148,7 @@ def test_flex_with_a_bias_and_rows_with_nothing_allowed():
     assert torch.equal(got[0], torch.zeros_like(got[0]))
 
 
+@pytest.mark.slow
 def test_sparse_attention_on_flex_uses_the_permuted_layout():
     q, k, v = _qkv(s_q=256, s_k=256)
     pattern = strided_pattern(16)

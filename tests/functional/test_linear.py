@@ -211,6 +211,7 @@ def test_half_precision_is_accumulated_in_float32(dtype, feature_map):
     assert (got.double() - want).abs().max().item() < 2e-2 * scale
 
 
+@pytest.mark.slow
 def test_compiled_engine_equals_eager():
     torch.manual_seed(2)
     q, k, v = torch.randn(3, 1, 2, 150, 16).unbind(0)

@@ -14,6 +14,9 @@ import torch
 from attnkit import models
 from attnkit.inspect import interventions
 
+# Slow (every head of tiny T5 and BART against transformers: about 3 s): outside make test-fast.
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 SOURCE = "the big dog ran to the red house"

@@ -117,6 +117,7 @@ def test_layer_from_torch_keeps_the_configuration() -> None:
         DecoderLayer.from_torch(ref)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings(NESTED_TENSOR_WARNING)
 def test_defaults_are_the_base_model() -> None:
     model = Transformer()

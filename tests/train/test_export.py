@@ -16,6 +16,9 @@ from attnkit.nn import EncoderDecoderLM
 from attnkit.train.loop import TrainConfig, build_for_config, run
 from attnkit.train.tasks import EOS, make_task
 
+# Slow (trains and exports tiny runs: about 3 s): outside make test-fast.
+pytestmark = pytest.mark.slow
+
 CONFIG = TrainConfig(
     task="reverse",
     length=5,

@@ -167,6 +167,7 @@ def test_resume_errors(tmp_path) -> None:
         run(TINY, tmp_path / "sub" / "out", progress=False)
 
 
+@pytest.mark.slow
 def test_the_python_api_trains_on_as_many_threads_as_the_command(tmp_path) -> None:
     from attnkit.cli import build_parser
     from attnkit.train.loop import DEFAULT_THREADS

@@ -43,6 +43,7 @@ def test_same_generator_state_gives_the_same_examples() -> None:
     assert not torch.equal(a.inputs, c.inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", [make_task("copy", length=2, symbols=32), AdditionTask(digits=2)])
 def test_held_out_inputs_never_occur_in_training(task) -> None:
     # Small input spaces (1024 and 10^4 inputs): random training batches cover nearly

@@ -138,6 +138,7 @@ def test_long_maps_print_a_shortened_table_saying_what_was_left_out():
     assert len(lines) < 80
 
 
+@pytest.mark.slow
 def test_plot_head_grid_returns_a_figure_and_takes_an_axes():
     from matplotlib.figure import Figure
 
