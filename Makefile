@@ -32,10 +32,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest --durations=25
 
 # The loop to run while developing: every test not marked slow (real models, training,
-# several processes, browsers), in under two minutes on two cores.
+# several processes, browsers), on FAST_WORKERS processes (pytest-xdist), in about a minute
+# and a half on two cores.
+FAST_WORKERS ?= 2
 test-fast: $(STAMP)
 	tools/system-packages
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n $(FAST_WORKERS)
 
 # Lint and format (ruff), types (mypy) and the documentation site with its API reference,
 # warnings as errors (site in build/site). CI runs it before the tests.
