@@ -10,23 +10,24 @@ Shape letters: ``b`` batch, ``s`` number of tokens (padded), ``n`` one input's t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
 from attnkit.models.attentions import LayerAttentions
+from attnkit.models.core import ModelCore
 from attnkit.models.memory import check_run_memory
-from attnkit.models.runs import ForwardPass, ModelRun, RunStopped, self_attention_weights
+from attnkit.models.runs import ModelRun, RunStopped, self_attention_weights
 from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput
-from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
+from attnkit.nn.hooks import HookPoint, NameFilter
 from attnkit.nn.text_module import TextModule
 
 
-class BatchMixin:
+class BatchMixin(ModelCore):
     """:meth:`run_batch` over the attributes below.
 
     Attributes (what the mixin reads of its class):
@@ -38,30 +39,6 @@ class BatchMixin:
     module: TextModule
     causal: bool
     num_layers: int
-
-    if TYPE_CHECKING:  # what the model class defines
-
-        @property
-        def device(self) -> torch.device: ...
-
-        def prepare_input(
-            self, text_or_ids: str | Tensor | Sequence[int]
-        ) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]: ...
-
-        def _selection(
-            self, return_weights: LayerSelection, heads: Sequence[int] | None
-        ) -> tuple[list[int], list[int]]: ...
-
-        def _forward(
-            self,
-            ids: Tensor,
-            *,
-            layers: Collection[int] = (),
-            padding: Tensor | None = None,
-            logits: bool = True,
-            hooks: Mapping[str, HookFn] | None = None,
-            names_filter: NameFilter = (),
-        ) -> ForwardPass: ...
 
     @renamed_keywords(cache="names_filter", removed_in="0.3")
     def run_batch(

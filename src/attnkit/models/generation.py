@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from attnkit.models.core import ModelCore
 from attnkit.models.family import ModelConfig
 from attnkit.models.memory import check_fits, kv_cache_bytes
 from attnkit.models.tokenizer import Tokenizer
@@ -22,7 +22,7 @@ from attnkit.nn.lm import check_decoding_options
 from attnkit.nn.text_module import TextModule
 
 
-class GenerationMixin:
+class GenerationMixin(ModelCore):
     """Generation over the attributes below.
 
     Attributes (what the mixin reads of its class):
@@ -48,15 +48,6 @@ class GenerationMixin:
     num_heads: int
     num_kv_heads: int
     _packed: bool
-
-    if TYPE_CHECKING:  # what the model class defines
-
-        @property
-        def device(self) -> torch.device: ...
-
-        def prepare_input(
-            self, text_or_ids: str | Tensor | Sequence[int]
-        ) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]: ...
 
     def generate_ids(
         self,

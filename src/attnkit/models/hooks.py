@@ -11,21 +11,22 @@ Shape letters: ``b`` batch, ``s`` number of tokens, ``e`` model dim, ``v`` vocab
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, Self
 
 import torch
 from torch import Tensor
 
 from attnkit.deprecation import renamed_keywords
+from attnkit.models.core import ModelCore
 from attnkit.models.memory import check_run_memory
-from attnkit.models.runs import ForwardPass, HookedRun
+from attnkit.models.runs import HookedRun
 from attnkit.nn import ActivationCache
 from attnkit.nn.hooks import HookFn, NameFilter
 from attnkit.nn.text_module import TextModule
 
 
-class HooksMixin:
+class HooksMixin(ModelCore):
     """The hook API over the attributes below.
 
     Attributes (what the mixin reads of its class):
@@ -35,24 +36,6 @@ class HooksMixin:
     module: TextModule
 
     if TYPE_CHECKING:  # what the model class defines
-
-        @property
-        def device(self) -> torch.device: ...
-
-        def prepare_input(
-            self, text_or_ids: str | Tensor | Sequence[int]
-        ) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]: ...
-
-        def _forward(
-            self,
-            ids: Tensor,
-            *,
-            layers: Collection[int] = (),
-            padding: Tensor | None = None,
-            logits: bool = True,
-            hooks: Mapping[str, HookFn] | None = None,
-            names_filter: NameFilter = (),
-        ) -> ForwardPass: ...
 
         def to_tokens(
             self, texts: str | Sequence[str], *, padding_side: Literal["right", "left"] = "right"

@@ -40,12 +40,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.models.core import ModelCore
 from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import Tokenizer
 from attnkit.nn import ActivationCache, DecoderLM, LearnedPositionalEmbedding, MultiHeadAttention
@@ -154,7 +155,7 @@ class LogitAttribution:
     final_transform: str | None
 
 
-class LensMixin:
+class LensMixin(ModelCore):
     """TransformerLens' weights, token helpers and losses over the attributes below.
 
     Attributes (what the mixin reads of its class):
@@ -177,8 +178,6 @@ class LensMixin:
     num_kv_heads: int
 
     if TYPE_CHECKING:  # what the model class defines
-
-        def prepare_input(self, text_or_ids: str | Tensor | Sequence[int]) -> tuple[Tensor, list[str], Any]: ...
 
         def to_single_token(self, token: str, *, what: str = "token") -> int: ...
 

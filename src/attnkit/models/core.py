@@ -1,0 +1,51 @@
+"""What the parts of :class:`attnkit.models.Model` call of each other, declared once for the
+type checker.
+
+``Model`` (:mod:`attnkit.models.model`) is assembled from mixins that each do one job and
+never import it: :mod:`~attnkit.models.batch`, :mod:`~attnkit.models.hooks`,
+:mod:`~attnkit.models.generation`, :mod:`~attnkit.models.lens`. They call a few methods that
+``model.py`` defines; :class:`ModelCore` declares their signatures so that every mixin is
+checked against the same ones. At run time it is ``object``: nothing is inherited from it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping, Sequence
+
+    import torch
+    from torch import Tensor
+
+    from attnkit.models.runs import ForwardPass
+    from attnkit.nn import LayerSelection
+    from attnkit.nn.hooks import HookFn, NameFilter
+
+    class ModelCore:
+        """The methods of :class:`attnkit.models.Model` its mixins call."""
+
+        @property
+        def device(self) -> torch.device: ...
+
+        def prepare_input(
+            self, text_or_ids: str | Tensor | Sequence[int]
+        ) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]: ...
+
+        def _selection(
+            self, return_weights: LayerSelection, heads: Sequence[int] | None
+        ) -> tuple[list[int], list[int]]: ...
+
+        def _forward(
+            self,
+            ids: Tensor,
+            *,
+            layers: Collection[int] = (),
+            padding: Tensor | None = None,
+            logits: bool = True,
+            hooks: Mapping[str, HookFn] | None = None,
+            names_filter: NameFilter = (),
+        ) -> ForwardPass: ...
+
+else:
+    ModelCore = object
