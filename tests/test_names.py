@@ -99,6 +99,10 @@ OTHERS_PRIVATE_ATTRIBUTES = {
     # torch's version counter of a tensor: a mask tensor changed in place after its additive
     # bias was kept gets a new bias (attnkit.functional.pattern).
     "mask._version",
+    # The same counter of the tensors a cache entry computed on first read comes from: changed
+    # in place since the forward pass, they no longer give what it recorded
+    # (attnkit.nn.activation_cache).
+    "tensor._version",
 }
 
 

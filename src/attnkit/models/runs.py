@@ -7,6 +7,7 @@ heads, ``e`` model dim, ``v`` vocabulary size.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from torch import Tensor
@@ -44,7 +45,7 @@ class ModelRun:
     last_hidden_state: Tensor
     attentions: dict[int, Tensor]
     heads: list[int]
-    cache: dict[str, Tensor] = field(default_factory=dict)
+    cache: Mapping[str, Tensor] = field(default_factory=dict)
 
 
 @deprecated_aliases(hidden_states="last_hidden_state", removed_in="0.3")

@@ -32,8 +32,9 @@ from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resol
 from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
 from attnkit.functional.pattern import attention_pattern
 from attnkit.functional.scores import dot_scores, resolve_scale, stack_query_groups
+from attnkit.nn.activation_cache import DeferredActivations, computable_later
 from attnkit.nn.cache_memory import empty_large
-from attnkit.nn.hooks import HookPoint
+from attnkit.nn.hooks import HookPoint, record_on_read
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
 from attnkit.nn.positional import AttentionPositional
@@ -302,7 +303,9 @@ class MultiHeadAttention(nn.Module):
                 if kv_cache is not None:
                     kv_cache.append(k, v)
         bias = self._position_bias(position_bias, q, k.shape[2])  # [1, h, s_q, s_k] or None
-        result = self._attend_hooked(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
+        result = self._attend_hooked(
+            q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights, deferrable=kv_cache is None
+        )
         heads = self.z(result.output)  # [b, h, s_q, d]
         output = self.out_proj(heads.transpose(1, 2).reshape(heads.shape[0], s_q, self.num_heads * self.head_dim))
         if self.result.active:
@@ -338,15 +341,34 @@ class MultiHeadAttention(nn.Module):
         bias: Tensor | None,
         causal: bool,
         return_weights: bool,
+        deferrable: bool,
     ) -> AttentionResult:
         """:meth:`_attend` with the ``scores`` and ``pattern`` hook points: when a hook or
         cache is on either, the weights are formed and passed through them. The output is
         then the fused kernel's unless a hook replaced them (or the weights were asked
-        for): hooks that change nothing change nothing."""
+        for): hooks that change nothing change nothing. With caches alone on them, no
+        gradient to carry and ``deferrable`` (no KV cache, whose buffers later steps
+        overwrite), the caches compute them when first read instead
+        (:func:`attnkit.nn.activation_cache.computable_later`)."""
         watched = [point for point in (self.scores, self.pattern) if point is not None and point.active]
         if not watched:
             return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
         assert self.scores is not None and self.pattern is not None  # both exist when either does
+        inputs = [t for t in (q, k, mask, bias) if isinstance(t, Tensor)]
+        if isinstance(self.score, nn.Module):
+            inputs += list(self.score.parameters())
+        unhooked = not any(point.hooked for point in watched)
+        if deferrable and not return_weights and unhooked and computable_later(*inputs):
+            where = self.pattern.name.rpartition(".")[0] or "attention"
+            record_on_read(
+                (self.scores, self.pattern),
+                DeferredActivations(
+                    partial(self._recorded_pattern, q, k, mask=mask, bias=bias, causal=causal),
+                    inputs=inputs,
+                    what=f"{where} scores and pattern",
+                ),
+            )
+            return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False)
         replaced = []
 
         def through(point: HookPoint) -> Callable[[Tensor], Tensor]:
@@ -389,31 +411,12 @@ class MultiHeadAttention(nn.Module):
         edit_scores: Callable[[Tensor], Tensor],
     ) -> AttentionResult:
         """The ``scores`` and ``pattern`` points of a pass that does not return the weights:
-        the pattern alone is formed for them (:func:`attnkit.functional.pattern.attention_pattern`,
-        the mask added once as a bias shared by every layer). The output is the fused
+        the pattern alone is formed for them (:meth:`_pattern`). The output is the fused
         kernel's, as in a pass without hooks, unless a hook replaced the scores or the
         pattern: then it is the pattern (after dropout, in training) times the values."""
         assert self.pattern is not None  # the caller watches it
-        s_q, s_k = q.shape[2], k.shape[2]
-        windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
-        score: Any = self.score.scores if isinstance(self.score, AttentionScore) else self.score
-        if self.softcap is not None:
-            # The scaled scores, capped, as :meth:`_attend` forms them: the scale is in them.
-            default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
-            capped_scale = default if self.scale is None else self.scale
-            score, scale = partial(_softcapped_scores, scale=capped_scale, softcap=self.softcap), 1.0
-        else:
-            scale = resolve_scale(self.scale, q.shape[-1]) if self.scale is not None or score == "scaled_dot" else 1.0
-        weights, scores_replaced = attention_pattern(
-            q,
-            k,
-            mask=windowed,
-            causal=causal,
-            scale=scale,
-            bias=bias,
-            score=score,
-            edit_scores=edit_scores,
-            allocate=empty_large,
+        weights, scores_replaced = self._pattern(
+            q, k, mask=mask, bias=bias, causal=causal, edit_scores=edit_scores
         )  # [b, h, s_q, s_k]
         pattern = self.pattern(weights)
         if pattern is weights and not scores_replaced:
@@ -424,19 +427,76 @@ class MultiHeadAttention(nn.Module):
             pattern = nn.functional.dropout(pattern, p=self.dropout)
         h_kv, d_v = v.shape[1], v.shape[3]
         out = stack_query_groups(pattern, h_kv) @ v  # [b, h_kv, g·s_q, d_v]
-        return AttentionResult(out.view(pattern.shape[0], self.num_heads, s_q, d_v))
+        return AttentionResult(out.view(pattern.shape[0], self.num_heads, q.shape[2], d_v))
+
+    def _pattern(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
+        edit_scores: Callable[[Tensor], Tensor],
+    ) -> tuple[Tensor, bool]:
+        """This module's attention weights alone, ``([b, h, s_q, s_k], scores_replaced)``
+        (:func:`attnkit.functional.pattern.attention_pattern`, the mask added once as a bias
+        shared by every layer), the scores passed through ``edit_scores``."""
+        s_q, s_k = q.shape[2], k.shape[2]
+        windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
+        score: Any = self.score.scores if isinstance(self.score, AttentionScore) else self.score
+        if self.softcap is not None:
+            # The scaled scores, capped, as :meth:`_attend` forms them: the scale is in them.
+            default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
+            capped_scale = default if self.scale is None else self.scale
+            score, scale = partial(_softcapped_scores, scale=capped_scale, softcap=self.softcap), 1.0
+        else:
+            scale = resolve_scale(self.scale, q.shape[-1]) if self.scale is not None or score == "scaled_dot" else 1.0
+        return attention_pattern(
+            q,
+            k,
+            mask=windowed,
+            causal=causal,
+            scale=scale,
+            bias=bias,
+            score=score,
+            edit_scores=edit_scores,
+            allocate=empty_large,
+        )
+
+    def _recorded_pattern(
+        self, q: Tensor, k: Tensor, *, mask: Mask | Tensor | None, bias: Tensor | None, causal: bool
+    ) -> tuple[Tensor, Tensor]:
+        """``(scores, pattern)`` ``[b, h, s_q, s_k]`` as a pass with caches on both records
+        them: what a cache computes from the recorded queries and keys when first read."""
+        scores = []
+
+        def keep(t: Tensor) -> Tensor:
+            scores.append(t)
+            return t
+
+        weights, _ = self._pattern(q, k, mask=mask, bias=bias, causal=causal, edit_scores=keep)
+        return scores[0], weights
 
     def _per_head_result(self, heads: Tensor, output: Tensor) -> Tensor:
         """The ``result`` hook point: each head's share of the output projection,
-        ``[b, h, s, e]``; the output is their sum (plus the bias) if a hook replaced them."""
+        ``[b, h, s, e]``; the output is their sum (plus the bias) if a hook replaced them.
+        With caches alone on it and no gradient to carry, the caches compute it when first
+        read."""
         w_o = self.out_proj.weight.view(-1, self.num_heads, self.head_dim)  # [e, h, d]
+        if not self.result.hooked and computable_later(heads, w_o):
+            where = self.result.name.rpartition(".")[0] or "attention"
+            record_on_read(
+                (self.result,),
+                DeferredActivations(
+                    lambda: (_per_head_outputs(heads, w_o),), inputs=(heads, w_o), what=f"{where} per-head results"
+                ),
+            )
+            return output
         if torch.is_grad_enabled() and (heads.requires_grad or w_o.requires_grad):
             per_head = torch.einsum("bhsd,ehd->bhse", heads, w_o)  # [b, h, s, e]
         else:
-            # Written straight into memory the cache may keep (attnkit.nn.cache_memory).
-            b, h, s, _ = heads.shape
-            per_head = empty_large((b, h, s, w_o.shape[0]), heads.dtype, heads.device)
-            torch.matmul(heads, w_o.permute(1, 2, 0), out=per_head)  # [b, h, s, e]
+            per_head = _per_head_outputs(heads, w_o)
         hooked = self.result(per_head)
         if hooked is per_head:
             return output
@@ -661,6 +721,15 @@ class MultiHeadAttention(nn.Module):
             parts.append(f"head_dim={self.head_dim}")
         parts += [f"{name}={value}" for name in ("scale", "softcap", "window") if (value := getattr(self, name))]
         return ", ".join(parts)
+
+
+def _per_head_outputs(heads: Tensor, w_o: Tensor) -> Tensor:
+    """Each head's output through its slice of the output projection: ``heads [b, h, s, d]``
+    and ``w_o [e, h, d]`` give ``[b, h, s, e]``, written straight into memory a cache may
+    keep (:mod:`attnkit.nn.cache_memory`). Without autograd."""
+    b, h, s, _ = heads.shape
+    per_head = empty_large((b, h, s, w_o.shape[0]), heads.dtype, heads.device)
+    return torch.matmul(heads, w_o.permute(1, 2, 0), out=per_head)  # [b, h, s, e]
 
 
 def _softcapped_scores(q: Tensor, k: Tensor, *, scale: float, softcap: float) -> Tensor:

@@ -9,7 +9,11 @@ holds hook points calls them in its one forward pass: plain calls, batches, cach
 generation and training all meet the same points. With no hook and no cache active, a
 point costs one context-variable read and the module runs its fused path unchanged
 (attention never materialises its weights, per-head results and norm scales are not
-computed).
+computed). With a cache and no hook on them, a pass without gradients (under
+:func:`torch.no_grad`, as ``Model.run_with_cache`` runs) and without a KV cache leaves an
+attention layer's ``scores``, ``pattern`` and ``result`` to be computed from its recorded
+queries and keys (or head outputs) when the cache is first read
+(:class:`attnkit.nn.activation_cache.DeferredActivations`), and still runs the fused path.
 
 Any module that contains hook points and derives from :class:`HookedModule` (every
 stack and model of :mod:`attnkit.nn`, and the checkpoints of :mod:`attnkit.models`) has
@@ -97,7 +101,7 @@ from torch import Tensor, nn
 from attnkit.deprecation import renamed_keywords
 
 if TYPE_CHECKING:
-    from attnkit.nn.activation_cache import ActivationCache
+    from attnkit.nn.activation_cache import ActivationCache, DeferredActivations
 
 HookFn = Callable[..., "Tensor | None"]
 # Which activations a cache keeps: every one (``None``), these names, or the names a
@@ -153,6 +157,15 @@ class HookPoint(nn.Module):
         session = _SESSION.get()
         return session is not None and session.wants(self)
 
+    @property
+    def hooked(self) -> bool:
+        """Whether a hook (not only a cache) is on this point now: its activation must then
+        be formed during the forward pass, since the hook may replace it."""
+        if self.permanent:
+            return True
+        session = _SESSION.get()
+        return session is not None and self in session.hooks
+
     def extra_repr(self) -> str:
         return repr(self.name) if self.name else ""
 
@@ -175,6 +188,24 @@ class _Session:
             if name is not None:
                 cache[name] = activation
         return activation
+
+
+def record_on_read(points: Sequence[HookPoint], deferred: DeferredActivations) -> None:
+    """Let the active caches keep the activations of ``points`` as ``deferred`` computes
+    them, when first read, rather than forming them now. For points a cache keeps and no
+    hook is on (:attr:`HookPoint.hooked`); a point no active cache keeps is left out.
+
+    Args:
+        points: the points, in the order of the activations ``deferred`` computes.
+        deferred: the computation (:class:`attnkit.nn.activation_cache.DeferredActivations`).
+    """
+    session = _SESSION.get()
+    if session is None:
+        return
+    for names, cache in session.caches:
+        kept = {names[point]: index for index, point in enumerate(points) if point in names}
+        if kept:
+            cache.record_on_read(kept, deferred)
 
 
 def _apply_hooks(
