@@ -16,7 +16,8 @@ what activation patching by position costs against one run.
   14-token IOI texts, by layer and position over all 30 layers and by position (every
   layer at once), against one plain ``Model.run`` of the clean text.
 - ``run_with_cache`` of every name against a plain ``Model.run`` at 14 and 1,024 tokens
-  (one thread, interleaved, paired ratios): at most 1.3×. Where ``transformer-lens`` is
+  (one thread, interleaved, paired ratios): at most 1.3×; beside it, the same cache with
+  every entry read (the scores, patterns and per-head results it computes on first read). Where ``transformer-lens`` is
   installed (never in the project's environment: it pins its own dependencies), its
   ``run_with_cache`` (``HookedTransformer`` before TransformerLens 4, ``TransformerBridge`` from
   4 on) on the same weights is timed beside it; otherwise
@@ -289,8 +290,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def full_cache(model: Any, repeat: int) -> tuple[dict, str]:
     """``run_with_cache`` of every name against ``run`` at each of :data:`CACHE_LENGTHS`,
-    one thread, interleaved, and TransformerLens' ``run_with_cache`` where it is installed:
-    the figures and their Markdown subsection (a heading, a sentence, the table)."""
+    one thread, interleaved: the cache as returned (each attention layer's scores, pattern
+    and per-head result computed when first read) and the cache with every entry read;
+    TransformerLens' ``run_with_cache`` where it is installed. The figures and their
+    Markdown subsection (a heading, sentences, the table)."""
     from benchmarks.common import interleaved_samples, paired_ratio
 
     lens = _transformer_lens(model)
@@ -304,22 +307,39 @@ def full_cache(model: Any, repeat: int) -> tuple[dict, str]:
             fns = {
                 "run": lambda ids=ids: model.run(ids, return_weights=False),
                 "cache": lambda ids=ids: model.run_with_cache(ids),
+                "cache_read": lambda ids=ids: list(model.run_with_cache(ids)[1].values()),
             }
             if lens is not None:
                 fns["lens"] = lambda ids=ids: lens.run_with_cache(ids)
             samples = interleaved_samples(fns, repeat=repeat)
             median = {name: statistics.median(ts) for name, ts in samples.items()}
             ratio = paired_ratio(samples["cache"], samples["run"])
+            read_ratio = paired_ratio(samples["cache_read"], samples["run"])
             lens_ratio = paired_ratio(samples["lens"], samples["cache"]) if lens is not None else None
-            lengths[str(length)] = {"seconds": median, "cache_ratio_vs_run": ratio, "lens_ratio_vs_cache": lens_ratio}
+            lens_read_ratio = paired_ratio(samples["lens"], samples["cache_read"]) if lens is not None else None
+            kept = _kept_bytes(model, ids)
+            lengths[str(length)] = {
+                "seconds": median,
+                "cache_ratio_vs_run": ratio,
+                "cache_read_ratio_vs_run": read_ratio,
+                "lens_ratio_vs_cache": lens_ratio,
+                "lens_ratio_vs_cache_read": lens_read_ratio,
+                "cache_bytes": kept,
+            }
             rows.append(
                 [
                     str(length),
                     f"{median['run'] * 1e3:.0f} ms",
-                    f"{median['cache'] * 1e3:.0f} ms",
+                    f"{median['cache'] * 1e3:.0f} ms, {kept['returned'] / 1e6:,.0f} MB",
                     f"{ratio:.3f} (≤ {FULL_CACHE_TARGET_RATIO})",
+                    f"{median['cache_read'] * 1e3:.0f} ms, {kept['read'] / 1e6:,.0f} MB",
+                    f"{read_ratio:.3f}",
                     f"{median['lens'] * 1e3:.0f} ms" if lens is not None else "not installed",
-                    f"{lens_ratio:.2f} (≥ {LENS_TARGET_RATIO})" if lens_ratio is not None else "",
+                    (
+                        f"{lens_ratio:.2f} (≥ {LENS_TARGET_RATIO}), {lens_read_ratio:.2f}"
+                        if lens_ratio is not None and lens_read_ratio is not None
+                        else ""
+                    ),
                 ]
             )
     finally:
@@ -335,13 +355,36 @@ def full_cache(model: Any, repeat: int) -> tuple[dict, str]:
         "### Full cache against a plain run and TransformerLens\n\n"
         f"`run_with_cache` of all {len(model.hook_names())} names against `run(ids, return_weights=False)` on "
         f"copies of {CLEAN!r} cut to each length, one thread, {repeat} interleaved rounds, medians and paired "
-        f"ratios; TransformerLens: {lens_name}'s `run_with_cache` on the same weights (eager attention, no weight "
-        "processing), its ratio to attnkit's cache (above 1: attnkit is faster).\n\n"
+        "ratios. The cache comes back with each attention layer's scores, pattern and per-head result left to be "
+        "computed when first read; *every entry read* is `run_with_cache` followed by reading all of them, the "
+        "whole cost of a cache that holds everything (MB: the tensors the cache holds, before and after the "
+        f"reads). TransformerLens: {lens_name}'s `run_with_cache` on the same weights (eager attention, no weight "
+        "processing), its ratios to attnkit's cache as returned and with every entry read (above 1: attnkit is "
+        "faster).\n\n"
         + markdown_table(
-            ["tokens", "run", "run_with_cache", "cache / run", "TransformerLens", "TransformerLens / cache"], rows
+            [
+                "tokens",
+                "run",
+                "run_with_cache",
+                "cache / run",
+                "every entry read",
+                "read / run",
+                "TransformerLens",
+                "TransformerLens / cache, / read",
+            ],
+            rows,
         )
     )
     return data, markdown
+
+
+def _kept_bytes(model: Any, ids: torch.Tensor) -> dict[str, int]:
+    """The bytes of the tensors a full cache of ``ids`` holds as returned (its entries
+    computed on first read left out) and once every entry is read."""
+    _, cache = model.run_with_cache(ids)
+    unread = set(cache.unread())
+    returned = sum(cache[name].nbytes for name in cache if name not in unread)
+    return {"returned": returned, "read": sum(t.nbytes for t in cache.values())}
 
 
 def write_full_cache(data: dict, markdown: str, *, update_docs: bool) -> None:
@@ -352,7 +395,9 @@ def write_full_cache(data: dict, markdown: str, *, update_docs: bool) -> None:
     previous = RESULTS / "analysis.json"
     results = json.loads(previous.read_text()) if previous.exists() else {}
     if "environment" in results:  # the rest was measured by an earlier run: say when and where
-        results["environment_of_the_other_figures"] = results.pop("environment")
+        # (kept from the first of several runs of the cache alone, which measured none of it)
+        results.setdefault("environment_of_the_other_figures", results["environment"])
+        del results["environment"]
     text = (RESULTS / "analysis.md").read_text() if (RESULTS / "analysis.md").exists() else ""
     text = text.split("\n### Full cache", 1)[0].rstrip()
     write_results(

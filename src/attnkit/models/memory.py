@@ -194,7 +194,11 @@ def run_bytes(
 ) -> int:
     """The memory a forward pass of ``model`` hands back: the float32 attention maps of
     ``weight_layers`` layers (every head: they are computed before heads are selected),
-    the activations ``names_filter`` asks for, and the float32 logits.
+    the activations ``names_filter`` asks for, and the float32 logits. Every cached
+    activation counts as read: a cache computes its attention scores, patterns and
+    per-head results on first read (:class:`attnkit.nn.activation_cache.DeferredActivations`),
+    and a run whose cache could not be read whole is refused up front rather than
+    failing at a read.
 
     Args:
         model: an :class:`attnkit.models.Model` (its heads, config and network).
