@@ -8,6 +8,7 @@ place refuses."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 
 import pytest
@@ -130,6 +131,9 @@ def test_the_cache_reads_as_a_mapping_of_tensors() -> None:
     as_dict = dict(cache)
     assert all(isinstance(t, torch.Tensor) for t in as_dict.values()) and cache.unread() == []
     del cache["attn.scores"]
+    _, fresh = cached_without_hooks(module, torch.randn(1, 5, 16))
+    copied = pickle.loads(pickle.dumps(fresh))  # torch.save pickles: every entry computed
+    assert copied.unread() == [] and torch.equal(copied["attn.pattern"], fresh["attn.pattern"])
     assert "attn.scores" not in cache and repr(cache).startswith("ActivationCache(['attn.q'")
 
 

@@ -156,6 +156,10 @@ class ActivationCache(MutableMapping[str, Tensor]):
     def __repr__(self) -> str:
         return f"ActivationCache({list(self._entries)})"
 
+    def __getstate__(self) -> dict[str, object]:
+        """What pickling (``torch.save``, a copy) keeps: every entry computed."""
+        return {"model": self.model, "_entries": {name: self[name] for name in self._entries}}
+
     def record_on_read(self, names: Mapping[str, int], deferred: DeferredActivations) -> None:
         """Keep entries that ``deferred`` computes when one of them is first read.
 

@@ -10,10 +10,11 @@ generation and training all meet the same points. With no hook and no cache acti
 point costs one context-variable read and the module runs its fused path unchanged
 (attention never materialises its weights, per-head results and norm scales are not
 computed). With a cache and no hook on them, a pass without gradients (under
-:func:`torch.no_grad`, as ``Model.run_with_cache`` runs) and without a KV cache leaves an
-attention layer's ``scores``, ``pattern`` and ``result`` to be computed from its recorded
-queries and keys (or head outputs) when the cache is first read
-(:class:`attnkit.nn.activation_cache.DeferredActivations`), and still runs the fused path.
+:func:`torch.no_grad`, as ``Model.run_with_cache`` runs, not :func:`torch.inference_mode`)
+and without a KV cache leaves an attention layer's ``scores``, ``pattern`` and ``result``
+to be computed from its recorded queries and keys (or head outputs) when the cache is
+first read (:class:`attnkit.nn.activation_cache.DeferredActivations`), and still runs the
+fused path.
 
 Any module that contains hook points and derives from :class:`HookedModule` (every
 stack and model of :mod:`attnkit.nn`, and the checkpoints of :mod:`attnkit.models`) has
