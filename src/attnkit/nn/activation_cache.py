@@ -49,7 +49,7 @@ class DeferredActivations:
         inputs: the tensors ``compute`` reads. Changed in place after the forward pass
             (an optimizer step on a weight, an edit of a cached tensor), they no longer
             give what the pass would have recorded: reading then raises.
-        what: what is computed, for that error (``"decoder.layers.3.self_attn scores,
+        what: what is computed, for that error (``"decoder.layers.3.self_attn scores and
             pattern"``).
     """
 
