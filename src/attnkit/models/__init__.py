@@ -27,7 +27,6 @@ from attnkit.models.protocol import InspectableModel  # no torch: cheap to impor
 from attnkit.models.registry import MODELS, home
 
 if TYPE_CHECKING:
-    from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT
     from attnkit.models.checkpoint import CheckpointError, ModelNotFound
     from attnkit.models.hub import HubError
     from attnkit.models.loading import load
@@ -42,7 +41,6 @@ _LAZY = {
     **dict.fromkeys(("FetchError", "ModelInfo", "available", "fetch"), "attnkit.models.store"),
     **dict.fromkeys(("CheckpointError", "ModelNotFound"), "attnkit.models.checkpoint"),
     **dict.fromkeys(("Model", "ModelRun", "RunStopped"), "attnkit.models.model"),
-    "ATTENTION_MEMORY_LIMIT": "attnkit.models.attentions",
     "HubError": "attnkit.models.hub",
     "load": "attnkit.models.loading",
     "MemoryEstimateError": "attnkit.models.memory",
@@ -50,7 +48,6 @@ _LAZY = {
 }
 
 __all__ = [
-    "ATTENTION_MEMORY_LIMIT",
     "MODELS",
     "CheckpointError",
     "FetchError",

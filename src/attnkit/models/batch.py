@@ -18,11 +18,12 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
+from attnkit.functional.indices import normalize_rows
 from attnkit.models.attentions import LayerAttentions
 from attnkit.models.core import ModelCore
-from attnkit.models.memory import check_run_memory
+from attnkit.models.memory import MAP_ADVICE, check_run_memory
 from attnkit.models.runs import ModelRun, RunStopped, self_attention_weights
-from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput
+from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput, WeightSelection
 from attnkit.nn.hooks import HookPoint, NameFilter
 from attnkit.nn.text_module import TextModule
 
@@ -49,6 +50,7 @@ class BatchMixin(ModelCore):
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
+        rows: range | slice | None = None,
         names_filter: NameFilter = (),
         padding_side: Literal["right", "left"] = "right",
     ) -> list[ModelRun]:
@@ -65,12 +67,14 @@ class BatchMixin(ModelCore):
         Args:
             inputs: texts or token ids, as :meth:`run` takes them.
             return_weights: the layers whose weights to return, as in :meth:`run`.
-            heads: the heads to keep, as in :meth:`run`.
+            heads: the heads whose weights to form, as in :meth:`run`.
             logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
                 projection (a sixth of SmolLM2's work) when only attention is wanted, and
                 every run's ``logits`` is ``None``.
             stop: asked before every layer; when it returns ``True`` the pass ends with
                 :class:`RunStopped` (a server stops the work of clients that have gone).
+            rows: the query positions whose weights to form, as in :meth:`run`, of each
+                input (a slice counts from each input's own end).
             names_filter: the activations to return in each run's :attr:`ModelRun.cache`, as
                 :meth:`run` takes them: each run's own row, without the padding.
             padding_side: where a causal model pads shorter inputs, ``"right"`` or
@@ -89,38 +93,46 @@ class BatchMixin(ModelCore):
         prepared = [self.prepare_input(item) for item in inputs]
         layers, head_list = self._selection(return_weights, heads)
         lengths = [ids.shape[1] for ids, _, _ in prepared]
+        row_ranges = [normalize_rows(rows, n, context=f"input {i} has {n} tokens") for i, n in enumerate(lengths)]
         groups: dict[int, list[int]] = {}
         for i, n in enumerate(lengths):
             groups.setdefault(0 if self.causal else n, []).append(i)
         padded = [(len(group), max(lengths[i] for i in group)) for group in groups.values()]
+        owns = {i: _own(lengths[i], s, padding_side) for group, (_, s) in zip(groups.values(), padded) for i in group}
+        # The rows each pass forms: those of its inputs, in padded positions, end to end.
+        asked = [_union([_shifted(row_ranges[i], owns[i]) for i in group]) for group in groups.values()]
         check_run_memory(
             self,
             padded,
             weight_layers=len(layers),
+            heads=len(head_list),
+            rows=max((len(r) for r in asked), default=0),
             names_filter=names_filter,
             logits=logits,
             on=f"{len(prepared)} inputs",
-            advice="run fewer at once",
+            advice="run fewer at once, or " + MAP_ADVICE,
         )
         runs: list[ModelRun | None] = [None] * len(prepared)
         points = self.module.hook_points() if names_filter != () else {}
         with torch.no_grad(), self._stopped_by(stop):
-            for group, (_, s) in zip(groups.values(), padded):
+            for group, (_, s), formed in zip(groups.values(), padded, asked):
                 ids, padding = pad_rows([prepared[i][0][0] for i in group], s, padding_side)  # [b, s] x 2
                 # Padding at the end is unseen by a causal model's tokens: no mask needed.
                 needs_mask = padding_side == "left" and not bool(padding.all())
                 forward = self._forward(
                     ids,
-                    layers=layers,
+                    layers=dict.fromkeys(layers, WeightSelection(heads=tuple(head_list), rows=formed)),
                     padding=padding if needs_mask else None,
                     logits=logits,
                     names_filter=names_filter,
                 )
                 for row, i in enumerate(group):
-                    n = lengths[i]
-                    own = slice(s - n, s) if padding_side == "left" else slice(0, n)
-                    rows = _BatchRows(forward.out, forward.logits, _rows_of(forward.cache, points, row, own), row, own)
-                    runs[i] = self._run_of_row(prepared[i], rows, layers, head_list)
+                    own, mine = owns[i], _shifted(row_ranges[i], owns[i])
+                    kept = slice(mine.start - formed.start, mine.stop - formed.start)
+                    batch_rows = _BatchRows(
+                        forward.out, forward.logits, _rows_of(forward.cache, points, row, own), row, own, kept
+                    )
+                    runs[i] = self._run_of_row(prepared[i], batch_rows, layers, head_list, row_ranges[i])
         return [run for run in runs if run is not None]
 
     @contextlib.contextmanager
@@ -151,15 +163,15 @@ class BatchMixin(ModelCore):
         rows: _BatchRows,
         layers: list[int],
         head_list: list[int],
+        row_range: range,
     ) -> ModelRun:
         """The :class:`ModelRun` of one input of a batch: its row, without the padding."""
         own_ids, tokens, offsets = prepared
         row, own = rows.row, rows.own
         hidden = rows.out.output  # [b, s, e]
         weights = {
-            layer: self_attention_weights(rows.out, layer)[row : row + 1, head_list, own, own].float()
-            for layer in layers
-        }  # [1, h_sel, n, n] each
+            layer: self_attention_weights(rows.out, layer)[row : row + 1, :, rows.kept, own].clone() for layer in layers
+        }  # [1, h_sel, n_r, n] each
         return ModelRun(
             ids=own_ids,
             tokens=tokens,
@@ -168,6 +180,7 @@ class BatchMixin(ModelCore):
             last_hidden_state=hidden[row : row + 1, own].float().clone(),  # [1, n, e]
             attentions=LayerAttentions(weights, self.num_layers),
             heads=head_list,
+            rows=row_range,
             cache=rows.cache,
         )
 
@@ -175,13 +188,30 @@ class BatchMixin(ModelCore):
 @dataclass(frozen=True)
 class _BatchRows:
     """Where one input's results lie in a batch's: the family's output, the logits (or
-    ``None``), the input's own cache, its row and its positions (without the padding)."""
+    ``None``), the input's own cache, its row, its positions (without the padding) and its
+    chosen rows among those the maps hold."""
 
     out: StackOutput
     scores: Tensor | None
     cache: ActivationCache
     row: int
     own: slice
+    kept: slice
+
+
+def _own(n: int, s: int, padding_side: str) -> slice:
+    """The positions of an input of ``n`` tokens padded to ``s`` on ``padding_side``."""
+    return slice(s - n, s) if padding_side == "left" else slice(0, n)
+
+
+def _shifted(rows: range, own: slice) -> range:
+    """An input's chosen rows as positions of the padded pass its tokens lie at (``own``)."""
+    return range(own.start + rows.start, own.start + rows.stop)
+
+
+def _union(ranges: Sequence[range]) -> range:
+    """The rows from the first start to the last stop of ``ranges``."""
+    return range(min(r.start for r in ranges), max(r.stop for r in ranges))
 
 
 def _rows_of(cache: ActivationCache, points: Mapping[str, HookPoint], row: int, own: slice) -> ActivationCache:

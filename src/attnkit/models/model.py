@@ -6,7 +6,7 @@ an encoder–decoder's source-and-target runs (:mod:`attnkit.models.encoder_deco
 TransformerLens-style weights (:mod:`attnkit.models.lens`).
 
 Shape letters: ``s`` number of tokens, ``h`` query heads, ``h_sel`` selected heads,
-``e`` model dim, ``v`` vocabulary size.
+``n_r`` selected query rows, ``e`` model dim, ``v`` vocabulary size.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from attnkit.deprecation import deprecated_aliases, renamed_keywords
-from attnkit.functional.indices import normalize_indices, select_indices
+from attnkit.functional.indices import normalize_indices, normalize_rows, select_indices
 from attnkit.models.attentions import LayerAttentions
 from attnkit.models.batch import BatchMixin, pad_rows
 from attnkit.models.encoder_decoder import EncoderDecoderMixin
@@ -27,10 +27,10 @@ from attnkit.models.family import ModelConfig, ModelFamily
 from attnkit.models.generation import GenerationMixin
 from attnkit.models.hooks import HooksMixin
 from attnkit.models.lens import LensMixin
-from attnkit.models.memory import check_run_memory
+from attnkit.models.memory import MAP_ADVICE, check_run_memory
 from attnkit.models.runs import ForwardPass, HookedRun, ModelRun, RunStopped, self_attention_weights
 from attnkit.models.tokenizer import TokenizedText, Tokenizer
-from attnkit.nn import LayerSelection, StackOutput
+from attnkit.nn import LayerSelection, StackOutput, WeightSelection
 from attnkit.nn.hooks import HookFn, NameFilter
 from attnkit.nn.text_module import TextModule
 
@@ -137,23 +137,31 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
         return_weights: LayerSelection = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
+        rows: range | slice | None = None,
         names_filter: NameFilter = (),
     ) -> ModelRun:
         """One forward pass: logits (LLaMA) or hidden states, and attention weights.
 
-        Layers whose weights are not asked for run on the fused kernel, which never
-        materialises the ``[h, s, s]`` weights. Hooks of enclosing :meth:`hooks` blocks
-        act on the run (:mod:`attnkit.nn.hooks`).
+        Every layer's output comes from the fused kernel, which never materialises the
+        ``[h, s, s]`` weights; a layer whose weights are asked for also forms those of the
+        chosen heads on the chosen rows, and no others
+        (:class:`attnkit.nn.WeightSelection`): one head's map of one layer costs
+        ``rows × s × 4`` bytes beyond a plain pass. Hooks of enclosing :meth:`hooks`
+        blocks act on the run (:mod:`attnkit.nn.hooks`).
 
         Args:
             text_or_ids: a text, or token ids ``[s]`` / ``[1, s]``.
             return_weights: ``True`` for every layer's weights, ``False`` for none, or a list
                 of layer indices (negative ones count from the end: ``-1`` is the last layer),
                 as the ``return_weights`` of the :mod:`attnkit.nn` stacks.
-            heads: the heads to keep (negative ones count from the end); default all.
+            heads: the heads whose weights to form (negative ones count from the end);
+                default all.
             logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
                 projection when only attention is wanted, and the run's ``logits`` is
                 ``None``.
+            rows: the query positions whose weights to form: a ``range``, or a ``slice``
+                as a list of the ``s`` tokens is sliced (``slice(-64, None)``: the last 64);
+                default all.
             names_filter: the activations to return in :attr:`ModelRun.cache`: names
                 (:meth:`hook_names`), a predicate on names, or ``None`` for every one.
 
@@ -162,35 +170,36 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
 
         Raises:
             TypeError: ids that are not integers.
-            ValueError: an empty or too long input, ids outside the vocabulary, a layer or
-                head out of range, weights that would exceed :data:`ATTENTION_MEMORY_LIMIT`
-                bytes, or an unknown name in ``names_filter`` (the message lists the names).
+            ValueError: an empty or too long input, ids outside the vocabulary, a layer,
+                head or row out of range, or an unknown name in ``names_filter`` (the
+                message lists the names).
             MemoryEstimateError: the weights, cached activations and logits asked for
-                would exceed the memory available (:mod:`attnkit.models.memory`).
+                would exceed the memory available on the model's device
+                (:mod:`attnkit.models.memory`).
         """
         ids, tokens, offsets = self.prepare_input(text_or_ids)
         layers, head_list = self._selection(return_weights, heads)
         s = ids.shape[1]
+        row_range = normalize_rows(rows, s, context=f"the input has {s} tokens")
         check_run_memory(
             self,
             [(1, s)],
             weight_layers=len(layers),
+            heads=len(head_list),
+            rows=len(row_range),
             names_filter=names_filter,
             logits=logits,
             on=f"{s} tokens",
-            advice="ask for fewer layers (--layers), fewer cached activations or a shorter text",
+            advice=MAP_ADVICE,
         )
-        select_heads = head_list != list(range(self.num_heads))
+        selection = WeightSelection(heads=tuple(head_list), rows=row_range)
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
         # that callers may use in any mode.
         with torch.no_grad():
-            forward = self._forward(ids, layers=layers, logits=logits, names_filter=names_filter)
-            attentions = {}
-            for i in layers:
-                weights = self_attention_weights(forward.out, i)  # [1, h, s, s]
-                if select_heads:
-                    weights = weights[:, head_list]  # [1, h_sel, s, s]
-                attentions[i] = weights.float()
+            forward = self._forward(
+                ids, layers=dict.fromkeys(layers, selection), logits=logits, names_filter=names_filter
+            )
+            attentions = {i: self_attention_weights(forward.out, i) for i in layers}  # [1, h_sel, n_r, s] each
         return ModelRun(
             ids=ids,
             tokens=tokens,
@@ -199,6 +208,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
             last_hidden_state=forward.out.output.float(),  # [1, s, e]
             attentions=LayerAttentions(attentions, self.num_layers),
             heads=head_list,
+            rows=row_range,
             cache=forward.cache,
         )
 
@@ -206,7 +216,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
         self,
         ids: Tensor,
         *,
-        layers: Collection[int] = (),
+        layers: Collection[int] | Mapping[int, WeightSelection] = (),
         padding: Tensor | None = None,
         logits: bool = True,
         hooks: Mapping[str, HookFn] | None = None,
@@ -217,7 +227,8 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
 
         Args:
             ids: token ids ``[b, s]``, checked, on any device (moved to the model's).
-            layers: the layers whose weights to return.
+            layers: the layers whose weights to return (every head's), or layer → the
+                :class:`attnkit.nn.WeightSelection` of its weights to form.
             padding: ``None``, or ``[b, s]`` bool ``True`` on tokens and ``False`` on
                 padding (on either side), which no token attends to.
             logits: compute the next-token logits (where the network has a head).
@@ -231,7 +242,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
             out = self.module.last_hidden_state(
                 ids.to(self.device),
                 padding=None if padding is None else padding.to(self.device),
-                return_weights=list(layers),
+                return_weights=layers if isinstance(layers, Mapping) else list(layers),
             )
             assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
             scores = self.module.logits(out.output) if logits else None  # [b, s, v], or None

@@ -71,6 +71,7 @@ from attnkit.nn.transformer import (
     TransformerConfig,
     selected_layers,
 )
+from attnkit.nn.weight_selection import WeightSelection
 
 __all__ = [
     "KERNELS",
@@ -115,6 +116,7 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "TransformerOutput",
+    "WeightSelection",
     "alibi_slopes",
     "make_norm",
     "mask_from_torch",
