@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from attnkit.functional.indices import normalize_rows
+
 
 @dataclass
 class Tokenized:
@@ -43,6 +45,7 @@ class Run:
     offsets: list[tuple[int, int]] | None
     attentions: dict[int, Tensor]
     heads: list[int]
+    rows: range
 
 
 def words_of(text: str) -> list[tuple[str, int, int]]:
@@ -83,8 +86,9 @@ class FakeModel:
         return_weights: bool | Sequence[int] = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
+        rows: range | slice | None = None,
     ) -> Run:
-        return self.run_batch([text_or_ids], return_weights=return_weights, heads=heads, logits=logits)[0]
+        return self.run_batch([text_or_ids], return_weights=return_weights, heads=heads, logits=logits, rows=rows)[0]
 
     @torch.no_grad()
     def run_batch(
@@ -95,6 +99,7 @@ class FakeModel:
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
+        rows: range | slice | None = None,
     ) -> list[Run]:
         """Every input in one pass, shorter ones padded at the end (a causal stand-in: the
         padding changes nothing before it); ``stop()`` is asked before the pass."""
@@ -111,8 +116,11 @@ class FakeModel:
         runs = []
         for row, t in enumerate(tokenized):
             n = t.ids.shape[1]
-            chosen = {layer: maps[layer][row : row + 1, heads, :n, :n] for layer in layers}  # [1, h_sel, n, n]
-            runs.append(Run(t.ids, t.tokens, t.offsets, chosen, heads))
+            kept = normalize_rows(rows, n)
+            chosen = {
+                layer: maps[layer][row : row + 1, heads, kept.start : kept.stop, :n] for layer in layers
+            }  # [1, h_sel, n_r, n]
+            runs.append(Run(t.ids, t.tokens, t.offsets, chosen, heads, kept))
         return runs
 
     def _tokenized(self, text_or_ids: str | Tensor) -> Tokenized:

@@ -152,5 +152,6 @@ def normalize_rows(rows: range | slice | None, count: int, *, context: str | Non
     if chosen.step != 1:
         raise ValueError(f"rows must be consecutive (step 1), got {rows!r}")
     if len(chosen) == 0:
-        raise ValueError(f"no rows selected by {rows!r}: {said}")
+        spelled = f"{'' if rows.start is None else rows.start}:{'' if rows.stop is None else rows.stop}"
+        raise ValueError(f"no rows selected by {spelled if isinstance(rows, slice) else rows}: {said}")
     return chosen

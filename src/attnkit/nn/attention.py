@@ -44,9 +44,12 @@ from attnkit.nn.rnn_attention import AttentionScore
 from attnkit.nn.weight_selection import WeightSelection
 
 Score = Literal["scaled_dot", "dot"] | AttentionScore
-# The scores a chunk of chosen rows holds while their weights are formed (float32: 64 MiB),
-# beside the weights themselves (:meth:`MultiHeadAttention._selected_weights`).
-SELECTED_CHUNK_ELEMENTS = 2**24
+# The scores a chunk of chosen rows holds while their weights are formed, beside the weights
+# themselves (:meth:`MultiHeadAttention._selected_weights`): a 64th of the weights (each of
+# the chunk's few temporaries adds under 2% to them), at least 2**20 (one chunk for short
+# texts) and at most 2**24 (float32: 64 MiB).
+SELECTED_CHUNK_SHARE = 64
+SELECTED_CHUNK_ELEMENTS = (2**20, 2**24)
 Context = Tensor | tuple[Tensor, Tensor]
 
 
@@ -459,13 +462,17 @@ class MultiHeadAttention(nn.Module):
         float32, as :meth:`_pattern` forms every head's: the same scale, soft-capping,
         window, mask and bias, a chunk of rows at a time
         (:func:`attnkit.functional.iter_weights_on_demand`), each written into the result.
-        Beside the result a chunk holds about :data:`SELECTED_CHUNK_ELEMENTS` scores."""
+        Beside the result a chunk holds a :data:`SELECTED_CHUNK_SHARE`-th of its scores
+        (within :data:`SELECTED_CHUNK_ELEMENTS`)."""
         b, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]
         chosen = rows.row_range(s_q)
         windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
         default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
         out = empty_large((b, len(heads), len(chosen), s_k), torch.float32, q.device)  # [b, n_h, n_r, s_k]
-        chunk = max(1, SELECTED_CHUNK_ELEMENTS // max(1, b * len(heads) * s_k))
+        row_elements = max(1, b * len(heads) * s_k)
+        lowest, highest = SELECTED_CHUNK_ELEMENTS
+        elements = min(max(row_elements * len(chosen) // SELECTED_CHUNK_SHARE, lowest), highest)
+        chunk = max(1, elements // row_elements)
         for r, w in iter_weights_on_demand(
             q,
             k,

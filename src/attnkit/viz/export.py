@@ -59,22 +59,29 @@ VIEWER_BYTES_PER_TOKEN = 40
 VIEWER_PAGE_BYTES = 80_000
 
 
-def estimate_map_json(tokens: int, heads: int, *, causal: bool) -> int:
+def estimate_map_json(tokens: int, heads: int, *, causal: bool, rows: int | None = None) -> int:
     """About how many bytes :func:`write_map` writes as JSON for one layer.
 
     Args:
         tokens: the text's length in tokens (an upper bound for a word map).
         heads: how many heads the map holds.
         causal: whether the model is causal (half the weights are zeros).
+        rows: the query rows the map holds (default every token).
 
     Returns:
         The estimate in bytes.
     """
-    return int(heads * tokens * tokens * JSON_BYTES_PER_WEIGHT[causal] + tokens * JSON_BYTES_PER_TOKEN)
+    n_r = tokens if rows is None else rows
+    return int(heads * n_r * tokens * JSON_BYTES_PER_WEIGHT[causal] + tokens * JSON_BYTES_PER_TOKEN)
 
 
 def estimate_map_canvas(
-    tokens: int, heads: int, *, dpi: float | None = None, figsize: tuple[float, float] | None = None
+    tokens: int,
+    heads: int,
+    *,
+    dpi: float | None = None,
+    figsize: tuple[float, float] | None = None,
+    rows: int | None = None,
 ) -> int:
     """About how many bytes of memory the canvas of :func:`write_map`'s PNG takes (the
     file is smaller, but the canvas is drawn whole before it is compressed).
@@ -84,6 +91,7 @@ def estimate_map_canvas(
         heads: how many heads the map holds (several are drawn as a grid of panels).
         dpi: the PNG's dots per inch (default: the drawing function's).
         figsize: the figure size in inches (default: from the tokens or the heads).
+        rows: the query rows the map holds (default every token).
 
     Returns:
         The estimate in bytes.
@@ -91,7 +99,7 @@ def estimate_map_canvas(
     from attnkit.viz.heatmap import DEFAULT_DPI, canvas_bytes, default_figsize, heads_figsize
 
     if figsize is None:
-        figsize = default_figsize(tokens, tokens) if heads <= 1 else heads_figsize(heads)
+        figsize = default_figsize(tokens if rows is None else rows, tokens) if heads <= 1 else heads_figsize(heads)
     return canvas_bytes(figsize, DEFAULT_DPI if dpi is None else dpi)
 
 
@@ -183,6 +191,10 @@ def write_map(
     stem = f"{file_stem(amap.model_name)}{kind}_layer{amap.layer}_{tag}" + (
         "" if amap.method == "raw" else f"_{amap.method}"
     )
+    if amap.rows is not None:
+        stem += f"_rows{amap.rows.start}-{amap.rows.stop - 1}"
+    # A map of some rows greys what their queries cannot see from their own positions.
+    rows_at = {} if amap.rows is None else {"first_query": amap.rows.start}
     # Word maps get their own names, next to the token maps of the same text.
     suffix, unit = ("", "") if amap.words is None else ("_words", " word")
     written = []
@@ -206,11 +218,12 @@ def write_map(
                 written.append(
                     draw_heatmap(
                         amap.weights[0],
-                        amap.labels,
+                        amap.row_labels,
                         amap.column_labels,
                         path,
                         title=f"Layer {amap.layer}, {name} — {what}",
                         causal=amap.causal,
+                        **rows_at,
                         xlabel=xlabel,
                         ylabel=ylabel,
                         **saving,
@@ -221,12 +234,13 @@ def write_map(
                 written.append(
                     draw_attention_heads(
                         amap.weights,
-                        amap.labels,
+                        amap.row_labels,
                         amap.column_labels,
                         path,
                         heads=amap.heads,
                         title=f"Layer {amap.layer} — {what}",
                         causal=amap.causal,
+                        **rows_at,
                         xlabel=xlabel,
                         ylabel=ylabel,
                         **saving,
