@@ -26,12 +26,23 @@ table (every head's sink, distances and window mass) is saved with the results.
 Run: ``python benchmarks/bench_long_context.py`` (model ``gemma3`` when it is fetched,
 ``smollm2`` otherwise; the 32K row takes long on a CPU), or ``--lengths 256,512`` for a
 quick look.
+
+On a GPU: ``--device cuda`` runs a random checkpoint of TinyLlama-1.1B's shape
+(``--shape llama3-8b`` for Llama-3-8B's), written on the card by transformers, in bfloat16,
+at 2,048 to 131,072 tokens. Memory is then the most PyTorch's allocator handed out beyond
+the loaded weights (``torch.cuda.max_memory_allocated``), time the wall time between two
+synchronisations; the results (``bench_long_context_cuda_SHAPE.*``) name the card. ``--only``
+picks modes and ``--lengths`` lengths, each run adding its cells to the earlier ones of the
+same shape and card, so that a short loan of a GPU can measure a part.
+``--quick --device cpu`` is a dry run of that code on the CPU: a tiny random shape at 64
+and 128 tokens.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,9 +50,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import benchmark_parser, markdown_table, write_results  # noqa: E402
+from benchmarks.common import RESULTS, benchmark_parser, markdown_table, write_results  # noqa: E402
+from benchmarks.random_llama import SHAPES, text_of, write_checkpoint  # noqa: E402
 
 LENGTHS = (2048, 8192, 32768)
+# The lengths of a run on a GPU and of a dry run (--quick).
+DEVICE_LENGTHS = (2048, 8192, 32768, 131072)
+QUICK_LENGTHS = (64, 128)
 TEXT = (
     "The river bends past the old mill, where farmers bring their grain each autumn. Children play by the "
     "water while the wheel turns slowly; the village keeps its market on Saturdays. "
@@ -56,40 +71,57 @@ BUDGET_GIB = 4.0
 def arguments() -> argparse.ArgumentParser:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--model", default=None, help="model name (default: gemma3 if fetched, else smollm2)")
-    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="tokens, comma-separated")
     parser.add_argument(
-        "--recipe-budget", type=float, default=4.0, metavar="GIB", help="run the recipe only below this (default: 4)"
+        "--lengths",
+        default=None,
+        help=f"tokens, comma-separated (default {','.join(map(str, LENGTHS))}; with --device cuda "
+        f"{','.join(map(str, DEVICE_LENGTHS))})",
+    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="a random checkpoint of this shape instead of --model (default with --device cuda: tinyllama)",
+    )
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="(default: bfloat16 on cuda)")
+    parser.add_argument("--only", default=None, metavar="MODES", help=f"comma-separated, of {','.join(MODES)}")
+    parser.add_argument("--quick", action="store_true", help="a dry run: the quick random shape at 64 and 128 tokens")
+    parser.add_argument("--cache", type=Path, default=None, help="folder of the random checkpoints")
+    parser.add_argument("--out", type=Path, default=None, help="write the results here instead of benchmarks/results/")
+    parser.add_argument(
+        "--recipe-budget",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="run the recipe only where its maps stay below this (default: 4; on a GPU the card's memory less 1)",
     )
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="children run at once (default: 1)")
     parser.add_argument("--cell", nargs=3, metavar=("MODEL", "MODE", "TOKENS"), help=argparse.SUPPRESS)
     return parser
 
 
-def _peak_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
-
-
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def run_cell(model_name: str, mode: str, tokens: int) -> dict:
-    """One measurement, in this (child) process: time and peak memory growth of ``mode``."""
+def run_cell(model_name: str, mode: str, tokens: int, *, device: str = "cpu", dtype: str | None = None) -> dict:
+    """One measurement, in this (child) process: time and peak memory growth of ``mode``.
+    ``model_name`` is a known name or a checkpoint folder; a random checkpoint reads the
+    words ``w1 w2 ...``, a real model :data:`TEXT`. On the CPU ``seconds`` is processor
+    time (one thread); on a GPU the wall time between two synchronisations."""
     import torch
 
     from attnkit import models
     from attnkit.inspect.long_context import long_context_summaries
+    from benchmarks.common import DeviceMemory
 
     torch.set_num_threads(1)
-    model = models.load(model_name)
-    ids = model.tokenizer.encode(TEXT * (tokens // 20 + 1)).ids[0, :tokens]
+    model = models.load(model_name, device=device, **({} if dtype is None else {"dtype": getattr(torch, dtype)}))
+    if Path(model_name).is_dir():
+        ids = model.tokenize(text_of(tokens, model.config.vocab_size)).ids[0]
+    else:
+        ids = model.tokenizer.encode(TEXT * (tokens // 20 + 1)).ids[0, :tokens]
     with torch.no_grad():
         model.run(ids[:16], return_weights=False, logits=False)  # warm up
-    _reset_peak()
-    before = _peak_kib()
+    memory = DeviceMemory(device)
+    memory.begin()
     start, cpu_start = time.perf_counter(), time.process_time()
     heads = None
     if mode == "forward":
@@ -98,23 +130,28 @@ def run_cell(model_name: str, mode: str, tokens: int) -> dict:
         heads = long_context_summaries(model, ids, top_k=8, local_statistics=LOCAL_STATISTICS).head_table()
     else:
         model.run(ids, return_weights=True, logits=False)
+    peak = memory.peak()  # synchronises on a GPU: the wall time below is the work's
+    wall = time.perf_counter() - start
     cell = {
-        "seconds": time.process_time() - cpu_start,
-        "wall_seconds": time.perf_counter() - start,
-        "peak_growth_mib": (_peak_kib() - before) / 1024,
+        "seconds": time.process_time() - cpu_start if device == "cpu" else wall,
+        "wall_seconds": wall,
+        "peak_growth_mib": peak / 2**20,
     }
     return cell if heads is None else {**cell, "heads": heads}
 
 
-def run_cells(name: str, wanted: list[tuple[int, str]], *, jobs: int) -> dict[tuple[int, str], dict]:
-    """Each ``(tokens, mode)`` of ``wanted`` measured in its own child process, ``jobs`` at once."""
+def run_cells(
+    name: str, wanted: list[tuple[int, str]], *, jobs: int, options: list[str] = ()
+) -> dict[tuple[int, str], dict]:
+    """Each ``(tokens, mode)`` of ``wanted`` measured in its own child process, ``jobs`` at once;
+    ``options`` (``--device``, ``--dtype``) go to every child."""
     cells: dict[tuple[int, str], dict] = {}
     waiting = list(wanted)
     running: dict[tuple[int, str], subprocess.Popen] = {}
     while waiting or running:
         while waiting and len(running) < jobs:
             tokens, mode = waiting.pop(0)
-            command = [sys.executable, __file__, "--cell", name, mode, str(tokens)]
+            command = [sys.executable, __file__, "--cell", name, mode, str(tokens), *options]
             running[tokens, mode] = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         for key, child in list(running.items()):
             if child.poll() is None:
@@ -124,35 +161,43 @@ def run_cells(name: str, wanted: list[tuple[int, str]], *, jobs: int) -> dict[tu
                 raise SystemExit(f"{name} {key[0]} tokens {key[1]}: the child failed (exit {child.returncode})")
             cells[key] = json.loads(out.strip().splitlines()[-1])
             shown = {name: value for name, value in cells[key].items() if name != "heads"}
-            print(f"{name} {key[0]} tokens {key[1]}: {shown}", flush=True)
+            print(f"{Path(name).name} {key[0]} tokens {key[1]}: {shown}", flush=True)
             del running[key]
         time.sleep(0.5)
     return cells
 
 
-def earlier_rows(name: str, measured: list[int]) -> list[dict]:
-    """The rows of ``name`` at other lengths than ``measured`` from the results already saved,
-    so that a long row measured alone joins the table of the shorter ones."""
-    from benchmarks.common import RESULTS
+def earlier_rows(path: Path, model: str, card: str | None) -> list[dict]:
+    """The rows saved in ``path`` by an earlier run of ``model`` (on the same ``card``), so
+    that a run of some lengths or modes joins the table of the others."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    if data.get("model") != model or data.get("card") != card:
+        return []
+    return data["rows"]
 
-    saved = RESULTS / "bench_long_context.json"
-    if not saved.exists():
-        return []
-    data = json.loads(saved.read_text())
-    if data.get("model") != name:
-        return []
-    return [row for row in data["rows"] if row["tokens"] not in measured]
+
+def merged(earlier: list[dict], rows: list[dict]) -> list[dict]:
+    """``earlier`` rows with the cells of ``rows`` put in (a mode measured again replaces the
+    earlier cell; one not measured now keeps it), shortest first."""
+    by_length = {row["tokens"]: dict(row) for row in earlier}
+    for row in rows:
+        old = by_length.get(row["tokens"], {})
+        by_length[row["tokens"]] = {**old, **{k: v for k, v in row.items() if v is not None or k not in old}}
+    return sorted(by_length.values(), key=lambda row: row["tokens"])
 
 
 def table_row(row: dict) -> list[str]:
     """One line of the Markdown table from a saved row."""
-    forward, summaries, recipe = (row[mode] for mode in MODES)
+    forward, summaries, recipe = (row.get(mode) for mode in MODES)
+    both = forward is not None and summaries is not None
     return [
         f"{row['tokens']:,}",
         _cell_text(forward),
         _cell_text(summaries),
-        f"{summaries['seconds'] / forward['seconds']:.2f}x",
-        "yes" if summaries["peak_growth_mib"] <= BUDGET_GIB * 1024 else "no",
+        f"{summaries['seconds'] / forward['seconds']:.2f}x" if both else "–",
+        "–" if summaries is None else "yes" if summaries["peak_growth_mib"] <= BUDGET_GIB * 1024 else "no",
         _cell_text(recipe)
         if recipe is not None
         else f"not run: its weights alone are {row['recipe_weights_gib']:,.1f} GiB",
@@ -160,17 +205,29 @@ def table_row(row: dict) -> list[str]:
     ]
 
 
-def _cell_text(cell: dict) -> str:
+def _cell_text(cell: dict | None) -> str:
+    if cell is None:
+        return "not run"
     return f"{cell['seconds']:,.1f} s, {cell['peak_growth_mib']:,.0f} MiB"
 
 
-def report(name: str, rows: list[dict]) -> str:
-    """The Markdown section of ``rows`` (saved rows of model ``name``, shortest first)."""
+def report(name: str, rows: list[dict], card: str | None = None) -> str:
+    """The Markdown section of ``rows`` (saved rows of model ``name``, shortest first); on a
+    GPU, ``card`` names it."""
     table = [table_row(row) for row in rows]
+    if card is not None:
+        heading = f"## Long-context summaries on a GPU: {card} ({name})\n\n"
+        measured = (
+            "Wall time between two synchronisations and the most PyTorch's allocator handed out beyond the loaded "
+            "weights (`torch.cuda.max_memory_allocated`). "
+        )
+    else:
+        heading = f"## Long-context summaries ({name})\n\n"
+        measured = "Processor time (one thread) and the growth of the peak resident set over the loaded model. "
     return (
-        f"## Long-context summaries ({name})\n\n"
-        "Processor time (one thread) and the growth of the peak resident set over the loaded model. "
-        "Summaries: every head; the global layers' sinks, distances, window mass, entropy and top-8 keys "
+        heading
+        + measured
+        + "Summaries: every head; the global layers' sinks, distances, window mass, entropy and top-8 keys "
         "of every query, the sliding-window layers' distances and window mass. The recipe holds "
         "layers × heads × s² × 4 bytes of weights at once.\n\n"
         + markdown_table(
@@ -188,6 +245,13 @@ def report(name: str, rows: list[dict]) -> str:
     )
 
 
+def _card_gib(device: str) -> float:
+    """The memory of the card ``device``, in GiB."""
+    import torch
+
+    return torch.cuda.get_device_properties(device).total_memory / 2**30
+
+
 def default_model() -> str:
     from attnkit import models
 
@@ -198,32 +262,53 @@ def default_model() -> str:
     return "gemma3"
 
 
-def main() -> None:
-    args = arguments().parse_args()
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments()
+    args = parser.parse_args(argv)
     if args.cell is not None:
         name, mode, tokens = args.cell
-        print(json.dumps(run_cell(name, mode, int(tokens))))
+        print(json.dumps(run_cell(name, mode, int(tokens), device=args.device, dtype=args.dtype)))
         return
-    lengths = [int(x) for x in args.lengths.split(",")]
+    defaults = QUICK_LENGTHS if args.quick else LENGTHS if args.device == "cpu" else DEVICE_LENGTHS
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else list(defaults)
+    modes = MODES if args.only is None else tuple(args.only.split(","))
+    if any(mode not in MODES for mode in modes):
+        parser.error(f"--only takes modes of {', '.join(MODES)}, got {args.only!r}")
+    shape = args.shape or ("quick" if args.quick else "tinyllama" if args.device != "cpu" else None)
+    dtype = args.dtype or ("bfloat16" if args.device != "cpu" else None)
     from attnkit import models
 
-    name = args.model or default_model()
-    model = models.load(name)
-    context, num_layers, num_heads, vocab = model.max_length, model.num_layers, model.num_heads, model.config.vocab_size
-    del model  # the children load their own: this process holds no weights while they run
+    folder = Path()
+    if shape is not None:
+        cache = args.cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit-benchmarks"
+        folder = write_checkpoint(cache, SHAPES[shape], dtype or "float32", tokens=max(lengths), device=args.device)
+        name, label, results = str(folder), shape, f"bench_long_context_{args.device}_{shape}"
+    else:
+        name = label = args.model or default_model()
+        results = "bench_long_context"
+    if shape is not None:
+        config = json.loads((folder / "config.json").read_text())
+        context, num_layers = config["max_position_embeddings"], config["num_hidden_layers"]
+        num_heads, vocab = config["num_attention_heads"], config["vocab_size"]
+    else:
+        model = models.load(name)
+        context, num_layers, num_heads = model.max_length, model.num_layers, model.num_heads
+        vocab = model.config.vocab_size
+        del model  # the children load their own: this process holds no weights while they run
+    budget = args.recipe_budget
+    if budget is None:
+        budget = BUDGET_GIB if args.device == "cpu" else _card_gib(args.device) - 1
     chosen = [s for s in lengths if s <= context]
     for s in lengths:
         if s > context:
-            print(f"{s} tokens: more than {name}'s context of {context}, skipped")
+            print(f"{s} tokens: more than {label}'s context of {context}, skipped")
     recipe_gib = {s: num_layers * num_heads * s * s * 4 / 2**30 for s in chosen}
     # The longest first, so that with --jobs the slowest children start at once.
     wanted = [
-        (s, mode)
-        for s in sorted(chosen, reverse=True)
-        for mode in MODES
-        if mode != "recipe" or recipe_gib[s] <= args.recipe_budget
+        (s, mode) for s in sorted(chosen, reverse=True) for mode in modes if mode != "recipe" or recipe_gib[s] <= budget
     ]
-    cells = run_cells(name, wanted, jobs=args.jobs)
+    options = ["--device", args.device] + ([] if dtype is None else ["--dtype", dtype])
+    cells = run_cells(name, wanted, jobs=args.jobs, options=options)
     rows = [
         {
             "tokens": s,
@@ -233,10 +318,22 @@ def main() -> None:
         }
         for s in chosen
     ]
-    rows = sorted(rows + earlier_rows(name, chosen), key=lambda row: row["tokens"])
-    markdown = report(name, rows)
+    card = None
+    if args.device != "cpu":
+        from benchmarks.common import device_name
+
+        card = device_name(args.device)
+    folder_out = args.out if args.out is not None else RESULTS
+    rows = merged(earlier_rows(folder_out / f"{results}.json", label, card), rows)
+    markdown = report(label, rows, card)
     print(markdown)
-    write_results("bench_long_context", {"model": name, "rows": rows}, markdown, update_docs=args.update_docs)
+    data = {"model": label, "rows": rows, **({} if card is None else {"card": card, "dtype": dtype})}
+    if args.out is None:
+        write_results(results, data, markdown, update_docs=args.update_docs)
+    else:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{results}.json").write_text(json.dumps(data, indent=2) + "\n")
+        (args.out / f"{results}.md").write_text(markdown.strip() + "\n")
 
 
 if __name__ == "__main__":
