@@ -269,7 +269,12 @@ def check_run_memory(
     needed = run_bytes(
         model, batches, weight_layers=weight_layers, heads=heads, rows=rows, names_filter=names_filter, logits=logits
     )
-    parts = "attention maps, cached activations and logits" if names_filter != () else "attention maps and logits"
+    counted = [
+        "attention maps",
+        *(["cached activations"] if names_filter != () else []),
+        *(["logits"] if logits else []),
+    ]
+    parts = counted[0] if len(counted) == 1 else ", ".join(counted[:-1]) + " and " + counted[-1]
     maps = ""
     if weight_layers and batches:
         size = gib(attention_bytes(weight_layers, heads, batches, rows=rows))
