@@ -17,9 +17,9 @@ from attnkit.models.core import ModelCore
 from attnkit.models.family import ModelConfig
 from attnkit.models.memory import check_fits, kv_cache_bytes
 from attnkit.models.tokenizer import Tokenizer
-from attnkit.nn import DecoderLM, EncoderDecoderLM, pack_projections
+from attnkit.nn import pack_projections
 from attnkit.nn.lm import check_decoding_options
-from attnkit.nn.text_module import TextModule
+from attnkit.nn.text_module import DecodingModule, TextModule
 
 
 class GenerationMixin(ModelCore):
@@ -129,7 +129,7 @@ class GenerationMixin(ModelCore):
         if temperature > 0 and seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
         # A causal family's network continues the prompt; an encoder-decoder's translates it.
-        assert isinstance(self.module, (DecoderLM, EncoderDecoderLM))
+        assert isinstance(self.module, DecodingModule)
         steps = self.module.stream(
             ids.to(self.device), budget, temperature=temperature, top_k=top_k, generator=generator
         )

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnkit.models.bridge import bridgeable, load_bridged
 from attnkit.models.checkpoint import (
     CheckpointError,
     load_tensors,
@@ -151,10 +152,12 @@ def load(
         verify_manifest(folder, manifest, name)
     hf_config = read_config(folder)
     model_type = hf_config.get("model_type")
+    weights_dtype = choose_dtype(dtype, target, hf_config)
+    if isinstance(model_type, str) and model_type not in FAMILIES and bridgeable(model_type):
+        return _load_bridged(name, folder, hf_config, weights_dtype, target)
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise CheckpointError(folder / "config.json", unsupported_model_type(model_type), field="model_type")
     family = FAMILIES[model_type]
-    weights_dtype = choose_dtype(dtype, target, hf_config)
     files = weight_files(folder)
     # Everything the folder says is compared before any weight is read, and the module is
     # built on the ``meta`` device (no storage), so that a crafted config.json cannot make
@@ -163,16 +166,7 @@ def load(
     config = family.read_config(hf_config, path=folder / "config.json")
     module = family.build(config)
     _check_weights_fit(module, family, config, headers, folder)
-    eos = family.eos_token_ids(config, folder)
-    tokenizer_path = folder / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
-    if tokenizer.largest_id >= config.vocab_size:
-        raise CheckpointError(
-            tokenizer_path,
-            f"has token id {tokenizer.largest_id}, but the model's embedding has "
-            f"vocab_size={config.vocab_size} rows (config.json)",
-            field="vocab_size",
-        )
+    tokenizer = _tokenizer(folder, family.eos_token_ids(config, folder), config.vocab_size)
     smaller = "" if weights_dtype.itemsize <= 2 else "load in bfloat16 (--dtype bfloat16) to halve it, or "
     check_fits(
         weight_bytes(headers, weights_dtype),
@@ -187,6 +181,33 @@ def load(
     family.finish(module, config)
     module = module.to(target).eval()
     return Model(name=name, model_family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+
+
+def _load_bridged(
+    name: str, folder: Path, hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device
+) -> Model:
+    """A ``model_type`` without a family, through ``transformers`` (:mod:`attnkit.models.bridge`)."""
+    family, config, module = load_bridged(folder, hf_config, dtype=dtype, device=device, name=name)
+    tokenizer = _tokenizer(folder, family.eos_token_ids(config, folder), config.vocab_size)
+    return Model(name=name, model_family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+
+
+def _tokenizer(folder: Path, eos: tuple[int, ...], vocab_size: int) -> Tokenizer:
+    """The folder's ``tokenizer.json``, whose ids must fit the embedding.
+
+    Raises:
+        CheckpointError: a token id beyond ``vocab_size``.
+    """
+    tokenizer_path = folder / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
+    if tokenizer.largest_id >= vocab_size:
+        raise CheckpointError(
+            tokenizer_path,
+            f"has token id {tokenizer.largest_id}, but the model's embedding has "
+            f"vocab_size={vocab_size} rows (config.json)",
+            field="vocab_size",
+        )
+    return tokenizer
 
 
 _LAYER_INDEX = re.compile(r"^(\w+)\.layers\.(\d+)\.")
