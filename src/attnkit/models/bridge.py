@@ -126,6 +126,9 @@ class BridgedLM(TextModule):
         label: ``bridge:<model_type>``.
         linear_inputs: each linear map's input in the probe forward (to find the output
             projections).
+        rows_may_grow: whether the architecture runs rows that a hook adds at a layer's
+            input (``resid_pre``) correctly (:func:`_rows_may_grow`), as ablation and
+            patching do; otherwise such a hook is refused.
     """
 
     def __init__(
@@ -135,6 +138,8 @@ class BridgedLM(TextModule):
         layer_modules: list[nn.Module],
         label: str,
         linear_inputs: dict[nn.Module, Tensor],
+        *,
+        rows_may_grow: bool,
     ) -> None:
         super().__init__()
         self.hf: Any = hf
@@ -151,7 +156,7 @@ class BridgedLM(TextModule):
             )
             mlp = next((child for name, child in layer.named_children() if name in _MLP_NAMES), None)
             points = BridgeLayer(attention, has_mlp=mlp is not None)
-            attach_layer(points, layer, call.module, mlp)
+            attach_layer(points, layer, call.module, mlp, rows_may_grow=rows_may_grow)
             layers.append(points)
         self.decoder = BridgeStack(layers)
         self.embed = HookPoint()
@@ -233,17 +238,22 @@ class BridgedLM(TextModule):
         cache = require("transformers").DynamicCache(config=self.hf.config)
 
         def next_logits(step_input: Tensor) -> Tensor:
-            hidden = self.base(input_ids=step_input, past_key_values=cache, use_cache=True).last_hidden_state
+            hidden = self.base(input_ids=step_input, cache=cache, use_cache=True).last_hidden_state
             return self.logits(hidden[:, -1])  # [b, v]
 
         return decoding_loop(next_logits, tokens, max_new_tokens, temperature, top_k, generator)
 
 
-def attach_layer(points: BridgeLayer, layer: nn.Module, attention: nn.Module, mlp: nn.Module | None) -> None:
+def attach_layer(
+    points: BridgeLayer, layer: nn.Module, attention: nn.Module, mlp: nn.Module | None, *, rows_may_grow: bool
+) -> None:
     """Call ``points``' hook points from ``transformers``' modules of one decoder layer, and
     route its attention function to ``points.self_attn``."""
     attention.__dict__["_attnkit_bridge"] = points.self_attn  # read by the attention function
-    layer.register_forward_pre_hook(partial(_layer_input_through, points.resid_pre), with_kwargs=True)
+    layer.register_forward_pre_hook(
+        partial(_layer_input_through, points.resid_pre, points.self_attn.label if not rows_may_grow else None),
+        with_kwargs=True,
+    )
     attention.register_forward_hook(partial(_through_point, points.attn_out))
     if mlp is not None and points.mlp_out is not None:
         mlp.register_forward_hook(partial(_through_point, points.mlp_out))
@@ -263,14 +273,22 @@ def _through_point(point: HookPoint, module: nn.Module, inputs: Any, output: Any
 
 
 def _layer_input_through(
-    point: HookPoint, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    point: HookPoint, fixed_rows: str | None, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-    """A forward pre-hook: a decoder layer's hidden states through ``point``."""
+    """A forward pre-hook: a decoder layer's hidden states through ``point``; rows added by
+    a hook are refused where the architecture (``fixed_rows``, its label) cannot run them."""
     if not point.active:
         return None
+    hidden = args[0] if args else kwargs["hidden_states"]
+    replaced = point(hidden)
+    if fixed_rows is not None and replaced.shape[0] != hidden.shape[0]:
+        raise BridgeRefused(
+            f"{fixed_rows}: a hook on {point.name} added rows, which its transformers code cannot run (it fixes the "
+            "batch at the embeddings); ablation and patching of this architecture are not available"
+        )
     if args:
-        return (point(args[0]), *args[1:]), kwargs
-    return args, kwargs | {"hidden_states": point(kwargs["hidden_states"])}
+        return (replaced, *args[1:]), kwargs
+    return args, kwargs | {"hidden_states": replaced}
 
 
 def _last_hidden_through(point: HookPoint, module: nn.Module, inputs: Any, output: Any) -> Any:
@@ -410,7 +428,7 @@ def load_bridged(
         calls, layers, linear_inputs = _probe(hf, label)
     except BridgeRefused as refused:
         raise CheckpointError(config_path, str(refused), field="model_type") from None
-    module = BridgedLM(hf, calls, layers, label, linear_inputs)
+    module = BridgedLM(hf, calls, layers, label, linear_inputs, rows_may_grow=_rows_may_grow(hf, layers))
     _check_logits(module, label, config_path)
     config = _bridge_config(model_type, hf.config, calls, config_path)
     return bridge_family(model_type), config, module
@@ -456,6 +474,28 @@ def _probe(hf: Any, label: str) -> tuple[list[AttentionCall], list[nn.Module], d
             "attnkit.models.Model does not describe"
         )
     return calls, stack, linear_inputs
+
+
+def _rows_may_grow(hf: Any, layers: list[nn.Module]) -> bool:
+    """Whether rows added at the last layer's input run as rows of their own: a forward
+    whose hidden states are doubled there gives each copy the logits of the plain forward."""
+    ids = torch.arange(_PROBE_LENGTH, device=next(hf.parameters()).device)[None] % hf.config.vocab_size
+
+    def double(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args:
+            return (torch.cat([args[0], args[0]]), *args[1:]), kwargs
+        return args, kwargs | {"hidden_states": torch.cat([kwargs["hidden_states"]] * 2)}
+
+    with probing(), torch.no_grad():
+        plain = hf(input_ids=ids, use_cache=False).logits  # [1, s, v]
+        handle = layers[-1].register_forward_pre_hook(double, with_kwargs=True)
+        try:
+            doubled = hf(input_ids=ids, use_cache=False).logits  # [2, s, v]
+        except (RuntimeError, ValueError):
+            return False
+        finally:
+            handle.remove()
+    return doubled.shape[0] == 2 and bool(torch.allclose(doubled, plain.expand_as(doubled), rtol=1e-5, atol=1e-6))
 
 
 def _decoder_layers(hf: nn.Module, modules: list[nn.Module]) -> list[nn.Module] | None:
