@@ -19,7 +19,7 @@ from tests.models.crafted import tokenizer_json
 
 VOCAB = 128
 WINDOW = 6  # shorter than the texts of the tests
-_SIZES = {
+SIZES: dict[str, Any] = {
     "vocab_size": VOCAB,
     "hidden_size": 64,
     "intermediate_size": 96,
@@ -70,7 +70,7 @@ def config_of(model_type: str) -> Any:
     import transformers
 
     renamed = _RENAMED.get(model_type, {})
-    sizes = {renamed.get(key, key): value for key, value in _SIZES.items()}
+    sizes = {renamed.get(key, key): value for key, value in SIZES.items()}
     if model_type == "gpt_bigcode":
         sizes = {key: value for key, value in sizes.items() if key != "intermediate_size"} | {"n_positions": 64}
         sizes.pop("max_position_embeddings")

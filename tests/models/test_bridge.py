@@ -19,7 +19,7 @@ from torch import nn
 from attnkit import models
 from attnkit.inspect import interventions
 from attnkit.models.bridge_attention import BridgeRefused
-from tests.models.bridge_checkpoints import CASES, VOCAB, write_bridge_checkpoint
+from tests.models.bridge_checkpoints import CASES, SIZES, VOCAB, write_bridge_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -199,35 +199,35 @@ def test_a_hugging_face_name_opens_offline(model_type, bridged, tmp_path, monkey
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     by_name = models.load(name)
-    assert by_name.name == name and by_name.family == f"bridge:{model_type}"
+    assert by_name.name == f"{name} (bridge:{model_type})" and by_name.family == f"bridge:{model_type}"
     ids = _ids(2)
     assert torch.equal(by_name.run(ids).logits, model.run(ids).logits)
 
 
-def _write_unbridgeable(model_type: str, folder: Path, **fields) -> Path:
-    config = transformers.AutoConfig.for_model(
-        model_type,
-        vocab_size=VOCAB,
-        hidden_size=64,
-        n_layer=2,
-        n_head=4,
-        bos_token_id=None,
-        eos_token_id=None,
-        **fields,
-    )
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    (folder / "tokenizer.json").write_text(json.dumps({"unused": True}))
-    return folder
-
-
 def test_an_architecture_that_bypasses_the_interface_is_refused_in_one_line(tmp_path) -> None:
-    folder = _write_unbridgeable("bloom", tmp_path / "bloom")
+    config = transformers.AutoConfig.for_model(
+        "bloom", vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4, bos_token_id=None, eos_token_id=None
+    )
+    folder = tmp_path / "bloom"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     with pytest.raises(models.CheckpointError) as caught:
         models.load(folder)
     message = str(caught.value)
-    assert "\n" not in message
-    assert "bridge:bloom" in message and "bypasses transformers' attention interface" in message
+    assert "\n" not in message and "model_type 'bloom' is not supported" in message
+    assert "computes attention without transformers' attention interface" in message
+
+
+def test_an_architecture_with_layers_outside_the_interface_is_refused_by_the_probe(tmp_path) -> None:
+    # MiniMax alternates linear-attention layers (its own code) with softmax layers (the interface).
+    config = transformers.AutoConfig.for_model("minimax", **{**SIZES, "num_key_value_heads": 2})
+    folder = tmp_path / "minimax"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    (folder / "tokenizer.json").write_text(json.dumps({"unused": True}))
+    with pytest.raises(models.CheckpointError) as caught:
+        models.load(folder)
+    message = str(caught.value)
+    assert "\n" not in message and "bridge:minimax" in message
+    assert "ran 1 times, not exactly once in each decoder layer" in message
 
 
 def test_a_model_type_transformers_does_not_know_is_refused_naming_the_families(tmp_path) -> None:

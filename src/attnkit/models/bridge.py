@@ -26,6 +26,7 @@ Shape letters: ``b`` batch, ``s`` tokens, ``e`` model dim, ``v`` vocabulary size
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -48,6 +49,7 @@ from attnkit.models.checkpoint import CheckpointError, read_headers, require, we
 from attnkit.models.config_reader import token_ids
 from attnkit.models.decoder import eos_token_ids
 from attnkit.models.family import ModelFamily
+from attnkit.models.family_table import unsupported_model_type
 from attnkit.models.memory import check_fits, weight_bytes
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.lm import check_decoding_options, decoding_loop
@@ -60,6 +62,28 @@ BRIDGE_PREFIX = "bridge:"
 _MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "moe", "ffn")
 # Tokens of the probe forward.
 _PROBE_LENGTH = 6
+# The architectures the test suite checks through the bridge against transformers, with what
+# their blocks add (``attnkit models families``); any other causal language model of
+# transformers is tried at load.
+TESTED_BRIDGES: dict[str, str] = {
+    "olmo": "clipped q/k/v projections, non-parametric LayerNorm",
+    "olmo2": "per-head query/key RMSNorm, norms after attention and MLP",
+    "granite": "scaled embeddings, attention, residuals and logits",
+    "granitemoe": "Granite's scalings, mixture of experts",
+    "cohere": "parallel attention and MLP, query/key LayerNorm, scaled logits",
+    "cohere2": "sliding window on some layers, no rotary on the others",
+    "stablelm": "partial rotary, per-head query/key LayerNorm",
+    "starcoder2": "sliding window, biases, GELU MLP",
+    "phi": "partial rotary, parallel attention and MLP",
+    "gpt_bigcode": "multi-query attention, learned positions",
+    "exaone4": "sliding window on some layers, query/key RMSNorm, norms after blocks",
+    "glm4": "partial rotary (interleaved), norms after blocks",
+    "mixtral": "mixture of experts, sliding window",
+    "qwen2_moe": "mixture of experts with a shared expert",
+    "qwen3_moe": "mixture of experts, per-head query/key RMSNorm",
+    "smollm3": "no rotary on every fourth layer",
+    "nemotron": "partial rotary, LayerNorm1P, squared-ReLU MLP",
+}
 
 
 @dataclass(frozen=True)
@@ -331,15 +355,20 @@ def bridgeable(model_type: str) -> bool:
     return model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
-def bridged_model_types() -> list[str]:
-    """The ``model_type`` values of ``transformers``' causal language models (each loads
-    through the bridge if its attention passes the probe), sorted; empty without
-    ``transformers``."""
+def calls_attention_interface(model_type: str) -> bool:
+    """Whether the ``transformers`` code of ``model_type``'s causal language model looks its
+    attention function up in the attention interface (``ALL_ATTENTION_FUNCTIONS``) at all:
+    a first, static check before anything is loaded; the probe forward checks each layer."""
+    import transformers
+
+    auto = transformers.models.auto
+    module_name = auto.configuration_auto.model_type_to_module_name(model_type)
     try:
-        import transformers
+        modeling = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
     except ImportError:
-        return []
-    return sorted(transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        return False
+    source = Path(modeling.__file__ or "").read_text(encoding="utf-8") if modeling.__file__ else ""
+    return "ALL_ATTENTION_FUNCTIONS" in source
 
 
 def register_attention() -> None:
@@ -398,6 +427,12 @@ def load_bridged(
     label = BRIDGE_PREFIX + model_type
     config_path = folder / "config.json"
     transformers = require("transformers")
+    if not calls_attention_interface(model_type):
+        why = (
+            ": its transformers code computes attention without transformers' attention interface, which the bridge "
+            "runs through"
+        )
+        raise CheckpointError(config_path, unsupported_model_type(model_type, why), field="model_type")
     register_attention()
     headers = read_headers(weight_files(folder))
     smaller = "" if dtype.itemsize <= 2 else "load in bfloat16 (--dtype bfloat16) to halve it, or "

@@ -27,19 +27,25 @@ FAMILIES: dict[str, ModelFamily] = {
 }
 
 
-def unsupported_model_type(model_type: object) -> str:
-    """The message for a ``config.json`` whose ``model_type`` no family loads: what is
-    supported, and what reads any ``transformers`` model instead."""
+def unsupported_model_type(model_type: object, why: str = "") -> str:
+    """The message for a ``config.json`` whose ``model_type`` no family loads (and, with
+    ``why``, that the bridge refuses): what is supported, and what reads any
+    ``transformers`` model instead."""
     return (
-        f"model_type {short_repr(model_type)} is not supported; attnkit loads {', '.join(FAMILIES)} checkpoints "
-        "(`attnkit models families` shows what each adds). Any other transformers model: capture its "
-        "attention with attnkit.inspect.capture"
+        f"model_type {short_repr(model_type)} is not supported{why}; attnkit loads {', '.join(FAMILIES)} checkpoints "
+        "on its own modules, and the causal language models of transformers (when installed) through the bridge "
+        "(`attnkit models families` shows both). Any other transformers model: capture its attention with "
+        "attnkit.inspect.capture"
     )
 
 
 def families_table() -> list[tuple[str, str, str]]:
-    """``(model_type, kind, what it adds)`` of every family, in the table's order."""
-    return [(family.model_type, _kind(family), family.summary) for family in FAMILIES.values()]
+    """``(model_type, kind, what it adds)`` of every family, in the table's order, then of
+    the architectures tested through the bridge (kind ``bridged``)."""
+    from attnkit.models.bridge import TESTED_BRIDGES
+
+    native = [(family.model_type, _kind(family), family.summary) for family in FAMILIES.values()]
+    return native + [(model_type, "bridged", summary) for model_type, summary in TESTED_BRIDGES.items()]
 
 
 def _kind(family: ModelFamily) -> str:

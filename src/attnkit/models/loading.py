@@ -186,10 +186,12 @@ def load(
 def _load_bridged(
     name: str, folder: Path, hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device
 ) -> Model:
-    """A ``model_type`` without a family, through ``transformers`` (:mod:`attnkit.models.bridge`)."""
+    """A ``model_type`` without a family, through ``transformers`` (:mod:`attnkit.models.bridge`),
+    named with its label (``tiny-olmo2 (bridge:olmo2)``) so that every record and title says so."""
     family, config, module = load_bridged(folder, hf_config, dtype=dtype, device=device, name=name)
     tokenizer = _tokenizer(folder, family.eos_token_ids(config, folder), config.vocab_size)
-    return Model(name=name, model_family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+    labelled = f"{name} ({family.name})"
+    return Model(name=labelled, model_family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
 
 
 def _tokenizer(folder: Path, eos: tuple[int, ...], vocab_size: int) -> Tokenizer:
