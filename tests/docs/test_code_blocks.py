@@ -648,12 +648,17 @@ def test_a_block_that_shows_the_model_cache_has_what_it_shows_fetched_first():
     models a block shows are fetched before it runs, so that a machine that has fetched
     nothing (a newcomer's, or CI's empty ATTNKIT_HOME) prints what the page shows."""
     every = ["smollm2", "minilm", "gemma3"]
-    assert models_the_block_reads("$ attnkit models fetch            # all three; or: attnkit models fetch smollm2") == every
+    assert (
+        models_the_block_reads("$ attnkit models fetch            # all three; or: attnkit models fetch smollm2")
+        == every
+    )
     assert models_the_block_reads("$ attnkit models fetch all") == every
     assert models_the_block_reads("$ attnkit models fetch gemma3 smollm2\nsmollm2: fetched") == ["smollm2", "gemma3"]
     assert models_the_block_reads("$ attnkit models list") == every
     assert models_the_block_reads('$ attnkit inspect "The cat sat on the mat."') == []
-    listing = [block for block in ALL_BLOCKS if block.page.name == "models.md" and "$ attnkit models list" in block.text]
+    listing = [
+        block for block in ALL_BLOCKS if block.page.name == "models.md" and "$ attnkit models list" in block.text
+    ]
     assert [models_the_block_reads(block.text) for block in listing] == [every]
 
 
