@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from attnkit import models
-from attnkit.inspect import interventions
+from attnkit.inspect import interventions, methods
 from attnkit.models.bridge_attention import BridgeRefused
 from tests.models.bridge_checkpoints import CASES, SIZES, VOCAB, write_bridge_checkpoint
+from tests.models.test_analysis import assert_close_to_scale, hf_value_weighted
 
 transformers = pytest.importorskip("transformers")
 
@@ -237,3 +238,23 @@ def test_a_model_type_transformers_does_not_know_is_refused_naming_the_families(
     with pytest.raises(models.CheckpointError, match="'no-such-architecture' is not supported") as caught:
         models.load(folder)
     assert "\n" not in str(caught.value) and "llama" in str(caught.value)
+
+
+def test_a_cache_computes_the_maps_the_run_returns(bridged) -> None:
+    _, model, _ = bridged("cohere2")
+    ids = _ids()
+    run = model.run(ids)
+    _, cache = model.run_with_cache(ids, names_filter=lambda name: name.endswith(("pattern", "scores")))
+    for i in range(model.num_layers):
+        torch.testing.assert_close(cache[model.hook_name("pattern", i)].float(), run.attentions[i], rtol=0, atol=1e-6)
+
+
+def test_value_weighted_maps_equal_those_from_transformers_projections(bridged) -> None:
+    _, model, hf = bridged("granite")
+    ids = model.tokenize(TEXT).ids
+    parts = [(layer.self_attn, layer.self_attn.v_proj, layer.self_attn.o_proj) for layer in hf.model.layers]
+    per_head, summed = hf_value_weighted(hf, ids, parts, num_heads=model.num_heads)
+    ours = methods.value_weighted(model, TEXT)
+    for layer in range(model.num_layers):
+        assert_close_to_scale(ours.heads[layer], per_head[layer], f"layer {layer} per head")
+        assert_close_to_scale(ours.summed[layer], summed[layer], f"layer {layer} summed")

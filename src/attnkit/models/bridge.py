@@ -168,6 +168,7 @@ class BridgedLM(TextModule):
         super().__init__()
         self.hf: Any = hf
         self.label = label
+        self.embed = HookPoint()
         embed_dim = hf.config.hidden_size
         layers = []
         for index, (call, layer) in enumerate(zip(calls, layer_modules)):
@@ -183,7 +184,6 @@ class BridgedLM(TextModule):
             attach_layer(points, layer, call.module, mlp, rows_may_grow=rows_may_grow)
             layers.append(points)
         self.decoder = BridgeStack(layers)
-        self.embed = HookPoint()
         hf.get_input_embeddings().register_forward_hook(partial(_through_point, self.embed))
         self.base.register_forward_hook(partial(_last_hidden_through, self.decoder.final))
         self.logit_scale, self.logit_softcap = _logit_transform(hf.config)
