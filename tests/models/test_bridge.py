@@ -18,7 +18,8 @@ from torch import nn
 
 from attnkit import models
 from attnkit.inspect import interventions, methods
-from attnkit.models.bridge_attention import BridgeRefused
+from attnkit.models.bridge_attention import BridgeRefused, attnkit_attention_forward
+from attnkit.models.family_table import TESTED_BRIDGES
 from tests.models.bridge_checkpoints import CASES, SIZES, VOCAB, write_bridge_checkpoint
 from tests.models.test_analysis import assert_close_to_scale, hf_value_weighted
 
@@ -258,3 +259,17 @@ def test_value_weighted_maps_equal_those_from_transformers_projections(bridged) 
     for layer in range(model.num_layers):
         assert_close_to_scale(ours.heads[layer], per_head[layer], f"layer {layer} per head")
         assert_close_to_scale(ours.summed[layer], summed[layer], f"layer {layer} summed")
+
+
+def test_attention_dropout_and_unknown_options_are_refused(bridged) -> None:
+    _, model, _ = bridged("olmo2")
+    module = model.module.self_attention(0).out_proj  # any module stands for the caller
+    q = torch.zeros(1, 4, 3, 16)
+    with pytest.raises(BridgeRefused, match="attention dropout 0.1"):
+        attnkit_attention_forward(module, q, q, q, None, dropout=0.1, scaling=0.25)
+    with pytest.raises(BridgeRefused, match="passes s_aux to its attention function"):
+        attnkit_attention_forward(module, q, q, q, None, s_aux=torch.zeros(4))
+
+
+def test_the_families_table_lists_the_architectures_tested_here() -> None:
+    assert set(TESTED_BRIDGES) == set(CASES)

@@ -79,7 +79,7 @@ def test_models_families_lists_every_family(capsys) -> None:
     assert main(["models", "families"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["model_type", "kind", "what", "its", "blocks", "have"]
-    from attnkit.models.bridge import TESTED_BRIDGES
+    from attnkit.models.family_table import TESTED_BRIDGES
 
     rows = [line.split() for line in lines[1:]]
     assert [row[0] for row in rows] == list(FAMILIES) + list(TESTED_BRIDGES)

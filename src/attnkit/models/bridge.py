@@ -62,28 +62,6 @@ BRIDGE_PREFIX = "bridge:"
 _MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "moe", "ffn")
 # Tokens of the probe forward.
 _PROBE_LENGTH = 6
-# The architectures the test suite checks through the bridge against transformers, with what
-# their blocks add (``attnkit models families``); any other causal language model of
-# transformers is tried at load.
-TESTED_BRIDGES: dict[str, str] = {
-    "olmo": "clipped q/k/v projections, non-parametric LayerNorm",
-    "olmo2": "per-head query/key RMSNorm, norms after attention and MLP",
-    "granite": "scaled embeddings, attention, residuals and logits",
-    "granitemoe": "Granite's scalings, mixture of experts",
-    "cohere": "parallel attention and MLP, query/key LayerNorm, scaled logits",
-    "cohere2": "sliding window on some layers, no rotary on the others",
-    "stablelm": "partial rotary, per-head query/key LayerNorm",
-    "starcoder2": "sliding window, biases, GELU MLP",
-    "phi": "partial rotary, parallel attention and MLP",
-    "gpt_bigcode": "multi-query attention, learned positions",
-    "exaone4": "sliding window on some layers, query/key RMSNorm, norms after blocks",
-    "glm4": "partial rotary (interleaved), norms after blocks",
-    "mixtral": "mixture of experts, sliding window",
-    "qwen2_moe": "mixture of experts with a shared expert",
-    "qwen3_moe": "mixture of experts, per-head query/key RMSNorm",
-    "smollm3": "no rotary on every fourth layer",
-    "nemotron": "partial rotary, LayerNorm1P, squared-ReLU MLP",
-}
 
 
 @dataclass(frozen=True)

@@ -301,6 +301,11 @@ def attnkit_attention_forward(
             f"{type(module).__name__} passes {', '.join(unknown)} to its attention function, which attnkit does not "
             "reproduce"
         )
+    if kwargs.get("dropout"):
+        raise BridgeRefused(
+            f"{type(module).__name__} asks for attention dropout {kwargs['dropout']} (training mode); the bridge runs "
+            "models in evaluation mode only"
+        )
     probe = _PROBE.get()
     if probe is not None:
         return _probe_call(probe, module, query, key, value, attention_mask, kwargs), None

@@ -26,6 +26,29 @@ FAMILIES: dict[str, ModelFamily] = {
     )
 }
 
+# The architectures the test suite checks through the bridge (attnkit.models.bridge) against transformers, with what
+# their blocks add (``attnkit models families``); any other causal language model of
+# transformers is tried at load.
+TESTED_BRIDGES: dict[str, str] = {
+    "olmo": "clipped q/k/v projections, non-parametric LayerNorm",
+    "olmo2": "per-head query/key RMSNorm, norms after attention and MLP",
+    "granite": "scaled embeddings, attention, residuals and logits",
+    "granitemoe": "Granite's scalings, mixture of experts",
+    "cohere": "parallel attention and MLP, query/key LayerNorm, scaled logits",
+    "cohere2": "sliding window on some layers, no rotary on the others",
+    "stablelm": "partial rotary, per-head query/key LayerNorm",
+    "starcoder2": "sliding window, biases, GELU MLP",
+    "phi": "partial rotary, parallel attention and MLP",
+    "gpt_bigcode": "multi-query attention, learned positions",
+    "exaone4": "sliding window on some layers, query/key RMSNorm, norms after blocks",
+    "glm4": "partial rotary (interleaved), norms after blocks",
+    "mixtral": "mixture of experts, sliding window",
+    "qwen2_moe": "mixture of experts with a shared expert",
+    "qwen3_moe": "mixture of experts, per-head query/key RMSNorm",
+    "smollm3": "no rotary on every fourth layer",
+    "nemotron": "partial rotary, LayerNorm1P, squared-ReLU MLP",
+}
+
 
 def unsupported_model_type(model_type: object, why: str = "") -> str:
     """The message for a ``config.json`` whose ``model_type`` no family loads (and, with
@@ -42,8 +65,6 @@ def unsupported_model_type(model_type: object, why: str = "") -> str:
 def families_table() -> list[tuple[str, str, str]]:
     """``(model_type, kind, what it adds)`` of every family, in the table's order, then of
     the architectures tested through the bridge (kind ``bridged``)."""
-    from attnkit.models.bridge import TESTED_BRIDGES
-
     native = [(family.model_type, _kind(family), family.summary) for family in FAMILIES.values()]
     return native + [(model_type, "bridged", summary) for model_type, summary in TESTED_BRIDGES.items()]
 
