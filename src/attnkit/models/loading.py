@@ -112,7 +112,9 @@ def load(
     (``ORG/NAME``) onto attnkit modules.
 
     The folder must hold ``config.json`` (a ``model_type`` of
-    :data:`attnkit.models.family_table.FAMILIES`), safetensors weights (sharded too, with
+    :data:`attnkit.models.family_table.FAMILIES`, or of a causal language model of
+    ``transformers`` whose attention runs through its attention interface, loaded through
+    the bridge: :mod:`attnkit.models.bridge`), safetensors weights (sharded too, with
     ``model.safetensors.index.json``) and ``tokenizer.json``. Each safetensors header is checked against
     its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
     fetch time. The weights' size in ``dtype`` is compared with the memory free on
