@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from attnkit import models
 from attnkit.models.checkpoint import read_config
-from attnkit.models.family_table import FAMILIES
+from attnkit.models.families.table import FAMILIES
 from tests.models.crafted import (
     FAMILY_CONFIGS,
     TINY_LLAMA_CONFIG,

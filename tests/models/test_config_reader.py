@@ -15,7 +15,7 @@ import torch
 from attnkit import models
 from attnkit.models.checkpoint import CONFIG_LIMITS
 from attnkit.models.config_reader import ConfigReader
-from attnkit.models.family_table import FAMILIES
+from attnkit.models.families.table import FAMILIES
 from attnkit.models.renaming import rename_tensors
 from tests.models.crafted import FAMILY_CONFIGS
 from tests.test_layering import module_files

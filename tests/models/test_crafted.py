@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from attnkit import models
-from attnkit.models.family_table import FAMILIES
+from attnkit.models.families.table import FAMILIES
 from attnkit.models.tokenizer import Tokenizer
 from tests.models.crafted import (
     FAMILY_CONFIGS,

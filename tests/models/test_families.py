@@ -74,7 +74,7 @@ def test_the_settings_that_matter_are_exercised(tiny) -> None:
 
 def test_models_families_lists_every_family(capsys) -> None:
     from attnkit.cli import main
-    from attnkit.models.family_table import FAMILIES
+    from attnkit.models.families.table import FAMILIES
 
     assert main(["models", "families"]) == 0
     lines = capsys.readouterr().out.splitlines()

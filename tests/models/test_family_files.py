@@ -1,4 +1,4 @@
-"""A family is one file plus one entry in the table (attnkit.models.family_table.FAMILIES):
+"""A family is one file plus one entry in the table (attnkit.models.families.table.FAMILIES):
 nothing else imports a family's file or names its model_type. Walks the imports of every
 module under src/attnkit."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import ast
 
-from attnkit.models.family_table import FAMILIES
+from attnkit.models.families.table import FAMILIES
 from tests.test_layering import imports_of, module_files
 
-TABLE = "attnkit.models.family_table"
+TABLE = "attnkit.models.families.table"
 # attnkit train writes the folders that the family of its trained models reads.
-WRITERS = {"attnkit.train.export": "attnkit.models.trained"}
+WRITERS = {"attnkit.train.export": "attnkit.models.families.trained"}
 
 
 def _family_modules() -> dict[str, str]:

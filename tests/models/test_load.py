@@ -74,7 +74,7 @@ def test_loading_builds_the_module_once(minilm_path, monkeypatch):
     on the meta device, not one for the check and another for the weights."""
     import dataclasses
 
-    from attnkit.models.family_table import FAMILIES
+    from attnkit.models.families.table import FAMILIES
 
     family = FAMILIES["bert"]
     builds = []
@@ -173,7 +173,7 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
 
 
 def test_llama_config_checks():
-    from attnkit.models.llama import read_config
+    from attnkit.models.families.llama import read_config
     from attnkit.nn.rope_scaling import Llama3RopeScaling
 
     base = {

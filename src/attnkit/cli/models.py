@@ -93,7 +93,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_families(args: argparse.Namespace) -> int:
-    from attnkit.models.family_table import families_table
+    from attnkit.models.families.table import families_table
 
     rows = families_table()
     width = max(len(model_type) for model_type, _, _ in [("model_type", "", ""), *rows])

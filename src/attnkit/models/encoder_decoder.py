@@ -26,8 +26,8 @@ from attnkit.functional.indices import normalize_indices
 from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
 from attnkit.models.batch import pad_rows
 from attnkit.models.checkpoint import build_without_weights
-from attnkit.models.decoder import eos_token_ids
-from attnkit.models.family import ModelFamily
+from attnkit.models.families.decoder import eos_token_ids
+from attnkit.models.families.family import ModelFamily
 from attnkit.models.memory import check_fits
 from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput
 
@@ -36,7 +36,7 @@ AttentionKind = Literal["encoder", "decoder", "cross"]
 
 class EncoderDecoderSizes:
     """What the configs of encoder–decoder families (T5, BART, the trained Transformer)
-    share: :class:`attnkit.models.family.ModelConfig`'s ``hidden_size`` is ``d_model`` and
+    share: :class:`attnkit.models.families.family.ModelConfig`'s ``hidden_size`` is ``d_model`` and
     every head has its own keys and values. A config adds ``intermediate_size``."""
 
     d_model: int
@@ -509,7 +509,7 @@ def encoder_decoder_family(
     finish: Callable[[Any, Any], None],
     summary: str,
 ) -> ModelFamily:
-    """The :class:`attnkit.models.family.ModelFamily` of an encoder–decoder family: its own
+    """The :class:`attnkit.models.families.family.ModelFamily` of an encoder–decoder family: its own
     config reader, network and tensor names, and everything else shared.
 
     Args:

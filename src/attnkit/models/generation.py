@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from attnkit.models.core import ModelCore
-from attnkit.models.family import ModelConfig
+from attnkit.models.families.family import ModelConfig
 from attnkit.models.memory import check_fits, kv_cache_bytes
 from attnkit.models.tokenizer import Tokenizer
 from attnkit.nn import DecoderLM, EncoderDecoderLM, pack_projections
@@ -29,7 +29,7 @@ class GenerationMixin(ModelCore):
         name, family: for messages.
         module: the network (an :class:`attnkit.nn.DecoderLM` or
             :class:`attnkit.nn.EncoderDecoderLM` for the models that generate).
-        config: its :class:`attnkit.models.family.ModelConfig` (the head dim).
+        config: its :class:`attnkit.models.families.family.ModelConfig` (the head dim).
         tokenizer: the :class:`attnkit.models.Tokenizer` (end-of-sequence ids, text).
         causal, encoder_decoder: which kind of model, and so whether it generates.
         max_length, num_layers, num_decoder_layers, num_heads, num_kv_heads: sizes.

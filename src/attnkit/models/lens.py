@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.models.core import ModelCore
-from attnkit.models.family import ModelConfig, ModelFamily
+from attnkit.models.families.family import ModelConfig, ModelFamily
 from attnkit.models.tokenizer import Tokenizer
 from attnkit.nn import ActivationCache, DecoderLM, LearnedPositionalEmbedding, MultiHeadAttention
 from attnkit.nn.feedforward import FeedForward
@@ -161,8 +161,8 @@ class LensMixin(ModelCore):
     Attributes (what the mixin reads of its class):
         name, family: for messages.
         module: the network (:class:`attnkit.nn.DecoderLM`, BERT's, an encoder–decoder's).
-        model_family: its :class:`attnkit.models.family.ModelFamily`.
-        config: its :class:`attnkit.models.family.ModelConfig`.
+        model_family: its :class:`attnkit.models.families.family.ModelFamily`.
+        config: its :class:`attnkit.models.families.family.ModelConfig`.
         tokenizer: the :class:`attnkit.models.Tokenizer`.
         num_layers, num_heads, num_kv_heads: sizes.
     """

@@ -34,8 +34,8 @@ from attnkit.models.checkpoint import (
     verify_manifest,
     weight_files,
 )
-from attnkit.models.family import ModelFamily
-from attnkit.models.family_table import FAMILIES, unsupported_model_type
+from attnkit.models.families.family import ModelFamily
+from attnkit.models.families.table import FAMILIES, unsupported_model_type
 from attnkit.models.hub import is_hub_name, snapshot
 from attnkit.models.memory import check_fits, weight_bytes
 from attnkit.models.model import Model
@@ -107,7 +107,7 @@ def load(
     (``ORG/NAME``) onto attnkit modules.
 
     The folder must hold ``config.json`` (a ``model_type`` of
-    :data:`attnkit.models.family_table.FAMILIES`), safetensors weights (sharded too, with
+    :data:`attnkit.models.families.table.FAMILIES`), safetensors weights (sharded too, with
     ``model.safetensors.index.json``) and ``tokenizer.json``. Each safetensors header is checked against
     its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
     fetch time. The weights' size in ``dtype`` is compared with the memory free on

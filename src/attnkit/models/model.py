@@ -23,7 +23,7 @@ from attnkit.functional.indices import normalize_indices, select_indices
 from attnkit.models.attentions import LayerAttentions
 from attnkit.models.batch import BatchMixin, pad_rows
 from attnkit.models.encoder_decoder import EncoderDecoderMixin
-from attnkit.models.family import ModelConfig, ModelFamily
+from attnkit.models.families.family import ModelConfig, ModelFamily
 from attnkit.models.generation import GenerationMixin
 from attnkit.models.hooks import HooksMixin
 from attnkit.models.lens import LensMixin
@@ -49,11 +49,11 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
     Attributes:
         name: ``"smollm2"``, ``"minilm"``, or the folder name of a local checkpoint.
         family: ``"llama"`` (causal decoder) or ``"bert"`` (bidirectional encoder): the
-            :attr:`attnkit.models.family.ModelFamily.name` of ``model_family``.
-        model_family: the :class:`attnkit.models.family.ModelFamily` it was loaded with.
+            :attr:`attnkit.models.families.family.ModelFamily.name` of ``model_family``.
+        model_family: the :class:`attnkit.models.families.family.ModelFamily` it was loaded with.
         path: the checkpoint folder.
-        config: the family's config (:class:`attnkit.models.llama.LlamaConfig` or
-            :class:`attnkit.models.bert.BertConfig`).
+        config: the family's config (:class:`attnkit.models.families.llama.LlamaConfig` or
+            :class:`attnkit.models.families.bert.BertConfig`).
         num_layers: depth.
         num_heads: query heads per layer (an encoder–decoder's encoder; each stack's in
             :attr:`heads_per_kind`).
@@ -65,7 +65,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
             attention, and generation translates a source.
         num_decoder_layers: the decoder's depth (encoder–decoders; 0 otherwise).
         module: the network, in evaluation mode: an :class:`attnkit.nn.DecoderLM`,
-            :class:`attnkit.nn.EncoderDecoderLM` or :class:`attnkit.models.bert.BertModel`,
+            :class:`attnkit.nn.EncoderDecoderLM` or :class:`attnkit.models.families.bert.BertModel`,
             each an :class:`attnkit.nn.text_module.TextModule`, whose methods every run
             calls.
         tokenizer: the :class:`attnkit.models.Tokenizer`.

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from attnkit.models.checkpoint import build_without_weights
 from attnkit.models.config_reader import ConfigReader
-from attnkit.models.family import ModelFamily
+from attnkit.models.families.family import ModelFamily
 from attnkit.models.renaming import rename_tensors
 from attnkit.nn import (
     Encoder,

@@ -31,7 +31,7 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.models.config_reader import ConfigReader, Rope
-from attnkit.models.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
+from attnkit.models.families.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
 
 # Conv1D weights [in, out], transposed into Linear weights [out, in].
 _CONV_KEYS = {"attn.c_proj": "self_attn.out_proj", "mlp.c_fc": "ff.up_proj", "mlp.c_proj": "ff.down_proj"}

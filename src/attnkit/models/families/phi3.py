@@ -18,8 +18,8 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.models.config_reader import ConfigReader
-from attnkit.models.decoder import DecoderConfig, decoder_family
-from attnkit.models.llama import LAYER_KEYS, llama_like_config, rename_llama_layout
+from attnkit.models.families.decoder import DecoderConfig, decoder_family
+from attnkit.models.families.llama import LAYER_KEYS, llama_like_config, rename_llama_layout
 
 _FUSED_KEY = re.compile(r"(model\.layers\.\d+\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)\.weight")
 
@@ -28,7 +28,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
     """Read a Hugging Face ``Phi3Config`` dict.
 
     Raises:
-        CheckpointError: as :func:`attnkit.models.llama.read_config` (LongRoPE included).
+        CheckpointError: as :func:`attnkit.models.families.llama.read_config` (LongRoPE included).
     """
     read = ConfigReader(config, path)
     return llama_like_config(read, windows=read.windows(read.size("num_hidden_layers"), sliding_by_default=True))

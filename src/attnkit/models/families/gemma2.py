@@ -28,8 +28,8 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.models.config_reader import ConfigReader, Rope
-from attnkit.models.decoder import DecoderConfig, decoder_family
-from attnkit.models.llama import LAYER_KEYS, rename_llama_layout
+from attnkit.models.families.decoder import DecoderConfig, decoder_family
+from attnkit.models.families.llama import LAYER_KEYS, rename_llama_layout
 
 _LAYER_KEYS = LAYER_KEYS | {
     "post_attention_layernorm": "self_attn_out_norm",

@@ -5,7 +5,7 @@ and saved buffers that their checkpoints have in common.
 Each family file (``llama.py``, ``gpt2.py``, ``qwen2.py``, ...) reads its own
 ``config.json`` into a :class:`DecoderConfig` with a
 :class:`attnkit.models.config_reader.ConfigReader` — saying which options its layers take —
-renames its checkpoint's tensors, and ends with a :class:`attnkit.models.family.ModelFamily`
+renames its checkpoint's tensors, and ends with a :class:`attnkit.models.families.family.ModelFamily`
 made by :func:`decoder_family`. Nothing here knows any family by name.
 
 Shape letters: ``s`` number of tokens, ``e`` model dim, ``v`` vocabulary size.
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from attnkit.models.checkpoint import build_without_weights, read_json_object
 from attnkit.models.config_reader import Rope, token_ids
-from attnkit.models.family import ModelFamily
+from attnkit.models.families.family import ModelFamily
 from attnkit.models.renaming import Rename, rename_tensors
 from attnkit.nn import (
     AttentionConfig,
@@ -223,7 +223,7 @@ def decoder_family(
     state_dict_from_hf: Callable[[dict[str, Tensor], Any], tuple[dict[str, Tensor], list[str]]],
     summary: str,
 ) -> ModelFamily:
-    """The :class:`attnkit.models.family.ModelFamily` of a causal decoder family: its own
+    """The :class:`attnkit.models.families.family.ModelFamily` of a causal decoder family: its own
     config reader and tensor names, and everything else shared.
 
     Args:

@@ -1,6 +1,6 @@
 """Qwen 3 checkpoints on :class:`attnkit.nn.DecoderLM`.
 
-A Qwen 3 block is a LLaMA block (:mod:`attnkit.models.llama`) with an RMSNorm over each
+A Qwen 3 block is a LLaMA block (:mod:`attnkit.models.families.llama`) with an RMSNorm over each
 head's queries and keys before the rotation (``self_attn.q_norm``, ``self_attn.k_norm``)
 and an explicit ``head_dim`` (``num_heads · head_dim`` need not be ``hidden_size``).
 """
@@ -13,8 +13,8 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.models.config_reader import ConfigReader
-from attnkit.models.decoder import DecoderConfig, decoder_family
-from attnkit.models.llama import LAYER_KEYS, llama_like_config, rename_llama_layout
+from attnkit.models.families.decoder import DecoderConfig, decoder_family
+from attnkit.models.families.llama import LAYER_KEYS, llama_like_config, rename_llama_layout
 
 _LAYER_KEYS = LAYER_KEYS | {"self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
 
@@ -23,7 +23,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
     """Read a Hugging Face ``Qwen3Config`` dict.
 
     Raises:
-        CheckpointError: as :func:`attnkit.models.llama.read_config`.
+        CheckpointError: as :func:`attnkit.models.families.llama.read_config`.
     """
     return llama_like_config(ConfigReader(config, path), qk_norm=True)
 

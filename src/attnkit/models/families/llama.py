@@ -32,7 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.models.config_reader import ConfigReader
-from attnkit.models.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
+from attnkit.models.families.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
 
 # Hugging Face's names → attnkit's, inside layer N (``model.layers.N.``).
 LAYER_KEYS = {
@@ -69,7 +69,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
 
 
 def llama_like_config(read: ConfigReader, **options: Any) -> DecoderConfig:
-    """The :class:`attnkit.models.decoder.DecoderConfig` of a LLaMA block as the
+    """The :class:`attnkit.models.families.decoder.DecoderConfig` of a LLaMA block as the
     ``config.json`` describes it (sizes, rotary, biases, windows), with ``options`` set on
     top: what the families built on LLaMA's layout (Qwen, Mistral, Phi 3) add.
 

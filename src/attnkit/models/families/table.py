@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from attnkit.models import bart, bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3, t5, trained
 from attnkit.models.checkpoint import short_repr
-from attnkit.models.family import ModelFamily
+from attnkit.models.families import bart, bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3, t5, trained
+from attnkit.models.families.family import ModelFamily
 
 FAMILIES: dict[str, ModelFamily] = {
     family.model_type: family

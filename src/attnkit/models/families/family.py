@@ -3,7 +3,7 @@ network and rename its checkpoint's tensors.
 
 :func:`attnkit.models.load` and :class:`attnkit.models.Model` know nothing about any
 particular family: they look the checkpoint's ``model_type`` up in
-:data:`attnkit.models.family_table.FAMILIES` and call the family's functions. Running the
+:data:`attnkit.models.families.table.FAMILIES` and call the family's functions. Running the
 network is the network's own job: every family builds an
 :class:`attnkit.nn.text_module.TextModule` (``last_hidden_state``, ``logits``,
 ``self_attention``), which :class:`attnkit.models.Model` calls directly. A new family is

@@ -1,0 +1,41 @@
+"""Where the modules of ``attnkit.models`` moved when it was grouped into wings: the family
+files (:mod:`attnkit.models.families`), how a checkpoint arrives
+(:mod:`attnkit.models.checkpoints`) and the :class:`~attnkit.models.Model` users hold
+(:mod:`attnkit.models.model`).
+
+Importing ``attnkit.models`` installs :data:`MOVED_MODULES` as an import hook
+(:class:`attnkit.deprecation.MovedModules`): an old path still imports, with a
+:class:`DeprecationWarning` that names the new one, until attnkit 0.3. Nothing in attnkit
+imports an old path.
+"""
+
+from __future__ import annotations
+
+from attnkit.deprecation import MovedModules
+
+# Old module path → its new path, or the new paths a split module's names went to.
+MOVED_MODULES: dict[str, str | tuple[str, ...]] = {
+    # the family files
+    "attnkit.models.bart": "attnkit.models.families.bart",
+    "attnkit.models.bert": "attnkit.models.families.bert",
+    "attnkit.models.gemma2": "attnkit.models.families.gemma2",
+    "attnkit.models.gpt2": "attnkit.models.families.gpt2",
+    "attnkit.models.gpt_neox": "attnkit.models.families.gpt_neox",
+    "attnkit.models.llama": "attnkit.models.families.llama",
+    "attnkit.models.mistral": "attnkit.models.families.mistral",
+    "attnkit.models.phi3": "attnkit.models.families.phi3",
+    "attnkit.models.qwen2": "attnkit.models.families.qwen2",
+    "attnkit.models.qwen3": "attnkit.models.families.qwen3",
+    "attnkit.models.t5": "attnkit.models.families.t5",
+    "attnkit.models.trained": "attnkit.models.families.trained",
+    "attnkit.models.decoder": "attnkit.models.families.decoder",
+    "attnkit.models.family": "attnkit.models.families.family",
+    "attnkit.models.family_table": "attnkit.models.families.table",
+}
+
+REMOVED_IN = "0.3"
+
+
+def install() -> None:
+    """Keep the old paths importable (idempotent)."""
+    MovedModules(MOVED_MODULES, removed_in=REMOVED_IN).install()
