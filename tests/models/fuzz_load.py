@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnkit import models
-from attnkit.models.checkpoint import read_config
+from attnkit.models.checkpoints.files import read_config
 from attnkit.models.families.table import FAMILIES
 from tests.models.crafted import (
     FAMILY_CONFIGS,

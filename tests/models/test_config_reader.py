@@ -1,7 +1,7 @@
 """The shared ``config.json`` reader and tensor renaming: every family reads through
-:class:`attnkit.models.config_reader.ConfigReader` (so each refusal is one line naming the
+:class:`attnkit.models.checkpoints.config_reader.ConfigReader` (so each refusal is one line naming the
 file, the field, what was expected and what was found) and renames through
-:func:`attnkit.models.renaming.rename_tensors`."""
+:func:`attnkit.models.checkpoints.renaming.rename_tensors`."""
 
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ import pytest
 import torch
 
 from attnkit import models
-from attnkit.models.checkpoint import CONFIG_LIMITS
-from attnkit.models.config_reader import ConfigReader
+from attnkit.models.checkpoints.config_reader import CONFIG_LIMITS, ConfigReader
+from attnkit.models.checkpoints.renaming import rename_tensors
 from attnkit.models.families.table import FAMILIES
-from attnkit.models.renaming import rename_tensors
 from tests.models.crafted import FAMILY_CONFIGS
 from tests.test_layering import module_files
 
 # What a family module reads config.json and renames tensors with, besides the shared
-# reader: the field readers of attnkit.models.checkpoint, used directly, are its own parser.
+# reader: the field readers of attnkit.models.checkpoints.config_reader, used directly, are its own parser.
 _OWN_PARSING = {"config_int", "config_float", "config_bool", "token_ids"}
 
 

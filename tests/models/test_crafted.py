@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import save_file
 
 from attnkit import models
+from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.families.table import FAMILIES
-from attnkit.models.tokenizer import Tokenizer
 from tests.models.crafted import (
     FAMILY_CONFIGS,
     TINY_LLAMA_CONFIG,

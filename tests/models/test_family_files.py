@@ -58,7 +58,7 @@ def test_the_table_lists_every_family_a_module_defines():
 def test_no_other_module_names_a_family_by_its_model_type():
     families = _family_modules()
     # The fetchable checkpoints' registry names the families of the two models it fetches.
-    allowed = {"attnkit.models.registry", "attnkit.models.store"}
+    allowed = {"attnkit.models.checkpoints.registry", "attnkit.models.checkpoints.store"}
     owners = {model_type: module for module, types in families.items() for model_type in types.split()}
     for name, path in module_files().items():
         if name in allowed:

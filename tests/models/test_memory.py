@@ -1,4 +1,4 @@
-"""Memory checked before it is allocated (attnkit.models.memory): the weights at load, the
+"""Memory checked before it is allocated (attnkit.models.checkpoints.memory): the weights at load, the
 attention maps, cached activations and logits of a run, a generation's KV cache, each
 against the memory available (faked here with ``ATTNKIT_MEMORY_LIMIT`` or a patched reader
 of ``/proc/meminfo`` and the cgroup files)."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnkit import models
-from attnkit.models import memory
+from attnkit.models.checkpoints import memory
 from tests.models.crafted import tokenizer_json
 
 transformers = pytest.importorskip("transformers")

@@ -48,7 +48,18 @@ def test_an_old_path_is_no_file_any_more(old: str) -> None:
 def test_nothing_spells_an_old_path() -> None:
     old_path = re.compile("|".join(rf"\b{re.escape(old)}(?![\w])" for old in MOVED_MODULES))
     tracked = subprocess.run(
-        ["git", "ls-files", "src", "tests", "benchmarks", "docs", "README.md"],
+        [
+            "git",
+            "ls-files",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "src",
+            "tests",
+            "benchmarks",
+            "docs",
+            "README.md",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -25,10 +25,10 @@ from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.indices import normalize_indices
 from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
 from attnkit.models.batch import pad_rows
-from attnkit.models.checkpoint import build_without_weights
+from attnkit.models.checkpoints.memory import check_fits
 from attnkit.models.families.decoder import eos_token_ids
 from attnkit.models.families.family import ModelFamily
-from attnkit.models.memory import check_fits
+from attnkit.models.families.meta_device import build_without_weights
 from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput
 
 AttentionKind = Literal["encoder", "decoder", "cross"]

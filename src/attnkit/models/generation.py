@@ -13,10 +13,10 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from attnkit.models.checkpoints.memory import check_fits, kv_cache_bytes
+from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.core import ModelCore
 from attnkit.models.families.family import ModelConfig
-from attnkit.models.memory import check_fits, kv_cache_bytes
-from attnkit.models.tokenizer import Tokenizer
 from attnkit.nn import DecoderLM, EncoderDecoderLM, pack_projections
 from attnkit.nn.lm import check_decoding_options
 from attnkit.nn.text_module import TextModule

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from attnkit.deprecation import renamed_keywords
+from attnkit.models.checkpoints.memory import check_run_memory
 from attnkit.models.core import ModelCore
-from attnkit.models.memory import check_run_memory
 from attnkit.models.runs import HookedRun
 from attnkit.nn import ActivationCache
 from attnkit.nn.hooks import HookFn, NameFilter

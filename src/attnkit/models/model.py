@@ -22,14 +22,14 @@ from attnkit.deprecation import deprecated_aliases, renamed_keywords
 from attnkit.functional.indices import normalize_indices, select_indices
 from attnkit.models.attentions import LayerAttentions
 from attnkit.models.batch import BatchMixin, pad_rows
+from attnkit.models.checkpoints.memory import check_run_memory
+from attnkit.models.checkpoints.tokenizer import TokenizedText, Tokenizer
 from attnkit.models.encoder_decoder import EncoderDecoderMixin
 from attnkit.models.families.family import ModelConfig, ModelFamily
 from attnkit.models.generation import GenerationMixin
 from attnkit.models.hooks import HooksMixin
 from attnkit.models.lens import LensMixin
-from attnkit.models.memory import check_run_memory
 from attnkit.models.runs import ForwardPass, HookedRun, ModelRun, RunStopped, self_attention_weights
-from attnkit.models.tokenizer import TokenizedText, Tokenizer
 from attnkit.nn import LayerSelection, StackOutput
 from attnkit.nn.hooks import HookFn, NameFilter
 from attnkit.nn.text_module import TextModule
@@ -166,7 +166,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
                 head out of range, weights that would exceed :data:`ATTENTION_MEMORY_LIMIT`
                 bytes, or an unknown name in ``names_filter`` (the message lists the names).
             MemoryEstimateError: the weights, cached activations and logits asked for
-                would exceed the memory available (:mod:`attnkit.models.memory`).
+                would exceed the memory available (:mod:`attnkit.models.checkpoints.memory`).
         """
         ids, tokens, offsets = self.prepare_input(text_or_ids)
         layers, head_list = self._selection(return_weights, heads)

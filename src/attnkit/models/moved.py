@@ -31,6 +31,22 @@ MOVED_MODULES: dict[str, str | tuple[str, ...]] = {
     "attnkit.models.decoder": "attnkit.models.families.decoder",
     "attnkit.models.family": "attnkit.models.families.family",
     "attnkit.models.family_table": "attnkit.models.families.table",
+    # how a checkpoint arrives
+    "attnkit.models.registry": "attnkit.models.checkpoints.registry",
+    "attnkit.models.store": "attnkit.models.checkpoints.store",
+    "attnkit.models.hub": "attnkit.models.checkpoints.hub",
+    "attnkit.models.renaming": "attnkit.models.checkpoints.renaming",
+    "attnkit.models.config_reader": "attnkit.models.checkpoints.config_reader",
+    "attnkit.models.tokenizer": "attnkit.models.checkpoints.tokenizer",
+    "attnkit.models.memory": "attnkit.models.checkpoints.memory",
+    "attnkit.models.checkpoint": (
+        "attnkit.models.checkpoints.errors",
+        "attnkit.models.checkpoints.files",
+        "attnkit.models.checkpoints.weights",
+        "attnkit.models.checkpoints.manifest",
+        "attnkit.models.checkpoints.config_reader",
+        "attnkit.models.families.meta_device",
+    ),
 }
 
 REMOVED_IN = "0.3"

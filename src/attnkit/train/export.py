@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from attnkit.models.checkpoint import require
+from attnkit.models.checkpoints.errors import require
 from attnkit.models.families.trained import TrainedConfig, saved_state
 from attnkit.train.config import TrainConfig
 from attnkit.train.model import EncoderDecoderTransformer

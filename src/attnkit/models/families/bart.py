@@ -44,12 +44,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from attnkit.models.config_reader import ConfigReader
+from attnkit.models.checkpoints.config_reader import ConfigReader
+from attnkit.models.checkpoints.renaming import rename_tensors
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
 )
-from attnkit.models.renaming import rename_tensors
 from attnkit.nn import (
     Decoder,
     DecoderLayer,
@@ -152,7 +152,7 @@ class BartConfig(EncoderDecoderSizes):
 
         Raises:
             CheckpointError: a missing size, one that is not an integer within the limits
-                of :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, a width that the heads
+                of :data:`attnkit.models.checkpoints.config_reader.CONFIG_LIMITS`, a width that the heads
                 do not divide, or an activation or norm placement attnkit does not
                 implement; the message names the field.
         """

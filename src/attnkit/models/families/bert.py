@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.models.checkpoint import build_without_weights
-from attnkit.models.config_reader import ConfigReader
+from attnkit.models.checkpoints.config_reader import ConfigReader
+from attnkit.models.checkpoints.renaming import rename_tensors
 from attnkit.models.families.family import ModelFamily
-from attnkit.models.renaming import rename_tensors
+from attnkit.models.families.meta_device import build_without_weights
 from attnkit.nn import (
     Encoder,
     EncoderLayer,
@@ -115,7 +115,7 @@ class BertConfig:
 
         Raises:
             CheckpointError: a missing size, one that is not an integer within
-                :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, or a feature attnkit does
+                :data:`attnkit.models.checkpoints.config_reader.CONFIG_LIMITS`, or a feature attnkit does
                 not implement (an activation other than exact GELU, relative position
                 embeddings); the message names the field.
         """
@@ -244,7 +244,7 @@ class BertModel(TextModule):
 
 def build(config: BertConfig) -> BertModel:
     """A :class:`BertModel` on the ``meta`` device (no storage), whose weights the
-    checkpoint's replace (:func:`attnkit.models.checkpoint.build_without_weights`)."""
+    checkpoint's replace (:func:`attnkit.models.families.meta_device.build_without_weights`)."""
     module = build_without_weights(lambda: BertModel(config))
     assert isinstance(module, BertModel)
     return module

@@ -4,7 +4,7 @@ and saved buffers that their checkpoints have in common.
 
 Each family file (``llama.py``, ``gpt2.py``, ``qwen2.py``, ...) reads its own
 ``config.json`` into a :class:`DecoderConfig` with a
-:class:`attnkit.models.config_reader.ConfigReader` — saying which options its layers take —
+:class:`attnkit.models.checkpoints.config_reader.ConfigReader` — saying which options its layers take —
 renames its checkpoint's tensors, and ends with a :class:`attnkit.models.families.family.ModelFamily`
 made by :func:`decoder_family`. Nothing here knows any family by name.
 
@@ -21,10 +21,11 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from attnkit.models.checkpoint import build_without_weights, read_json_object
-from attnkit.models.config_reader import Rope, token_ids
+from attnkit.models.checkpoints.config_reader import Rope, token_ids
+from attnkit.models.checkpoints.files import read_json_object
+from attnkit.models.checkpoints.renaming import Rename, rename_tensors
 from attnkit.models.families.family import ModelFamily
-from attnkit.models.renaming import Rename, rename_tensors
+from attnkit.models.families.meta_device import build_without_weights
 from attnkit.nn import (
     AttentionConfig,
     DecoderLayer,
@@ -256,13 +257,13 @@ def rename_decoder_tensors(
     dropped: re.Pattern[str] | None = None,
 ) -> tuple[dict[str, Tensor], list[str]]:
     """Rename a decoder checkpoint's tensors to :class:`attnkit.nn.DecoderLM` keys
-    (:func:`attnkit.models.renaming.rename_tensors`): each family gives its own names in
+    (:func:`attnkit.models.checkpoints.renaming.rename_tensors`): each family gives its own names in
     ``rename``; the head is handled here, alike for every family.
 
     Args:
         tensors: the checkpoint's tensors.
         config: its configuration (whether the head is tied to the embedding).
-        rename: the family's renaming of each key (:data:`attnkit.models.renaming.Rename`;
+        rename: the family's renaming of each key (:data:`attnkit.models.checkpoints.renaming.Rename`;
             transposed tensors where the layout differs).
         head_keys: the keys the head is saved under. With tied embeddings a saved head is a
             copy of the embedding: it is dropped and the head set to the embedding.

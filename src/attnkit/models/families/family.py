@@ -70,7 +70,7 @@ class ModelFamily:
         read_config: ``(config.json as a dict, path=the file)`` → the family's config (a
             :class:`ModelConfig`); raises :class:`attnkit.models.CheckpointError`, naming
             the field, for what it cannot load or what exceeds
-            :data:`attnkit.models.checkpoint.CONFIG_LIMITS`.
+            :data:`attnkit.models.checkpoints.config_reader.CONFIG_LIMITS`.
         build: config → the network on the ``meta`` device (no storage), whose weights
             the checkpoint's replace: an :class:`attnkit.nn.text_module.TextModule`, whose
             methods run it (hidden states with the weights of chosen layers, logits, each

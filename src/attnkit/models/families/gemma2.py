@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.config_reader import ConfigReader, Rope
+from attnkit.models.checkpoints.config_reader import ConfigReader, Rope
 from attnkit.models.families.decoder import DecoderConfig, decoder_family
 from attnkit.models.families.llama import LAYER_KEYS, rename_llama_layout
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.config_reader import ConfigReader, Rope
+from attnkit.models.checkpoints.config_reader import ConfigReader, Rope
 from attnkit.models.families.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
 
 # Conv1D weights [in, out], transposed into Linear weights [out, in].

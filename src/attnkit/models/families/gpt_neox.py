@@ -30,7 +30,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.config_reader import ConfigReader
+from attnkit.models.checkpoints.config_reader import ConfigReader
 from attnkit.models.families.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
 
 _LAYER_KEYS = {

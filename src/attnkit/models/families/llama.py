@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.config_reader import ConfigReader
+from attnkit.models.checkpoints.config_reader import ConfigReader
 from attnkit.models.families.decoder import DecoderConfig, decoder_family, rename_decoder_tensors
 
 # Hugging Face's names → attnkit's, inside layer N (``model.layers.N.``).
@@ -61,7 +61,7 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
 
     Raises:
         CheckpointError: a missing size, one that is not an integer within
-            :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, or a feature attnkit does
+            :data:`attnkit.models.checkpoints.config_reader.CONFIG_LIMITS`, or a feature attnkit does
             not implement (rotary scaling other than linear, llama3 and dynamic, an
             activation other than SiLU); the message names the field.
     """

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from attnkit.models.config_reader import ConfigReader
+from attnkit.models.checkpoints.config_reader import ConfigReader
 from attnkit.models.families.decoder import DecoderConfig, decoder_family
 from attnkit.models.families.llama import llama_like_config, state_dict_from_hf
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.config_reader import ConfigReader
+from attnkit.models.checkpoints.config_reader import ConfigReader
 from attnkit.models.families.decoder import DecoderConfig, decoder_family
 from attnkit.models.families.llama import LAYER_KEYS, llama_like_config, rename_llama_layout
 

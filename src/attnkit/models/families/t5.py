@@ -41,12 +41,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from attnkit.models.config_reader import ConfigReader
+from attnkit.models.checkpoints.config_reader import ConfigReader
+from attnkit.models.checkpoints.renaming import rename_tensors
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
 )
-from attnkit.models.renaming import rename_tensors
 from attnkit.nn import (
     AttentionConfig,
     Decoder,
@@ -143,7 +143,7 @@ class T5Config(EncoderDecoderSizes):
 
         Raises:
             CheckpointError: a missing size, one that is not an integer within the limits
-                of :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, or a feed-forward
+                of :data:`attnkit.models.checkpoints.config_reader.CONFIG_LIMITS`, or a feed-forward
                 activation attnkit does not implement; the message names the field.
         """
         read = ConfigReader(config, path)

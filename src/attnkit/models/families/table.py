@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from attnkit.models.checkpoint import short_repr
+from attnkit.models.checkpoints.errors import short_repr
 from attnkit.models.families import bart, bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3, t5, trained
 from attnkit.models.families.family import ModelFamily
 

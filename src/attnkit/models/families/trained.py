@@ -26,12 +26,12 @@ from typing import Any
 
 from torch import Tensor
 
-from attnkit.models.config_reader import ConfigReader
+from attnkit.models.checkpoints.config_reader import ConfigReader
+from attnkit.models.checkpoints.renaming import rename_tensors
 from attnkit.models.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
 )
-from attnkit.models.renaming import rename_tensors
 from attnkit.nn import EncoderDecoderLM, paper_transformer
 
 MODEL_TYPE = "attnkit_transformer"
@@ -102,7 +102,7 @@ class TrainedConfig(EncoderDecoderSizes):
 
         Raises:
             CheckpointError: a missing size, one that is not an integer within the limits
-                of :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, an odd width, or one
+                of :data:`attnkit.models.checkpoints.config_reader.CONFIG_LIMITS`, an odd width, or one
                 that the heads do not divide; the message names the field.
         """
         read = ConfigReader(config, path)

@@ -27,15 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from attnkit.models.checkpoint import (
-    folder_size,
-    iter_model_folders,
-    read_manifest,
-    require,
-    sha256_file,
-)
-from attnkit.models.registry import MANIFEST, MODELS, FamilyName, ModelFile, ModelSpec, Package
-from attnkit.models.registry import home as default_home
+from attnkit.models.checkpoints.errors import require
+from attnkit.models.checkpoints.files import folder_size, iter_model_folders
+from attnkit.models.checkpoints.manifest import read_manifest, sha256_file
+from attnkit.models.checkpoints.registry import MANIFEST, MODELS, FamilyName, ModelFile, ModelSpec, Package
+from attnkit.models.checkpoints.registry import home as default_home
 
 _CHUNK = 2**20
 

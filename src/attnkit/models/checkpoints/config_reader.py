@@ -2,7 +2,7 @@
 choices among strings, token ids, attention heads, rotary encodings and sliding windows.
 
 A checkpoint's ``config.json`` is untrusted: each read checks the field's type and range and
-refuses anything else with a :class:`attnkit.models.checkpoint.CheckpointError` that names the
+refuses anything else with a :class:`attnkit.models.checkpoints.errors.CheckpointError` that names the
 file and the field, says what was expected and shows what was found. A field that is absent
 or ``null`` takes the default the caller gives (required without one).
 """
@@ -14,16 +14,99 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnkit.models.checkpoint import (
-    CONFIG_LIMITS,
-    REQUIRED,
-    CheckpointError,
-    config_bool,
-    config_float,
-    config_int,
-    short_repr,
-)
+import torch
+
+from attnkit.models.checkpoints.errors import CheckpointError, short_repr
 from attnkit.nn.rope_scaling import DynamicNTKRopeScaling, LinearRopeScaling, Llama3RopeScaling, RopeScaling
+
+# Limits on the sizes a config.json may give, far above any checkpoint attnkit runs on two
+# cores but far below what would exhaust memory before the weights are compared.
+CONFIG_LIMITS: dict[str, int] = {
+    "vocab_size": 2**21,
+    "hidden_size": 2**16,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "intermediate_size": 2**18,
+    "max_position_embeddings": 2**17,
+    "type_vocab_size": 1024,
+    "head_dim": 2**12,
+}
+REQUIRED = object()
+# The smallest normal float32: a config value below it computes as 0 (or its inverse as inf).
+_FLOAT32_TINY = torch.finfo(torch.float32).tiny
+
+
+def config_int(
+    config: dict[str, Any],
+    key: str,
+    *,
+    path: Path,
+    default: Any = REQUIRED,
+    minimum: int = 1,
+    maximum: int | None = None,
+) -> int:
+    """An integer field of a ``config.json``, checked.
+
+    Args:
+        config: the parsed file.
+        key: the field.
+        path: the file, for messages.
+        default: the value when the field is absent (or ``null``); required without one.
+        minimum: the smallest value accepted.
+        maximum: the largest (default :data:`CONFIG_LIMITS` of ``key``).
+
+    Raises:
+        CheckpointError: a missing field, or one that is not an integer in range.
+    """
+    value = config.get(key)
+    if value is None:
+        if default is REQUIRED:
+            raise CheckpointError(path, f"{key} is missing, and the model needs it", field=key)
+        return default
+    maximum = CONFIG_LIMITS.get(key, 2**31 - 1) if maximum is None else maximum
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise CheckpointError(
+            path, f"{key} must be an integer from {minimum} to {maximum}, got {short_repr(value)}", field=key
+        )
+    return value
+
+
+def config_float(config: dict[str, Any], key: str, *, path: Path, default: float, low: float, high: float) -> float:
+    """A number field of a ``config.json``, finite and ``low < value <= high``, and either
+    0 or of a size that float32 holds (at least ``1.2e-38``: a smaller one would compute
+    as 0, and its inverse as infinity).
+
+    Raises:
+        CheckpointError: a field that is not a number in range.
+    """
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+        raise CheckpointError(
+            path, f"{key} must be a number above {low} and at most {high}, got {short_repr(value)}", field=key
+        )
+    if value != 0 and abs(value) < _FLOAT32_TINY:
+        raise CheckpointError(
+            path, f"{key} must be 0 or at least {_FLOAT32_TINY:.3g} in size (float32), got {value!r}", field=key
+        )
+    return float(value)
+
+
+def config_bool(config: dict[str, Any], key: str, *, path: Path, default: bool) -> bool:
+    """A boolean field of a ``config.json``: JSON ``true`` or ``false`` (``null`` or absent
+    is ``default``). A string such as ``"false"`` is refused rather than read as true.
+
+    Raises:
+        CheckpointError: a field that is not a boolean.
+    """
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(path, f"{key} must be true or false, got {short_repr(value)}", field=key)
+    return value
 
 
 @dataclass(frozen=True)
@@ -73,7 +156,7 @@ class ConfigReader:
         like: str | None = None,
     ) -> int:
         """An integer field from ``minimum`` to a limit
-        (:func:`attnkit.models.checkpoint.config_int`).
+        (:func:`attnkit.models.checkpoints.config_reader.config_int`).
 
         Args:
             key: the field.
@@ -81,7 +164,7 @@ class ConfigReader:
             minimum: the smallest value accepted.
             maximum: the largest; default the limit of ``like`` (of ``key`` itself without
                 ``like``; ``2**31 - 1`` for a field that has none).
-            like: the field of :data:`attnkit.models.checkpoint.CONFIG_LIMITS` whose limit
+            like: the field of :data:`attnkit.models.checkpoints.config_reader.CONFIG_LIMITS` whose limit
                 bounds this one, for a family that names a common size its own way (T5's
                 ``d_model`` is a ``hidden_size``).
 
@@ -107,7 +190,7 @@ class ConfigReader:
         return config_float(self.config, self.field(key), path=self.path, default=default, low=low, high=high)
 
     def flag(self, key: str, default: bool) -> bool:
-        """A boolean field (:func:`attnkit.models.checkpoint.config_bool`)."""
+        """A boolean field (:func:`attnkit.models.checkpoints.config_reader.config_bool`)."""
         return config_bool(self.config, self.field(key), path=self.path, default=default)
 
     def optional_number(self, key: str) -> float | None:

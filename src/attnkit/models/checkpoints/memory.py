@@ -111,7 +111,7 @@ def weight_bytes(headers: dict[str, tuple[Path, str, list[int]]], dtype: torch.d
 
     Args:
         headers: tensor name → ``(file, safetensors dtype, shape)`` (as
-            :func:`attnkit.models.checkpoint.read_headers` gives them).
+            :func:`attnkit.models.checkpoints.weights.read_headers` gives them).
         dtype: the floating dtype of the loaded weights.
     """
     size = dtype.itemsize

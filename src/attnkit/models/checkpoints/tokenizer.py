@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnkit.models.checkpoint import CheckpointError, read_file, require, short_repr
+from attnkit.models.checkpoints.errors import CheckpointError, require, short_repr
+from attnkit.models.checkpoints.files import read_file
 
 
 def check_unicode(text: str) -> None:
@@ -90,7 +91,7 @@ class Tokenizer:
         Raises:
             ValueError: a missing file.
             CheckpointError: an unreadable one: too large to read
-                (:func:`attnkit.models.checkpoint.read_file`), not UTF-8, or refused by the
+                (:func:`attnkit.models.checkpoints.files.read_file`), not UTF-8, or refused by the
                 ``tokenizers`` library (its errors and panics become this).
         """
         backend_class = require("tokenizers").Tokenizer
