@@ -1,5 +1,5 @@
 """TransformerLens-style weights, token helpers, losses and the logit lens
-(attnkit.models.lens) against independent computations: the checkpoint's own tensors read
+(attnkit.models.model.lens) against independent computations: the checkpoint's own tensors read
 through transformers' modules (each family's own names and layouts: GPT-2's Conv1D,
 GPT-NeoX's interleaved q/k/v, Phi-3's fused projections), transformers' loss, and the
 model's own logits."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnkit import models
-from attnkit.models.lens import lm_cross_entropy, per_query_head
+from attnkit.models.model.lens import lm_cross_entropy, per_query_head
 from tests.models.tiny_families import CASES
 
 transformers = pytest.importorskip("transformers")

@@ -28,22 +28,24 @@ from attnkit.models.checkpoints.registry import MODELS, home
 from attnkit.models.protocol import InspectableModel  # no torch: cheap to import
 
 if TYPE_CHECKING:
-    from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT
     from attnkit.models.checkpoints.errors import CheckpointError, ModelNotFound
     from attnkit.models.checkpoints.hub import HubError
     from attnkit.models.checkpoints.memory import MemoryEstimateError
     from attnkit.models.checkpoints.store import FetchError, ModelInfo, available, fetch
     from attnkit.models.checkpoints.tokenizer import TokenizedText, Tokenizer
     from attnkit.models.loading import load
-    from attnkit.models.model import Model, ModelRun, RunStopped
+    from attnkit.models.model.attentions import ATTENTION_MEMORY_LIMIT
+    from attnkit.models.model.model import Model
+    from attnkit.models.model.runs import ModelRun, RunStopped
 
 # Public name -> the module it comes from, imported on first use: the command line checks a
 # model's name (attnkit.models.checkpoints.registry) without waiting for PyTorch.
 _LAZY = {
     **dict.fromkeys(("FetchError", "ModelInfo", "available", "fetch"), "attnkit.models.checkpoints.store"),
     **dict.fromkeys(("CheckpointError", "ModelNotFound"), "attnkit.models.checkpoints.errors"),
-    **dict.fromkeys(("Model", "ModelRun", "RunStopped"), "attnkit.models.model"),
-    "ATTENTION_MEMORY_LIMIT": "attnkit.models.attentions",
+    "Model": "attnkit.models.model.model",
+    **dict.fromkeys(("ModelRun", "RunStopped"), "attnkit.models.model.runs"),
+    "ATTENTION_MEMORY_LIMIT": "attnkit.models.model.attentions",
     "HubError": "attnkit.models.checkpoints.hub",
     "load": "attnkit.models.loading",
     "MemoryEstimateError": "attnkit.models.checkpoints.memory",

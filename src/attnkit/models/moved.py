@@ -47,6 +47,15 @@ MOVED_MODULES: dict[str, str | tuple[str, ...]] = {
         "attnkit.models.checkpoints.config_reader",
         "attnkit.models.families.meta_device",
     ),
+    # the Model users hold
+    "attnkit.models.runs": "attnkit.models.model.runs",
+    "attnkit.models.batch": "attnkit.models.model.batch",
+    "attnkit.models.hooks": "attnkit.models.model.hooks",
+    "attnkit.models.generation": "attnkit.models.model.generation",
+    "attnkit.models.lens": "attnkit.models.model.lens",
+    "attnkit.models.core": "attnkit.models.model.core",
+    "attnkit.models.encoder_decoder": "attnkit.models.model.encoder_decoder",
+    "attnkit.models.attentions": "attnkit.models.model.attentions",
 }
 
 REMOVED_IN = "0.3"

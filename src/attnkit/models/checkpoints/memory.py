@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT
+from attnkit.models.model.attentions import ATTENTION_MEMORY_LIMIT
 from attnkit.nn.hooks import NameFilter, cached_points
 
 # Caps the memory attnkit believes it may use (a size: "8GB", "512MB", or bytes), below

@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.models.checkpoints.tokenizer import Tokenizer
-from attnkit.models.core import ModelCore
 from attnkit.models.families.family import ModelConfig, ModelFamily
+from attnkit.models.model.core import ModelCore
 from attnkit.nn import ActivationCache, DecoderLM, LearnedPositionalEmbedding, MultiHeadAttention
 from attnkit.nn.feedforward import FeedForward
 from attnkit.nn.hooks import HookFn

@@ -2,8 +2,8 @@
 type checker.
 
 ``Model`` (:mod:`attnkit.models.model`) is assembled from mixins that each do one job and
-never import it: :mod:`~attnkit.models.batch`, :mod:`~attnkit.models.hooks`,
-:mod:`~attnkit.models.generation`, :mod:`~attnkit.models.lens`. They call a few methods that
+never import it: :mod:`~attnkit.models.model.batch`, :mod:`~attnkit.models.model.hooks`,
+:mod:`~attnkit.models.model.generation`, :mod:`~attnkit.models.model.lens`. They call a few methods that
 ``model.py`` defines; :class:`ModelCore` declares their signatures so that every mixin is
 checked against the same ones. At run time it is ``object``: nothing is inherited from it.
 """
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor
 
-    from attnkit.models.runs import ForwardPass
+    from attnkit.models.model.runs import ForwardPass
     from attnkit.nn import LayerSelection
     from attnkit.nn.hooks import HookFn, NameFilter
 

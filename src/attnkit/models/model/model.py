@@ -1,9 +1,9 @@
 """The :class:`Model` that runs a checkpoint on attnkit modules (:func:`attnkit.models.load`
 makes one): its input checks and its single runs. Its other jobs are mixins, each in its
-own module over a small protocol: several inputs at once (:mod:`attnkit.models.batch`),
-the hook API (:mod:`attnkit.models.hooks`), generation (:mod:`attnkit.models.generation`),
-an encoder–decoder's source-and-target runs (:mod:`attnkit.models.encoder_decoder`) and
-TransformerLens-style weights (:mod:`attnkit.models.lens`).
+own module over a small protocol: several inputs at once (:mod:`attnkit.models.model.batch`),
+the hook API (:mod:`attnkit.models.model.hooks`), generation (:mod:`attnkit.models.model.generation`),
+an encoder–decoder's source-and-target runs (:mod:`attnkit.models.model.encoder_decoder`) and
+TransformerLens-style weights (:mod:`attnkit.models.model.lens`).
 
 Shape letters: ``s`` number of tokens, ``h`` query heads, ``h_sel`` selected heads,
 ``e`` model dim, ``v`` vocabulary size.
@@ -20,16 +20,16 @@ from torch import Tensor
 
 from attnkit.deprecation import deprecated_aliases, renamed_keywords
 from attnkit.functional.indices import normalize_indices, select_indices
-from attnkit.models.attentions import LayerAttentions
-from attnkit.models.batch import BatchMixin, pad_rows
 from attnkit.models.checkpoints.memory import check_run_memory
 from attnkit.models.checkpoints.tokenizer import TokenizedText, Tokenizer
-from attnkit.models.encoder_decoder import EncoderDecoderMixin
 from attnkit.models.families.family import ModelConfig, ModelFamily
-from attnkit.models.generation import GenerationMixin
-from attnkit.models.hooks import HooksMixin
-from attnkit.models.lens import LensMixin
-from attnkit.models.runs import ForwardPass, HookedRun, ModelRun, RunStopped, self_attention_weights
+from attnkit.models.model.attentions import LayerAttentions
+from attnkit.models.model.batch import BatchMixin, pad_rows
+from attnkit.models.model.encoder_decoder import EncoderDecoderMixin
+from attnkit.models.model.generation import GenerationMixin
+from attnkit.models.model.hooks import HooksMixin
+from attnkit.models.model.lens import LensMixin
+from attnkit.models.model.runs import ForwardPass, HookedRun, ModelRun, RunStopped, self_attention_weights
 from attnkit.nn import LayerSelection, StackOutput
 from attnkit.nn.hooks import HookFn, NameFilter
 from attnkit.nn.text_module import TextModule
@@ -225,7 +225,7 @@ class Model(BatchMixin, HooksMixin, GenerationMixin, EncoderDecoderMixin, LensMi
             names_filter: the activations to keep, as :meth:`run` takes them.
 
         Returns:
-            A :class:`attnkit.models.runs.ForwardPass`.
+            A :class:`attnkit.models.model.runs.ForwardPass`.
         """
         with self.module.hook_session(hooks, names_filter=names_filter) as kept:
             out = self.module.last_hidden_state(

@@ -23,12 +23,12 @@ from torch import Tensor
 
 from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.indices import normalize_indices
-from attnkit.models.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
-from attnkit.models.batch import pad_rows
 from attnkit.models.checkpoints.memory import check_fits
 from attnkit.models.families.decoder import eos_token_ids
 from attnkit.models.families.family import ModelFamily
 from attnkit.models.families.meta_device import build_without_weights
+from attnkit.models.model.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
+from attnkit.models.model.batch import pad_rows
 from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
@@ -265,7 +265,7 @@ class EncoderDecoderMixin:
     ) -> EncoderDecoderRun:
         """A source and a target through an encoder–decoder, with its three kinds of
         attention: the encoder's self-attention, the decoder's masked self-attention and
-        the decoder's cross-attention to the source (:mod:`attnkit.models.encoder_decoder`).
+        the decoder's cross-attention to the source (:mod:`attnkit.models.model.encoder_decoder`).
 
         Without a target the model produces one first, greedily (the encoder once, the
         decoder with its KV cache) until its end-of-sequence token or ``max_new_tokens``;
@@ -285,7 +285,7 @@ class EncoderDecoderMixin:
             max_new_tokens: the most tokens to generate when no target is given.
 
         Returns:
-            A :class:`attnkit.models.encoder_decoder.EncoderDecoderRun`.
+            A :class:`attnkit.models.model.encoder_decoder.EncoderDecoderRun`.
 
         Raises:
             ValueError: a model that is not an encoder–decoder, an empty or too long text,
@@ -324,7 +324,7 @@ class EncoderDecoderMixin:
             encoder_layers, decoder_layers, heads, max_new_tokens: as :meth:`run_encoder_decoder`.
 
         Returns:
-            One :class:`attnkit.models.encoder_decoder.EncoderDecoderRun` per pair, in order.
+            One :class:`attnkit.models.model.encoder_decoder.EncoderDecoderRun` per pair, in order.
 
         Raises:
             ValueError: no sources, another number of targets, or what

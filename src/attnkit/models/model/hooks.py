@@ -19,8 +19,8 @@ from torch import Tensor
 
 from attnkit.deprecation import renamed_keywords
 from attnkit.models.checkpoints.memory import check_run_memory
-from attnkit.models.core import ModelCore
-from attnkit.models.runs import HookedRun
+from attnkit.models.model.core import ModelCore
+from attnkit.models.model.runs import HookedRun
 from attnkit.nn import ActivationCache
 from attnkit.nn.hooks import HookFn, NameFilter
 from attnkit.nn.text_module import TextModule

@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
-from attnkit.models.attentions import LayerAttentions
 from attnkit.models.checkpoints.memory import check_run_memory
-from attnkit.models.core import ModelCore
-from attnkit.models.runs import ModelRun, RunStopped, self_attention_weights
+from attnkit.models.model.attentions import LayerAttentions
+from attnkit.models.model.core import ModelCore
+from attnkit.models.model.runs import ModelRun, RunStopped, self_attention_weights
 from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput
 from attnkit.nn.hooks import HookPoint, NameFilter
 from attnkit.nn.text_module import TextModule

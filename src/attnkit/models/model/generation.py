@@ -15,8 +15,8 @@ from torch import Tensor
 
 from attnkit.models.checkpoints.memory import check_fits, kv_cache_bytes
 from attnkit.models.checkpoints.tokenizer import Tokenizer
-from attnkit.models.core import ModelCore
 from attnkit.models.families.family import ModelConfig
+from attnkit.models.model.core import ModelCore
 from attnkit.nn import DecoderLM, EncoderDecoderLM, pack_projections
 from attnkit.nn.lm import check_decoding_options
 from attnkit.nn.text_module import TextModule
