@@ -18,7 +18,7 @@ MOVED_MODULES: dict[str, str | tuple[str, ...]] = {
     # the family files
     "attnkit.models.bart": "attnkit.models.families.bart",
     "attnkit.models.bert": "attnkit.models.families.bert",
-    "attnkit.models.gemma2": "attnkit.models.families.gemma2",
+    "attnkit.models.gemma2": ("attnkit.models.families.gemma2", "attnkit.models.families.gemma3"),
     "attnkit.models.gpt2": "attnkit.models.families.gpt2",
     "attnkit.models.gpt_neox": "attnkit.models.families.gpt_neox",
     "attnkit.models.llama": "attnkit.models.families.llama",
@@ -54,7 +54,10 @@ MOVED_MODULES: dict[str, str | tuple[str, ...]] = {
     "attnkit.models.generation": "attnkit.models.model.generation",
     "attnkit.models.lens": "attnkit.models.model.lens",
     "attnkit.models.core": "attnkit.models.model.core",
-    "attnkit.models.encoder_decoder": "attnkit.models.model.encoder_decoder",
+    "attnkit.models.encoder_decoder": (
+        "attnkit.models.model.encoder_decoder",
+        "attnkit.models.families.encoder_decoder",
+    ),
     "attnkit.models.attentions": "attnkit.models.model.attentions",
 }
 

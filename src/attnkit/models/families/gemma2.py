@@ -1,4 +1,4 @@
-"""Gemma 2 and Gemma 3 (text) checkpoints on :class:`attnkit.nn.DecoderLM`.
+"""Gemma 2 checkpoints on :class:`attnkit.nn.DecoderLM`.
 
 A Gemma 2 block is a LLaMA block (same tensor names for the projections) with:
 
@@ -14,10 +14,7 @@ A Gemma 2 block is a LLaMA block (same tensor names for the projections) with:
 - a sliding window on the layers ``layer_types`` marks ``"sliding_attention"`` (every
   other layer), through :mod:`attnkit.masks`.
 
-Gemma 3's text model (``model_type`` ``gemma3_text``) is the same block with a per-head
-``(1 + w)`` RMSNorm on queries and keys, no soft-capping unless configured, five local
-layers per global one, and other rotary frequencies on local layers
-(``rope_parameters["sliding_attention"]``, or ``rope_local_base_freq``) than on global ones.
+Gemma 3 (:mod:`attnkit.models.families.gemma3`) is this block with a few changes.
 """
 
 from __future__ import annotations
@@ -31,12 +28,11 @@ from attnkit.models.checkpoints.config_reader import ConfigReader, Rope
 from attnkit.models.families.decoder import DecoderConfig, decoder_family
 from attnkit.models.families.llama import LAYER_KEYS, rename_llama_layout
 
-_LAYER_KEYS = LAYER_KEYS | {
+GEMMA2_LAYER_KEYS = LAYER_KEYS | {
     "post_attention_layernorm": "self_attn_out_norm",
     "pre_feedforward_layernorm": "ff_norm",
     "post_feedforward_layernorm": "ff_out_norm",
 }
-_GEMMA3_LAYER_KEYS = _LAYER_KEYS | {"self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
 _ACTIVATIONS = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu_fast": "geglu_tanh", "gelu": "geglu"}
 
 
@@ -51,30 +47,12 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
     read = ConfigReader(config, path)
     _, _, head_dim = read.heads(read.size("hidden_size"))
     rope, _ = read.rope(head_dim=head_dim)
-    return _gemma_config(read, ropes=(rope,) * read.size("num_hidden_layers"), qk_norm=False)
+    return gemma_config(read, ropes=(rope,) * read.size("num_hidden_layers"), qk_norm=False)
 
 
-def read_gemma3_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> DecoderConfig:
-    """Read a Hugging Face ``Gemma3TextConfig`` dict (transformers 4 or 5 layout).
-
-    Raises:
-        CheckpointError: as :func:`read_config`.
-    """
-    read = ConfigReader(config, path)
-    layers = read.size("num_hidden_layers")
-    _, _, head_dim = read.heads(read.size("hidden_size"))
-    windows = read.windows(layers, sliding_by_default=False)
-    global_rope, _ = read.rope(head_dim=head_dim, layer_type="full_attention")
-    if "rope_local_base_freq" in config:  # transformers 4: default rotary with its own base
-        local_rope = Rope(read.number("rope_local_base_freq", 10000.0, low=1.0))
-    else:
-        local_rope, _ = read.rope(head_dim=head_dim, layer_type="sliding_attention")
-    ropes = tuple(global_rope if window is None else local_rope for window in windows)
-    return _gemma_config(read, ropes=ropes, qk_norm=True)
-
-
-def _gemma_config(read: ConfigReader, *, ropes: tuple[Rope, ...], qk_norm: bool) -> DecoderConfig:
-    """What Gemma 2 and 3 read alike."""
+def gemma_config(read: ConfigReader, *, ropes: tuple[Rope, ...], qk_norm: bool) -> DecoderConfig:
+    """What Gemma 2 and 3 read alike, given the rotary encoding of each layer and whether
+    queries and keys have a per-head norm."""
     read.no_flags("use_bidirectional_attention", "attention_bias")
     hidden, vocab, layers = read.size("hidden_size"), read.size("vocab_size"), read.size("num_hidden_layers")
     heads, kv_heads, head_dim = read.heads(hidden)
@@ -107,13 +85,12 @@ def _gemma_config(read: ConfigReader, *, ropes: tuple[Rope, ...], qk_norm: bool)
 
 
 def state_dict_from_hf(tensors: dict[str, Tensor], config: DecoderConfig) -> tuple[dict[str, Tensor], list[str]]:
-    """Rename a Hugging Face Gemma 2 or Gemma 3 (text) state dict to
-    :class:`attnkit.nn.DecoderLM` keys.
+    """Rename a Hugging Face Gemma 2 state dict to :class:`attnkit.nn.DecoderLM` keys.
 
     Returns:
         ``(state, unknown)``: the renamed tensors, and the checkpoint keys with no place.
     """
-    return rename_llama_layout(tensors, config, _GEMMA3_LAYER_KEYS if config.qk_norm else _LAYER_KEYS)
+    return rename_llama_layout(tensors, config, GEMMA2_LAYER_KEYS)
 
 
 FAMILY = decoder_family(
@@ -124,16 +101,5 @@ FAMILY = decoder_family(
     summary=(
         "(1 + w) RMSNorms before and after each sublayer, GeGLU, scaled embeddings, query_pre_attn_scalar, "
         "attention and final logit soft-capping, sliding window on alternate layers"
-    ),
-)
-
-GEMMA3_TEXT = decoder_family(
-    name="gemma3_text",
-    model_type="gemma3_text",
-    read_config=read_gemma3_config,
-    state_dict_from_hf=state_dict_from_hf,
-    summary=(
-        "Gemma 2's block with a per-head (1 + w) RMSNorm on queries and keys, five local layers per global one, "
-        "other rotary frequencies on local layers"
     ),
 )

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from attnkit.models.checkpoints.config_reader import ConfigReader
 from attnkit.models.checkpoints.renaming import rename_tensors
-from attnkit.models.model.encoder_decoder import (
+from attnkit.models.families.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
 )

@@ -4,7 +4,21 @@
 from __future__ import annotations
 
 from attnkit.models.checkpoints.errors import short_repr
-from attnkit.models.families import bart, bert, gemma2, gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3, t5, trained
+from attnkit.models.families import (
+    bart,
+    bert,
+    gemma2,
+    gemma3,
+    gpt2,
+    gpt_neox,
+    llama,
+    mistral,
+    phi3,
+    qwen2,
+    qwen3,
+    t5,
+    trained,
+)
 from attnkit.models.families.family import ModelFamily
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -18,7 +32,7 @@ FAMILIES: dict[str, ModelFamily] = {
         qwen3.FAMILY,
         mistral.FAMILY,
         gemma2.FAMILY,
-        gemma2.GEMMA3_TEXT,
+        gemma3.FAMILY,
         phi3.FAMILY,
         t5.FAMILY,
         bart.FAMILY,

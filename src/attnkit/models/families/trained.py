@@ -28,7 +28,7 @@ from torch import Tensor
 
 from attnkit.models.checkpoints.config_reader import ConfigReader
 from attnkit.models.checkpoints.renaming import rename_tensors
-from attnkit.models.model.encoder_decoder import (
+from attnkit.models.families.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
 )
