@@ -49,7 +49,7 @@ MOVED_MODULES: dict[str, str | tuple[str, ...]] = {
     ),
     # the Model users hold
     "attnkit.models.runs": "attnkit.models.model.runs",
-    "attnkit.models.batch": "attnkit.models.model.batch",
+    "attnkit.models.batch": "attnkit.models.model.running",
     "attnkit.models.hooks": "attnkit.models.model.hooks",
     "attnkit.models.generation": "attnkit.models.model.generation",
     "attnkit.models.lens": "attnkit.models.model.lens",

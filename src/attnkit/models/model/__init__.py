@@ -1,7 +1,7 @@
 """The :class:`Model` users hold: a checkpoint's network and tokenizer, run on texts.
 
 :mod:`~.model` defines :class:`Model` and its runs on one input; each mixin adds one job:
-:mod:`~.batch` (:meth:`Model.run_batch`), :mod:`~.hooks` (hooks and the activation cache),
+:mod:`~.running` (:meth:`Model.run_batch`), :mod:`~.hooks` (hooks and the activation cache),
 :mod:`~.generation`, :mod:`~.encoder_decoder` (a source and a target through the three
 kinds of attention) and :mod:`~.lens` (TransformerLens' weights, logit lens and
 attribution). :mod:`~.runs` and :mod:`~.attentions` are the records a run hands back.

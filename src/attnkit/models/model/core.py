@@ -2,7 +2,7 @@
 type checker.
 
 ``Model`` (:mod:`attnkit.models.model`) is assembled from mixins that each do one job and
-never import it: :mod:`~attnkit.models.model.batch`, :mod:`~attnkit.models.model.hooks`,
+never import it: :mod:`~attnkit.models.model.running`, :mod:`~attnkit.models.model.hooks`,
 :mod:`~attnkit.models.model.generation`, :mod:`~attnkit.models.model.lens`. They call a few methods that
 ``model.py`` defines; :class:`ModelCore` declares their signatures so that every mixin is
 checked against the same ones. At run time it is ``object``: nothing is inherited from it.

@@ -25,7 +25,7 @@ from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.indices import normalize_indices
 from attnkit.models.checkpoints.memory import check_fits
 from attnkit.models.model.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
-from attnkit.models.model.batch import pad_rows
+from attnkit.models.model.running import pad_rows
 from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput
 
 AttentionKind = Literal["encoder", "decoder", "cross"]

@@ -1,6 +1,6 @@
 """The :class:`Model` that runs a checkpoint on attnkit modules (:func:`attnkit.models.load`
 makes one): its input checks and its single runs. Its other jobs are mixins, each in its
-own module over a small protocol: several inputs at once (:mod:`attnkit.models.model.batch`),
+own module over a small protocol: several inputs at once (:mod:`attnkit.models.model.running`),
 the hook API (:mod:`attnkit.models.model.hooks`), generation (:mod:`attnkit.models.model.generation`),
 an encoder–decoder's source-and-target runs (:mod:`attnkit.models.model.encoder_decoder`) and
 TransformerLens-style weights (:mod:`attnkit.models.model.lens`).
@@ -24,11 +24,11 @@ from attnkit.models.checkpoints.memory import check_run_memory
 from attnkit.models.checkpoints.tokenizer import TokenizedText, Tokenizer
 from attnkit.models.families.family import ModelConfig, ModelFamily
 from attnkit.models.model.attentions import LayerAttentions
-from attnkit.models.model.batch import BatchMixin, pad_rows
 from attnkit.models.model.encoder_decoder import EncoderDecoderMixin
 from attnkit.models.model.generation import GenerationMixin
 from attnkit.models.model.hooks import HooksMixin
 from attnkit.models.model.lens import LensMixin
+from attnkit.models.model.running import BatchMixin, pad_rows
 from attnkit.models.model.runs import ForwardPass, HookedRun, ModelRun, RunStopped, self_attention_weights
 from attnkit.nn import LayerSelection, StackOutput
 from attnkit.nn.hooks import HookFn, NameFilter
