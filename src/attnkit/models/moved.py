@@ -52,7 +52,7 @@ MOVED_MODULES: dict[str, str | tuple[str, ...]] = {
     "attnkit.models.batch": "attnkit.models.model.running",
     "attnkit.models.hooks": "attnkit.models.model.hooks",
     "attnkit.models.generation": "attnkit.models.model.generation",
-    "attnkit.models.lens": "attnkit.models.model.lens",
+    "attnkit.models.lens": ("attnkit.models.model.lens", "attnkit.models.model.generation"),
     "attnkit.models.core": "attnkit.models.model.core",
     "attnkit.models.encoder_decoder": (
         "attnkit.models.model.encoder_decoder",

@@ -1,11 +1,14 @@
 """What the parts of :class:`attnkit.models.Model` call of each other, declared once for the
 type checker.
 
-``Model`` (:mod:`attnkit.models.model`) is assembled from mixins that each do one job and
-never import it: :mod:`~attnkit.models.model.running`, :mod:`~attnkit.models.model.hooks`,
-:mod:`~attnkit.models.model.generation`, :mod:`~attnkit.models.model.lens`. They call a few methods that
-``model.py`` defines; :class:`ModelCore` declares their signatures so that every mixin is
-checked against the same ones. At run time it is ``object``: nothing is inherited from it.
+``Model`` (:mod:`attnkit.models.model.model`) is assembled from mixins that each do one job
+and never import it: :mod:`~attnkit.models.model.running`,
+:mod:`~attnkit.models.model.tokens`, :mod:`~attnkit.models.model.hooks`,
+:mod:`~attnkit.models.model.generation`, :mod:`~attnkit.models.model.encoder_decoder`,
+:mod:`~attnkit.models.model.lens`. The few methods one mixin calls of another (the checked
+input, the one forward path, the layer and head selection) and the device the model holds
+are declared on :class:`ModelCore`, so that every mixin is checked against the same
+signatures. At run time it is ``object``: nothing is inherited from it.
 """
 
 from __future__ import annotations

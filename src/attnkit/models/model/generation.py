@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -20,6 +21,19 @@ from attnkit.models.model.core import ModelCore
 from attnkit.nn import DecoderLM, EncoderDecoderLM, pack_projections
 from attnkit.nn.lm import check_decoding_options
 from attnkit.nn.text_module import TextModule
+
+
+@dataclass(frozen=True)
+class GeneratedPiece:
+    """What :meth:`LensMixin.generate_stream` yields: token ids and the text they complete.
+
+    Attributes:
+        ids: the tokens generated since the last piece (usually one).
+        text: their text.
+    """
+
+    ids: list[int]
+    text: str
 
 
 class GenerationMixin(ModelCore):
@@ -170,3 +184,46 @@ class GenerationMixin(ModelCore):
         """
         ids = self.generate_ids(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
         return self.tokenizer.stream(ids)
+
+    def generate_stream(
+        self,
+        prompt: str | Tensor | Sequence[int],
+        *,
+        max_new_tokens: int = 32,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+    ) -> Iterator[GeneratedPiece]:
+        """Generate as :meth:`attnkit.models.Model.generate_ids` does, yielding each
+        token's id with the text it completes as soon as it is decoded (TransformerLens'
+        ``generate_stream``).
+
+        A byte-level tokenizer may spell one character over several tokens: their ids come
+        together, in one piece, once the character is whole.
+
+        Args:
+            prompt, max_new_tokens, temperature, top_k, seed: as
+                :meth:`attnkit.models.Model.generate_ids` takes them.
+
+        Returns:
+            An iterator of :class:`GeneratedPiece`; their ``ids`` join to the generated ids
+            and their ``text`` to the generated text.
+
+        Raises:
+            ValueError: as :meth:`attnkit.models.Model.generate_ids`, at the call.
+        """
+        ids = self.generate_ids(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
+        return self._pieces(ids)
+
+    def _pieces(self, ids: Iterator[int]) -> Iterator[GeneratedPiece]:
+        produced: list[int] = []
+
+        def recorded() -> Iterator[int]:
+            for token_id in ids:
+                produced.append(token_id)
+                yield token_id
+
+        released = 0
+        for text in self.tokenizer.stream(recorded()):
+            yield GeneratedPiece(ids=produced[released:], text=text)
+            released = len(produced)

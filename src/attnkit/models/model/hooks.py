@@ -35,7 +35,7 @@ class HooksMixin(ModelCore):
 
     module: TextModule
 
-    if TYPE_CHECKING:  # what the model class defines
+    if TYPE_CHECKING:  # what other mixins define
 
         def to_tokens(
             self, texts: str | Sequence[str], *, padding_side: Literal["right", "left"] = "right"
@@ -187,3 +187,18 @@ class HooksMixin(ModelCore):
         with torch.no_grad():
             run = self.run_with_hooks(ids, names_filter=names_filter, attention_mask=mask)
         return (run.last_hidden_state if run.logits is None else run.logits), run.cache
+
+    def add_hook(self, name: str, hook: HookFn) -> None:
+        """A permanent hook on ``name``, kept until :meth:`reset_hooks`
+        (:meth:`attnkit.nn.HookedModule.add_hook`): it acts on every run, batch and
+        generation of this model, before the hooks of any ``with model.hooks(...)`` block.
+
+        Raises:
+            ValueError: an unknown name (the message lists the names).
+            TypeError: a hook that is not callable.
+        """
+        self.module.add_hook(name, hook)
+
+    def reset_hooks(self) -> None:
+        """Remove every permanent hook of this model."""
+        self.module.reset_hooks()

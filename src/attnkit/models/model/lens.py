@@ -1,6 +1,6 @@
-"""TransformerLens-style weights, token helpers, losses and the logit lens of a
+"""TransformerLens-style weights, losses, the logit lens and logit attribution of a
 :class:`attnkit.models.Model`, as a mixin over a small protocol (the attributes listed on
-:class:`LensMixin`), so that it never imports :mod:`attnkit.models.model`.
+:class:`LensMixin`), so that it never imports :mod:`attnkit.models.model.model`.
 
 The weights carry TransformerLens' names and layouts, stacked over layers, read from the
 model's own parameters (detached, never copied into new state):
@@ -38,7 +38,7 @@ Shape letters: ``L`` layers, ``h`` query heads, ``h_kv`` key/value heads, ``e`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -51,7 +51,6 @@ from attnkit.models.families.family import ModelConfig, ModelFamily
 from attnkit.models.model.core import ModelCore
 from attnkit.nn import ActivationCache, DecoderLM, LearnedPositionalEmbedding, MultiHeadAttention
 from attnkit.nn.feedforward import FeedForward
-from attnkit.nn.hooks import HookFn
 from attnkit.nn.text_module import TextModule
 
 
@@ -117,19 +116,6 @@ class _HookedRunLike(Protocol):
 
 
 @dataclass(frozen=True)
-class GeneratedPiece:
-    """What :meth:`LensMixin.generate_stream` yields: token ids and the text they complete.
-
-    Attributes:
-        ids: the tokens generated since the last piece (usually one).
-        text: their text.
-    """
-
-    ids: list[int]
-    text: str
-
-
-@dataclass(frozen=True)
 class LogitAttribution:
     """Direct logit attribution of residual-stream parts (:meth:`LensMixin.logit_attribution`).
 
@@ -156,7 +142,7 @@ class LogitAttribution:
 
 
 class LensMixin(ModelCore):
-    """TransformerLens' weights, token helpers and losses over the attributes below.
+    """TransformerLens' weights, losses, the logit lens and attribution over the attributes below.
 
     Attributes (what the mixin reads of its class):
         name, family: for messages.
@@ -177,23 +163,13 @@ class LensMixin(ModelCore):
     num_heads: int
     num_kv_heads: int
 
-    if TYPE_CHECKING:  # what the model class defines
+    if TYPE_CHECKING:  # what other mixins define
 
         def to_single_token(self, token: str, *, what: str = "token") -> int: ...
 
         def run_with_hooks(
             self, ids: Tensor, *, attention_mask: Tensor | None = None, logits: bool = True
         ) -> _HookedRunLike: ...
-
-        def generate_ids(
-            self,
-            prompt: str | Tensor | Sequence[int],
-            *,
-            max_new_tokens: int = 32,
-            temperature: float = 0.0,
-            top_k: int | None = None,
-            seed: int | None = None,
-        ) -> Iterator[int]: ...
 
     # --- weights ---------------------------------------------------------------------
 
@@ -332,126 +308,7 @@ class LensMixin(ModelCore):
             raise ValueError(f"{self.name} is an encoder ({self.family}) without a language-model head: no W_U")
         return head
 
-    # --- permanent hooks -------------------------------------------------------------
-
-    def add_hook(self, name: str, hook: HookFn) -> None:
-        """A permanent hook on ``name``, kept until :meth:`reset_hooks`
-        (:meth:`attnkit.nn.HookedModule.add_hook`): it acts on every run, batch and
-        generation of this model, before the hooks of any ``with model.hooks(...)`` block.
-
-        Raises:
-            ValueError: an unknown name (the message lists the names).
-            TypeError: a hook that is not callable.
-        """
-        self.module.add_hook(name, hook)
-
-    def reset_hooks(self) -> None:
-        """Remove every permanent hook of this model."""
-        self.module.reset_hooks()
-
-    def generate_stream(
-        self,
-        prompt: str | Tensor | Sequence[int],
-        *,
-        max_new_tokens: int = 32,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        seed: int | None = None,
-    ) -> Iterator[GeneratedPiece]:
-        """Generate as :meth:`attnkit.models.Model.generate_ids` does, yielding each
-        token's id with the text it completes as soon as it is decoded (TransformerLens'
-        ``generate_stream``).
-
-        A byte-level tokenizer may spell one character over several tokens: their ids come
-        together, in one piece, once the character is whole.
-
-        Args:
-            prompt, max_new_tokens, temperature, top_k, seed: as
-                :meth:`attnkit.models.Model.generate_ids` takes them.
-
-        Returns:
-            An iterator of :class:`GeneratedPiece`; their ``ids`` join to the generated ids
-            and their ``text`` to the generated text.
-
-        Raises:
-            ValueError: as :meth:`attnkit.models.Model.generate_ids`, at the call.
-        """
-        ids = self.generate_ids(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
-        return self._pieces(ids)
-
-    def _pieces(self, ids: Iterator[int]) -> Iterator[GeneratedPiece]:
-        produced: list[int] = []
-
-        def recorded() -> Iterator[int]:
-            for token_id in ids:
-                produced.append(token_id)
-                yield token_id
-
-        released = 0
-        for text in self.tokenizer.stream(recorded()):
-            yield GeneratedPiece(ids=produced[released:], text=text)
-            released = len(produced)
-
-    # --- tokens ----------------------------------------------------------------------
-
-    def to_str_tokens(self, text_or_ids: str | Tensor | Sequence[int]) -> list[str]:
-        """Each token decoded on its own (``" Paris"``, not the tokenizer's ``"ĠParis"``), as
-        TransformerLens' ``to_str_tokens``.
-
-        Args:
-            text_or_ids: a text (tokenized with the model's special tokens, no BOS added
-                otherwise), or ids ``[s]`` / ``[1, s]``.
-
-        Returns:
-            ``s`` strings.
-
-        Raises:
-            TypeError, ValueError: what :meth:`prepare_input` refuses.
-        """
-        ids = self.prepare_input(text_or_ids)[0][0].tolist()
-        return [self.tokenizer.decode([i]) for i in ids]
-
-    def to_string(self, ids: Tensor | Sequence[int]) -> str | list[str]:
-        """The text of token ids: ``[s]`` gives a string, ``[b, s]`` a list of strings.
-
-        Raises:
-            ValueError: ids of more than 2 dimensions.
-        """
-        ids = ids if isinstance(ids, Tensor) else torch.tensor(list(ids))
-        if ids.ndim == 1:
-            return self.tokenizer.decode(ids.tolist())
-        if ids.ndim == 2:
-            return [self.tokenizer.decode(row.tolist()) for row in ids]
-        raise ValueError(f"ids must be [s] or [b, s], got {list(ids.shape)}")
-
-    def get_token_position(
-        self,
-        token: str | int,
-        text_or_ids: str | Tensor | Sequence[int],
-        *,
-        mode: Literal["first", "last"] = "first",
-    ) -> int:
-        """The position of a token in a text, as TransformerLens' ``get_token_position``.
-
-        Args:
-            token: one token's text (``" Paris"``, :meth:`to_single_token`) or id.
-            text_or_ids: the text or ids to look in.
-            mode: its ``"first"`` or ``"last"`` occurrence.
-
-        Returns:
-            The position, from 0.
-
-        Raises:
-            ValueError: a token that is not one token, that does not occur, an unknown mode.
-        """
-        if mode not in ("first", "last"):
-            raise ValueError(f'mode must be "first" or "last", got {mode!r}')
-        token_id = self.to_single_token(token) if isinstance(token, str) else int(token)
-        ids = self.prepare_input(text_or_ids)[0][0].tolist()
-        found = [i for i, t in enumerate(ids) if t == token_id]
-        if not found:
-            raise ValueError(f"token {token!r} (id {token_id}) does not occur in the {len(ids)} tokens")
-        return found[0] if mode == "first" else found[-1]
+    # --- token directions ------------------------------------------------------------
 
     def tokens_to_residual_directions(self, tokens: str | int | Sequence[int] | Tensor) -> Tensor:
         """Each token's unembedding direction in the residual stream (a column of

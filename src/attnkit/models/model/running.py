@@ -1,7 +1,9 @@
-"""Runs of several inputs at once: :meth:`attnkit.models.Model.run_batch` (a mixin over
-the attributes listed on :class:`BatchMixin`, so that it never imports
-:mod:`attnkit.models.model`), with the padding of shorter inputs, each input's rows and
-positions cut out of the batch's results, and a ``stop`` asked before every layer.
+"""Runs of a :class:`attnkit.models.Model`: :meth:`~RunMixin.run` on one input and
+:meth:`~RunMixin.run_batch` on several at once, through one forward path
+(:meth:`~RunMixin._forward`, which :meth:`attnkit.models.Model.run_with_hooks` takes too);
+a mixin over the attributes listed on :class:`RunMixin`, so that it never imports
+:mod:`attnkit.models.model.model`. A batch pads shorter inputs, cuts each input's rows and
+positions out of the batch's results, and asks a ``stop`` before every layer.
 
 Shape letters: ``b`` batch, ``s`` number of tokens (padded), ``n`` one input's tokens,
 ``h_sel`` selected heads, ``e`` model dim, ``v`` vocabulary size.
@@ -10,7 +12,7 @@ Shape letters: ``b`` batch, ``s`` number of tokens (padded), ``n`` one input's t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,27 +20,149 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
+from attnkit.functional.indices import normalize_indices, select_indices
 from attnkit.models.checkpoints.memory import check_run_memory
 from attnkit.models.model.attentions import LayerAttentions
 from attnkit.models.model.core import ModelCore
-from attnkit.models.model.runs import ModelRun, RunStopped, self_attention_weights
+from attnkit.models.model.runs import ForwardPass, ModelRun, RunStopped, self_attention_weights
 from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput
-from attnkit.nn.hooks import HookPoint, NameFilter
+from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
 from attnkit.nn.text_module import TextModule
 
 
-class BatchMixin(ModelCore):
-    """:meth:`run_batch` over the attributes below.
+class RunMixin(ModelCore):
+    """:meth:`run` and :meth:`run_batch` over the attributes below.
 
     Attributes (what the mixin reads of its class):
+        name: for messages.
         module: the network.
         causal: whether a token attends only to itself and earlier tokens.
-        num_layers: depth.
+        num_layers, num_heads: sizes.
     """
 
+    name: str
     module: TextModule
     causal: bool
     num_layers: int
+    num_heads: int
+
+    @renamed_keywords(cache="names_filter", removed_in="0.3")
+    def run(
+        self,
+        text_or_ids: str | Tensor | Sequence[int],
+        *,
+        return_weights: LayerSelection = True,
+        heads: Sequence[int] | None = None,
+        logits: bool = True,
+        names_filter: NameFilter = (),
+    ) -> ModelRun:
+        """One forward pass: logits (LLaMA) or hidden states, and attention weights.
+
+        Layers whose weights are not asked for run on the fused kernel, which never
+        materialises the ``[h, s, s]`` weights. Hooks of enclosing :meth:`hooks` blocks
+        act on the run (:mod:`attnkit.nn.hooks`).
+
+        Args:
+            text_or_ids: a text, or token ids ``[s]`` / ``[1, s]``.
+            return_weights: ``True`` for every layer's weights, ``False`` for none, or a list
+                of layer indices (negative ones count from the end: ``-1`` is the last layer),
+                as the ``return_weights`` of the :mod:`attnkit.nn` stacks.
+            heads: the heads to keep (negative ones count from the end); default all.
+            logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
+                projection when only attention is wanted, and the run's ``logits`` is
+                ``None``.
+            names_filter: the activations to return in :attr:`ModelRun.cache`: names
+                (:meth:`hook_names`), a predicate on names, or ``None`` for every one.
+
+        Returns:
+            A :class:`ModelRun`.
+
+        Raises:
+            TypeError: ids that are not integers.
+            ValueError: an empty or too long input, ids outside the vocabulary, a layer or
+                head out of range, weights that would exceed :data:`ATTENTION_MEMORY_LIMIT`
+                bytes, or an unknown name in ``names_filter`` (the message lists the names).
+            MemoryEstimateError: the weights, cached activations and logits asked for
+                would exceed the memory available (:mod:`attnkit.models.checkpoints.memory`).
+        """
+        ids, tokens, offsets = self.prepare_input(text_or_ids)
+        layers, head_list = self._selection(return_weights, heads)
+        s = ids.shape[1]
+        check_run_memory(
+            self,
+            [(1, s)],
+            weight_layers=len(layers),
+            names_filter=names_filter,
+            logits=logits,
+            on=f"{s} tokens",
+            advice="ask for fewer layers (--layers), fewer cached activations or a shorter text",
+        )
+        select_heads = head_list != list(range(self.num_heads))
+        # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
+        # that callers may use in any mode.
+        with torch.no_grad():
+            forward = self._forward(ids, layers=layers, logits=logits, names_filter=names_filter)
+            attentions = {}
+            for i in layers:
+                weights = self_attention_weights(forward.out, i)  # [1, h, s, s]
+                if select_heads:
+                    weights = weights[:, head_list]  # [1, h_sel, s, s]
+                attentions[i] = weights.float()
+        return ModelRun(
+            ids=ids,
+            tokens=tokens,
+            offsets=offsets,
+            logits=None if forward.logits is None else forward.logits.float(),
+            last_hidden_state=forward.out.output.float(),  # [1, s, e]
+            attentions=LayerAttentions(attentions, self.num_layers),
+            heads=head_list,
+            cache=forward.cache,
+        )
+
+    def _forward(
+        self,
+        ids: Tensor,
+        *,
+        layers: Collection[int] = (),
+        padding: Tensor | None = None,
+        logits: bool = True,
+        hooks: Mapping[str, HookFn] | None = None,
+        names_filter: NameFilter = (),
+    ) -> ForwardPass:
+        """The one forward path of :meth:`run`, :meth:`run_batch` and :meth:`run_with_hooks`:
+        ids ``[b, s]`` through the network's hook points, in the caller's autograd mode.
+
+        Args:
+            ids: token ids ``[b, s]``, checked, on any device (moved to the model's).
+            layers: the layers whose weights to return.
+            padding: ``None``, or ``[b, s]`` bool ``True`` on tokens and ``False`` on
+                padding (on either side), which no token attends to.
+            logits: compute the next-token logits (where the network has a head).
+            hooks: name → function, applied after those of enclosing :meth:`hooks` blocks.
+            names_filter: the activations to keep, as :meth:`run` takes them.
+
+        Returns:
+            A :class:`attnkit.models.model.runs.ForwardPass`.
+        """
+        with self.module.hook_session(hooks, names_filter=names_filter) as kept:
+            out = self.module.last_hidden_state(
+                ids.to(self.device),
+                padding=None if padding is None else padding.to(self.device),
+                return_weights=list(layers),
+            )
+            assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
+            scores = self.module.logits(out.output) if logits else None  # [b, s, v], or None
+        return ForwardPass(out, scores, kept)
+
+    def _selection(self, return_weights: LayerSelection, heads: Sequence[int] | None) -> tuple[list[int], list[int]]:
+        """The layers whose weights a run returns and the heads it keeps, checked."""
+        head_list = normalize_indices(
+            heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
+        )
+        return self._layers(return_weights), head_list
+
+    def _layers(self, selection: LayerSelection) -> list[int]:
+        return select_indices(selection, self.num_layers, "layer", context=f"{self.name} has {self.num_layers} layers")
 
     @renamed_keywords(cache="names_filter", removed_in="0.3")
     def run_batch(
