@@ -16,8 +16,8 @@ import torch
 
 from attnkit import models
 from attnkit.models.checkpoints import hub
-from tests.models.crafted import tokenizer_json
-from tests.models.tiny_families import CASES, TEXT_LENGTH, VOCAB
+from tests.fixtures.crafted import tokenizer_json
+from tests.fixtures.tiny_families import CASES, TEXT_LENGTH, VOCAB
 
 transformers = pytest.importorskip("transformers")
 huggingface_hub = pytest.importorskip("huggingface_hub")

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from attnkit import models
 from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.families.table import FAMILIES
-from tests.models.crafted import (
+from tests.fixtures.crafted import (
     FAMILY_CONFIGS,
     TINY_LLAMA_CONFIG,
     read_header,
@@ -27,9 +27,9 @@ from tests.models.crafted import (
     write_tiny_llama,
     write_with_header,
 )
-from tests.models.fuzz_load import fuzz_config_fields
+from tests.models.checkpoints.fuzz_load import fuzz_config_fields
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def test_crafted_safetensors_header_bytes_are_refused(tiny):
 def test_integer_weights_are_refused(tiny):
     from safetensors.torch import save_file
 
-    from tests.models.crafted import tiny_llama_tensors
+    from tests.fixtures.crafted import tiny_llama_tensors
 
     tensors = tiny_llama_tensors()
     tensors["model.norm.weight"] = tensors["model.norm.weight"].long()
@@ -225,7 +225,7 @@ def test_fuzzed_checkpoints_give_a_clear_error_or_load_under_a_memory_limit():
     file. Never a hang, a raw exception or an allocation past the limit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.models.fuzz_load"],
+        [sys.executable, "-m", "tests.models.checkpoints.fuzz_load"],
         check=False,
         cwd=ROOT,
         env=env,

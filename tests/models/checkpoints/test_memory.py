@@ -14,7 +14,7 @@ import torch
 
 from attnkit import models
 from attnkit.models.checkpoints import memory
-from tests.models.crafted import tokenizer_json
+from tests.fixtures.crafted import tokenizer_json
 
 transformers = pytest.importorskip("transformers")
 
