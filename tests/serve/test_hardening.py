@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from attnkit.cli.serve import allowed_hosts
 from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData, content_security_policy
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
 
 SECURITY = {
     "content-security-policy": content_security_policy(app=True) + "; frame-ancestors 'none'",
@@ -278,7 +278,7 @@ class Gate:
 
 @pytest.fixture(scope="module")
 def long_folder(tmp_path_factory):
-    from tests.models.tiny_families import write_tiny_family
+    from tests.fixtures.tiny_families import write_tiny_family
 
     folder = tmp_path_factory.mktemp("long") / "gemma3"
     write_tiny_family("gemma3_text", folder)
