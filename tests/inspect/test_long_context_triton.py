@@ -28,8 +28,9 @@ from attnkit.inspect.long_context import (
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERPRETED = "tests/models/long_context_interpreted.py"
-# The interpreted tests that load tiny models (transformers writes them first): the slow part.
-MODEL_TESTS = "whole_models or local_statistics"
+# The slow interpreted tests: tiny models (transformers writes them first) and the GPU
+# benchmark's own check of the kernel.
+SLOW_TESTS = "whole_models or local_statistics or gpu_benchmark"
 
 
 def test_auto_runs_the_torch_engine_on_the_cpu_and_triton_is_refused_there(monkeypatch):
@@ -81,7 +82,7 @@ def test_row_tiles_cut_runs_of_consecutive_rows():
     # (index among the rows, first position, rows), the last tiles first.
     assert tiles.tolist()[::-1] == [[0, 0, 4], [4, 4, 1], [5, 9, 2], [7, 20, 4], [11, 24, 2]]
     assert tiles.dtype == torch.int32
-    assert row_tiles(torch.arange(130)).tolist()[::-1] == [[0, 0, 64], [64, 64, 64], [128, 128, 2]]
+    assert row_tiles(torch.arange(130), 64).tolist()[::-1] == [[0, 0, 64], [64, 64, 64], [128, 128, 2]]
 
 
 def test_summarize_layer_keeps_the_cpu_block_sizes(monkeypatch):
@@ -109,14 +110,67 @@ def _interpreted(selection: str) -> subprocess.CompletedProcess:
 
 def test_the_kernel_through_the_interpreter_on_random_queries_and_keys():
     pytest.importorskip("triton")
-    done = _interpreted(f"not ({MODEL_TESTS})")
+    done = _interpreted(f"not ({SLOW_TESTS})")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
 
 
 @pytest.mark.slow
-def test_the_kernel_through_the_interpreter_on_tiny_models():
+def test_the_kernel_through_the_interpreter_on_tiny_models_and_the_gpu_benchmarks_check():
     pytest.importorskip("triton")
-    done = _interpreted(MODEL_TESTS)
+    done = _interpreted(SLOW_TESTS)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "\n3 passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
+    assert "\n4 passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
+
+
+def _compile_for_sm90(dtype: str, **constants: object):
+    """The kernel compiled ahead of time for an H100 (sm_90) by Triton's own compiler and
+    ptxas, which run without a GPU: what a CUDA launch would compile."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from attnkit.inspect.long_context_triton import DEFAULT_LAUNCH, _statistics_kernel
+
+    pointers = {"Q": f"*{dtype}", "K": f"*{dtype}", "HEADS": "*i32", "TILES": "*i32", "TOPI": "*i64"}
+    block_rows, block_keys = DEFAULT_LAUNCH.block_rows, DEFAULT_LAUNCH.block_keys
+    constexprs = {
+        **constants,
+        "TK": triton.next_power_of_2(max(constants["TOP_K"], 1)),
+        "BM": block_rows,
+        "BN": block_keys,
+        "BD": 128,
+        "W": triton.next_power_of_2(block_rows + block_keys - 1),
+        "PREC": "tf32x3" if dtype == "fp32" else "tf32",
+    }
+    scalars = {"factor": "fp32", "softcap": "fp32"}
+    signature = {
+        name: "constexpr"
+        if name in constexprs
+        else pointers.get(name, "*fp32" if name.isupper() else scalars.get(name, "i32"))
+        for name in _statistics_kernel.arg_names
+    }
+    options = {"num_warps": DEFAULT_LAUNCH.num_warps, "num_stages": DEFAULT_LAUNCH.num_stages}
+    return triton.compile(
+        ASTSource(_statistics_kernel, signature, constexprs=constexprs),
+        target=GPUTarget("cuda", 90, 32),
+        options=options,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("dtype", "constants"),
+    [
+        ("bf16", dict(CAUSAL=True, SOFTCAP=False, TOP_K=8, SECOND=True, HISTOGRAM=True, MAP=False)),
+        ("fp32", dict(CAUSAL=False, SOFTCAP=True, TOP_K=5, SECOND=True, HISTOGRAM=True, MAP=True)),
+        ("fp16", dict(CAUSAL=True, SOFTCAP=False, TOP_K=1, SECOND=False, HISTOGRAM=False, MAP=False)),
+    ],
+)
+def test_the_kernel_compiles_for_an_h100_without_one(dtype, constants, monkeypatch):
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter does not compile")
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    compiled = _compile_for_sm90(dtype, **constants)
+    assert compiled.asm["cubin"]  # ptxas assembled it

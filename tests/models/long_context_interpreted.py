@@ -196,3 +196,10 @@ def test_local_statistics_and_retrieval_scores_on_the_kernel(tiny_family_folder)
     scores = retrieval_scores(model, probe, engine="triton")
     expected = retrieval_scores(model, probe, engine="torch")
     assert scores.copied == expected.copied and torch.equal(scores.scores, expected.scores)
+
+
+def test_the_gpu_benchmarks_kernel_check_passes_here():
+    from benchmarks import long_context_statistics
+
+    rows = long_context_statistics.check_kernel(torch.device("cpu"), s=100, d=16, heads=2, dtypes=(torch.float32,))
+    assert len(rows) == 4 and all(row["ok"] for row in rows), rows

@@ -397,10 +397,9 @@ def _summarize_on_kernel(
 ) -> None:
     """Fill ``summary`` (from :func:`_empty_summary`) with the triton engine: one launch of
     :func:`attnkit.inspect.long_context_triton.layer_statistics`."""
-    from attnkit.inspect.long_context_triton import DISTANCE, ENTROPY, SINK, WITHIN_WINDOW, layer_statistics
+    from attnkit.inspect.long_context_triton import STATISTIC_PLANES, layer_statistics
 
     s = q.shape[1]
-    per_row = {"sink": SINK, "distance": DISTANCE, "within_window": WITHIN_WINDOW, "entropy": ENTROPY}
     got = layer_statistics(
         q,
         k,
@@ -417,9 +416,9 @@ def _summarize_on_kernel(
         histogram=summary.distance_mass is not None,
         map_block=summary.map_block,
     )
-    for name, column in per_row.items():
+    for plane, name in enumerate(STATISTIC_PLANES):
         if getattr(summary, name) is not None:
-            setattr(summary, name, got.stats[column].double())
+            setattr(summary, name, got.stats[plane].double())
     if summary.distance_mass is not None and got.mass is not None:
         summary.distance_mass = got.mass.double() / max(1, int((summary.rows >= 1).sum()))
     weights, order = got.top_weights.sort(dim=-1, descending=True, stable=True)  # [n_h, n_r, k]

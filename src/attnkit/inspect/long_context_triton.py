@@ -44,16 +44,11 @@ from torch import Tensor
 
 from attnkit.functional.linear_triton import dot_precision
 
-# Query rows and keys of one tile; warps and pipelined loads of every launch.
-BLOCK_ROWS = 64
-BLOCK_KEYS = 64
-NUM_WARPS = 4
-NUM_STAGES = 2
 # The score of a masked key: finite, so that exp2(masked - masked) never meets inf - inf.
-MASKED = -1.0e30
-LOG2E = 1.4426950408889634
-# Columns of the statistics tensor the second pass writes.
-SINK, DISTANCE, WITHIN_WINDOW, ENTROPY = range(4)
+MASKED = tl.constexpr(-1.0e30)
+LOG2E = tl.constexpr(1.4426950408889634)
+# What the planes of the statistics tensor of the second pass hold, in order.
+STATISTIC_PLANES = ("sink", "distance", "within_window", "entropy")
 
 # Lengths and counts change from call to call: compiled once for all of them.
 _RUNTIME = ("s", "n_r", "group", "window", "sink_tokens", "near", "map_block", "n_blocks")
@@ -92,7 +87,7 @@ def _scores(
     x = tl.dot(q, tl.trans(kk), input_precision=PREC)  # [BM, BN] float32
     if SOFTCAP:
         y = x * factor
-        t = tl.exp2(-2.0 * LOG2E * tl.abs(y))
+        t = tl.exp2(tl.abs(y) * (-2.0 * LOG2E))
         th = (1.0 - t) / (1.0 + t)
         x = tl.where(y < 0, -th, th) * (softcap * LOG2E)
     else:
@@ -190,10 +185,10 @@ def _statistics_kernel(
             CAUSAL, SOFTCAP, HISTOGRAM, MAP, BM, BN, BD, W, PREC,
         )  # fmt: skip
         plane = n_r * tl.num_programs(1).to(tl.int64)
-        tl.store(STATS + SINK * plane + at, sink, mask=row_in)
-        tl.store(STATS + DISTANCE * plane + at, distance, mask=row_in)
-        tl.store(STATS + WITHIN_WINDOW * plane + at, within, mask=row_in)
-        tl.store(STATS + ENTROPY * plane + at, tl.log2(z) - spread, mask=row_in)
+        tl.store(STATS + at, sink, mask=row_in)  # the planes of STATISTIC_PLANES
+        tl.store(STATS + plane + at, distance, mask=row_in)
+        tl.store(STATS + 2 * plane + at, within, mask=row_in)
+        tl.store(STATS + 3 * plane + at, tl.log2(z) - spread, mask=row_in)
 
 
 @triton.jit
@@ -321,6 +316,22 @@ def _fold_map(p, rows, keys, row_in, k_hi, chosen, map_block, n_blocks, BLOCK_MA
             tl.atomic_add(BLOCK_SUM + at, tl.sum(tl.where(inside, column_sum, 0.0), 0), sem="relaxed")
 
 
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How the kernel is launched: query rows and keys of one tile (powers of two, at least
+    16), warps per program and loads in flight per loop. Compiled for an H100 (sm_90, bfloat16,
+    head dim 128, every statistic), 64 × 64 tiles take 185 registers a thread with eight warps
+    and none spilled; with four warps, or with 128 rows or keys, registers spill."""
+
+    block_rows: int = 64
+    block_keys: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+
+
+DEFAULT_LAUNCH = LaunchSettings()
+
+
 @dataclass
 class KernelStatistics:
     """What :func:`layer_statistics` returns, float32 (keys int64), on the inputs' device.
@@ -341,7 +352,7 @@ class KernelStatistics:
     block_sum: Tensor | None
 
 
-def row_tiles(rows: Tensor, block_rows: int = BLOCK_ROWS) -> Tensor:
+def row_tiles(rows: Tensor, block_rows: int) -> Tensor:
     """Tiles ``[n_t, 3]`` int32 of sorted distinct ``rows [n_r]``: runs of consecutive
     positions cut every ``block_rows``, as (index of the first row in ``rows``, its position,
     rows), the longest causal rows (the last tiles) first."""
@@ -375,6 +386,7 @@ def layer_statistics(
     second_pass: bool,
     histogram: bool,
     map_block: int | None,
+    launch: LaunchSettings = DEFAULT_LAUNCH,
 ) -> KernelStatistics:
     """Run the kernel over the chosen ``heads [n_h]`` and sorted distinct ``rows [n_r]`` of
     queries ``q [h, s, d]`` and keys ``k [h_kv, s, d]``.
@@ -388,13 +400,14 @@ def layer_statistics(
         second_pass: compute :attr:`KernelStatistics.stats` (and what follows).
         histogram: the mass at each distance (needs ``second_pass``).
         map_block: the block-reduced map's block side (needs ``second_pass`` and every row).
+        launch: tile sizes, warps and pipelined loads.
     """
     h, s, d = q.shape
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     n_h, n_r = heads.numel(), rows.numel()
     device = q.device
-    tiles = row_tiles(rows)
+    tiles = row_tiles(rows, launch.block_rows)
     f32 = torch.float32
     stats = torch.zeros(4, n_h, n_r, dtype=f32, device=device)
     top_weights = torch.zeros(n_h, n_r, top_k, dtype=f32, device=device)
@@ -437,12 +450,12 @@ def layer_statistics(
         SECOND=second_pass,
         HISTOGRAM=histogram,
         MAP=map_block is not None,
-        BM=BLOCK_ROWS,
-        BN=BLOCK_KEYS,
+        BM=launch.block_rows,
+        BN=launch.block_keys,
         BD=max(16, triton.next_power_of_2(d)),
-        W=triton.next_power_of_2(BLOCK_ROWS + BLOCK_KEYS - 1),
+        W=triton.next_power_of_2(launch.block_rows + launch.block_keys - 1),
         PREC=dot_precision(q.dtype),
-        num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )
     return KernelStatistics(stats, top_weights, top_keys, mass, block_max, block_sum)
