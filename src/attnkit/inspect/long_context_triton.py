@@ -61,21 +61,24 @@ def _scores(
     kt,
     rows,
     row_in,
+    p0,
+    last,
     stride_ks,
     d,
-    s,
     k_hi,
     factor,
     softcap,
     window,
     CAUSAL: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    BM: tl.constexpr,
     BN: tl.constexpr,
     BD: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Base-2 scores ``[BM, BN]`` of queries ``q [BM, BD]`` against keys ``kt .. kt + BN - 1``
-    (``MASKED`` where a row may not attend), and those keys' positions ``[BN]``."""
+    """Base-2 scores ``[BM, BN]`` of queries ``q [BM, BD]`` (rows ``p0 .. last``) against keys
+    ``kt .. kt + BN - 1`` (``MASKED`` where a row may not attend), and those keys' positions
+    ``[BN]``. Tiles that every row sees whole (most of them) skip the masks."""
     keys = kt + tl.arange(0, BN)
     dims = tl.arange(0, BD)
     key_in = keys < k_hi
@@ -92,14 +95,23 @@ def _scores(
         x = tl.where(y < 0, -th, th) * (softcap * LOG2E)
     else:
         x = x * factor
-    allowed = row_in[:, None] & key_in[None, :]
+    edge = (kt + BN > k_hi) | (last - p0 + 1 < BM)
     if CAUSAL:
-        allowed = allowed & (keys[None, :] <= rows[:, None])
+        edge = edge | (kt + BN - 1 > p0)
     if window > 0:
-        allowed = allowed & (rows[:, None] - keys[None, :] < window)
+        edge = edge | (last - kt >= window)
         if not CAUSAL:
-            allowed = allowed & (keys[None, :] - rows[:, None] < window)
-    return tl.where(allowed, x, MASKED), keys
+            edge = edge | (kt + BN - 1 - p0 >= window)
+    if edge:
+        allowed = row_in[:, None] & key_in[None, :]
+        if CAUSAL:
+            allowed = allowed & (keys[None, :] <= rows[:, None])
+        if window > 0:
+            allowed = allowed & (rows[:, None] - keys[None, :] < window)
+            if not CAUSAL:
+                allowed = allowed & (keys[None, :] - rows[:, None] < window)
+        x = tl.where(allowed, x, MASKED)
+    return x, keys
 
 
 @triton.jit(do_not_specialize=_RUNTIME)
@@ -151,11 +163,12 @@ def _statistics_kernel(
     a = tl.arange(0, BM)
     rows = p0 + a
     row_in = a < count
+    last = p0 + count - 1
     # The keys any row of the tile may attend to.
     if CAUSAL:
-        k_hi = p0 + count
+        k_hi = last + 1
     else:
-        k_hi = tl.where(window > 0, tl.minimum(s, p0 + count - 1 + window), s)
+        k_hi = tl.where(window > 0, tl.minimum(s, last + window), s)
     k_lo = tl.where(window > 0, tl.maximum(0, p0 - window + 1), 0)
     dims = tl.arange(0, BD)
     q = tl.load(
@@ -166,7 +179,7 @@ def _statistics_kernel(
     k_base = K + (head // group).to(tl.int64) * stride_kh
     factor2 = factor if SOFTCAP else factor * LOG2E
     m, z, top_v, top_i = _first_pass(
-        q, k_base, rows, row_in, k_lo, k_hi, stride_ks, d, s, factor2, softcap, window,
+        q, k_base, rows, row_in, p0, last, k_lo, k_hi, stride_ks, d, factor2, softcap, window,
         CAUSAL, SOFTCAP, TOP_K, TK, BM, BN, BD, PREC,
     )  # fmt: skip
     at = chosen.to(tl.int64) * n_r + first_out + a  # [BM] the rows' places in the results
@@ -180,7 +193,7 @@ def _statistics_kernel(
         tl.store(TOPI + at_top, tl.where(taken, top_i, -1).to(tl.int64), mask=keep)
     if SECOND:
         sink, distance, within, spread = _second_pass(
-            q, k_base, rows, row_in, k_lo, k_hi, stride_ks, d, s, factor2, softcap, window, m, z,
+            q, k_base, rows, row_in, last, k_lo, k_hi, stride_ks, d, s, factor2, softcap, window, m, z,
             p0, chosen, sink_tokens, near, map_block, n_blocks, MASS, BLOCK_MAX, BLOCK_SUM,
             CAUSAL, SOFTCAP, HISTOGRAM, MAP, BM, BN, BD, W, PREC,
         )  # fmt: skip
@@ -193,7 +206,7 @@ def _statistics_kernel(
 
 @triton.jit
 def _first_pass(
-    q, k_base, rows, row_in, k_lo, k_hi, stride_ks, d, s, factor2, softcap, window,
+    q, k_base, rows, row_in, p0, last, k_lo, k_hi, stride_ks, d, factor2, softcap, window,
     CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, TOP_K: tl.constexpr, TK: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -207,8 +220,9 @@ def _first_pass(
     top_i = tl.full((BM, TK), -1, tl.int32)
     for kt in range(k_lo, k_hi, BN):
         x, keys = _scores(
-            q, k_base, kt, rows, row_in, stride_ks, d, s, k_hi, factor2, softcap, window, CAUSAL, SOFTCAP, BN, BD, PREC
-        )
+            q, k_base, kt, rows, row_in, p0, last, stride_ks, d, k_hi, factor2, softcap, window,
+            CAUSAL, SOFTCAP, BM, BN, BD, PREC,
+        )  # fmt: skip
         m_new = tl.maximum(m, tl.max(x, 1))
         z = z * tl.exp2(m - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
         m = m_new
@@ -241,7 +255,7 @@ def _insert_top(x, kt, top_v, top_i, BN: tl.constexpr, TK: tl.constexpr):
 
 @triton.jit
 def _second_pass(
-    q, k_base, rows, row_in, k_lo, k_hi, stride_ks, d, s, factor2, softcap, window, m, z,
+    q, k_base, rows, row_in, last, k_lo, k_hi, stride_ks, d, s, factor2, softcap, window, m, z,
     p0, chosen, sink_tokens, near, map_block, n_blocks, MASS, BLOCK_MAX, BLOCK_SUM,
     CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, HISTOGRAM: tl.constexpr, MAP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, W: tl.constexpr, PREC: tl.constexpr,
@@ -258,8 +272,9 @@ def _second_pass(
     spread = tl.zeros((BM,), tl.float32)
     for kt in range(k_lo, k_hi, BN):
         x, keys = _scores(
-            q, k_base, kt, rows, row_in, stride_ks, d, s, k_hi, factor2, softcap, window, CAUSAL, SOFTCAP, BN, BD, PREC
-        )
+            q, k_base, kt, rows, row_in, p0, last, stride_ks, d, k_hi, factor2, softcap, window,
+            CAUSAL, SOFTCAP, BM, BN, BD, PREC,
+        )  # fmt: skip
         shifted = x - m[:, None]
         p = tl.exp2(shifted) * inv_z[:, None]  # [BM, BN]; 0 where masked
         gap = rows[:, None] - keys[None, :]
@@ -320,7 +335,7 @@ def _fold_map(p, rows, keys, row_in, k_hi, chosen, map_block, n_blocks, BLOCK_MA
 class LaunchSettings:
     """How the kernel is launched: query rows and keys of one tile (powers of two, at least
     16), warps per program and loads in flight per loop. Compiled for an H100 (sm_90, bfloat16,
-    head dim 128, every statistic), 64 × 64 tiles take 185 registers a thread with eight warps
+    head dim 128, every statistic), 64 × 64 tiles take 170 registers a thread with eight warps
     and none spilled; with four warps, or with 128 rows or keys, registers spill."""
 
     block_rows: int = 64
