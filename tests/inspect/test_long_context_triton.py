@@ -1,6 +1,6 @@
 """The fused Triton kernel of the long-context summaries: which engine runs a call, the tiles
 of chosen rows, the torch engine's block sizes per device, and the kernel itself through
-Triton's interpreter in a separate process (``tests/models/long_context_interpreted.py``: the
+Triton's interpreter in a separate process (``tests/inspect/long_context_interpreted.py``: the
 interpreter is chosen when Triton is first imported)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from attnkit.inspect.long_context import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-INTERPRETED = "tests/models/long_context_interpreted.py"
+INTERPRETED = "tests/inspect/long_context_interpreted.py"
 # The slow interpreted tests: tiny models (transformers writes them first) and the GPU
 # benchmark's own check of the kernel.
 SLOW_TESTS = "whole_models or local_statistics or gpu_benchmark"
@@ -62,7 +62,7 @@ def test_auto_picks_the_kernel_for_cuda_tensors_it_can_take():
 
 def test_block_sizes_fit_the_device(monkeypatch):
     assert block_limits(torch.device("cpu"), torch.float32) == (DEFAULT_BLOCK_BUDGET, MAX_BLOCK_ROWS)
-    from attnkit.models import memory
+    from attnkit.models.checkpoints import memory
 
     monkeypatch.setattr(memory, "available_memory", lambda device: (80 * 2**30, "free memory on cuda:0"))
     assert block_limits(torch.device("cuda", 0), torch.bfloat16) == (GPU_BLOCK_BUDGET, GPU_MAX_BLOCK_ROWS)

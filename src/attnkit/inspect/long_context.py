@@ -478,7 +478,7 @@ def block_limits(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
     :data:`GPU_MAX_BLOCK_ROWS` rows."""
     if device.type == "cpu":
         return DEFAULT_BLOCK_BUDGET, MAX_BLOCK_ROWS
-    from attnkit.models.memory import available_memory
+    from attnkit.models.checkpoints.memory import available_memory
 
     free, _ = available_memory(device)
     itemsize = torch.empty(0, dtype=dtype).element_size()

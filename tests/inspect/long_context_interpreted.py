@@ -24,7 +24,7 @@ from torch import Tensor
 from attnkit import models
 from attnkit.inspect.long_context import LayerScoring, LayerSummary, long_context_summaries, summarize_layer
 from attnkit.inspect.retrieval_heads import needle_probe, retrieval_scores
-from tests.models.tiny_families import TEXT_LENGTH, VOCAB
+from tests.fixtures.tiny_families import TEXT_LENGTH, VOCAB
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="runs in its own process under TRITON_INTERPRET=1"
