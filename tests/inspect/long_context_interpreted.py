@@ -203,3 +203,11 @@ def test_the_gpu_benchmarks_kernel_check_passes_here():
 
     rows = long_context_statistics.check_kernel(torch.device("cpu"), s=100, d=16, heads=2, dtypes=(torch.float32,))
     assert len(rows) == 4 and all(row["ok"] for row in rows), rows
+
+
+def test_stop_is_asked_before_the_layers_launch():
+    from attnkit.models import RunStopped
+
+    q, k = _random_qk(1, 1, 20, 16, seed=10)
+    with pytest.raises(RunStopped):
+        summarize_layer(q, k, LayerScoring(scale=0.25), engine="triton", stop=lambda: True)
