@@ -4,6 +4,7 @@ the tiny random checkpoints of the decoder families, each written once per sessi
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.models.tiny_families import write_tiny_family
+
+# The words of the byte-level tokenizer (letters only: its pattern splits letters from digits).
+LETTER_WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "park", "and", "slept"]
 
 # The references must never reach for the network: everything is in the attnkit cache.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -62,4 +66,18 @@ def tiny_family_folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[[st
             write_tiny_family(case, root / case)
         return root / case
 
+    return folder
+
+
+@pytest.fixture(scope="session")
+def byte_level_gemma3(tiny_family_folder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Gemma 3 with a byte-level tokenizer over :data:`LETTER_WORDS`: its
+    tokens are spelled ``"cat"``, ``"Ġsat"``, ... as SmolLM2's are."""
+    import shutil
+
+    from tests.models.crafted import byte_level_tokenizer_json
+
+    folder = tmp_path_factory.mktemp("byte-level") / "gemma3_byte_level"
+    shutil.copytree(tiny_family_folder("gemma3_text"), folder)
+    (folder / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json(LETTER_WORDS)))
     return folder

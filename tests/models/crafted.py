@@ -66,6 +66,20 @@ def tokenizer_json(words: list[str] = WORDS) -> dict[str, Any]:
     return json.loads(backend.to_str())
 
 
+def byte_level_tokenizer_json(words: list[str]) -> dict[str, Any]:
+    """A ``tokenizer.json`` that spells tokens as byte-level BPE does (GPT-2, LLaMA 3,
+    SmolLM2): each of ``words`` is a token, and again after a space as ``"Ġ" + word``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(words)}
+    vocab.update({"\u0120" + w: len(words) + i for i, w in enumerate(words)})
+    vocab["[UNK]"] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    return json.loads(backend.to_str())
+
+
 def write_tiny_llama(folder: Path) -> Path:
     """A loadable tiny LLaMA checkpoint folder."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -94,3 +94,15 @@ def test_a_zoom_over_the_limit_is_refused_in_one_line_naming_it(served, monkeypa
     assert client.post("/api/long/block", json={**body, "rows": [0, 10]}).status_code == 200
     bad = client.post("/api/long/map", json={"text": TEXT, "model": name, "layer": 1, "head": 0, "top_k": 0})
     assert bad.status_code == 422 and "top_k must be in 1..32" in bad.json()["detail"]
+
+
+def test_map_and_zoom_label_tokens_as_they_read_and_by_words(byte_level_gemma3):
+    client = TestClient(create_app([str(byte_level_gemma3)]), base_url=LOCAL)
+    text = "the cat sat on the mat and the dog ran"
+    request = {"text": text, "model": byte_level_gemma3.name, "layer": 1, "head": 0}
+    body = client.post("/api/long/map", json=request).json()
+    assert body["tokens"] == text.split() and body["level"] == "token"
+    zoom = client.post("/api/long/block", json={**request, "rows": [1, 3], "keys": [0, 2]}).json()
+    assert zoom["query_tokens"] == ["cat", "sat"] and zoom["key_tokens"] == ["the", "cat"]
+    assert client.post("/api/long/map", json={**request, "level": "word"}).json()["tokens"] == text.split()
+    assert client.post("/api/long/map", json={**request, "level": "sentence"}).status_code == 422

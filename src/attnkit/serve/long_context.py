@@ -14,7 +14,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException
 from fastapi.concurrency import run_in_threadpool
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from torch import Tensor
 
 from attnkit.inspect.long_context import LayerScoring, LongContextRun, exact_block, long_context_summaries
+from attnkit.inspect.maps import sequence_labels
 
 # Blocks per side of a reduced map by default, and at most.
 DEFAULT_MAP_SIDE = 256
@@ -46,6 +47,9 @@ class LongMapRequest(BaseModel):
     )
     window: StrictInt = Field(256, description="Distance counted as near in the head's summary.")
     top_k: StrictInt = Field(1, description=f"Keys listed per query in top_k_keys, 1 to {MAX_TOP_K}.")
+    level: Literal["token", "word"] = Field(
+        "token", description='How tokens are labelled: as they read ("token"), or by the word each belongs to ("word").'
+    )
 
 
 class LongBlockRequest(BaseModel):
@@ -58,6 +62,7 @@ class LongBlockRequest(BaseModel):
     head: StrictInt
     rows: list[StrictInt] = Field(description="[start, stop): the query tokens.")
     keys: list[StrictInt] = Field(description="[start, stop): the key tokens.")
+    level: Literal["token", "word"] = "token"
 
 
 @dataclass
@@ -65,10 +70,10 @@ class _Kept:
     """The queries and keys of the last text mapped on one model."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    key: tuple[str, int] | None = None
+    key: tuple[str, int, str] | None = None
     qk: tuple[Tensor, Tensor] | None = None
     scoring: LayerScoring | None = None
-    tokens: list[str] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)  # as they read (sequence_labels)
 
 
 def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: int) -> None:
@@ -148,10 +153,23 @@ def _map_block(block: int | None, s: int) -> int:
     return size
 
 
-def _keep(store: _Kept, text: str, layer: int, run: LongContextRun, tokens: list[str]) -> None:
+def _labels(model: Any, text: str, level: str) -> tuple[Tensor, list[str]]:
+    """The ids ``[1, s]`` of ``text`` and its tokens as they read, at ``level``.
+
+    Raises:
+        HTTPException: 422 for a text the model cannot take.
+    """
+    try:
+        ids, tokens, offsets = model.prepare_input(text)
+    except ValueError as err:
+        raise HTTPException(422, str(err)) from None
+    return ids, sequence_labels(model, tokens, ids, offsets, text, level=level)
+
+
+def _keep(store: _Kept, text: str, layer: int, level: str, run: LongContextRun, tokens: list[str]) -> None:
     """Keep the queries, keys and scoring of ``layer`` from ``run`` for later zooms on ``text``."""
     store.key, store.qk, store.scoring, store.tokens = (
-        (text, layer),
+        (text, layer, level),
         run.kept_qk[layer],
         run.scorings[layer],
         tokens,
@@ -167,10 +185,7 @@ def _summarise(name: str, model: Any, store: _Kept, request: LongMapRequest) -> 
     """
     layer, head = request.layer, request.head
     with store.lock:
-        try:
-            ids, tokens, _ = model.prepare_input(request.text)
-        except ValueError as err:
-            raise HTTPException(422, str(err)) from None
+        ids, tokens = _labels(model, request.text, request.level)
         size = _map_block(request.block, ids.shape[1])
         if request.window < 1:
             raise HTTPException(422, f"window must be at least 1, got {request.window}")
@@ -186,7 +201,7 @@ def _summarise(name: str, model: Any, store: _Kept, request: LongMapRequest) -> 
             map_block=size,
             keep_qk=True,
         )
-        _keep(store, request.text, layer, run, tokens)
+        _keep(store, request.text, layer, request.level, run, tokens)
         summary = run.summaries[layer]
         assert summary.block_max is not None and summary.block_mean is not None  # asked with map_block
         return {
@@ -194,6 +209,7 @@ def _summarise(name: str, model: Any, store: _Kept, request: LongMapRequest) -> 
             "layer": layer,
             "head": head,
             "tokens": tokens,
+            "level": request.level,
             "causal": bool(model.causal),
             "block": size,
             "max": _rounded(summary.block_max[0].tolist()),
@@ -216,12 +232,12 @@ def _zoom(name: str, model: Any, store: _Kept, request: LongBlockRequest) -> dic
         HTTPException: 422 for ranges out of the text or a block of too many weights.
     """
     with store.lock:
-        if store.key != (request.text, request.layer) or store.qk is None or store.scoring is None:
-            ids, tokens, _ = model.prepare_input(request.text)
+        if store.key != (request.text, request.layer, request.level) or store.qk is None or store.scoring is None:
+            ids, tokens = _labels(model, request.text, request.level)
             run = long_context_summaries(
                 model, ids, layers=[request.layer], heads=[request.head], rows=[0], keep_qk=True
             )
-            _keep(store, request.text, request.layer, run, tokens)
+            _keep(store, request.text, request.layer, request.level, run, tokens)
         assert store.qk is not None and store.scoring is not None  # kept just above
         q, k = store.qk
         s = k.shape[1]

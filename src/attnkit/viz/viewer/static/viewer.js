@@ -1209,7 +1209,7 @@
     return {
       model: json.model, causal: json.causal, tokens: json.tokens, block: json.block, k: request.top_k,
       n: json.max.length, window: request.window,
-      app: { text: request.text, model: json.model, maxWeights: json.max_block_weights },
+      app: { text: request.text, model: json.model, level: request.level, maxWeights: json.max_block_weights },
       layers: [{ layer: json.layer, window: json.sliding_window || 0,
         heads: [{ head: json.head, summary: json.summary, get: () => Promise.resolve(head) }] }],
     };
@@ -1540,7 +1540,7 @@
     status('Computing the exact weights of ' + (r.r1 - r.r0) + ' \u00d7 ' + (r.k1 - r.k0) + ' tokens\u2026', false);
     try {
       const json = await requestJSON('api/long/block', { text: long.app.text, model: long.app.model, layer: layer.layer,
-        head: layer.heads[state.head].head, rows: [r.r0, r.r1], keys: [r.k0, r.k1] });
+        head: layer.heads[state.head].head, rows: [r.r0, r.r1], keys: [r.k0, r.k1], level: long.app.level });
       if (asked !== long) return;
       long.zoom = { r0: r.r0, r1: r.r1, k0: r.k0, k1: r.k1, weights: Float32Array.from(json.weights.flat()) };
       long.sel = null;
@@ -1637,7 +1637,8 @@
     const layerPick = $('ak-req-layer').value;
     const headPick = $('ak-req-head').value;
     const payload = { text, model: m.name, layer: /^\d+$/.test(layerPick) ? Number(layerPick) : m.layers - 1,
-      head: headPick === 'all' ? 0 : Number(headPick), window: LONG_WINDOW, top_k: LONG_TOP_K };
+      head: headPick === 'all' ? 0 : Number(headPick), window: LONG_WINDOW, top_k: LONG_TOP_K,
+      level: $('ak-level').value };
     const button = $('ak-run');
     button.disabled = true;
     body.dataset.state = 'loading';
