@@ -77,6 +77,8 @@
     zoom: 0, // matrix view: CSS px per cell, 0 to fit the width
     reduce: 'max', // long view: each block's largest weight ('max') or its mean ('mean')
     cursor: null, // matrix view keyboard cell {i, j}
+    rankQ: null, // rank view: the chosen query index (null: the pinned query, else the last)
+    rankK: null, // rank view: the chosen key index, -1 for any (null: the pinned key, else any)
   };
   let generation = 0; // bumped by every render; stale asynchronous work sees it and stops
   let decoded = new Map(); // "section/layer" -> Promise<Uint16Array [h * s_q * s_k]>
@@ -165,6 +167,16 @@
 
   // ---------------------------------------------------------------- loading
 
+  // What the page shows now, for load() to keep when new data has the same tokens (the app's
+  // Show attention again, with other layers or heads).
+  function shownNow() {
+    if (!state.data || state.view === 'long') return null;
+    const s = sec();
+    return { section: state.section, layer: s.layers[state.layer], head: s.heads[state.head],
+      tokens: s.query_tokens.join('\u0000') + '\u0001' + s.key_tokens.join('\u0000'), level: state.data.level,
+      headsOn: new Map(s.heads.map((h, n) => [h, state.headsOn[n]])), scale: state.scale, topk: state.topk };
+  }
+
   function load(json) {
     if (json && json.format === 'attnkit-viewer-long') {
       loadLong(longFromPage(json));
@@ -173,6 +185,7 @@
     if (!json || json.format !== 'attnkit-viewer' || json.version !== 1) {
       throw new Error('this is not attnkit viewer data (expected format "attnkit-viewer", version 1)');
     }
+    const before = shownNow();
     state.data = json;
     decoded = new Map();
     resolved = new Map();
@@ -187,8 +200,16 @@
     $('ak-section-field').hidden = names.length < 2;
     let longest = 0;
     for (const name of names) longest = Math.max(longest, ...json.sections[name].weights.shape.slice(2));
-    state.scale = longest <= 64 ? 'linear' : 'sqrt';
-    state.topk = longest <= 32 ? 0 : 5;
+    // The same tokens again keep every choice: section, layer, head, heads shown, selected
+    // tokens, ranked query and key, scale and lines per query.
+    const name = before && json.sections[before.section] ? before.section : json.sections.cross ? 'cross' : names[0];
+    const s = json.sections[name];
+    const kept = before && before.level === json.level &&
+      before.tokens === s.query_tokens.join('\u0000') + '\u0001' + s.key_tokens.join('\u0000') ? before : null;
+    if (!kept) state.pinnedQ = state.pinnedK = -1;
+    if (!kept) state.rankQ = state.rankK = null;
+    state.scale = kept ? kept.scale : longest <= 64 ? 'linear' : 'sqrt';
+    state.topk = kept ? kept.topk : longest <= 32 ? 0 : 5;
     // Every line of every token: thousands of lines per scroll frame beyond a few hundred tokens.
     const all = $('ak-topk').querySelector('option[value="0"]');
     all.disabled = longest > ALL_LINES_MAX_TOKENS;
@@ -214,7 +235,7 @@
     long = null;
     if (wasLong) state.view = 'head';
     // An encoder-decoder opens on cross-attention, as attnkit inspect prints it.
-    setSection(json.sections.cross ? 'cross' : names[0], true);
+    setSection(name, !kept, kept);
     if (wasLong) setView('head', false);
   }
 
@@ -243,21 +264,24 @@
     return '';
   }
 
-  function setSection(name, lastLayer) {
-    const previous = state.data.sections[state.section];
-    const oldLayer = previous ? previous.layers[state.layer] : undefined;
-    const oldHead = previous ? previous.heads[state.head] : undefined;
+  // Show section `name`, on its last layer when `lastLayer`; `kept` (from shownNow) is what the
+  // page showed before new data with the same tokens came (default: the current section).
+  function setSection(name, lastLayer, kept) {
+    const previous = kept ? null : state.data.sections[state.section];
+    const oldLayer = kept ? kept.layer : previous ? previous.layers[state.layer] : undefined;
+    const oldHead = kept ? kept.head : previous ? previous.heads[state.head] : undefined;
     state.section = name;
     $('ak-section').value = name;
     const s = sec();
     // Keep the same model layer and head when the new section has them.
     state.layer = lastLayer || !s.layers.includes(oldLayer) ? s.layers.length - 1 : s.layers.indexOf(oldLayer);
     state.head = s.heads.includes(oldHead) ? s.heads.indexOf(oldHead) : 0;
-    state.headsOn = s.heads.map(() => true);
+    state.headsOn = s.heads.map((h) => !kept || !kept.headsOn.has(h) || kept.headsOn.get(h));
     // A clicked token stays selected in a section with the same tokens (self, value, rollout).
-    const same = previous && previous.query_tokens.join('\u0000') === s.query_tokens.join('\u0000') &&
-      previous.key_tokens.join('\u0000') === s.key_tokens.join('\u0000');
+    const same = kept || (previous && previous.query_tokens.join('\u0000') === s.query_tokens.join('\u0000') &&
+      previous.key_tokens.join('\u0000') === s.key_tokens.join('\u0000'));
     if (!same) state.pinnedQ = state.pinnedK = -1;
+    if (!same) state.rankQ = state.rankK = null;
     state.activeQ = state.pinnedQ;
     state.activeK = state.pinnedK;
     state.cursor = null;
@@ -1064,8 +1088,8 @@
     s.query_tokens.forEach((t, n) => q.add(new Option('#' + n + ' ' + shown(t), String(n))));
     k.add(new Option('any: each map\u2019s strongest key', '-1'));
     s.key_tokens.forEach((t, n) => k.add(new Option('#' + n + ' ' + shown(t), String(n))));
-    q.value = String(state.pinnedQ >= 0 ? state.pinnedQ : s.query_tokens.length - 1);
-    k.value = String(state.pinnedK >= 0 ? state.pinnedK : -1);
+    q.value = String(state.rankQ !== null ? state.rankQ : state.pinnedQ >= 0 ? state.pinnedQ : s.query_tokens.length - 1);
+    k.value = String(state.rankK !== null ? state.rankK : state.pinnedK >= 0 ? state.pinnedK : -1);
   }
 
   // Every map of the section (layer x head), ranked by the weight from the chosen query to
@@ -1772,13 +1796,14 @@
     $('ak-topk').addEventListener('change', (e) => { state.topk = Number(e.target.value); render(); });
     $('ak-scale').addEventListener('change', (e) => { state.scale = e.target.value; render(); });
     $('ak-zoom').addEventListener('change', (e) => { state.zoom = Number(e.target.value); render(); });
-    $('ak-rank-q').addEventListener('change', () => render());
-    $('ak-rank-k').addEventListener('change', () => render());
+    $('ak-rank-q').addEventListener('change', (e) => { state.rankQ = Number(e.target.value); render(); });
+    $('ak-rank-k').addEventListener('change', (e) => { state.rankK = Number(e.target.value); render(); });
     $('ak-rank-rows').addEventListener('click', (e) => {
       const b = e.target.closest('.ak-rank-open');
       if (b) openRanked(b);
     });
     $('ak-pinned-rank').addEventListener('click', () => {
+      state.rankQ = state.pinnedQ;
       $('ak-rank-q').value = String(state.pinnedQ);
       setView('rank', false);
     });
