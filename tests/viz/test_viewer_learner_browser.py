@@ -265,3 +265,17 @@ def test_korean_word_starts_stay_visible_between_tokens(page, tmp_path, smollm2)
     starts = page.locator("#ak-queries .ak-word-start").count()
     assert starts == len(text.split()) - 1  # one rule above every word but the first
     assert "ak-word-start" not in page.get_attribute(f"#ak-q-{firsts[0] + 1}", "class")
+
+
+def test_escape_releases_the_selected_token_wherever_the_focus_is(page, tmp_path):
+    viewer = open_export(page, tmp_path, ViewerData.from_run("toy", TOKENS, planted(), causal=True))
+    for focus in ("#ak-layer", "#ak-tab-matrix", "body"):
+        viewer.view("head")
+        page.click(f"#ak-q-{IT}")
+        page.mouse.move(5, 5)
+        page.focus(focus) if focus != "body" else page.evaluate("document.activeElement.blur()")
+        assert "ak-pinned-token" in page.get_attribute(f"#ak-q-{IT}", "class")
+        page.keyboard.press("Escape")
+        assert "ak-pinned-token" not in page.get_attribute(f"#ak-q-{IT}", "class"), focus
+        assert page.get_attribute(f"#ak-q-{IT}", "aria-selected") == "false"
+        assert "ak-invisible" in page.get_attribute("#ak-pinned", "class")

@@ -600,8 +600,17 @@
     const again = side === 'q' ? state.pinnedQ === n : state.pinnedK === n;
     state.pinnedQ = side === 'q' && !again ? n : -1;
     state.pinnedK = side === 'k' && !again ? n : -1;
-    if (state.pinnedQ >= 0) $('ak-rank-q').value = String(state.pinnedQ);
-    if (state.pinnedK >= 0 && state.pinnedK < $('ak-rank-k').options.length - 1) $('ak-rank-k').value = String(state.pinnedK);
+    if (state.pinnedQ >= 0) $('ak-rank-q').value = String(state.rankQ = state.pinnedQ);
+    if (state.pinnedK >= 0 && state.pinnedK < $('ak-rank-k').options.length - 1) {
+      $('ak-rank-k').value = String(state.rankK = state.pinnedK);
+    }
+    showPinned();
+  }
+
+  // Escape lets a selected token go wherever the focus is (a token column, a map, a button).
+  function releaseOnEscape(e) {
+    if (e.key !== 'Escape' || !state.data || (state.pinnedQ < 0 && state.pinnedK < 0)) return;
+    state.pinnedQ = state.pinnedK = -1;
     showPinned();
   }
 
@@ -1807,6 +1816,7 @@
       $('ak-rank-q').value = String(state.pinnedQ);
       setView('rank', false);
     });
+    document.addEventListener('keydown', releaseOnEscape);
     $('ak-pinned-clear').addEventListener('click', () => {
       state.pinnedQ = state.pinnedK = -1;
       showPinned();
