@@ -152,3 +152,12 @@ def test_serve_zooms_a_dragged_region_to_exact_weights_and_back(gemma3, server, 
     assert page.locator("#ak-long-view").is_hidden() and page.locator("#ak-tab-head").is_visible()
     assert page.locator("#ak-queries .ak-token").count() == 40
     assert page.requests and all(url.startswith(server + "/") for url in page.requests)
+
+
+def test_serve_tags_local_and_global_layers_in_the_layers_to_compute(gemma3, server, page):
+    from tests.models.tiny_families import WINDOW
+
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-state=empty]")
+    options = page.get_by_label("Layers to compute", exact=True).locator("option").all_text_contents()
+    assert options[2:] == [f"layer 0 \u00b7 local ({WINDOW})", "layer 1 \u00b7 global", f"layer 2 \u00b7 local ({WINDOW})"]

@@ -196,6 +196,25 @@ def test_encoder_decoder_opens_on_cross_attention_and_names_its_axes(page, tmp_p
     assert "source tokens" in page.text_content("#ak-axes")
 
 
+def test_a_written_target_that_reads_as_no_text_shows_its_tokens(page, tmp_path):
+    src, tgt = ["a", "b", "c"], ["<pad>"] * 14
+    data = ViewerData.encoder_decoder(
+        "seq2seq",
+        src,
+        tgt,
+        cross={0: softmax_maps(2, 14, 3)},
+        text="a b c",
+        target_text="",
+        generated=True,
+    )
+    open_export(page, tmp_path, data)
+    shown = page.text_content("#ak-text-shown")
+    assert '""' not in shown and "\u201c\u201d" not in shown
+    assert shown.endswith(
+        "target tokens (they read as no text): " + " ".join(["<pad>"] * 12) + " \u2026 (written by the model, greedy decoding)"
+    )
+
+
 @pytest.mark.slow
 def test_a_long_map_zooms_to_readable_labelled_cells(page, tmp_path):
     s = 1500

@@ -122,6 +122,11 @@ class ModelInfo(BaseModel):
         0, description="An encoder-decoder's heads per decoder layer, self- and cross-attention (0 for other models)."
     )
     max_tokens: int = Field(description="Longest text accepted for this model, in its tokens.")
+    windows: list[int | None] | None = Field(
+        None,
+        description="Each layer's sliding window (null for a global layer) of a model with local layers; "
+        "null for a model without them.",
+    )
 
 
 class InfoBody(BaseModel):
@@ -205,7 +210,16 @@ class ServedModel:
             heads=self.model.num_heads,
             decoder_heads=_decoder_heads(self.model) if self.encoder_decoder else 0,
             max_tokens=self.max_tokens,
+            windows=None if self.encoder_decoder else _listed_windows(self.model),
         )
+
+
+def _listed_windows(model: Any) -> list[int | None] | None:
+    """Each layer's sliding window, or ``None`` for a model without local layers."""
+    from attnkit.inspect.maps import model_windows
+
+    windows = model_windows(model)
+    return None if windows is None else list(windows)
 
 
 def _decoder_heads(model: Any) -> int:

@@ -25,6 +25,7 @@
   const MAX_LABEL = 150; // matrix view: widest token label, CSS px
   const ALL_LINES_MAX_TOKENS = 300; // head view: "all" lines are offered up to this many tokens
   const RANK_ROWS = 30; // rank view: rows listed
+  const TARGET_TOKENS_SHOWN = 12; // an encoder-decoder's target that reads as no text: tokens shown
 
   // matplotlib's "Blues" (the heatmaps' colour map): nine anchors, interpolated to 256.
   const BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
@@ -223,7 +224,7 @@
     const tokens = json.kind === 'encoder-decoder' ? encoderDecoderCounts(json, unit) : Math.max(...counts) + unit;
     $('ak-summary').textContent = json.model + ' \u00b7 ' + (kinds[json.kind] || json.kind) + ' \u00b7 ' + tokens;
     $('ak-text-shown').textContent = json.kind === 'encoder-decoder'
-      ? 'Source: \u201c' + json.text + '\u201d \u00b7 target: \u201c' + (json.target_text || '') + '\u201d' +
+      ? 'Source: \u201c' + json.text + '\u201d \u00b7 ' + targetText(json) +
         (json.generated ? ' (written by the model, greedy decoding)' : '')
       : json.text ? 'Text: \u201c' + json.text + '\u201d' : '';
     document.title = 'Attention: ' + json.model;
@@ -237,6 +238,15 @@
     // An encoder-decoder opens on cross-attention, as attnkit inspect prints it.
     setSection(name, !kept, kept);
     if (wasLong) setView('head', false);
+  }
+
+  // "target: “…”", or for a target whose tokens read as no text (special tokens only) the tokens.
+  function targetText(json) {
+    if (json.target_text) return 'target: \u201c' + json.target_text + '\u201d';
+    const rows = (json.sections.cross || json.sections.decoder || { query_tokens: [] }).query_tokens;
+    if (!rows.length) return 'no target';
+    const first = rows.slice(0, TARGET_TOKENS_SHOWN).map(shown).join(' ');
+    return 'target tokens (they read as no text): ' + first + (rows.length > TARGET_TOKENS_SHOWN ? ' \u2026' : '');
   }
 
   // "11 source and 9 target tokens": the source from the encoder or cross section, the target
@@ -1880,8 +1890,12 @@
     layers.add(new Option(encoderDecoder
       ? 'last layer of each stack (' + (m.layers - 1) + ' and ' + (m.decoder_layers - 1) + ')'
       : 'last layer (' + (m.layers - 1) + ')', 'last'));
-    layers.add(new Option('all ' + depth(m) + ' layers', 'all'));
-    for (let n = 0; n < depth(m); n++) layers.add(new Option('layer ' + n, String(n)));
+    layers.add(new Option(encoderDecoder
+      ? 'all layers (' + m.layers + ' encoder, ' + m.decoder_layers + ' decoder)'
+      : 'all ' + m.layers + ' layers', 'all'));
+    // Tagged as the view's layer picker tags them: "layer 5 · global", "layer 0 · local (512)".
+    const kind = (n) => (!m.windows ? '' : m.windows[n] ? ' \u00b7 local (' + m.windows[n] + ')' : ' \u00b7 global');
+    for (let n = 0; n < depth(m); n++) layers.add(new Option('layer ' + n + kind(n), String(n)));
     const heads = $('ak-req-head');
     heads.textContent = '';
     const headCount = Math.max(m.heads, m.decoder_heads || 0); // an encoder-decoder's stacks may differ
