@@ -211,8 +211,38 @@ def test_a_written_target_that_reads_as_no_text_shows_its_tokens(page, tmp_path)
     shown = page.text_content("#ak-text-shown")
     assert '""' not in shown and "\u201c\u201d" not in shown
     assert shown.endswith(
-        "target tokens (they read as no text): " + " ".join(["<pad>"] * 12) + " \u2026 (written by the model, greedy decoding)"
+        "target tokens (they read as no text): "
+        + " ".join(["<pad>"] * 12)
+        + " \u2026 (written by the model, greedy decoding)"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("s", [601, 1500])
+def test_fit_the_width_fills_the_width_without_a_scroll_bar(page, tmp_path, s):
+    page.set_viewport_size({"width": 1280, "height": 800})
+    attn = {0: softmax_maps(1, s, s, causal=True, seed=2)}
+    viewer = open_export(page, tmp_path, ViewerData.from_run("long", [f"w{n}" for n in range(s)], attn, causal=True))
+    viewer.view("matrix")
+    wrap = page.eval_on_selector(
+        "#ak-matrix-wrap",
+        "w => ({client: w.clientWidth, scroll: w.scrollWidth, width: w.getBoundingClientRect().width})",
+    )
+    canvas = page.locator("#ak-matrix").bounding_box()
+    cell, left = (
+        float(page.get_attribute("#ak-matrix", "data-cell")),
+        float(page.get_attribute("#ak-matrix", "data-left")),
+    )
+    assert wrap["scroll"] <= wrap["client"], wrap  # every key column in view
+    assert canvas["width"] == pytest.approx(left + s * cell, abs=1)
+    assert wrap["client"] - 12 <= canvas["width"] <= wrap["client"], (canvas, wrap)  # the width, not half of it
+    # The last key column is in view, under the pointer where the tooltip says.
+    box = page.locator("#ak-matrix").bounding_box()
+    top = float(page.get_attribute("#ak-matrix", "data-top"))
+    page.mouse.move(box["x"] + left + (s - 0.5) * cell, box["y"] + top + 10.5 * cell)
+    page.wait_for_selector("#ak-tooltip:not([hidden])")
+    tip = viewer.tip()  # a pointer moves in whole pixels: a cell under one pixel is found within one
+    assert abs(tip.query_index - 10) <= (cell < 1) and s - 1 - tip.key_index <= (cell < 1)
 
 
 @pytest.mark.slow

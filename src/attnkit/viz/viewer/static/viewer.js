@@ -388,8 +388,9 @@
       }
     }
     if (long && state.view === 'long') notes.push(longLegendNote());
-    if (state.data && state.view === 'matrix' && matrixFitCell > 0 && matrixFitCell < 9 && !state.zoom) {
-      notes.push('Cells are ' + matrixFitCell + ' px, too small for labels: choose a larger Cell size to zoom in.');
+    if (state.data && state.view === 'matrix' && matrixFitCell > 0 && matrix && !matrix.labels && !state.zoom) {
+      notes.push('Cells are ' + (matrixFitCell < 1 ? matrixFitCell.toFixed(2) : matrixFitCell.toFixed(1)) +
+        ' px, too small for labels: choose a larger Cell size to zoom in.');
     }
     $('ak-legend-note').textContent = notes.join(' ');
   }
@@ -810,10 +811,13 @@
     const labelK = widest(s.key_tokens) + 10;
     wrap.classList.toggle('ak-zoomed', state.zoom > 0);
     const avail = Math.max(240, wrap.clientWidth - 8);
-    matrixFitCell = Math.max(1, Math.min(36, Math.floor((avail - labelQ) / d.sk)));
+    // Fitted cells fill the width exactly, in fractions of a pixel (below one pixel, a pixel
+    // of the picture averages the cells it covers). Labels take room only when cells are tall
+    // enough to read them.
+    const labelled = Math.min(36, (avail - labelQ) / d.sk);
+    matrixFitCell = labelled >= 9 ? labelled : Math.min(36, avail / d.sk);
     const cell = state.zoom > 0 ? state.zoom : matrixFitCell;
-    // Labels take room only when cells are tall enough to read them.
-    const labels = cell >= 9;
+    const labels = state.zoom > 0 ? cell >= 9 : labelled >= 9;
     const left = labels ? labelQ : 0;
     const top = labels ? labelK : 0;
     matrix = { q16, offset, d, cell, left, top, unit, values, pixels, labels, zoomed: state.zoom > 0, sx: 0, sy: 0 };
@@ -871,7 +875,8 @@
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.fillStyle = '#ffffff';
     ctx.fillRect(0, 0, W, H);
-    ctx.imageSmoothingEnabled = false;
+    // Cells under a pixel are averaged into it; larger ones are drawn sharp.
+    ctx.imageSmoothingEnabled = cell < 1;
     const i0 = Math.floor(sy / cell);
     const j0 = Math.floor(sx / cell);
     const i1 = Math.min(d.sq, Math.ceil((sy + H - top) / cell) + 1);
