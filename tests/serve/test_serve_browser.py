@@ -212,7 +212,9 @@ def test_a_recompute_keeps_the_ranked_key_and_every_choice(server, page):
     assert page.get_by_label("Query token", exact=True).input_value() == "7"
     assert page.get_by_label("Key token", exact=True).input_value() == "1"
     note = page.text_content("#ak-rank-note")
-    assert note.startswith("From \u201cit\u201d #7 to \u201ccat\u201d #1: 2 layers \u00d7 4 heads") and "Only" not in note
+    assert (
+        note.startswith("From \u201cit\u201d #7 to \u201ccat\u201d #1: 2 layers \u00d7 4 heads") and "Only" not in note
+    )
     assert set(page.locator("#ak-rank-rows td:nth-child(3)").all_text_contents()) == {"cat #1"}
     assert page.get_by_label("Colour scale", exact=True).input_value() == "linear"
     assert not page.is_checked("#ak-toggle-1") and page.is_checked("#ak-toggle-0")

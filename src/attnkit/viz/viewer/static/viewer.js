@@ -1212,6 +1212,7 @@
   let longMap = null; // what the long map shows: {rows, cols, cw, ch, values, pixels}
   let longDrag = null; // cells from the one pressed to the one under the pointer: {i0, j0, i1, j1}
   let longCursor = null; // the keyboard's cell {i, j} while the map has the focus
+  let longPointer = null; // where the pointer is over the long map {clientX, clientY}, else null
 
   // One head of an exported page, decoded: its maps as weights, its top keys and weights.
   async function decodeLongHead(json, entry, what) {
@@ -1368,32 +1369,59 @@
       }
     }
     pctx.putImageData(img, 0, 0);
+    // Cells of single tokens (a zoom, or blocks of one token) are labelled with their tokens
+    // when they are tall enough to read.
+    const ctx = $('ak-long-map').getContext('2d');
+    ctx.font = '12px ui-monospace, "DejaVu Sans Mono", monospace';
+    const r = longRegion(0, rows - 1, 0, cols - 1);
+    const single = Boolean(z) || long.block === 1;
+    const widest = (a, b) => Math.min(MAX_LABEL,
+      Math.max(0, ...long.tokens.slice(a, b).map((t) => ctx.measureText(shown(t)).width))) + 10;
+    const labelQ = single ? widest(r.r0, r.r1) : 0;
+    const labelK = single ? widest(r.k0, r.k1) : 0;
+    // A zoom takes the whole width (the tables go below it) and may be taller than the window:
+    // it is for reading tokens. The block map fits the window's height too.
+    document.querySelector('.ak-long').classList.toggle('ak-long-zoomed', Boolean(z));
     const avail = Math.max(240, $('ak-long-wrap').clientWidth - 8);
-    const cw = Math.max(1, Math.min(LONG_MAX_CELL, Math.floor(avail / cols)));
+    const tall = z ? Infinity : Math.max(240, window.innerHeight - 60);
+    const fit = (w, h) => Math.max(1, Math.min(LONG_MAX_CELL, Math.floor(w / cols), Math.floor(h / rows)));
+    const labels = single && fit(avail - labelQ, tall - labelK) >= 9;
+    const cw = labels ? fit(avail - labelQ, tall - labelK) : fit(avail, tall);
     const ch = Math.max(cw, Math.min(LONG_MAX_CELL, Math.floor(LONG_MIN_HEIGHT / rows)));
-    longMap = { rows, cols, cw, ch, values, pixels };
+    const left = labels ? labelQ : 0;
+    const top = labels ? labelK : 0;
+    longMap = { rows, cols, cw, ch, values, pixels, left, top, r0: r.r0, k0: r.k0, labels };
     if (longCursor) longCursor = { i: Math.min(longCursor.i, rows - 1), j: Math.min(longCursor.j, cols - 1) };
     const canvas = $('ak-long-map');
-    canvas.width = Math.round(cols * cw * dpr);
-    canvas.height = Math.round(rows * ch * dpr);
-    canvas.style.width = cols * cw + 'px';
-    canvas.style.height = rows * ch + 'px';
-    // Geometry and what is shown, for tools that point at cells.
+    canvas.width = Math.round((left + cols * cw) * dpr);
+    canvas.height = Math.round((top + rows * ch) * dpr);
+    canvas.style.width = left + cols * cw + 'px';
+    canvas.style.height = top + rows * ch + 'px';
+    // Geometry and what is shown, for tools that point at cells (cells start at left, top).
     Object.assign(canvas.dataset, { cellWidth: String(cw), cellHeight: String(ch), rows: String(rows),
-      cols: String(cols), shows: z ? 'exact' : state.reduce });
-    const r = longRegion(0, rows - 1, 0, cols - 1);
+      cols: String(cols), shows: z ? 'exact' : state.reduce, left: String(left), top: String(top) });
     canvas.setAttribute('aria-label', (z ? 'Exact attention weights' : 'Block-reduced attention map (' + state.reduce +
       ')') + ' of layer ' + layer.layer + ', head ' + layer.heads[state.head].head + ': queries ' + r.r0 + ' to ' +
       (r.r1 - 1) + ' down, keys ' + r.k0 + ' to ' + (r.k1 - 1) + ' across.');
     paintLong();
     longBar();
     drawLegend();
+    // A tooltip shown before the map changed under the pointer now reads the new map.
+    if (longPointer && !$('ak-tooltip').hidden) {
+      const c = longCellAt(longPointer);
+      if (c) longTip(c.i, c.j, longPointer.clientX, longPointer.clientY);
+      else hideTip();
+    }
   }
 
   function paintLong() {
     const ctx = $('ak-long-map').getContext('2d');
-    const { rows, cols, cw, ch, pixels } = longMap;
+    const { rows, cols, cw, ch, pixels, left, top } = longMap;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.fillStyle = '#ffffff';
+    ctx.fillRect(0, 0, left + cols * cw, top + rows * ch);
+    if (longMap.labels) paintLongLabels(ctx);
+    ctx.translate(left, top);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(pixels, 0, 0, cols * cw, rows * ch);
     // The selected query's row, then the selection.
@@ -1413,6 +1441,24 @@
       ctx.strokeStyle = '#1b1f24';
       const pad = Math.max(2, cw / 2);
       ctx.strokeRect(longCursor.j * cw - pad / 2, longCursor.i * ch - pad / 2, cw + pad, ch + pad);
+    }
+  }
+
+  // The query tokens left of the rows and the key tokens above the columns of a labelled map.
+  function paintLongLabels(ctx) {
+    const { rows, cols, cw, ch, left, top, r0, k0 } = longMap;
+    ctx.font = Math.min(12, ch - 1) + 'px ui-monospace, "DejaVu Sans Mono", monospace';
+    ctx.fillStyle = '#1b1f24';
+    ctx.textBaseline = 'middle';
+    ctx.textAlign = 'right';
+    for (let i = 0; i < rows; i++) ctx.fillText(shown(long.tokens[r0 + i]), left - 5, top + i * ch + ch / 2, MAX_LABEL);
+    ctx.textAlign = 'left';
+    for (let j = 0; j < cols; j++) {
+      ctx.save();
+      ctx.translate(left + j * cw + cw / 2, top - 5);
+      ctx.rotate(-Math.PI / 2);
+      ctx.fillText(shown(long.tokens[k0 + j]), 0, 0, MAX_LABEL);
+      ctx.restore();
     }
   }
 
@@ -1442,7 +1488,7 @@
   function longCursorTip() {
     const rect = $('ak-long-map').getBoundingClientRect();
     const { i, j } = longCursor;
-    longTip(i, j, rect.left + (j + 1) * longMap.cw, rect.top + (i + 1) * longMap.ch);
+    longTip(i, j, rect.left + longMap.left + (j + 1) * longMap.cw, rect.top + longMap.top + (i + 1) * longMap.ch);
     const tip = $('ak-tooltip');
     $('ak-long-live').textContent = 'query ' + tip.querySelector('.ak-tt-query').textContent + ', key ' +
       tip.querySelector('.ak-tt-key').textContent + ', weight ' + tip.querySelector('.ak-tt-weight').textContent;
@@ -1523,8 +1569,8 @@
 
   function longCellAt(e) {
     const rect = $('ak-long-map').getBoundingClientRect();
-    const j = Math.floor((e.clientX - rect.left) / longMap.cw);
-    const i = Math.floor((e.clientY - rect.top) / longMap.ch);
+    const j = Math.floor((e.clientX - rect.left - longMap.left) / longMap.cw);
+    const i = Math.floor((e.clientY - rect.top - longMap.top) / longMap.ch);
     return i >= 0 && j >= 0 && i < longMap.rows && j < longMap.cols ? { i, j } : null;
   }
 
@@ -1620,6 +1666,7 @@
       longDrag = { i0: c.i, j0: c.j, i1: c.i, j1: c.j };
     });
     canvas.addEventListener('mousemove', (e) => {
+      longPointer = { clientX: e.clientX, clientY: e.clientY };
       if (!longMap) return;
       const c = longCellAt(e);
       if (!c) { hideTip(); return; }
@@ -1630,7 +1677,10 @@
       }
       longTip(c.i, c.j, e.clientX, e.clientY);
     });
-    canvas.addEventListener('mouseleave', hideTip);
+    canvas.addEventListener('mouseleave', () => {
+      longPointer = null;
+      hideTip();
+    });
     canvas.addEventListener('focus', () => {
       if (!longMap) return;
       longCursor = long.sel ? { i: long.sel.i0, j: long.sel.j0 } : { i: 0, j: 0 };
@@ -1643,8 +1693,11 @@
       if (longMap) paintLong();
     });
     canvas.addEventListener('keydown', longKey);
-    window.addEventListener('mouseup', () => {
+    window.addEventListener('mouseup', (e) => {
       if (!longDrag) return;
+      // Where the button is let go ends the drag, whether or not a move got there first.
+      const end = longCellAt(e);
+      if (end) Object.assign(longDrag, { i1: end.i, j1: end.j });
       const box = longBox(longDrag);
       longDrag = null;
       if (box.i0 === box.i1 && box.j0 === box.j1) {
