@@ -318,10 +318,12 @@ def weight_files(folder: Path) -> list[Path]:
             raise CheckpointError(
                 index, f"is not a valid safetensors index: {short_repr(err)}", field="weight_map"
             ) from None
-        bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s]
+        bad = [s for s in shards if not _plain_file_name(s)]
         if bad:
             raise CheckpointError(
-                index, f"shard names must be plain file names, got {short_repr(bad)}", field="weight_map"
+                index,
+                f"shard names must be plain file names of at most {_NAME_MAX} bytes, got {short_repr(bad)}",
+                field="weight_map",
             )
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
@@ -335,6 +337,54 @@ def weight_files(folder: Path) -> list[Path]:
         else ""
     )
     raise ValueError(f"{folder} has no model.safetensors{extra}")
+
+
+# The longest file name most file systems take, in bytes.
+_NAME_MAX = 255
+
+
+def _plain_file_name(name: object) -> bool:
+    """Whether a shard name of an index is a file name in the folder itself: a string with
+    no folder part, no NUL, not ``.``/``..``, and short enough to open."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "\0" not in name
+        and Path(name).name == name
+        and len(name.encode("utf-8", "surrogatepass")) <= _NAME_MAX
+    )
+
+
+def check_weight_map(folder: Path, headers: dict[str, tuple[Path, str, list[int]]]) -> None:
+    """Check that a sharded checkpoint's index says where each tensor is: every tensor of
+    the shards is in ``weight_map``, under the shard that holds it, and the map names no
+    other tensor. A single ``model.safetensors`` has no index to check.
+
+    Args:
+        folder: the checkpoint folder.
+        headers: what the shards hold (:func:`read_headers`).
+
+    Raises:
+        CheckpointError: naming the index and the first tensor where the two disagree.
+    """
+    index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").is_file() or not index.is_file():
+        return
+    weight_map = read_json_object(index)["weight_map"]
+    for name, shard in sorted(weight_map.items()):
+        if name not in headers:
+            raise CheckpointError(index, f"weight_map names {name!r} in {shard}, which no shard holds", field=name)
+        if headers[name][0].name != shard:
+            raise CheckpointError(
+                index, f"weight_map puts {name!r} in {shard}, but {headers[name][0].name} holds it", field=name
+            )
+    unlisted = sorted(set(headers) - set(weight_map))
+    if unlisted:
+        raise CheckpointError(
+            index,
+            f"weight_map does not list {unlisted[0]!r} ({headers[unlisted[0]][0].name} holds it)",
+            field=unlisted[0],
+        )
 
 
 def check_safetensors(path: Path) -> dict[str, dict[str, Any]]:
@@ -557,6 +607,21 @@ def materialize_buffers(module: nn.Module, device: torch.device | str = "cpu") -
             if not callable(reset):
                 raise TypeError(f"{type(sub).__name__} has buffers on the meta device and no reset_buffers()")
             reset(device)
+
+
+def buffer_bytes(module: nn.Module) -> int:
+    """The bytes :func:`materialize_buffers` will allocate for ``module``: each submodule's
+    ``buffer_bytes()`` where it says (rotary tables are ``None`` on ``meta`` until then),
+    otherwise its ``meta`` buffers' own size in float32."""
+    total = 0
+    for sub in module.modules():
+        if any(b is not None and b.is_meta for b in sub.buffers(recurse=False)):
+            planned = getattr(sub, "buffer_bytes", None)
+            if callable(planned):
+                total += int(planned())
+            else:
+                total += sum(4 * b.numel() for b in sub.buffers(recurse=False) if b is not None)
+    return total
 
 
 def sha256_file(path: Path, *, progress: bool = False, label: str | None = None) -> str:
