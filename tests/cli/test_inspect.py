@@ -283,10 +283,14 @@ def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path,
         str(tmp_path),
     )
     assert code == 0, err
+    from attnkit.cli.common import format_size
+    from attnkit.viz.export import estimate_viewer_html
+
+    page = format_size(estimate_viewer_html(500, 1, 2, causal=False))
     progress = [line for line in err.splitlines() if line.startswith("attnkit: ") and "done in" not in line]
     assert progress == [
         "attnkit: loading minilm on cpu …",
-        "attnkit: the viewer page of 1 layer × 2 heads: about 968.3 kB, estimated before computing",
+        f"attnkit: the viewer page of 1 layer × 2 heads: about {page}, estimated before computing",
         "attnkit: running minilm on 500 tokens for layer 5 …",
         # Everything is computed (and checked finite) before the first file is written.
         "attnkit: computing the viewer page of 1 layer × 2 heads …",

@@ -227,3 +227,21 @@ def test_a_zoom_of_a_hundred_rows_and_keys_is_labelled(page, tmp_path, tiny_fami
     assert (canvas.get_attribute("data-rows"), canvas.get_attribute("data-cols")) == ("100", "100")
     assert float(canvas.get_attribute("data-cell-width")) >= 9 and float(canvas.get_attribute("data-left")) > 0
     assert canvas.bounding_box()["width"] <= 1280
+
+
+def test_serve_offers_the_value_and_rollout_modes_of_the_exported_page(gemma3, server, page):
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-state=empty]")
+    page.get_by_label("Text", exact=True).fill(TEXT)
+    page.get_by_label("Colours", exact=True).select_option(label="weights, value-weighted and rollout")
+    page.get_by_role("button", name="Show attention").click()
+    page.wait_for_selector(READY)
+    sections = page.get_by_label("Attention", exact=True).locator("option").all_text_contents()
+    assert sections == [
+        "self-attention",
+        "value-weighted \u2016\u03b1\u00b7f(x)\u2016 (each map scaled to its largest)",
+        "attention rollout (layers below and heads merged)",
+    ]
+    page.get_by_label("Attention", exact=True).select_option(value="rollout")
+    page.wait_for_selector(READY)
+    assert page.get_by_label("Head", exact=True).locator("option").all_text_contents() == ["all heads, merged"]

@@ -71,7 +71,9 @@ def test_a_1b_model_over_the_limit_is_refused_before_any_weight_is_read(one_b, n
         models.load(one_b)
     message = str(caught.value)
     assert "\n" not in message
-    assert "the weights of one-b" in message and "in float32 and its position tables would take about 4.1 GiB" in message
+    assert (
+        "the weights of one-b" in message and "in float32 and its position tables would take about 4.1 GiB" in message
+    )
     assert "2.8 GiB of ATTNKIT_MEMORY_LIMIT=3GB" in message and "--dtype bfloat16" in message
     # The parameters, and the float32 rotary tables: cosines and sines of 2,048 positions x
     # head dim 64, with the 32 frequencies and 64 signs they are made from.

@@ -93,6 +93,12 @@ class AttentionRequest(BaseModel):
         description='"token", or "word" for the attention between the words of the text: rows and columns are '
         "words, a word's row the average of its tokens' rows, summed over each key word's tokens.",
     )
+    modes: list[Literal["value", "rollout"]] = Field(
+        [],
+        description='Colour modes added beside the weights, as sections of their own: "value" (value-weighted '
+        'attention, each map scaled to its largest value) and "rollout" (attention rollout up to each layer, '
+        "heads merged, shown as head 0); their weights count towards max_weights. Refused for encoder-decoders.",
+    )
     decoder_text: StrictStr | None = Field(
         None,
         description="An encoder-decoder's target, the decoder's text (text is then its source). Absent, null or "
@@ -522,6 +528,8 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
             raise _error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
         s = served[name]
         if s.encoder_decoder:
+            if request.modes:
+                raise _error(422, f"{name} is an encoder-decoder: colour modes (modes) are for one self-attention")
             data = await _run_encoder_decoder(request, s, limits)
             timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
             return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
@@ -530,6 +538,7 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
         # Other requests' batch waits for this one while it is read and checked.
         with s.batcher.arriving():
             admitted = await _admit(request, s, limits)
+        _check_mode_weights(request.modes, admitted, limits)
         try:
             job = s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens)
         except QueueFull as full:
@@ -541,8 +550,49 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
         if run is None:  # the client has gone; nobody reads this
             return Response(status_code=499)
         data = await run_in_threadpool(_viewer_data, s.model, run, name, admitted.text, request.level)
+        if request.modes:
+            data = await run_in_threadpool(_with_modes, data, s.model, admitted, request)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
+
+
+def _check_mode_weights(modes: Sequence[str], admitted: Admitted, limits: Limits) -> None:
+    """Refuse colour modes that would take the response over the server's weights: value as
+    many as the weights, rollout one map per layer.
+
+    Raises:
+        HTTPException: 422 naming the weights and the limit.
+    """
+    maps = len(admitted.layers) * len(admitted.heads)
+    total = maps * (1 + ("value" in modes)) + len(admitted.layers) * ("rollout" in modes)
+    weights = total * admitted.tokens**2
+    if modes and weights > limits.max_weights:
+        raise _error(
+            422,
+            f"with the colour modes {', '.join(modes)}, {total} maps x {admitted.tokens}^2 tokens is {weights} "
+            f"weights, more than this server's limit of {limits.max_weights}: ask for fewer layers or heads, "
+            "or no colour modes",
+        )
+
+
+def _with_modes(data: Any, model: Any, admitted: Admitted, request: AttentionRequest) -> Any:
+    """``data`` with the colour modes of ``request`` added as sections, as the exported page has them.
+
+    Raises:
+        HTTPException: 422 for what the methods refuse.
+    """
+    from dataclasses import replace
+
+    from attnkit.viz.viewer.adapters import mode_sections
+
+    try:
+        own = data.sections["self"]
+        extra = mode_sections(
+            model, admitted.text, request.modes, layers=own.layers, heads=own.heads, level=request.level
+        )
+    except ValueError as err:
+        raise _error(422, str(err)) from None
+    return replace(data, sections={**data.sections, **extra})
 
 
 def _viewer_data(model: Any, run: Any, name: str, text: str, level: str) -> Any:

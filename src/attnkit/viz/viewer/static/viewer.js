@@ -1942,6 +1942,7 @@
     const m = info.models.find((x) => x.name === $('ak-model').value);
     const encoderDecoder = m.kind === 'encoder-decoder';
     $('ak-target-field').hidden = !encoderDecoder;
+    $('ak-req-modes').closest('.ak-field').hidden = encoderDecoder;
     $('ak-text-label').textContent = encoderDecoder ? 'Source' : 'Text';
     const layers = $('ak-req-layer');
     layers.textContent = '';
@@ -1997,6 +1998,8 @@
       payload.layers = [Number(layer)];
     }
     if (head !== 'all') payload.heads = [Number(head)];
+    // Value-weighted and rollout maps come as sections of their own, in the Attention menu.
+    if ($('ak-req-modes').value && m.kind !== 'encoder-decoder') payload.modes = $('ak-req-modes').value.split(',');
     const button = $('ak-run');
     button.disabled = true;
     body.dataset.state = 'loading';
