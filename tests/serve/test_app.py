@@ -58,6 +58,7 @@ def test_info(client):
         "heads": 4,
         "decoder_heads": 0,
         "max_tokens": 64,
+        "windows": None,
     }
     assert (info["max_chars"], info["max_weights"], info["max_body_bytes"]) == (2_000, 20_000, 4_096)
 
