@@ -250,6 +250,7 @@ def test_cli_serves_a_real_model(minilm_path):
                 "heads": 12,
                 "decoder_heads": 0,
                 "max_tokens": 512,
+                "windows": None,
             }
         ]
         response = httpx.post(f"{url}/api/attention", json={"text": "it was tired", "layers": [5]}, timeout=30)

@@ -528,8 +528,6 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
             raise _error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
         s = served[name]
         if s.encoder_decoder:
-            if request.modes:
-                raise _error(422, f"{name} is an encoder-decoder: colour modes (modes) are for one self-attention")
             data = await _run_encoder_decoder(request, s, limits)
             timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
             return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
@@ -549,11 +547,19 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
             raise _error(422, str(err)) from None
         if run is None:  # the client has gone; nobody reads this
             return Response(status_code=499)
-        data = await run_in_threadpool(_viewer_data, s.model, run, name, admitted.text, request.level)
-        if request.modes:
-            data = await run_in_threadpool(_with_modes, data, s.model, admitted, request)
+        data = await run_in_threadpool(_page_data, s, run, admitted, request)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
+
+
+def _refuse_modes(request: AttentionRequest, s: ServedModel) -> None:
+    """Refuse colour modes for an encoder-decoder: they are of one self-attention.
+
+    Raises:
+        HTTPException: 422 naming the model.
+    """
+    if request.modes:
+        raise _error(422, f"{s.name} is an encoder-decoder: colour modes (modes) are for one self-attention")
 
 
 def _check_mode_weights(modes: Sequence[str], admitted: Admitted, limits: Limits) -> None:
@@ -575,20 +581,24 @@ def _check_mode_weights(modes: Sequence[str], admitted: Admitted, limits: Limits
         )
 
 
-def _with_modes(data: Any, model: Any, admitted: Admitted, request: AttentionRequest) -> Any:
-    """``data`` with the colour modes of ``request`` added as sections, as the exported page has them.
+def _page_data(s: ServedModel, run: Any, admitted: Admitted, request: AttentionRequest) -> Any:
+    """The viewer's data of a run, with the colour modes of ``request`` added as sections, as
+    the exported page has them.
 
     Raises:
-        HTTPException: 422 for what the methods refuse.
+        HTTPException: 422 for weights that are not finite, or what the methods refuse.
     """
     from dataclasses import replace
 
     from attnkit.viz.viewer.adapters import mode_sections
 
+    data = _viewer_data(s.model, run, s.name, admitted.text, request.level)
+    if not request.modes:
+        return data
     try:
         own = data.sections["self"]
         extra = mode_sections(
-            model, admitted.text, request.modes, layers=own.layers, heads=own.heads, level=request.level
+            s.model, admitted.text, request.modes, layers=own.layers, heads=own.heads, level=request.level
         )
     except ValueError as err:
         raise _error(422, str(err)) from None
@@ -696,6 +706,7 @@ async def _run_encoder_decoder(request: AttentionRequest, s: ServedModel, limits
         HTTPException: 422 naming what is wrong and, for too many weights, what would fit.
     """
     model: Any = s.model  # an encoder-decoder attnkit.models.Model, beyond the protocol: run_encoder_decoder
+    _refuse_modes(request, s)
     _check_text(request.text, limits)
     target = request.decoder_text if request.decoder_text is not None and request.decoder_text.strip() else None
     if target is not None:
