@@ -102,7 +102,7 @@ _DOCUMENTED_CACHE = "/root/.cache/attnkit"
 
 
 def _cache_placeholder(line: str) -> str:
-    from attnkit.models.registry import home
+    from attnkit.models.checkpoints.registry import home
 
     return line.replace(str(home()), "CACHE").replace(_DOCUMENTED_CACHE, "CACHE")
 

@@ -51,7 +51,7 @@ def write_tiny_chat_model(cache: Path) -> None:
     import torch
     import transformers
 
-    from tests.models.crafted import byte_level_tokenizer_json
+    from tests.fixtures.crafted import byte_level_tokenizer_json
 
     repo = cache / ("models--" + HUB_NAME.replace("/", "--"))
     (repo / "refs").mkdir(parents=True)

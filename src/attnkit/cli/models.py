@@ -11,7 +11,7 @@ _ALL = "all"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from attnkit.models.registry import MODELS
+    from attnkit.models.checkpoints.registry import MODELS
 
     parser = subparsers.add_parser(
         "models",
@@ -60,7 +60,7 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 def run_fetch(args: argparse.Namespace) -> int:
     from attnkit.models import FetchError, fetch, home
-    from attnkit.models.registry import MANIFEST, MODELS
+    from attnkit.models.checkpoints.registry import MANIFEST, MODELS
 
     names = list(MODELS) if args.name == _ALL else [args.name]
     for name in names:
@@ -76,7 +76,7 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     from attnkit.models import available, home
-    from attnkit.models.registry import MODELS
+    from attnkit.models.checkpoints.registry import MODELS
 
     infos = available()
     if not infos:
@@ -93,7 +93,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_families(args: argparse.Namespace) -> int:
-    from attnkit.models.family_table import families_table
+    from attnkit.models.families.table import families_table
 
     rows = families_table()
     width = max(len(model_type) for model_type, _, _ in [("model_type", "", ""), *rows])

@@ -5,10 +5,10 @@ Which thing a string names, in this order (the first that applies wins):
 
 1. a model attnkit fetches by name (``"smollm2"``, ``"minilm"``), from attnkit's cache;
 2. an existing folder (``./TinyLlama/TinyLlama-1.1B-Chat-v1.0`` on disk is that folder);
-3. a Hugging Face name ``ORG/NAME`` (:mod:`attnkit.models.hub`): the snapshot folder in the
+3. a Hugging Face name ``ORG/NAME`` (:mod:`attnkit.models.checkpoints.hub`): the snapshot folder in the
    Hugging Face cache, downloaded first when online and missing.
 
-Whichever it is, the folder then goes through the same checks (:mod:`attnkit.models.checkpoint`).
+Whichever it is, the folder then goes through the same checks (:mod:`attnkit.models.checkpoints`).
 """
 
 from __future__ import annotations
@@ -23,26 +23,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnkit.models.checkpoint import (
-    CheckpointError,
-    buffer_bytes,
-    check_weight_map,
-    load_tensors,
-    materialize_buffers,
-    read_config,
-    read_headers,
-    read_manifest,
-    resolve,
-    verify_manifest,
-    weight_files,
-)
-from attnkit.models.family import ModelFamily
-from attnkit.models.family_table import FAMILIES, unsupported_model_type
-from attnkit.models.hub import is_hub_name, snapshot
-from attnkit.models.memory import check_fits, weight_bytes
+from attnkit.models.checkpoints.errors import CheckpointError
+from attnkit.models.checkpoints.files import read_config, resolve, weight_files
+from attnkit.models.checkpoints.hub import is_hub_name, snapshot
+from attnkit.models.checkpoints.manifest import read_manifest, verify_manifest
+from attnkit.models.checkpoints.memory import check_fits, weight_bytes
+from attnkit.models.checkpoints.registry import MODELS
+from attnkit.models.checkpoints.tokenizer import Tokenizer
+from attnkit.models.checkpoints.weights import check_weight_map, load_tensors, read_headers
+from attnkit.models.families.family import ModelFamily
+from attnkit.models.families.meta_device import buffer_bytes, materialize_buffers
+from attnkit.models.families.table import FAMILIES, unsupported_model_type
 from attnkit.models.model import Model
-from attnkit.models.registry import MODELS
-from attnkit.models.tokenizer import Tokenizer
 
 # The dtypes ``load(dtype=...)`` and ``--dtype`` take by name.
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -64,7 +56,7 @@ def locate(name_or_path: str | os.PathLike[str], revision: str | None = None) ->
         ModelNotFound: a fetched model's name not fetched yet, or a string that is none of
             the three.
         HubError: a Hugging Face name that cannot be opened (see
-            :func:`attnkit.models.hub.snapshot`).
+            :func:`attnkit.models.checkpoints.hub.snapshot`).
         ValueError: a revision given with a fetched name or a folder.
     """
     key = str(name_or_path)
@@ -111,11 +103,11 @@ def load(
     (``ORG/NAME``) onto attnkit modules.
 
     The folder must hold ``config.json`` (a ``model_type`` of
-    :data:`attnkit.models.family_table.FAMILIES`), safetensors weights (sharded too, with
+    :data:`attnkit.models.families.table.FAMILIES`), safetensors weights (sharded too, with
     ``model.safetensors.index.json``) and ``tokenizer.json``. Each safetensors header is checked against
     its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
     fetch time. The weights' size in ``dtype`` is compared with the memory free on
-    ``device`` (:mod:`attnkit.models.memory`) before any is read. Weights are
+    ``device`` (:mod:`attnkit.models.checkpoints.memory`) before any is read. Weights are
     memory-mapped and become the parameters without copies or random initialisation.
 
     Args:
@@ -139,7 +131,7 @@ def load(
             a token, unknown, or without safetensors weights.
         CheckpointError: a corrupt, truncated, crafted or unsupported checkpoint (a
             ``ValueError`` whose message names the file and the field at fault): sizes in
-            ``config.json`` beyond :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, weights
+            ``config.json`` beyond :data:`attnkit.models.checkpoints.config_reader.CONFIG_LIMITS`, weights
             that do not fit the configuration, a tokenizer with an id beyond the embedding's
             rows: all checked before any module is built; weights that are not finite.
         MemoryEstimateError: weights larger than the memory free on ``device``.

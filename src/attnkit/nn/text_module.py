@@ -1,6 +1,6 @@
 """What every network that reads one text's token ids offers: :class:`TextModule`, the
 interface :class:`attnkit.nn.DecoderLM`, :class:`attnkit.nn.EncoderDecoderLM` and BERT's
-encoder (:class:`attnkit.models.bert.BertModel`) share, which :class:`attnkit.models.Model`
+encoder (:class:`attnkit.models.families.bert.BertModel`) share, which :class:`attnkit.models.Model`
 calls whatever the family.
 
 Shape letters: ``b`` batch, ``s`` number of tokens, ``e`` model dim, ``v`` vocabulary size.

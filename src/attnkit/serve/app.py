@@ -44,7 +44,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
 from attnkit import __version__
 from attnkit.functional.finite import check_finite
 from attnkit.functional.indices import select_indices
-from attnkit.models.hub import is_hub_name
+from attnkit.models.checkpoints.hub import is_hub_name
 from attnkit.models.protocol import InspectableModel
 from attnkit.serve.batching import Batcher, Job, QueueFull
 from attnkit.serve.long_context import add_long_context_routes

@@ -354,7 +354,7 @@ def write_encoder_decoder_viewer(model: Any, run: Any, out: Path, *, level: str 
 
     Args:
         model: the encoder–decoder :class:`attnkit.models.Model`.
-        run: its :class:`attnkit.models.encoder_decoder.EncoderDecoderRun`.
+        run: its :class:`attnkit.models.model.encoder_decoder.EncoderDecoderRun`.
         out: the folder to write to.
         level: ``"token"``, or ``"word"`` for the attention between words on both sides.
 
