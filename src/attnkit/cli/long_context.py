@@ -23,6 +23,7 @@ from attnkit.cli.common import (
     prepare_out,
     print_written,
 )
+from attnkit.cli.long_text import check_long_text, long_token_ids
 from attnkit.viz.terminal import counted
 
 # Statistics of `attnkit heads` that come from the long-context summaries.
@@ -62,7 +63,12 @@ def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> Non
         "--sink-tokens", type=int, default=1, metavar="N", help="first tokens counted as the sink (default: 1)"
     )
     if inspect:
-        group.add_argument("--file", metavar="FILE", help="read the text from FILE (UTF-8) instead of TEXT")
+        group.add_argument(
+            "--file",
+            metavar="FILE",
+            help="read the text from FILE (a regular file, UTF-8) instead of TEXT; only its start is read, as "
+            "far as the tokens the run can take",
+        )
         group.add_argument("--max-tokens", type=int, metavar="N", help="keep the first N tokens of the text")
     else:
         group.add_argument(
@@ -87,39 +93,6 @@ def _check_long_options(args: argparse.Namespace) -> None:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
 
 
-def read_long_text(args: argparse.Namespace) -> str:
-    """TEXT, or the contents of ``--file``.
-
-    Raises:
-        CommandError: an unreadable file or an empty text.
-    """
-    if args.file is None:
-        text = str(args.text)
-    else:
-        try:
-            text = Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise CommandError(f"cannot read --file {args.file}: {getattr(err, 'strerror', None) or err}") from None
-    if not text.strip():
-        raise CommandError("the text is empty")
-    return text
-
-
-def _tokenized(model: Any, text: str, max_tokens: int | None) -> tuple[Any, list[str], list[tuple[int, int]]]:
-    """The ids ``[s]``, token strings and character spans of ``text`` (its first
-    ``max_tokens``), checked against the model's context."""
-    encoded = model.tokenizer.encode(text)
-    ids, tokens, offsets = encoded.ids[0], encoded.tokens, encoded.offsets
-    if max_tokens is not None:
-        ids, tokens, offsets = ids[:max_tokens], tokens[:max_tokens], offsets[:max_tokens]
-    if ids.numel() > model.max_length:
-        raise CommandError(
-            f"the text has {ids.numel()} tokens, more than {model.name}'s {model.max_length}; "
-            "keep fewer with --max-tokens"
-        )
-    return ids, tokens, offsets
-
-
 def run_inspect_long(
     args: argparse.Namespace, choose: Callable[[Any], tuple[list[int] | None, list[int] | None]]
 ) -> int:
@@ -136,18 +109,19 @@ def run_inspect_long(
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
     formats = parse_formats(args.format, LONG_FORMATS)
-    text = read_long_text(args)
+    check_long_text(args.text, args.file)
     status = Status(args.quiet)
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
-    ids, raw_tokens, offsets = _tokenized(model, text, args.max_tokens)
+    ids = long_token_ids(model, args.text, args.file, args.max_tokens)
     layers, heads = choose(model)
     s = ids.numel()
     block = max(1, math.ceil(s / MAP_SIDE))
     chosen = layers or list(range(model.num_layers))
     from attnkit.inspect.maps import sequence_labels
 
-    tokens = sequence_labels(model, raw_tokens, ids, offsets, text, level=args.level)
+    _, raw_tokens, _ = model.prepare_input(ids)
+    tokens = sequence_labels(model, raw_tokens, ids, None, None, level=args.level)
     if "html" in formats:
         _check_page_size(args, model, tokens, len(chosen) * len(heads or range(model.num_heads)), block)
     with command_errors(f"cannot write to --out {args.out}"):
@@ -303,7 +277,7 @@ def run_heads_long(args: argparse.Namespace, read_texts: Callable[[str | None, s
             from attnkit.inspect.long_context import long_context_summaries
 
             text = "\n".join(read_texts(args.text, args.file))
-            ids = _tokenized(model, text, None)[0]
+            ids = long_token_ids(model, text, None, None)
             with status.step(f"summarising every head of {model.name} over {counted(ids.numel(), 'token')}"):
                 run = long_context_summaries(
                     model,

@@ -284,6 +284,7 @@ def summarize_layer(
     map_block: int | None = None,
     block_budget: int = DEFAULT_BLOCK_BUDGET,
     statistics: Collection[str] = STATISTICS,
+    stop: Callable[[], bool] | None = None,
 ) -> LayerSummary:
     """Summarise one layer's attention from its queries and keys, never holding ``[s, s]``.
 
@@ -307,11 +308,14 @@ def summarize_layer(
         statistics: which of ``"sink"``, ``"distance"`` (mean and quantiles),
             ``"window"``, ``"entropy"`` and ``"top"`` (the top keys) to compute; the
             others are ``None`` (no top keys: ``k`` = 0).
+        stop: asked before every block; when it returns ``True`` the summary ends with
+            :class:`attnkit.models.RunStopped`.
 
     Returns:
         A :class:`LayerSummary` (statistics in float64 whatever the dtype of ``q``).
 
     Raises:
+        RunStopped: ``stop()`` returned ``True``.
         ValueError: shapes that do not fit, heads or rows out of range, a size below 1, an
             unknown statistic.
     """
@@ -329,7 +333,7 @@ def summarize_layer(
     lowest, highest = scoring.distance_range()
     blocks = [
         (done, r0, m, *scoring.key_range(r0, r0 + m, s))
-        for done, r0, m in row_blocks(row_t, _block_rows(len(head_list), s, block_budget, map_block))
+        for done, r0, m in row_blocks(row_t, _block_rows(len(head_list), s, block_budget))
     ]
     scorer = BlockScorer(
         q.index_select(0, torch.tensor(head_list, device=q.device)) * scoring.query_factor,  # [n_h, s, d]
@@ -346,6 +350,7 @@ def summarize_layer(
         max_keys=max(k1 - k0 for _, _, _, k0, k1 in blocks),
     )
     for done, r0, m, k0, k1 in blocks:
+        _check_stop(stop)
         block = scorer.block(r0, m, k0, k1, keep_weights=block_max is not None)
         _store_block(summary, slice(done, done + m), block)
         if block_max is not None and block_sum is not None and map_block is not None and block.weights is not None:
@@ -437,14 +442,12 @@ def _chosen_heads_and_rows(
     return head_list, row_t
 
 
-def _block_rows(n_h: int, s: int, block_budget: int, map_block: int | None) -> int:
+def _block_rows(n_h: int, s: int, block_budget: int) -> int:
     """Query rows per block: as many as ``block_budget`` scores allow for ``n_h`` heads over
-    ``s`` keys, at most :data:`MAX_BLOCK_ROWS`, a multiple of ``map_block`` when given."""
+    ``s`` keys, at most :data:`MAX_BLOCK_ROWS` (whatever the map's block: rows fold into its
+    cells wherever they start)."""
     # Short blocks follow the causal triangle closely (a block computes keys up to its last row).
-    block_rows = max(1, min(MAX_BLOCK_ROWS, block_budget // (n_h * s)))
-    if map_block is not None:
-        block_rows = max(map_block, block_rows // map_block * map_block)
-    return block_rows
+    return max(1, min(MAX_BLOCK_ROWS, block_budget // (n_h * s)))
 
 
 def _empty_summary(
@@ -503,21 +506,32 @@ def _store_block(summary: LayerSummary, out: slice, block: BlockStatistics) -> N
 
 
 def _reduce_blocks(w: Tensor, r0: int, k0: int, b: int, block_max: Tensor, block_sum: Tensor) -> None:
-    """Fold weights ``[n_h, m, l]`` of rows ``r0 ..`` (a multiple of ``b``) and keys
-    ``k0 ..`` into the ``b × b`` block maxima and sums."""
-    n_h, m, n_keys = w.shape
-    pad_left = k0 % b  # align keys on block boundaries
-    cols = pad_left + n_keys
-    pad_right = -cols % b
-    pad_rows = -m % b
-    padded = torch.nn.functional.pad(w, (pad_left, pad_right, 0, pad_rows))  # [n_h, m', l']
-    tiles = padded.reshape(n_h, padded.shape[1] // b, b, padded.shape[2] // b, b)
+    """Fold weights ``[n_h, m, l]`` of rows ``r0 ..`` and keys ``k0 ..`` into the ``b × b``
+    block maxima and sums, each row and key into the cell it falls in: nothing larger than
+    the weights and the cells they touch is made, whatever ``b``."""
+    key_max = _fold_cells(w, k0, b, lambda x: x.amax(-1))  # [n_h, m, nj]
+    key_sum = _fold_cells(w, k0, b, lambda x: x.sum(-1, dtype=torch.float64))  # [n_h, m, nj]
+    cell_max = _fold_cells(key_max.transpose(1, 2), r0, b, lambda x: x.amax(-1)).transpose(1, 2)  # [n_h, ni, nj]
+    cell_sum = _fold_cells(key_sum.transpose(1, 2), r0, b, lambda x: x.sum(-1)).transpose(1, 2)  # [n_h, ni, nj]
     i0, j0 = r0 // b, k0 // b
-    ni, nj = tiles.shape[1], tiles.shape[3]
-    block_max[:, i0 : i0 + ni, j0 : j0 + nj] = torch.maximum(
-        block_max[:, i0 : i0 + ni, j0 : j0 + nj], tiles.amax(dim=(2, 4))
-    )
-    block_sum[:, i0 : i0 + ni, j0 : j0 + nj] += tiles.to(torch.float64).sum(dim=(2, 4))
+    cells = (slice(None), slice(i0, i0 + cell_max.shape[1]), slice(j0, j0 + cell_max.shape[2]))
+    block_max[cells] = torch.maximum(block_max[cells], cell_max)
+    block_sum[cells] += cell_sum
+
+
+def _fold_cells(x: Tensor, start: int, b: int, reduce: Callable[[Tensor], Tensor]) -> Tensor:
+    """``reduce`` (over the last dimension) of each cell of ``b`` positions along the last
+    dimension of ``x [..., n]``, whose first position is ``start``: ``[..., cells]``, the
+    first and last cells cut where ``x`` begins and ends (no padding)."""
+    n = x.shape[-1]
+    first = min(n, -start % b)  # positions before the first cell boundary
+    whole = (n - first) // b * b
+    parts = [
+        reduce(x[..., a:z].unflatten(-1, (-1, size)))
+        for a, z, size in ((0, first, first), (first, first + whole, b), (first + whole, n, n - first - whole))
+        if z > a
+    ]
+    return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
 
 
 def _block_sizes(s: int, b: int, device: torch.device) -> Tensor:
@@ -612,12 +626,13 @@ def long_context_summaries(
     statistics: Collection[str] = STATISTICS,
     local_statistics: Collection[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> LongContextRun:
     """Per-head summaries of a real model's attention over a long text, in bounded memory.
 
     One forward pass on the fused kernels (no layer forms its weights); each chosen layer's
     queries and keys are summarised by :func:`summarize_layer` as the pass reaches it, and
-    dropped.
+    dropped. Without ``logits_at`` the pass ends after the last chosen layer.
 
     Args:
         model: an :class:`attnkit.models.Model` of a decoder or encoder family.
@@ -632,11 +647,15 @@ def long_context_summaries(
         keep_qk: keep each chosen layer's queries and keys in the result (``2 · s · h · d``
             floats per layer) for :func:`exact_block`.
         progress: called with ``(layers done, layers chosen)`` after each layer.
+        stop: asked before every layer and every block of query rows; when it returns
+            ``True`` the run ends with :class:`attnkit.models.RunStopped` (a server stops
+            the work of a client that has gone).
 
     Returns:
         A :class:`LongContextRun`.
 
     Raises:
+        RunStopped: ``stop()`` returned ``True``.
         ValueError: an encoder–decoder, a layer the summaries cannot reproduce exactly
             (:func:`layer_scoring`), or arguments out of range.
     """
@@ -655,51 +674,119 @@ def long_context_summaries(
         i: layer_scoring(model.module.self_attention(i), causal=model.causal, where=f"{model.name} layer {i}")
         for i in chosen
     }
-    summaries: dict[int, LayerSummary] = {}
-    kept: dict[int, tuple[Tensor, Tensor]] = {}
-    queries: dict[int, Tensor] = {}
 
-    def take_q(layer: int) -> Callable[[Tensor], None]:
-        def hook(q: Tensor) -> None:
-            queries[layer] = q.detach()[0]  # [h, s, d]
+    def summarise(layer: int, q: Tensor, k: Tensor) -> LayerSummary:
+        return summarize_layer(
+            q,
+            k,
+            scorings[layer],
+            layer=layer,
+            heads=heads,
+            rows=rows,
+            top_k=top_k,
+            sink_tokens=sink_tokens,
+            window=window,
+            map_block=map_block,
+            block_budget=block_budget,
+            statistics=wanted if scorings[layer].window is None else local_wanted,
+            stop=stop,
+        )
 
-        return hook
-
-    def take_k(layer: int) -> Callable[[Tensor], None]:
-        def hook(k: Tensor) -> None:
-            q = queries.pop(layer)
-            k = k.detach()[0]  # [h_kv, s, d]
-            summaries[layer] = summarize_layer(
-                q,
-                k,
-                scorings[layer],
-                layer=layer,
-                heads=heads,
-                rows=rows,
-                top_k=top_k,
-                sink_tokens=sink_tokens,
-                window=window,
-                map_block=map_block,
-                block_budget=block_budget,
-                statistics=wanted if scorings[layer].window is None else local_wanted,
-            )
-            if keep_qk:
-                kept[layer] = (q, k)
-            if progress is not None:
-                progress(len(summaries), len(chosen))
-
-        return hook
-
-    hooks: dict[str, Callable[[Tensor], None]] = {}
-    for i in chosen:
-        hooks[model.hook_name("self_attn.q", i)] = take_q(i)
-        hooks[model.hook_name("self_attn.k", i)] = take_k(i)
-    with model.hooks(hooks):
-        run = model.run(ids, return_weights=False, logits=False)
-    logits = _next_token_logits(model, run.last_hidden_state, positions) if positions else None
-    return LongContextRun(
-        ids=ids[0], summaries=summaries, logits=logits, logits_at=positions, scorings=scorings, kept_qk=kept
+    pass_ = _SummarisingPass(
+        chosen, summarise, keep_qk=keep_qk, progress=progress, stop=stop, through_last_layer=bool(positions)
     )
+    hidden = pass_.run(model, ids)
+    logits = _next_token_logits(model, hidden, positions) if hidden is not None else None
+    return LongContextRun(
+        ids=ids[0],
+        summaries=pass_.summaries,
+        logits=logits,
+        logits_at=positions,
+        scorings=scorings,
+        kept_qk=pass_.kept,
+    )
+
+
+class _Summarised(Exception):
+    """Every chosen layer is summarised and nothing after them is wanted: the pass ends."""
+
+
+class _SummarisingPass:
+    """One forward pass that summarises each chosen layer from its ``q`` and ``k`` hook
+    points as the pass reaches it.
+
+    Args:
+        chosen: the layers to summarise, sorted.
+        summarise: ``(layer, q [h, s, d], k [h_kv, s, d]) -> LayerSummary``.
+        keep_qk, progress, stop: as :func:`long_context_summaries`.
+        through_last_layer: run every layer (for logits); else the pass ends after the last
+            chosen layer.
+    """
+
+    def __init__(
+        self,
+        chosen: list[int],
+        summarise: Callable[[int, Tensor, Tensor], LayerSummary],
+        *,
+        keep_qk: bool,
+        progress: Callable[[int, int], None] | None,
+        stop: Callable[[], bool] | None,
+        through_last_layer: bool,
+    ) -> None:
+        self.chosen, self.summarise = chosen, summarise
+        self.keep_qk, self.progress, self.stop = keep_qk, progress, stop
+        self.through_last_layer = through_last_layer
+        self.summaries: dict[int, LayerSummary] = {}
+        self.kept: dict[int, tuple[Tensor, Tensor]] = {}
+        self._queries: dict[int, Tensor] = {}
+
+    def run(self, model: Model, ids: Tensor) -> Tensor | None:
+        """Run the pass on ``ids [1, s]``: its last hidden states ``[1, s, e]``, or ``None``
+        when it ended after the last chosen layer.
+
+        Raises:
+            RunStopped: ``stop()`` turned true (asked before every layer and every block).
+        """
+        # Every layer's q asks stop(), so that a stopped pass ends at the next layer.
+        asked = range(model.num_layers) if self.stop is not None else self.chosen
+        hooks: dict[str, Callable[[Tensor], None]] = {model.hook_name("self_attn.q", i): self._take_q(i) for i in asked}
+        hooks.update({model.hook_name("self_attn.k", i): self._take_k(i) for i in self.chosen})
+        try:
+            with model.hooks(hooks):
+                run = model.run(ids, return_weights=False, logits=False)
+        except _Summarised:
+            return None
+        return run.last_hidden_state
+
+    def _take_q(self, layer: int) -> Callable[[Tensor], None]:
+        def hook(q: Tensor) -> None:
+            _check_stop(self.stop)
+            if layer in self.chosen:
+                self._queries[layer] = q.detach()[0]  # [h, s, d]
+
+        return hook
+
+    def _take_k(self, layer: int) -> Callable[[Tensor], None]:
+        def hook(k: Tensor) -> None:
+            q = self._queries.pop(layer)
+            k = k.detach()[0]  # [h_kv, s, d]
+            self.summaries[layer] = self.summarise(layer, q, k)
+            if self.keep_qk:
+                self.kept[layer] = (q, k)
+            if self.progress is not None:
+                self.progress(len(self.summaries), len(self.chosen))
+            if len(self.summaries) == len(self.chosen) and not self.through_last_layer:
+                raise _Summarised
+
+        return hook
+
+
+def _check_stop(stop: Callable[[], bool] | None) -> None:
+    """Raise :class:`attnkit.models.RunStopped` when ``stop()`` is true."""
+    if stop is not None and stop():
+        from attnkit.models import RunStopped
+
+        raise RunStopped("the long-context summaries were stopped")
 
 
 def _positions(logits_at: Sequence[int], s: int) -> list[int]:
