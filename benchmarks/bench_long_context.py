@@ -32,10 +32,15 @@ On a GPU: ``--device cuda`` runs a random checkpoint of TinyLlama-1.1B's shape
 at 2,048 to 131,072 tokens. Memory is then the most PyTorch's allocator handed out beyond
 the loaded weights (``torch.cuda.max_memory_allocated``), time the wall time between two
 synchronisations; the results (``bench_long_context_cuda_SHAPE.*``) name the card. ``--only``
-picks modes and ``--lengths`` lengths, each run adding its cells to the earlier ones of the
-same shape and card, so that a short loan of a GPU can measure a part.
-``--quick --device cpu`` is a dry run of that code on the CPU: a tiny random shape at 64
-and 128 tokens.
+picks modes (``--only forward,summaries``) and ``--lengths`` lengths, each run adding its
+cells to the earlier ones of the same shape and card, so that a short loan of a GPU can
+measure a part. ``--quick --device cpu`` is a dry run of that code on the CPU: a tiny random
+shape at 64 and 128 tokens.
+
+``--only statistics`` measures instead every head's statistics of every layer against a plain
+forward on a checkpoint of Llama-3-8B's shape, on ``--device`` (CUDA: the fused Triton kernel),
+at 32K and 128K tokens by default (``benchmarks/long_context_statistics.py``):
+``python benchmarks/bench_long_context.py --only statistics --device cuda --check``.
 """
 
 from __future__ import annotations
@@ -75,20 +80,26 @@ def arguments() -> argparse.ArgumentParser:
         "--lengths",
         default=None,
         help=f"tokens, comma-separated (default {','.join(map(str, LENGTHS))}; with --device cuda "
-        f"{','.join(map(str, DEVICE_LENGTHS))})",
+        f"{','.join(map(str, DEVICE_LENGTHS))}; with --only statistics 32768,131072)",
     )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument(
         "--shape",
         choices=sorted(SHAPES),
         default=None,
-        help="a random checkpoint of this shape instead of --model (default with --device cuda: tinyllama)",
+        help="a random checkpoint of this shape instead of --model (default on a GPU: tinyllama; with --only "
+        "statistics: llama3-8b)",
     )
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="(default: bfloat16 on cuda)")
-    parser.add_argument("--only", default=None, metavar="MODES", help=f"comma-separated, of {','.join(MODES)}")
-    parser.add_argument("--quick", action="store_true", help="a dry run: the quick random shape at 64 and 128 tokens")
-    parser.add_argument("--cache", type=Path, default=None, help="folder of the random checkpoints")
-    parser.add_argument("--out", type=Path, default=None, help="write the results here instead of benchmarks/results/")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="(default: bfloat16 on a GPU)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="MODES",
+        help=f"the modes to run, comma-separated, of {','.join(MODES)}; or statistics (below)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a dry run: the tiny random shape at 64 and 128 tokens")
+    parser.add_argument("--cache", type=Path, default=None, help="folder of the random checkpoints of the modes")
+    parser.add_argument("--out", metavar="DIR", help="write the results here instead of benchmarks/results")
     parser.add_argument(
         "--recipe-budget",
         type=float,
@@ -98,6 +109,14 @@ def arguments() -> argparse.ArgumentParser:
     )
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="children run at once (default: 1)")
     parser.add_argument("--cell", nargs=3, metavar=("MODEL", "MODE", "TOKENS"), help=argparse.SUPPRESS)
+    statistics = parser.add_argument_group(
+        "--only statistics", "every head's statistics against a plain forward on a random checkpoint"
+    )
+    statistics.add_argument(
+        "--checkpoint", metavar="DIR", help="where the checkpoint is written once (default: a temp dir)"
+    )
+    statistics.add_argument("--check", action="store_true", help="first compare the kernel with float64 on the device")
+    statistics.add_argument("--sweep", action="store_true", help="also time one layer under a few launch settings")
     return parser
 
 
@@ -269,12 +288,20 @@ def main(argv: list[str] | None = None) -> None:
         name, mode, tokens = args.cell
         print(json.dumps(run_cell(name, mode, int(tokens), device=args.device, dtype=args.dtype)))
         return
+    if args.only == "statistics":
+        from benchmarks import long_context_statistics
+
+        args.shape = args.shape or "llama3-8b"
+        if args.shape not in long_context_statistics.SHAPES:
+            parser.error(f"--only statistics takes --shape {' or '.join(long_context_statistics.SHAPES)}")
+        long_context_statistics.run(args)
+        return
     defaults = QUICK_LENGTHS if args.quick else LENGTHS if args.device == "cpu" else DEVICE_LENGTHS
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else list(defaults)
     modes = MODES if args.only is None else tuple(args.only.split(","))
     if any(mode not in MODES for mode in modes):
         parser.error(f"--only takes modes of {', '.join(MODES)}, got {args.only!r}")
-    shape = args.shape or ("quick" if args.quick else "tinyllama" if args.device != "cpu" else None)
+    shape = args.shape or ("tiny" if args.quick else "tinyllama" if args.device != "cpu" else None)
     dtype = args.dtype or ("bfloat16" if args.device != "cpu" else None)
     from attnkit import models
 
@@ -282,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     if shape is not None:
         cache = args.cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit-benchmarks"
         folder = write_checkpoint(cache, SHAPES[shape], dtype or "float32", tokens=max(lengths), device=args.device)
-        name, label, results = str(folder), shape, f"bench_long_context_{args.device}_{shape}"
+        name, label, results = str(folder), shape, f"bench_long_context_{args.device.split(':')[0]}_{shape}"
     else:
         name = label = args.model or default_model()
         results = "bench_long_context"
@@ -323,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.common import device_name
 
         card = device_name(args.device)
-    folder_out = args.out if args.out is not None else RESULTS
+    folder_out = Path(args.out) if args.out is not None else RESULTS
     rows = merged(earlier_rows(folder_out / f"{results}.json", label, card), rows)
     markdown = report(label, rows, card)
     print(markdown)
@@ -331,9 +358,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is None:
         write_results(results, data, markdown, update_docs=args.update_docs)
     else:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{results}.json").write_text(json.dumps(data, indent=2) + "\n")
-        (args.out / f"{results}.md").write_text(markdown.strip() + "\n")
+        folder_out.mkdir(parents=True, exist_ok=True)
+        (folder_out / f"{results}.json").write_text(json.dumps(data, indent=2) + "\n")
+        (folder_out / f"{results}.md").write_text(markdown.strip() + "\n")
 
 
 if __name__ == "__main__":

@@ -105,9 +105,9 @@ def arguments() -> argparse.ArgumentParser:
         "--shape",
         choices=sorted(SHAPES),
         default=None,
-        help="the model's shape (default tinyllama; quick with --quick); --layers and the others below change it",
+        help="the model's shape (default tinyllama; tiny with --quick); --layers and the others below change it",
     )
-    parser.add_argument("--quick", action="store_true", help="a dry run: the quick shape at 7 and 64 tokens")
+    parser.add_argument("--quick", action="store_true", help="a dry run: the tiny shape at 7 and 64 tokens")
     parser.add_argument(
         "--only",
         default=None,
@@ -170,7 +170,7 @@ def _row_slice(spec: str | None) -> slice | None:
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     mode = "quick" if args.quick else args.device
-    shape = SHAPES[args.shape or ("quick" if args.quick else "tinyllama")]
+    shape = SHAPES[args.shape or ("tiny" if args.quick else "tinyllama")]
     for key, value in shape.items():
         if getattr(args, key) is None:
             setattr(args, key, value)

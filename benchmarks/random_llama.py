@@ -18,7 +18,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "tinyllama": {"layers": 22, "hidden": 2048, "heads": 32, "kv_heads": 4, "ffn": 5632, "vocab": 32000},
     "llama3-8b": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 128256},
     # A dry run's: seconds on a CPU.
-    "quick": {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 300},
+    "tiny": {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 300},
 }
 # The context every checkpoint is written with, at least: longer texts get their own folder.
 BASE_CONTEXT = 2048

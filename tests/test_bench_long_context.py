@@ -18,12 +18,12 @@ def test_a_dry_run_in_two_parts_joins_one_table(tmp_path):
     common = ["--quick", "--device", "cpu", "--cache", str(cache), "--out", str(out)]
     bench.main([*common, "--only", "forward,recipe"])
     bench.main([*common, "--only", "summaries", "--lengths", "64"])
-    data = json.loads((out / "bench_long_context_cpu_quick.json").read_text())
-    assert data["model"] == "quick" and [row["tokens"] for row in data["rows"]] == [64, 128]
+    data = json.loads((out / "bench_long_context_cpu_tiny.json").read_text())
+    assert data["model"] == "tiny" and [row["tokens"] for row in data["rows"]] == [64, 128]
     short, longer = data["rows"]
     assert all(short[mode]["peak_growth_mib"] >= 0 for mode in bench.MODES)
     assert longer["summaries"] is None and longer["forward"] is not None and longer["recipe"] is not None
-    table = (out / "bench_long_context_cpu_quick.md").read_text()
+    table = (out / "bench_long_context_cpu_tiny.md").read_text()
     assert "| 128 | " in table and "| not run | – | – |" in table
 
 

@@ -89,9 +89,10 @@ def test_soft_capped_scores_in_float32_from_bfloat16_inputs():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 12, 8, generator=g).bfloat16()
     k = torch.randn(1, 2, 12, 8, generator=g).bfloat16()
-    # The product in bfloat16, as the attention call forms it; the rest in float32.
-    scores = ((q * 8**-0.5) @ k.repeat_interleave(2, dim=1).transpose(-1, -2)).double()
-    scores = 3.0 * torch.tanh(scores / 3.0)
+    # The product in bfloat16 as the soft-capped attention forms it (the queries scaled by
+    # scale / softcap first); the rest in float32.
+    scores = ((q * (8**-0.5 / 3.0)) @ k.repeat_interleave(2, dim=1).transpose(-1, -2)).double()
+    scores = 3.0 * torch.tanh(scores)
     scores = scores.masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), float("-inf"))
     want = torch.softmax(scores, dim=-1)
     got = weights_on_demand(q, k, heads=[3], rows=slice(4, 9), causal=True, softcap=3.0, dtype=torch.float32)

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from attnkit import models
-from attnkit.models.checkpoint import check_safetensors
+from attnkit.models.checkpoints.weights import check_safetensors
 from attnkit.nn import RotaryEmbedding
 
 SMALL_FILES = ("config.json", "tokenizer.json")
@@ -74,7 +74,7 @@ def test_loading_builds_the_module_once(minilm_path, monkeypatch):
     on the meta device, not one for the check and another for the weights."""
     import dataclasses
 
-    from attnkit.models.family_table import FAMILIES
+    from attnkit.models.families.table import FAMILIES
 
     family = FAMILIES["bert"]
     builds = []
@@ -90,7 +90,7 @@ def test_dtype_and_device_options(minilm_path, tmp_path):
     assert half.module.token_embedding.weight.dtype == torch.bfloat16
     run = half.run("low precision still runs", return_weights=[0])
     assert run.last_hidden_state.dtype == torch.float32 and run.attentions[0].dtype == torch.float32
-    with pytest.raises(TypeError, match="floating torch.dtype"):
+    with pytest.raises(TypeError, match="one of those torch dtypes, got torch.int8"):
         models.load(tmp_path / "m", dtype=torch.int8)
 
 
@@ -173,7 +173,7 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
 
 
 def test_llama_config_checks():
-    from attnkit.models.llama import read_config
+    from attnkit.models.families.llama import read_config
     from attnkit.nn.rope_scaling import Llama3RopeScaling
 
     base = {
@@ -225,7 +225,7 @@ def test_loading_imports_neither_the_compiler_nor_transformers_nor_matplotlib(sm
 
 
 def test_a_module_built_on_meta_computes_its_buffers_when_materialized():
-    from attnkit.models.checkpoint import build_without_weights, materialize_buffers
+    from attnkit.models.families.meta_device import build_without_weights, materialize_buffers
 
     built = build_without_weights(lambda: RotaryEmbedding(8, theta=100.0, max_positions=16))
     assert all(b.is_meta for b in built.buffers())

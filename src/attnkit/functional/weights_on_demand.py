@@ -146,10 +146,15 @@ def iter_weights_on_demand(
 
     def scores_for(r: Tensor, cols: Tensor) -> Tensor:
         q_r = q_heads.index_select(2, r)  # [b, n_h, n_r, d]
-        # The product in q's dtype, as the attention call forms it; the rest in `work`.
-        s = ((q_r * scale_f) @ k_heads.index_select(2, cols).transpose(-1, -2)).to(work)  # [b, n_h, n_r, n_c]
-        if softcap is not None:
-            s.div_(softcap).tanh_().mul_(softcap)
+        k_t = k_heads.index_select(2, cols).transpose(-1, -2)  # [b, n_h, d, n_c]
+        # The product in q's dtype, in the attention call's order (scaled after it; soft-capped
+        # scores scale the queries first); the rest in `work`.
+        if softcap is None:
+            s = (q_r @ k_t).to(work)  # [b, n_h, n_r, n_c]
+            if scale_f != 1.0:
+                s.mul_(scale_f)
+        else:
+            s = ((q_r * (scale_f / softcap)) @ k_t).to(work).tanh_().mul_(softcap)  # [b, n_h, n_r, n_c]
         if bias4 is not None:
             s.add_(_take(bias4, head_idx, r, cols))
         allowed = _allowed(mask_obj, dense, head_idx, r, cols, s_k - s_q)
@@ -165,9 +170,14 @@ def iter_weights_on_demand(
             s = scores_for(r, key_idx)
         else:
             s = scores_for(r, all_keys)  # [b, n_h, n_r, s_k]
+            if every_key:
+                # The row's softmax itself, as the attention call normalises it; a row that
+                # may attend to nothing (all -inf, NaN from softmax) is zeros.
+                w = torch.softmax(s, dim=-1)
+                yield r, w.masked_fill_(torch.isneginf(s).all(dim=-1, keepdim=True), 0.0)
+                continue
             lse_r = torch.logsumexp(s, dim=-1)
-            if not every_key:
-                s = s.index_select(3, key_idx)
+            s = s.index_select(3, key_idx)
         # Rows with nothing to attend to (log-sum-exp -inf) are zeros; scores that overflow
         # (+inf, NaN) stay not finite, as a softmax over them is.
         empty = torch.isneginf(lse_r).unsqueeze(-1)  # [b, n_h, n_r, 1]
