@@ -122,12 +122,7 @@ def iter_weights_on_demand(
     if q.ndim != 4 or k.ndim != 4:
         raise ValueError(f"q and k must be [b, h, s, d], got q {list(q.shape)} and k {list(k.shape)}")
     check_inputs(q, k, k)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap must be a positive number, got {softcap!r}")
-    if dtype is not None and not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    _check_options(chunk_size, softcap, dtype)
     work = q.dtype if dtype is None else dtype
     b, h, s_q, d = q.shape
     h_kv, s_k = k.shape[1], k.shape[2]
@@ -178,13 +173,26 @@ def iter_weights_on_demand(
                 continue
             lse_r = torch.logsumexp(s, dim=-1)
             s = s.index_select(3, key_idx)
-        # Rows with nothing to attend to (log-sum-exp -inf) are zeros; scores that overflow
-        # (+inf, NaN) stay not finite, as a softmax over them is.
-        empty = torch.isneginf(lse_r).unsqueeze(-1)  # [b, n_h, n_r, 1]
-        safe = lse_r.unsqueeze(-1).masked_fill(empty, 0.0)
-        # In place: the chunk's scores are this step's own tensor, and a chunk is the most
-        # memory a step holds.
-        yield r, torch.exp_(s.sub_(safe)).masked_fill_(empty, 0.0)
+        yield r, _normalized(s, lse_r)
+
+
+def _check_options(chunk_size: int, softcap: float | None, dtype: torch.dtype | None) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be a positive number, got {softcap!r}")
+    if dtype is not None and not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+
+
+def _normalized(s: Tensor, lse: Tensor) -> Tensor:
+    """``exp(s − lse)`` of scores ``[b, n_h, n_r, n_k]`` and their rows' log-sum-exp
+    ``[b, n_h, n_r]``, in place: the chunk's scores are the caller's own tensor, and a chunk
+    is the most memory a step holds. Rows with nothing to attend to (log-sum-exp -inf) are
+    zeros; scores that overflow (+inf, NaN) stay not finite, as a softmax over them is."""
+    empty = torch.isneginf(lse).unsqueeze(-1)  # [b, n_h, n_r, 1]
+    safe = lse.unsqueeze(-1).masked_fill(empty, 0.0)
+    return torch.exp_(s.sub_(safe)).masked_fill_(empty, 0.0)
 
 
 def _indices(index: Index, n: int, what: str, device: torch.device) -> Tensor:

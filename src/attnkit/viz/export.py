@@ -172,6 +172,16 @@ def write_json(data: dict[str, Any], path: Path) -> Path:
     return write_text_atomic(path, json.dumps(data, ensure_ascii=False) + "\n")
 
 
+def _map_stem(amap: AttentionMap) -> str:
+    """The files' name of a map without its suffix: model, attention kind, layer, heads
+    (:func:`heads_tag`), method, and the rows of a map of some rows (``_rows100-163``)."""
+    tag = heads_tag(amap.heads) if amap.heads else "all-heads"
+    kind = "" if amap.attention == "self" else f"_{amap.attention}"
+    stem = f"{file_stem(amap.model_name)}{kind}_layer{amap.layer}_{tag}"
+    stem += "" if amap.method == "raw" else f"_{amap.method}"
+    return stem if amap.rows is None else f"{stem}_rows{amap.rows.start}-{amap.rows.stop - 1}"
+
+
 def write_map(
     amap: AttentionMap, out: Path, formats: Collection[str], *, dpi: float | None = None, **figure: Any
 ) -> list[Path]:
@@ -198,13 +208,7 @@ def write_map(
             (before anything is written).
     """
     check_map_finite(amap)
-    tag = heads_tag(amap.heads) if amap.heads else "all-heads"
-    kind = "" if amap.attention == "self" else f"_{amap.attention}"
-    stem = f"{file_stem(amap.model_name)}{kind}_layer{amap.layer}_{tag}" + (
-        "" if amap.method == "raw" else f"_{amap.method}"
-    )
-    if amap.rows is not None:
-        stem += f"_rows{amap.rows.start}-{amap.rows.stop - 1}"
+    stem = _map_stem(amap)
     # A map of some rows greys what their queries cannot see from their own positions.
     rows_at = {} if amap.rows is None else {"first_query": amap.rows.start}
     # Word maps get their own names, next to the token maps of the same text.
