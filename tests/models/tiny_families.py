@@ -37,6 +37,24 @@ def _config(class_name: str, **fields: Any) -> Callable[[], Any]:
     return make
 
 
+# Multi-head latent attention with every size distinct, 8 routed experts (2 per token) and a
+# shared one, a dense first layer.
+_DEEPSEEK_SIZES = {
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 12,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1,
+}
+
+
 # case → (transformers config factory, write sharded safetensors)
 CASES: dict[str, tuple[Callable[[], Any], bool]] = {
     "gpt2": (_config("GPT2Config", vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64), False),
@@ -158,18 +176,103 @@ CASES: dict[str, tuple[Callable[[], Any], bool]] = {
     ),
 }
 
+# The mixture-of-experts and latent-attention families, apart from CASES: the analyses that
+# read dense weights (the lens's W_in, W_V) have no counterpart for them.
+MOE_CASES: dict[str, tuple[Callable[[], Any], bool]] = {
+    "mixtral": (
+        _config(
+            "MixtralConfig",
+            **_SIZES,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+        ),
+        False,
+    ),
+    "qwen2_moe": (
+        _config(
+            "Qwen2MoeConfig",
+            **_SIZES,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            mlp_only_layers=[1],
+        ),
+        False,
+    ),
+    "qwen3_moe": (
+        _config(
+            "Qwen3MoeConfig",
+            **_SIZES,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+        ),
+        False,
+    ),
+    "deepseek_v3": (
+        _config(
+            "DeepseekV3Config",
+            **_SIZES,
+            **_DEEPSEEK_SIZES,
+            q_lora_rank=24,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+        ),
+        True,
+    ),
+    "deepseek_v3_no_query_latent": (
+        _config(
+            "DeepseekV3Config",
+            **_SIZES,
+            **_DEEPSEEK_SIZES,
+            q_lora_rank=None,
+            rope_interleave=False,
+            n_group=1,
+            topk_group=1,
+        ),
+        False,
+    ),
+}
+
 
 def write_tiny_family(case: str, folder: Path) -> Path:
-    """Write the tiny random checkpoint of ``case`` (a key of :data:`CASES`) into
+    """Write the tiny random checkpoint of ``case`` (a key of :data:`CASES` or
+    :data:`MOE_CASES`) into
     ``folder``: ``config.json``, safetensors weights (several shards and an index for the
     sharded cases) and ``tokenizer.json``."""
     import transformers
 
-    make_config, sharded = CASES[case]
+    make_config, sharded = (CASES | MOE_CASES)[case]
     torch.manual_seed(0)
     config = make_config()
     model = transformers.AutoModelForCausalLM.from_config(config)
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            # DeepSeek's choice bias starts at zero: give it values that change the choice.
+            buffer.normal_(0.0, 0.3)
     model.save_pretrained(folder, max_shard_size="100KB" if sharded else "10GB")
     words = [f"w{i}" for i in range(VOCAB - 1)] + ["[UNK]"]
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(words)))
     return folder
+
+
+def family_of_case(case: str) -> str:
+    """The family a case's checkpoint loads as (cases named ``<family>_<variant>``)."""
+    for family in ("llama", "deepseek_v3"):
+        if case.startswith(f"{family}_"):
+            return family
+    return case

@@ -117,9 +117,12 @@ class Router(nn.Module):
             self.e_score_correction_bias = None
 
     def scores(self, x: Tensor) -> Tensor:
-        """The router scores of ``x [..., e]``: ``[..., n]`` float32."""
-        logits = F.linear(x.float(), self.weight.float())  # [..., n]
-        return logits.softmax(-1) if self.config.scoring == "softmax" else logits.sigmoid()
+        """The router scores of ``x [..., e]``: ``[..., n]`` float32. As the checkpoints
+        were trained: a softmax router's logits in the model's dtype (Mixtral, Qwen), a
+        sigmoid router's in float32 (DeepSeek-V3)."""
+        if self.config.scoring == "softmax":
+            return F.linear(x, self.weight).float().softmax(-1)  # [..., n]
+        return F.linear(x.float(), self.weight.float()).sigmoid()  # [..., n]
 
     def choose(self, scores: Tensor) -> tuple[Tensor, Tensor]:
         """The chosen experts of each token and their weights, from ``scores [..., n]``:
