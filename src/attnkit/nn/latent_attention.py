@@ -167,7 +167,8 @@ class MultiHeadLatentAttention(MultiHeadAttention):
         self.q_a_proj: nn.Linear | None = None
         self.q_a_norm: RMSNorm | None = None
         self.q_b_proj: nn.Linear | None = None
-        self.q_proj: nn.Linear | None = None
+        # One query projection only without a query latent (DeepSeek's name for it).
+        self.q_proj: nn.Linear | None = None  # type: ignore[assignment]
         if config.q_lora_rank is None:
             self.q_proj = nn.Linear(e, h * config.qk_head_dim, bias=False)
         else:

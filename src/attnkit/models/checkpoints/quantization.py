@@ -82,9 +82,7 @@ def dequantized_headers(
     if quantization is None:
         if quantized:
             key, (path, _, _) = next(iter(quantized.items()))
-            raise CheckpointError(
-                path, f"tensor {key!r} is fp8, but config.json has no quantization_config", field=key
-            )
+            raise CheckpointError(path, f"tensor {key!r} is fp8, but config.json has no quantization_config", field=key)
         return headers
     out = {key: entry for key, entry in headers.items() if key not in quantized and not key.endswith(SCALE_SUFFIX)}
     for key, (path, _, shape) in quantized.items():
