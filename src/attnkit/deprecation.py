@@ -136,7 +136,7 @@ class _MovedModuleLoader(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         warnings.warn(
-            f"{spec.name} is now {' and '.join(self.new)}; the old path goes in attnkit {self.removed_in}",
+            f"{spec.name} is now {_listed(self.new)}; the old path goes in attnkit {self.removed_in}",
             DeprecationWarning,
             stacklevel=2,  # the import statement: warnings skips the import system's frames
         )
@@ -170,3 +170,8 @@ def _merged_module(name: str, modules: list[types.ModuleType]) -> types.ModuleTy
     merged.__getattr__ = __getattr__  # type: ignore[method-assign]
     merged.__dir__ = __dir__  # type: ignore[method-assign]
     return merged
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from attnkit.cli import main
 from attnkit.serve import create_app
 from attnkit.viz.viewer import ViewerData, content_security_policy
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
 
 TEXT = "the cat sat on the mat because it was tired"
 LOCAL = "http://127.0.0.1:8000"

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from attnkit.cli.serve import allowed_hosts
 from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData, content_security_policy
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
 
 SECURITY = {
     "content-security-policy": content_security_policy(app=True) + "; frame-ancestors 'none'",

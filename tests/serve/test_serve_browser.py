@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData
 from tests.browser import Viewer, browser, page  # noqa: F401 (fixtures)
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
 
 TEXT = "the cat sat on the mat because it was tired"
 

@@ -12,8 +12,8 @@ from attnkit import models
 from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData
 from tests.browser import Viewer, browser, page  # noqa: F401 (fixtures)
-from tests.serve.seq2seq_model import write_seq2seq_folder
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
+from tests.fixtures.tiny_encoder_decoder import write_seq2seq_folder
 
 SOURCE = "3 0 5 1 2"
 TARGET = "2 1 5 0 3"

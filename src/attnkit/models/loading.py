@@ -31,9 +31,9 @@ from attnkit.models.checkpoints.memory import check_fits, weight_bytes
 from attnkit.models.checkpoints.quantization import FP8_DTYPES, dequantize, dequantized_headers, read_quantization
 from attnkit.models.checkpoints.registry import MODELS
 from attnkit.models.checkpoints.tokenizer import Tokenizer
-from attnkit.models.checkpoints.weights import load_tensors, read_headers
+from attnkit.models.checkpoints.weights import check_weight_map, load_tensors, read_headers
 from attnkit.models.families.family import ModelFamily
-from attnkit.models.families.meta_device import materialize_buffers
+from attnkit.models.families.meta_device import buffer_bytes, materialize_buffers
 from attnkit.models.families.table import FAMILIES, unsupported_model_type
 from attnkit.models.model import Model
 
@@ -74,7 +74,9 @@ def choose_dtype(dtype: torch.dtype | str, device: torch.device, hf_config: Mapp
     bfloat16 or float16) elsewhere.
 
     Raises:
-        TypeError: neither a floating ``torch.dtype`` nor one of ``auto``, :data:`DTYPES`.
+        TypeError: neither ``"auto"`` nor one of :data:`DTYPES`, by name or as a
+            ``torch.dtype`` (float64 and the float8 kinds are refused: attnkit's modules
+            compute in these three).
     """
     if isinstance(dtype, str):
         if dtype == "auto":
@@ -84,9 +86,9 @@ def choose_dtype(dtype: torch.dtype | str, device: torch.device, hf_config: Mapp
             return DTYPES.get(stated, torch.float32) if isinstance(stated, str) else torch.float32
         if dtype in DTYPES:
             return DTYPES[dtype]
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    if not isinstance(dtype, torch.dtype) or dtype not in DTYPES.values():
         raise TypeError(
-            f"dtype must be 'auto', {', '.join(map(repr, DTYPES))} or a floating torch.dtype, got {dtype!r}"
+            f"dtype must be 'auto', {', '.join(map(repr, DTYPES))} or one of those torch dtypes, got {dtype!r}"
         )
     return dtype
 
@@ -136,7 +138,8 @@ def load(
         MemoryEstimateError: weights larger than the memory free on ``device``.
         ValueError: a missing ``config.json`` or weights; a revision with a fetched name
             or a folder.
-        TypeError: a ``dtype`` that is not floating.
+        TypeError: a ``dtype`` other than ``"auto"``, float32, bfloat16 and float16,
+            before anything is read.
     """
     target = torch.device(device)
     choose_dtype(dtype, target, {})  # refuse a bad dtype before anything is read
@@ -156,6 +159,7 @@ def load(
     # this allocate more than the weights themselves.
     quantization = read_quantization(hf_config, folder / "config.json")
     stored = read_headers(files)
+    check_weight_map(folder, stored)
     headers = dequantized_headers(stored, quantization)  # the tensors as they will be loaded
     config = family.read_config(hf_config, path=folder / "config.json")
     module = family.build(config)
@@ -171,10 +175,12 @@ def load(
             field="vocab_size",
         )
     smaller = "" if weights_dtype.itemsize <= 2 else "load in bfloat16 (--dtype bfloat16) to halve it, or "
+    tables = buffer_bytes(module)  # rotary cosines and sines, ALiBi slopes: made at load
     check_fits(
-        weight_bytes(headers, weights_dtype),
+        weight_bytes(headers, weights_dtype) + tables,
         target,
-        what=f"the weights of {name} in {str(weights_dtype).removeprefix('torch.')}",
+        what=f"the weights of {name} in {str(weights_dtype).removeprefix('torch.')}"
+        + (" and its position tables" if tables else ""),
         advice=f"{smaller}free memory or use a smaller model",
     )
     tensors = load_tensors(files, dtype=weights_dtype, exact=stored.keys() - headers.keys() | _fp8(stored))

@@ -156,10 +156,12 @@ def weight_files(folder: Path) -> list[Path]:
             raise CheckpointError(
                 index, f"is not a valid safetensors index: {short_repr(err)}", field="weight_map"
             ) from None
-        bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s]
+        bad = [s for s in shards if not _plain_file_name(s)]
         if bad:
             raise CheckpointError(
-                index, f"shard names must be plain file names, got {short_repr(bad)}", field="weight_map"
+                index,
+                f"shard names must be plain file names of at most {_NAME_MAX} bytes, got {short_repr(bad)}",
+                field="weight_map",
             )
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
@@ -173,6 +175,22 @@ def weight_files(folder: Path) -> list[Path]:
         else ""
     )
     raise ValueError(f"{folder} has no model.safetensors{extra}")
+
+
+# The longest file name most file systems take, in bytes.
+_NAME_MAX = 255
+
+
+def _plain_file_name(name: object) -> bool:
+    """Whether a shard name of an index is a file name in the folder itself: a string with
+    no folder part, no NUL, not ``.``/``..``, and short enough to open."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "\0" not in name
+        and Path(name).name == name
+        and len(name.encode("utf-8", "surrogatepass")) <= _NAME_MAX
+    )
 
 
 def folder_size(folder: Path) -> int:

@@ -25,9 +25,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-# A repository id as the Hub spells it: an owner and a name, each of letters, digits,
-# ``-``, ``_`` and ``.``, not starting with ``-`` or ``.``.
-HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+# A repository id as the Hub accepts it: an owner and a name, each of letters, digits, ``-``,
+# ``_`` and ``.``, starting and ending with a letter, digit or ``_``, at most 96 characters;
+# ``--`` and ``..`` nowhere (the cache spells ``/`` as ``--``), and no ``.git`` at the end.
+HUB_NAME = re.compile(r"(?!.*(?:--|\.\.))(?!.*\.git$)\w(?:[\w.-]{0,94}\w)?/\w(?:[\w.-]{0,94}\w)?", re.ASCII)
+# A revision: a branch, a tag or a commit hash. Git's own rules, and what keeps a revision a
+# single name inside the cache's ``refs/`` folder: no ``..``, no leading ``/`` or ``-``, no
+# control characters, spaces or ``~^:?*[\``.
+REVISION = re.compile(r"(?!/|-)(?!.*(?:\.\.|//|@\{|/$|\.lock$|\.$))[^\x00-\x20\x7f~^:?*\[\\]{1,255}")
 
 # Files taken from a repository's top level (besides the safetensors weights).
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -43,8 +48,22 @@ class HubError(ValueError):
 
 
 def is_hub_name(name: str) -> bool:
-    """Whether ``name`` has the shape of a Hugging Face repository id, ``ORG/NAME``."""
-    return HUB_NAME.fullmatch(name) is not None and ".." not in name
+    """Whether ``name`` is a repository id the Hugging Face Hub accepts, ``ORG/NAME``."""
+    return HUB_NAME.fullmatch(name) is not None
+
+
+def check_revision(revision: str) -> None:
+    """Refuse a revision that is no branch, tag or commit name.
+
+    Raises:
+        HubError: ``..``, a leading ``/`` or ``-``, NUL, control characters, spaces, or
+            another character git refuses in a reference name.
+    """
+    if not isinstance(revision, str) or REVISION.fullmatch(revision) is None:
+        raise HubError(
+            f"revision must be a branch, tag or commit hash (no '..', leading '/' or '-', spaces or control "
+            f"characters), got {revision!r}"
+        )
 
 
 def cache_folder() -> Path:
@@ -109,6 +128,8 @@ def snapshot(name: str, revision: str | None = None) -> Path:
             safetensors weights; a download that failed.
         ImportError: ``huggingface_hub`` is not installed.
     """
+    if revision is not None:
+        check_revision(revision)
     hub = _huggingface_hub()
     errors = importlib.import_module("huggingface_hub.errors")
     where = f"{name}@{revision}" if revision else name
@@ -117,6 +138,8 @@ def snapshot(name: str, revision: str | None = None) -> Path:
         cached = Path(hub.snapshot_download(name, revision=revision, cache_dir=cache, local_files_only=True))
     except (errors.LocalEntryNotFoundError, FileNotFoundError, OSError):
         cached = None
+    if cached is not None:
+        _check_inside(cached, cache, name)
     if cached is not None and (_complete(cached) or offline()):
         return cached  # an incomplete one offline: the folder checks say what it lacks
     if offline():
@@ -155,12 +178,38 @@ def snapshot(name: str, revision: str | None = None) -> Path:
     except errors.RepositoryNotFoundError:
         login = "" if token else "; if it is private, set HF_TOKEN or run `hf auth login`"
         raise HubError(f"no model repository {name!r} on the Hugging Face Hub{login}") from None
-    except (errors.HfHubHTTPError, errors.LocalEntryNotFoundError, OSError) as err:
+    except (errors.HfHubHTTPError, errors.LocalEntryNotFoundError, OSError, *_network_errors()) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise HubError(
-            f"cannot download {where} from the Hugging Face Hub: {reason} (set HF_HUB_OFFLINE=1 to use only the cache)"
+            f"cannot download {where} from the Hugging Face Hub: {reason}; check the network, or set "
+            "HF_HUB_OFFLINE=1 to use only the cache"
         ) from None
+    _check_inside(Path(folder), cache, name)
     return Path(folder)
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The errors of the HTTP libraries huggingface_hub uses, whichever its version (httpx2,
+    httpx, requests), for a network that cannot be reached: a name that does not resolve, a
+    refused connection, a timeout."""
+    found: list[type[BaseException]] = []
+    for module, error in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
+        try:
+            found.append(getattr(importlib.import_module(module), error))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def _check_inside(folder: Path, cache: Path, name: str) -> None:
+    """Refuse a snapshot folder outside its repository's ``snapshots/`` in the cache: a
+    ``refs/`` file that names ``../..`` would otherwise open any folder as the model."""
+    snapshots = (cache / ("models--" + name.replace("/", "--")) / "snapshots").resolve()
+    if folder.resolve().parent != snapshots:
+        raise HubError(
+            f"the Hugging Face cache resolves {name} to {folder}, outside {snapshots}: a refs/ file names "
+            "something other than a commit; delete the repository's folder from the cache and download it again"
+        )
 
 
 def _huggingface_hub() -> Any:

@@ -117,9 +117,18 @@ class Tokenizer:
 
     @property
     def largest_id(self) -> int:
-        """The largest id the tokenizer may produce, added tokens included (``-1`` for an
-        empty vocabulary): ids need not be contiguous, so it may exceed ``vocab_size``."""
-        return max(self.backend.get_vocab(with_added_tokens=True).values(), default=-1)
+        """The largest id the tokenizer may produce, added tokens and the special tokens its
+        post-processor inserts (``[CLS]``, ``<s>``) included (``-1`` for an empty
+        vocabulary): ids need not be contiguous, so it may exceed ``vocab_size``."""
+        vocabulary = self.backend.get_vocab(with_added_tokens=True).values()
+        return max((*vocabulary, *self.post_processor_ids()), default=-1)
+
+    def post_processor_ids(self) -> list[int]:
+        """The ids the post-processor adds around a text (template, BERT and RoBERTa
+        processors, and sequences of them), whatever the vocabulary says."""
+        import json
+
+        return _post_processor_ids(json.loads(self.backend.to_str()).get("post_processor"))
 
     def encode(self, text: str) -> TokenizedText:
         """Split ``text`` into tokens, with the special tokens the model expects.
@@ -230,6 +239,24 @@ class Tokenizer:
         if released < len(seen):
             done = self.decode(seen[window_start:released])
             yield self.decode(seen[window_start:])[len(done) :]
+
+
+def _post_processor_ids(spec: Any) -> list[int]:
+    """The ids a ``tokenizer.json`` post-processor (its JSON) inserts: ``special_tokens``'
+    ``ids`` of a template, the ``[token, id]`` pairs ``cls``/``sep`` of BERT's and RoBERTa's,
+    and those of each processor of a ``Sequence``."""
+    if not isinstance(spec, dict):
+        return []
+    ids: list[int] = []
+    for processor in spec.get("processors") or []:
+        ids += _post_processor_ids(processor)
+    special = spec.get("special_tokens")
+    for token in special.values() if isinstance(special, dict) else []:
+        ids += [i for i in (token.get("ids") or []) if isinstance(i, int)] if isinstance(token, dict) else []
+    for pair in (spec.get("cls"), spec.get("sep")):
+        if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], int):
+            ids.append(pair[1])
+    return ids
 
 
 def missing_token(token_id: int) -> str:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from attnkit.models.checkpoints.errors import CheckpointError, require, short_repr
-from attnkit.models.checkpoints.files import strict_json
+from attnkit.models.checkpoints.files import read_json_object, strict_json
 
 # Bytes per element of the safetensors dtypes that torch can hold.
 _DTYPE_BYTES = {
@@ -40,6 +40,38 @@ _DTYPE_BYTES = {
 }
 # A header above this is not a header: real ones are a few hundred kilobytes at most.
 _MAX_HEADER = 100 * 2**20
+
+
+def check_weight_map(folder: Path, headers: dict[str, tuple[Path, str, list[int]]]) -> None:
+    """Check that a sharded checkpoint's index says where each tensor is: every tensor of
+    the shards is in ``weight_map``, under the shard that holds it, and the map names no
+    other tensor. A single ``model.safetensors`` has no index to check.
+
+    Args:
+        folder: the checkpoint folder.
+        headers: what the shards hold (:func:`read_headers`).
+
+    Raises:
+        CheckpointError: naming the index and the first tensor where the two disagree.
+    """
+    index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").is_file() or not index.is_file():
+        return
+    weight_map = read_json_object(index)["weight_map"]
+    for name, shard in sorted(weight_map.items()):
+        if name not in headers:
+            raise CheckpointError(index, f"weight_map names {name!r} in {shard}, which no shard holds", field=name)
+        if headers[name][0].name != shard:
+            raise CheckpointError(
+                index, f"weight_map puts {name!r} in {shard}, but {headers[name][0].name} holds it", field=name
+            )
+    unlisted = sorted(set(headers) - set(weight_map))
+    if unlisted:
+        raise CheckpointError(
+            index,
+            f"weight_map does not list {unlisted[0]!r} ({headers[unlisted[0]][0].name} holds it)",
+            field=unlisted[0],
+        )
 
 
 def check_safetensors(path: Path) -> dict[str, dict[str, Any]]:

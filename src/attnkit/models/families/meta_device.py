@@ -75,3 +75,18 @@ def materialize_buffers(module: nn.Module, device: torch.device | str = "cpu") -
             if not callable(reset):
                 raise TypeError(f"{type(sub).__name__} has buffers on the meta device and no reset_buffers()")
             reset(device)
+
+
+def buffer_bytes(module: nn.Module) -> int:
+    """The bytes :func:`materialize_buffers` will allocate for ``module``: each submodule's
+    ``buffer_bytes()`` where it says (rotary tables are ``None`` on ``meta`` until then),
+    otherwise its ``meta`` buffers' own size in float32."""
+    total = 0
+    for sub in module.modules():
+        if any(b is not None and b.is_meta for b in sub.buffers(recurse=False)):
+            planned = getattr(sub, "buffer_bytes", None)
+            if callable(planned):
+                total += int(planned())
+            else:
+                total += sum(4 * b.numel() for b in sub.buffers(recurse=False) if b is not None)
+    return total

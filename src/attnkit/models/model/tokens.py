@@ -55,6 +55,7 @@ class TokensMixin(ModelCore):
         if not text or all(encoded.special):
             raise ValueError(f"text is empty: {self.name} needs at least one token, got {text!r}")
         self._check_length(len(encoded))
+        self._check_vocabulary(encoded.ids)
         return encoded
 
     def to_tokens(
@@ -149,11 +150,16 @@ class TokensMixin(ModelCore):
         if ids.shape[1] == 0:
             raise ValueError(f"no token ids: {self.name} needs at least one token")
         self._check_length(ids.shape[1])
+        self._check_vocabulary(ids)
+        ids = ids.long().cpu()
+        return ids, [self.tokenizer.id_to_token(i) for i in ids[0].tolist()], None
+
+    def _check_vocabulary(self, ids: Tensor) -> None:
+        """Refuse ids outside the embedding's rows: on a GPU such an id is a device-side
+        assert, not an error."""
         vocab = self.config.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise ValueError(f"token ids must be in [0, {vocab}), got [{int(ids.min())}, {int(ids.max())}]")
-        ids = ids.long().cpu()
-        return ids, [self.tokenizer.id_to_token(i) for i in ids[0].tolist()], None
 
     def _check_length(self, n: int) -> None:
         if n > self.max_length:

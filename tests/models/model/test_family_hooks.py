@@ -1,5 +1,5 @@
 """The hook, ablation and value-weighted suite, once for every decoder family (tiny random
-checkpoints of tests/models/tiny_families.py): hooks that change nothing change nothing,
+checkpoints of tests/fixtures/tiny_families.py): hooks that change nothing change nothing,
 hooks equal transformers' forward hooks on the same modules, zeroing a head's z equals
 the head ablation, value-weighted attention equals the one computed from transformers'
 own projections."""
@@ -12,8 +12,8 @@ from torch import nn
 
 from attnkit import models
 from attnkit.inspect import interventions, methods
-from tests.models.test_analysis import assert_close_to_scale, hf_value_weighted
-from tests.models.tiny_families import CASES, MOE_CASES
+from tests.fixtures.tiny_families import CASES, MOE_CASES
+from tests.inspect.test_analysis import assert_close_to_scale, hf_value_weighted
 
 transformers = pytest.importorskip("transformers")
 

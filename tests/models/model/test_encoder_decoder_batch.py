@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnkit import models
-from tests.models.seq2seq_checkpoints import write_bart, write_t5
+from tests.fixtures.encoder_decoder_checkpoints import write_bart, write_t5
 
 transformers = pytest.importorskip("transformers")
 

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from attnkit import models
 from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.families.table import FAMILIES
-from tests.models.crafted import (
+from tests.fixtures.crafted import (
     FAMILY_CONFIGS,
     TINY_LLAMA_CONFIG,
     read_header,
@@ -27,9 +27,9 @@ from tests.models.crafted import (
     write_tiny_llama,
     write_with_header,
 )
-from tests.models.fuzz_load import fuzz_config_fields
+from tests.models.checkpoints.fuzz_load import fuzz_config_fields
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def test_crafted_safetensors_header_bytes_are_refused(tiny):
 def test_integer_weights_are_refused(tiny):
     from safetensors.torch import save_file
 
-    from tests.models.crafted import tiny_llama_tensors
+    from tests.fixtures.crafted import tiny_llama_tensors
 
     tensors = tiny_llama_tensors()
     tensors["model.norm.weight"] = tensors["model.norm.weight"].long()
@@ -225,7 +225,7 @@ def test_fuzzed_checkpoints_give_a_clear_error_or_load_under_a_memory_limit():
     file. Never a hang, a raw exception or an allocation past the limit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.models.fuzz_load"],
+        [sys.executable, "-m", "tests.models.checkpoints.fuzz_load"],
         check=False,
         cwd=ROOT,
         env=env,
@@ -303,3 +303,121 @@ def test_a_bias_switched_off_in_config_json_is_one_line_naming_the_tensors(tiny_
     with pytest.raises(models.CheckpointError, match=r"unexpected \[decoder.layers.0.self_attn.k_proj.bias") as info:
         models.load(folder)
     assert "\n" not in str(info.value)
+
+
+# Hardening: what a load counts and checks before it builds or reads anything.
+
+
+def _with_template_id(folder: Path, token_id: int) -> None:
+    """Give the tokenizer a post-processor that adds ``<s>`` with id ``token_id`` in front."""
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [token_id], "tokens": ["<s>"]}},
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+
+
+def test_a_post_processor_id_beyond_the_embedding_is_refused_at_load(tiny):
+    _with_template_id(tiny, 999_999)
+    _refused(tiny, "tokenizer.json", "vocab_size", "has token id 999999, but the model's embedding has vocab_size=16")
+
+
+def test_tokenize_checks_its_ids_against_the_embedding(tiny):
+    model = models.load(tiny)
+    _with_template_id(tiny, 999_999)
+    model.tokenizer = Tokenizer.from_file(tiny / "tokenizer.json")
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 16\), got \[1, 999999\]"):
+        model.tokenize("the cat")
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 16\)"):
+        model.run("the cat")
+
+
+def test_the_post_processor_ids_of_bert_and_sequences_count_too():
+    from attnkit.models.checkpoints.tokenizer import _post_processor_ids
+
+    bert = {"type": "BertProcessing", "sep": ["[SEP]", 102], "cls": ["[CLS]", 101]}
+    template = {"type": "TemplateProcessing", "special_tokens": {"<s>": {"id": "<s>", "ids": [7], "tokens": ["<s>"]}}}
+    assert sorted(_post_processor_ids(bert)) == [101, 102]
+    assert sorted(_post_processor_ids({"type": "Sequence", "processors": [bert, template]})) == [7, 101, 102]
+    assert _post_processor_ids(None) == []
+
+
+def test_the_load_estimate_counts_the_rotary_tables(tmp_path, monkeypatch):
+    # Weights of 4 MiB whose rotary tables (2 x 8,192 positions x head dim 512 x 4 bytes) take
+    # 32 MiB once built.
+    config = {**TINY_LLAMA_CONFIG, "hidden_size": 512, "num_attention_heads": 1, "num_key_value_heads": 1}
+    config |= {"num_hidden_layers": 1, "max_position_embeddings": 8192}
+    folder = write_tiny_llama(tmp_path / "wide")
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(tiny_llama_tensors(config), str(folder / "model.safetensors"))
+    monkeypatch.setenv("ATTNKIT_MEMORY_LIMIT", "20MB")
+    with pytest.raises(models.MemoryEstimateError, match=r"and its position tables would take about 36 MiB,"):
+        models.load(folder)
+    monkeypatch.setenv("ATTNKIT_MEMORY_LIMIT", "60MB")
+    model = models.load(folder)
+    from attnkit.models.families.meta_device import buffer_bytes
+
+    assert buffer_bytes(model.module) == 0  # built: nothing left on meta
+    built = sum(b.numel() * b.element_size() for b in model.module.buffers())
+    assert 32 * 2**20 <= built <= 32 * 2**20 + 8192
+
+
+def _sharded(folder: Path) -> dict[str, str]:
+    """Split the tiny checkpoint into two shards with an index; the index's weight map."""
+    tensors = tiny_llama_tensors()
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    (folder / "model.safetensors").unlink()
+    for shard, held in halves.items():
+        save_file({name: tensors[name] for name in held}, str(folder / shard))
+    weight_map = {name: shard for shard, held in halves.items() for name in held}
+    _write_index(folder, weight_map)
+    return weight_map
+
+
+def _write_index(folder: Path, weight_map: dict[str, str]) -> None:
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def test_a_sharded_checkpoint_with_a_true_index_loads(tiny):
+    _sharded(tiny)
+    assert models.load(tiny).run("the cat sat").tokens == ["the", "cat", "sat"]
+
+
+def test_a_weight_map_that_puts_a_tensor_in_the_wrong_shard_is_refused(tiny):
+    weight_map = _sharded(tiny)
+    name = "model.norm.weight"
+    weight_map[name] = next(shard for shard in set(weight_map.values()) if shard != weight_map[name])
+    _write_index(tiny, weight_map)
+    _refused(tiny, "model.safetensors.index.json", name, f"weight_map puts '{name}' in {weight_map[name]}, but")
+
+
+def test_a_weight_map_that_lists_a_missing_tensor_or_leaves_one_out_is_refused(tiny):
+    weight_map = _sharded(tiny)
+    _write_index(tiny, {**weight_map, "model.ghost.weight": "model-00001-of-00002.safetensors"})
+    _refused(tiny, "model.safetensors.index.json", "model.ghost.weight", "which no shard holds")
+    left_out = sorted(weight_map)[0]
+    _write_index(tiny, {k: v for k, v in weight_map.items() if k != left_out})
+    _refused(tiny, "model.safetensors.index.json", left_out, f"weight_map does not list '{left_out}'")
+
+
+def test_an_index_naming_a_shard_too_long_to_open_is_refused_naming_the_index(tiny):
+    weight_map = _sharded(tiny)
+    _write_index(tiny, {name: "m" * 5000 + ".safetensors" for name in weight_map})
+    error = _refused(tiny, "model.safetensors.index.json", "weight_map", "shard names must be plain file names")
+    assert len(str(error)) < 600
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float64, "float64", torch.int8])
+def test_a_dtype_attnkit_does_not_compute_in_is_refused_before_anything_is_read(tiny, dtype, monkeypatch):
+    from attnkit.models import loading
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was read before the dtype was checked")
+
+    monkeypatch.setattr(loading, "locate", never)
+    with pytest.raises(TypeError, match=r"dtype must be 'auto', 'float32', 'bfloat16', 'float16' or one of those"):
+        models.load(tiny, dtype=dtype)

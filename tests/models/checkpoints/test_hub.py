@@ -16,8 +16,8 @@ import torch
 
 from attnkit import models
 from attnkit.models.checkpoints import hub
-from tests.models.crafted import tokenizer_json
-from tests.models.tiny_families import CASES, TEXT_LENGTH, VOCAB
+from tests.fixtures.crafted import tokenizer_json
+from tests.fixtures.tiny_families import CASES, TEXT_LENGTH, VOCAB
 
 transformers = pytest.importorskip("transformers")
 huggingface_hub = pytest.importorskip("huggingface_hub")
@@ -367,3 +367,98 @@ def test_serve_shows_a_hugging_face_name_whole_and_a_folder_by_its_last_part(tmp
     assert public_name(REPO) == REPO
     (tmp_path / REPO).mkdir(parents=True)
     assert public_name(REPO) == "tiny-llama"
+
+
+# Hardening: what the network, a revision or the cache may say.
+
+
+def _connect_error() -> Exception:
+    """The error huggingface_hub's HTTP client raises where no network is (httpx2 in
+    huggingface_hub 2, httpx before)."""
+    import importlib
+
+    for module in ("httpx2", "httpx"):
+        try:
+            return importlib.import_module(module).ConnectError("[Errno -2] Name or service not known")
+        except ImportError:
+            continue
+    raise AssertionError("neither httpx2 nor httpx is installed beside huggingface_hub")
+
+
+@pytest.mark.parametrize("revision", [None, "no-such-branch"])
+def test_a_network_that_cannot_be_reached_is_one_line_that_says_what_to_do(online: dict, revision) -> None:
+    _FakeApi.error = _connect_error()
+    with pytest.raises(hub.HubError) as caught:
+        models.load(REPO, revision=revision)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"cannot download {REPO}")
+    assert "Name or service not known" in message and "check the network" in message and "HF_HUB_OFFLINE=1" in message
+
+
+def test_a_cached_snapshot_without_its_tokenizer_and_no_network_is_one_line(
+    hub_cache: Path, tmp_path: Path, monkeypatch
+) -> None:
+    cache = tmp_path / "hub"
+    shutil.copytree(hub_cache, cache, symlinks=True)
+    (cache / f"models--{REPO.replace('/', '--')}" / "snapshots" / COMMIT_MAIN / "tokenizer.json").unlink()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    _FakeApi.error = _connect_error()
+    monkeypatch.setattr(huggingface_hub, "HfApi", _FakeApi)
+    with pytest.raises(hub.HubError, match=r"^cannot download tiny-org/tiny-llama .*check the network"):
+        models.load(REPO)
+
+
+def test_the_command_line_says_the_network_cannot_be_reached_in_one_line(online: dict, capsys) -> None:
+    from attnkit.cli import main
+
+    _FakeApi.error = _connect_error()
+    assert main(["inspect", "w1 w2", "--model", "org/missing", "-q"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("attnkit: error: cannot download org/missing from the Hugging Face Hub")
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("revision", ["../refs/main", "/etc", "-main", "a\x00b", "main\n", "v 2", "a..b", "x~1", "."])
+def test_a_revision_that_is_no_branch_tag_or_commit_is_refused(offline: Path, revision: str) -> None:
+    with pytest.raises(hub.HubError, match="^revision must be a branch, tag or commit hash"):
+        models.load(REPO, revision=revision)
+
+
+@pytest.mark.parametrize("revision", ["main", "v2", COMMIT_V2, "refs/pr/1", "release-1.0"])
+def test_branch_tag_and_commit_names_are_revisions(revision: str) -> None:
+    hub.check_revision(revision)
+
+
+def test_a_refs_file_that_points_outside_the_cache_is_refused(hub_cache: Path, tmp_path: Path, monkeypatch) -> None:
+    cache = tmp_path / "hub"
+    shutil.copytree(hub_cache, cache, symlinks=True)
+    repo = cache / f"models--{REPO.replace('/', '--')}"
+    # A whole checkpoint outside the repository's snapshots, and a branch that names it.
+    shutil.copytree(repo / "snapshots" / COMMIT_MAIN, tmp_path / "elsewhere", symlinks=False)
+    (repo / "refs" / "escape").write_text("../../../elsewhere")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hub.HubError, match="outside"):
+        models.load(REPO, revision="escape")
+
+
+@pytest.mark.parametrize(
+    "name", ["org/smol.", "org--x/smol", "org/smol--x", "org/smol.git", "-org/smol", "org/-smol", "org/a..b", "org/"]
+)
+def test_names_the_hub_refuses_are_not_hugging_face_names(name: str, capsys) -> None:
+    from attnkit.cli import main
+
+    assert not hub.is_hub_name(name)
+    assert main(["inspect", "w1 w2", "--model", name, "-q"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (
+        f"attnkit: error: --model {name!r} is neither a known model (smollm2, minilm, gemma3), a folder, nor a "
+        "Hugging Face name ORG/NAME"
+    )
+
+
+@pytest.mark.parametrize("name", ["TinyLlama/TinyLlama-1.1B-Chat-v1.0", "a/b", "org_1/x.y", "meta-llama/Llama-3.1-8B"])
+def test_names_the_hub_accepts_are_hugging_face_names(name: str) -> None:
+    assert hub.is_hub_name(name)

@@ -16,7 +16,7 @@ from attnkit import models
 from attnkit.models.checkpoints.config_reader import CONFIG_LIMITS, ConfigReader
 from attnkit.models.checkpoints.renaming import rename_tensors
 from attnkit.models.families.table import FAMILIES
-from tests.models.crafted import FAMILY_CONFIGS
+from tests.fixtures.crafted import FAMILY_CONFIGS
 from tests.test_layering import module_files
 
 # What a family module reads config.json and renames tensors with, besides the shared

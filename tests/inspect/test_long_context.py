@@ -20,8 +20,8 @@ from attnkit.inspect.long_context import (
     long_context_summaries,
     summarize_layer,
 )
+from tests.fixtures.tiny_families import TEXT_LENGTH, VOCAB
 from tests.functional.dense_reference import LargestStorage
-from tests.models.tiny_families import TEXT_LENGTH, VOCAB
 
 # gemma2: sliding window on alternate layers, soft-capping, GQA; gemma3_text: local and
 # global layers, q/k norms, MQA; mistral: a window on every layer; qwen2: a window on some.

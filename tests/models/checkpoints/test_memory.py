@@ -14,7 +14,7 @@ import torch
 
 from attnkit import models
 from attnkit.models.checkpoints import memory
-from tests.models.crafted import tokenizer_json
+from tests.fixtures.crafted import tokenizer_json
 
 transformers = pytest.importorskip("transformers")
 
@@ -71,9 +71,13 @@ def test_a_1b_model_over_the_limit_is_refused_before_any_weight_is_read(one_b, n
         models.load(one_b)
     message = str(caught.value)
     assert "\n" not in message
-    assert "the weights of one-b" in message and "in float32 would take about 4.1 GiB" in message
+    assert (
+        "the weights of one-b" in message and "in float32 and its position tables would take about 4.1 GiB" in message
+    )
     assert "2.8 GiB of ATTNKIT_MEMORY_LIMIT=3GB" in message and "--dtype bfloat16" in message
-    assert caught.value.needed == 4 * 1_100_048_384
+    # The parameters, and the float32 rotary tables: cosines and sines of 2,048 positions x
+    # head dim 64, with the 32 frequencies and 64 signs they are made from.
+    assert caught.value.needed == 4 * 1_100_048_384 + 4 * (2 * 2048 * 64 + 32 + 64)
     # In bfloat16 the weights fit (2.0 GiB): the check passes and the load goes on to read them.
     with pytest.raises(AssertionError, match="a weight was read"):
         models.load(one_b, dtype="bfloat16")

@@ -1,5 +1,5 @@
 """The viewer and ``serve`` on every decoder family (tiny random checkpoints of
-tests/models/tiny_families.py): the HTML page written by ``attnkit inspect --format html``
+tests/fixtures/tiny_families.py): the HTML page written by ``attnkit inspect --format html``
 and the server's ``/api/attention`` answer both carry every layer's and head's map, equal to
 the model's own ``run``."""
 
@@ -12,7 +12,7 @@ from attnkit import models
 from attnkit.cli import main
 from attnkit.serve import create_app
 from attnkit.viz.viewer import ViewerData
-from tests.models.tiny_families import CASES
+from tests.fixtures.tiny_families import CASES
 from tests.viz.test_viewer_html import page_parts
 
 pytest.importorskip("transformers")

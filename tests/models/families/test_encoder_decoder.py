@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnkit import models
-from tests.models.seq2seq_checkpoints import write_bart, write_t5
+from tests.fixtures.encoder_decoder_checkpoints import write_bart, write_t5
 
 transformers = pytest.importorskip("transformers")
 
@@ -182,7 +182,7 @@ def test_depths_and_features_the_config_gets_wrong_are_named(folders, tmp_path: 
 
 
 def test_run_seq2seq_refuses_a_model_with_one_text(tmp_path: Path) -> None:
-    from tests.models.crafted import write_tiny_llama
+    from tests.fixtures.crafted import write_tiny_llama
 
     model = models.load(write_tiny_llama(tmp_path / "llama"))
     assert not model.encoder_decoder

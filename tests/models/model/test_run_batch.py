@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnkit import models
-from tests.models.crafted import write_tiny_llama
+from tests.fixtures.crafted import write_tiny_llama
 
 
 def _same(batch, alone, *, logits: bool) -> None:

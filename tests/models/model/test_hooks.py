@@ -190,7 +190,7 @@ def test_unknown_hook_names_are_listed(smollm2):
 
 def test_an_empty_input_and_a_hook_that_changes_the_batch_say_what_was_expected(tmp_path):
     from attnkit import models
-    from tests.models.crafted import write_tiny_llama
+    from tests.fixtures.crafted import write_tiny_llama
 
     model = models.load(write_tiny_llama(tmp_path / "tiny"))
     with pytest.raises(ValueError, match="tiny needs a text, a list of texts or token ids, got an empty list"):

@@ -11,7 +11,7 @@ import torch
 
 from attnkit import models
 from attnkit.models.model.lens import lm_cross_entropy, per_query_head
-from tests.models.tiny_families import CASES
+from tests.fixtures.tiny_families import CASES
 
 transformers = pytest.importorskip("transformers")
 

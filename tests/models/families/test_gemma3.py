@@ -13,7 +13,7 @@ import torch
 
 from attnkit.cli import main
 from attnkit.viz.viewer import ViewerData
-from tests.models.test_family_hooks import _first
+from tests.models.model.test_family_hooks import _first
 from tests.viz.test_viewer_html import page_parts
 
 pytestmark = pytest.mark.slow
@@ -169,7 +169,7 @@ def test_the_html_viewer_carries_every_map(gemma3, tmp_path):
 
 
 def test_the_pictures_in_the_docs_come_from_the_command_they_show(gemma3, tmp_path):
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     page = (root / "docs" / "models.md").read_text()
     sentence = "Queries look for keys, and the values of the keys they find are mixed into the output."
     assert f"""TEXT=$(python -c 'print(" ".join(["{sentence}"] * 36))')""" in page

@@ -1,4 +1,4 @@
-"""Head ablation and activation patching on encoder-decoders (tiny random T5 and BART, tests/models/seq2seq_checkpoints.py):
+"""Head ablation and activation patching on encoder-decoders (tiny random T5 and BART, tests/fixtures/encoder_decoder_checkpoints.py):
 every encoder self-, decoder self- and cross-attention head zeroed (or taken from the clean
 source's run) in turn equals zeroing (or replacing) that head's slice of the input of
 transformers' output projection, measured on the target's log-probability from
@@ -25,7 +25,7 @@ TARGET = "a cat sat on the mat"
 
 @pytest.fixture(scope="module", params=["t5", "bart"])
 def pair(request, tmp_path_factory):
-    from tests.models import seq2seq_checkpoints
+    from tests.fixtures import encoder_decoder_checkpoints as seq2seq_checkpoints
 
     folder = getattr(seq2seq_checkpoints, f"write_{request.param}")(tmp_path_factory.mktemp(request.param) / "m")
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()

@@ -1,6 +1,6 @@
 """The fuzz runs behind ``test_crafted.py``.
 
-Run as ``python -m tests.models.fuzz_load`` in a subprocess, :func:`main` limits its own
+Run as ``python -m tests.models.checkpoints.fuzz_load`` in a subprocess, :func:`main` limits its own
 address space, then lets hypothesis tamper with a tiny checkpoint folder (config.json
 fields, the safetensors header, tokenizer.json) and load it. Every example must load and
 run, or raise a :class:`attnkit.models.CheckpointError` for a file of the folder (a
@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from attnkit import models
 from attnkit.models.checkpoints.files import read_config
 from attnkit.models.families.table import FAMILIES
-from tests.models.crafted import (
+from tests.fixtures.crafted import (
     FAMILY_CONFIGS,
     TINY_LLAMA_CONFIG,
     WRONG_VALUES,
@@ -130,7 +130,7 @@ def fuzz_load(base: Path, edits: tuple[dict[str, Any], list[tuple[int, str, Any]
 
 def fuzz_config_fields(folder: Path) -> Counter[str]:
     """Write each family's config.json with one field changed to each of
-    :data:`tests.models.crafted.WRONG_VALUES`, read and build it.
+    :data:`tests.fixtures.crafted.WRONG_VALUES`, read and build it.
 
     Returns:
         How many changes built and how many were refused.

@@ -1,6 +1,6 @@
 """Activation patching by head, by layer and position, and by position, of every component
 and metric, on every decoder family (tiny random checkpoints of
-tests/models/tiny_families.py) and on MiniLM: each cell equals a corrupted run with that
+tests/fixtures/tiny_families.py) and on MiniLM: each cell equals a corrupted run with that
 one activation replaced by a plain hook, and patching the residual stream into layer 0 at
 the one position where the texts differ restores the whole difference."""
 
@@ -11,7 +11,7 @@ import torch
 
 from attnkit import models
 from attnkit.inspect import interventions
-from tests.models.tiny_families import CASES
+from tests.fixtures.tiny_families import CASES
 
 pytest.importorskip("transformers")
 
@@ -225,7 +225,7 @@ def test_a_component_the_layers_lack_is_refused(tiny_family_folder):
 
 
 def test_encoder_decoders_patch_heads_on_a_target_text_alone(tmp_path):
-    from tests.models.seq2seq_checkpoints import write_t5
+    from tests.fixtures.encoder_decoder_checkpoints import write_t5
 
     t5 = models.load(write_t5(tmp_path / "t5"))
     with pytest.raises(ValueError, match=r"t5 is an encoder-decoder: it patches each head's z \(by='head'\)"):

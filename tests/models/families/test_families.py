@@ -1,5 +1,5 @@
 """Every decoder family against transformers' eager implementation on the same tiny random
-checkpoint (tests/models/tiny_families.py): logits, every layer's attention weights, and
+checkpoint (tests/fixtures/tiny_families.py): logits, every layer's attention weights, and
 greedy generation with the KV cache."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnkit import models
-from tests.models.tiny_families import CASES, MOE_CASES, TEXT_LENGTH, VOCAB, family_of_case
+from tests.fixtures.tiny_families import CASES, MOE_CASES, TEXT_LENGTH, VOCAB, family_of_case
 
 transformers = pytest.importorskip("transformers")
 

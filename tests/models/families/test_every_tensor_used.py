@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnkit import models
-from tests.models.crafted import tokenizer_json
-from tests.models.seq2seq_checkpoints import write_bart, write_t5
-from tests.models.tiny_families import write_tiny_family
+from tests.fixtures.crafted import tokenizer_json
+from tests.fixtures.encoder_decoder_checkpoints import write_bart, write_t5
+from tests.fixtures.tiny_families import write_tiny_family
 
 transformers = pytest.importorskip("transformers")
 
