@@ -174,7 +174,7 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
 
 def test_llama_config_checks():
     from attnkit.models.families.llama import read_config
-    from attnkit.nn.rope_scaling import Llama3RopeScaling
+    from attnkit.nn.rope_scaling import Llama3RopeScaling, YarnRopeScaling
 
     base = {
         "vocab_size": 10,
@@ -193,6 +193,11 @@ def test_llama_config_checks():
     assert llama3 == Llama3RopeScaling(8.0, 1.0, 4.0, 8192)
     with pytest.raises(ValueError, match="rope_type='yarn' is not supported"):
         read_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})
+    # DeepSeek-V3's YaRN (mscale = mscale_all_dim: no scaling of the rotated vectors) is read.
+    deepseek_yarn = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096}
+    deepseek_yarn |= {"mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+    yarn = read_config({**base, "rope_scaling": deepseek_yarn}).ropes[0].scaling
+    assert yarn == YarnRopeScaling(40.0, 4096)
     with pytest.raises(ValueError, match="rope_scaling: factor must be >= 1"):
         read_config({**base, "rope_scaling": {"rope_type": "linear", "factor": 0.5}})
     assert read_config({**base, "attention_bias": True}).qkv_bias

@@ -22,7 +22,6 @@ keeps 512 + 64 where its 128 heads would keep 2 · 128 · 128 (one 57th).
 
 from __future__ import annotations
 
-import math
 from dataclasses import KW_ONLY, dataclass
 
 import torch
@@ -35,6 +34,9 @@ from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.norms import RMSNorm
 from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import MultiHeadOutput, forward_of_record
+from attnkit.nn.rope_scaling import yarn_mscale
+
+__all__ = ["LatentAttentionConfig", "MultiHeadLatentAttention", "yarn_mscale"]
 
 
 @dataclass(frozen=True)
@@ -106,13 +108,6 @@ class LatentAttentionConfig:
     def cached_numbers_per_token(self) -> int:
         """What a KV cache keeps per token and layer: ``r + d_r``."""
         return self.kv_lora_rank + self.qk_rope_head_dim
-
-
-def yarn_mscale(factor: float, mscale: float) -> float:
-    """YaRN's attention temperature ``0.1 · mscale · ln(factor) + 1`` (``1`` for
-    ``factor <= 1``); DeepSeek multiplies the softmax scale by its square, with
-    ``mscale = mscale_all_dim``."""
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 class MultiHeadLatentAttention(MultiHeadAttention):

@@ -1,5 +1,5 @@
 """The mixture-of-experts and latent-attention families against transformers on tiny
-random checkpoints (tests/models/tiny_families.py): the router's choices and weights in
+random checkpoints (tests/fixtures/tiny_families.py): the router's choices and weights in
 every routing layer, the latent as transformers forms it, expert ablation, and the size of
 the latent KV cache."""
 
@@ -10,7 +10,7 @@ import torch
 
 from attnkit import models
 from attnkit.nn import ablate_experts
-from tests.models.tiny_families import MOE_CASES
+from tests.fixtures.tiny_families import MOE_CASES
 
 transformers = pytest.importorskip("transformers")
 
@@ -146,3 +146,15 @@ def test_the_latent_cache_holds_the_latent_and_the_rotary_key_only(tiny_family_f
     per_token = layer.keys.shape[-1] + layer.values.shape[-1]
     full = model.num_heads * (latent.qk_head_dim + latent.v_head_dim)
     assert per_token == latent.cached_numbers_per_token() == 24 and full == 144
+
+
+def test_the_lens_refuses_matrices_these_blocks_do_not_have(tiny_family_folder):
+    deepseek = models.load(tiny_family_folder("deepseek_v3"))
+    for name in ("W_Q", "W_K", "W_V", "b_K"):
+        with pytest.raises(ValueError, match="multi-head latent attention: .* self_attn.latent"):
+            getattr(deepseek, name)
+    mixtral = models.load(tiny_family_folder("mixtral"))
+    assert mixtral.W_V.shape == (mixtral.num_layers, 2, 64, 16)
+    for name in ("W_in", "W_out", "b_in"):
+        with pytest.raises(ValueError, match=r"mixture of experts in layers \[0, 1\].*ff.chosen_experts"):
+            getattr(mixtral, name)

@@ -75,6 +75,7 @@ def test_the_settings_that_matter_are_exercised(tiny) -> None:
     if case == "deepseek_v3":
         latent = config.latent_attention
         assert latent is not None and latent.q_lora_rank and latent.interleaved_rotary
+        assert config.ropes[0].scaling is not None and latent.scale != latent.qk_head_dim**-0.5  # YaRN's mscale
         assert config.experts is not None and config.experts.router.num_groups > config.experts.router.topk_groups
     if case == "deepseek_v3_no_query_latent":
         assert config.latent_attention is not None and config.latent_attention.q_lora_rank is None

@@ -45,7 +45,7 @@ from attnkit.models.families.decoder import DecoderConfig, ExpertsConfig, decode
 from attnkit.models.families.experts import expert_keys, routing_layers
 from attnkit.models.families.llama import rename_llama_layout
 from attnkit.nn import LatentAttentionConfig, RouterConfig
-from attnkit.nn.latent_attention import yarn_mscale
+from attnkit.nn.rope_scaling import yarn_mscale
 
 _PROJECTIONS = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 _LAYER_KEYS = {
@@ -78,13 +78,40 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
     vocab = read.size("vocab_size")
     layers = read.size("num_hidden_layers")
     heads = read.size("num_attention_heads")
+    rope_dim = read.size("qk_rope_head_dim", like="head_dim")
+    rope, _ = read.rope(head_dim=rope_dim)
+    norm_eps = read.number("rms_norm_eps", 1e-6, high=1.0)
+    latent = _latent_attention(read, hidden, heads, norm_eps)
+    return DecoderConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=latent.qk_head_dim,
+        intermediate_size=read.size("intermediate_size"),
+        max_length=read.context_length(rope, 4096),
+        tie_embeddings=read.flag("tie_word_embeddings", False),
+        eos_token_ids=read.eos(vocab),
+        activation=read.choice("hidden_act", {"silu": "swiglu"}, "silu"),
+        norm="rms",
+        norm_eps=norm_eps,
+        positional="rotary",
+        rotary_dim=rope_dim,
+        ropes=(rope,) * layers,
+        windows=(None,) * layers,
+        latent_attention=latent,
+        experts=_experts(read, layers),
+    )
+
+
+def _latent_attention(read: ConfigReader, hidden: int, heads: int, norm_eps: float) -> LatentAttentionConfig:
+    """The latent attention of every layer: its ranks, head dims, rotary layout and scale."""
     nope, rope_dim, v_dim = (
         read.size(key, like="head_dim") for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
     )
-    rope, _ = read.rope(head_dim=rope_dim)
-    q_lora = None if config.get("q_lora_rank") is None else read.size("q_lora_rank", like="hidden_size")
-    norm_eps = read.number("rms_norm_eps", 1e-6, high=1.0)
-    latent = LatentAttentionConfig(
+    q_lora = None if read.config.get("q_lora_rank") is None else read.size("q_lora_rank", like="hidden_size")
+    return LatentAttentionConfig(
         hidden,
         heads,
         kv_lora_rank=read.size("kv_lora_rank", like="hidden_size"),
@@ -97,6 +124,14 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
         interleaved_rotary=read.flag("rope_interleave", True),
         norm_eps=norm_eps,
     )
+
+
+def _experts(read: ConfigReader, layers: int) -> ExpertsConfig:
+    """The mixture of experts of the layers after the dense first ones.
+
+    Raises:
+        CheckpointError: expert counts out of range, groups that do not fit the experts.
+    """
     experts = read.size("n_routed_experts", maximum=4096)
     try:
         router = RouterConfig(
@@ -113,31 +148,11 @@ def read_config(config: dict[str, Any], *, path: Path = Path("config.json")) -> 
         raise read.refuse("n_group", str(err)) from None
     expert_dim = read.size("moe_intermediate_size", like="intermediate_size")
     shared = read.size("n_shared_experts", 0, minimum=0, maximum=64)
-    return DecoderConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=heads,
-        head_dim=nope + rope_dim,
-        intermediate_size=read.size("intermediate_size"),
-        max_length=read.context_length(rope, 4096),
-        tie_embeddings=read.flag("tie_word_embeddings", False),
-        eos_token_ids=read.eos(vocab),
-        activation=read.choice("hidden_act", {"silu": "swiglu"}, "silu"),
-        norm="rms",
-        norm_eps=norm_eps,
-        positional="rotary",
-        rotary_dim=rope_dim,
-        ropes=(rope,) * layers,
-        windows=(None,) * layers,
-        latent_attention=latent,
-        experts=ExpertsConfig(
-            router,
-            expert_dim=expert_dim,
-            layers=routing_layers(read, layers, dense_first=read.size("first_k_dense_replace", 0, minimum=0)),
-            shared_dim=expert_dim * shared if shared else None,
-        ),
+    return ExpertsConfig(
+        router,
+        expert_dim=expert_dim,
+        layers=routing_layers(read, layers, dense_first=read.size("first_k_dense_replace", 0, minimum=0)),
+        shared_dim=expert_dim * shared if shared else None,
     )
 
 
