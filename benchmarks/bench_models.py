@@ -289,7 +289,7 @@ def bench_family(family: str, repeat: int) -> dict:
     sizes = {} if family == "gpt2" else _FAMILY_SIZES
     no_special = {"bos_token_id": None, "eos_token_id": None}
     torch.manual_seed(0)
-    config = getattr(transformers, class_name)(**sizes, **settings, **no_special)
+    config = getattr(transformers, class_name)(**(sizes | settings), **no_special)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)

@@ -146,3 +146,9 @@ def test_refuses_cross_attention() -> None:
     _, ours, _ = _pair(None, False)
     with pytest.raises(ValueError, match="self-attention"):
         ours(torch.randn(1, 3, 64), torch.randn(1, 3, 64))
+
+
+def test_refuses_a_rotary_encoding_of_another_size() -> None:
+    config = LatentAttentionConfig(64, 4, **SIZES)
+    with pytest.raises(ValueError, match="qk_rope_head_dim 8"):
+        MultiHeadLatentAttention(config, positional=RotaryEmbedding(16))

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.masks import Mask
-from attnkit.nn.attention import AttentionConfig, MultiHeadAttention, _check_positional
+from attnkit.nn.attention import AttentionConfig, MultiHeadAttention
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.norms import RMSNorm
@@ -158,7 +158,7 @@ class MultiHeadLatentAttention(MultiHeadAttention):
         del self.q_proj, self.k_proj, self.v_proj
         self.latent_config = config
         e, h, r = config.embed_dim, config.num_heads, config.kv_lora_rank
-        self.positional = _check_positional(positional, h, config.qk_rope_head_dim)
+        self.positional = _rotary_part(positional, config.qk_rope_head_dim)
         self.q_a_proj: nn.Linear | None = None
         self.q_a_norm: RMSNorm | None = None
         self.q_b_proj: nn.Linear | None = None
@@ -278,3 +278,25 @@ class MultiHeadLatentAttention(MultiHeadAttention):
         if config.interleaved_rotary:
             parts.append("interleaved_rotary=True")
         return ", ".join(parts)
+
+
+def _rotary_part(positional: AttentionPositional | None, rotary_dim: int) -> AttentionPositional | None:
+    """The encoding of the rotary part: one that rotates ``d_r``-dim heads.
+
+    Raises:
+        TypeError: not an ``AttentionPositional``, or one that biases scores instead of
+            rotating.
+        ValueError: built for another head dim.
+    """
+    if positional is None:
+        return None
+    if not isinstance(positional, AttentionPositional) or not positional.takes_positions:
+        raise TypeError(
+            f"positional must be a rotary AttentionPositional (RotaryEmbedding), got {type(positional).__name__}"
+        )
+    if positional.head_dim is not None and positional.head_dim != rotary_dim:
+        raise ValueError(
+            f"{type(positional).__name__} was built for head_dim {positional.head_dim}, but the rotary part of "
+            f"this attention has qk_rope_head_dim {rotary_dim}"
+        )
+    return positional
