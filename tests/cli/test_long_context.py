@@ -4,6 +4,7 @@ checkpoints: what they print and write, equal to the Python functions, and their
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -66,6 +67,35 @@ def test_heads_ranks_by_sink_and_retrieval(capsys, tmp_path, tiny_family_folder)
     data = json.loads((tmp_path / "heads_retrieval.json").read_text())
     assert data["retrieval"]["1"] == scores.scores[1].tolist()
     assert f"copied {scores.copied} of the needle's {scores.needle_tokens} tokens" in out
+
+
+def test_inspect_long_reads_only_the_start_of_a_file(capsys, tmp_path, tiny_family_folder):
+    folder = tiny_family_folder("gemma3_text")
+    model = models.load(folder)
+    # A megabyte of words, then bytes that are not UTF-8: a run that read or decoded the
+    # whole file would fail on them.
+    book = tmp_path / "book.txt"
+    book.write_bytes((TEXT + " w9" * 350_000).encode() + b" \xff\xfe")
+    argv = ["inspect", "--long", "--file", str(book), "--model", str(folder), "--layers", "0", "--format", "json"]
+    code = main([*argv, "--max-tokens", "20", "--top", "2", "--window", "4", "--out", str(tmp_path / "out"), "-q"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads((tmp_path / "out" / "long_context.json").read_text())
+    ids = model.tokenizer.encode(TEXT).ids[0][:20]
+    expected = long_context_summaries(model, ids, layers=[0], top_k=2, window=4)
+    assert data["tokens"] == 20
+    for got, want in zip(data["heads"], expected.head_table(), strict=True):
+        assert got == pytest.approx(want)
+    # Without --max-tokens the text must fit the model's context: it does not, said without
+    # reading further than one token past it.
+    assert main([*argv, "--out", str(tmp_path / "out"), "-q"]) == 2
+    assert f"the text has more tokens than {model.name}'s 64; keep fewer with --max-tokens" in capsys.readouterr().err
+
+
+def test_inspect_long_refuses_a_file_that_is_not_a_regular_file(capsys, tmp_path):
+    for path in (os.devnull, str(tmp_path)):  # a device (as /dev/zero), a folder
+        assert main(["inspect", "--long", "--file", path, "--model", "smollm2"]) == 2  # before the model loads
+        assert f"--file {path} is not a regular file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ families with sliding windows, grouped-query attention and soft-capping, and on 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import pytest
@@ -20,6 +21,7 @@ from attnkit.inspect.long_context import (
     long_context_summaries,
     summarize_layer,
 )
+from attnkit.inspect.long_context_blocks import TOP_CHUNK
 from tests.fixtures.tiny_families import TEXT_LENGTH, VOCAB
 from tests.functional.dense_reference import LargestStorage
 
@@ -121,6 +123,54 @@ def test_summaries_never_build_an_s_by_s_tensor():
     # a sixteenth of one head's [s, s] map.
     assert largest.nbytes <= h * 64 * s * 8, (largest.nbytes, largest.op)
     assert largest.nbytes < s * s * 4
+
+
+@pytest.mark.parametrize(("s", "map_block", "block_rows"), [(3, 2000, 3), (600, 600, 16)])
+def test_a_large_map_block_costs_no_more_memory_than_the_map_needs(s, map_block, block_rows):
+    # One cell: the map needs one block of scores at a time and a [h, 1, 1] result, never a
+    # map_block × map_block tile, and the blocks of rows stay as small as the budget says.
+    h, d = 2, 8
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(h, s, d, generator=gen), torch.randn(1, s, d, generator=gen)
+    with LargestStorage() as largest:
+        summary = summarize_layer(
+            q, k, LayerScoring(scale=d**-0.5), top_k=2, map_block=map_block, block_budget=h * 16 * s
+        )
+    # The scorer's block: block_rows × (keys + 2 · block_rows of padding + a chunk), float32.
+    assert largest.nbytes <= h * block_rows * (s + 2 * block_rows + TOP_CHUNK) * 4, (largest.nbytes, largest.op)
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    dense = torch.softmax((q.double() @ k.double().transpose(1, 2) * d**-0.5).masked_fill(~causal, -math.inf), -1)
+    assert summary.block_max is not None and summary.block_mean is not None
+    torch.testing.assert_close(summary.block_max[:, 0, 0].double(), dense.amax(dim=(1, 2)), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(summary.block_mean[:, 0, 0].double(), dense.sum(dim=(1, 2)) / s**2, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pass_ends_after_the_last_layer_asked_or_at_the_next_layer_once_stopped(tiny_family_folder):
+    model = models.load(tiny_family_folder("mistral"))
+    ids = torch.randint(0, VOCAB - 1, (TEXT_LENGTH,), generator=torch.Generator().manual_seed(4))
+    reached: list[int] = []
+    every_layer = {
+        model.hook_name("resid_pre", i): functools.partial(lambda i, _: reached.append(i), i)
+        for i in range(model.num_layers)
+    }
+    with model.hooks(every_layer):
+        long_context_summaries(model, ids, layers=[0])
+    assert reached == [0]  # nothing after the layer asked runs
+    reached.clear()
+    with model.hooks(every_layer):
+        long_context_summaries(model, ids, layers=[0], logits_at=[3])
+    assert reached == list(range(model.num_layers))  # logits need every layer
+    reached.clear()
+    with model.hooks(every_layer), pytest.raises(models.RunStopped):
+        long_context_summaries(model, ids, layers=[model.num_layers - 1], stop=lambda: len(reached) == 2)
+    assert reached == [0, 1]
+    asked = []
+    q, k = torch.randn(2, 40, 8), torch.randn(2, 40, 8)
+    with pytest.raises(models.RunStopped):
+        summarize_layer(
+            q, k, LayerScoring(scale=0.3), block_budget=2 * 40 * 4, stop=lambda: asked.append(1) or len(asked) == 3
+        )
+    assert len(asked) == 3  # asked before each block of 4 rows: stopped before the third
 
 
 def test_distance_quantiles_of_a_mass():

@@ -58,6 +58,7 @@ def test_info(client):
         "heads": 4,
         "decoder_heads": 0,
         "max_tokens": 64,
+        "max_long_tokens": 0,  # a stand-in without long-context maps
     }
     assert (info["max_chars"], info["max_weights"], info["max_body_bytes"]) == (2_000, 20_000, 4_096)
 
@@ -249,6 +250,7 @@ def test_cli_serves_a_real_model(minilm_path):
                 "heads": 12,
                 "decoder_heads": 0,
                 "max_tokens": 512,
+                "max_long_tokens": 512,  # the model's context
             }
         ]
         response = httpx.post(f"{url}/api/attention", json={"text": "it was tired", "layers": [5]}, timeout=30)

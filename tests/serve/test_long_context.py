@@ -3,6 +3,8 @@ zoomed block equal the model's own dense weights, and bad requests are refused."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -14,6 +16,8 @@ from attnkit.serve import create_app, long_context  # noqa: E402
 from attnkit.serve.long_context import MAX_BLOCK_WEIGHTS  # noqa: E402
 
 TEXT = " ".join(f"w{(i * 11) % 50 + 1}" for i in range(40))
+LONG = " ".join(f"w{i % 50 + 1}" for i in range(70))  # past the tiny model's context of 64 tokens
+SURROGATE = "the text is not valid Unicode: a lone surrogate at character 0"
 LOCAL = "http://127.0.0.1:8000"
 
 
@@ -57,12 +61,44 @@ def test_map_and_zoomed_block_equal_the_dense_weights(served):
         ("/api/long/map", {"text": TEXT, "layer": 0, "head": 0, "block": 0}, "block must be at least"),
         ("/api/long/block", {"text": TEXT, "layer": 0, "head": 0, "rows": [5, 2], "keys": [0, 1]}, "rows must be"),
         ("/api/long/block", {"text": TEXT, "layer": 0, "head": 4, "rows": [0, 2], "keys": [0, 1]}, "head must be"),
+        # A block wider than the text would be one cell: refused, whatever its size.
+        ("/api/long/map", {"text": "w1 w2", "layer": 0, "head": 0, "block": 12000}, "block must be at most the text's"),
+        ("/api/long/map", {"text": TEXT, "layer": 0, "head": 0, "block": 10**23}, "block must be at most the text's"),
+        ("/api/long/map", {"text": TEXT, "layer": 0, "head": 0, "block": 2**62}, "block must be at most the text's"),
+        ("/api/long/map", {"text": TEXT, "layer": 0, "head": 0, "window": 10**23}, "window must be in 1..256"),
+        ("/api/long/map", {"text": TEXT, "layer": 0, "head": 0, "window": 2**62}, "window must be in 1..256"),
+        ("/api/long/map", {"text": TEXT, "layer": 10**23, "head": 0}, "layer must be in 0..2"),
+        # Past the model's context (64 tokens): the model's own message.
+        ("/api/long/block", {"text": LONG, "layer": 0, "head": 0, "rows": [0, 1], "keys": [0, 1]}, "tokens"),
+        ("/api/long/map", {"text": LONG, "layer": 0, "head": 0}, "tokens"),
+        ("/api/long/block", {"text": "\ud800 cat", "layer": 0, "head": 0, "rows": [0, 1], "keys": [0, 1]}, SURROGATE),
+        ("/api/long/map", {"text": "a \ud800", "layer": 0, "head": 0}, "the text is not valid Unicode"),
     ],
 )
 def test_bad_requests_are_refused(served, route, body, message):
     client, _, _ = served
-    got = client.post(route, json=body)
-    assert got.status_code == 422 and message in got.json()["detail"]
+    # json.dumps writes a lone surrogate as the escape "\ud800", as a browser would send it.
+    got = client.post(route, content=json.dumps(body), headers={"content-type": "application/json"})
+    assert got.status_code == 422 and message in got.json()["detail"], got.text
+
+
+def test_long_routes_have_their_own_token_limit(tiny_family_folder):
+    folder = tiny_family_folder("gemma3_text")
+    client = TestClient(create_app([str(folder)], max_tokens=8), base_url=LOCAL)
+    assert client.get("/api/info").json()["models"][0]["max_long_tokens"] == 64  # the model's context
+    # --max-tokens (8) limits /api/attention, not the long routes.
+    assert client.post("/api/long/map", json={"text": TEXT, "layer": 0, "head": 0}).status_code == 200
+    limited = TestClient(create_app([str(folder)], max_long_tokens=30), base_url=LOCAL)
+    assert limited.get("/api/info").json()["models"][0]["max_long_tokens"] == 30
+    for route, extra in (("/api/long/map", {}), ("/api/long/block", {"rows": [0, 1], "keys": [0, 1]})):
+        got = limited.post(route, json={"text": TEXT, "layer": 0, "head": 0, **extra})
+        assert got.status_code == 422
+        assert (
+            got.json()["detail"] == f"the text is 40 tokens, more than the long-context limit of 30 for {folder.name}"
+        )
+    assert limited.post("/api/long/map", json={"text": "w1 w2 w3", "layer": 0, "head": 0}).status_code == 200
+    with pytest.raises(ValueError, match="max_long_tokens must be at least 1, got 0"):
+        create_app([str(folder)], max_long_tokens=0)
 
 
 def test_map_lists_top_k_keys_and_names_the_zoom_limit(served):

@@ -21,6 +21,7 @@ from attnkit.cli.common import (
     prepare_out,
     print_written,
 )
+from attnkit.cli.long_text import check_long_text, long_token_ids
 from attnkit.viz.terminal import counted
 
 # Statistics of `attnkit heads` that come from the long-context summaries.
@@ -55,7 +56,12 @@ def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> Non
         "--sink-tokens", type=int, default=1, metavar="N", help="first tokens counted as the sink (default: 1)"
     )
     if inspect:
-        group.add_argument("--file", metavar="FILE", help="read the text from FILE (UTF-8) instead of TEXT")
+        group.add_argument(
+            "--file",
+            metavar="FILE",
+            help="read the text from FILE (a regular file, UTF-8) instead of TEXT; only its start is read, as "
+            "far as the tokens the run can take",
+        )
         group.add_argument("--max-tokens", type=int, metavar="N", help="keep the first N tokens of the text")
     else:
         group.add_argument(
@@ -80,38 +86,6 @@ def _check_long_options(args: argparse.Namespace) -> None:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
 
 
-def read_long_text(args: argparse.Namespace) -> str:
-    """TEXT, or the contents of ``--file``.
-
-    Raises:
-        CommandError: an unreadable file or an empty text.
-    """
-    if args.file is None:
-        text = str(args.text)
-    else:
-        try:
-            text = Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise CommandError(f"cannot read --file {args.file}: {getattr(err, 'strerror', None) or err}") from None
-    if not text.strip():
-        raise CommandError("the text is empty")
-    return text
-
-
-def _token_ids(model: Any, text: str, max_tokens: int | None) -> Any:
-    """The ids ``[s]`` of ``text`` (its first ``max_tokens``), checked against the model's context."""
-    encoded = model.tokenizer.encode(text)
-    ids = encoded.ids[0]
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
-    if ids.numel() > model.max_length:
-        raise CommandError(
-            f"the text has {ids.numel()} tokens, more than {model.name}'s {model.max_length}; "
-            "keep fewer with --max-tokens"
-        )
-    return ids
-
-
 def run_inspect_long(
     args: argparse.Namespace, choose: Callable[[Any], tuple[list[int] | None, list[int] | None]]
 ) -> int:
@@ -127,11 +101,11 @@ def run_inspect_long(
         raise CommandError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
-    text = read_long_text(args)
+    check_long_text(args.text, args.file)
     status = Status(args.quiet)
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
-    ids = _token_ids(model, text, args.max_tokens)
+    ids = long_token_ids(model, args.text, args.file, args.max_tokens)
     layers, heads = choose(model)
     s = ids.numel()
     block = max(1, math.ceil(s / MAP_SIDE))
@@ -280,7 +254,7 @@ def run_heads_long(args: argparse.Namespace, read_texts: Callable[[str | None, s
             from attnkit.inspect.long_context import long_context_summaries
 
             text = "\n".join(read_texts(args.text, args.file))
-            ids = _token_ids(model, text, None)
+            ids = long_token_ids(model, text, None, None)
             with status.step(f"summarising every head of {model.name} over {counted(ids.numel(), 'token')}"):
                 run = long_context_summaries(
                     model,
