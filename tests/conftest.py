@@ -164,3 +164,22 @@ def tiny_family_folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[[st
         return root / case
 
     return folder
+
+
+# The words of the byte-level tokenizer (letters only: its pattern splits letters from digits).
+LETTER_WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "to", "park", "and", "slept"]
+
+
+@pytest.fixture(scope="session")
+def byte_level_gemma3(tiny_family_folder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random Gemma 3 with a byte-level tokenizer over :data:`LETTER_WORDS`: its
+    tokens are spelled ``"cat"``, ``"Ġsat"``, ... as SmolLM2's are."""
+    import json
+    import shutil
+
+    from tests.fixtures.crafted import byte_level_tokenizer_json
+
+    folder = tmp_path_factory.mktemp("byte-level") / "gemma3_byte_level"
+    shutil.copytree(tiny_family_folder("gemma3_text"), folder)
+    (folder / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json(LETTER_WORDS)))
+    return folder

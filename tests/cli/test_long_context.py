@@ -111,3 +111,21 @@ def test_inspect_long_refuses_a_file_that_is_not_a_regular_file(capsys, tmp_path
 def test_long_options_are_checked_before_the_model_loads(capsys, argv, message):
     assert main([*argv, "--model", "smollm2"]) != 0  # refused before the model loads
     assert message in capsys.readouterr().err
+
+
+BYTE_LEVEL_TEXT = " ".join(["the", "cat", "sat", "on", "the", "mat", "and", "the", "dog", "ran"] * 3)
+
+
+def test_inspect_long_writes_only_the_formats_asked_with_readable_tokens(capsys, tmp_path, byte_level_gemma3):
+    from tests.viz.test_long_view import embedded
+
+    argv = ["inspect", "--long", BYTE_LEVEL_TEXT, "--model", str(byte_level_gemma3), "--layers", "1", "-q"]
+    assert main([*argv, "--format", "html", "--out", str(tmp_path / "html")]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "html").iterdir()) == ["long_context.html"]
+    data = embedded((tmp_path / "html" / "long_context.html").read_text())
+    assert data["tokens"][:4] == ["the", "cat", "sat", "on"] and not any("\u0120" in t for t in data["tokens"])
+    assert main([*argv, "--format", "json,svg", "--out", str(tmp_path / "json")]) == 0, capsys.readouterr().err
+    written = sorted(p.name for p in (tmp_path / "json").iterdir())
+    assert written == ["long_context.json", "long_context_top.npz", "long_layer1_head0.svg"]
+    assert main([*argv, "--format", "pdf", "--out", str(tmp_path / "pdf")]) != 0
+    assert "--format takes a comma-separated list of png, svg, json, html" in capsys.readouterr().err

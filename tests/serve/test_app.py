@@ -59,6 +59,7 @@ def test_info(client):
         "decoder_heads": 0,
         "max_tokens": 64,
         "max_long_tokens": 0,  # a stand-in without long-context maps
+        "windows": None,
     }
     assert (info["max_chars"], info["max_weights"], info["max_body_bytes"]) == (2_000, 20_000, 4_096)
 
@@ -251,6 +252,7 @@ def test_cli_serves_a_real_model(minilm_path):
                 "decoder_heads": 0,
                 "max_tokens": 512,
                 "max_long_tokens": 512,  # the model's context
+                "windows": None,
             }
         ]
         response = httpx.post(f"{url}/api/attention", json={"text": "it was tired", "layers": [5]}, timeout=30)

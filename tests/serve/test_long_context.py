@@ -130,3 +130,35 @@ def test_a_zoom_over_the_limit_is_refused_in_one_line_naming_it(served, monkeypa
     assert client.post("/api/long/block", json={**body, "rows": [0, 10]}).status_code == 200
     bad = client.post("/api/long/map", json={"text": TEXT, "model": name, "layer": 1, "head": 0, "top_k": 0})
     assert bad.status_code == 422 and "top_k must be in 1..32" in bad.json()["detail"]
+
+
+def test_map_and_zoom_label_tokens_as_they_read_and_by_words(byte_level_gemma3):
+    client = TestClient(create_app([str(byte_level_gemma3)]), base_url=LOCAL)
+    text = "the cat sat on the mat and the dog ran"
+    request = {"text": text, "model": byte_level_gemma3.name, "layer": 1, "head": 0}
+    body = client.post("/api/long/map", json=request).json()
+    assert body["tokens"] == text.split() and body["level"] == "token"
+    zoom = client.post("/api/long/block", json={**request, "rows": [1, 3], "keys": [0, 2]}).json()
+    assert zoom["query_tokens"] == ["cat", "sat"] and zoom["key_tokens"] == ["the", "cat"]
+    assert client.post("/api/long/map", json={**request, "level": "word"}).json()["tokens"] == text.split()
+    assert client.post("/api/long/map", json={**request, "level": "sentence"}).status_code == 422
+
+
+def test_colour_modes_come_as_the_exported_page_has_them(served, tiny_family_folder):
+    from attnkit.viz.viewer import ViewerData
+    from attnkit.viz.viewer.adapters import mode_sections
+
+    client, name, _ = served
+    text = TEXT[:60]
+    body = {"text": text, "model": name, "layers": [1, 2], "heads": [0, 3], "modes": ["value", "rollout"]}
+    got = client.post("/api/attention", json=body)
+    assert got.status_code == 200, got.text
+    data = ViewerData.from_json(got.text)
+    assert list(data.sections) == ["self", "value", "rollout"]
+    model = models.load(tiny_family_folder("gemma3_text"))
+    want = mode_sections(model, text, ["value", "rollout"], layers=[1, 2], heads=[0, 3])
+    for mode in ("value", "rollout"):
+        assert data.sections[mode].layers == want[mode].layers and data.sections[mode].heads == want[mode].heads
+        torch.testing.assert_close(data.sections[mode].weights, want[mode].weights, atol=2e-5, rtol=0)
+    refused = client.post("/api/attention", json={**body, "modes": ["flow"]})
+    assert refused.status_code == 422

@@ -27,7 +27,8 @@ def cell_point(page, i: int, j: int) -> tuple[float, float]:
     canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     cw, ch = (float(canvas.get_attribute(f"data-cell-{k}")) for k in ("width", "height"))
-    return box["x"] + (j + 0.5) * cw, box["y"] + (i + 0.5) * ch
+    left, top = (float(canvas.get_attribute(f"data-{k}")) for k in ("left", "top"))  # the labels' room
+    return box["x"] + left + (j + 0.5) * cw, box["y"] + top + (i + 0.5) * ch
 
 
 def hover(page, i: int, j: int) -> dict[str, str]:
@@ -111,7 +112,7 @@ def test_serve_zooms_a_dragged_region_to_exact_weights_and_back(gemma3, server, 
     page.wait_for_selector("body[data-state=empty]")
     page.get_by_label("Text", exact=True).fill(TEXT)
     page.get_by_label("Long text", exact=True).select_option(value="on")
-    page.get_by_label("Layers to compute", exact=True).select_option(label="layer 1")
+    page.get_by_label("Layers to compute", exact=True).select_option(label="layer 1 \u00b7 global")
     page.get_by_label("Heads to compute", exact=True).select_option(label="head 2")
     page.get_by_role("button", name="Show attention").click()
     page.wait_for_selector(READY)
@@ -152,3 +153,95 @@ def test_serve_zooms_a_dragged_region_to_exact_weights_and_back(gemma3, server, 
     assert page.locator("#ak-long-view").is_hidden() and page.locator("#ak-tab-head").is_visible()
     assert page.locator("#ak-queries .ak-token").count() == 40
     assert page.requests and all(url.startswith(server + "/") for url in page.requests)
+
+
+def test_serve_tags_local_and_global_layers_in_the_layers_to_compute(gemma3, server, page):
+    from tests.fixtures.tiny_families import WINDOW
+
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-state=empty]")
+    options = page.get_by_label("Layers to compute", exact=True).locator("option").all_text_contents()
+    assert options[2:] == [
+        f"layer 0 \u00b7 local ({WINDOW})",
+        "layer 1 \u00b7 global",
+        f"layer 2 \u00b7 local ({WINDOW})",
+    ]
+
+
+def test_serve_long_map_in_view_and_its_zoom_labelled_with_true_tooltips(gemma3, server, page):
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-state=empty]")
+    page.get_by_label("Text", exact=True).fill(TEXT)
+    page.get_by_label("Long text", exact=True).select_option(value="on")
+    page.get_by_role("button", name="Show attention").click()
+    page.wait_for_selector(READY)
+    canvas = page.locator("#ak-long-map")
+    box = canvas.bounding_box()
+    assert box["y"] < 800 and box["height"] <= 800 - 60, box  # its top on the first screen, all of it on one
+    # A drag, then the pointer stays still: the tooltip reads the exact map, not the blocks.
+    page.mouse.move(*cell_point(page, 30, 3))
+    page.mouse.down()
+    page.mouse.move(*cell_point(page, 37, 19), steps=4)
+    page.mouse.up()
+    page.wait_for_selector("#ak-long-map[data-shows=exact]")
+    page.wait_for_selector(READY)
+    tip = page.locator("#ak-tooltip")
+    assert tip.is_hidden() or "(exact)" in tip.text_content() or "(masked)" in tip.text_content()
+    # The zoomed cells are labelled with their tokens: room is kept left and above for them.
+    assert float(canvas.get_attribute("data-left")) > 0 and float(canvas.get_attribute("data-top")) > 0
+    assert float(canvas.get_attribute("data-cell-height")) >= 9
+    words = TEXT.split()
+    got = hover(page, 2, 4)
+    assert got["query"] == f"{words[32]}  #32" and got["key"] == f"{words[7]}  #7"
+
+
+def test_a_zoom_of_a_hundred_rows_and_keys_is_labelled(page, tmp_path, tiny_family_folder):
+    """100 × 100 exact weights, as a dragged region of a long text gives, read in labelled cells
+    at 1280×800 (the tables move below the zoom)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "gemma3_256"
+    shutil.copytree(tiny_family_folder("gemma3_text"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 256}))
+    page.set_viewport_size({"width": 1280, "height": 800})
+    app = create_app([str(folder)], allowed_hosts=["127.0.0.1", "localhost"])
+    text = " ".join(f"w{(i * 7) % 60 + 1}" for i in range(120))
+    with background(app) as url:
+        page.goto(url + "/")
+        page.wait_for_selector("body[data-state=empty]")
+        page.get_by_label("Text", exact=True).fill(text)
+        page.get_by_label("Long text", exact=True).select_option(value="on")
+        page.get_by_role("button", name="Show attention").click()
+        page.wait_for_selector(READY)
+        page.eval_on_selector("#ak-long-map", "c => c.scrollIntoView()")  # all of the map on one screen
+        page.mouse.move(*cell_point(page, 10, 5))
+        page.mouse.down()
+        page.mouse.move(*cell_point(page, 109, 104), steps=4)
+        page.mouse.up()
+        page.wait_for_selector("#ak-long-map[data-shows=exact]")
+        page.wait_for_selector(READY)
+    canvas = page.locator("#ak-long-map")
+    assert (canvas.get_attribute("data-rows"), canvas.get_attribute("data-cols")) == ("100", "100")
+    assert float(canvas.get_attribute("data-cell-width")) >= 9 and float(canvas.get_attribute("data-left")) > 0
+    assert canvas.bounding_box()["width"] <= 1280
+
+
+def test_serve_offers_the_value_and_rollout_modes_of_the_exported_page(gemma3, server, page):
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-state=empty]")
+    page.get_by_label("Text", exact=True).fill(TEXT)
+    page.get_by_label("Colours", exact=True).select_option(label="weights, value-weighted and rollout")
+    page.get_by_role("button", name="Show attention").click()
+    page.wait_for_selector(READY)
+    sections = page.get_by_label("Attention", exact=True).locator("option").all_text_contents()
+    assert sections == [
+        "self-attention",
+        "value-weighted \u2016\u03b1\u00b7f(x)\u2016 (each map scaled to its largest)",
+        "attention rollout (layers below and heads merged)",
+    ]
+    page.get_by_label("Attention", exact=True).select_option(value="rollout")
+    page.wait_for_selector(READY)
+    assert page.get_by_label("Head", exact=True).locator("option").all_text_contents() == ["all heads, merged"]

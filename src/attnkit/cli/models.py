@@ -46,8 +46,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="show the model families a checkpoint folder may belong to",
         description=(
             "Show the model families attnkit runs on its own modules, by the model_type of a checkpoint's "
-            "config.json, and what each adds. Any folder with config.json, safetensors weights (sharded too) "
-            "and tokenizer.json of these families loads by its path."
+            "config.json, and what each adds, then the architectures tested through the bridge (kind "
+            "'bridged': transformers' own modules with attnkit's attention, family bridge:<model_type>). Any "
+            "folder with config.json, safetensors weights (sharded too) and tokenizer.json of these loads by its "
+            "path; any other causal language model of transformers is tried through the bridge, which refuses "
+            "in one line an architecture whose attention bypasses transformers' attention interface."
         ),
     )
     families.set_defaults(func=run_families)

@@ -8,7 +8,9 @@ with local and global layers, under the Gemma Terms of Use). Any local Hugging F
 :data:`attnkit.models.families.table.FAMILIES` (LLaMA, BERT, GPT-2, GPT-NeoX, Qwen 2 and 3,
 Mistral, Gemma 2 and 3, Phi-3) loads by its path, and a Hugging Face name
 (``"TinyLlama/TinyLlama-1.1B-Chat-v1.0"``) from the Hugging Face cache
-(:mod:`attnkit.models.checkpoints.hub`).
+(:mod:`attnkit.models.checkpoints.hub`). Any other causal language model of ``transformers`` whose
+attention runs through its attention interface (OLMo 2, Granite, Mixtral, …) loads through
+the bridge (:mod:`attnkit.models.families.bridge`), labelled ``bridge:<model_type>``.
 
 >>> from attnkit import models
 >>> models.fetch("smollm2")                      # once; offline afterwards

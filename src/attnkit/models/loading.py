@@ -32,6 +32,7 @@ from attnkit.models.checkpoints.quantization import FP8_DTYPES, dequantize, dequ
 from attnkit.models.checkpoints.registry import MODELS
 from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.checkpoints.weights import check_weight_map, load_tensors, read_headers
+from attnkit.models.families.bridge import bridgeable, load_bridged
 from attnkit.models.families.family import ModelFamily
 from attnkit.models.families.meta_device import buffer_bytes, materialize_buffers
 from attnkit.models.families.table import FAMILIES, unsupported_model_type
@@ -104,7 +105,9 @@ def load(
     (``ORG/NAME``) onto attnkit modules.
 
     The folder must hold ``config.json`` (a ``model_type`` of
-    :data:`attnkit.models.families.table.FAMILIES`), safetensors weights (sharded too, with
+    :data:`attnkit.models.families.table.FAMILIES`, or of a causal language model of
+    ``transformers`` whose attention runs through its attention interface, loaded through
+    the bridge: :mod:`attnkit.models.families.bridge`), safetensors weights (sharded too, with
     ``model.safetensors.index.json``) and ``tokenizer.json``. Each safetensors header is checked against
     its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
     fetch time. The weights' size in ``dtype`` is compared with the memory free on
@@ -149,10 +152,12 @@ def load(
         verify_manifest(folder, manifest, name)
     hf_config = read_config(folder)
     model_type = hf_config.get("model_type")
+    weights_dtype = choose_dtype(dtype, target, hf_config)
+    if isinstance(model_type, str) and model_type not in FAMILIES and bridgeable(model_type):
+        return _load_bridged(name, folder, hf_config, weights_dtype, target)
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise CheckpointError(folder / "config.json", unsupported_model_type(model_type), field="model_type")
     family = FAMILIES[model_type]
-    weights_dtype = choose_dtype(dtype, target, hf_config)
     files = weight_files(folder)
     # Everything the folder says is compared before any weight is read, and the module is
     # built on the ``meta`` device (no storage), so that a crafted config.json cannot make
@@ -164,16 +169,7 @@ def load(
     config = family.read_config(hf_config, path=folder / "config.json")
     module = family.build(config)
     _check_weights_fit(module, family, config, headers, folder)
-    eos = family.eos_token_ids(config, folder)
-    tokenizer_path = folder / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
-    if tokenizer.largest_id >= config.vocab_size:
-        raise CheckpointError(
-            tokenizer_path,
-            f"has token id {tokenizer.largest_id}, but the model's embedding has "
-            f"vocab_size={config.vocab_size} rows (config.json)",
-            field="vocab_size",
-        )
+    tokenizer = _tokenizer(folder, family.eos_token_ids(config, folder), config.vocab_size)
     smaller = "" if weights_dtype.itemsize <= 2 else "load in bfloat16 (--dtype bfloat16) to halve it, or "
     tables = buffer_bytes(module)  # rotary cosines and sines, ALiBi slopes: made at load
     check_fits(
@@ -192,6 +188,35 @@ def load(
     family.finish(module, config)
     module = module.to(target).eval()
     return Model(name=name, model_family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+
+
+def _load_bridged(
+    name: str, folder: Path, hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device
+) -> Model:
+    """A ``model_type`` without a family, through ``transformers`` (:mod:`attnkit.models.families.bridge`),
+    named with its label (``tiny-olmo2 (bridge:olmo2)``) so that every record and title says so."""
+    family, config, module = load_bridged(folder, hf_config, dtype=dtype, device=device, name=name)
+    tokenizer = _tokenizer(folder, family.eos_token_ids(config, folder), config.vocab_size)
+    labelled = f"{name} ({family.name})"
+    return Model(name=labelled, model_family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+
+
+def _tokenizer(folder: Path, eos: tuple[int, ...], vocab_size: int) -> Tokenizer:
+    """The folder's ``tokenizer.json``, whose ids must fit the embedding.
+
+    Raises:
+        CheckpointError: a token id beyond ``vocab_size``.
+    """
+    tokenizer_path = folder / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
+    if tokenizer.largest_id >= vocab_size:
+        raise CheckpointError(
+            tokenizer_path,
+            f"has token id {tokenizer.largest_id}, but the model's embedding has "
+            f"vocab_size={vocab_size} rows (config.json)",
+            field="vocab_size",
+        )
+    return tokenizer
 
 
 _LAYER_INDEX = re.compile(r"^(\w+)\.layers\.(\d+)\.")

@@ -9,6 +9,8 @@ Shape letters: ``b`` batch, ``s`` number of tokens, ``e`` model dim, ``v`` vocab
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -64,6 +66,25 @@ class TextModule(HookedModule, ABC):
         """The self-attention module of layer ``layer`` of the stack :meth:`last_hidden_state`
         runs (whose projections value-weighted attention and TransformerLens-style weights
         read)."""
+
+
+@runtime_checkable
+class DecodingModule(Protocol):
+    """A network that continues token ids step by step with a KV cache
+    (:meth:`attnkit.nn.DecoderLM.stream`, :meth:`attnkit.nn.EncoderDecoderLM.stream`): what
+    generation by an :class:`attnkit.models.Model` runs."""
+
+    def stream(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Tensor]:
+        """The next token ``[b]`` of every row, one step at a time."""
+        ...
 
 
 def padding_positions(padding: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:

@@ -95,6 +95,12 @@ class AttentionRequest(BaseModel):
         description='"token", or "word" for the attention between the words of the text: rows and columns are '
         "words, a word's row the average of its tokens' rows, summed over each key word's tokens.",
     )
+    modes: list[Literal["value", "rollout"]] = Field(
+        [],
+        description='Colour modes added beside the weights, as sections of their own: "value" (value-weighted '
+        'attention, each map scaled to its largest value) and "rollout" (attention rollout up to each layer, '
+        "heads merged, shown as head 0); their weights count towards max_weights. Refused for encoder-decoders.",
+    )
     decoder_text: StrictStr | None = Field(
         None,
         description="An encoder-decoder's target, the decoder's text (text is then its source). Absent, null or "
@@ -126,6 +132,11 @@ class ModelInfo(BaseModel):
     max_tokens: int = Field(description="Longest text accepted for this model, in its tokens.")
     max_long_tokens: int = Field(
         0, description="Longest text of the long-context routes (/api/long/...), in its tokens (0: none)."
+    )
+    windows: list[int | None] | None = Field(
+        None,
+        description="Each layer's sliding window (null for a global layer) of a model with local layers; "
+        "null for a model without them.",
     )
 
 
@@ -220,7 +231,16 @@ class ServedModel:
             decoder_heads=_decoder_heads(self.model) if self.encoder_decoder else 0,
             max_tokens=self.max_tokens,
             max_long_tokens=self.max_long_tokens,
+            windows=None if self.encoder_decoder else _listed_windows(self.model),
         )
+
+
+def _listed_windows(model: Any) -> list[int | None] | None:
+    """Each layer's sliding window, or ``None`` for a model without local layers."""
+    from attnkit.inspect.maps import model_windows
+
+    windows = model_windows(model)
+    return None if windows is None else list(windows)
 
 
 def _decoder_heads(model: Any) -> int:
@@ -519,14 +539,68 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
         # Other requests' batch waits for this one while it is read and checked.
         with s.batcher.arriving():
             admitted = await _admit(request, s, limits)
+        _check_mode_weights(request.modes, admitted, limits)
         run = await run_queued(
             lambda: s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens), http.receive
         )
         if run is None:  # the client has gone; nobody reads this
             return Response(status_code=499)
-        data = await run_in_threadpool(_viewer_data, s.model, run, name, admitted.text, request.level)
+        data = await run_in_threadpool(_page_data, s, run, admitted, request)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
+
+
+def _refuse_modes(request: AttentionRequest, s: ServedModel) -> None:
+    """Refuse colour modes for an encoder-decoder: they are of one self-attention.
+
+    Raises:
+        HTTPException: 422 naming the model.
+    """
+    if request.modes:
+        raise _error(422, f"{s.name} is an encoder-decoder: colour modes (modes) are for one self-attention")
+
+
+def _check_mode_weights(modes: Sequence[str], admitted: Admitted, limits: Limits) -> None:
+    """Refuse colour modes that would take the response over the server's weights: value as
+    many as the weights, rollout one map per layer.
+
+    Raises:
+        HTTPException: 422 naming the weights and the limit.
+    """
+    maps = len(admitted.layers) * len(admitted.heads)
+    total = maps * (1 + ("value" in modes)) + len(admitted.layers) * ("rollout" in modes)
+    weights = total * admitted.tokens**2
+    if modes and weights > limits.max_weights:
+        raise _error(
+            422,
+            f"with the colour modes {', '.join(modes)}, {total} maps x {admitted.tokens}^2 tokens is {weights} "
+            f"weights, more than this server's limit of {limits.max_weights}: ask for fewer layers or heads, "
+            "or no colour modes",
+        )
+
+
+def _page_data(s: ServedModel, run: Any, admitted: Admitted, request: AttentionRequest) -> Any:
+    """The viewer's data of a run, with the colour modes of ``request`` added as sections, as
+    the exported page has them.
+
+    Raises:
+        HTTPException: 422 for weights that are not finite, or what the methods refuse.
+    """
+    from dataclasses import replace
+
+    from attnkit.viz.viewer.adapters import mode_sections
+
+    data = _viewer_data(s.model, run, s.name, admitted.text, request.level)
+    if not request.modes:
+        return data
+    try:
+        own = data.sections["self"]
+        extra = mode_sections(
+            s.model, admitted.text, request.modes, layers=own.layers, heads=own.heads, level=request.level
+        )
+    except ValueError as err:
+        raise _error(422, str(err)) from None
+    return replace(data, sections={**data.sections, **extra})
 
 
 def _viewer_data(model: Any, run: Any, name: str, text: str, level: str) -> Any:
@@ -614,6 +688,7 @@ async def _run_encoder_decoder(request: AttentionRequest, s: ServedModel, limits
         HTTPException: 422 naming what is wrong and, for too many weights, what would fit.
     """
     model: Any = s.model  # an encoder-decoder attnkit.models.Model, beyond the protocol: run_encoder_decoder
+    _refuse_modes(request, s)
     check_text(request.text, limits.max_chars)
     target = request.decoder_text if request.decoder_text is not None and request.decoder_text.strip() else None
     if target is not None:

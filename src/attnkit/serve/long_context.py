@@ -20,7 +20,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from torch import Tensor
 
 from attnkit.inspect.long_context import LayerScoring, LongContextRun, exact_block, long_context_summaries
+from attnkit.inspect.maps import sequence_labels
 from attnkit.serve.admission import check_text, run_queued
 
 # Blocks per side of a reduced map by default, and at most.
@@ -60,6 +61,9 @@ class LongMapRequest(BaseModel):
         description=f"Distance counted as near in the head's summary, 1 to max_long_tokens (or {DEFAULT_WINDOW}).",
     )
     top_k: StrictInt = Field(1, description=f"Keys listed per query in top_k_keys, 1 to {MAX_TOP_K}.")
+    level: Literal["token", "word"] = Field(
+        "token", description='How tokens are labelled: as they read ("token"), or by the word each belongs to ("word").'
+    )
 
 
 class LongBlockRequest(BaseModel):
@@ -72,6 +76,7 @@ class LongBlockRequest(BaseModel):
     head: StrictInt
     rows: list[StrictInt] = Field(description="[start, stop): the query tokens.")
     keys: list[StrictInt] = Field(description="[start, stop): the key tokens.")
+    level: Literal["token", "word"] = "token"
 
 
 @dataclass
@@ -119,7 +124,7 @@ def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: 
         """One head's map over a long text, reduced to blocks (max and mean of each block,
         exact), with its summary and every query's strongest key."""
         s = _served_with_long_maps(served, request.model or default)
-        ids, tokens = await _admit(request.text, request.layer, request.head, s, max_chars)
+        ids, tokens = await _admit(request.text, request.layer, request.head, s, max_chars, request.level)
         size = _map_block(request.block, len(tokens))
         _check_window_and_top_k(request.window, request.top_k, s.max_long_tokens)
         return await _queued(s, functools.partial(_summarise, s, kept[s.name], request, ids, tokens, size), http)
@@ -129,7 +134,7 @@ def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: 
         """The exact weights of one head for a block of query rows and keys (each row
         normalised over all its keys), from the queries and keys kept by the last map."""
         s = _served_with_long_maps(served, request.model or default)
-        ids, tokens = await _admit(request.text, request.layer, request.head, s, max_chars)
+        ids, tokens = await _admit(request.text, request.layer, request.head, s, max_chars, request.level)
         rows, keys = _range(request.rows, len(tokens), "rows"), _range(request.keys, len(tokens), "keys")
         weights = (rows[1] - rows[0]) * (keys[1] - keys[0])
         if weights > MAX_BLOCK_WEIGHTS:
@@ -155,9 +160,10 @@ def _served_with_long_maps(served: dict[str, Any], name: str) -> Any:
     return served[name]
 
 
-async def _admit(text: str, layer: int, head: int, s: Any, max_chars: int) -> tuple[Tensor, list[str]]:
+async def _admit(text: str, layer: int, head: int, s: Any, max_chars: int, level: str) -> tuple[Tensor, list[str]]:
     """Check a request's text, layer and head against the model and the server's limits;
-    the text's ids ``[1, n]`` and tokens.
+    the text's ids ``[1, n]`` and tokens as they read (:func:`attnkit.inspect.maps.sequence_labels`
+    at ``level``).
 
     Raises:
         HTTPException: 422 for a blank, too long or invalid text (lone surrogates, more than
@@ -170,7 +176,7 @@ async def _admit(text: str, layer: int, head: int, s: Any, max_chars: int) -> tu
     if not 0 <= head < model.num_heads:
         raise HTTPException(422, f"head must be in 0..{model.num_heads - 1}, got {head}")
     try:
-        ids, tokens, _ = await run_in_threadpool(model.prepare_input, text)
+        ids, tokens, offsets = await run_in_threadpool(model.prepare_input, text)
     except ValueError as err:
         raise HTTPException(422, str(err)) from None
     if ids.shape[1] > s.max_long_tokens:
@@ -178,7 +184,7 @@ async def _admit(text: str, layer: int, head: int, s: Any, max_chars: int) -> tu
             422,
             f"the text is {ids.shape[1]} tokens, more than the long-context limit of {s.max_long_tokens} for {s.name}",
         )
-    return ids, tokens
+    return ids, await run_in_threadpool(sequence_labels, model, tokens, ids, offsets, text, level=level)
 
 
 async def _queued(s: Any, work: Callable[[Callable[[], bool]], Any], http: Request) -> Any:
@@ -262,6 +268,7 @@ def _summarise(
         "layer": layer,
         "head": head,
         "tokens": tokens,
+        "level": request.level,
         "causal": bool(model.causal),
         "block": size,
         "max": _rounded(summary.block_max[0].tolist()),
@@ -303,8 +310,8 @@ def _zoom(
         "head": request.head,
         "rows": list(rows),
         "keys": list(keys),
-        "query_tokens": store.tokens[rows[0] : rows[1]],
-        "key_tokens": store.tokens[keys[0] : keys[1]],
+        "query_tokens": tokens[rows[0] : rows[1]],
+        "key_tokens": tokens[keys[0] : keys[1]],
         "weights": weights.tolist(),
     }
 

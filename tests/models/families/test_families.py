@@ -89,7 +89,12 @@ def test_models_families_lists_every_family(capsys) -> None:
     assert main(["models", "families"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["model_type", "kind", "what", "its", "blocks", "have"]
-    assert [line.split()[0] for line in lines[1:]] == list(FAMILIES)
+    from attnkit.models.families.table import TESTED_BRIDGES
+
+    rows = [line.split() for line in lines[1:]]
+    assert [row[0] for row in rows] == list(FAMILIES) + list(TESTED_BRIDGES)
+    assert all(row[1] == "bridged" for row in rows[len(FAMILIES) :])
+    assert all(row[1] != "bridged" for row in rows[: len(FAMILIES)])
     assert "sliding window on alternate layers" in next(line for line in lines if line.startswith("gemma2 "))
 
 

@@ -48,20 +48,47 @@ FAMILIES: dict[str, ModelFamily] = {
     )
 }
 
+# The architectures the test suite checks through the bridge (attnkit.models.families.bridge) against transformers, with what
+# their blocks add (``attnkit models families``); any other causal language model of
+# transformers is tried at load.
+TESTED_BRIDGES: dict[str, str] = {
+    "olmo": "clipped q/k/v projections, non-parametric LayerNorm",
+    "olmo2": "per-head query/key RMSNorm, norms after attention and MLP",
+    "granite": "scaled embeddings, attention, residuals and logits",
+    "granitemoe": "Granite's scalings, mixture of experts",
+    "cohere": "parallel attention and MLP, query/key LayerNorm, scaled logits",
+    "cohere2": "sliding window on some layers, no rotary on the others",
+    "stablelm": "partial rotary, per-head query/key LayerNorm",
+    "starcoder2": "sliding window, biases, GELU MLP",
+    "phi": "partial rotary, parallel attention and MLP",
+    "gpt_bigcode": "multi-query attention, learned positions",
+    "exaone4": "sliding window on some layers, query/key RMSNorm, norms after blocks",
+    "glm4": "partial rotary (interleaved), norms after blocks",
+    "mixtral": "mixture of experts, sliding window",
+    "qwen2_moe": "mixture of experts with a shared expert",
+    "qwen3_moe": "mixture of experts, per-head query/key RMSNorm",
+    "smollm3": "no rotary on every fourth layer",
+    "nemotron": "partial rotary, LayerNorm1P, squared-ReLU MLP",
+}
 
-def unsupported_model_type(model_type: object) -> str:
-    """The message for a ``config.json`` whose ``model_type`` no family loads: what is
-    supported, and what reads any ``transformers`` model instead."""
+
+def unsupported_model_type(model_type: object, why: str = "") -> str:
+    """The message for a ``config.json`` whose ``model_type`` no family loads (and, with
+    ``why``, that the bridge refuses): what is supported, and what reads any
+    ``transformers`` model instead."""
     return (
-        f"model_type {short_repr(model_type)} is not supported; attnkit loads {', '.join(FAMILIES)} checkpoints "
-        "(`attnkit models families` shows what each adds). Any other transformers model: capture its "
-        "attention with attnkit.inspect.capture"
+        f"model_type {short_repr(model_type)} is not supported{why}; attnkit loads {', '.join(FAMILIES)} checkpoints "
+        "on its own modules, and the causal language models of transformers (when installed) through the bridge "
+        "(`attnkit models families` shows both). Any other transformers model: capture its attention with "
+        "attnkit.inspect.capture"
     )
 
 
 def families_table() -> list[tuple[str, str, str]]:
-    """``(model_type, kind, what it adds)`` of every family, in the table's order."""
-    return [(family.model_type, _kind(family), family.summary) for family in FAMILIES.values()]
+    """``(model_type, kind, what it adds)`` of every family, in the table's order, then of
+    the architectures tested through the bridge (kind ``bridged``)."""
+    native = [(family.model_type, _kind(family), family.summary) for family in FAMILIES.values()]
+    return native + [(model_type, "bridged", summary) for model_type, summary in TESTED_BRIDGES.items()]
 
 
 def _kind(family: ModelFamily) -> str:

@@ -18,9 +18,9 @@ from attnkit.models.checkpoints.memory import check_fits, kv_cache_bytes
 from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.families.family import ModelConfig
 from attnkit.models.model.core import ModelCore
-from attnkit.nn import DecoderLM, EncoderDecoderLM, pack_projections
+from attnkit.nn import pack_projections
 from attnkit.nn.lm import check_decoding_options
-from attnkit.nn.text_module import TextModule
+from attnkit.nn.text_module import DecodingModule, TextModule
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class GenerationMixin(ModelCore):
         if temperature > 0 and seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
         # A causal family's network continues the prompt; an encoder-decoder's translates it.
-        assert isinstance(self.module, (DecoderLM, EncoderDecoderLM))
+        assert isinstance(self.module, DecodingModule)
         steps = self.module.stream(
             ids.to(self.device), budget, temperature=temperature, top_k=top_k, generator=generator
         )
