@@ -64,9 +64,6 @@ TESTED_BRIDGES: dict[str, str] = {
     "gpt_bigcode": "multi-query attention, learned positions",
     "exaone4": "sliding window on some layers, query/key RMSNorm, norms after blocks",
     "glm4": "partial rotary (interleaved), norms after blocks",
-    "mixtral": "mixture of experts, sliding window",
-    "qwen2_moe": "mixture of experts with a shared expert",
-    "qwen3_moe": "mixture of experts, per-head query/key RMSNorm",
     "smollm3": "no rotary on every fourth layer",
     "nemotron": "partial rotary, LayerNorm1P, squared-ReLU MLP",
 }
