@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from attnkit import models
+from attnkit.models.checkpoints.registry import MANIFEST
 from attnkit.models.checkpoints.weights import check_safetensors
 from attnkit.nn import RotaryEmbedding
 
@@ -127,7 +128,7 @@ def test_corrupt_safetensors_is_a_clear_error(minilm_path, tmp_path):
 def test_changed_file_of_a_fetched_model_fails_its_hash(minilm_path, tmp_path):
     folder = _copy_minilm(minilm_path, tmp_path / "m", manifest=True)
     models.load(folder)  # copy2 keeps the modification times: nothing needs re-hashing
-    manifest = json.loads((folder / models.registry.MANIFEST).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     assert manifest["files"]["model.safetensors"]["sha256"].startswith("53aa5117")
     data = bytearray((folder / "model.safetensors").read_bytes())
     data[-1] ^= 0xFF  # same size, same valid header, one flipped byte in the last tensor
