@@ -26,6 +26,11 @@ table (every head's sink, distances and window mass) is saved with the results.
 Run: ``python benchmarks/bench_long_context.py`` (model ``gemma3`` when it is fetched,
 ``smollm2`` otherwise; the 32K row takes long on a CPU), or ``--lengths 256,512`` for a
 quick look.
+
+``--only statistics`` measures instead every head's statistics of every layer against a plain
+forward on a checkpoint of Llama-3-8B's shape, on ``--device`` (CUDA: the fused Triton kernel),
+at 32K and 128K tokens by default (``benchmarks/long_context_statistics.py``):
+``python benchmarks/bench_long_context.py --only statistics --device cuda --check``.
 """
 
 from __future__ import annotations
@@ -56,12 +61,30 @@ BUDGET_GIB = 4.0
 def arguments() -> argparse.ArgumentParser:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--model", default=None, help="model name (default: gemma3 if fetched, else smollm2)")
-    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="tokens, comma-separated")
+    parser.add_argument(
+        "--lengths",
+        default=None,
+        help=f"tokens, comma-separated (default {','.join(map(str, LENGTHS))}; with --only statistics 32768,131072)",
+    )
     parser.add_argument(
         "--recipe-budget", type=float, default=4.0, metavar="GIB", help="run the recipe only below this (default: 4)"
     )
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="children run at once (default: 1)")
     parser.add_argument("--cell", nargs=3, metavar=("MODEL", "MODE", "TOKENS"), help=argparse.SUPPRESS)
+    statistics = parser.add_argument_group(
+        "--only statistics", "every head's statistics against a plain forward on a random checkpoint"
+    )
+    statistics.add_argument("--only", choices=("statistics",), default=None, help="run only this part")
+    statistics.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    statistics.add_argument(
+        "--shape", choices=("llama3-8b", "tiny"), default="llama3-8b", help="the checkpoint's sizes (default llama3-8b)"
+    )
+    statistics.add_argument(
+        "--checkpoint", metavar="DIR", help="where the checkpoint is written once (default: a temp dir)"
+    )
+    statistics.add_argument("--check", action="store_true", help="first compare the kernel with float64 on the device")
+    statistics.add_argument("--sweep", action="store_true", help="also time one layer under a few launch settings")
+    statistics.add_argument("--out", metavar="DIR", help="write the results here instead of benchmarks/results")
     return parser
 
 
@@ -198,13 +221,18 @@ def default_model() -> str:
     return "gemma3"
 
 
-def main() -> None:
-    args = arguments().parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = arguments().parse_args(argv)
     if args.cell is not None:
         name, mode, tokens = args.cell
         print(json.dumps(run_cell(name, mode, int(tokens))))
         return
-    lengths = [int(x) for x in args.lengths.split(",")]
+    if args.only == "statistics":
+        from benchmarks import long_context_statistics
+
+        long_context_statistics.run(args)
+        return
+    lengths = [int(x) for x in (args.lengths or ",".join(map(str, LENGTHS))).split(",")]
     from attnkit import models
 
     name = args.model or default_model()

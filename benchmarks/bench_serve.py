@@ -72,7 +72,7 @@ from benchmarks.common import markdown_table, write_results  # noqa: E402
 def _load(name: str):
     """``tiny`` from the tests, anything else from :func:`attnkit.models.load`."""
     if name == "tiny":
-        from tests.serve.tiny_model import TinyModel
+        from tests.fixtures.tiny_decoder import TinyModel
 
         return TinyModel()
     from attnkit.models import load

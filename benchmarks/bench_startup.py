@@ -88,7 +88,7 @@ def measure(argvs: dict[str, list[str]], rounds: int) -> tuple[dict[str, list[fl
 
 
 def smollm2_fetched() -> bool:
-    from attnkit.models.registry import home
+    from attnkit.models.checkpoints.registry import home
 
     return (home() / "smollm2" / "config.json").is_file()
 

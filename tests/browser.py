@@ -8,6 +8,7 @@ Import the fixtures into a test module with ``from tests.browser import browser,
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,16 @@ class Tip:
     weight: float
 
 
+def _inside(start: float, size: float) -> float:
+    """A point of the span ``[start, start + size)`` that a mouse event reports as in it:
+    events carry whole pixels, so a cell of a pixel or two (a fitted map of a long text) is
+    pointed at by the first whole pixel inside it, a larger one by its centre."""
+    if size >= 4:
+        return start + size / 2
+    whole = math.ceil(start)
+    return whole if whole < start + size else start + size / 2
+
+
 class Viewer:
     """Drives the viewer page as a person would: tabs, selects, mouse and keys."""
 
@@ -108,8 +119,8 @@ class Viewer:
         canvas.scroll_into_view_if_needed()
         box = canvas.bounding_box()
         geometry = {k: float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "left", "top")}
-        x = box["x"] + geometry["left"] + (j + 0.5) * geometry["cell"]
-        y = box["y"] + geometry["top"] + (i + 0.5) * geometry["cell"]
+        x = _inside(box["x"] + geometry["left"] + j * geometry["cell"], geometry["cell"])
+        y = _inside(box["y"] + geometry["top"] + i * geometry["cell"], geometry["cell"])
         self.page.mouse.move(x, y)
         self.page.wait_for_selector("#ak-tooltip:not([hidden])")
         return self.tip()

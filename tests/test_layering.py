@@ -1,6 +1,8 @@
 """The package's structure: no import cycle between attnkit's modules, and no import from a
 lower layer to a higher one (functional → nn → models → inspect → viz → train →
-distributed, serve → cli; each imports only the ones before it).
+distributed, serve → cli; each imports only the ones before it). Inside ``attnkit.models``
+the same holds for its wings: how a checkpoint arrives (``checkpoints``) → the family files
+(``families``) → the ``Model`` users hold (``model``) → ``load()`` and the package itself.
 
 Every import counts: at the top of a module, inside a function, under ``TYPE_CHECKING``, and
 ``importlib.import_module("attnkit....")`` with a literal name. The one exception is
@@ -32,6 +34,17 @@ LAYERS = {
     "cli": 7,
     "__main__": 8,
     "": 8,  # the package itself: the facade over the layers
+}
+
+# Rank of each wing of attnkit.models ("" is a module directly in the package: load(), the
+# package itself, what inspect reads of a model, the old paths).
+MODEL_WINGS = {"checkpoints": 0, "families": 1, "model": 2, "": 3}
+# Imports that still run from a lower wing to a higher one, each with the change that mends
+# it: when it is made, the entry goes.
+UPWARD_IN_MODELS = {
+    ("attnkit.models.checkpoints.memory", "attnkit.models.model.attentions"): (
+        "the cap on the attention maps one run hands back goes with a device-aware memory guard"
+    ),
 }
 
 
@@ -134,6 +147,37 @@ def test_no_import_from_a_lower_layer_to_a_higher_one():
         if LAYERS[layer(target)] > LAYERS[layer(source)]
     )
     assert upward == []
+
+
+def model_wing(module: str) -> str | None:
+    """The wing of attnkit.models a module belongs to, or ``None`` outside the package."""
+    parts = module.split(".")
+    if parts[:2] != ["attnkit", "models"]:
+        return None
+    return parts[2] if len(parts) > 3 else ""
+
+
+def upward_imports_in_models() -> set[tuple[str, str]]:
+    return {
+        (source, target)
+        for source, targets in import_graph().items()
+        for target in targets
+        if (wing := model_wing(source)) is not None
+        and (target_wing := model_wing(target)) is not None
+        and MODEL_WINGS[target_wing] > MODEL_WINGS[wing]
+    }
+
+
+def test_every_module_of_attnkit_models_is_in_a_wing():
+    assert {model_wing(m) for m in module_files()} - {None} <= set(MODEL_WINGS)
+
+
+def test_no_import_from_a_lower_wing_of_attnkit_models_to_a_higher_one():
+    found = upward_imports_in_models()
+    unlisted = sorted(f"{source} imports {target}" for source, target in found - UPWARD_IN_MODELS.keys())
+    assert unlisted == []
+    mended = sorted(f"{source} → {target}" for source, target in UPWARD_IN_MODELS.keys() - found)
+    assert mended == [], "no longer imported: take these off UPWARD_IN_MODELS"
 
 
 @pytest.mark.parametrize(

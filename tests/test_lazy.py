@@ -12,7 +12,7 @@ import pytest
 
 from attnkit._lazy import lazy_names
 
-PACKAGES = ["attnkit", "attnkit.inspect", "attnkit.models", "attnkit.train"]
+PACKAGES = ["attnkit", "attnkit.inspect", "attnkit.models", "attnkit.models.model", "attnkit.train"]
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -2,9 +2,9 @@
 
 A names filter (which activations to keep) is ``names_filter=``; a KV cache is
 ``kv_cache=`` (``self_kv_cache=``, ``cross_kv_cache=``); the last layer's output is
-``last_hidden_state``; a model's :class:`~attnkit.models.family.ModelFamily` is
+``last_hidden_state``; a model's :class:`~attnkit.models.families.family.ModelFamily` is
 ``Model.model_family`` (``Model.family`` is its name); fetched checkpoints live in
-``attnkit.models.store``; the table of families is ``attnkit.models.family_table``; an
+``attnkit.models.checkpoints.store``; the table of families is ``attnkit.models.families.table``; an
 encoder–decoder is ``encoder_decoder`` (never ``seq2seq``). The old
 spellings live on only as strings in ``attnkit.deprecation`` calls, for one release.
 """
@@ -28,9 +28,12 @@ OLD_IDENTIFIERS = {
     "architecture": "model_family",
     "Family": "FamilyName",
 }
+# ``attnkit.models.families`` was the table of families until 0.1 (now
+# ``attnkit.models.families.table``); the name is free again and is the package of the family
+# files, the word's meaning in docs/glossary.md. Its old module paths are in
+# ``attnkit.models.moved.MOVED_MODULES``.
 OLD_MODULES = {
-    "attnkit.models.cache": "attnkit.models.store",
-    "attnkit.models.families": "attnkit.models.family_table",
+    "attnkit.models.cache": "attnkit.models.checkpoints.store",
     "attnkit.nn.seq2seq": "attnkit.nn.encoder_decoder",
     "attnkit.inspect.seq2seq": "attnkit.inspect.encoder_decoder",
     "attnkit.inspect.seq2seq_ablation": "attnkit.inspect.encoder_decoder_ablation",

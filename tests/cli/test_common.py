@@ -37,7 +37,7 @@ def test_the_lists_kept_here_without_torch_match_the_library():
     assert DTYPE_CHOICES == ("auto", *DTYPES)
     assert TASK_NAMES == tuple(TASKS)
     from attnkit.inspect.names import ATTENTION_KINDS
-    from attnkit.models.encoder_decoder import ATTENTION_KINDS as MODEL_ATTENTION_KINDS
+    from attnkit.models.model.encoder_decoder import ATTENTION_KINDS as MODEL_ATTENTION_KINDS
 
     assert ATTENTION_KINDS == MODEL_ATTENTION_KINDS
 

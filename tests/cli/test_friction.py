@@ -46,7 +46,7 @@ def test_serve_says_it_is_the_target_that_is_too_long(tmp_path: Path) -> None:
 
     from attnkit import models
     from attnkit.serve import create_app
-    from tests.models.seq2seq_checkpoints import write_bart
+    from tests.fixtures.encoder_decoder_checkpoints import write_bart
 
     folder = write_bart(tmp_path / "bart")  # 64 positions
     client = TestClient(create_app([str(folder)], loader=models.load), base_url="http://127.0.0.1")

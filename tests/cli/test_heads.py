@@ -130,7 +130,7 @@ def test_minilm_word_pair_in_korean(capsys, tmp_path, minilm_path):
 
 
 def test_a_model_too_short_for_the_induction_probe_is_surveyed_without_it(capsys, tmp_path):
-    from tests.models.crafted import write_tiny_llama
+    from tests.fixtures.crafted import write_tiny_llama
 
     folder = write_tiny_llama(tmp_path / "short")  # 32 positions, 9 ordinary tokens
     code, out, err = run(

@@ -254,7 +254,7 @@ def test_2000_tokens_are_refused_with_the_estimates_before_running(capsys, tmp_p
     assert code == 2 and out == ""
     assert "attnkit: loading smollm2 on cpu …" in err
     assert "the JSON of layer 29 would be about 30.3 MB" in err
-    assert "the viewer page of 30 layers × 9 heads would be about 680.7 MB" in err
+    assert "the viewer page of 30 layers × 9 heads would be about 522.6 MB" in err
     assert "over the 20.0 MB limit per file, so nothing was written" in err and "--max-size" in err
     assert ("running" not in err and not tmp_path.exists()) or not list(tmp_path.iterdir())
 
@@ -283,9 +283,14 @@ def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path,
         str(tmp_path),
     )
     assert code == 0, err
+    from attnkit.cli.common import format_size
+    from attnkit.viz.export import estimate_viewer_html
+
+    page = format_size(estimate_viewer_html(500, 1, 2, causal=False))
     progress = [line for line in err.splitlines() if line.startswith("attnkit: ") and "done in" not in line]
     assert progress == [
         "attnkit: loading minilm on cpu …",
+        f"attnkit: the viewer page of 1 layer × 2 heads: about {page}, estimated before computing",
         "attnkit: running minilm on 500 tokens for layer 5 …",
         # Everything is computed (and checked finite) before the first file is written.
         "attnkit: computing the viewer page of 1 layer × 2 heads …",

@@ -87,7 +87,7 @@ def test_encoder_decoder_options_are_refused_elsewhere(capsys, tmp_path, tiny_t5
 @pytest.mark.slow
 @pytest.mark.parametrize("asked", ["100", "1000000000"])
 def test_a_target_past_the_positions_stops_there_with_a_note(capsys, tmp_path, asked):
-    from tests.models.seq2seq_checkpoints import write_bart
+    from tests.fixtures.encoder_decoder_checkpoints import write_bart
 
     # No end token: the greedy target runs until the 64 learned positions are used up.
     folder = write_bart(tmp_path / "endless", eos_token_id=None)

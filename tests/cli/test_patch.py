@@ -12,7 +12,7 @@ import pytest
 from attnkit import models
 from attnkit.cli import main, patch
 from attnkit.inspect import interventions
-from tests.models.crafted import write_tiny_llama
+from tests.fixtures.crafted import write_tiny_llama
 
 CLEAN, CORRUPT = "the cat sat on the", "a cat sat on a"
 TOKENS = ["the", "cat", "sat", "on", "the"]

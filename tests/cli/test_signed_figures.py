@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnkit.cli import main
-from tests.models.crafted import write_tiny_llama
+from tests.fixtures.crafted import write_tiny_llama
 
 matplotlib = pytest.importorskip("matplotlib")
 

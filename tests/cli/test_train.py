@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnkit.cli import main
-from tests.train.tiny import TINY_TRAIN_ARGS
+from tests.fixtures.tiny_training import TINY_TRAIN_ARGS
 
 TINY = [*TINY_TRAIN_ARGS, "--steps", "20"]
 

@@ -13,7 +13,7 @@ import torch
 
 from attnkit.cli import main
 from attnkit.train import load_checkpoint
-from tests.train.tiny import TINY_TRAIN_ARGS
+from tests.fixtures.tiny_training import TINY_TRAIN_ARGS
 
 # Several processes each (torchrun-style ranks): seconds per test, left out of make test-fast.
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import torch
 from attnkit.cli import main
 from attnkit.inspect.survey import survey_heads
 from tests.distributed.processes import run_ranks
-from tests.inspect.fake_model import FakeModel
+from tests.fixtures.known_attention import FakeModel
 
 # Several processes each (torchrun-style ranks): seconds per test, left out of make test-fast.
 pytestmark = pytest.mark.slow

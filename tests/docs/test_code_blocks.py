@@ -102,7 +102,7 @@ _DOCUMENTED_CACHE = "/root/.cache/attnkit"
 
 
 def _cache_placeholder(line: str) -> str:
-    from attnkit.models.registry import home
+    from attnkit.models.checkpoints.registry import home
 
     return line.replace(str(home()), "CACHE").replace(_DOCUMENTED_CACHE, "CACHE")
 
@@ -437,6 +437,40 @@ def in_tmp(tmp_path: Path, monkeypatch) -> Path:
     return tmp_path
 
 
+# The variables that decide which cached model a load finds, and whether it may load, as the
+# session started: the suite itself may run with its own ATTNKIT_HOME (.ci/run starts it with
+# an empty one), a documented command that sets one runs with another.
+def _model_environment() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in ("ATTNKIT_HOME", "ATTNKIT_MEMORY_LIMIT")}
+
+
+_SESSION_ENVIRONMENT = _model_environment()
+
+
+def models_the_block_reads(text: str) -> list[str]:
+    """The known models whose cache a block's ``attnkit models fetch`` and ``models list``
+    commands show, in the registry's order: those named, or all of them where none is."""
+    from attnkit.models import MODELS
+
+    read: set[str] = set()
+    for line in text.splitlines():
+        words = line.removeprefix("$ ").split("#")[0].split()
+        if words[:3] in (["attnkit", "models", "fetch"], ["attnkit", "models", "list"]):
+            named = [word for word in words[3:] if word in MODELS]
+            read.update(named if named and words[2] == "fetch" else MODELS)
+    return [name for name in MODELS if name in read]
+
+
+def fetch_models_the_block_reads(text: str) -> None:
+    """Fetch, before a block runs, every model its ``models fetch``/``models list`` commands
+    show, so that the block prints the same on a machine that has fetched nothing (each
+    "already fetched", every model listed) as on one that fetched them before the session."""
+    from attnkit import models
+
+    for name in models_the_block_reads(text):
+        models.fetch(name, progress=False)
+
+
 @pytest.fixture
 def shared_models(smollm2, minilm, monkeypatch):
     """``attnkit.models.load`` of a known model on the CPU returns the session's model,
@@ -448,8 +482,8 @@ def shared_models(smollm2, minilm, monkeypatch):
     session = {"smollm2": smollm2, "minilm": minilm}
 
     def load(name_or_path, *args, **kwargs):
-        # A memory limit is checked at load: such a command loads for itself.
-        known = str(name_or_path) in session and not {"ATTNKIT_HOME", "ATTNKIT_MEMORY_LIMIT"} & set(os.environ)
+        # A command run with another model cache or a memory limit (checked at load) loads for itself.
+        known = str(name_or_path) in session and _SESSION_ENVIRONMENT == _model_environment()
         as_loaded = (
             kwargs.get("revision") is None
             and kwargs.get("dtype", "auto") in ("auto", "float32")
@@ -588,6 +622,7 @@ def test_a_shape_comment_the_run_contradicts_is_caught():
 @pytest.mark.parametrize("block", page_blocks({"console"}))
 def test_console_transcripts(block, in_tmp, shared_models, tmp_path_factory):
     prepare_folders(block.text, in_tmp, tmp_path_factory)
+    fetch_models_the_block_reads(block.text)
     for command, expected in console_steps(block.text):
         if not_run(command):
             continue
@@ -600,11 +635,31 @@ def test_console_transcripts(block, in_tmp, shared_models, tmp_path_factory):
 @pytest.mark.parametrize("block", page_blocks({"sh", "bash"}))
 def test_shell_commands(block, in_tmp, shared_models, tmp_path_factory):
     prepare_folders(block.text, in_tmp, tmp_path_factory)
+    fetch_models_the_block_reads(block.text)
     for command in shell_commands(block.text):
         if not_run(command):
             continue
         code, printed = run_command(command)
         assert code == 0, f"`{command}` ({block.id}) exited {code}:\n{printed}"
+
+
+def test_a_block_that_shows_the_model_cache_has_what_it_shows_fetched_first():
+    """``attnkit models fetch`` prints "already fetched" only for a model fetched before: the
+    models a block shows are fetched before it runs, so that a machine that has fetched
+    nothing (a newcomer's, or CI's empty ATTNKIT_HOME) prints what the page shows."""
+    every = ["smollm2", "minilm", "gemma3"]
+    assert (
+        models_the_block_reads("$ attnkit models fetch            # all three; or: attnkit models fetch smollm2")
+        == every
+    )
+    assert models_the_block_reads("$ attnkit models fetch all") == every
+    assert models_the_block_reads("$ attnkit models fetch gemma3 smollm2\nsmollm2: fetched") == ["smollm2", "gemma3"]
+    assert models_the_block_reads("$ attnkit models list") == every
+    assert models_the_block_reads('$ attnkit inspect "The cat sat on the mat."') == []
+    listing = [
+        block for block in ALL_BLOCKS if block.page.name == "models.md" and "$ attnkit models list" in block.text
+    ]
+    assert [models_the_block_reads(block.text) for block in listing] == [every]
 
 
 @pytest.mark.parametrize("block", page_blocks({"json"}))

@@ -46,7 +46,7 @@ def test_the_readme_counts_no_real_checkpoints():
 
 def test_the_decoder_start_token_of_each_family_is_the_one_documented(tmp_path):
     from attnkit import models
-    from tests.models.seq2seq_checkpoints import write_bart, write_t5
+    from tests.fixtures.encoder_decoder_checkpoints import write_bart, write_t5
 
     page = " ".join((ROOT / "docs" / "encoder-decoder.md").read_text(encoding="utf-8").split())
     for family, write in (("BART", write_bart), ("T5", write_t5)):

@@ -86,3 +86,13 @@ def test_minilm_shows_the_text_behind_jamo_and_unk(loaded):
         loaded["minilm"], loaded["minilm"].run(TEXTS["ko"], return_weights=[0]), TEXTS["ko"], level="word"
     )
     assert words.labels == ["[CLS]", *WORDS["ko"], "[SEP]"] and words.attentions[0].shape == (1, 12, 8, 8)
+
+
+def test_sequence_labels_read_as_the_text_and_by_words():
+    from attnkit.inspect.maps import sequence_labels
+
+    tokens = ["The", " ani", "mal", " sat", "."]
+    assert sequence_labels(object(), tokens, None, None, None) == ["The", "ani", "mal", "sat", "."]
+    assert sequence_labels(object(), tokens, None, None, None, level="word") == ["The", "animal", "animal", "sat", "."]
+    with pytest.raises(ValueError, match="level must be one of token, word, got 'line'"):
+        sequence_labels(object(), tokens, None, None, None, level="line")

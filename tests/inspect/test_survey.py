@@ -13,7 +13,7 @@ from attnkit.inspect.survey import (
     survey_heads,
     survey_heads_with,
 )
-from tests.inspect.fake_model import FakeModel
+from tests.fixtures.known_attention import FakeModel
 
 
 def test_text_statistics_average_over_texts():

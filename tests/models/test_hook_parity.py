@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.models.crafted import tokenizer_json
+from tests.fixtures.crafted import tokenizer_json
 
 transformers = pytest.importorskip("transformers")
 

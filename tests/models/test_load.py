@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from attnkit import models
-from attnkit.models.checkpoint import check_safetensors
+from attnkit.models.checkpoints.registry import MANIFEST
+from attnkit.models.checkpoints.weights import check_safetensors
 from attnkit.nn import RotaryEmbedding
 
 SMALL_FILES = ("config.json", "tokenizer.json")
@@ -74,7 +75,7 @@ def test_loading_builds_the_module_once(minilm_path, monkeypatch):
     on the meta device, not one for the check and another for the weights."""
     import dataclasses
 
-    from attnkit.models.family_table import FAMILIES
+    from attnkit.models.families.table import FAMILIES
 
     family = FAMILIES["bert"]
     builds = []
@@ -90,7 +91,7 @@ def test_dtype_and_device_options(minilm_path, tmp_path):
     assert half.module.token_embedding.weight.dtype == torch.bfloat16
     run = half.run("low precision still runs", return_weights=[0])
     assert run.last_hidden_state.dtype == torch.float32 and run.attentions[0].dtype == torch.float32
-    with pytest.raises(TypeError, match="floating torch.dtype"):
+    with pytest.raises(TypeError, match="one of those torch dtypes, got torch.int8"):
         models.load(tmp_path / "m", dtype=torch.int8)
 
 
@@ -127,7 +128,7 @@ def test_corrupt_safetensors_is_a_clear_error(minilm_path, tmp_path):
 def test_changed_file_of_a_fetched_model_fails_its_hash(minilm_path, tmp_path):
     folder = _copy_minilm(minilm_path, tmp_path / "m", manifest=True)
     models.load(folder)  # copy2 keeps the modification times: nothing needs re-hashing
-    manifest = json.loads((folder / models.registry.MANIFEST).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     assert manifest["files"]["model.safetensors"]["sha256"].startswith("53aa5117")
     data = bytearray((folder / "model.safetensors").read_bytes())
     data[-1] ^= 0xFF  # same size, same valid header, one flipped byte in the last tensor
@@ -173,8 +174,8 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
 
 
 def test_llama_config_checks():
-    from attnkit.models.llama import read_config
-    from attnkit.nn.rope_scaling import Llama3RopeScaling
+    from attnkit.models.families.llama import read_config
+    from attnkit.nn.rope_scaling import Llama3RopeScaling, YarnRopeScaling
 
     base = {
         "vocab_size": 10,
@@ -193,6 +194,11 @@ def test_llama_config_checks():
     assert llama3 == Llama3RopeScaling(8.0, 1.0, 4.0, 8192)
     with pytest.raises(ValueError, match="rope_type='yarn' is not supported"):
         read_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})
+    # DeepSeek-V3's YaRN (mscale = mscale_all_dim: no scaling of the rotated vectors) is read.
+    deepseek_yarn = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096}
+    deepseek_yarn |= {"mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+    yarn = read_config({**base, "rope_scaling": deepseek_yarn}).ropes[0].scaling
+    assert yarn == YarnRopeScaling(40.0, 4096)
     with pytest.raises(ValueError, match="rope_scaling: factor must be >= 1"):
         read_config({**base, "rope_scaling": {"rope_type": "linear", "factor": 0.5}})
     assert read_config({**base, "attention_bias": True}).qkv_bias
@@ -225,7 +231,7 @@ def test_loading_imports_neither_the_compiler_nor_transformers_nor_matplotlib(sm
 
 
 def test_a_module_built_on_meta_computes_its_buffers_when_materialized():
-    from attnkit.models.checkpoint import build_without_weights, materialize_buffers
+    from attnkit.models.families.meta_device import build_without_weights, materialize_buffers
 
     built = build_without_weights(lambda: RotaryEmbedding(8, theta=100.0, max_positions=16))
     assert all(b.is_meta for b in built.buffers())

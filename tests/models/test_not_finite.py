@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from attnkit import models
 from attnkit.cli import main
 from attnkit.inspect import interventions
-from tests.models.crafted import tiny_llama_tensors, write_tiny_llama
+from tests.fixtures.crafted import tiny_llama_tensors, write_tiny_llama
 
 
 @pytest.fixture(scope="module")

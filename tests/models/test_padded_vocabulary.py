@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from attnkit import models
 from attnkit.cli import main
-from tests.models.seq2seq_checkpoints import VOCAB_SIZE, write_t5
+from tests.fixtures.encoder_decoder_checkpoints import VOCAB_SIZE, write_t5
 
 SOURCE = "the big dog ran to the red house"
 TOKENIZER_SIZE = 30  # of the embedding's VOCAB_SIZE rows

@@ -19,7 +19,7 @@ import torch
 
 from attnkit import models
 from attnkit.models.loading import choose_dtype
-from tests.models.tiny_families import CASES, TEXT_LENGTH, VOCAB
+from tests.fixtures.tiny_families import CASES, TEXT_LENGTH, VOCAB
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,9 +9,9 @@ import inspect
 import pytest
 
 from attnkit.models import InspectableModel, Model
-from tests.fake_models import FakeModel
-from tests.inspect.fake_model import FakeModel as KnownAttentionModel
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.fake_models import FakeModel
+from tests.fixtures.known_attention import FakeModel as KnownAttentionModel
+from tests.fixtures.tiny_decoder import TinyModel
 
 METHODS = ("tokenize", "run", "run_batch")
 

@@ -15,7 +15,7 @@ from attnkit import models
 from attnkit.cli import main
 from attnkit.inspect.encoder_decoder import survey_encoder_decoder
 from attnkit.viz.viewer import ViewerData
-from tests.models.seq2seq_checkpoints import write_bart
+from tests.fixtures.encoder_decoder_checkpoints import write_bart
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from attnkit.models.bert import BertConfig, BertModel
-from attnkit.models.family import ModelFamily
+from attnkit.models.families.bert import BertConfig, BertModel
+from attnkit.models.families.family import ModelFamily
 from attnkit.nn import DecoderLM, DecoderLMConfig, MultiHeadAttention, StackOutput
 from attnkit.nn.text_module import TextModule
 from tests.nn.test_seq2seq import tiny as tiny_encoder_decoder

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from attnkit.cli import main
 from attnkit.serve import create_app
 from attnkit.viz.viewer import ViewerData, content_security_policy
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
 
 TEXT = "the cat sat on the mat because it was tired"
 LOCAL = "http://127.0.0.1:8000"
@@ -58,6 +58,8 @@ def test_info(client):
         "heads": 4,
         "decoder_heads": 0,
         "max_tokens": 64,
+        "max_long_tokens": 0,  # a stand-in without long-context maps
+        "windows": None,
     }
     assert (info["max_chars"], info["max_weights"], info["max_body_bytes"]) == (2_000, 20_000, 4_096)
 
@@ -249,6 +251,8 @@ def test_cli_serves_a_real_model(minilm_path):
                 "heads": 12,
                 "decoder_heads": 0,
                 "max_tokens": 512,
+                "max_long_tokens": 512,  # the model's context
+                "windows": None,
             }
         ]
         response = httpx.post(f"{url}/api/attention", json={"text": "it was tired", "layers": [5]}, timeout=30)

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from attnkit.cli.serve import allowed_hosts
 from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData, content_security_policy
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
 
 SECURITY = {
     "content-security-policy": content_security_policy(app=True) + "; frame-ancestors 'none'",
@@ -70,6 +70,19 @@ def _post_in_thread(url: str, text: str, results: dict[str, httpx.Response]) -> 
     thread = threading.Thread(target=post)
     thread.start()
     return thread
+
+
+def _send_and_leave_open(url: str, route: str, body: dict) -> socket.socket:
+    """A socket that has sent a POST of ``body`` to ``route`` and not read the answer: close
+    it to hang up."""
+    address = urlsplit(url)
+    data = json.dumps(body).encode()
+    s = socket.create_connection((address.hostname, address.port))
+    s.sendall(
+        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (route.encode(), len(data), data)
+    )
+    return s
 
 
 # ---------------------------------------------------------------- Host check
@@ -160,16 +173,7 @@ def test_abandoned_requests_never_run():
     with background(app) as url:
         first = _post_in_thread(url, "keeps the model busy", results)
         _until(model.started.is_set, "the first run")
-        address = urlsplit(url)
-        sockets = []
-        for n in range(5):
-            body = json.dumps({"text": f"gone {n}"}).encode()
-            s = socket.create_connection((address.hostname, address.port))
-            s.sendall(
-                b"POST /api/attention HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-            )
-            sockets.append(s)
+        sockets = [_send_and_leave_open(url, "/api/attention", {"text": f"gone {n}"}) for n in range(5)]
         _until(lambda: batcher.waiting() == 5, "five waiting requests")
         for s in sockets:
             s.close()
@@ -234,6 +238,8 @@ def test_cli_checks_allow_host_and_max_queue(capsys):
     assert "without port or wildcard, got '*'" in capsys.readouterr().err
     assert main(["serve", "--max-queue", "0", "--model", "minilm"]) == 2
     assert "--max-queue must be at least 1, got 0" in capsys.readouterr().err
+    assert main(["serve", "--max-long-tokens", "0", "--model", "minilm"]) == 2
+    assert "--max-long-tokens must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_wildcard_and_loopback_addresses_in_their_short_forms():
@@ -244,3 +250,126 @@ def test_wildcard_and_loopback_addresses_in_their_short_forms():
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.1", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(h) for h in ("", "0", "0.0.0.0", "box.lan"))
     assert allowed_hosts("", []) == allowed_hosts("0", []) == allowed_hosts("0.0.0.0", [])
+
+
+# ---------------------------------------------------------------- long-context routes under load
+
+
+class Gate:
+    """A permanent hook on every layer of a real model (the long routes need one): it records
+    each layer each pass reaches, as ``(tokens, layer)``, and holds the passes at their
+    first layer until the test opens it."""
+
+    def __init__(self, model) -> None:
+        self.open = threading.Event()
+        self.started = threading.Event()
+        self.reached: list[tuple[int, int]] = []
+        for layer in range(model.num_layers):
+            model.module.add_hook(model.hook_name("resid_pre", layer), self._hook(layer))
+
+    def _hook(self, layer: int) -> Callable[[torch.Tensor], None]:
+        def hook(resid: torch.Tensor) -> None:  # [1, s, e]
+            self.reached.append((resid.shape[1], layer))
+            self.started.set()
+            assert self.open.wait(30), "the test never opened the gate"
+
+        return hook
+
+
+@pytest.fixture(scope="module")
+def long_folder(tmp_path_factory):
+    from tests.fixtures.tiny_families import write_tiny_family
+
+    folder = tmp_path_factory.mktemp("long") / "gemma3"
+    write_tiny_family("gemma3_text", folder)
+    return folder
+
+
+@pytest.fixture()
+def gated_long_app(long_folder):
+    """``(app, gate, long queue)``: a tiny Gemma 3 (3 layers, 64 tokens of context), gated, with
+    at most 2 waiting requests per queue."""
+    from attnkit import models
+
+    model = models.load(long_folder)
+    gate = Gate(model)
+    app = create_app([str(long_folder)], loader=lambda spec: model, max_queue=2)
+    return app, gate, app.state.models["gemma3"].long_queue
+
+
+def _words(n: int) -> str:
+    return " ".join(f"w{i + 1}" for i in range(n))
+
+
+def _map_in_thread(url: str, words: int, results: dict[int, httpx.Response]) -> threading.Thread:
+    def post() -> None:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            results[words] = http.post("/api/long/map", json={"text": _words(words), "layer": 2, "head": 0})
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread
+
+
+def _with_thread_probe(app):
+    """``app`` with a route that says how many of the server's worker threads are taken."""
+    import anyio.to_thread
+    from fastapi.responses import JSONResponse
+
+    async def probed(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/probe/worker-threads":
+            taken = anyio.to_thread.current_default_thread_limiter().borrowed_tokens
+            await JSONResponse({"taken": taken})(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return probed
+
+
+def test_long_maps_wait_in_a_bounded_queue_that_holds_no_thread(gated_long_app):
+    app, gate, queue = gated_long_app
+    results: dict[int, httpx.Response] = {}
+    with background(_with_thread_probe(app)) as url:
+        threads = [_map_in_thread(url, 5, results)]
+        _until(gate.started.is_set, "the first map")
+        threads += [_map_in_thread(url, n, results) for n in (6, 7)]
+        _until(lambda: queue.waiting() == 2, "two waiting maps")
+        with httpx.Client(base_url=url, timeout=30) as http:
+            refused = http.post("/api/long/map", json={"text": _words(8), "layer": 2, "head": 0})
+            # The running map and those waiting take none of the worker threads that the
+            # server's other routes may need, and /api/info needs none at all.
+            assert http.get("/probe/worker-threads").json() == {"taken": 0}
+            assert http.get("/api/info").status_code == 200
+        gate.open.set()
+        for thread in threads:
+            thread.join()
+    assert refused.status_code == 429 and _secured(refused)
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["detail"].startswith("the server is busy: 2 requests are waiting for this model")
+    assert {n: r.status_code for n, r in results.items()} == {5: 200, 6: 200, 7: 200}
+    # Each map ran once, the first one first (the two that waited in either order).
+    ran = [n for n, layer in gate.reached if layer == 2]
+    assert ran[0] == 5 and sorted(ran) == [5, 6, 7]
+
+
+def test_long_maps_whose_client_has_gone_never_run_or_stop_at_the_next_layer(gated_long_app):
+    app, gate, queue = gated_long_app
+    with background(app) as url:
+        running = _send_and_leave_open(url, "/api/long/map", {"text": _words(5), "layer": 2, "head": 0})
+        _until(gate.started.is_set, "the first map")
+        waiting = [
+            _send_and_leave_open(url, "/api/long/map", {"text": _words(n), "layer": 2, "head": 0}) for n in (6, 7)
+        ]
+        _until(lambda: queue.waiting() == 2, "two waiting maps")
+        for s in [running, *waiting]:
+            s.close()
+        _until(lambda: queue.waiting() == 0, "the hung-up maps to be dropped")
+        _until(
+            lambda: queue.running is not None and queue.running.abandoned.is_set(), "the running map to be abandoned"
+        )
+        gate.open.set()
+        with httpx.Client(base_url=url, timeout=30) as http:
+            after = http.post("/api/long/map", json={"text": _words(9), "layer": 2, "head": 0})
+    assert after.status_code == 200
+    # The abandoned map stopped before its layer 1; the two that waited never ran.
+    assert gate.reached == [(5, 0), (9, 0), (9, 1), (9, 2)]

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from attnkit import models
 from attnkit.serve import create_app
 from attnkit.viz.viewer import ViewerData
-from tests.serve.seq2seq_model import write_seq2seq_folder
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
+from tests.fixtures.tiny_encoder_decoder import write_seq2seq_folder
 
 SOURCE = "3 0 5 1 2"
 TARGET = "2 1 5 0 3"

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData
 from tests.browser import Viewer, browser, page  # noqa: F401 (fixtures)
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
 
 TEXT = "the cat sat on the mat because it was tired"
 
@@ -186,3 +186,43 @@ def test_first_page_limit_word_summary_and_model_view_of_every_layer(server, pag
     expect(page.locator(".ak-thumb")).to_have_count(2 * 4)
     viewer.wait()
     assert page.get_by_label("Layers to compute", exact=True).input_value() == "all"
+
+
+def test_a_recompute_keeps_the_ranked_key_and_every_choice(server, page):
+    """Ranking "it" → "cat" on the last layer, then computing every layer as the ranking
+    advises, keeps the query, the key, the view, the head, the heads shown and the scale."""
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-state=empty]")
+    viewer = Viewer(page)
+    page.get_by_label("Text", exact=True).fill(TEXT)
+    page.get_by_role("button", name="Show attention").click()
+    viewer.wait()
+    page.uncheck("#ak-toggle-1")
+    viewer.view("matrix")
+    viewer.select("Head", "head 2")
+    viewer.select("Colour scale", "weight, 0 to 1")
+    viewer.view("rank")
+    viewer.select("Query token", "#7 it")
+    viewer.select("Key token", "#1 cat")
+    assert "Only 1 of the model\u2019s 2 layers were computed" in page.text_content("#ak-rank-note")
+    page.get_by_label("Layers to compute", exact=True).select_option(label="all 2 layers")
+    page.get_by_role("button", name="Show attention").click()
+    viewer.wait()
+    page.wait_for_selector("#ak-rank-view:not([hidden])")
+    assert page.get_by_label("Query token", exact=True).input_value() == "7"
+    assert page.get_by_label("Key token", exact=True).input_value() == "1"
+    note = page.text_content("#ak-rank-note")
+    assert (
+        note.startswith("From \u201cit\u201d #7 to \u201ccat\u201d #1: 2 layers \u00d7 4 heads") and "Only" not in note
+    )
+    assert set(page.locator("#ak-rank-rows td:nth-child(3)").all_text_contents()) == {"cat #1"}
+    assert page.get_by_label("Colour scale", exact=True).input_value() == "linear"
+    assert not page.is_checked("#ak-toggle-1") and page.is_checked("#ak-toggle-0")
+    viewer.view("matrix")
+    assert page.get_by_label("Head", exact=True).input_value() == "2"
+    # Another text starts afresh: its own last query, any key.
+    page.get_by_label("Text", exact=True).fill("the dog ran")
+    page.get_by_role("button", name="Show attention").click()
+    viewer.wait()
+    assert page.get_by_label("Key token", exact=True).input_value() == "-1"
+    assert page.get_by_label("Query token", exact=True).input_value() == "2"

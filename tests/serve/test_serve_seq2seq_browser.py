@@ -12,8 +12,8 @@ from attnkit import models
 from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData
 from tests.browser import Viewer, browser, page  # noqa: F401 (fixtures)
-from tests.serve.seq2seq_model import write_seq2seq_folder
-from tests.serve.tiny_model import TinyModel
+from tests.fixtures.tiny_decoder import TinyModel
+from tests.fixtures.tiny_encoder_decoder import write_seq2seq_folder
 
 SOURCE = "3 0 5 1 2"
 TARGET = "2 1 5 0 3"
@@ -48,7 +48,7 @@ def test_source_and_target_in_every_view(server, page):
 
     page.get_by_label("Source", exact=True).fill(SOURCE)
     target_box.fill(TARGET)
-    page.get_by_label("Layers to compute", exact=True).select_option(label="all 2 layers")
+    page.get_by_label("Layers to compute", exact=True).select_option(label="all layers (2 encoder, 2 decoder)")
     page.get_by_role("button", name="Show attention").click()
     viewer.wait()
     assert "5 source and 5 target tokens" in page.text_content("#ak-status")
@@ -95,8 +95,11 @@ def test_an_empty_target_is_written_by_the_model_and_said(server, page):
     Viewer(page).wait()
     assert page.text_content("#ak-status").startswith("No target given: the model wrote it by greedy decoding.")
     written = api(server, {"text": SOURCE})
+    # This model writes only its end token, a target that reads as no text: its tokens are shown.
+    tokens = " ".join(written.sections["cross"].query_tokens)
+    assert written.target_text == "" and tokens == "</s>"
     assert page.text_content("#ak-text-shown").endswith(
-        f"target: \u201c{written.target_text}\u201d (written by the model, greedy decoding)"
+        f"target tokens (they read as no text): {tokens} (written by the model, greedy decoding)"
     )
     # The page opens on cross-attention: the written target's tokens are its rows.
     assert page.locator("#ak-queries .ak-token").count() == len(written.sections["cross"].query_tokens)

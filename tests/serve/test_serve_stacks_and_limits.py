@@ -12,8 +12,8 @@ from attnkit import models
 from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData
 from tests.browser import Viewer, browser, page  # noqa: F401 (fixtures)
-from tests.models.seq2seq_checkpoints import write_bart
-from tests.models.tiny_families import WINDOW, write_tiny_family
+from tests.fixtures.encoder_decoder_checkpoints import write_bart
+from tests.fixtures.tiny_families import WINDOW, write_tiny_family
 
 SOURCE = "the big dog ran to the park"
 TARGET = "a red cat sat on the mat and"

@@ -19,8 +19,8 @@ from attnkit.cli import main
 from attnkit.train.budget import TRAIN_MEMORY_LIMIT, estimated_memory
 from attnkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from attnkit.train.loop import TrainConfig, run
+from tests.fixtures.tiny_training import TINY_TRAIN_ARGS
 from tests.train.test_loop import TINY
-from tests.train.tiny import TINY_TRAIN_ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,8 +18,8 @@ from attnkit.cli import main
 from attnkit.train import loop
 from attnkit.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from attnkit.train.loop import TrainConfig, run
+from tests.fixtures.tiny_training import TINY_TRAIN_ARGS
 from tests.train.test_loop import TINY
-from tests.train.tiny import TINY_TRAIN_ARGS
 
 
 def _dead_pid() -> int:

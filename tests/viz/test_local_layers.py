@@ -12,7 +12,7 @@ from attnkit import models
 from attnkit.inspect import attention_map
 from attnkit.viz.attention_text import render_map
 from attnkit.viz.viewer import Section, ViewerData, viewer_data_from_run
-from tests.models.tiny_families import WINDOW, write_tiny_family
+from tests.fixtures.tiny_families import WINDOW, write_tiny_family
 
 TEXT = " ".join(f"w{n}" for n in range(10))  # longer than the window
 

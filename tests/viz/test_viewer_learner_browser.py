@@ -196,6 +196,55 @@ def test_encoder_decoder_opens_on_cross_attention_and_names_its_axes(page, tmp_p
     assert "source tokens" in page.text_content("#ak-axes")
 
 
+def test_a_written_target_that_reads_as_no_text_shows_its_tokens(page, tmp_path):
+    src, tgt = ["a", "b", "c"], ["<pad>"] * 14
+    data = ViewerData.encoder_decoder(
+        "seq2seq",
+        src,
+        tgt,
+        cross={0: softmax_maps(2, 14, 3)},
+        text="a b c",
+        target_text="",
+        generated=True,
+    )
+    open_export(page, tmp_path, data)
+    shown = page.text_content("#ak-text-shown")
+    assert '""' not in shown and "\u201c\u201d" not in shown
+    assert shown.endswith(
+        "target tokens (they read as no text): "
+        + " ".join(["<pad>"] * 12)
+        + " \u2026 (written by the model, greedy decoding)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("s", [601, 1500])
+def test_fit_the_width_fills_the_width_without_a_scroll_bar(page, tmp_path, s):
+    page.set_viewport_size({"width": 1280, "height": 800})
+    attn = {0: softmax_maps(1, s, s, causal=True, seed=2)}
+    viewer = open_export(page, tmp_path, ViewerData.from_run("long", [f"w{n}" for n in range(s)], attn, causal=True))
+    viewer.view("matrix")
+    wrap = page.eval_on_selector(
+        "#ak-matrix-wrap",
+        "w => ({client: w.clientWidth, scroll: w.scrollWidth, width: w.getBoundingClientRect().width})",
+    )
+    canvas = page.locator("#ak-matrix").bounding_box()
+    cell, left = (
+        float(page.get_attribute("#ak-matrix", "data-cell")),
+        float(page.get_attribute("#ak-matrix", "data-left")),
+    )
+    assert wrap["scroll"] <= wrap["client"], wrap  # every key column in view
+    assert canvas["width"] == pytest.approx(left + s * cell, abs=1)
+    assert wrap["client"] - 12 <= canvas["width"] <= wrap["client"], (canvas, wrap)  # the width, not half of it
+    # The last key column is in view, under the pointer where the tooltip says.
+    box = page.locator("#ak-matrix").bounding_box()
+    top = float(page.get_attribute("#ak-matrix", "data-top"))
+    page.mouse.move(box["x"] + left + (s - 0.5) * cell, box["y"] + top + 10.5 * cell)
+    page.wait_for_selector("#ak-tooltip:not([hidden])")
+    tip = viewer.tip()  # a pointer moves in whole pixels: a cell under one pixel is found within one
+    assert abs(tip.query_index - 10) <= (cell < 1) and s - 1 - tip.key_index <= (cell < 1)
+
+
 @pytest.mark.slow
 def test_a_long_map_zooms_to_readable_labelled_cells(page, tmp_path):
     s = 1500
@@ -265,3 +314,17 @@ def test_korean_word_starts_stay_visible_between_tokens(page, tmp_path, smollm2)
     starts = page.locator("#ak-queries .ak-word-start").count()
     assert starts == len(text.split()) - 1  # one rule above every word but the first
     assert "ak-word-start" not in page.get_attribute(f"#ak-q-{firsts[0] + 1}", "class")
+
+
+def test_escape_releases_the_selected_token_wherever_the_focus_is(page, tmp_path):
+    viewer = open_export(page, tmp_path, ViewerData.from_run("toy", TOKENS, planted(), causal=True))
+    for focus in ("#ak-layer", "#ak-tab-matrix", "body"):
+        viewer.view("head")
+        page.click(f"#ak-q-{IT}")
+        page.mouse.move(5, 5)
+        page.focus(focus) if focus != "body" else page.evaluate("document.activeElement.blur()")
+        assert "ak-pinned-token" in page.get_attribute(f"#ak-q-{IT}", "class")
+        page.keyboard.press("Escape")
+        assert "ak-pinned-token" not in page.get_attribute(f"#ak-q-{IT}", "class"), focus
+        assert page.get_attribute(f"#ak-q-{IT}", "aria-selected") == "false"
+        assert "ak-invisible" in page.get_attribute("#ak-pinned", "class")

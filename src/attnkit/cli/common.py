@@ -107,7 +107,7 @@ def check_model_name(name: str) -> None:
     Raises:
         CommandError: an unknown name.
     """
-    from attnkit.models.hub import is_hub_name
+    from attnkit.models.checkpoints.hub import is_hub_name
 
     if name in KNOWN_MODELS or Path(name).expanduser().exists() or is_hub_name(name):
         return

@@ -22,6 +22,7 @@ from attnkit.cli.common import (
     check_sizes,
     command_errors,
     figure_options,
+    format_size,
     load_model,
     parse_formats,
     parse_size,
@@ -207,7 +208,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     chosen = _Chosen.of(args, model)
-    _check_map_sizes(args, model, formats, figure, limit, tokens, chosen)
+    estimates = _check_map_sizes(args, model, formats, figure, limit, tokens, chosen)
+    if chosen.page in estimates:
+        status.say(f"{chosen.page}: about {format_size(estimates[chosen.page])}, estimated before computing")
     written = []
     with command_errors(f"cannot write to --out {args.out}"):
         # Everything is computed and checked (finite weights) before any file is written.
@@ -299,8 +302,11 @@ def _check_map_sizes(
     limit: int | None,
     tokens: int,
     chosen: _Chosen,
-) -> None:
+) -> dict[str, int]:
     """Estimate every file's size before anything is computed, and refuse those over ``limit``.
+
+    Returns:
+        Each file, as the messages name it, and its estimated size in bytes.
 
     Raises:
         CommandError: a file over the limit (the message names each and what to ask instead).
@@ -339,6 +345,7 @@ def _check_map_sizes(
             f"a shorter text{pictures}, or other formats (--format)"
         ),
     )
+    return estimates
 
 
 def _maps(args: argparse.Namespace, model: Any, status: Status, tokens: int, chosen: _Chosen) -> list[Any]:

@@ -13,14 +13,17 @@ from typing import Any
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import (
+    FORMATS,
     Status,
     check_sizes,
     command_errors,
     load_model,
+    parse_formats,
     parse_size,
     prepare_out,
     print_written,
 )
+from attnkit.cli.long_text import check_long_text, long_token_ids
 from attnkit.viz.terminal import counted
 
 # Statistics of `attnkit heads` that come from the long-context summaries.
@@ -29,6 +32,8 @@ LONG_STATISTICS = ("sink", "distance", "window", "entropy", "retrieval")
 LONG_ONLY_STATISTICS = ("sink", "window", "retrieval")
 # Sides of the block-reduced map drawn by `attnkit inspect --long` (blocks per side at most).
 MAP_SIDE = 256
+# What `attnkit inspect --long --format` may name.
+LONG_FORMATS = (*FORMATS, "html")
 # The viewer's long view that `attnkit inspect --long --format html` writes.
 LONG_PAGE = "long_context.html"
 
@@ -43,8 +48,11 @@ def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> Non
         "forming any [s, s] map: mass on the first tokens (sink), mean and quantiles of the attention "
         "distance, mass within --window tokens, entropy"
         + (
-            ", the top --top keys of every query and a block-reduced map; --format html adds "
-            "long_context.html, the viewer's long view of them all."
+            ", the top --top keys of every query and a block-reduced map. --format names the files, "
+            "and only those are written: json the head table (long_context.json) with the top keys "
+            "(long_context_top.npz), html long_context.html (the viewer's long view of them all, "
+            "tokens labelled as they read, or by their words with --level word), png or svg the "
+            "block-reduced map of each layer's first head."
             if inspect
             else "."
         ),
@@ -55,7 +63,12 @@ def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> Non
         "--sink-tokens", type=int, default=1, metavar="N", help="first tokens counted as the sink (default: 1)"
     )
     if inspect:
-        group.add_argument("--file", metavar="FILE", help="read the text from FILE (UTF-8) instead of TEXT")
+        group.add_argument(
+            "--file",
+            metavar="FILE",
+            help="read the text from FILE (a regular file, UTF-8) instead of TEXT; only its start is read, as "
+            "far as the tokens the run can take",
+        )
         group.add_argument("--max-tokens", type=int, metavar="N", help="keep the first N tokens of the text")
     else:
         group.add_argument(
@@ -80,38 +93,6 @@ def _check_long_options(args: argparse.Namespace) -> None:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
 
 
-def read_long_text(args: argparse.Namespace) -> str:
-    """TEXT, or the contents of ``--file``.
-
-    Raises:
-        CommandError: an unreadable file or an empty text.
-    """
-    if args.file is None:
-        text = str(args.text)
-    else:
-        try:
-            text = Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise CommandError(f"cannot read --file {args.file}: {getattr(err, 'strerror', None) or err}") from None
-    if not text.strip():
-        raise CommandError("the text is empty")
-    return text
-
-
-def _token_ids(model: Any, text: str, max_tokens: int | None) -> Any:
-    """The ids ``[s]`` of ``text`` (its first ``max_tokens``), checked against the model's context."""
-    encoded = model.tokenizer.encode(text)
-    ids = encoded.ids[0]
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
-    if ids.numel() > model.max_length:
-        raise CommandError(
-            f"the text has {ids.numel()} tokens, more than {model.name}'s {model.max_length}; "
-            "keep fewer with --max-tokens"
-        )
-    return ids
-
-
 def run_inspect_long(
     args: argparse.Namespace, choose: Callable[[Any], tuple[list[int] | None, list[int] | None]]
 ) -> int:
@@ -127,17 +108,21 @@ def run_inspect_long(
         raise CommandError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
-    text = read_long_text(args)
+    formats = parse_formats(args.format, LONG_FORMATS)
+    check_long_text(args.text, args.file)
     status = Status(args.quiet)
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
-    ids = _token_ids(model, text, args.max_tokens)
+    ids = long_token_ids(model, args.text, args.file, args.max_tokens)
     layers, heads = choose(model)
     s = ids.numel()
     block = max(1, math.ceil(s / MAP_SIDE))
     chosen = layers or list(range(model.num_layers))
-    _, tokens, _ = model.prepare_input(ids)
-    if "html" in args.format.split(","):
+    from attnkit.inspect.maps import sequence_labels
+
+    _, raw_tokens, _ = model.prepare_input(ids)
+    tokens = sequence_labels(model, raw_tokens, ids, None, None, level=args.level)
+    if "html" in formats:
         _check_page_size(args, model, tokens, len(chosen) * len(heads or range(model.num_heads)), block)
     with command_errors(f"cannot write to --out {args.out}"):
         from attnkit.inspect.long_context import long_context_summaries
@@ -157,7 +142,7 @@ def run_inspect_long(
         table = run.head_table()
         print(format_head_table(table, window=args.window))
         with status.step("writing the summaries"):
-            written = write_long_outputs(run, out, model, block=block, formats=args.format, tokens=tokens)
+            written = write_long_outputs(run, out, model, block=block, formats=formats, tokens=tokens)
     print_written(written, sizes=True)
     return 0
 
@@ -194,30 +179,25 @@ def format_head_table(table: list[dict[str, Any]], *, window: int) -> str:
     return "\n".join(lines)
 
 
-def write_long_outputs(run: Any, out: Path, model: Any, *, block: int, formats: str, tokens: list[str]) -> list[Path]:
-    """``long_context.json`` (the head table), ``long_context_top.npz`` (each summarised
-    layer's top keys and weights, ``top_keys_L`` and ``top_weights_L`` of ``[heads, s, k]``),
-    with html in ``formats`` the viewer's long view (``long_context.html``: reduced maps,
-    top keys and summaries of every summarised head), and with png one block-reduced map
-    (max over blocks) per summarised layer's first head."""
-    import numpy as np
-
-    data = {"model": model.name, "tokens": int(run.ids.numel()), "map_block": block, "heads": run.head_table()}
-    path = out / "long_context.json"
-    path.write_text(json.dumps(data, indent=1))
-    arrays = {}
-    for layer, summary in run.summaries.items():
-        arrays[f"top_keys_{layer}"] = summary.top_keys.cpu().numpy().astype(np.int32)
-        arrays[f"top_weights_{layer}"] = summary.top_weights.float().cpu().numpy()
-    top = out / "long_context_top.npz"
-    np.savez_compressed(top, **arrays)
-    written = [path, top]
-    if "html" in formats.split(","):
+def write_long_outputs(
+    run: Any, out: Path, model: Any, *, block: int, formats: list[str], tokens: list[str]
+) -> list[Path]:
+    """The files ``formats`` names, and only those: with json ``long_context.json`` (the head
+    table) and ``long_context_top.npz`` (each summarised layer's top keys and weights,
+    ``top_keys_L`` and ``top_weights_L`` of ``[heads, s, k]``: arrays JSON would carry
+    several times larger); with html the viewer's long view (``long_context.html``: reduced
+    maps, top keys and summaries of every summarised head); with png or svg one
+    block-reduced map (max over blocks) per summarised layer's first head."""
+    written = []
+    if "json" in formats:
+        written += _write_long_json(run, out, model, block=block)
+    if "html" in formats:
         from attnkit.viz.viewer.long_view import long_viewer_data, write_long_html
 
         data = long_viewer_data(run, tokens, model=model.name, causal=bool(model.causal))
         written.append(write_long_html(out / LONG_PAGE, data))
-    if "png" in formats.split(","):
+    pictures = [f for f in formats if f in ("png", "svg")]
+    if pictures:
         from attnkit.viz.heatmap import plot_attention, save_figure
 
         for layer, summary in run.summaries.items():
@@ -231,8 +211,25 @@ def write_long_outputs(run: Any, out: Path, model: Any, *, block: int, formats: 
                 title=f"{model.name} layer {layer} head {summary.heads[0]}: max over {block}×{block} blocks",
                 causal=model.causal,
             )
-            written.append(save_figure(fig, out / f"long_layer{layer}_head{summary.heads[0]}.png"))
+            for suffix in pictures:
+                written.append(save_figure(fig, out / f"long_layer{layer}_head{summary.heads[0]}.{suffix}"))
     return written
+
+
+def _write_long_json(run: Any, out: Path, model: Any, *, block: int) -> list[Path]:
+    """``long_context.json`` (the head table) and ``long_context_top.npz`` (the top keys)."""
+    import numpy as np
+
+    data = {"model": model.name, "tokens": int(run.ids.numel()), "map_block": block, "heads": run.head_table()}
+    path = out / "long_context.json"
+    path.write_text(json.dumps(data, indent=1))
+    arrays = {}
+    for layer, summary in run.summaries.items():
+        arrays[f"top_keys_{layer}"] = summary.top_keys.cpu().numpy().astype(np.int32)
+        arrays[f"top_weights_{layer}"] = summary.top_weights.float().cpu().numpy()
+    top = out / "long_context_top.npz"
+    np.savez_compressed(top, **arrays)
+    return [path, top]
 
 
 def run_heads_long(args: argparse.Namespace, read_texts: Callable[[str | None, str | None], list[str]]) -> int:
@@ -280,7 +277,7 @@ def run_heads_long(args: argparse.Namespace, read_texts: Callable[[str | None, s
             from attnkit.inspect.long_context import long_context_summaries
 
             text = "\n".join(read_texts(args.text, args.file))
-            ids = _token_ids(model, text, None)
+            ids = long_token_ids(model, text, None, None)
             with status.step(f"summarising every head of {model.name} over {counted(ids.numel(), 'token')}"):
                 run = long_context_summaries(
                     model,

@@ -11,7 +11,7 @@ _ALL = "all"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from attnkit.models.registry import MODELS
+    from attnkit.models.checkpoints.registry import MODELS
 
     parser = subparsers.add_parser(
         "models",
@@ -46,8 +46,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="show the model families a checkpoint folder may belong to",
         description=(
             "Show the model families attnkit runs on its own modules, by the model_type of a checkpoint's "
-            "config.json, and what each adds. Any folder with config.json, safetensors weights (sharded too) "
-            "and tokenizer.json of these families loads by its path."
+            "config.json, and what each adds, then the architectures tested through the bridge (kind "
+            "'bridged': transformers' own modules with attnkit's attention, family bridge:<model_type>). Any "
+            "folder with config.json, safetensors weights (sharded too) and tokenizer.json of these loads by its "
+            "path; any other causal language model of transformers is tried through the bridge, which refuses "
+            "in one line an architecture whose attention bypasses transformers' attention interface."
         ),
     )
     families.set_defaults(func=run_families)
@@ -60,7 +63,7 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 def run_fetch(args: argparse.Namespace) -> int:
     from attnkit.models import FetchError, fetch, home
-    from attnkit.models.registry import MANIFEST, MODELS
+    from attnkit.models.checkpoints.registry import MANIFEST, MODELS
 
     names = list(MODELS) if args.name == _ALL else [args.name]
     for name in names:
@@ -76,7 +79,7 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     from attnkit.models import available, home
-    from attnkit.models.registry import MODELS
+    from attnkit.models.checkpoints.registry import MODELS
 
     infos = available()
     if not infos:
@@ -93,7 +96,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_families(args: argparse.Namespace) -> int:
-    from attnkit.models.family_table import families_table
+    from attnkit.models.families.table import families_table
 
     rows = families_table()
     width = max(len(model_type) for model_type, _, _ in [("model_type", "", ""), *rows])

@@ -22,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "heads, and see the head, model and matrix views. Models load once, at start; fetch "
             "them first with `attnkit models fetch NAME`. Listens on 127.0.0.1 unless --host says "
             "otherwise, and answers only requests addressed to 127.0.0.1, localhost, ::1, the --host "
-            "address or an --allow-host name. JSON API: POST /api/attention, GET /api/info (docs/viewer.md)."
+            "address or an --allow-host name. JSON API: POST /api/attention, GET /api/info (docs/viewer.md), "
+            "POST /api/long/map and /api/long/block (docs/long-contexts.md)."
         ),
     )
     parser.add_argument(
@@ -54,11 +55,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="longest text accepted, in tokens (default: 1024, or the model's context if shorter)",
     )
     parser.add_argument(
+        "--max-long-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="longest text of the long-context maps (Long text: on, POST /api/long/...), in tokens "
+        "(default: the model's context)",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=None,
         metavar="N",
-        help="requests that may wait for one model; more get 429 Too Many Requests (default: 32)",
+        help="requests that may wait for one model (and as many long-context maps); more get 429 Too Many "
+        "Requests (default: 32)",
     )
     parser.set_defaults(func=run)
 
@@ -118,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     if max_tokens < 1:
         raise CommandError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if args.max_long_tokens is not None and args.max_long_tokens < 1:
+        raise CommandError(f"--max-long-tokens must be at least 1, got {args.max_long_tokens}")
     max_queue = DEFAULT_MAX_QUEUE if args.max_queue is None else args.max_queue
     if max_queue < 1:
         raise CommandError(f"--max-queue must be at least 1, got {max_queue}")
@@ -135,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             loader=lambda name: load_model(name, args.device, revision=args.revision, dtype=args.dtype, status=status),
             max_tokens=max_tokens,
             max_queue=max_queue,
+            max_long_tokens=args.max_long_tokens,
             allowed_hosts=hosts,
         )
     except (OSError, ValueError, ImportError) as err:

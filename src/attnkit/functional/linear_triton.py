@@ -44,7 +44,7 @@ def launch_options(dtype: torch.dtype) -> dict[str, int]:
     return {"num_warps": 4, "num_stages": 2 if dtype == torch.float32 else 3}
 
 
-def _precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype) -> str:
     """fp32 products as three TF32 products each (``tf32x3``, close to fp32 accuracy on tensor
     cores: Triton's exact ``ieee`` products compile to kilobytes of stack per thread), or one
     where PyTorch itself allows TF32 for matmuls; other dtypes: Triton's default, which does
@@ -317,7 +317,7 @@ def segment_sums(fk: Tensor, v: Tensor, seg_len: int, chunk: int) -> tuple[Tenso
         C=chunk,
         BM=_pad(m),
         BD=_pad(d_v),
-        PREC=_precision(fk.dtype),
+        PREC=dot_precision(fk.dtype),
         **launch_options(fk.dtype),
     )
     return sums, z
@@ -364,7 +364,7 @@ def forward(
         C=chunk,
         BM=_pad(m),
         BD=_pad(d_v),
-        PREC=_precision(fq.dtype),
+        PREC=dot_precision(fq.dtype),
         **launch_options(fq.dtype),
     )
     return out, den
@@ -395,7 +395,7 @@ def backward_sums(
         C=chunk,
         BM=_pad(m),
         BD=_pad(d_v),
-        PREC=_precision(fq.dtype),
+        PREC=dot_precision(fq.dtype),
         **launch_options(fq.dtype),
     )
     return sums, z
@@ -448,7 +448,7 @@ def backward(
         C=chunk,
         BM=_pad(m),
         BD=_pad(d_v),
-        PREC=_precision(fq.dtype),
+        PREC=dot_precision(fq.dtype),
         **launch_options(fq.dtype),
     )
     return dfq, dfk, dv

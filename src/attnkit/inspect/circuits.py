@@ -25,7 +25,7 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor
 
-from attnkit.models.lens import per_query_head
+from attnkit.models.model.lens import per_query_head
 
 
 class FactoredMatrix:
@@ -134,7 +134,7 @@ class FactoredMatrix:
 
 class _Weights(Protocol):
     """What the circuits read of a model: TransformerLens' weights
-    (:class:`attnkit.models.lens.LensMixin`)."""
+    (:class:`attnkit.models.model.lens.LensMixin`)."""
 
     @property
     def num_heads(self) -> int: ...

@@ -25,7 +25,7 @@ from attnkit.inspect import heads as H
 from attnkit.inspect.maps import LEVELS, AttentionMap, readable_sequence
 from attnkit.inspect.survey import HeadSurvey
 from attnkit.inspect.tokens import ReadableToken
-from attnkit.models.encoder_decoder import ATTENTION_KINDS, EncoderDecoderRun, network
+from attnkit.models.model.encoder_decoder import ATTENTION_KINDS, EncoderDecoderRun, network
 from attnkit.nn import MultiHeadAttention
 
 # What the maps of an encoder–decoder may show: the weights, or value-weighted

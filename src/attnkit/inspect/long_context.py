@@ -35,7 +35,9 @@ Shape letters: ``h`` query heads, ``h_kv`` key/value heads, ``s`` tokens, ``d`` 
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -49,10 +51,15 @@ from attnkit.nn.attention import MultiHeadAttention
 if TYPE_CHECKING:
     from attnkit.models.model import Model
 
-# Scores held at once by one block: n_h * rows * keys floats (16 Mi ≈ 64 MiB in float32).
+# Scores held at once by one block of the torch engine on the CPU: n_h * rows * keys floats
+# (16 Mi ≈ 64 MiB in float32), and its most rows per block.
 DEFAULT_BLOCK_BUDGET = 1 << 24
-DEFAULT_QUANTILES = (0.25, 0.5, 0.75, 0.9)
 MAX_BLOCK_ROWS = 128
+# The same on a GPU (block_limits): 256 Mi scores, 512 rows.
+GPU_BLOCK_BUDGET = 1 << 28
+GPU_MAX_BLOCK_ROWS = 512
+DEFAULT_QUANTILES = (0.25, 0.5, 0.75, 0.9)
+SUMMARY_ENGINES = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -282,14 +289,19 @@ def summarize_layer(
     sink_tokens: int = 1,
     window: int = 256,
     map_block: int | None = None,
-    block_budget: int = DEFAULT_BLOCK_BUDGET,
+    block_budget: int | None = None,
     statistics: Collection[str] = STATISTICS,
+    engine: str = "auto",
+    stop: Callable[[], bool] | None = None,
 ) -> LayerSummary:
     """Summarise one layer's attention from its queries and keys, never holding ``[s, s]``.
 
-    Each block of consecutive query rows gets its exact weights from one recomputed block of
-    scores, and every statistic comes from that block
-    (:class:`attnkit.inspect.long_context_blocks.BlockScorer`): a sliding-window layer only
+    Two engines compute the same statistics. ``"torch"``: each block of consecutive query
+    rows gets its exact weights from one recomputed block of scores, and every statistic
+    comes from that block (:class:`attnkit.inspect.long_context_blocks.BlockScorer`).
+    ``"triton"``: one fused kernel per layer streams the keys of every 64 rows of a head
+    twice and keeps each block of scores in registers
+    (:mod:`attnkit.inspect.long_context_triton`). Either way a sliding-window layer only
     computes the keys of its window.
 
     Args:
@@ -303,34 +315,66 @@ def summarize_layer(
         sink_tokens: how many first tokens count as the sink.
         window: the distance below which attention counts as ``within_window``.
         map_block: also reduce the map to ``B × B`` blocks (max and mean); needs every row.
-        block_budget: the most scores held at once (``n_h × rows × keys``).
+        block_budget: the torch engine's most scores held at once (``n_h × rows × keys``);
+            default from the device (:func:`block_limits`).
         statistics: which of ``"sink"``, ``"distance"`` (mean and quantiles),
             ``"window"``, ``"entropy"`` and ``"top"`` (the top keys) to compute; the
             others are ``None`` (no top keys: ``k`` = 0).
+        engine: ``"torch"``, ``"triton"`` (CUDA tensors in float32, float16 or bfloat16, or
+            any device under Triton's interpreter, ``TRITON_INTERPRET=1``), or ``"auto"``:
+            triton on CUDA where it can run, torch otherwise.
+        stop: asked before every block of the torch engine (before the one launch of the
+            triton engine); when it returns ``True`` the summary ends with
+            :class:`attnkit.models.RunStopped`.
 
     Returns:
         A :class:`LayerSummary` (statistics in float64 whatever the dtype of ``q``).
 
     Raises:
+        RunStopped: ``stop()`` returned ``True``.
         ValueError: shapes that do not fit, heads or rows out of range, a size below 1, an
-            unknown statistic.
+            unknown statistic or engine, the triton engine where it cannot run.
     """
     q, k = _one_sequence(q, k)
+    budget, max_rows = block_limits(q.device, q.dtype)
+    block_budget = budget if block_budget is None else block_budget
     _check_sizes(top_k=top_k, sink_tokens=sink_tokens, window=window, block_budget=block_budget)
     wanted = _checked_statistics(statistics)
+    chosen_engine = summary_engine(engine, q)
     h, s, _ = q.shape
     head_list, row_t = _chosen_heads_and_rows(h, s, heads, rows, map_block, q.device)
     summary = _empty_summary(
         q, scoring, layer, head_list, row_t, top_k=top_k, sink_tokens=sink_tokens, window=window, map_block=map_block
     )
     _keep_only(summary, wanted)
+    if chosen_engine == "triton":
+        _check_stop(stop)
+        _summarize_on_kernel(q, k, scoring, summary, wanted)
+    else:
+        block_rows = _block_rows(len(head_list), s, block_budget, max_rows=max_rows)
+        _summarize_in_blocks(q, k, scoring, summary, wanted, block_rows=block_rows, stop=stop)
+    return summary
+
+
+def _summarize_in_blocks(
+    q: Tensor,
+    k: Tensor,
+    scoring: LayerScoring,
+    summary: LayerSummary,
+    wanted: frozenset[str],
+    *,
+    block_rows: int,
+    stop: Callable[[], bool] | None,
+) -> None:
+    """Fill ``summary`` (from :func:`_empty_summary`) with the torch engine: blocks of
+    ``block_rows`` consecutive query rows, one :class:`BlockScorer` block each, ``stop``
+    asked before each."""
+    h, s, _ = q.shape
+    head_list, row_t, map_block = summary.heads, summary.rows, summary.map_block
     block_max = summary.block_max
     block_sum = None if block_max is None else torch.zeros_like(block_max, dtype=torch.float64)
     lowest, highest = scoring.distance_range()
-    blocks = [
-        (done, r0, m, *scoring.key_range(r0, r0 + m, s))
-        for done, r0, m in row_blocks(row_t, _block_rows(len(head_list), s, block_budget, map_block))
-    ]
+    blocks = [(done, r0, m, *scoring.key_range(r0, r0 + m, s)) for done, r0, m in row_blocks(row_t, block_rows)]
     scorer = BlockScorer(
         q.index_select(0, torch.tensor(head_list, device=q.device)) * scoring.query_factor,  # [n_h, s, d]
         k,
@@ -340,12 +384,13 @@ def summarize_layer(
         highest=highest,
         statistics=wanted,
         top_k=summary.top_keys.shape[-1],
-        sink_tokens=sink_tokens,
-        window=window,
+        sink_tokens=summary.sink_tokens,
+        window=summary.window,
         max_rows=max(m for _, _, m, _, _ in blocks),
         max_keys=max(k1 - k0 for _, _, _, k0, k1 in blocks),
     )
     for done, r0, m, k0, k1 in blocks:
+        _check_stop(stop)
         block = scorer.block(r0, m, k0, k1, keep_weights=block_max is not None)
         _store_block(summary, slice(done, done + m), block)
         if block_max is not None and block_sum is not None and map_block is not None and block.weights is not None:
@@ -354,7 +399,100 @@ def summarize_layer(
         summary.distance_mass /= max(1, int((row_t >= 1).sum()))
     if block_sum is not None and map_block is not None:
         summary.block_mean = (block_sum / _block_sizes(s, map_block, q.device)).to(q.dtype)
-    return summary
+
+
+def _summarize_on_kernel(
+    q: Tensor, k: Tensor, scoring: LayerScoring, summary: LayerSummary, wanted: frozenset[str]
+) -> None:
+    """Fill ``summary`` (from :func:`_empty_summary`) with the triton engine: one launch of
+    :func:`attnkit.inspect.long_context_triton.layer_statistics`."""
+    from attnkit.inspect.long_context_triton import STATISTIC_PLANES, layer_statistics
+
+    s = q.shape[1]
+    got = layer_statistics(
+        q,
+        k,
+        torch.tensor(summary.heads, device=q.device),
+        summary.rows,
+        factor=scoring.query_factor,
+        softcap=scoring.softcap,
+        causal=scoring.causal,
+        window=scoring.window,
+        top_k=summary.top_keys.shape[-1],
+        sink_tokens=summary.sink_tokens,
+        near=summary.window,
+        second_pass=bool(wanted - {"top"}) or summary.map_block is not None,
+        histogram=summary.distance_mass is not None,
+        map_block=summary.map_block,
+    )
+    for plane, name in enumerate(STATISTIC_PLANES):
+        if getattr(summary, name) is not None:
+            setattr(summary, name, got.stats[plane].double())
+    if summary.distance_mass is not None and got.mass is not None:
+        summary.distance_mass = got.mass.double() / max(1, int((summary.rows >= 1).sum()))
+    weights, order = got.top_weights.sort(dim=-1, descending=True, stable=True)  # [n_h, n_r, k]
+    summary.top_weights = weights.to(q.dtype)
+    summary.top_keys = got.top_keys.gather(-1, order)
+    if got.block_max is not None and got.block_sum is not None and summary.map_block is not None:
+        summary.block_max = got.block_max.to(q.dtype)
+        sizes = _block_sizes(s, summary.map_block, q.device)
+        summary.block_mean = (got.block_sum.double() / sizes).to(q.dtype)
+
+
+def summary_engine(engine: str, q: Tensor) -> str:
+    """The engine of :func:`summarize_layer` that runs queries ``q``: ``engine`` itself,
+    checked, or what ``"auto"`` picks (triton for CUDA tensors of float32, float16 or
+    bfloat16 where Triton is installed; torch otherwise).
+
+    Raises:
+        ValueError: an unknown engine, or triton for tensors it cannot take.
+        ImportError: triton without Triton installed.
+    """
+    _check_engine(engine)
+    kernel_dtype = q.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    if engine == "triton":
+        if not kernel_dtype:
+            raise ValueError(f"engine='triton' takes float32, float16 or bfloat16 tensors, got {q.dtype}")
+        if q.device.type != "cuda" and not _interpreting():
+            raise ValueError(
+                "engine='triton' runs on CUDA tensors (or on any device under Triton's interpreter, "
+                f"TRITON_INTERPRET=1), got tensors on {q.device}"
+            )
+        if importlib.util.find_spec("triton") is None:
+            raise ImportError("engine='triton' needs Triton: pip install triton (CUDA builds of PyTorch include it)")
+        return engine
+    if engine == "auto":
+        usable = q.device.type == "cuda" and kernel_dtype and importlib.util.find_spec("triton") is not None
+        return "triton" if usable else "torch"
+    return engine
+
+
+def _check_engine(engine: str) -> None:
+    """Raise ``ValueError`` unless ``engine`` is one of :data:`SUMMARY_ENGINES`."""
+    if engine not in SUMMARY_ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(SUMMARY_ENGINES)}, got {engine!r}")
+
+
+def _interpreting() -> bool:
+    """Whether Triton's interpreter runs kernels (on CPU tensors) instead of compiling them."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on")
+
+
+def block_limits(device: torch.device, dtype: torch.dtype) -> tuple[int, int]:
+    """The torch engine's default block budget (scores held at once) and most rows per block
+    on ``device``: :data:`DEFAULT_BLOCK_BUDGET` and :data:`MAX_BLOCK_ROWS` on the CPU, where
+    short blocks follow the causal triangle closely and stay in its caches; on a GPU, whose
+    many small passes over a block run at memory speed, up to :data:`GPU_BLOCK_BUDGET` scores
+    (a quarter of the free memory at most: the block and its weights, in ``dtype``) and
+    :data:`GPU_MAX_BLOCK_ROWS` rows."""
+    if device.type == "cpu":
+        return DEFAULT_BLOCK_BUDGET, MAX_BLOCK_ROWS
+    from attnkit.models.checkpoints.memory import available_memory
+
+    free, _ = available_memory(device)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    budget = min(GPU_BLOCK_BUDGET, max(DEFAULT_BLOCK_BUDGET, free // (4 * itemsize)))
+    return budget, GPU_MAX_BLOCK_ROWS
 
 
 def _checked_statistics(statistics: Collection[str]) -> frozenset[str]:
@@ -437,14 +575,12 @@ def _chosen_heads_and_rows(
     return head_list, row_t
 
 
-def _block_rows(n_h: int, s: int, block_budget: int, map_block: int | None) -> int:
+def _block_rows(n_h: int, s: int, block_budget: int, *, max_rows: int) -> int:
     """Query rows per block: as many as ``block_budget`` scores allow for ``n_h`` heads over
-    ``s`` keys, at most :data:`MAX_BLOCK_ROWS`, a multiple of ``map_block`` when given."""
+    ``s`` keys, at most ``max_rows`` (whatever the map's block: rows fold into its cells
+    wherever they start)."""
     # Short blocks follow the causal triangle closely (a block computes keys up to its last row).
-    block_rows = max(1, min(MAX_BLOCK_ROWS, block_budget // (n_h * s)))
-    if map_block is not None:
-        block_rows = max(map_block, block_rows // map_block * map_block)
-    return block_rows
+    return max(1, min(max_rows, block_budget // (n_h * s)))
 
 
 def _empty_summary(
@@ -503,21 +639,32 @@ def _store_block(summary: LayerSummary, out: slice, block: BlockStatistics) -> N
 
 
 def _reduce_blocks(w: Tensor, r0: int, k0: int, b: int, block_max: Tensor, block_sum: Tensor) -> None:
-    """Fold weights ``[n_h, m, l]`` of rows ``r0 ..`` (a multiple of ``b``) and keys
-    ``k0 ..`` into the ``b × b`` block maxima and sums."""
-    n_h, m, n_keys = w.shape
-    pad_left = k0 % b  # align keys on block boundaries
-    cols = pad_left + n_keys
-    pad_right = -cols % b
-    pad_rows = -m % b
-    padded = torch.nn.functional.pad(w, (pad_left, pad_right, 0, pad_rows))  # [n_h, m', l']
-    tiles = padded.reshape(n_h, padded.shape[1] // b, b, padded.shape[2] // b, b)
+    """Fold weights ``[n_h, m, l]`` of rows ``r0 ..`` and keys ``k0 ..`` into the ``b × b``
+    block maxima and sums, each row and key into the cell it falls in: nothing larger than
+    the weights and the cells they touch is made, whatever ``b``."""
+    key_max = _fold_cells(w, k0, b, lambda x: x.amax(-1))  # [n_h, m, nj]
+    key_sum = _fold_cells(w, k0, b, lambda x: x.sum(-1, dtype=torch.float64))  # [n_h, m, nj]
+    cell_max = _fold_cells(key_max.transpose(1, 2), r0, b, lambda x: x.amax(-1)).transpose(1, 2)  # [n_h, ni, nj]
+    cell_sum = _fold_cells(key_sum.transpose(1, 2), r0, b, lambda x: x.sum(-1)).transpose(1, 2)  # [n_h, ni, nj]
     i0, j0 = r0 // b, k0 // b
-    ni, nj = tiles.shape[1], tiles.shape[3]
-    block_max[:, i0 : i0 + ni, j0 : j0 + nj] = torch.maximum(
-        block_max[:, i0 : i0 + ni, j0 : j0 + nj], tiles.amax(dim=(2, 4))
-    )
-    block_sum[:, i0 : i0 + ni, j0 : j0 + nj] += tiles.to(torch.float64).sum(dim=(2, 4))
+    cells = (slice(None), slice(i0, i0 + cell_max.shape[1]), slice(j0, j0 + cell_max.shape[2]))
+    block_max[cells] = torch.maximum(block_max[cells], cell_max)
+    block_sum[cells] += cell_sum
+
+
+def _fold_cells(x: Tensor, start: int, b: int, reduce: Callable[[Tensor], Tensor]) -> Tensor:
+    """``reduce`` (over the last dimension) of each cell of ``b`` positions along the last
+    dimension of ``x [..., n]``, whose first position is ``start``: ``[..., cells]``, the
+    first and last cells cut where ``x`` begins and ends (no padding)."""
+    n = x.shape[-1]
+    first = min(n, -start % b)  # positions before the first cell boundary
+    whole = (n - first) // b * b
+    parts = [
+        reduce(x[..., a:z].unflatten(-1, (-1, size)))
+        for a, z, size in ((0, first, first), (first, first + whole, b), (first + whole, n, n - first - whole))
+        if z > a
+    ]
+    return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
 
 
 def _block_sizes(s: int, b: int, device: torch.device) -> Tensor:
@@ -536,7 +683,7 @@ def exact_block(
     head: int,
     rows: tuple[int, int],
     keys: tuple[int, int],
-    block_budget: int = DEFAULT_BLOCK_BUDGET,
+    block_budget: int | None = None,
 ) -> Tensor:
     """Exact weights ``[r1 - r0, k1 - k0]`` of one head for query rows ``r0:r1`` and keys
     ``k0:k1`` (each row normalised over all of its keys, not only those shown).
@@ -546,6 +693,7 @@ def exact_block(
         scoring: the layer's :class:`LayerScoring`.
         head: the query head.
         rows, keys: ``(start, stop)`` ranges.
+        block_budget: the most scores held at once; default from the device (:func:`block_limits`).
 
     Raises:
         ValueError: a head or range out of bounds.
@@ -559,6 +707,8 @@ def exact_block(
     if not (0 <= r0 < r1 <= s and 0 <= k0 < k1 <= s):
         raise ValueError(f"rows and keys must be non-empty ranges within 0..{s}, got rows {rows} and keys {keys}")
     out = torch.zeros(r1 - r0, k1 - k0, dtype=q.dtype, device=q.device)
+    if block_budget is None:
+        block_budget = block_limits(q.device, q.dtype)[0]
     block_rows = max(1, block_budget // s)
     head_t = torch.tensor([head], device=q.device)
     row_t = torch.arange(r0, r1, device=q.device)
@@ -608,23 +758,25 @@ def long_context_summaries(
     map_block: int | None = None,
     logits_at: Sequence[int] = (),
     keep_qk: bool = False,
-    block_budget: int = DEFAULT_BLOCK_BUDGET,
+    block_budget: int | None = None,
     statistics: Collection[str] = STATISTICS,
     local_statistics: Collection[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    engine: str = "auto",
+    stop: Callable[[], bool] | None = None,
 ) -> LongContextRun:
     """Per-head summaries of a real model's attention over a long text, in bounded memory.
 
     One forward pass on the fused kernels (no layer forms its weights); each chosen layer's
     queries and keys are summarised by :func:`summarize_layer` as the pass reaches it, and
-    dropped.
+    dropped. Without ``logits_at`` the pass ends after the last chosen layer.
 
     Args:
         model: an :class:`attnkit.models.Model` of a decoder or encoder family.
         text_or_ids: the text, or token ids ``[s]`` / ``[1, s]``.
         layers: layers to summarise (negative from the end; default all).
-        heads, rows, top_k, sink_tokens, window, map_block, block_budget, statistics: as
-            :func:`summarize_layer`.
+        heads, rows, top_k, sink_tokens, window, map_block, block_budget, statistics, engine:
+            as :func:`summarize_layer` (on CUDA the fused Triton kernel by default).
         local_statistics: the statistics of sliding-window layers, when they differ from
             ``statistics`` (``("distance",)``: only how far Gemma's local layers look).
         logits_at: positions whose next-token logits to return (the vocabulary projection
@@ -632,20 +784,19 @@ def long_context_summaries(
         keep_qk: keep each chosen layer's queries and keys in the result (``2 · s · h · d``
             floats per layer) for :func:`exact_block`.
         progress: called with ``(layers done, layers chosen)`` after each layer.
+        stop: asked before every layer and every block of query rows (the torch engine; the
+            triton engine runs a layer in one launch); when it returns ``True`` the run ends with :class:`attnkit.models.RunStopped` (a server stops
+            the work of a client that has gone).
 
     Returns:
         A :class:`LongContextRun`.
 
     Raises:
+        RunStopped: ``stop()`` returned ``True``.
         ValueError: an encoder–decoder, a layer the summaries cannot reproduce exactly
             (:func:`layer_scoring`), or arguments out of range.
     """
-    from attnkit.models.model import Model
-
-    if not isinstance(model, Model):
-        raise TypeError(f"model must be an attnkit.models.Model, got {type(model).__name__}")
-    if model.encoder_decoder:
-        raise ValueError(f"{model.name} is an encoder-decoder: long-context summaries read one self-attention stack")
+    model = _summarizable(model, engine)
     ids, _, _ = model.prepare_input(text_or_ids)
     chosen = _layer_list(layers, model.num_layers)
     positions = _positions(logits_at, ids.shape[1])
@@ -655,51 +806,138 @@ def long_context_summaries(
         i: layer_scoring(model.module.self_attention(i), causal=model.causal, where=f"{model.name} layer {i}")
         for i in chosen
     }
-    summaries: dict[int, LayerSummary] = {}
-    kept: dict[int, tuple[Tensor, Tensor]] = {}
-    queries: dict[int, Tensor] = {}
 
-    def take_q(layer: int) -> Callable[[Tensor], None]:
-        def hook(q: Tensor) -> None:
-            queries[layer] = q.detach()[0]  # [h, s, d]
+    def summarise(layer: int, q: Tensor, k: Tensor) -> LayerSummary:
+        return summarize_layer(
+            q,
+            k,
+            scorings[layer],
+            layer=layer,
+            heads=heads,
+            rows=rows,
+            top_k=top_k,
+            sink_tokens=sink_tokens,
+            window=window,
+            map_block=map_block,
+            block_budget=block_budget,
+            statistics=wanted if scorings[layer].window is None else local_wanted,
+            engine=engine,
+            stop=stop,
+        )
 
-        return hook
-
-    def take_k(layer: int) -> Callable[[Tensor], None]:
-        def hook(k: Tensor) -> None:
-            q = queries.pop(layer)
-            k = k.detach()[0]  # [h_kv, s, d]
-            summaries[layer] = summarize_layer(
-                q,
-                k,
-                scorings[layer],
-                layer=layer,
-                heads=heads,
-                rows=rows,
-                top_k=top_k,
-                sink_tokens=sink_tokens,
-                window=window,
-                map_block=map_block,
-                block_budget=block_budget,
-                statistics=wanted if scorings[layer].window is None else local_wanted,
-            )
-            if keep_qk:
-                kept[layer] = (q, k)
-            if progress is not None:
-                progress(len(summaries), len(chosen))
-
-        return hook
-
-    hooks: dict[str, Callable[[Tensor], None]] = {}
-    for i in chosen:
-        hooks[model.hook_name("self_attn.q", i)] = take_q(i)
-        hooks[model.hook_name("self_attn.k", i)] = take_k(i)
-    with model.hooks(hooks):
-        run = model.run(ids, return_weights=False, logits=False)
-    logits = _next_token_logits(model, run.last_hidden_state, positions) if positions else None
-    return LongContextRun(
-        ids=ids[0], summaries=summaries, logits=logits, logits_at=positions, scorings=scorings, kept_qk=kept
+    pass_ = _SummarisingPass(
+        chosen, summarise, keep_qk=keep_qk, progress=progress, stop=stop, through_last_layer=bool(positions)
     )
+    hidden = pass_.run(model, ids)
+    logits = _next_token_logits(model, hidden, positions) if hidden is not None else None
+    return LongContextRun(
+        ids=ids[0],
+        summaries=pass_.summaries,
+        logits=logits,
+        logits_at=positions,
+        scorings=scorings,
+        kept_qk=pass_.kept,
+    )
+
+
+class _Summarised(Exception):
+    """Every chosen layer is summarised and nothing after them is wanted: the pass ends."""
+
+
+class _SummarisingPass:
+    """One forward pass that summarises each chosen layer from its ``q`` and ``k`` hook
+    points as the pass reaches it.
+
+    Args:
+        chosen: the layers to summarise, sorted.
+        summarise: ``(layer, q [h, s, d], k [h_kv, s, d]) -> LayerSummary``.
+        keep_qk, progress, stop: as :func:`long_context_summaries`.
+        through_last_layer: run every layer (for logits); else the pass ends after the last
+            chosen layer.
+    """
+
+    def __init__(
+        self,
+        chosen: list[int],
+        summarise: Callable[[int, Tensor, Tensor], LayerSummary],
+        *,
+        keep_qk: bool,
+        progress: Callable[[int, int], None] | None,
+        stop: Callable[[], bool] | None,
+        through_last_layer: bool,
+    ) -> None:
+        self.chosen, self.summarise = chosen, summarise
+        self.keep_qk, self.progress, self.stop = keep_qk, progress, stop
+        self.through_last_layer = through_last_layer
+        self.summaries: dict[int, LayerSummary] = {}
+        self.kept: dict[int, tuple[Tensor, Tensor]] = {}
+        self._queries: dict[int, Tensor] = {}
+
+    def run(self, model: Model, ids: Tensor) -> Tensor | None:
+        """Run the pass on ``ids [1, s]``: its last hidden states ``[1, s, e]``, or ``None``
+        when it ended after the last chosen layer.
+
+        Raises:
+            RunStopped: ``stop()`` turned true (asked before every layer and every block).
+        """
+        # Every layer's q asks stop(), so that a stopped pass ends at the next layer.
+        asked = range(model.num_layers) if self.stop is not None else self.chosen
+        hooks: dict[str, Callable[[Tensor], None]] = {model.hook_name("self_attn.q", i): self._take_q(i) for i in asked}
+        hooks.update({model.hook_name("self_attn.k", i): self._take_k(i) for i in self.chosen})
+        try:
+            with model.hooks(hooks):
+                run = model.run(ids, return_weights=False, logits=False)
+        except _Summarised:
+            return None
+        return run.last_hidden_state
+
+    def _take_q(self, layer: int) -> Callable[[Tensor], None]:
+        def hook(q: Tensor) -> None:
+            _check_stop(self.stop)
+            if layer in self.chosen:
+                self._queries[layer] = q.detach()[0]  # [h, s, d]
+
+        return hook
+
+    def _take_k(self, layer: int) -> Callable[[Tensor], None]:
+        def hook(k: Tensor) -> None:
+            q = self._queries.pop(layer)
+            k = k.detach()[0]  # [h_kv, s, d]
+            self.summaries[layer] = self.summarise(layer, q, k)
+            if self.keep_qk:
+                self.kept[layer] = (q, k)
+            if self.progress is not None:
+                self.progress(len(self.summaries), len(self.chosen))
+            if len(self.summaries) == len(self.chosen) and not self.through_last_layer:
+                raise _Summarised
+
+        return hook
+
+
+def _check_stop(stop: Callable[[], bool] | None) -> None:
+    """Raise :class:`attnkit.models.RunStopped` when ``stop()`` is true."""
+    if stop is not None and stop():
+        from attnkit.models import RunStopped
+
+        raise RunStopped("the long-context summaries were stopped")
+
+
+def _summarizable(model: object, engine: str) -> Model:
+    """``model``, checked to be a :class:`attnkit.models.Model` with one self-attention
+    stack, and ``engine`` checked to be one of :data:`SUMMARY_ENGINES`.
+
+    Raises:
+        TypeError: not a Model.
+        ValueError: an encoder-decoder, or an unknown engine.
+    """
+    from attnkit.models.model import Model
+
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be an attnkit.models.Model, got {type(model).__name__}")
+    if model.encoder_decoder:
+        raise ValueError(f"{model.name} is an encoder-decoder: long-context summaries read one self-attention stack")
+    _check_engine(engine)
+    return model
 
 
 def _positions(logits_at: Sequence[int], s: int) -> list[int]:

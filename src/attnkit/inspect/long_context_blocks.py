@@ -135,7 +135,9 @@ class BlockScorer:
         self.softcap, self.lowest, self.highest = softcap, lowest, highest
         self.statistics = frozenset(statistics)
         self.top_k = top_k if "top" in self.statistics else 0
-        self.sink_tokens, self.window = sink_tokens, window
+        # A window wider than the text counts every key: the same as the text's length,
+        # which any distance tensor can be compared with (a huge int would overflow).
+        self.sink_tokens, self.window = sink_tokens, min(window, k.shape[1])
         self._capacity = q.shape[0] * max_rows * self._width(max_rows, max_keys)
         self._buffers: dict[str, Tensor] = {}
 

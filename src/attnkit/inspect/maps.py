@@ -49,7 +49,7 @@ class AttentionMap:
             heads: ``heads`` is empty and ``weights`` ``[1, n, n]``), ``"value"``, ``"grad"``.
         attention: which attention: ``"self"`` (a model with one text), or of an
             encoder–decoder ``"encoder"``, ``"decoder"`` or ``"cross"``
-            (:data:`attnkit.models.encoder_decoder.ATTENTION_KINDS`).
+            (:data:`attnkit.models.model.encoder_decoder.ATTENTION_KINDS`).
         key_text: the text of the columns when they are another sequence than the rows
             (cross-attention: the source; ``text`` is then the target); ``None`` when the
             columns are the rows' tokens.
@@ -337,6 +337,45 @@ def readable_run(model: Model, run: ModelRun, text: str | None = None, *, level:
     words = word_groups(text, tokens)
     attentions = {layer: aggregate(w, words) for layer, w in run.attentions.items()}  # [1, h, w, w]
     return ReadableRun(text, tokens, words, [w.label for w in words], attentions)
+
+
+def sequence_labels(
+    model: Any,
+    tokens: Sequence[str],
+    ids: Tensor | None,
+    offsets: Sequence[tuple[int, int]] | None,
+    text: str | None,
+    *,
+    level: str = "token",
+) -> list[str]:
+    """One readable label per token of a sequence, for views that keep every token (the long
+    view): ``"animal"``, not ``"Ġanimal"``.
+
+    Args:
+        model: the model whose tokenizer made the tokens (see :func:`readable_sequence`).
+        tokens: the ``s`` token strings.
+        ids: their ids ``[1, s]`` or ``[s]``, or ``None``.
+        offsets: each token's character span in ``text``, or ``None``.
+        text: the text they came from, or ``None`` to rebuild it from the tokens.
+        level: ``"token"``: each token as it reads (:attr:`ReadableToken.label`);
+            ``"word"``: each token labelled by the whole word it belongs to.
+
+    Returns:
+        ``s`` labels.
+
+    Raises:
+        ValueError: an unknown ``level``.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    text, readable = readable_sequence(model, tokens, ids, offsets, text)
+    if level == "token":
+        return [t.label for t in readable]
+    labels = [""] * len(readable)
+    for word in word_groups(text, readable):
+        for i in word.token_indices:
+            labels[i] = word.label
+    return labels
 
 
 def model_windows(model: Any) -> tuple[int | None, ...] | None:

@@ -41,7 +41,7 @@ CROSS_STATISTICS = {
     "alignment": "aligned target words whose most-attended source word is aligned",
 }
 
-# The attentions of an encoder-decoder (attnkit.models.encoder_decoder.ATTENTION_KINDS, which
+# The attentions of an encoder-decoder (attnkit.models.model.encoder_decoder.ATTENTION_KINDS, which
 # imports PyTorch; a test keeps the two equal).
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
 # The head detectors of attnkit.inspect.detectors.

@@ -137,19 +137,25 @@ class RetrievalScores:
         return [(self.layers[int(i) // h], int(i) % h, float(flat[i])) for i in order]
 
 
-def retrieval_scores(model: object, probe: NeedleProbe, *, layers: list[int] | None = None) -> RetrievalScores:
+def retrieval_scores(
+    model: object, probe: NeedleProbe, *, layers: list[int] | None = None, engine: str = "auto"
+) -> RetrievalScores:
     """Each head's retrieval score on ``probe`` (module docstring).
 
     Args:
         model: the :class:`attnkit.models.Model` the probe was built for.
         probe: from :func:`needle_probe`.
         layers: the layers to score (default all).
+        engine: as :func:`attnkit.inspect.long_context.summarize_layer` (on CUDA the fused
+            Triton kernel by default).
 
     Returns:
         A :class:`RetrievalScores`.
     """
     queries = probe.queries
-    run = long_context_summaries(model, probe.ids, layers=layers, rows=queries, top_k=1, logits_at=queries)
+    run = long_context_summaries(
+        model, probe.ids, layers=layers, rows=queries, top_k=1, logits_at=queries, statistics=("top",), engine=engine
+    )
     assert run.logits is not None  # asked for at the queries
     targets = probe.ids[probe.answer[0] : probe.answer[1]]  # [n] the tokens to copy
     copied = run.logits.argmax(-1).cpu() == targets  # [n]

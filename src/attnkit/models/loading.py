@@ -5,10 +5,10 @@ Which thing a string names, in this order (the first that applies wins):
 
 1. a model attnkit fetches by name (``"smollm2"``, ``"minilm"``), from attnkit's cache;
 2. an existing folder (``./TinyLlama/TinyLlama-1.1B-Chat-v1.0`` on disk is that folder);
-3. a Hugging Face name ``ORG/NAME`` (:mod:`attnkit.models.hub`): the snapshot folder in the
+3. a Hugging Face name ``ORG/NAME`` (:mod:`attnkit.models.checkpoints.hub`): the snapshot folder in the
    Hugging Face cache, downloaded first when online and missing.
 
-Whichever it is, the folder then goes through the same checks (:mod:`attnkit.models.checkpoint`).
+Whichever it is, the folder then goes through the same checks (:mod:`attnkit.models.checkpoints`).
 """
 
 from __future__ import annotations
@@ -23,24 +23,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnkit.models.checkpoint import (
-    CheckpointError,
-    load_tensors,
-    materialize_buffers,
-    read_config,
-    read_headers,
-    read_manifest,
-    resolve,
-    verify_manifest,
-    weight_files,
-)
-from attnkit.models.family import ModelFamily
-from attnkit.models.family_table import FAMILIES, unsupported_model_type
-from attnkit.models.hub import is_hub_name, snapshot
-from attnkit.models.memory import check_fits, weight_bytes
+from attnkit.models.checkpoints.errors import CheckpointError
+from attnkit.models.checkpoints.files import read_config, resolve, weight_files
+from attnkit.models.checkpoints.hub import is_hub_name, snapshot
+from attnkit.models.checkpoints.manifest import read_manifest, verify_manifest
+from attnkit.models.checkpoints.memory import check_fits, weight_bytes
+from attnkit.models.checkpoints.quantization import FP8_DTYPES, dequantize, dequantized_headers, read_quantization
+from attnkit.models.checkpoints.registry import MODELS
+from attnkit.models.checkpoints.tokenizer import Tokenizer
+from attnkit.models.checkpoints.weights import check_weight_map, load_tensors, read_headers
+from attnkit.models.families.bridge import bridgeable, load_bridged
+from attnkit.models.families.family import ModelFamily
+from attnkit.models.families.meta_device import buffer_bytes, materialize_buffers
+from attnkit.models.families.table import FAMILIES, unsupported_model_type
 from attnkit.models.model import Model
-from attnkit.models.registry import MODELS
-from attnkit.models.tokenizer import Tokenizer
 
 # The dtypes ``load(dtype=...)`` and ``--dtype`` take by name.
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,7 +58,7 @@ def locate(name_or_path: str | os.PathLike[str], revision: str | None = None) ->
         ModelNotFound: a fetched model's name not fetched yet, or a string that is none of
             the three.
         HubError: a Hugging Face name that cannot be opened (see
-            :func:`attnkit.models.hub.snapshot`).
+            :func:`attnkit.models.checkpoints.hub.snapshot`).
         ValueError: a revision given with a fetched name or a folder.
     """
     key = str(name_or_path)
@@ -79,7 +75,9 @@ def choose_dtype(dtype: torch.dtype | str, device: torch.device, hf_config: Mapp
     bfloat16 or float16) elsewhere.
 
     Raises:
-        TypeError: neither a floating ``torch.dtype`` nor one of ``auto``, :data:`DTYPES`.
+        TypeError: neither ``"auto"`` nor one of :data:`DTYPES`, by name or as a
+            ``torch.dtype`` (float64 and the float8 kinds are refused: attnkit's modules
+            compute in these three).
     """
     if isinstance(dtype, str):
         if dtype == "auto":
@@ -89,9 +87,9 @@ def choose_dtype(dtype: torch.dtype | str, device: torch.device, hf_config: Mapp
             return DTYPES.get(stated, torch.float32) if isinstance(stated, str) else torch.float32
         if dtype in DTYPES:
             return DTYPES[dtype]
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    if not isinstance(dtype, torch.dtype) or dtype not in DTYPES.values():
         raise TypeError(
-            f"dtype must be 'auto', {', '.join(map(repr, DTYPES))} or a floating torch.dtype, got {dtype!r}"
+            f"dtype must be 'auto', {', '.join(map(repr, DTYPES))} or one of those torch dtypes, got {dtype!r}"
         )
     return dtype
 
@@ -107,11 +105,13 @@ def load(
     (``ORG/NAME``) onto attnkit modules.
 
     The folder must hold ``config.json`` (a ``model_type`` of
-    :data:`attnkit.models.family_table.FAMILIES`), safetensors weights (sharded too, with
+    :data:`attnkit.models.families.table.FAMILIES`, or of a causal language model of
+    ``transformers`` whose attention runs through its attention interface, loaded through
+    the bridge: :mod:`attnkit.models.families.bridge`), safetensors weights (sharded too, with
     ``model.safetensors.index.json``) and ``tokenizer.json``. Each safetensors header is checked against
     its file's size, and a fetched model's files against the sizes and SHA-256 recorded at
     fetch time. The weights' size in ``dtype`` is compared with the memory free on
-    ``device`` (:mod:`attnkit.models.memory`) before any is read. Weights are
+    ``device`` (:mod:`attnkit.models.checkpoints.memory`) before any is read. Weights are
     memory-mapped and become the parameters without copies or random initialisation.
 
     Args:
@@ -135,13 +135,14 @@ def load(
             a token, unknown, or without safetensors weights.
         CheckpointError: a corrupt, truncated, crafted or unsupported checkpoint (a
             ``ValueError`` whose message names the file and the field at fault): sizes in
-            ``config.json`` beyond :data:`attnkit.models.checkpoint.CONFIG_LIMITS`, weights
+            ``config.json`` beyond :data:`attnkit.models.checkpoints.config_reader.CONFIG_LIMITS`, weights
             that do not fit the configuration, a tokenizer with an id beyond the embedding's
             rows: all checked before any module is built; weights that are not finite.
         MemoryEstimateError: weights larger than the memory free on ``device``.
         ValueError: a missing ``config.json`` or weights; a revision with a fetched name
             or a folder.
-        TypeError: a ``dtype`` that is not floating.
+        TypeError: a ``dtype`` other than ``"auto"``, float32, bfloat16 and float16,
+            before anything is read.
     """
     target = torch.device(device)
     choose_dtype(dtype, target, {})  # refuse a bad dtype before anything is read
@@ -151,36 +152,36 @@ def load(
         verify_manifest(folder, manifest, name)
     hf_config = read_config(folder)
     model_type = hf_config.get("model_type")
+    weights_dtype = choose_dtype(dtype, target, hf_config)
+    if isinstance(model_type, str) and model_type not in FAMILIES and bridgeable(model_type):
+        return _load_bridged(name, folder, hf_config, weights_dtype, target)
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise CheckpointError(folder / "config.json", unsupported_model_type(model_type), field="model_type")
     family = FAMILIES[model_type]
-    weights_dtype = choose_dtype(dtype, target, hf_config)
     files = weight_files(folder)
     # Everything the folder says is compared before any weight is read, and the module is
     # built on the ``meta`` device (no storage), so that a crafted config.json cannot make
     # this allocate more than the weights themselves.
-    headers = read_headers(files)
+    quantization = read_quantization(hf_config, folder / "config.json")
+    stored = read_headers(files)
+    check_weight_map(folder, stored)
+    headers = dequantized_headers(stored, quantization)  # the tensors as they will be loaded
     config = family.read_config(hf_config, path=folder / "config.json")
     module = family.build(config)
     _check_weights_fit(module, family, config, headers, folder)
-    eos = family.eos_token_ids(config, folder)
-    tokenizer_path = folder / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
-    if tokenizer.largest_id >= config.vocab_size:
-        raise CheckpointError(
-            tokenizer_path,
-            f"has token id {tokenizer.largest_id}, but the model's embedding has "
-            f"vocab_size={config.vocab_size} rows (config.json)",
-            field="vocab_size",
-        )
+    tokenizer = _tokenizer(folder, family.eos_token_ids(config, folder), config.vocab_size)
     smaller = "" if weights_dtype.itemsize <= 2 else "load in bfloat16 (--dtype bfloat16) to halve it, or "
+    tables = buffer_bytes(module)  # rotary cosines and sines, ALiBi slopes: made at load
     check_fits(
-        weight_bytes(headers, weights_dtype),
+        weight_bytes(headers, weights_dtype) + tables,
         target,
-        what=f"the weights of {name} in {str(weights_dtype).removeprefix('torch.')}",
+        what=f"the weights of {name} in {str(weights_dtype).removeprefix('torch.')}"
+        + (" and its position tables" if tables else ""),
         advice=f"{smaller}free memory or use a smaller model",
     )
-    tensors = load_tensors(files, dtype=weights_dtype)
+    tensors = load_tensors(files, dtype=weights_dtype, exact=stored.keys() - headers.keys() | _fp8(stored))
+    if quantization is not None:
+        tensors = dequantize(tensors, quantization, weights_dtype)
     state, _ = family.state_dict_from_hf(tensors, config)
     module.load_state_dict(state, strict=True, assign=True)
     materialize_buffers(module)
@@ -189,7 +190,41 @@ def load(
     return Model(name=name, model_family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
 
 
+def _load_bridged(
+    name: str, folder: Path, hf_config: dict[str, Any], dtype: torch.dtype, device: torch.device
+) -> Model:
+    """A ``model_type`` without a family, through ``transformers`` (:mod:`attnkit.models.families.bridge`),
+    named with its label (``tiny-olmo2 (bridge:olmo2)``) so that every record and title says so."""
+    family, config, module = load_bridged(folder, hf_config, dtype=dtype, device=device, name=name)
+    tokenizer = _tokenizer(folder, family.eos_token_ids(config, folder), config.vocab_size)
+    labelled = f"{name} ({family.name})"
+    return Model(name=labelled, model_family=family, path=folder, config=config, module=module, tokenizer=tokenizer)
+
+
+def _tokenizer(folder: Path, eos: tuple[int, ...], vocab_size: int) -> Tokenizer:
+    """The folder's ``tokenizer.json``, whose ids must fit the embedding.
+
+    Raises:
+        CheckpointError: a token id beyond ``vocab_size``.
+    """
+    tokenizer_path = folder / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(tokenizer_path, eos_token_ids=eos)
+    if tokenizer.largest_id >= vocab_size:
+        raise CheckpointError(
+            tokenizer_path,
+            f"has token id {tokenizer.largest_id}, but the model's embedding has "
+            f"vocab_size={vocab_size} rows (config.json)",
+            field="vocab_size",
+        )
+    return tokenizer
+
+
 _LAYER_INDEX = re.compile(r"^(\w+)\.layers\.(\d+)\.")
+
+
+def _fp8(headers: Mapping[str, tuple[Path, str, list[int]]]) -> set[str]:
+    """The names of the fp8 tensors."""
+    return {key for key, (_, kind, _) in headers.items() if kind in FP8_DTYPES}
 
 
 def _layer_counts(state: Mapping[str, Any]) -> dict[str, int]:

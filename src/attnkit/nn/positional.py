@@ -329,14 +329,26 @@ class RotaryEmbedding(AttentionPositional):
             return None
         return self._frequencies(end).to(self.inv_freq)
 
-    def _fill_tables(self) -> None:
-        """Compute the cosine and sine tables from the frequencies, in their dtype and on
-        their device: the tables then hold exactly what :meth:`rotate` computes."""
+    def _table_rows(self) -> int:
+        """The positions the cosine and sine tables hold (0 without ``max_positions``)."""
         if self.max_positions is None:
-            return
+            return 0
         rows = self.max_positions
         if self.scaling is not None and self.scaling.varies_with_length:
             rows = min(rows, self.scaling.max_positions or rows)  # past it the frequencies change
+        return rows
+
+    def buffer_bytes(self) -> int:
+        """The bytes :meth:`reset_buffers` makes on a real device (float32 frequencies,
+        signs and the two ``[rows, r]`` tables): what a load counts before building them."""
+        return 4 * (self.rotary_dim // 2 + self.rotary_dim + 2 * self._table_rows() * self.rotary_dim)
+
+    def _fill_tables(self) -> None:
+        """Compute the cosine and sine tables from the frequencies, in their dtype and on
+        their device: the tables then hold exactly what :meth:`rotate` computes."""
+        rows = self._table_rows()
+        if rows == 0:
+            return
         positions = torch.arange(rows, device=self.inv_freq.device)
         cos, sin = self.cos_sin(positions)  # [rows, r] each
         self.cos_table, self.signed_sin_table = cos, sin * self.half_signs

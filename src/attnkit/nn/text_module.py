@@ -1,6 +1,6 @@
 """What every network that reads one text's token ids offers: :class:`TextModule`, the
 interface :class:`attnkit.nn.DecoderLM`, :class:`attnkit.nn.EncoderDecoderLM` and BERT's
-encoder (:class:`attnkit.models.bert.BertModel`) share, which :class:`attnkit.models.Model`
+encoder (:class:`attnkit.models.families.bert.BertModel`) share, which :class:`attnkit.models.Model`
 calls whatever the family.
 
 Shape letters: ``b`` batch, ``s`` number of tokens, ``e`` model dim, ``v`` vocabulary size.
@@ -9,6 +9,8 @@ Shape letters: ``b`` batch, ``s`` number of tokens, ``e`` model dim, ``v`` vocab
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -64,6 +66,25 @@ class TextModule(HookedModule, ABC):
         """The self-attention module of layer ``layer`` of the stack :meth:`last_hidden_state`
         runs (whose projections value-weighted attention and TransformerLens-style weights
         read)."""
+
+
+@runtime_checkable
+class DecodingModule(Protocol):
+    """A network that continues token ids step by step with a KV cache
+    (:meth:`attnkit.nn.DecoderLM.stream`, :meth:`attnkit.nn.EncoderDecoderLM.stream`): what
+    generation by an :class:`attnkit.models.Model` runs."""
+
+    def stream(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[Tensor]:
+        """The next token ``[b]`` of every row, one step at a time."""
+        ...
 
 
 def padding_positions(padding: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:

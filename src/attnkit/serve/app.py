@@ -13,12 +13,12 @@ page, whose script and style are inline, and every response, errors included, ca
 content-security policy that forbids other origins. Requests whose ``Host`` is not one of
 the server's own names are refused (DNS rebinding). Concurrent requests for one model run
 in batches (:mod:`attnkit.serve.batching`); a request whose client hangs up before its turn
-never runs.
+never runs. The long-context routes (:mod:`attnkit.serve.long_context`) have a token limit
+and a queue of their own, bounded the same way.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -44,10 +44,12 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
 from attnkit import __version__
 from attnkit.functional.finite import check_finite
 from attnkit.functional.indices import select_indices
-from attnkit.models.hub import is_hub_name
+from attnkit.models.checkpoints.hub import is_hub_name
 from attnkit.models.protocol import InspectableModel
-from attnkit.serve.batching import Batcher, Job, QueueFull
-from attnkit.serve.long_context import add_long_context_routes
+from attnkit.serve.admission import check_text, run_queued
+from attnkit.serve.batching import Batcher
+from attnkit.serve.long_context import add_long_context_routes, long_context_limit
+from attnkit.serve.work_queue import WorkQueue
 from attnkit.viz.terminal import counted
 from attnkit.viz.viewer import (
     content_security_policy,
@@ -93,6 +95,12 @@ class AttentionRequest(BaseModel):
         description='"token", or "word" for the attention between the words of the text: rows and columns are '
         "words, a word's row the average of its tokens' rows, summed over each key word's tokens.",
     )
+    modes: list[Literal["value", "rollout"]] = Field(
+        [],
+        description='Colour modes added beside the weights, as sections of their own: "value" (value-weighted '
+        'attention, each map scaled to its largest value) and "rollout" (attention rollout up to each layer, '
+        "heads merged, shown as head 0); their weights count towards max_weights. Refused for encoder-decoders.",
+    )
     decoder_text: StrictStr | None = Field(
         None,
         description="An encoder-decoder's target, the decoder's text (text is then its source). Absent, null or "
@@ -122,6 +130,14 @@ class ModelInfo(BaseModel):
         0, description="An encoder-decoder's heads per decoder layer, self- and cross-attention (0 for other models)."
     )
     max_tokens: int = Field(description="Longest text accepted for this model, in its tokens.")
+    max_long_tokens: int = Field(
+        0, description="Longest text of the long-context routes (/api/long/...), in its tokens (0: none)."
+    )
+    windows: list[int | None] | None = Field(
+        None,
+        description="Each layer's sliding window (null for a global layer) of a model with local layers; "
+        "null for a model without them.",
+    )
 
 
 class InfoBody(BaseModel):
@@ -174,19 +190,28 @@ class ViewerDataBody(BaseModel):
 
 @dataclass
 class ServedModel:
-    """A model the app serves, and the :class:`attnkit.serve.batching.Batcher` that runs
-    its requests (on one thread, several texts per forward pass)."""
+    """A model the app serves, the :class:`attnkit.serve.batching.Batcher` that runs its
+    requests (on one thread, several texts per forward pass), and the
+    :class:`attnkit.serve.work_queue.WorkQueue` of its long-context requests (on another
+    thread, one at a time). Each queue holds at most ``max_queue`` waiting requests.
+
+    ``max_long_tokens`` is the longest text of the long-context routes (0 for a model that
+    has none: an encoder-decoder).
+    """
 
     name: str
     model: InspectableModel
     max_tokens: int
     max_queue: int = DEFAULT_MAX_QUEUE
+    max_long_tokens: int = 0
     batcher: Batcher = field(init=False, repr=False)
+    long_queue: WorkQueue = field(init=False, repr=False)
     # An encoder-decoder runs one source and target at a time, outside the batcher.
     encoder_decoder_lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(self.model, max_queue=self.max_queue, name=f"attnkit-model-{self.name}")
+        self.long_queue = WorkQueue(max_queue=self.max_queue, name=f"attnkit-long-{self.name}")
 
     @property
     def encoder_decoder(self) -> bool:
@@ -205,7 +230,17 @@ class ServedModel:
             heads=self.model.num_heads,
             decoder_heads=_decoder_heads(self.model) if self.encoder_decoder else 0,
             max_tokens=self.max_tokens,
+            max_long_tokens=self.max_long_tokens,
+            windows=None if self.encoder_decoder else _listed_windows(self.model),
         )
+
+
+def _listed_windows(model: Any) -> list[int | None] | None:
+    """Each layer's sliding window, or ``None`` for a model without local layers."""
+    from attnkit.inspect.maps import model_windows
+
+    windows = model_windows(model)
+    return None if windows is None else list(windows)
 
 
 def _decoder_heads(model: Any) -> int:
@@ -338,27 +373,6 @@ class _Guard:
         return f"the request body is larger than this server's limit of {self.max_body_bytes} bytes"
 
 
-async def _wait_unless_gone(job: Job, receive: Receive) -> Any:
-    """The job's run, or ``None`` if the client hangs up first (the job is then abandoned:
-    it never runs if it had not started, and a pass of only abandoned jobs stops)."""
-    result = asyncio.wrap_future(job.future)
-
-    async def gone() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watch = asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait({result, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-    if result.done():
-        return result.result()
-    job.abandon()
-    result.cancel()
-    return None
-
-
 def create_app(
     models: Sequence[str] = ("smollm2",),
     *,
@@ -368,6 +382,7 @@ def create_app(
     max_chars: int = DEFAULT_MAX_CHARS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_queue: int = DEFAULT_MAX_QUEUE,
+    max_long_tokens: int | None = None,
     allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
 ) -> FastAPI:
     """The web app, with each model loaded now, once.
@@ -382,8 +397,10 @@ def create_app(
         max_weights: the most weights in one response, ``layers * heads * tokens**2``.
         max_chars: the longest text in characters, checked before tokenizing.
         max_body_bytes: the largest request body.
-        max_queue: the most requests waiting for one model; past it, 429 with
-            ``Retry-After``.
+        max_queue: the most requests waiting for one model, for its weights and, apart,
+            for its long-context maps; past it, 429 with ``Retry-After``.
+        max_long_tokens: the longest text of the long-context routes, in tokens (default:
+            each model's context; lowered to it if longer).
         allowed_hosts: the names a request's ``Host`` header may give (without the port;
             IPv6 literals with or without brackets); any other is refused with 400, which
             defeats DNS rebinding. Default: this machine's loopback names.
@@ -399,13 +416,17 @@ def create_app(
     if not models or len(set(names)) != len(names):
         raise ValueError(f"models must be one or more distinct names, got {names}")
     limits = Limits(max_tokens, max_weights, max_chars, max_body_bytes, max_queue)
+    if max_long_tokens is not None and max_long_tokens < 1:
+        raise ValueError(f"max_long_tokens must be at least 1, got {max_long_tokens}")
     if loader is None:
         from attnkit.models import load
 
         loader = load
     load_one = loader
     served = {
-        name: ServedModel(name, model, min(max_tokens, int(model.max_length)), max_queue)
+        name: ServedModel(
+            name, model, min(max_tokens, int(model.max_length)), max_queue, long_context_limit(model, max_long_tokens)
+        )
         for name, model in ((name, load_one(spec)) for name, spec in zip(names, models))
     }
     # Swagger UI and ReDoc load their script from a CDN, which the policy forbids;
@@ -493,8 +514,10 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
     def index() -> HTMLResponse:
         return HTMLResponse(page)
 
+    # A coroutine: it runs on the event loop and needs none of the worker threads that
+    # other requests may hold.
     @app.get("/api/info", response_model=InfoBody)
-    def api_info() -> InfoBody:
+    async def api_info() -> InfoBody:
         """The models this server has loaded, their layers and heads, and its limits."""
         return info
 
@@ -516,19 +539,68 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
         # Other requests' batch waits for this one while it is read and checked.
         with s.batcher.arriving():
             admitted = await _admit(request, s, limits)
-        try:
-            job = s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens)
-        except QueueFull as full:
-            raise HTTPException(429, str(full), headers={"Retry-After": str(full.retry_after)}) from None
-        try:
-            run = await _wait_unless_gone(job, http.receive)
-        except ValueError as err:
-            raise _error(422, str(err)) from None
+        _check_mode_weights(request.modes, admitted, limits)
+        run = await run_queued(
+            lambda: s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens), http.receive
+        )
         if run is None:  # the client has gone; nobody reads this
             return Response(status_code=499)
-        data = await run_in_threadpool(_viewer_data, s.model, run, name, admitted.text, request.level)
+        data = await run_in_threadpool(_page_data, s, run, admitted, request)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
+
+
+def _refuse_modes(request: AttentionRequest, s: ServedModel) -> None:
+    """Refuse colour modes for an encoder-decoder: they are of one self-attention.
+
+    Raises:
+        HTTPException: 422 naming the model.
+    """
+    if request.modes:
+        raise _error(422, f"{s.name} is an encoder-decoder: colour modes (modes) are for one self-attention")
+
+
+def _check_mode_weights(modes: Sequence[str], admitted: Admitted, limits: Limits) -> None:
+    """Refuse colour modes that would take the response over the server's weights: value as
+    many as the weights, rollout one map per layer.
+
+    Raises:
+        HTTPException: 422 naming the weights and the limit.
+    """
+    maps = len(admitted.layers) * len(admitted.heads)
+    total = maps * (1 + ("value" in modes)) + len(admitted.layers) * ("rollout" in modes)
+    weights = total * admitted.tokens**2
+    if modes and weights > limits.max_weights:
+        raise _error(
+            422,
+            f"with the colour modes {', '.join(modes)}, {total} maps x {admitted.tokens}^2 tokens is {weights} "
+            f"weights, more than this server's limit of {limits.max_weights}: ask for fewer layers or heads, "
+            "or no colour modes",
+        )
+
+
+def _page_data(s: ServedModel, run: Any, admitted: Admitted, request: AttentionRequest) -> Any:
+    """The viewer's data of a run, with the colour modes of ``request`` added as sections, as
+    the exported page has them.
+
+    Raises:
+        HTTPException: 422 for weights that are not finite, or what the methods refuse.
+    """
+    from dataclasses import replace
+
+    from attnkit.viz.viewer.adapters import mode_sections
+
+    data = _viewer_data(s.model, run, s.name, admitted.text, request.level)
+    if not request.modes:
+        return data
+    try:
+        own = data.sections["self"]
+        extra = mode_sections(
+            s.model, admitted.text, request.modes, layers=own.layers, heads=own.heads, level=request.level
+        )
+    except ValueError as err:
+        raise _error(422, str(err)) from None
+    return replace(data, sections={**data.sections, **extra})
 
 
 def _viewer_data(model: Any, run: Any, name: str, text: str, level: str) -> Any:
@@ -553,7 +625,7 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
         HTTPException: 422 naming what is wrong and, for too many weights, what would fit.
     """
     text = request.text
-    _check_text(text, limits)
+    check_text(text, limits.max_chars)
     asked = [s.model.num_layers - 1] if request.layers == "last" else request.layers
     layers = _indices(asked, s.model.num_layers, "layer", s.name)
     heads = _indices(request.heads, s.model.num_heads, "head", s.name)
@@ -568,22 +640,6 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
             f"{counted(max(1, limits.max_weights // per_layer), 'layer')} or fewer heads",
         )
     return Admitted(s, text, layers, heads, count)
-
-
-def _check_text(text: str, limits: Limits, what: str = "the text") -> None:
-    """Refuse a blank text, one over the character limit, or one with lone surrogates.
-
-    Raises:
-        HTTPException: 422 naming what is wrong.
-    """
-    if not text.strip():
-        raise _error(422, f"{what} is empty: give some words to look at")
-    if len(text) > limits.max_chars:
-        raise _error(422, f"{what} is {len(text)} characters, more than this server's limit of {limits.max_chars}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise _error(422, f"{what} is not valid Unicode: a lone surrogate at character {err.start}") from None
 
 
 async def _count_tokens(text: str, s: ServedModel, what: str = "the text") -> int:
@@ -632,10 +688,11 @@ async def _run_encoder_decoder(request: AttentionRequest, s: ServedModel, limits
         HTTPException: 422 naming what is wrong and, for too many weights, what would fit.
     """
     model: Any = s.model  # an encoder-decoder attnkit.models.Model, beyond the protocol: run_encoder_decoder
-    _check_text(request.text, limits)
+    _refuse_modes(request, s)
+    check_text(request.text, limits.max_chars)
     target = request.decoder_text if request.decoder_text is not None and request.decoder_text.strip() else None
     if target is not None:
-        _check_text(target, limits, "the decoder text")
+        check_text(target, limits.max_chars, "the decoder text")
     encoder_depth, decoder_depth = model.num_layers, int(model.num_decoder_layers)
     counts = model.heads_per_kind  # BART's stacks may have different head counts
     heads = _indices(request.heads, max(counts.values()), "head", s.name)

@@ -53,33 +53,54 @@ class QueueFull(RuntimeError):
             f"the server is busy: {waiting} requests are waiting for this model; try again in {retry_after} s"
         )
 
+    @classmethod
+    def estimated(cls, waiting: int, seconds_each: float) -> QueueFull:
+        """The error for ``waiting`` requests of about ``seconds_each`` seconds each."""
+        return cls(waiting, max(1, math.ceil(waiting * seconds_each)))
+
+
+def moving_average(average: float, seconds: float) -> float:
+    """The running estimate of a request's time after one more took ``seconds`` (the first
+    sets it)."""
+    return seconds if not average else 0.8 * average + 0.2 * seconds
+
 
 @dataclass
-class Job:
-    """One request waiting for, or being run by, the model.
+class Ticket:
+    """A request waiting for, or being run by, a model's thread.
+
+    Attributes:
+        future: its result, or the error it raised; cancelled if the client goes before it
+            runs.
+        abandoned: set when the client has gone (see :meth:`abandon`).
+    """
+
+    future: Future = field(default_factory=Future, kw_only=True)
+    abandoned: threading.Event = field(default_factory=threading.Event, kw_only=True)
+
+    def abandon(self) -> None:
+        """The client has gone: a waiting request never runs, and a running one is asked
+        to stop (:attr:`abandoned`)."""
+        self.abandoned.set()
+        self.future.cancel()
+
+
+@dataclass
+class Job(Ticket):
+    """One request for the weights of a text, waiting for, or being run by, the model; a
+    pass whose every job is abandoned stops at its next layer.
 
     Attributes:
         text: the text.
         layers: the layers whose weights it wants.
         heads: the heads it wants.
         tokens: its length in the model's tokens.
-        future: the model's run, or the error it raised; cancelled if the client goes
-            before it runs.
-        abandoned: set when the client has gone (see :meth:`abandon`).
     """
 
     text: str
     layers: tuple[int, ...]
     heads: tuple[int, ...]
     tokens: int
-    future: Future = field(default_factory=Future)
-    abandoned: threading.Event = field(default_factory=threading.Event)
-
-    def abandon(self) -> None:
-        """The client has gone: a waiting job never runs, and a running pass whose every
-        job is abandoned stops at its next layer."""
-        self.abandoned.set()
-        self.future.cancel()
 
 
 class Batcher:
@@ -141,8 +162,7 @@ class Batcher:
         with self._ready:
             self._drop_cancelled()
             if len(self._queue) >= self.max_queue:
-                retry = max(1, math.ceil(len(self._queue) * self._seconds_per_text))
-                raise QueueFull(len(self._queue), retry)
+                raise QueueFull.estimated(len(self._queue), self._seconds_per_text)
             self._queue.append(job)
             self._ready.notify()
         return job
@@ -196,10 +216,7 @@ class Batcher:
             else:
                 self._run_alone(batch[0])
             self._last_batch_seconds = time.perf_counter() - started
-            seconds = self._last_batch_seconds / len(batch)
-            self._seconds_per_text = (
-                seconds if not self._seconds_per_text else 0.8 * self._seconds_per_text + 0.2 * seconds
-            )
+            self._seconds_per_text = moving_average(self._seconds_per_text, self._last_batch_seconds / len(batch))
 
     def _run_together(self, batch: list[Job]) -> None:
         """One pass for the batch; stopped once every client has gone."""

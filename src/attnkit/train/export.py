@@ -1,14 +1,14 @@
 """A trained encoder–decoder as a model folder that :func:`attnkit.models.load` reads, so
 that ``attnkit inspect``, ``heads`` and ``serve`` take ``--model RUN_FOLDER`` as they take
-a T5 or BART folder (the family :mod:`attnkit.models.trained`)."""
+a T5 or BART folder (the family :mod:`attnkit.models.families.trained`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from attnkit.models.checkpoint import require
-from attnkit.models.trained import TrainedConfig, saved_state
+from attnkit.models.checkpoints.errors import require
+from attnkit.models.families.trained import TrainedConfig, saved_state
 from attnkit.train.config import TrainConfig
 from attnkit.train.model import EncoderDecoderTransformer
 from attnkit.train.tasks import BOS, EOS, SPECIAL_TOKENS, Task

@@ -95,7 +95,7 @@ def viewer_data_from_encoder_decoder(
 
     Args:
         model: the encoder–decoder :class:`attnkit.models.Model`.
-        run: its :class:`attnkit.models.encoder_decoder.EncoderDecoderRun`.
+        run: its :class:`attnkit.models.model.encoder_decoder.EncoderDecoderRun`.
         name: the model's display name (default :func:`model_name`).
         level: ``"token"``, or ``"word"`` for the attention between words on both sides.
 

@@ -25,6 +25,7 @@
   const MAX_LABEL = 150; // matrix view: widest token label, CSS px
   const ALL_LINES_MAX_TOKENS = 300; // head view: "all" lines are offered up to this many tokens
   const RANK_ROWS = 30; // rank view: rows listed
+  const TARGET_TOKENS_SHOWN = 12; // an encoder-decoder's target that reads as no text: tokens shown
 
   // matplotlib's "Blues" (the heatmaps' colour map): nine anchors, interpolated to 256.
   const BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
@@ -77,6 +78,8 @@
     zoom: 0, // matrix view: CSS px per cell, 0 to fit the width
     reduce: 'max', // long view: each block's largest weight ('max') or its mean ('mean')
     cursor: null, // matrix view keyboard cell {i, j}
+    rankQ: null, // rank view: the chosen query index (null: the pinned query, else the last)
+    rankK: null, // rank view: the chosen key index, -1 for any (null: the pinned key, else any)
   };
   let generation = 0; // bumped by every render; stale asynchronous work sees it and stops
   let decoded = new Map(); // "section/layer" -> Promise<Uint16Array [h * s_q * s_k]>
@@ -165,6 +168,16 @@
 
   // ---------------------------------------------------------------- loading
 
+  // What the page shows now, for load() to keep when new data has the same tokens (the app's
+  // Show attention again, with other layers or heads).
+  function shownNow() {
+    if (!state.data || state.view === 'long') return null;
+    const s = sec();
+    return { section: state.section, layer: s.layers[state.layer], head: s.heads[state.head],
+      tokens: s.query_tokens.join('\u0000') + '\u0001' + s.key_tokens.join('\u0000'), level: state.data.level,
+      headsOn: new Map(s.heads.map((h, n) => [h, state.headsOn[n]])), scale: state.scale, topk: state.topk };
+  }
+
   function load(json) {
     if (json && json.format === 'attnkit-viewer-long') {
       loadLong(longFromPage(json));
@@ -173,6 +186,7 @@
     if (!json || json.format !== 'attnkit-viewer' || json.version !== 1) {
       throw new Error('this is not attnkit viewer data (expected format "attnkit-viewer", version 1)');
     }
+    const before = shownNow();
     state.data = json;
     decoded = new Map();
     resolved = new Map();
@@ -187,8 +201,16 @@
     $('ak-section-field').hidden = names.length < 2;
     let longest = 0;
     for (const name of names) longest = Math.max(longest, ...json.sections[name].weights.shape.slice(2));
-    state.scale = longest <= 64 ? 'linear' : 'sqrt';
-    state.topk = longest <= 32 ? 0 : 5;
+    // The same tokens again keep every choice: section, layer, head, heads shown, selected
+    // tokens, ranked query and key, scale and lines per query.
+    const name = before && json.sections[before.section] ? before.section : json.sections.cross ? 'cross' : names[0];
+    const s = json.sections[name];
+    const kept = before && before.level === json.level &&
+      before.tokens === s.query_tokens.join('\u0000') + '\u0001' + s.key_tokens.join('\u0000') ? before : null;
+    if (!kept) state.pinnedQ = state.pinnedK = -1;
+    if (!kept) state.rankQ = state.rankK = null;
+    state.scale = kept ? kept.scale : longest <= 64 ? 'linear' : 'sqrt';
+    state.topk = kept ? kept.topk : longest <= 32 ? 0 : 5;
     // Every line of every token: thousands of lines per scroll frame beyond a few hundred tokens.
     const all = $('ak-topk').querySelector('option[value="0"]');
     all.disabled = longest > ALL_LINES_MAX_TOKENS;
@@ -202,7 +224,7 @@
     const tokens = json.kind === 'encoder-decoder' ? encoderDecoderCounts(json, unit) : Math.max(...counts) + unit;
     $('ak-summary').textContent = json.model + ' \u00b7 ' + (kinds[json.kind] || json.kind) + ' \u00b7 ' + tokens;
     $('ak-text-shown').textContent = json.kind === 'encoder-decoder'
-      ? 'Source: \u201c' + json.text + '\u201d \u00b7 target: \u201c' + (json.target_text || '') + '\u201d' +
+      ? 'Source: \u201c' + json.text + '\u201d \u00b7 ' + targetText(json) +
         (json.generated ? ' (written by the model, greedy decoding)' : '')
       : json.text ? 'Text: \u201c' + json.text + '\u201d' : '';
     document.title = 'Attention: ' + json.model;
@@ -214,8 +236,17 @@
     long = null;
     if (wasLong) state.view = 'head';
     // An encoder-decoder opens on cross-attention, as attnkit inspect prints it.
-    setSection(json.sections.cross ? 'cross' : names[0], true);
+    setSection(name, !kept, kept);
     if (wasLong) setView('head', false);
+  }
+
+  // "target: “…”", or for a target whose tokens read as no text (special tokens only) the tokens.
+  function targetText(json) {
+    if (json.target_text) return 'target: \u201c' + json.target_text + '\u201d';
+    const rows = (json.sections.cross || json.sections.decoder || { query_tokens: [] }).query_tokens;
+    if (!rows.length) return 'no target';
+    const first = rows.slice(0, TARGET_TOKENS_SHOWN).map(shown).join(' ');
+    return 'target tokens (they read as no text): ' + first + (rows.length > TARGET_TOKENS_SHOWN ? ' \u2026' : '');
   }
 
   // "11 source and 9 target tokens": the source from the encoder or cross section, the target
@@ -243,21 +274,24 @@
     return '';
   }
 
-  function setSection(name, lastLayer) {
-    const previous = state.data.sections[state.section];
-    const oldLayer = previous ? previous.layers[state.layer] : undefined;
-    const oldHead = previous ? previous.heads[state.head] : undefined;
+  // Show section `name`, on its last layer when `lastLayer`; `kept` (from shownNow) is what the
+  // page showed before new data with the same tokens came (default: the current section).
+  function setSection(name, lastLayer, kept) {
+    const previous = kept ? null : state.data.sections[state.section];
+    const oldLayer = kept ? kept.layer : previous ? previous.layers[state.layer] : undefined;
+    const oldHead = kept ? kept.head : previous ? previous.heads[state.head] : undefined;
     state.section = name;
     $('ak-section').value = name;
     const s = sec();
     // Keep the same model layer and head when the new section has them.
     state.layer = lastLayer || !s.layers.includes(oldLayer) ? s.layers.length - 1 : s.layers.indexOf(oldLayer);
     state.head = s.heads.includes(oldHead) ? s.heads.indexOf(oldHead) : 0;
-    state.headsOn = s.heads.map(() => true);
+    state.headsOn = s.heads.map((h) => !kept || !kept.headsOn.has(h) || kept.headsOn.get(h));
     // A clicked token stays selected in a section with the same tokens (self, value, rollout).
-    const same = previous && previous.query_tokens.join('\u0000') === s.query_tokens.join('\u0000') &&
-      previous.key_tokens.join('\u0000') === s.key_tokens.join('\u0000');
+    const same = kept || (previous && previous.query_tokens.join('\u0000') === s.query_tokens.join('\u0000') &&
+      previous.key_tokens.join('\u0000') === s.key_tokens.join('\u0000'));
     if (!same) state.pinnedQ = state.pinnedK = -1;
+    if (!same) state.rankQ = state.rankK = null;
     state.activeQ = state.pinnedQ;
     state.activeK = state.pinnedK;
     state.cursor = null;
@@ -354,8 +388,9 @@
       }
     }
     if (long && state.view === 'long') notes.push(longLegendNote());
-    if (state.data && state.view === 'matrix' && matrixFitCell > 0 && matrixFitCell < 9 && !state.zoom) {
-      notes.push('Cells are ' + matrixFitCell + ' px, too small for labels: choose a larger Cell size to zoom in.');
+    if (state.data && state.view === 'matrix' && matrixFitCell > 0 && matrix && !matrix.labels && !state.zoom) {
+      notes.push('Cells are ' + (matrixFitCell < 1 ? matrixFitCell.toFixed(2) : matrixFitCell.toFixed(1)) +
+        ' px, too small for labels: choose a larger Cell size to zoom in.');
     }
     $('ak-legend-note').textContent = notes.join(' ');
   }
@@ -576,8 +611,17 @@
     const again = side === 'q' ? state.pinnedQ === n : state.pinnedK === n;
     state.pinnedQ = side === 'q' && !again ? n : -1;
     state.pinnedK = side === 'k' && !again ? n : -1;
-    if (state.pinnedQ >= 0) $('ak-rank-q').value = String(state.pinnedQ);
-    if (state.pinnedK >= 0 && state.pinnedK < $('ak-rank-k').options.length - 1) $('ak-rank-k').value = String(state.pinnedK);
+    if (state.pinnedQ >= 0) $('ak-rank-q').value = String(state.rankQ = state.pinnedQ);
+    if (state.pinnedK >= 0 && state.pinnedK < $('ak-rank-k').options.length - 1) {
+      $('ak-rank-k').value = String(state.rankK = state.pinnedK);
+    }
+    showPinned();
+  }
+
+  // Escape lets a selected token go wherever the focus is (a token column, a map, a button).
+  function releaseOnEscape(e) {
+    if (e.key !== 'Escape' || !state.data || (state.pinnedQ < 0 && state.pinnedK < 0)) return;
+    state.pinnedQ = state.pinnedK = -1;
     showPinned();
   }
 
@@ -767,10 +811,13 @@
     const labelK = widest(s.key_tokens) + 10;
     wrap.classList.toggle('ak-zoomed', state.zoom > 0);
     const avail = Math.max(240, wrap.clientWidth - 8);
-    matrixFitCell = Math.max(1, Math.min(36, Math.floor((avail - labelQ) / d.sk)));
+    // Fitted cells fill the width exactly, in fractions of a pixel (below one pixel, a pixel
+    // of the picture averages the cells it covers). Labels take room only when cells are tall
+    // enough to read them.
+    const labelled = Math.min(36, (avail - labelQ) / d.sk);
+    matrixFitCell = labelled >= 9 ? labelled : Math.min(36, avail / d.sk);
     const cell = state.zoom > 0 ? state.zoom : matrixFitCell;
-    // Labels take room only when cells are tall enough to read them.
-    const labels = cell >= 9;
+    const labels = state.zoom > 0 ? cell >= 9 : labelled >= 9;
     const left = labels ? labelQ : 0;
     const top = labels ? labelK : 0;
     matrix = { q16, offset, d, cell, left, top, unit, values, pixels, labels, zoomed: state.zoom > 0, sx: 0, sy: 0 };
@@ -828,7 +875,8 @@
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.fillStyle = '#ffffff';
     ctx.fillRect(0, 0, W, H);
-    ctx.imageSmoothingEnabled = false;
+    // Cells under a pixel are averaged into it; larger ones are drawn sharp.
+    ctx.imageSmoothingEnabled = cell < 1;
     const i0 = Math.floor(sy / cell);
     const j0 = Math.floor(sx / cell);
     const i1 = Math.min(d.sq, Math.ceil((sy + H - top) / cell) + 1);
@@ -1064,8 +1112,8 @@
     s.query_tokens.forEach((t, n) => q.add(new Option('#' + n + ' ' + shown(t), String(n))));
     k.add(new Option('any: each map\u2019s strongest key', '-1'));
     s.key_tokens.forEach((t, n) => k.add(new Option('#' + n + ' ' + shown(t), String(n))));
-    q.value = String(state.pinnedQ >= 0 ? state.pinnedQ : s.query_tokens.length - 1);
-    k.value = String(state.pinnedK >= 0 ? state.pinnedK : -1);
+    q.value = String(state.rankQ !== null ? state.rankQ : state.pinnedQ >= 0 ? state.pinnedQ : s.query_tokens.length - 1);
+    k.value = String(state.rankK !== null ? state.rankK : state.pinnedK >= 0 ? state.pinnedK : -1);
   }
 
   // Every map of the section (layer x head), ranked by the weight from the chosen query to
@@ -1164,6 +1212,7 @@
   let longMap = null; // what the long map shows: {rows, cols, cw, ch, values, pixels}
   let longDrag = null; // cells from the one pressed to the one under the pointer: {i0, j0, i1, j1}
   let longCursor = null; // the keyboard's cell {i, j} while the map has the focus
+  let longPointer = null; // where the pointer is over the long map {clientX, clientY}, else null
 
   // One head of an exported page, decoded: its maps as weights, its top keys and weights.
   async function decodeLongHead(json, entry, what) {
@@ -1209,7 +1258,7 @@
     return {
       model: json.model, causal: json.causal, tokens: json.tokens, block: json.block, k: request.top_k,
       n: json.max.length, window: request.window,
-      app: { text: request.text, model: json.model, maxWeights: json.max_block_weights },
+      app: { text: request.text, model: json.model, level: request.level, maxWeights: json.max_block_weights },
       layers: [{ layer: json.layer, window: json.sliding_window || 0,
         heads: [{ head: json.head, summary: json.summary, get: () => Promise.resolve(head) }] }],
     };
@@ -1320,32 +1369,59 @@
       }
     }
     pctx.putImageData(img, 0, 0);
+    // Cells of single tokens (a zoom, or blocks of one token) are labelled with their tokens
+    // when they are tall enough to read.
+    const ctx = $('ak-long-map').getContext('2d');
+    ctx.font = '12px ui-monospace, "DejaVu Sans Mono", monospace';
+    const r = longRegion(0, rows - 1, 0, cols - 1);
+    const single = Boolean(z) || long.block === 1;
+    const widest = (a, b) => Math.min(MAX_LABEL,
+      Math.max(0, ...long.tokens.slice(a, b).map((t) => ctx.measureText(shown(t)).width))) + 10;
+    const labelQ = single ? widest(r.r0, r.r1) : 0;
+    const labelK = single ? widest(r.k0, r.k1) : 0;
+    // A zoom takes the whole width (the tables go below it) and may be taller than the window:
+    // it is for reading tokens. The block map fits the window's height too.
+    document.querySelector('.ak-long').classList.toggle('ak-long-zoomed', Boolean(z));
     const avail = Math.max(240, $('ak-long-wrap').clientWidth - 8);
-    const cw = Math.max(1, Math.min(LONG_MAX_CELL, Math.floor(avail / cols)));
+    const tall = z ? Infinity : Math.max(240, window.innerHeight - 60);
+    const fit = (w, h) => Math.max(1, Math.min(LONG_MAX_CELL, Math.floor(w / cols), Math.floor(h / rows)));
+    const labels = single && fit(avail - labelQ, tall - labelK) >= 9;
+    const cw = labels ? fit(avail - labelQ, tall - labelK) : fit(avail, tall);
     const ch = Math.max(cw, Math.min(LONG_MAX_CELL, Math.floor(LONG_MIN_HEIGHT / rows)));
-    longMap = { rows, cols, cw, ch, values, pixels };
+    const left = labels ? labelQ : 0;
+    const top = labels ? labelK : 0;
+    longMap = { rows, cols, cw, ch, values, pixels, left, top, r0: r.r0, k0: r.k0, labels };
     if (longCursor) longCursor = { i: Math.min(longCursor.i, rows - 1), j: Math.min(longCursor.j, cols - 1) };
     const canvas = $('ak-long-map');
-    canvas.width = Math.round(cols * cw * dpr);
-    canvas.height = Math.round(rows * ch * dpr);
-    canvas.style.width = cols * cw + 'px';
-    canvas.style.height = rows * ch + 'px';
-    // Geometry and what is shown, for tools that point at cells.
+    canvas.width = Math.round((left + cols * cw) * dpr);
+    canvas.height = Math.round((top + rows * ch) * dpr);
+    canvas.style.width = left + cols * cw + 'px';
+    canvas.style.height = top + rows * ch + 'px';
+    // Geometry and what is shown, for tools that point at cells (cells start at left, top).
     Object.assign(canvas.dataset, { cellWidth: String(cw), cellHeight: String(ch), rows: String(rows),
-      cols: String(cols), shows: z ? 'exact' : state.reduce });
-    const r = longRegion(0, rows - 1, 0, cols - 1);
+      cols: String(cols), shows: z ? 'exact' : state.reduce, left: String(left), top: String(top) });
     canvas.setAttribute('aria-label', (z ? 'Exact attention weights' : 'Block-reduced attention map (' + state.reduce +
       ')') + ' of layer ' + layer.layer + ', head ' + layer.heads[state.head].head + ': queries ' + r.r0 + ' to ' +
       (r.r1 - 1) + ' down, keys ' + r.k0 + ' to ' + (r.k1 - 1) + ' across.');
     paintLong();
     longBar();
     drawLegend();
+    // A tooltip shown before the map changed under the pointer now reads the new map.
+    if (longPointer && !$('ak-tooltip').hidden) {
+      const c = longCellAt(longPointer);
+      if (c) longTip(c.i, c.j, longPointer.clientX, longPointer.clientY);
+      else hideTip();
+    }
   }
 
   function paintLong() {
     const ctx = $('ak-long-map').getContext('2d');
-    const { rows, cols, cw, ch, pixels } = longMap;
+    const { rows, cols, cw, ch, pixels, left, top } = longMap;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.fillStyle = '#ffffff';
+    ctx.fillRect(0, 0, left + cols * cw, top + rows * ch);
+    if (longMap.labels) paintLongLabels(ctx);
+    ctx.translate(left, top);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(pixels, 0, 0, cols * cw, rows * ch);
     // The selected query's row, then the selection.
@@ -1365,6 +1441,24 @@
       ctx.strokeStyle = '#1b1f24';
       const pad = Math.max(2, cw / 2);
       ctx.strokeRect(longCursor.j * cw - pad / 2, longCursor.i * ch - pad / 2, cw + pad, ch + pad);
+    }
+  }
+
+  // The query tokens left of the rows and the key tokens above the columns of a labelled map.
+  function paintLongLabels(ctx) {
+    const { rows, cols, cw, ch, left, top, r0, k0 } = longMap;
+    ctx.font = Math.min(12, ch - 1) + 'px ui-monospace, "DejaVu Sans Mono", monospace';
+    ctx.fillStyle = '#1b1f24';
+    ctx.textBaseline = 'middle';
+    ctx.textAlign = 'right';
+    for (let i = 0; i < rows; i++) ctx.fillText(shown(long.tokens[r0 + i]), left - 5, top + i * ch + ch / 2, MAX_LABEL);
+    ctx.textAlign = 'left';
+    for (let j = 0; j < cols; j++) {
+      ctx.save();
+      ctx.translate(left + j * cw + cw / 2, top - 5);
+      ctx.rotate(-Math.PI / 2);
+      ctx.fillText(shown(long.tokens[k0 + j]), 0, 0, MAX_LABEL);
+      ctx.restore();
     }
   }
 
@@ -1394,7 +1488,7 @@
   function longCursorTip() {
     const rect = $('ak-long-map').getBoundingClientRect();
     const { i, j } = longCursor;
-    longTip(i, j, rect.left + (j + 1) * longMap.cw, rect.top + (i + 1) * longMap.ch);
+    longTip(i, j, rect.left + longMap.left + (j + 1) * longMap.cw, rect.top + longMap.top + (i + 1) * longMap.ch);
     const tip = $('ak-tooltip');
     $('ak-long-live').textContent = 'query ' + tip.querySelector('.ak-tt-query').textContent + ', key ' +
       tip.querySelector('.ak-tt-key').textContent + ', weight ' + tip.querySelector('.ak-tt-weight').textContent;
@@ -1475,8 +1569,8 @@
 
   function longCellAt(e) {
     const rect = $('ak-long-map').getBoundingClientRect();
-    const j = Math.floor((e.clientX - rect.left) / longMap.cw);
-    const i = Math.floor((e.clientY - rect.top) / longMap.ch);
+    const j = Math.floor((e.clientX - rect.left - longMap.left) / longMap.cw);
+    const i = Math.floor((e.clientY - rect.top - longMap.top) / longMap.ch);
     return i >= 0 && j >= 0 && i < longMap.rows && j < longMap.cols ? { i, j } : null;
   }
 
@@ -1540,7 +1634,7 @@
     status('Computing the exact weights of ' + (r.r1 - r.r0) + ' \u00d7 ' + (r.k1 - r.k0) + ' tokens\u2026', false);
     try {
       const json = await requestJSON('api/long/block', { text: long.app.text, model: long.app.model, layer: layer.layer,
-        head: layer.heads[state.head].head, rows: [r.r0, r.r1], keys: [r.k0, r.k1] });
+        head: layer.heads[state.head].head, rows: [r.r0, r.r1], keys: [r.k0, r.k1], level: long.app.level });
       if (asked !== long) return;
       long.zoom = { r0: r.r0, r1: r.r1, k0: r.k0, k1: r.k1, weights: Float32Array.from(json.weights.flat()) };
       long.sel = null;
@@ -1572,6 +1666,7 @@
       longDrag = { i0: c.i, j0: c.j, i1: c.i, j1: c.j };
     });
     canvas.addEventListener('mousemove', (e) => {
+      longPointer = { clientX: e.clientX, clientY: e.clientY };
       if (!longMap) return;
       const c = longCellAt(e);
       if (!c) { hideTip(); return; }
@@ -1582,7 +1677,10 @@
       }
       longTip(c.i, c.j, e.clientX, e.clientY);
     });
-    canvas.addEventListener('mouseleave', hideTip);
+    canvas.addEventListener('mouseleave', () => {
+      longPointer = null;
+      hideTip();
+    });
     canvas.addEventListener('focus', () => {
       if (!longMap) return;
       longCursor = long.sel ? { i: long.sel.i0, j: long.sel.j0 } : { i: 0, j: 0 };
@@ -1595,8 +1693,11 @@
       if (longMap) paintLong();
     });
     canvas.addEventListener('keydown', longKey);
-    window.addEventListener('mouseup', () => {
+    window.addEventListener('mouseup', (e) => {
       if (!longDrag) return;
+      // Where the button is let go ends the drag, whether or not a move got there first.
+      const end = longCellAt(e);
+      if (end) Object.assign(longDrag, { i1: end.i, j1: end.j });
       const box = longBox(longDrag);
       longDrag = null;
       if (box.i0 === box.i1 && box.j0 === box.j1) {
@@ -1637,7 +1738,8 @@
     const layerPick = $('ak-req-layer').value;
     const headPick = $('ak-req-head').value;
     const payload = { text, model: m.name, layer: /^\d+$/.test(layerPick) ? Number(layerPick) : m.layers - 1,
-      head: headPick === 'all' ? 0 : Number(headPick), window: LONG_WINDOW, top_k: LONG_TOP_K };
+      head: headPick === 'all' ? 0 : Number(headPick), window: LONG_WINDOW, top_k: LONG_TOP_K,
+      level: $('ak-level').value };
     const button = $('ak-run');
     button.disabled = true;
     body.dataset.state = 'loading';
@@ -1771,16 +1873,18 @@
     $('ak-topk').addEventListener('change', (e) => { state.topk = Number(e.target.value); render(); });
     $('ak-scale').addEventListener('change', (e) => { state.scale = e.target.value; render(); });
     $('ak-zoom').addEventListener('change', (e) => { state.zoom = Number(e.target.value); render(); });
-    $('ak-rank-q').addEventListener('change', () => render());
-    $('ak-rank-k').addEventListener('change', () => render());
+    $('ak-rank-q').addEventListener('change', (e) => { state.rankQ = Number(e.target.value); render(); });
+    $('ak-rank-k').addEventListener('change', (e) => { state.rankK = Number(e.target.value); render(); });
     $('ak-rank-rows').addEventListener('click', (e) => {
       const b = e.target.closest('.ak-rank-open');
       if (b) openRanked(b);
     });
     $('ak-pinned-rank').addEventListener('click', () => {
+      state.rankQ = state.pinnedQ;
       $('ak-rank-q').value = String(state.pinnedQ);
       setView('rank', false);
     });
+    document.addEventListener('keydown', releaseOnEscape);
     $('ak-pinned-clear').addEventListener('click', () => {
       state.pinnedQ = state.pinnedK = -1;
       showPinned();
@@ -1838,14 +1942,19 @@
     const m = info.models.find((x) => x.name === $('ak-model').value);
     const encoderDecoder = m.kind === 'encoder-decoder';
     $('ak-target-field').hidden = !encoderDecoder;
+    $('ak-req-modes').closest('.ak-field').hidden = encoderDecoder;
     $('ak-text-label').textContent = encoderDecoder ? 'Source' : 'Text';
     const layers = $('ak-req-layer');
     layers.textContent = '';
     layers.add(new Option(encoderDecoder
       ? 'last layer of each stack (' + (m.layers - 1) + ' and ' + (m.decoder_layers - 1) + ')'
       : 'last layer (' + (m.layers - 1) + ')', 'last'));
-    layers.add(new Option('all ' + depth(m) + ' layers', 'all'));
-    for (let n = 0; n < depth(m); n++) layers.add(new Option('layer ' + n, String(n)));
+    layers.add(new Option(encoderDecoder
+      ? 'all layers (' + m.layers + ' encoder, ' + m.decoder_layers + ' decoder)'
+      : 'all ' + m.layers + ' layers', 'all'));
+    // Tagged as the view's layer picker tags them: "layer 5 · global", "layer 0 · local (512)".
+    const kind = (n) => (!m.windows ? '' : m.windows[n] ? ' \u00b7 local (' + m.windows[n] + ')' : ' \u00b7 global');
+    for (let n = 0; n < depth(m); n++) layers.add(new Option('layer ' + n + kind(n), String(n)));
     const heads = $('ak-req-head');
     heads.textContent = '';
     const headCount = Math.max(m.heads, m.decoder_heads || 0); // an encoder-decoder's stacks may differ
@@ -1889,6 +1998,8 @@
       payload.layers = [Number(layer)];
     }
     if (head !== 'all') payload.heads = [Number(head)];
+    // Value-weighted and rollout maps come as sections of their own, in the Attention menu.
+    if ($('ak-req-modes').value && m.kind !== 'encoder-decoder') payload.modes = $('ak-req-modes').value.split(',');
     const button = $('ak-run');
     button.disabled = true;
     body.dataset.state = 'loading';
