@@ -148,7 +148,11 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
         (folder / "config.json").write_text(json.dumps({**config, **changes}))
 
     write(model_type="falcon")
-    expected = r"model_type 'falcon' is not supported; attnkit loads llama, bert, gpt2, .*capture"
+    # falcon computes attention outside transformers' attention interface: not bridged either.
+    expected = (
+        r"model_type 'falcon' is not supported: its transformers code computes attention without transformers' "
+        r"attention interface, .*attnkit loads llama, bert, gpt2, .*through the bridge.*capture"
+    )
     with pytest.raises(ValueError, match=expected):
         models.load(folder)
     write(hidden_act="relu")
