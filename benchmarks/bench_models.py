@@ -65,6 +65,51 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
     "gemma2": ("Gemma2Config", {"num_key_value_heads": 4, "head_dim": 64}),
     "gemma3_text": ("Gemma3TextConfig", {"num_key_value_heads": 4, "head_dim": 64}),
     "phi3": ("Phi3Config", {"num_key_value_heads": 4, "pad_token_id": 0}),
+    # Mixtures of experts: 8 or 16 experts of a quarter to a half of the dense width.
+    "mixtral": (
+        "MixtralConfig",
+        {"num_key_value_heads": 4, "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 768},
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        {
+            "num_key_value_heads": 4,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 768,
+            "shared_expert_intermediate_size": 1536,
+        },
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {
+            "num_key_value_heads": 4,
+            "head_dim": 64,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 768,
+            "norm_topk_prob": True,
+        },
+    ),
+    # Latent attention (DeepSeek-V3's proportions, scaled down) and 16 sigmoid-routed experts.
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {
+            "num_key_value_heads": 12,
+            "q_lora_rank": 384,
+            "kv_lora_rank": 256,
+            "qk_nope_head_dim": 64,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 64,
+            "n_routed_experts": 16,
+            "num_experts_per_tok": 4,
+            "n_group": 4,
+            "topk_group": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 384,
+            "first_k_dense_replace": 1,
+        },
+    ),
 }
 
 
@@ -244,7 +289,7 @@ def bench_family(family: str, repeat: int) -> dict:
     sizes = {} if family == "gpt2" else _FAMILY_SIZES
     no_special = {"bos_token_id": None, "eos_token_id": None}
     torch.manual_seed(0)
-    config = getattr(transformers, class_name)(**sizes, **settings, **no_special)
+    config = getattr(transformers, class_name)(**(sizes | settings), **no_special)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)

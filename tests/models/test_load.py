@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from attnkit import models
+from attnkit.models.checkpoints.registry import MANIFEST
 from attnkit.models.checkpoints.weights import check_safetensors
 from attnkit.nn import RotaryEmbedding
 
@@ -127,7 +128,7 @@ def test_corrupt_safetensors_is_a_clear_error(minilm_path, tmp_path):
 def test_changed_file_of_a_fetched_model_fails_its_hash(minilm_path, tmp_path):
     folder = _copy_minilm(minilm_path, tmp_path / "m", manifest=True)
     models.load(folder)  # copy2 keeps the modification times: nothing needs re-hashing
-    manifest = json.loads((folder / models.registry.MANIFEST).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     assert manifest["files"]["model.safetensors"]["sha256"].startswith("53aa5117")
     data = bytearray((folder / "model.safetensors").read_bytes())
     data[-1] ^= 0xFF  # same size, same valid header, one flipped byte in the last tensor
@@ -147,7 +148,11 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
         (folder / "config.json").write_text(json.dumps({**config, **changes}))
 
     write(model_type="falcon")
-    expected = r"model_type 'falcon' is not supported; attnkit loads llama, bert, gpt2, .*capture"
+    # falcon computes attention outside transformers' attention interface: not bridged either.
+    expected = (
+        r"model_type 'falcon' is not supported: its transformers code computes attention without transformers' "
+        r"attention interface, .*attnkit loads llama, bert, gpt2, .*through the bridge.*capture"
+    )
     with pytest.raises(ValueError, match=expected):
         models.load(folder)
     write(hidden_act="relu")
@@ -174,7 +179,7 @@ def test_unsupported_or_inconsistent_checkpoints(minilm_path, tmp_path):
 
 def test_llama_config_checks():
     from attnkit.models.families.llama import read_config
-    from attnkit.nn.rope_scaling import Llama3RopeScaling
+    from attnkit.nn.rope_scaling import Llama3RopeScaling, YarnRopeScaling
 
     base = {
         "vocab_size": 10,
@@ -193,6 +198,11 @@ def test_llama_config_checks():
     assert llama3 == Llama3RopeScaling(8.0, 1.0, 4.0, 8192)
     with pytest.raises(ValueError, match="rope_type='yarn' is not supported"):
         read_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})
+    # DeepSeek-V3's YaRN (mscale = mscale_all_dim: no scaling of the rotated vectors) is read.
+    deepseek_yarn = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096}
+    deepseek_yarn |= {"mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+    yarn = read_config({**base, "rope_scaling": deepseek_yarn}).ropes[0].scaling
+    assert yarn == YarnRopeScaling(40.0, 4096)
     with pytest.raises(ValueError, match="rope_scaling: factor must be >= 1"):
         read_config({**base, "rope_scaling": {"rope_type": "linear", "factor": 0.5}})
     assert read_config({**base, "attention_bias": True}).qkv_bias

@@ -38,6 +38,23 @@ def test_an_old_path_imports_with_a_warning_naming_the_new_one(old: str) -> None
 
 
 @pytest.mark.parametrize("old", sorted(MOVED_MODULES))
+def test_an_old_path_is_an_attribute_of_attnkit_models_with_the_warning(old: str) -> None:
+    """``attnkit.models.registry.MANIFEST`` worked after ``import attnkit.models`` (the
+    package imported the module): so it does for one release."""
+    import attnkit.models
+
+    sys.modules.pop(old, None)
+    vars(attnkit.models).pop(old.rsplit(".", 1)[1], None)
+    try:
+        with pytest.warns(DeprecationWarning, match=rf"^{re.escape(old)} is now"):
+            module = getattr(attnkit.models, old.rsplit(".", 1)[1])
+        assert module is sys.modules[old]
+    finally:
+        sys.modules.pop(old, None)
+        vars(attnkit.models).pop(old.rsplit(".", 1)[1], None)
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_MODULES))
 def test_an_old_path_is_no_file_any_more(old: str) -> None:
     """A module left at an old path would be imported instead of the new one, silently."""
     relative = Path(*old.split("."))

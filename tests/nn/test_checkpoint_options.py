@@ -24,7 +24,7 @@ from attnkit.nn import (
     RMSNorm,
     RotaryEmbedding,
 )
-from attnkit.nn.rope_scaling import DynamicNTKRopeScaling, LinearRopeScaling, Llama3RopeScaling
+from attnkit.nn.rope_scaling import DynamicNTKRopeScaling, LinearRopeScaling, Llama3RopeScaling, YarnRopeScaling
 
 E, H, D = 32, 4, 8
 
@@ -49,6 +49,14 @@ def _split(t: torch.Tensor, heads: int) -> torch.Tensor:
             Llama3RopeScaling(8.0, 1.0, 4.0, 32),
         ),
         ({"rope_type": "dynamic", "factor": 2.0}, DynamicNTKRopeScaling(2.0, 64)),
+        (
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale_all_dim": 1.0},
+            YarnRopeScaling(4.0, 16),
+        ),
+        (
+            {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 16.0},
+            YarnRopeScaling(40.0, 4096, beta_fast=16.0),
+        ),
     ],
 )
 def test_rope_scaling_frequencies_equal_transformers(rope: dict, scaling) -> None:

@@ -22,7 +22,8 @@ the bridge (:mod:`attnkit.models.families.bridge`), labelled ``bridge:<model_typ
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from attnkit._lazy import lazy_names
 from attnkit.models import moved
@@ -73,5 +74,15 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
+_public_name, __dir__ = lazy_names(__name__, _LAZY, globals())
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported on first use; or a module that moved into a wing, by its old
+    attribute (e.g. the registry's old place), through the import hook that warns."""
+    if f"{__name__}.{name}" in moved.MOVED_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    return _public_name(name)
+
+
 moved.install()

@@ -28,6 +28,7 @@ from attnkit.models.checkpoints.files import read_config, resolve, weight_files
 from attnkit.models.checkpoints.hub import is_hub_name, snapshot
 from attnkit.models.checkpoints.manifest import read_manifest, verify_manifest
 from attnkit.models.checkpoints.memory import check_fits, weight_bytes
+from attnkit.models.checkpoints.quantization import FP8_DTYPES, dequantize, dequantized_headers, read_quantization
 from attnkit.models.checkpoints.registry import MODELS
 from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.checkpoints.weights import check_weight_map, load_tensors, read_headers
@@ -161,8 +162,10 @@ def load(
     # Everything the folder says is compared before any weight is read, and the module is
     # built on the ``meta`` device (no storage), so that a crafted config.json cannot make
     # this allocate more than the weights themselves.
-    headers = read_headers(files)
-    check_weight_map(folder, headers)
+    quantization = read_quantization(hf_config, folder / "config.json")
+    stored = read_headers(files)
+    check_weight_map(folder, stored)
+    headers = dequantized_headers(stored, quantization)  # the tensors as they will be loaded
     config = family.read_config(hf_config, path=folder / "config.json")
     module = family.build(config)
     _check_weights_fit(module, family, config, headers, folder)
@@ -176,7 +179,9 @@ def load(
         + (" and its position tables" if tables else ""),
         advice=f"{smaller}free memory or use a smaller model",
     )
-    tensors = load_tensors(files, dtype=weights_dtype)
+    tensors = load_tensors(files, dtype=weights_dtype, exact=stored.keys() - headers.keys() | _fp8(stored))
+    if quantization is not None:
+        tensors = dequantize(tensors, quantization, weights_dtype)
     state, _ = family.state_dict_from_hf(tensors, config)
     module.load_state_dict(state, strict=True, assign=True)
     materialize_buffers(module)
@@ -215,6 +220,11 @@ def _tokenizer(folder: Path, eos: tuple[int, ...], vocab_size: int) -> Tokenizer
 
 
 _LAYER_INDEX = re.compile(r"^(\w+)\.layers\.(\d+)\.")
+
+
+def _fp8(headers: Mapping[str, tuple[Path, str, list[int]]]) -> set[str]:
+    """The names of the fp8 tensors."""
+    return {key for key, (_, kind, _) in headers.items() if kind in FP8_DTYPES}
 
 
 def _layer_counts(state: Mapping[str, Any]) -> dict[str, int]:

@@ -6,12 +6,14 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
 ``return_weights=True`` to get a typed record (:mod:`attnkit.nn.records`).
 
 - Attention: :class:`MultiHeadAttention` (self/cross, GQA, KV cache) built from an
-  :class:`AttentionConfig`,
+  :class:`AttentionConfig`, :class:`MultiHeadLatentAttention` (DeepSeek's MLA, a cache of
+  latents) from a :class:`LatentAttentionConfig`,
   :class:`AdditiveAttention`, :class:`LuongAttention`.
 - Positional encodings: :class:`SinusoidalPositionalEncoding`,
   :class:`LearnedPositionalEmbedding`, :class:`RotaryEmbedding`, :class:`ALiBi`,
   :class:`RelativePositionBias`.
-- Building blocks: :class:`RMSNorm`, :class:`FeedForward`, :class:`KVCache`,
+- Building blocks: :class:`RMSNorm`, :class:`FeedForward`, :class:`MixtureOfExperts`
+  (a :class:`Router` from a :class:`RouterConfig`, experts, shared experts), :class:`KVCache`,
   :func:`pack_projections` (one matrix product for q/k/v and for SwiGLU's gate/up in
   a decoding step).
 - Transformers: :class:`EncoderLayer`, :class:`DecoderLayer` (from a :class:`LayerConfig`),
@@ -37,8 +39,10 @@ from attnkit.nn.encoder_decoder import (
 from attnkit.nn.feedforward import FeedForward
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache, KVCache
+from attnkit.nn.latent_attention import LatentAttentionConfig, MultiHeadLatentAttention
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, LayerConfig
 from attnkit.nn.lm import DecoderLM, DecoderLMConfig, pick_next_token
+from attnkit.nn.moe import MixtureOfExperts, Router, RouterConfig, ablate_experts
 from attnkit.nn.norms import LayerNorm, RMSNorm, make_norm
 from attnkit.nn.packing import PackedLinears, pack_projections
 from attnkit.nn.positional import (
@@ -97,6 +101,7 @@ __all__ = [
     "KVCache",
     "LMHead",
     "LMOutput",
+    "LatentAttentionConfig",
     "LayerConfig",
     "LayerNorm",
     "LayerOutput",
@@ -104,12 +109,16 @@ __all__ = [
     "LayerWeights",
     "LearnedPositionalEmbedding",
     "LuongAttention",
+    "MixtureOfExperts",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "MultiHeadOutput",
     "PackedLinears",
     "RMSNorm",
     "RelativePositionBias",
     "RotaryEmbedding",
+    "Router",
+    "RouterConfig",
     "SequenceEmbedding",
     "SinusoidalPositionalEncoding",
     "StackOutput",
@@ -117,6 +126,7 @@ __all__ = [
     "TransformerConfig",
     "TransformerOutput",
     "WeightSelection",
+    "ablate_experts",
     "alibi_slopes",
     "make_norm",
     "mask_from_torch",

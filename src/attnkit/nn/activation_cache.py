@@ -9,7 +9,10 @@ the forward pass recorded (the layer's queries and keys, or its heads' outputs):
 :class:`DeferredActivations`. A forward pass that keeps them then costs about what one
 without them costs, and a cache of SmolLM2 at 1,024 tokens holds 2.9 GB less until its
 patterns are read. What a read returns is what the forward pass would have recorded, bit
-for bit: the same function computes it from the same tensors.
+for bit: the same function computes it from the same tensors, whatever is done after the
+pass to the model, its options or the cached tensors (a read that cannot promise it
+raises). A pass over no more positions than the head dim forms its per-head results: they
+are then no larger than the copy of the output projection a later read would need.
 
 Shape letters: ``k`` stacked components, ``b`` batch, ``s`` positions, ``e`` model dim,
 ``h`` heads, ``v`` vocabulary.
@@ -18,12 +21,15 @@ Shape letters: ``k`` stacked components, ``b`` batch, ``s`` positions, ``e`` mod
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -43,23 +49,62 @@ class DeferredActivations:
     """Activations of one module that a cache computes when one of them is first read,
     from tensors recorded during the forward pass.
 
+    What a read returns is what the pass would have recorded, or the read raises: nothing
+    done after the pass may change it silently. Writes through ``.data`` or a NumPy view
+    do not move torch's version counters, so a version check alone cannot see them; the
+    tensors are therefore of two kinds. Those others hold (weights, a mask or bias the
+    caller passed) are copied when the pass records them (:func:`snapshot`), and options
+    are bound as values in ``compute``. Those the pass made (queries, keys, head outputs)
+    are read where they are while only the pass's hooks and caches have them: the point
+    that recorded one copies it at once if a hook saw it, and a cache copies it before it
+    first hands out a tensor sharing its memory (:func:`attnkit.nn.hooks.record_on_read`,
+    :meth:`keep_copy`). Their version counters are checked at the read as well, so that a
+    change by any other path raises.
+
     Args:
-        compute: returns the activations, in the order of the points that recorded them
-            (:func:`attnkit.nn.hooks.record_on_read`); called without autograd.
-        inputs: the tensors ``compute`` reads. Changed in place after the forward pass
-            (an optimizer step on a weight, an edit of a cached tensor), they no longer
-            give what the pass would have recorded: reading then raises.
+        compute: returns the activations (called as ``compute(**inputs, **copies)``), in
+            the order of the points that recorded them; called without autograd.
+        inputs: name → tensor the pass made that ``compute`` takes (``"queries"``,
+            ``"head_outputs"``), read in place until handed out; named in the error a read
+            raises.
         what: what is computed, for that error (``"decoder.layers.3.self_attn scores and
             pattern"``).
+        copies: name → a copy already made of a tensor that ``compute`` takes
+            (:func:`snapshot`: the output projection's weight, the caller's mask).
     """
 
-    compute: Callable[[], Sequence[Tensor]]
-    inputs: Sequence[Tensor]
+    compute: Callable[..., Sequence[Tensor]]
+    inputs: dict[str, Tensor]
     what: str
-    versions: tuple[int, ...] = field(init=False)
+    copies: dict[str, Tensor] = field(default_factory=dict)
+    versions: dict[str, int] = field(init=False)
+    # The caches that keep these activations and have not computed them yet.
+    pending: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        self.versions = _versions(self.inputs)
+        self.inputs = dict(self.inputs)
+        self.versions = {name: tensor._version for name, tensor in self.inputs.items()}
+
+    def keep_copy(self, name: str, recorded: Tensor) -> None:
+        """Compute from a copy of the input ``name`` from now on, before a tensor sharing
+        its memory is handed out (``recorded``: that input as the pass recorded it). A no-op
+        once it is a copy already, after a change in place (the read raises) and once every
+        cache has computed the activations."""
+        tensor = self.inputs.get(name)
+        if tensor is recorded and tensor._version == self.versions[name]:
+            tensor = private_copy(tensor)
+            self.inputs[name], self.versions[name] = tensor, tensor._version
+
+    def keep_copies(self) -> None:
+        """:meth:`keep_copy` of every input: a hook was handed one of them, or a tensor
+        sharing memory with one."""
+        for name, tensor in list(self.inputs.items()):
+            self.keep_copy(name, tensor)
+
+    def shares_memory_with(self, tensor: Tensor) -> list[tuple[str, Tensor]]:
+        """The inputs, ``(name, tensor)``, held in the same memory as ``tensor``."""
+        storage = tensor.untyped_storage().data_ptr()
+        return [(name, t) for name, t in self.inputs.items() if t.untyped_storage().data_ptr() == storage]
 
     def run(self) -> Sequence[Tensor]:
         """The activations.
@@ -67,15 +112,100 @@ class DeferredActivations:
         Raises:
             RuntimeError: an input changed in place since the forward pass.
         """
-        if _versions(self.inputs) != self.versions:
+        changed = [name for name, tensor in self.inputs.items() if tensor._version != self.versions[name]]
+        if changed:
+            recorded = ", ".join(name.replace("_", " ") for name in self.inputs)
             raise RuntimeError(
-                f"the {self.what} of this cache are computed when first read, from tensors recorded in the "
-                "forward pass (queries, keys, head outputs, the output projection's weight), and one of them "
-                "was changed in place since; read these entries before changing cached tensors or weights, "
+                f"the {self.what} of this cache are computed when first read, from the {recorded} that the "
+                f"forward pass recorded, and the {' and '.join(name.replace('_', ' ') for name in changed)} "
+                "changed in place since (directly or through a tensor sharing their memory, such as another "
+                "cached activation of the same projection); read these entries before changing cached tensors, "
                 "or run the forward pass again"
             )
         with torch.no_grad():
-            return self.compute()
+            return self.compute(**self.inputs, **self.copies)
+
+    def computed_by_one_cache(self) -> None:
+        """One of the caches that keep these activations has computed them: once all have,
+        the inputs are let go."""
+        self.pending -= 1
+        if self.pending <= 0:
+            self.inputs, self.copies = {}, {}
+
+
+def snapshot(tensor: Tensor) -> Tensor:
+    """A copy of ``tensor`` that nothing else writes to, laid out as it is (same strides
+    and alignment, so that kernels compute the same bits from it; a parameter's copy is a
+    parameter that wants no gradient): the copy made last time when it is still held and
+    holds ``tensor``'s exact bits, else a new one. Keep the returned object itself (not a
+    view of it) for the next call to find it.
+
+    On the CPU, comparing costs about what copying costs (both read the tensor), and
+    reusing the copy keeps one copy of a layer's weight for every cache of the same
+    weights, and one of a mask every layer receives. On other devices the comparison would
+    wait for the device at every layer: a new copy is made each time.
+    """
+    if tensor.device.type != "cpu":
+        return _copy_of(tensor)
+    with _snapshots_lock:
+        kept = _snapshots.get(tensor)
+    copy = kept() if kept is not None else None
+    if copy is not None and _same_bits(copy, tensor):
+        return copy
+    copy = _copy_of(tensor)
+    with _snapshots_lock:
+        _snapshots[tensor] = weakref.ref(copy)
+    return copy
+
+
+def _copy_of(tensor: Tensor) -> Tensor:
+    """:func:`private_copy`, a parameter's as a parameter that wants no gradient."""
+    copy = private_copy(tensor)
+    return nn.Parameter(copy, requires_grad=False) if isinstance(tensor, nn.Parameter) else copy
+
+
+def private_copy(tensor: Tensor) -> Tensor:
+    """A new copy of ``tensor`` with its strides and its address modulo
+    :data:`_ALIGNMENT` (matrix kernels may choose their code, and so their rounding, by
+    both). A broadcast dimension (stride 0) stays broadcast; a tensor whose elements share
+    memory in another way is copied contiguous."""
+    tensor = tensor.detach()
+    broadcast = tuple(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    source = tensor[tuple(slice(0, 1) if b else slice(None) for b in broadcast)] if any(broadcast) else tensor
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(source.shape, source.stride(), strict=True))
+    itemsize = source.element_size()
+    memory = torch.empty(extent + _ALIGNMENT // itemsize, dtype=source.dtype, device=source.device)
+    offset = (source.data_ptr() - memory.data_ptr()) % _ALIGNMENT // itemsize
+    copy = memory.as_strided(source.shape, source.stride(), offset)
+    try:
+        copy.copy_(source)
+    except RuntimeError:  # elements that share memory (an unfolded view): no layout to keep
+        return tensor.clone(memory_format=torch.contiguous_format)
+    return copy.expand(tensor.shape) if any(broadcast) else copy
+
+
+def _same_bits(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same bits in the same layout (``0.0`` and ``-0.0``
+    differ; a NaN equals itself)."""
+    if (a.dtype, a.shape, a.stride(), a.device) != (b.dtype, b.shape, b.stride(), b.device):
+        return False
+    if a.data_ptr() % _ALIGNMENT != b.data_ptr() % _ALIGNMENT:
+        return False
+    a, b = a.detach(), b.detach()
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.is_floating_point():
+        as_int = _INT_OF_SIZE[a.element_size()]
+        a, b = a.view(as_int), b.view(as_int)
+    return torch.equal(a, b)
+
+
+# Matrix kernels pick code by the alignment of their operands; a copy keeps the original's.
+_ALIGNMENT = 512
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# Each tensor given to snapshot() → its latest copy, alive while some cache holds it.
+_snapshots: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_snapshots_lock = threading.Lock()
 
 
 def computable_later(*tensors: Tensor) -> bool:
@@ -87,12 +217,6 @@ def computable_later(*tensors: Tensor) -> bool:
     if any(tensor.is_inference() for tensor in tensors):
         return False
     return not (torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors))
-
-
-def _versions(tensors: Sequence[Tensor]) -> tuple[int, ...]:
-    """torch's version counters of ``tensors``: each in-place change of a tensor (or of a
-    view of its memory) increments its counter."""
-    return tuple(tensor._version for tensor in tensors)
 
 
 @dataclass(frozen=True)
@@ -123,6 +247,10 @@ class ActivationCache(MutableMapping[str, Tensor]):
     def __init__(self, model: _Hooked) -> None:
         self.model = model
         self._entries: dict[str, Tensor | _OnRead] = {}
+        # Entry name → the computations that read a tensor in its memory in place (each
+        # with the input's name and tensor): each keeps a copy before the entry is first
+        # handed out.
+        self._shared: dict[str, list[tuple[DeferredActivations, str, Tensor]]] = {}
 
     def __getitem__(self, key: str | tuple[str, int | None]) -> Tensor:
         if isinstance(key, tuple):
@@ -131,13 +259,17 @@ class ActivationCache(MutableMapping[str, Tensor]):
         entry = self._entries[key]
         if isinstance(entry, _OnRead):
             return self._compute(entry)
+        for deferred, input_name, recorded in self._shared.pop(key, ()):
+            deferred.keep_copy(input_name, recorded)
         return entry
 
     def __setitem__(self, key: str, value: Tensor) -> None:
         self._entries[key] = value
+        self._shared.pop(key, None)  # the tensor it held is no longer handed out here
 
     def __delitem__(self, key: str) -> None:
         del self._entries[key]
+        self._shared.pop(key, None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -157,8 +289,11 @@ class ActivationCache(MutableMapping[str, Tensor]):
         return f"ActivationCache({list(self._entries)})"
 
     def __getstate__(self) -> dict[str, object]:
-        """What pickling (``torch.save``, a copy) keeps: every entry computed."""
-        return {"model": self.model, "_entries": {name: self[name] for name in self._entries}}
+        """What pickling (``torch.save``, a copy) keeps: every entry computed (those
+        computed on read first, so that the tensors they come from need no copy)."""
+        for name in self.unread():
+            self[name]
+        return {"model": self.model, "_entries": {name: self[name] for name in self._entries}, "_shared": {}}
 
     def record_on_read(self, names: Mapping[str, int], deferred: DeferredActivations) -> None:
         """Keep entries that ``deferred`` computes when one of them is first read.
@@ -169,6 +304,16 @@ class ActivationCache(MutableMapping[str, Tensor]):
         """
         for name, index in names.items():
             self._entries[name] = _OnRead(deferred, index)
+        deferred.pending += 1
+
+    def share_memory(self, name: str, deferred: DeferredActivations) -> None:
+        """Let ``deferred`` read its inputs that share memory with the entry ``name`` in
+        place until this cache first hands that entry out: ``deferred`` then keeps copies
+        of them (:meth:`DeferredActivations.keep_copy`)."""
+        entry = self._entries.get(name)
+        if isinstance(entry, Tensor):
+            for input_name, recorded in deferred.shares_memory_with(entry):
+                self._shared.setdefault(name, []).append((deferred, input_name, recorded))
 
     def unread(self) -> list[str]:
         """The names recorded by :meth:`record_on_read` and not computed yet."""
@@ -180,6 +325,7 @@ class ActivationCache(MutableMapping[str, Tensor]):
         for name, other in self._entries.items():
             if isinstance(other, _OnRead) and other.deferred is entry.deferred:
                 self._entries[name] = values[other.index]
+        entry.deferred.computed_by_one_cache()
         return values[entry.index]
 
     @property

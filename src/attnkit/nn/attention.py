@@ -18,6 +18,8 @@ mask), biases on the input projections only (``out_bias=False``).
 
 from __future__ import annotations
 
+import copy
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
@@ -33,7 +35,7 @@ from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
 from attnkit.functional.pattern import attention_pattern
 from attnkit.functional.scores import dot_scores, resolve_scale, stack_query_groups
 from attnkit.functional.weights_on_demand import iter_weights_on_demand
-from attnkit.nn.activation_cache import DeferredActivations, computable_later
+from attnkit.nn.activation_cache import DeferredActivations, computable_later, snapshot
 from attnkit.nn.cache_memory import empty_large
 from attnkit.nn.hooks import HookPoint, record_on_read
 from attnkit.nn.kv_cache import KVCache
@@ -315,7 +317,15 @@ class MultiHeadAttention(nn.Module):
                     kv_cache.append(k, v)
         bias = self._position_bias(position_bias, q, k.shape[2])  # [1, h, s_q, s_k] or None
         result = self._attend_hooked(
-            q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights, deferrable=kv_cache is None
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            return_weights=return_weights,
+            deferrable=kv_cache is None,
+            bias_is_callers=bias is not None and bias is position_bias,
         )
         heads = self.z(result.output)  # [b, h, s_q, d]
         output = self.out_proj(heads.transpose(1, 2).reshape(heads.shape[0], s_q, self.num_heads * self.head_dim))
@@ -353,6 +363,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool,
         return_weights: bool | WeightSelection,
         deferrable: bool,
+        bias_is_callers: bool = False,
     ) -> AttentionResult:
         """:meth:`_attend` with the ``scores`` and ``pattern`` hook points: when a hook or
         cache is on either, the weights are formed and passed through them. The output is
@@ -360,10 +371,12 @@ class MultiHeadAttention(nn.Module):
         for): hooks that change nothing change nothing. With caches alone on them, no
         gradient to carry and ``deferrable`` (no KV cache, whose buffers later steps
         overwrite), the caches compute them when first read instead
-        (:func:`attnkit.nn.activation_cache.computable_later`). A
-        :class:`~attnkit.nn.WeightSelection` goes to :meth:`_attend_selected`; when
-        something watches the weights, every head's weights first pass through the points,
-        and where a hook replaced them the output and the chosen weights are the hook's."""
+        (:func:`attnkit.nn.activation_cache.computable_later`, :meth:`_defer_pattern`;
+        ``bias_is_callers``: the bias is the caller's ``position_bias``, which the caller
+        may change afterwards). A :class:`~attnkit.nn.WeightSelection` goes to
+        :meth:`_attend_selected`; when something watches the weights, every head's weights
+        first pass through the points, and where a hook replaced them the output and the
+        chosen weights are the hook's."""
         watched = [point for point in (self.scores, self.pattern) if point is not None and point.active]
         if not watched:
             if isinstance(return_weights, WeightSelection):
@@ -375,15 +388,7 @@ class MultiHeadAttention(nn.Module):
             inputs += list(self.score.parameters())
         unhooked = not any(point.hooked for point in watched)
         if deferrable and not return_weights and unhooked and computable_later(*inputs):
-            where = self.pattern.name.rpartition(".")[0] or "attention"
-            record_on_read(
-                (self.scores, self.pattern),
-                DeferredActivations(
-                    partial(self._recorded_pattern, q, k, mask=mask, bias=bias, causal=causal),
-                    inputs=inputs,
-                    what=f"{where} scores and pattern",
-                ),
-            )
+            self._defer_pattern(q, k, mask=mask, bias=bias, causal=causal, bias_is_callers=bias_is_callers)
             return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False)
         replaced = []
 
@@ -490,6 +495,39 @@ class MultiHeadAttention(nn.Module):
             out[:, :, start : start + r.numel()] = w
         return out
 
+    def _defer_pattern(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
+        bias_is_callers: bool,
+    ) -> None:
+        """Leave the ``scores`` and ``pattern`` to the active caches, computed when first
+        read from the queries and keys, and from all else they depend on as it is now
+        (:class:`attnkit.nn.activation_cache.DeferredActivations`): the options as values,
+        the mask and a bias the caller holds as copies."""
+        assert self.scores is not None and self.pattern is not None  # the caller watches them
+        recorded, copies = {"queries": q, "keys": k}, {}
+        compute = partial(_recorded_pattern, options=self._pattern_options(bound=True), causal=causal)
+        bound_mask = _bound_mask(mask, q.shape[2], k.shape[2], q.device)
+        if isinstance(bound_mask, Tensor):
+            copies["mask"] = bound_mask
+        elif bound_mask is not None:
+            compute = partial(compute, mask=bound_mask)
+        if bias is not None and bias_is_callers:
+            copies["bias"] = snapshot(bias)
+        elif bias is not None:
+            recorded["bias"] = bias  # the positional encoding's, made for this call
+        where = self.pattern.name.rpartition(".")[0] or "attention"
+        record_on_read(
+            (self.scores, self.pattern),
+            DeferredActivations(compute, recorded, what=f"{where} scores and pattern", copies=copies),
+            handed_out_by=(self.q, self.k, self.v),
+        )
+
     def _attend_through_pattern(
         self,
         q: Tensor,
@@ -531,57 +569,39 @@ class MultiHeadAttention(nn.Module):
         edit_scores: Callable[[Tensor], Tensor],
     ) -> tuple[Tensor, bool]:
         """This module's attention weights alone, ``([b, h, s_q, s_k], scores_replaced)``
-        (:func:`attnkit.functional.pattern.attention_pattern`, the mask added once as a bias
-        shared by every layer), the scores passed through ``edit_scores``."""
-        s_q, s_k = q.shape[2], k.shape[2]
-        windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
-        score: Any = self.score.scores if isinstance(self.score, AttentionScore) else self.score
-        if self.softcap is not None:
-            # The scaled scores, capped, as :meth:`_attend` forms them: the scale is in them.
-            default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
-            capped_scale = default if self.scale is None else self.scale
-            score, scale = partial(_softcapped_scores, scale=capped_scale, softcap=self.softcap), 1.0
-        else:
-            scale = resolve_scale(self.scale, q.shape[-1]) if self.scale is not None or score == "scaled_dot" else 1.0
-        return attention_pattern(
-            q,
-            k,
-            mask=windowed,
-            causal=causal,
-            scale=scale,
-            bias=bias,
-            score=score,
-            edit_scores=edit_scores,
-            allocate=empty_large,
-        )
+        (:meth:`_PatternOptions.pattern` with this module's options)."""
+        return self._pattern_options().pattern(q, k, mask=mask, bias=bias, causal=causal, edit_scores=edit_scores)
 
-    def _recorded_pattern(
-        self, q: Tensor, k: Tensor, *, mask: Mask | Tensor | None, bias: Tensor | None, causal: bool
-    ) -> tuple[Tensor, Tensor]:
-        """``(scores, pattern)`` ``[b, h, s_q, s_k]`` as a pass with caches on both records
-        them: what a cache computes from the recorded queries and keys when first read."""
-        scores = []
-
-        def keep(t: Tensor) -> Tensor:
-            scores.append(t)
-            return t
-
-        weights, _ = self._pattern(q, k, mask=mask, bias=bias, causal=causal, edit_scores=keep)
-        return scores[0], weights
+    def _pattern_options(self, *, bound: bool = False) -> _PatternOptions:
+        """What the pattern is computed with besides queries, keys, mask and bias. ``bound``:
+        as a cache keeps them for a later read, the score module (if any) a copy whose
+        tensors are snapshots (:func:`attnkit.nn.activation_cache.snapshot`), so that no
+        later change of this module changes the pattern."""
+        score = self.score
+        if bound and isinstance(score, AttentionScore):
+            score = _bound_score_module(score)
+        return _PatternOptions(score, self.scale, self.softcap, self.window)
 
     def _per_head_result(self, heads: Tensor, output: Tensor) -> Tensor:
         """The ``result`` hook point: each head's share of the output projection,
         ``[b, h, s, e]``; the output is their sum (plus the bias) if a hook replaced them.
         With caches alone on it and no gradient to carry, the caches compute it when first
-        read."""
+        read, from the head outputs and a copy of the output projection, unless it is no
+        larger than that copy (:func:`_result_larger_than_weight`: a short text, a decoding
+        step), when it is formed now."""
         w_o = self.out_proj.weight.view(-1, self.num_heads, self.head_dim)  # [e, h, d]
-        if not self.result.hooked and computable_later(heads, w_o):
+        if not self.result.hooked and _result_larger_than_weight(heads) and computable_later(heads, w_o):
             where = self.result.name.rpartition(".")[0] or "attention"
             record_on_read(
                 (self.result,),
                 DeferredActivations(
-                    lambda: (_per_head_outputs(heads, w_o),), inputs=(heads, w_o), what=f"{where} per-head results"
+                    _recorded_per_head_outputs,
+                    {"head_outputs": heads},
+                    what=f"{where} per-head results",
+                    # A copy: anyone may change the module's weight, through .data too.
+                    copies={"output_weight": snapshot(self.out_proj.weight)},
                 ),
+                handed_out_by=(self.z,),
             )
             return output
         if torch.is_grad_enabled() and (heads.requires_grad or w_o.requires_grad):
@@ -821,6 +841,112 @@ def _per_head_outputs(heads: Tensor, w_o: Tensor) -> Tensor:
     b, h, s, _ = heads.shape
     per_head = empty_large((b, h, s, w_o.shape[0]), heads.dtype, heads.device)
     return torch.matmul(heads, w_o.permute(1, 2, 0), out=per_head)  # [b, h, s, e]
+
+
+def _result_larger_than_weight(heads: Tensor) -> bool:
+    """Whether the per-head result of ``heads [b, h, s, d]``, ``[b, h, s, e]``, is larger
+    than the copy of the output projection ``[e, h, d]`` that computing it on read needs:
+    more than ``d`` positions in the batch."""
+    b, _, s, d = heads.shape
+    return b * s > d
+
+
+def _recorded_per_head_outputs(head_outputs: Tensor, output_weight: Tensor) -> tuple[Tensor]:
+    """The ``result`` a cache computes when first read, from the recorded head outputs
+    ``[b, h, s, d]`` and the output projection's weight ``[e, h · d]`` as it was in the
+    pass."""
+    _, h, _, d = head_outputs.shape
+    return (_per_head_outputs(head_outputs, output_weight.view(-1, h, d)),)  # [e, h, d]
+
+
+@dataclass(frozen=True)
+class _PatternOptions:
+    """What a layer's attention pattern is computed with besides its queries, keys, mask
+    and bias, as values (a deferred pattern keeps them: changing the module's afterwards
+    does not change it)."""
+
+    score: Score
+    scale: float | None
+    softcap: float | None
+    window: int | None
+
+    def pattern(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
+        edit_scores: Callable[[Tensor], Tensor],
+    ) -> tuple[Tensor, bool]:
+        """The attention weights alone, ``([b, h, s_q, s_k], scores_replaced)``
+        (:func:`attnkit.functional.pattern.attention_pattern`, the mask added once as a
+        bias shared by every layer), the scores passed through ``edit_scores``."""
+        s_q, s_k = q.shape[2], k.shape[2]
+        windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
+        score: Any = self.score.scores if isinstance(self.score, AttentionScore) else self.score
+        if self.softcap is not None:
+            # The scaled scores, capped, as :meth:`MultiHeadAttention._attend` forms them:
+            # the scale is in them.
+            default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
+            capped_scale = default if self.scale is None else self.scale
+            score, scale = partial(_softcapped_scores, scale=capped_scale, softcap=self.softcap), 1.0
+        else:
+            scale = resolve_scale(self.scale, q.shape[-1]) if self.scale is not None or score == "scaled_dot" else 1.0
+        return attention_pattern(
+            q,
+            k,
+            mask=windowed,
+            causal=causal,
+            scale=scale,
+            bias=bias,
+            score=score,
+            edit_scores=edit_scores,
+            allocate=empty_large,
+        )
+
+
+def _recorded_pattern(
+    queries: Tensor,
+    keys: Tensor,
+    *,
+    options: _PatternOptions,
+    causal: bool,
+    mask: Mask | Tensor | None = None,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(scores, pattern)`` ``[b, h, s_q, s_k]`` as a pass with caches on both records
+    them: what a cache computes from the recorded queries and keys when first read."""
+    scores = []
+
+    def keep(t: Tensor) -> Tensor:
+        scores.append(t)
+        return t
+
+    weights, _ = options.pattern(queries, keys, mask=mask, bias=bias, causal=causal, edit_scores=keep)
+    return scores[0], weights
+
+
+def _bound_mask(mask: Mask | Tensor | None, s_q: int, s_k: int, device: torch.device) -> Mask | Tensor | None:
+    """``mask`` as a deferred pattern keeps it: a bool tensor as a snapshot
+    (:func:`attnkit.nn.activation_cache.snapshot`); a :class:`attnkit.masks.Mask` that may
+    read tensors someone holds (one that captures tensors, or is known only by its
+    function) evaluated now, ``[b|1, h|1, s_q, s_k]``; a mask known by its value and
+    capturing no tensor (causal, sliding window), or ``None``, as it is."""
+    if isinstance(mask, Tensor):
+        return snapshot(mask)
+    if isinstance(mask, Mask) and (mask.relocate is not None or mask.key is None):
+        return mask.to_dense(s_q, s_k, device=device)
+    return mask
+
+
+def _bound_score_module(module: AttentionScore) -> AttentionScore:
+    """A copy of a score module whose parameters and buffers are snapshots
+    (:func:`attnkit.nn.activation_cache.snapshot`): it computes what ``module`` computes
+    now, whatever is done to ``module`` later."""
+    memo: dict[int, Any] = {id(t): snapshot(t) for t in itertools.chain(module.parameters(), module.buffers())}
+    return copy.deepcopy(module, memo)
 
 
 def _softcapped_scores(q: Tensor, k: Tensor, *, scale: float, softcap: float) -> Tensor:

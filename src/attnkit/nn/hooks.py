@@ -191,7 +191,9 @@ class _Session:
         return activation
 
 
-def record_on_read(points: Sequence[HookPoint], deferred: DeferredActivations) -> None:
+def record_on_read(
+    points: Sequence[HookPoint], deferred: DeferredActivations, handed_out_by: Sequence[HookPoint] = ()
+) -> None:
     """Let the active caches keep the activations of ``points`` as ``deferred`` computes
     them, when first read, rather than forming them now. For points a cache keeps and no
     hook is on (:attr:`HookPoint.hooked`); a point no active cache keeps is left out.
@@ -199,6 +201,11 @@ def record_on_read(points: Sequence[HookPoint], deferred: DeferredActivations) -
     Args:
         points: the points, in the order of the activations ``deferred`` computes.
         deferred: the computation (:class:`attnkit.nn.activation_cache.DeferredActivations`).
+        handed_out_by: the points whose activations may hold ``deferred``'s inputs (the
+            layer's ``q``, ``k`` and ``v``: its queries and keys, or tensors sharing their
+            memory). A hook on one of them may keep what it saw: ``deferred`` copies its
+            inputs now. A cache keeping one copies the inputs sharing its memory before
+            first handing it out.
     """
     session = _SESSION.get()
     if session is None:
@@ -207,6 +214,14 @@ def record_on_read(points: Sequence[HookPoint], deferred: DeferredActivations) -
         kept = {names[point]: index for index, point in enumerate(points) if point in names}
         if kept:
             cache.record_on_read(kept, deferred)
+    if any(point.hooked for point in handed_out_by):
+        deferred.keep_copies()
+        return
+    for point in handed_out_by:
+        for names, cache in session.caches:
+            name = names.get(point)
+            if name is not None:
+                cache.share_memory(name, deferred)
 
 
 def _apply_hooks(

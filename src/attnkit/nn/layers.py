@@ -135,6 +135,8 @@ class _ResidualLayer(nn.Module):
         config: the layer's :class:`LayerConfig`.
         self_attn: the self-attention module.
         cross_attn: the cross-attention module, or ``None`` for a layer without one.
+        ff: the feed-forward module (``[b, s, e]`` → ``[b, s, e]``), or ``None`` for a
+            :class:`attnkit.nn.FeedForward` made from the config.
 
     Raises:
         ValueError: ``parallel`` with cross-attention, an attention module of another
@@ -142,7 +144,13 @@ class _ResidualLayer(nn.Module):
         TypeError: an attention module that is not a ``MultiHeadAttention``.
     """
 
-    def __init__(self, config: LayerConfig, self_attn: MultiHeadAttention, cross_attn: MultiHeadAttention | None):
+    def __init__(
+        self,
+        config: LayerConfig,
+        self_attn: MultiHeadAttention,
+        cross_attn: MultiHeadAttention | None,
+        ff: nn.Module | None = None,
+    ):
         super().__init__()
         if config.parallel and cross_attn is not None:
             raise ValueError(
@@ -173,7 +181,11 @@ class _ResidualLayer(nn.Module):
             self.cross_attn = _built_attention("cross_attn", cross_attn, e)
             self.cross_attn_norm = norm()
             self.cross_attn_out, self.resid_mid_cross = HookPoint(), HookPoint()
-        self.ff = FeedForward(e, config.ff_dim, activation=config.activation, bias=config.bias, dropout=config.dropout)
+        self.ff = (
+            FeedForward(e, config.ff_dim, activation=config.activation, bias=config.bias, dropout=config.dropout)
+            if ff is None
+            else ff
+        )
         self.ff_norm = norm()
         self.ff_out_norm = norm() if config.output_norms else None
         self.mlp_out, self.resid_post = HookPoint(), HookPoint()
@@ -344,6 +356,9 @@ class DecoderLayer(_ResidualLayer):
         cross_attn: a built cross-attention module, used instead of one made from
             ``config.attention()`` (T5's unscaled scores and explicit head dims); needs
             ``cross_attention=True`` and the config's ``embed_dim``.
+        ff: a built feed-forward module (``[b, s, e]`` → ``[b, s, e]``), used instead of
+            the :class:`attnkit.nn.FeedForward` of the config: a mixture of experts
+            (:class:`attnkit.nn.MixtureOfExperts`), or a dense block of another hidden size.
 
     Raises:
         ValueError: ``config.parallel`` with cross-attention, ``cross_attn`` without it,
@@ -360,6 +375,7 @@ class DecoderLayer(_ResidualLayer):
         positional: AttentionPositional | None = None,
         self_attn: MultiHeadAttention | None = None,
         cross_attn: MultiHeadAttention | None = None,
+        ff: nn.Module | None = None,
     ) -> None:
         if cross_attn is not None and not cross_attention:
             raise ValueError("cross_attn was given to a layer built with cross_attention=False")
@@ -368,7 +384,7 @@ class DecoderLayer(_ResidualLayer):
             self_attn = MultiHeadAttention(config.attention(), positional=positional)
         if cross_attention and cross_attn is None:
             cross_attn = MultiHeadAttention(config.attention())
-        super().__init__(config, self_attn, cross_attn)
+        super().__init__(config, self_attn, cross_attn, ff)
 
     def forward_record(
         self,

@@ -14,7 +14,10 @@ nearly:
 - :class:`Llama3RopeScaling` (Llama 3.1): low frequencies divided by ``factor``, high ones
   kept, the band between interpolated smoothly;
 - :class:`DynamicNTKRopeScaling`: once a sequence grows past ``max_positions``, the base
-  ``θ`` grows with its length (the frequencies then depend on the length of each call).
+  ``θ`` grows with its length (the frequencies then depend on the length of each call);
+- :class:`YarnRopeScaling` (YaRN, DeepSeek-V3): high frequencies kept, low ones divided by
+  ``factor``, a linear ramp between the wavelengths ``beta_fast`` and ``beta_slow``
+  rotations fit in the original context.
 """
 
 from __future__ import annotations
@@ -164,3 +167,65 @@ class DynamicNTKRopeScaling(RopeScaling):
         base = theta * grown ** (rotary_dim / (rotary_dim - 2))
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim  # [r/2]
         return 1.0 / (base**exponents)
+
+
+@dataclass(frozen=True)
+class YarnRopeScaling(RopeScaling):
+    """YaRN's frequencies: pair ``j`` keeps its frequency where it turns more than
+    ``beta_fast`` times over the original context, is divided by ``factor`` where it turns
+    fewer than ``beta_slow`` times, and is blended linearly between. YaRN's attention
+    temperature is not part of the frequencies: DeepSeek-V3 puts it in the softmax scale
+    (:func:`attnkit.nn.latent_attention.yarn_mscale`).
+
+    Args:
+        factor: the context's stretch (40 in DeepSeek-V3).
+        original_max_positions: the context length before scaling (4096 in DeepSeek-V3).
+        beta_fast: rotations over the original context above which a frequency is kept.
+        beta_slow: rotations below which it is divided by ``factor``.
+        truncate: round the ramp's ends to whole pairs (transformers' default).
+
+    Raises:
+        ValueError: ``factor < 1``, a non-positive ``original_max_positions`` or beta.
+    """
+
+    factor: float
+    original_max_positions: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.factor >= 1.0:
+            raise ValueError(f"factor must be >= 1, got {self.factor}")
+        if self.original_max_positions < 1:
+            raise ValueError(f"original_max_positions must be >= 1, got {self.original_max_positions}")
+        if not (self.beta_fast > 0 and self.beta_slow > 0):
+            raise ValueError(f"beta_fast and beta_slow must be positive, got {self.beta_fast} and {self.beta_slow}")
+
+    def frequencies(self, theta: float, rotary_dim: int, length: int | None = None) -> Tensor:
+        """The YaRN frequencies, float32 ``[r/2]`` (transformers' expressions)."""
+
+        def pair_turning(rotations: float) -> float:
+            # The pair index whose wavelength fits `rotations` times in the original context.
+            turns = math.log(self.original_max_positions / (rotations * 2 * math.pi))
+            return rotary_dim * turns / (2 * math.log(theta))
+
+        low, high = pair_turning(self.beta_fast), pair_turning(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, rotary_dim - 1)
+        if low == high:
+            high += 0.001  # a ramp of one point
+        ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # [r/2]
+        kept = 1 - ramp  # 1 where the frequency is kept, 0 where it is divided by factor
+        extrapolated = rotary_frequencies(rotary_dim, theta)  # [r/2]
+        interpolated = extrapolated / self.factor
+        return interpolated * (1 - kept) + extrapolated * kept
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's attention temperature ``0.1 · mscale · ln(factor) + 1`` (``1`` for
+    ``factor <= 1``). transformers scales the rotated queries and keys by
+    ``yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)``; DeepSeek-V3 also
+    multiplies the softmax scale by ``yarn_mscale(factor, mscale_all_dim)²``."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0

@@ -174,7 +174,7 @@ def test_a_head_ablation_equals_zeroing_its_slice_of_the_output_projection(model
     assert abs(float(grid.effects[0, head]) - float(effect)) < 1e-5
 
 
-@pytest.mark.parametrize("model_type", ["cohere2", "mixtral", "granite"])
+@pytest.mark.parametrize("model_type", ["cohere2", "granitemoe", "granite"])
 def test_a_padded_batch_equals_each_text_alone(model_type, bridged) -> None:
     _, model, _ = bridged(model_type)
     texts = [" ".join(f"w{i}" for i in range(3, 3 + n)) for n in (LENGTH, 7, 12)]

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from attnkit import models
-from tests.fixtures.tiny_families import CASES, TEXT_LENGTH, VOCAB
+from tests.fixtures.tiny_families import CASES, MOE_CASES, TEXT_LENGTH, VOCAB, family_of_case
 
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
+@pytest.fixture(scope="module", params=sorted(CASES | MOE_CASES))
 def tiny(request, tiny_family_folder) -> tuple[str, Path]:
     """``(case, folder)`` of one family's tiny checkpoint."""
     return request.param, tiny_family_folder(request.param)
@@ -35,7 +35,7 @@ def _ids() -> torch.Tensor:
 def test_logits_and_every_attention_map_match_transformers(tiny) -> None:
     case, folder = tiny
     model = models.load(folder)
-    assert model.family == ("llama" if case.startswith("llama_") else case) and model.causal
+    assert model.family == family_of_case(case) and model.causal
     ids = _ids()
     run = model.run(ids)
     with torch.no_grad():
@@ -62,7 +62,7 @@ def test_the_settings_that_matter_are_exercised(tiny) -> None:
     config = models.load(folder).config
     if case in ("gpt_neox", "gemma2"):
         assert len(list(folder.glob("*.safetensors"))) > 1 and (folder / "model.safetensors.index.json").is_file()
-    if case in ("qwen2", "mistral", "gemma2", "gemma3_text"):
+    if case in ("qwen2", "mistral", "mixtral", "gemma2", "gemma3_text"):
         assert any(w is not None and w < TEXT_LENGTH for w in config.windows)
     if case in ("gpt_neox", "phi3"):
         assert config.rotary_dim < config.head_dim
@@ -70,6 +70,16 @@ def test_the_settings_that_matter_are_exercised(tiny) -> None:
         assert config.attention_softcap and config.logit_softcap
     if case.startswith("llama_"):
         assert config.ropes[0].scaling is not None
+    if case in ("qwen2_moe", "deepseek_v3", "deepseek_v3_no_query_latent"):
+        assert config.experts is not None and False in config.experts.layers and True in config.experts.layers
+    if case == "deepseek_v3":
+        latent = config.latent_attention
+        assert latent is not None and latent.q_lora_rank and latent.interleaved_rotary
+        assert config.ropes[0].scaling is not None and latent.scale != latent.qk_head_dim**-0.5  # YaRN's mscale
+        assert config.experts is not None and config.experts.router.num_groups > config.experts.router.topk_groups
+    if case == "deepseek_v3_no_query_latent":
+        assert config.latent_attention is not None and config.latent_attention.q_lora_rank is None
+        assert not config.latent_attention.interleaved_rotary
 
 
 def test_models_families_lists_every_family(capsys) -> None:

@@ -12,7 +12,7 @@ from torch import nn
 
 from attnkit import models
 from attnkit.inspect import interventions, methods
-from tests.fixtures.tiny_families import CASES
+from tests.fixtures.tiny_families import CASES, MOE_CASES
 from tests.inspect.test_analysis import assert_close_to_scale, hf_value_weighted
 
 transformers = pytest.importorskip("transformers")
@@ -21,12 +21,26 @@ TEXT = "w3 w17 w5 w99 w42 w8 w61 w23 w70 w1"
 TARGET = "w5"
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def pair(request, tiny_family_folder):
-    """``(attnkit model, transformers model with eager attention)`` of one family."""
-    folder = tiny_family_folder(request.param)
+# Value-weighted attention reads each head's value projection: latent attention has none
+# (its values come out of the latent).
+_WITH_VALUE_PROJECTIONS = sorted(CASES) + ["mixtral", "qwen2_moe", "qwen3_moe"]
+
+
+def _pair(folder):
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     return models.load(folder), hf
+
+
+@pytest.fixture(scope="module", params=sorted(CASES | MOE_CASES))
+def pair(request, tiny_family_folder):
+    """``(attnkit model, transformers model with eager attention)`` of one family."""
+    return _pair(tiny_family_folder(request.param))
+
+
+@pytest.fixture(scope="module", params=_WITH_VALUE_PROJECTIONS)
+def value_pair(request, tiny_family_folder):
+    """:func:`pair` of a family whose attention projects values from the layer input."""
+    return _pair(tiny_family_folder(request.param))
 
 
 def _hf_layers(hf) -> nn.ModuleList:
@@ -130,8 +144,8 @@ def _value_output_parts(hf, model, layer: int) -> tuple[nn.Module, nn.Linear, nn
     return attn, linear(attn.qkv_proj.weight[rows:]), attn.o_proj
 
 
-def test_value_weighted_matches_transformers(pair):
-    model, hf = pair
+def test_value_weighted_matches_transformers(value_pair):
+    model, hf = value_pair
     ids = model.tokenize(TEXT).ids
     parts = [_value_output_parts(hf, model, layer) for layer in range(model.num_layers)]
     per_head, summed = hf_value_weighted(hf, ids, parts, num_heads=model.num_heads)

@@ -17,7 +17,14 @@ from typing import Any
 import torch
 
 from attnkit.models.checkpoints.errors import CheckpointError, short_repr
-from attnkit.nn.rope_scaling import DynamicNTKRopeScaling, LinearRopeScaling, Llama3RopeScaling, RopeScaling
+from attnkit.nn.rope_scaling import (
+    DynamicNTKRopeScaling,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    RopeScaling,
+    YarnRopeScaling,
+    yarn_mscale,
+)
 
 # Limits on the sizes a config.json may give, far above any checkpoint attnkit runs on two
 # cores but far below what would exhaust memory before the weights are compared.
@@ -267,8 +274,8 @@ class ConfigReader:
             ``(rope, partial_rotary_factor)``.
 
         Raises:
-            CheckpointError: scaling attnkit does not implement (YaRN, LongRoPE), or
-                parameters out of range.
+            CheckpointError: scaling attnkit does not implement (LongRoPE; YaRN with an
+                attention factor other than 1), or parameters out of range.
         """
         key = next((k for k in ("rope_parameters", "rope_scaling") if self.config.get(k)), "rope_parameters")
         params = self.config.get(key) or {}
@@ -301,11 +308,13 @@ class ConfigReader:
                 )
             elif rope_type == "dynamic":
                 scaling = DynamicNTKRopeScaling(sub.number("factor", 1.0), self.size("max_position_embeddings", 2048))
+            elif rope_type == "yarn":
+                scaling = _yarn(sub, key, self.size("max_position_embeddings", 2048))
             else:
                 raise self.refuse(
                     key,
                     f"rope_type={short_repr(rope_type)} is not supported "
-                    "(attnkit has 'default', 'linear', 'llama3', 'dynamic')",
+                    "(attnkit has 'default', 'linear', 'llama3', 'dynamic', 'yarn')",
                 )
         except ValueError as err:
             if isinstance(err, CheckpointError):
@@ -358,3 +367,38 @@ def token_ids(value: object, vocab_size: int, path: Path) -> tuple[int, ...]:
             path, f"eos_token_id must be token ids in [0, {vocab_size}), got {short_repr(value)}", field="eos_token_id"
         )
     return tuple(values)
+
+
+def _yarn(read: ConfigReader, key: str, max_positions: int) -> YarnRopeScaling:
+    """YaRN's frequencies from rotary parameters (``factor``, defaulting to the ratio of
+    ``max_position_embeddings`` to ``original_max_position_embeddings`` as transformers
+    does; ``beta_fast``, ``beta_slow``, ``truncate``).
+
+    Raises:
+        CheckpointError: an attention factor other than 1 (YaRN scales the rotated
+            queries and keys then, which attnkit does not), or parameters out of range.
+    """
+    if read.config.get("factor") is None:
+        factor = max_positions / read.size("original_max_position_embeddings", like="max_position_embeddings")
+    else:
+        factor = read.number("factor", 1.0)
+    attention_factor = read.optional_number("attention_factor")
+    if attention_factor is None:
+        mscale, all_dim = read.optional_number("mscale"), read.optional_number("mscale_all_dim")
+        if mscale and all_dim:
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim)
+        else:
+            attention_factor = yarn_mscale(factor, 1.0)
+    if abs(attention_factor - 1.0) > 1e-12:
+        raise read.refuse(
+            key,
+            f"rope_type='yarn' is not supported with attention factor {attention_factor:.6g} (attnkit reads "
+            "YaRN whose attention factor is 1, as DeepSeek-V3's mscale = mscale_all_dim gives)",
+        )
+    return YarnRopeScaling(
+        factor,
+        read.size("original_max_position_embeddings", like="max_position_embeddings"),
+        beta_fast=read.number("beta_fast", 32.0),
+        beta_slow=read.number("beta_slow", 1.0),
+        truncate=read.flag("truncate", True),
+    )

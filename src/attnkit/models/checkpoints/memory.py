@@ -114,7 +114,8 @@ def check_fits(needed: int, device: torch.device | str, *, what: str, advice: st
 
 def weight_bytes(headers: dict[str, tuple[Path, str, list[int]]], dtype: torch.dtype) -> int:
     """The bytes of a checkpoint's tensors once loaded: floating ones in ``dtype``, the
-    others at their own size.
+    others (and fp8 ones, which :mod:`attnkit.models.checkpoints.quantization` turns into
+    floating ones first) at their own size.
 
     Args:
         headers: tensor name → ``(file, safetensors dtype, shape)`` (as
@@ -131,7 +132,7 @@ def weight_bytes(headers: dict[str, tuple[Path, str, list[int]]], dtype: torch.d
     return total
 
 
-_INTEGER_BYTES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_INTEGER_BYTES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 def attention_bytes(

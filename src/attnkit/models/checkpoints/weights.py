@@ -12,6 +12,7 @@ module is built, so a crafted config cannot make loading allocate gigabytes.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ _DTYPE_BYTES = {
     "I8": 1,
     "U8": 1,
     "BOOL": 1,
+    # fp8 weights of block-quantized checkpoints (attnkit.models.checkpoints.quantization)
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
 }
 # A header above this is not a header: real ones are a few hundred kilobytes at most.
 _MAX_HEADER = 100 * 2**20
@@ -184,8 +188,10 @@ def read_headers(files: list[Path]) -> dict[str, tuple[Path, str, list[int]]]:
     return out
 
 
-def load_tensors(files: list[Path], *, dtype: torch.dtype) -> dict[str, Tensor]:
-    """Every tensor of the checked safetensors ``files``, floating ones cast to ``dtype``.
+def load_tensors(files: list[Path], *, dtype: torch.dtype, exact: Collection[str] = ()) -> dict[str, Tensor]:
+    """Every tensor of the checked safetensors ``files``, floating ones cast to ``dtype``
+    but those named in ``exact`` (fp8 weights and their scales, dequantized later in
+    float32), which are read as float32.
 
     The files are memory-mapped: a float32 checkpoint loaded as float32 is not copied.
 
@@ -201,7 +207,8 @@ def load_tensors(files: list[Path], *, dtype: torch.dtype) -> dict[str, Tensor]:
             with safetensors.safe_open(str(path), framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                     t = f.get_tensor(key)
-                    tensors[key] = _finite(t.to(dtype), path, key) if t.is_floating_point() else t
+                    wanted = torch.float32 if key in exact else dtype
+                    tensors[key] = _finite(t.to(wanted), path, key) if t.is_floating_point() else t
         except safetensors.SafetensorError as err:
             raise CheckpointError(path, f"is corrupt: the safetensors reader refused it ({err})") from None
     return tensors

@@ -30,10 +30,14 @@ from attnkit.nn import (
     AttentionConfig,
     DecoderLayer,
     DecoderLM,
+    LatentAttentionConfig,
     LayerConfig,
     LearnedPositionalEmbedding,
+    MixtureOfExperts,
     MultiHeadAttention,
+    MultiHeadLatentAttention,
     RotaryEmbedding,
+    RouterConfig,
     make_norm,
 )
 from attnkit.nn.feedforward import Activation
@@ -42,6 +46,32 @@ from attnkit.nn.norms import NormKind
 # Rotary tables are precomputed up to this many positions (later ones are computed on the
 # fly, with the same results): a 128K context would otherwise hold 64 MB of tables.
 _ROTARY_TABLE_LIMIT = 8192
+
+
+@dataclass(frozen=True)
+class ExpertsConfig:
+    """The mixture-of-experts feed-forward of a decoder (:class:`attnkit.nn.MixtureOfExperts`).
+
+    Attributes:
+        router: how tokens are routed.
+        expert_dim: each routed expert's hidden dim.
+        layers: per layer, whether its feed-forward is the mixture (else a dense SwiGLU of
+            the config's ``intermediate_size``: DeepSeek's first layers).
+        shared_dim: the shared expert's hidden dim, or ``None``.
+        shared_gate: the shared expert is gated by a sigmoid (Qwen2-MoE).
+    """
+
+    router: RouterConfig
+    expert_dim: int
+    layers: tuple[bool, ...]
+    shared_dim: int | None = None
+    shared_gate: bool = False
+
+    def build(self, embed_dim: int) -> MixtureOfExperts:
+        """The block of one layer."""
+        return MixtureOfExperts(
+            embed_dim, self.expert_dim, self.router, shared_dim=self.shared_dim, shared_gate=self.shared_gate
+        )
 
 
 @dataclass(frozen=True)
@@ -78,6 +108,10 @@ class DecoderConfig:
         attention_softcap: attention logit soft-capping, or ``None``.
         logit_softcap: final logit soft-capping, or ``None``.
         embedding_scale: multiplies the token embeddings, or ``None``.
+        latent_attention: multi-head latent attention in every layer (DeepSeek), instead
+            of multi-head attention; ``head_dim`` is then the query/key head dim and
+            ``rotary_dim`` the rotary part of it.
+        experts: a mixture of experts as the feed-forward of the layers it names.
     """
 
     vocab_size: int
@@ -107,6 +141,8 @@ class DecoderConfig:
     attention_softcap: float | None = None
     logit_softcap: float | None = None
     embedding_scale: float | None = None
+    latent_attention: LatentAttentionConfig | None = None
+    experts: ExpertsConfig | None = None
 
 
 def build(config: DecoderConfig) -> DecoderLM:
@@ -119,10 +155,12 @@ def build(config: DecoderConfig) -> DecoderLM:
 
 def _build(config: DecoderConfig) -> DecoderLM:
     e, d = config.hidden_size, config.head_dim
+    # Latent attention rotates a part of each head kept apart: the encoding's head is that part.
+    rotary_head = d if config.latent_attention is None else config.rotary_dim
     # Layers with the same encoding share one module (and its tables).
     rotaries = {
         rope: RotaryEmbedding(
-            d,
+            rotary_head,
             theta=rope.theta,
             max_positions=min(config.max_length, _ROTARY_TABLE_LIMIT),
             rotary_dim=config.rotary_dim,
@@ -134,18 +172,21 @@ def _build(config: DecoderConfig) -> DecoderLM:
     def head_norm() -> nn.Module | None:
         return make_norm(config.norm, d, config.norm_eps) if config.qk_norm else None
 
+    def self_attention(i: int) -> MultiHeadAttention:
+        positional = rotaries[config.ropes[i]] if config.positional == "rotary" else None
+        if config.latent_attention is not None:
+            return MultiHeadLatentAttention(config.latent_attention, positional=positional)
+        return MultiHeadAttention(
+            _attention_config(config, i), positional=positional, q_norm=head_norm(), k_norm=head_norm()
+        )
+
+    def feed_forward(i: int) -> nn.Module | None:
+        experts = config.experts
+        return experts.build(e) if experts is not None and experts.layers[i] else None
+
     layer = _layer_config(config)
     layers = [
-        DecoderLayer(
-            layer,
-            cross_attention=False,
-            self_attn=MultiHeadAttention(
-                _attention_config(config, i),
-                positional=rotaries[config.ropes[i]] if config.positional == "rotary" else None,
-                q_norm=head_norm(),
-                k_norm=head_norm(),
-            ),
-        )
+        DecoderLayer(layer, cross_attention=False, self_attn=self_attention(i), ff=feed_forward(i))
         for i in range(config.num_layers)
     ]
     return DecoderLM.from_parts(

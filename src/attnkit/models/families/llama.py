@@ -46,7 +46,7 @@ LAYER_KEYS = {
     "mlp.up_proj": "ff.up_proj",
     "mlp.down_proj": "ff.down_proj",
 }
-_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias|e_score_correction_bias)")
 _OUTER_KEYS = {"model.embed_tokens.weight": "token_embedding.weight", "model.norm.weight": "decoder.final_norm.weight"}
 # Rotary frequencies that some checkpoints saved: recomputed from the configuration.
 _FREQUENCIES_KEY = re.compile(r".*rotary_emb\.inv_freq")

@@ -49,7 +49,13 @@ from torch import Tensor, nn
 from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.families.family import ModelConfig, ModelFamily
 from attnkit.models.model.core import ModelCore
-from attnkit.nn import ActivationCache, DecoderLM, LearnedPositionalEmbedding, MultiHeadAttention
+from attnkit.nn import (
+    ActivationCache,
+    DecoderLM,
+    LearnedPositionalEmbedding,
+    MultiHeadAttention,
+    MultiHeadLatentAttention,
+)
 from attnkit.nn.feedforward import FeedForward
 from attnkit.nn.text_module import TextModule
 
@@ -281,15 +287,35 @@ class LensMixin(ModelCore):
         return _bias(self._lm_head())
 
     def _per_head(self, projection: str, heads: int) -> Tensor:
-        """An input projection of every layer as ``[L, heads, e, d]``."""
+        """An input projection of every layer as ``[L, heads, e, d]``.
+
+        Raises:
+            ValueError: latent attention, whose keys and values come out of a latent.
+        """
+        self._refuse_latent_attention(projection)
         weights = [getattr(self._attention(i), projection).weight for i in range(self.num_layers)]  # [heads * d, e]
         return torch.stack([w.view(heads, -1, w.shape[1]).transpose(1, 2) for w in weights]).detach()
 
     def _per_head_bias(self, projection: str, heads: int) -> Tensor:
         """An input projection's bias of every layer as ``[L, heads, d]``."""
+        self._refuse_latent_attention(projection)
         return torch.stack(
             [_bias(getattr(self._attention(i), projection)).view(heads, -1) for i in range(self.num_layers)]
         )
+
+    def _refuse_latent_attention(self, projection: str) -> None:
+        """Multi-head latent attention has no per-head projection of the residual stream:
+        its queries, keys and values pass through latents.
+
+        Raises:
+            ValueError: naming the hook points that show them instead.
+        """
+        if any(isinstance(self._attention(i), MultiHeadLatentAttention) for i in range(self.num_layers)):
+            raise ValueError(
+                f"{self.name} ({self.family}) uses multi-head latent attention: its queries, keys and values pass "
+                f"through latents, so there is no {projection} matrix per head; read the hook points self_attn.q, "
+                "self_attn.k, self_attn.v and self_attn.latent instead"
+            )
 
     def _attention(self, layer: int) -> MultiHeadAttention:
         return self.module.self_attention(layer)
@@ -300,7 +326,15 @@ class LensMixin(ModelCore):
         layers = getattr(stack, "layers", None)
         if layers is None:
             raise ValueError(f"{self.name} ({self.family}) has no single stack of layers")
-        return [layer.ff for layer in layers]
+        blocks = [layer.ff for layer in layers]
+        routed = [i for i, block in enumerate(blocks) if not isinstance(block, FeedForward)]
+        if routed:
+            raise ValueError(
+                f"{self.name} ({self.family}) has a mixture of experts in layers {routed}: no single feed-forward "
+                "matrix per layer; read its experts (module.decoder.layers[i].ff.experts) or the hook points "
+                "ff.router_scores, ff.chosen_experts and ff.expert_weights"
+            )
+        return blocks
 
     def _lm_head(self) -> nn.Linear:
         head = getattr(self.module, "lm_head", None)
