@@ -25,6 +25,22 @@ at a smaller model, in a few minutes:
 ``--layers 2 --hidden 256 --heads 8 --kv-heads 2 --ffn 704 --vocab 1000 --tokens 7,256``.
 A configuration whose estimated peak exceeds the memory available now is skipped and
 marked so in the table.
+
+On a GPU: ``--device cuda`` (bfloat16, at 2,048, 8,192, 32,768 and 131,072 tokens by
+default; ``--shape llama3-8b`` for Llama-3-8B's shape) writes the checkpoint on the card
+and loads every contender there. Memory is then the peak that PyTorch's allocator handed
+out beyond the loaded weights (``torch.cuda.max_memory_allocated``), time the median of
+three passes after a first one (each between two synchronisations), and no contender
+computes the logits (at 131,072 tokens those of every position alone are 8 GB in
+bfloat16): the tutorial's code is ``model.model(ids, output_attentions=True)``, the floor
+``model.model(ids)``. Where a contender would not fit the card (the tutorial's code keeps
+every layer's maps: 112 GB at 8,192 tokens of TinyLlama's shape) the table says so and
+why. ``--only`` and ``--lengths`` measure a subset, each run adding its rows to the results
+of the same shape and card (``tutorial_recipe_cuda_SHAPE.json``), so that a short loan of
+a GPU can run one part and the next loan another; ``--rows A:B`` has attnkit form those
+query rows of its map only (the rows of a 131,072-token map on a card without room for
+its 64 GiB). ``--quick --device cpu`` is a dry run of the same code on the CPU, in
+seconds: a tiny shape at 7 and 64 tokens.
 """
 
 from __future__ import annotations
@@ -42,6 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import benchmark_parser  # noqa: E402
+from benchmarks.random_llama import SHAPES, parameter_count, text_of, write_checkpoint  # noqa: E402
 
 CONTENDERS = {
     "tutorial": "the tutorial's code (eager, output_attentions=True)",
@@ -49,6 +66,17 @@ CONTENDERS = {
     "plain": "transformers sdpa, no maps (the floor)",
 }
 DTYPES = ("float32", "bfloat16")
+DEVICES = ("cpu", "cuda")
+# What a run measures unless told: on the CPU, float32 and bfloat16 at 7 and about 2,000
+# tokens; on a GPU, bfloat16 at 2K to 128K tokens; a dry run (--quick), two short texts.
+DEFAULT_TOKENS = {"cpu": "7,2000", "cuda": "2048,8192,32768,131072", "quick": "7,64"}
+DEFAULT_DTYPES = {"cpu": "float32,bfloat16", "cuda": "bfloat16", "quick": "float32"}
+# Passes timed after the first on a GPU (the first compiles and warms the card's kernels).
+DEVICE_RUNS = 3
+# Targets on a GPU: attnkit's one map within these of the plain forward's time, and its
+# memory within the plain forward's plus this share of the map's bytes.
+DEVICE_TIME_TARGET = 1.2
+DEVICE_MAP_TARGET = 1.1
 # Forward passes timed after the first one on texts up to this length (the median is the
 # time: a 7-token pass takes about a second, which another process on a shared machine
 # easily doubles, so one or two passes decide nothing); a longer text is timed once.
@@ -58,14 +86,46 @@ WARM_RUNS = 5
 
 def arguments() -> argparse.ArgumentParser:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--tokens", default="7,2000", help="text lengths in tokens, comma-separated (default 7,2000)")
-    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of float32,bfloat16")
-    parser.add_argument("--layers", type=int, default=22)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--ffn", type=int, default=5632)
-    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument(
+        "--tokens",
+        "--lengths",
+        dest="tokens",
+        default=None,
+        help=f"text lengths in tokens, comma-separated (default {DEFAULT_TOKENS['cpu']}; "
+        f"with --device cuda {DEFAULT_TOKENS['cuda']})",
+    )
+    parser.add_argument(
+        "--dtypes",
+        default=None,
+        help=f"comma-separated, of float32,bfloat16 (default {DEFAULT_DTYPES['cpu']}; with --device cuda "
+        f"{DEFAULT_DTYPES['cuda']})",
+    )
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="where the contenders run (default cpu)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="the model's shape (default tinyllama; tiny with --quick); --layers and the others below change it",
+    )
+    parser.add_argument("--quick", action="store_true", help="a dry run: the tiny shape at 7 and 64 tokens")
+    parser.add_argument(
+        "--only",
+        default=None,
+        metavar="NAMES",
+        help=f"the contenders to run, comma-separated, of {','.join(CONTENDERS)} (default all)",
+    )
+    parser.add_argument(
+        "--rows",
+        default=None,
+        metavar="A:B",
+        help="the query rows of attnkit's map (from 0, negative from the end; default every row)",
+    )
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--hidden", type=int, default=None)
+    parser.add_argument("--heads", type=int, default=None)
+    parser.add_argument("--kv-heads", type=int, default=None)
+    parser.add_argument("--ffn", type=int, default=None)
+    parser.add_argument("--vocab", type=int, default=None)
     parser.add_argument(
         "--cache",
         type=Path,
@@ -94,13 +154,42 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
+def _row_slice(spec: str | None) -> slice | None:
+    """``--rows A:B`` as a slice of the tokens; ``None`` for every row.
+
+    Raises:
+        ValueError: not ``A:B``.
+    """
+    if spec is None:
+        return None
+    start, colon, stop = spec.partition(":")
+    if not colon:
+        raise ValueError(spec)
+    return slice(int(start) if start.strip() else None, int(stop) if stop.strip() else None)
+
+
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    mode = "quick" if args.quick else args.device
+    shape = SHAPES[args.shape or ("tiny" if args.quick else "tinyllama")]
+    for key, value in shape.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.tokens = args.tokens or DEFAULT_TOKENS[mode]
+    args.dtypes = args.dtypes or DEFAULT_DTYPES[mode]
     try:
         args.token_counts = [int(t) for t in args.tokens.split(",")]
     except ValueError:
         parser.error(f"--tokens must be whole numbers separated by commas, got {args.tokens!r}")
     if not args.token_counts or min(args.token_counts) < 1:
         parser.error(f"--tokens must be at least 1, got {args.tokens!r}")
+    args.contenders = list(CONTENDERS) if args.only is None else args.only.split(",")
+    unknown = [c for c in args.contenders if c not in CONTENDERS]
+    if unknown:
+        parser.error(f"--only takes contenders of {', '.join(CONTENDERS)}, got {', '.join(unknown)}")
+    try:
+        args.row_slice = _row_slice(args.rows)
+    except ValueError:
+        parser.error(f"--rows takes the query rows as A:B (either side may be left out), got {args.rows!r}")
     args.dtype_names = args.dtypes.split(",")
     unknown = [d for d in args.dtype_names if d not in DTYPES]
     if unknown:
@@ -110,8 +199,6 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             f"--hidden must be a multiple of --heads and --heads of --kv-heads, got {args.hidden}, {args.heads}, "
             f"{args.kv_heads}"
         )
-    if max(args.token_counts) >= args.vocab:
-        parser.error(f"--tokens must stay below --vocab ({args.vocab}): the text is the words w1, w2, ...")
     if args.join is not None and not args.render:
         parser.error("--join adds the rows of another run to the results when rendering them: give --render too")
     if args.join is not None and not args.join.is_file():
@@ -124,11 +211,6 @@ if __name__ == "__main__":
     _check(_parser, _parser.parse_args())
 
 
-def text_of(length: int) -> str:
-    """A text of ``length`` tokens of the word-level tokenizer."""
-    return " ".join(f"w{i}" for i in range(1, length + 1))
-
-
 # --- one contender, in its own process ---------------------------------------------------
 
 
@@ -136,66 +218,102 @@ def child(args: argparse.Namespace) -> dict:
     """Load the model as ``args.child`` does, run its forward pass, and measure."""
     import torch
 
+    from benchmarks.common import DeviceMemory
+
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    text = text_of(args.length)
+    config = json.loads((args.folder / "config.json").read_text())
+    text = text_of(args.length, int(config["vocab_size"]))
+    # On the CPU every contender computes the logits, as the tutorial's code does; on a GPU
+    # none does (those of every position of a long text would outweigh the map).
+    logits = args.device == "cpu"
     start = time.perf_counter()
     if args.child == "attnkit":
         from attnkit import models
 
-        model = models.load(args.folder, dtype=dtype)
+        model = models.load(args.folder, dtype=dtype, device=args.device)
         ids = model.tokenize(text).ids
 
         def forward() -> torch.Tensor:
-            return model.run(ids, return_weights=[-1], heads=[0]).attentions[-1][0, 0]
+            run = model.run(ids, return_weights=[-1], heads=[0], rows=args.row_slice, logits=logits)
+            return run.attentions[-1][0, 0]
     else:
-        import transformers
-
-        implementation = "eager" if args.child == "tutorial" else "sdpa"
-        hf = transformers.AutoModelForCausalLM.from_pretrained(
-            args.folder, dtype=dtype, attn_implementation=implementation
-        ).eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(args.folder)
-        ids = tokenizer(text, return_tensors="pt").input_ids
+        hf, ids = _transformers_model(args, dtype, text)
 
         def forward() -> torch.Tensor:
             with torch.no_grad():
                 if args.child == "tutorial":
-                    return hf(ids, output_attentions=True).attentions[-1][0, 0]
-                return hf(ids).logits
+                    return (hf if logits else hf.model)(ids, output_attentions=True).attentions[-1][0, 0]
+                return hf(ids).logits if logits else hf.model(ids).last_hidden_state
 
     loaded = time.perf_counter()
-    processor = time.process_time()
-    result = forward()
-    first = time.perf_counter() - loaded
-    first_cpu = time.process_time() - processor
+    loading_peak = _process_peak(args.device)  # the count below restarts from what is held now
+    memory = DeviceMemory(args.device)
+    memory.begin()
+    first, first_cpu, shape = _timed(forward, args.device)
     warm, warm_cpu = [], []
-    if args.length <= SHORT:
-        for _ in range(WARM_RUNS):
-            again, processor = time.perf_counter(), time.process_time()
-            forward()
-            warm.append(time.perf_counter() - again)
-            warm_cpu.append(time.process_time() - processor)
+    runs = DEVICE_RUNS if args.device != "cpu" else WARM_RUNS if args.length <= SHORT else 0
+    for _ in range(runs):
+        seconds, processor, _ = _timed(forward, args.device)
+        warm.append(seconds)
+        warm_cpu.append(processor)
     tokens = int(ids.shape[1])
-    expected = (tokens, tokens) if args.child != "plain" else (1, tokens, args_vocab(folder=args.folder))
-    if tokens != args.length or tuple(result.shape) != expected:
-        raise RuntimeError(f"{args.child} read {tokens} tokens and gave {tuple(result.shape)}, expected {expected}")
+    rows = len(range(tokens)[args.row_slice]) if args.child == "attnkit" and args.row_slice else tokens
+    width = int(config["vocab_size"] if logits else config["hidden_size"])
+    expected = (rows, tokens) if args.child != "plain" else (1, tokens, width)
+    if tokens != args.length or shape != expected:
+        raise RuntimeError(f"{args.child} read {tokens} tokens and gave {shape}, expected {expected}")
     return {
         "tokens": tokens,
+        "rows": rows,
         "load_s": loaded - start,
         "first_s": first,
         "warm_s": statistics.median(warm) if warm else None,
         "first_cpu_s": first_cpu,
         "warm_cpu_s": statistics.median(warm_cpu) if warm_cpu else None,
-        "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_bytes": max(loading_peak, _process_peak(args.device)),
+        "beyond_weights_bytes": memory.peak(),
         "threads": torch.get_num_threads(),
     }
 
 
-def args_vocab(folder: Path) -> int:
-    """The vocabulary size of the checkpoint in ``folder``."""
-    return int(json.loads((folder / "config.json").read_text())["vocab_size"])
+def _transformers_model(args: argparse.Namespace, dtype: object, text: str) -> tuple:
+    """``(model, ids)`` of transformers on ``args.device``: eager attention for the
+    tutorial's code, sdpa for the floor."""
+    import transformers
+
+    implementation = "eager" if args.child == "tutorial" else "sdpa"
+    options: dict = {"dtype": dtype, "attn_implementation": implementation}
+    if args.device != "cpu":
+        options["device_map"] = args.device  # straight onto the card (accelerate)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(args.folder, **options).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.folder)
+    return hf, tokenizer(text, return_tensors="pt").input_ids.to(args.device)
+
+
+def _timed(forward, device: str) -> tuple[float, float, tuple[int, ...]]:
+    """``(wall seconds, processor seconds, result shape)`` of one pass; on a GPU between two
+    synchronisations. The result is dropped before the next pass."""
+    import torch
+
+    if device != "cpu":
+        torch.cuda.synchronize(device)
+    wall, processor = time.perf_counter(), time.process_time()
+    shape = tuple(forward().shape)
+    if device != "cpu":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - wall, time.process_time() - processor, shape
+
+
+def _process_peak(device: str) -> int:
+    """The process's peak: its resident set on the CPU (``ru_maxrss``), what PyTorch's
+    allocator handed out at most on a GPU (weights included)."""
+    if device == "cpu":
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    import torch
+
+    return int(torch.cuda.max_memory_allocated(device))
 
 
 # --- the checkpoint ----------------------------------------------------------------------
@@ -213,52 +331,23 @@ def shape_of(args: argparse.Namespace) -> dict:
 
 
 def checkpoint(args: argparse.Namespace, dtype_name: str, log) -> Path:
-    """The random TinyLlama-shaped checkpoint in ``dtype_name``, written once."""
-    shape = shape_of(args)
-    name = "tinyllama-shaped-" + "-".join(f"{k}{v}" for k, v in shape.items()) + f"-{dtype_name}"
-    folder = args.cache / name
-    done = folder / "written.json"
-    if done.is_file():
-        return folder
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers import models as tokenizer_models
-
-    log(f"writing {folder} (once) …")
-    config = transformers.LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.ffn,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=2048 if max(args.token_counts) <= 2048 else max(args.token_counts),
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=None,
+    """The random checkpoint of the chosen shape in ``dtype_name``, written once (on the
+    device the contenders run on)."""
+    return write_checkpoint(
+        args.cache, shape_of(args), dtype_name, tokens=max(args.token_counts), device=args.device, log=log
     )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to(getattr(torch, dtype_name))
-    partial = folder.with_name(folder.name + ".partial")
-    model.save_pretrained(partial)
-    del model
-    words = [f"w{i}" for i in range(args.vocab - 1)] + ["[UNK]"]
-    tokenizer = Tokenizer(tokenizer_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
-    fast.save_pretrained(partial)
-    (partial / "written.json").write_text(json.dumps(shape) + "\n")
-    os.replace(partial, folder)
-    return folder
 
 
 # --- the parent: every cell, each contender in a child -----------------------------------
 
 
-def available_bytes() -> int | None:
-    """``MemAvailable`` of /proc/meminfo, or ``None`` where there is none."""
+def available_bytes(device: str = "cpu") -> int | None:
+    """The memory a child may have: on the CPU ``MemAvailable`` of /proc/meminfo (``None``
+    where there is none); on a GPU the card's memory, less a gigabyte for PyTorch's own."""
+    if device != "cpu":
+        import torch
+
+        return int(torch.cuda.get_device_properties(device).total_memory) - 2**30
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -270,16 +359,38 @@ def available_bytes() -> int | None:
 
 def estimated_peak(args: argparse.Namespace, contender: str, dtype_name: str, tokens: int) -> int:
     """A generous estimate of a contender's peak: weights, the maps it keeps (every layer's
-    for the tutorial's code), one layer's scores and weights while they are computed, the
-    logits, and a gigabyte for the rest."""
+    for the tutorial's code; the rows asked of one head's, in float32, for attnkit), one
+    layer's scores and weights while the tutorial's code computes them, the logits (on the
+    CPU), the layer's activations, and a gigabyte for the rest."""
     size = 2 if dtype_name == "bfloat16" else 4
-    d = args.hidden // args.heads
-    params = args.vocab * args.hidden * 2 + args.layers * (
-        args.hidden * (args.heads + 2 * args.kv_heads) * d + args.hidden * args.hidden + 3 * args.hidden * args.ffn
-    )
     one_layer = args.heads * tokens * tokens * size
-    kept = (args.layers if contender == "tutorial" else 1) * one_layer
-    return params * size + kept + 2 * one_layer + tokens * args.vocab * 4 + 2**30
+    if contender == "tutorial":
+        maps = args.layers * one_layer + 2 * one_layer
+    elif contender == "attnkit":
+        rows = len(range(tokens)[args.row_slice]) if args.row_slice else tokens
+        maps = rows * tokens * 4
+    else:
+        maps = 0
+    logits = tokens * args.vocab * 4 if args.device == "cpu" else 0
+    activations = 4 * tokens * (args.hidden + args.ffn) * size
+    return parameter_count(shape_of(args)) * size + maps + logits + activations + 2**30
+
+
+def skip_reason(args: argparse.Namespace, contender: str, dtype_name: str, tokens: int) -> str | None:
+    """Why a contender is not run, or ``None``: its estimated peak is over the memory there is."""
+    need, free = estimated_peak(args, contender, dtype_name, tokens), available_bytes(args.device)
+    if free is None or need <= free:
+        return None
+    if args.device == "cpu":
+        return f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+    where = "GB on the card"
+    if contender == "tutorial":
+        size = 2 if dtype_name == "bfloat16" else 4
+        maps = args.layers * args.heads * tokens * tokens * size
+        return f"needs about {need / 1e9:.1f} GB (every layer's maps: {maps / 1e9:.1f} GB), {free / 1e9:.1f} {where}"
+    return f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} {where}" + (
+        "; fewer rows (--rows) fit" if contender == "attnkit" else ""
+    )
 
 
 def run_child(args: argparse.Namespace, contender: str, folder: Path, dtype_name: str, tokens: int) -> dict:
@@ -294,7 +405,11 @@ def run_child(args: argparse.Namespace, contender: str, folder: Path, dtype_name
         dtype_name,
         "--length",
         str(tokens),
+        "--device",
+        args.device,
     ]
+    if args.rows is not None:
+        command.append(f"--rows={args.rows}")
     if args.threads:
         command += ["--threads", str(args.threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -324,15 +439,13 @@ def measure(args: argparse.Namespace, log, save) -> list[dict]:
         for tokens in args.token_counts:
             row: dict = {"dtype": dtype_name, "tokens": tokens, "contenders": {}}
             rows.append(row)
-            for contender in CONTENDERS:
-                need, free = estimated_peak(args, contender, dtype_name, tokens), available_bytes()
-                if free is not None and need > free:
-                    row["contenders"][contender] = {
-                        "skipped": f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
-                    }
-                    log(f"{dtype_name} {tokens} tokens {contender}: skipped, {row['contenders'][contender]['skipped']}")
+            for contender in args.contenders:
+                reason = skip_reason(args, contender, dtype_name, tokens)
+                if reason is not None:
+                    row["contenders"][contender] = {"skipped": reason}
+                    log(f"{dtype_name} {tokens} tokens {contender}: skipped, {reason}")
                 else:
-                    cell = run_child(args, contender, folder, dtype_name, tokens)
+                    cell = {**run_child(args, contender, folder, dtype_name, tokens), "date": time.strftime("%Y-%m-%d")}
                     row["contenders"][contender] = cell
                     log(
                         f"{dtype_name} {tokens} tokens {contender}: {time_of(cell):.3f} s "
@@ -358,6 +471,8 @@ def ratios(row: dict) -> dict[str, float]:
 def markdown(data: dict) -> str:
     """The section of docs/benchmarks.md: the table of ``data`` (the results file) and what
     it shows."""
+    if data.get("device", "cpu") != "cpu":
+        return device_markdown(data)
     rows = data["rows"]
     headers = ["dtype", "tokens"]
     for contender in CONTENDERS:
@@ -458,8 +573,8 @@ def notes(data: dict) -> list[str]:
     if missing:
         found.append(f"Not measured (the run was stopped before them): {'; '.join(missing)}.")
     found.append(
-        "Every figure here is the CPU's: the script runs on the CPU only, and no GPU was at hand for this run, so "
-        "bfloat16 on CUDA, where it is the native precision, is not in the table."
+        "Every figure here is the CPU's; bfloat16 on CUDA, where it is the native precision, has a table of its "
+        "own (`--device cuda`), with the card it ran on."
     )
     return found
 
@@ -496,10 +611,106 @@ def target_notes(rows: list[dict]) -> list[str]:
     return [" ".join(sentences)]
 
 
+def map_bytes(row: dict) -> int:
+    """The bytes of the map attnkit was asked for in ``row``: its rows × keys × 4 (float32)."""
+    cell = row["contenders"].get("attnkit", {})
+    return 4 * cell.get("rows", row["tokens"]) * row["tokens"]
+
+
+def device_ratios(row: dict) -> dict[str, float]:
+    """On a GPU, where attnkit and the floor both ran: attnkit's time ÷ the floor's, and the
+    memory attnkit took beyond the floor's, as a share of its map's bytes."""
+    plain, ours = row["contenders"].get("plain", {}), row["contenders"].get("attnkit", {})
+    if "beyond_weights_bytes" not in plain or "beyond_weights_bytes" not in ours:
+        return {}
+    extra = ours["beyond_weights_bytes"] - plain["beyond_weights_bytes"]
+    return {"time": time_of(ours) / time_of(plain), "map": extra / map_bytes(row)}
+
+
+def device_markdown(data: dict) -> str:
+    """The section of docs/benchmarks.md of a run on a GPU: time and memory beyond the
+    weights of each contender at each length, attnkit against the floor, and the targets."""
+    from benchmarks.common import markdown_table
+
+    headers = ["dtype", "tokens", "map GB"]
+    for contender in CONTENDERS:
+        headers += [f"{contender} s", f"{contender} GB"]
+    headers += ["attnkit ÷ plain, time", "attnkit − plain, ÷ map"]
+    table = []
+    for row in data["rows"]:
+        cells = [row["dtype"], f"{row['tokens']:,}", f"{map_bytes(row) / 1e9:.2f}"]
+        for contender in CONTENDERS:
+            cell = row["contenders"].get(contender)
+            if cell is None:
+                cells += ["not run", "not run"]
+            elif "skipped" in cell:
+                cells += ["skipped", cell["skipped"]]
+            else:
+                cells += [f"{time_of(cell):.3f}", f"{cell['beyond_weights_bytes'] / 1e9:.2f}"]
+        found = device_ratios(row)
+        cells += [f"{found['time']:.2f}×", f"{found['map']:.2f}×"] if found else ["–", "–"]
+        table.append(cells)
+    shape = data["shape"]
+    dates = sorted({c["date"] for r in data["rows"] for c in r["contenders"].values() if "date" in c})
+    text = (
+        f"## The tutorial's recipe on a GPU: {data['card']} (bench_tutorial_recipe.py --device {data['device']})\n\n"
+        f"One attention map (last layer, head 0) of a model with random weights ({shape['layers']} layers, hidden "
+        f"{shape['hidden']}, {shape['heads']} heads, {shape['kv_heads']} key-value heads, feed-forward {shape['ffn']}, "
+        f"vocabulary {shape['vocab']}), loaded on the card. "
+        + "; ".join(f"**{name}**: {label}" for name, label in CONTENDERS.items())
+        + f". Time: the median of {data.get('warm_runs', DEVICE_RUNS)} passes after a first one, each between two "
+        "synchronisations; memory (GB): the most PyTorch's allocator handed out during the passes beyond the loaded "
+        "weights (`torch.cuda.max_memory_allocated`). No contender computes the logits. Map GB: the float32 map "
+        "attnkit was asked for (rows × keys × 4 bytes). "
+        f"Targets: attnkit within {DEVICE_TIME_TARGET}× the plain forward's time, and its memory within the plain "
+        f"forward's plus {DEVICE_MAP_TARGET}× the map's bytes (the last column). torch {data.get('torch', '?')}"
+        + (f"; measured {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") if dates else "")
+        + ".\n\n"
+        + markdown_table(headers, table)
+    )
+    missed = [
+        f"{row['dtype']} at {row['tokens']:,} tokens"
+        for row in data["rows"]
+        if (found := device_ratios(row))
+        and (round(found["time"], 2) > DEVICE_TIME_TARGET or round(found["map"], 2) > DEVICE_MAP_TARGET)
+    ]
+    measured = [row for row in data["rows"] if device_ratios(row)]
+    if measured:
+        text += "\n\nTargets: " + (
+            f"missed in {', '.join(missed)}." if missed else "met in every row where attnkit and the floor both ran."
+        )
+    sliced = [
+        f"{cell['rows']:,} of {row['tokens']:,} at {row['tokens']:,} tokens"
+        for row in data["rows"]
+        if (cell := row["contenders"].get("attnkit", {})).get("rows", row["tokens"]) != row["tokens"]
+    ]
+    if sliced:
+        text += " Rows of attnkit's map asked (--rows): " + "; ".join(sliced) + "."
+    return text
+
+
 def results_file(args: argparse.Namespace) -> Path:
+    """``tutorial_recipe.json`` on the CPU; on a GPU ``tutorial_recipe_cuda_SHAPE.json``, one
+    file per shape (``custom`` for one given by --layers and the others)."""
     from benchmarks.common import RESULTS
 
-    return (args.out if args.out is not None else RESULTS) / "tutorial_recipe.json"
+    folder = args.out if args.out is not None else RESULTS
+    if args.device == "cpu":
+        return folder / "tutorial_recipe.json"
+    label = next((name for name, dims in SHAPES.items() if dims == shape_of(args)), "custom")
+    return folder / f"tutorial_recipe_{args.device}_{label}.json"
+
+
+def merged_rows(earlier: list[dict], new: list[dict]) -> list[dict]:
+    """The rows of an earlier run of the same shape on the same card with the cells measured
+    now put in (a cell measured again replaces the earlier one), sorted by dtype and length."""
+    rows = {(row["dtype"], row["tokens"]): {**row, "contenders": dict(row["contenders"])} for row in earlier}
+    for row in new:
+        key = (row["dtype"], row["tokens"])
+        rows.setdefault(key, {"dtype": row["dtype"], "tokens": row["tokens"], "contenders": {}})
+        rows[key]["contenders"].update(row["contenders"])
+    order = {name: i for i, name in enumerate(DTYPES)}
+    return sorted(rows.values(), key=lambda row: (order.get(row["dtype"], len(order)), row["tokens"]))
 
 
 def joined(data: dict, other: dict, source: str) -> dict:
@@ -521,6 +732,15 @@ def joined(data: dict, other: dict, source: str) -> dict:
         "load_average_1min": other.get("load_average_1min"),
     }
     return {**data, "rows": rows, "joined_runs": [*data.get("joined_runs", []), run]}
+
+
+def _earlier_rows(path: Path, data: dict) -> list[dict]:
+    """The rows of the results in ``path`` when they measured the same shape on the same card."""
+    if not path.is_file():
+        return []
+    saved = json.loads(path.read_text())
+    same = saved.get("shape") == data["shape"] and saved.get("card") == data["card"]
+    return saved.get("rows", []) if same else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -548,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
         args.cache.mkdir(parents=True, exist_ok=True)
         import torch
 
+        from benchmarks.common import device_name
         from benchmarks.common import environment as environment_now
 
         environment = environment_now()
@@ -555,16 +776,20 @@ def main(argv: list[str] | None = None) -> int:
             "shape": shape_of(args),
             "dtypes": args.dtype_names,
             "tokens": args.token_counts,
-            "warm_runs": WARM_RUNS,
+            "warm_runs": WARM_RUNS if args.device == "cpu" else DEVICE_RUNS,
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cores": os.cpu_count(),
             "complete": False,
             "rows": [],
         }
+        earlier: list[dict] = []
+        if args.device != "cpu":
+            data |= {"device": args.device, "card": device_name(args.device), "torch": torch.__version__}
+            earlier = _earlier_rows(path, data)
         load_start = os.getloadavg()[0]
 
         def save(rows: list[dict]) -> None:
-            data["rows"] = rows
+            data["rows"] = merged_rows(earlier, rows) if earlier else rows
             data["load_average_1min"] = {"start": load_start, "end": os.getloadavg()[0]}
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"environment": environment, **data}, indent=2) + "\n")

@@ -136,6 +136,67 @@ def attention_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool = F
     return flops / 2 if causal else flops
 
 
+class DeviceMemory:
+    """The peak memory this process takes on a device beyond a starting point (:meth:`begin`),
+    such as the loaded weights: on CUDA what PyTorch's allocator hands out
+    (``torch.cuda.max_memory_allocated``); on the CPU the growth of the peak resident set
+    (``VmHWM`` of ``/proc/self/status``, reset through ``/proc/self/clear_refs``; 0 where
+    there is no such file).
+
+    Args:
+        device: ``"cuda"``, ``"cuda:1"``, ``"cpu"``.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.cuda = device.startswith("cuda")
+        self.start = 0
+
+    def begin(self) -> None:
+        """Count from now: the peak is reset to what is held now."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start = int(torch.cuda.memory_allocated(self.device))
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+        self.start = _status_bytes("VmHWM")
+
+    def peak(self) -> int:
+        """The most held since :meth:`begin`, beyond what was held then, in bytes."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            return int(torch.cuda.max_memory_allocated(self.device)) - self.start
+        return _status_bytes("VmHWM") - self.start
+
+
+def _status_bytes(field: str) -> int:
+    """A size field of ``/proc/self/status`` (``VmHWM``, ``VmRSS``) in bytes; 0 where there is none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return 0
+
+
+def device_name(device: str) -> str:
+    """What the measurements ran on: the GPU's name (``NVIDIA H200``), or the CPU's."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
 def environment() -> dict:
     import torch
 

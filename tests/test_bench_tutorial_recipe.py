@@ -31,7 +31,9 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
         (["--tokens", "seven"], "--tokens must be whole numbers separated by commas, got 'seven'"),
         (["--dtypes", "float32,float64"], "--dtypes must be of float32, bfloat16, got float64"),
         (["--hidden", "100", "--heads", "3"], "--hidden must be a multiple of --heads"),
-        ([*TINY, "--tokens", "100"], "--tokens must stay below --vocab (100)"),
+        (["--only", "plain,eager"], "--only takes contenders of tutorial, attnkit, plain, got eager"),
+        (["--rows", "5"], "--rows takes the query rows as A:B"),
+        (["--device", "tpu"], "invalid choice: 'tpu'"),
     ],
 )
 def test_arguments_are_checked_before_anything_runs(args, message):
@@ -65,7 +67,7 @@ def test_a_tiny_configuration_runs_every_contender_in_its_own_process(tmp_path):
 def test_a_configuration_larger_than_the_free_memory_is_skipped(tmp_path, monkeypatch):
     args = bench.arguments().parse_args([*TINY, "--tokens", "7", "--dtypes", "float32", "--cache", str(tmp_path)])
     bench._check(bench.arguments(), args)
-    monkeypatch.setattr(bench, "available_bytes", lambda: 10**6)
+    monkeypatch.setattr(bench, "available_bytes", lambda device="cpu": 10**6)
     monkeypatch.setattr(bench, "run_child", lambda *a: pytest.fail("nothing should run"))
     saved = []
     (row,) = bench.measure(args, lambda text: None, lambda rows: saved.append(len(rows[0]["contenders"])))
@@ -203,3 +205,106 @@ def test_join_refuses_another_shape_and_needs_render(tmp_path):
     assert done.returncode == 2 and "measured the shape {'layers': 3}" in done.stderr
     done = _run(["--out", str(tmp_path), "--join", str(other)])
     assert done.returncode == 2 and "--join adds the rows of another run" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_dry_run_of_the_device_code_on_the_cpu_with_a_subset(tmp_path):
+    """--quick --device cpu: the code a GPU run takes (the checkpoint written on the device,
+    each contender loaded there, the memory beyond the weights), on a tiny shape; --only and
+    --lengths pick a subset, --rows the rows of attnkit's map."""
+    out, cache = tmp_path / "results", tmp_path / "cache"
+    argv = ["--quick", "--device", "cpu", "--only", "attnkit,plain", "--lengths", "64", "--rows=-16:"]
+    done = _run([*argv, "--cache", str(cache), "--out", str(out)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads((out / "tutorial_recipe.json").read_text())["rows"]
+    assert (row["dtype"], row["tokens"]) == ("float32", 64) and sorted(row["contenders"]) == ["attnkit", "plain"]
+    ours = row["contenders"]["attnkit"]
+    assert ours["rows"] == 16 and ours["beyond_weights_bytes"] >= 0 and ours["date"]
+    assert row["contenders"]["plain"]["rows"] == 64
+    (folder,) = cache.iterdir()
+    assert json.loads((folder / "written.json").read_text()) == bench.SHAPES["tiny"]
+
+
+def test_texts_longer_than_the_vocabulary_start_over():
+    assert bench.text_of(5, 5) == "w1 w2 w3 w1 w2"
+
+
+def _device_cell(seconds: float, gigabytes: float, rows: int, date: str = "2026-02-01") -> dict:
+    return {
+        "tokens": 8192,
+        "rows": rows,
+        "warm_s": seconds,
+        "first_s": seconds,
+        "beyond_weights_bytes": int(gigabytes * 1e9),
+        "date": date,
+    }
+
+
+def _device_data(rows: list[dict]) -> dict:
+    return {
+        "device": "cuda",
+        "card": "NVIDIA H200",
+        "torch": "2.11.0",
+        "shape": bench.SHAPES["tinyllama"],
+        "warm_runs": bench.DEVICE_RUNS,
+        "rows": rows,
+    }
+
+
+def test_the_gpu_table_gives_the_memory_beyond_the_floor_as_a_share_of_the_map():
+    rows = [
+        {
+            "dtype": "bfloat16",
+            "tokens": 8192,
+            "contenders": {
+                "tutorial": {"skipped": "needs about 125.0 GB (every layer's maps: 97.0 GB), 139.0 GB on the card"},
+                "attnkit": _device_cell(0.066, 0.74 + 0.27, 8192),
+                "plain": _device_cell(0.060, 0.74, 8192),
+            },
+        },
+        {
+            "dtype": "bfloat16",
+            "tokens": 131072,
+            "contenders": {
+                "attnkit": _device_cell(3.0, 20.0, 4096, "2026-02-02"),
+                "plain": _device_cell(2.0, 12.0, 131072),
+            },
+        },
+    ]
+    table = bench.markdown(_device_data(rows))
+    assert table.startswith("## The tutorial's recipe on a GPU: NVIDIA H200 (bench_tutorial_recipe.py --device cuda)")
+    assert "| bfloat16 | 8,192 | 0.27 | skipped | needs about 125.0 GB (every layer's maps: 97.0 GB)" in table
+    assert "| 0.066 | 1.01 | 0.060 | 0.74 | 1.10× | 1.01× |" in table
+    # 4,096 rows of 131,072 keys: 2.1 GB of map; 8 GB beyond the floor is 3.7 times that.
+    assert "| bfloat16 | 131,072 | 2.15 | not run | not run | 3.000 | 20.00 | 2.000 | 12.00 | 1.50× | 3.73× |" in table
+    assert "measured 2026-02-01 to 2026-02-02" in table
+    assert "Targets: missed in bfloat16 at 131,072 tokens." in table
+    assert "Rows of attnkit's map asked (--rows): 4,096 of 131,072 at 131,072 tokens." in table
+
+
+def test_a_gpu_run_adds_its_cells_to_the_earlier_runs_rows():
+    earlier = [{"dtype": "bfloat16", "tokens": 2048, "contenders": {"tutorial": {"x": 1}, "plain": {"x": 1}}}]
+    new = [
+        {"dtype": "bfloat16", "tokens": 2048, "contenders": {"plain": {"x": 2}, "attnkit": {"x": 2}}},
+        {"dtype": "bfloat16", "tokens": 1024, "contenders": {"plain": {"x": 2}}},
+    ]
+    merged = bench.merged_rows(earlier, new)
+    assert [row["tokens"] for row in merged] == [1024, 2048]
+    assert merged[1]["contenders"] == {"tutorial": {"x": 1}, "plain": {"x": 2}, "attnkit": {"x": 2}}
+    assert earlier[0]["contenders"] == {"tutorial": {"x": 1}, "plain": {"x": 1}}  # not changed in place
+
+
+def test_the_cuda_memory_count_starts_after_the_weights(monkeypatch):
+    from benchmarks.common import DeviceMemory
+
+    allocated = {"now": 5 * 2**30, "peak": 9 * 2**30}
+    monkeypatch.setattr("torch.cuda.synchronize", lambda device=None: None)
+    monkeypatch.setattr(
+        "torch.cuda.reset_peak_memory_stats", lambda device=None: allocated.update(peak=allocated["now"])
+    )
+    monkeypatch.setattr("torch.cuda.memory_allocated", lambda device=None: allocated["now"])
+    monkeypatch.setattr("torch.cuda.max_memory_allocated", lambda device=None: allocated["peak"])
+    memory = DeviceMemory("cuda")
+    memory.begin()  # 5 GiB of weights
+    allocated["peak"] = 7 * 2**30  # a pass took 2 GiB more at most
+    assert memory.peak() == 2 * 2**30

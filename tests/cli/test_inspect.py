@@ -334,3 +334,39 @@ def test_quiet_prints_no_status(capsys, tmp_path, minilm_path):
 def test_bad_selection_size_or_figure_options(capsys, tmp_path, minilm_path, argv, message):
     code, out, err = run(capsys, "The cat sat.", "--model", "minilm", *argv, "--out", str(tmp_path))
     assert code == 2 and message in err, err
+
+
+def test_rows_show_the_chosen_query_tokens_against_every_key(capsys, tmp_path, smollm2_path):
+    code, out, err = run(
+        capsys, "--rows", "3:6", "--heads", "0,4", "--format", "json,png", "--out", str(tmp_path), "-q"
+    )
+    assert code == 0, err
+    assert "query rows 3..5" in out
+    header = next(i for i, line in enumerate(out.splitlines()) if line.startswith("#  query"))
+    assert [line.split()[:2] for line in out.splitlines()[header + 2 : header + 5]] == [
+        ["3", "on"],
+        ["4", "the"],
+        ["5", "mat"],
+    ]
+    stem = "smollm2_layer29_heads0_4_rows3-5"
+    assert (tmp_path / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert data["rows"] == [3, 6] and data["heads"] == [0, 4] and len(data["labels"]) == 7
+    weights = torch.tensor(data["weights"])  # [2, 3, 7]
+    full = models.load("smollm2").run(EXAMPLE_TEXT, return_weights=[29], heads=[0, 4]).attentions[29][0]
+    torch.testing.assert_close(weights, full[:, 3:6], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rows", "2:x"], "--rows takes the query tokens as A:B"),
+        (["--rows", "10:20"], "--rows 10:20: no rows selected by 10:20: the text has 7 tokens"),
+        (["--rows=-2:", "--format", "html"], "--rows shows some rows of the raw weights between tokens"),
+        (["--rows", "1:3", "--method", "rollout"], "not with --method rollout"),
+        (["--rows", "1:3", "--level", "word"], "--level word"),
+    ],
+)
+def test_rows_that_do_not_fit_are_refused_in_one_line(capsys, tmp_path, smollm2_path, argv, message):
+    code, _, err = run(capsys, *argv, "--out", str(tmp_path), "-q")
+    assert code == 2 and message in err and err.count("\n") == 1, err

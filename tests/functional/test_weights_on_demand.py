@@ -83,3 +83,29 @@ def test_errors():
         weights_on_demand(q, q, heads=[3])
     with pytest.raises(ValueError, match=r"q and k must be \[b, h, s, d\]"):
         weights_on_demand(q[0, 0], q[0, 0])
+
+
+def test_soft_capped_scores_in_float32_from_bfloat16_inputs():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 12, 8, generator=g).bfloat16()
+    k = torch.randn(1, 2, 12, 8, generator=g).bfloat16()
+    # The product in bfloat16 as the soft-capped attention forms it (the queries scaled by
+    # scale / softcap first); the rest in float32.
+    scores = ((q * (8**-0.5 / 3.0)) @ k.repeat_interleave(2, dim=1).transpose(-1, -2)).double()
+    scores = 3.0 * torch.tanh(scores)
+    scores = scores.masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), float("-inf"))
+    want = torch.softmax(scores, dim=-1)
+    got = weights_on_demand(q, k, heads=[3], rows=slice(4, 9), causal=True, softcap=3.0, dtype=torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want[:, [3], 4:9], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="softcap must be a positive number"):
+        weights_on_demand(q, k, softcap=0.0)
+
+
+def test_scores_that_overflow_give_weights_that_are_not_finite_not_zeros():
+    q = torch.full((1, 1, 3, 4), 1e20)
+    k = torch.full((1, 1, 3, 4), 1e20)
+    got = weights_on_demand(q, k, causal=True)
+    assert got.isnan().any()  # as softmax over infinite scores; only a row that sees nothing is zeros
+    empty = weights_on_demand(q, k, mask=torch.zeros(3, 3, dtype=torch.bool))
+    assert torch.equal(empty, torch.zeros(1, 1, 3, 3))

@@ -5,9 +5,14 @@ back in float32 whatever the weights are.
 Tolerances: bfloat16 keeps 8 significant bits (a relative rounding step of 2^-8), and the
 two implementations round in different orders (fused projections, the scale applied to
 the queries or to the scores, soft-capping), so logits are compared within 2^-3 of the
-largest logit and attention weights (probabilities in [0, 1]) within 2^-5; on these
-checkpoints the largest differences measured were 6.5% (Gemma 2, whose final soft-capping
-bounds the logits to 1.5) and 0.02.
+largest logit; on these checkpoints the largest difference measured was 6.5% (Gemma 2, whose
+final soft-capping bounds the logits to 1.5). Attention weights (probabilities in [0, 1])
+are formed in float32 from the layer's bfloat16 scores, beside the fused kernel's output
+(attnkit.nn.WeightSelection), where transformers' eager attention rounds them to bfloat16
+and multiplies them by the values: the first layer's maps, which read the same inputs, are
+compared within 2^-8 (measured: 0.004, half a bfloat16 step at 1), later layers', whose
+inputs went through the two kernels' different roundings, within 2^-4 (measured: 0.057,
+Qwen 2's third layer).
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ def test_bfloat16_equals_transformers_in_bfloat16(tiny: Path) -> None:
     assert (run.logits - expected.logits.float()).abs().max() <= 2**-3 * expected.logits.float().abs().max()
     for i, weights in enumerate(expected.attentions):
         assert run.attentions[i].dtype == torch.float32
-        torch.testing.assert_close(run.attentions[i], weights.float(), rtol=0, atol=2**-5)
+        torch.testing.assert_close(run.attentions[i], weights.float(), rtol=0, atol=2**-8 if i == 0 else 2**-4)
     with torch.no_grad():
         theirs = reference.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert list(model.generate_ids(ids, max_new_tokens=8)) == theirs[0, TEXT_LENGTH:].tolist()

@@ -133,7 +133,7 @@ def test_run_from_ids_names_the_tokens(smollm2):
     assert run.ids.shape == (1, 3) and run.logits.shape == (1, 3, 49152) and run.last_hidden_state.shape == (1, 3, 576)
 
 
-def test_input_errors(smollm2):
+def test_input_errors(smollm2, monkeypatch):
     with pytest.raises(ValueError, match="text is empty"):
         smollm2.run("")
     with pytest.raises(ValueError, match=r"text is 9000 tokens long; smollm2 reads at most 8192 tokens"):
@@ -150,8 +150,14 @@ def test_input_errors(smollm2):
         smollm2.run([49152])
     with pytest.raises(TypeError, match="token ids must be integers"):
         smollm2.run(torch.zeros(3))
-    with pytest.raises(ValueError, match="GiB limit"):
+    with pytest.raises(ValueError, match=r"rows 0..4 are out of range: the input has 1 tokens"):
+        smollm2.run("hi", rows=range(5))
+    # Every head of every layer on 5000 tokens: 25.1 GiB of maps, refused by the memory
+    # free (here capped), not by a fixed cap.
+    monkeypatch.setenv("ATTNKIT_MEMORY_LIMIT", "20GB")
+    with pytest.raises(ValueError, match=r"30 layers × 9 heads × 5000 rows × 5000 keys × 4 bytes = 25.1 GiB"):
         smollm2.run(list(range(5000)))
+    monkeypatch.delenv("ATTNKIT_MEMORY_LIMIT")
     with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
         smollm2.generate("hi", max_new_tokens=-1)
     with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):

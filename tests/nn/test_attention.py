@@ -18,6 +18,7 @@ from attnkit.nn import (
     RelativePositionBias,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
+    WeightSelection,
     mask_from_torch,
 )
 from tests.nn.helpers import assert_close, assert_grads_match, padding_blocked, random_blocked, torch_mha_grads
@@ -471,3 +472,37 @@ def test_the_dispatcher_takes_its_options_from_the_module() -> None:
     assert_close(reference(x, causal=True), default(x, causal=True))
     with pytest.raises(ValueError, match="engine"):
         MultiHeadAttention(AttentionConfig(E, H, kernel_options={"engine": "warp"}))(x)
+
+
+def test_a_weight_selection_forms_the_chosen_heads_and_rows_beside_the_fused_output() -> None:
+    torch.manual_seed(0)
+    for options in ({}, {"softcap": 5.0}, {"window": 4}, {"score": "dot", "scale": 0.3}):
+        m = MultiHeadAttention(AttentionConfig(32, 4, num_kv_heads=2, **options)).eval()
+        x = torch.randn(2, 10, 32)
+        with torch.no_grad():
+            plain = m(x, causal=True)
+            full = m(x, causal=True, return_weights=True)
+            chosen = m(x, causal=True, return_weights=WeightSelection(heads=(3, 1), rows=range(2, 7)))
+        assert torch.equal(chosen.output, plain), options
+        assert chosen.weights.shape == (2, 2, 5, 10) and chosen.weights.dtype == torch.float32
+        torch.testing.assert_close(chosen.weights, full.weights[:, [3, 1], 2:7], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"heads must be in 0 .. 3 \(the module has 4\), got \[4\]"):
+        m(x, return_weights=WeightSelection(heads=(4,)))
+    with pytest.raises(ValueError, match=r"rows must lie in 0 .. 9 \(the call has 10 queries\)"):
+        m(x, return_weights=WeightSelection(rows=range(8, 11)))
+    with pytest.raises(ValueError, match="step 1"):
+        WeightSelection(rows=range(0, 10, 2))
+    with pytest.raises(TypeError, match="rows must be a range"):
+        WeightSelection(rows=slice(0, 3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="indices >= 0"):
+        WeightSelection(heads=(-1,))
+
+
+def test_a_fully_masked_row_of_a_selection_is_zeros() -> None:
+    m = MultiHeadAttention(AttentionConfig(16, 2)).eval()
+    x = torch.randn(1, 4, 16)
+    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    mask[..., 2, :] = False
+    with torch.no_grad():
+        chosen = m(x, mask=mask, return_weights=WeightSelection(heads=(1,), rows=range(1, 3)))
+    assert torch.equal(chosen.weights[0, 0, 1], torch.zeros(4)) and not chosen.weights.isnan().any()

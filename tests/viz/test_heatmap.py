@@ -10,6 +10,7 @@ import pytest
 import torch
 from matplotlib.colors import to_rgba
 
+from attnkit.viz import heatmap
 from attnkit.viz.heatmap import (
     DEFAULT_DPI,
     MASKED_COLOUR,
@@ -20,6 +21,7 @@ from attnkit.viz.heatmap import (
     causal_mask,
     draw_attention_heads,
     draw_heatmap,
+    drawn_values,
     plot_attention,
     plot_attention_heads,
     save_figure,
@@ -154,3 +156,26 @@ def test_a_signed_map_is_diverging_centred_on_zero_with_its_quantity_on_the_bar(
     weights = plot_attention(values.abs(), ["a", "b"], ["a", "b"], label="‖α·f(x)‖")
     assert weights.axes[0].images[0].cmap.name == "Blues" and weights.axes[0].images[0].norm.vmin == 0.0
     assert weights.axes[1].get_ylabel() == "‖α·f(x)‖ (linear scale)"
+
+
+@pytest.mark.parametrize("first_query", [None, 3])
+def test_a_map_is_drawn_a_few_rows_at_a_time_with_the_same_cells(monkeypatch, first_query):
+    weights = torch.rand(37, 50)
+    weights[5, 7] = -0.5  # a signed map, found in any chunk
+    for factors in ((1, 1), (4, 3)):
+        whole = weights.numpy().copy()
+        whole[~causal_mask(37, 50, first_query).numpy()] = np.nan
+        want = whole if factors == (1, 1) else block_max(whole, *factors, signed=True)
+        monkeypatch.setattr(heatmap, "DRAWN_CHUNK_CELLS", 200)  # 4 rows of 50 keys at a time
+        got, signed = drawn_values(weights, *factors, causal=True, first_query=first_query)
+        assert signed and np.array_equal(got, want, equal_nan=True)
+
+
+def test_the_causal_cells_of_a_map_of_some_rows_start_at_their_own_position():
+    # Rows 2..4 of 6 keys: query 2 sees keys 0..2, not the bottom-right alignment's 0..3.
+    assert causal_mask(3, 6, first_query=2).tolist() == [
+        [True, True, True, False, False, False],
+        [True, True, True, True, False, False],
+        [True, True, True, True, True, False],
+    ]
+    assert causal_mask(3, 6).tolist()[0] == [True, True, True, True, False, False]

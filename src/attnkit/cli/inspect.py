@@ -91,6 +91,16 @@ def _add_map_arguments(parser: argparse.ArgumentParser) -> None:
         help="heads, from 0, comma-separated, or all; several heads are drawn as small multiples "
         "in one picture (default: 0; the html page: all)",
     )
+    parser.add_argument(
+        "--rows",
+        default=None,
+        metavar="A:B",
+        help="the query tokens (rows) to show, from A up to B (from 0, negative from the end; "
+        "either side may be left out: --rows=-64: is the last 64, 100 alone is token 100): only these "
+        "rows of the heads asked for are formed, beside a plain forward pass, so that a long "
+        "text's map fits in memory; with the raw weights between tokens, not with --format html "
+        "(default: every token)",
+    )
     parser.add_argument("--top", type=int, default=3, metavar="K", help="keys shown per query token (default: 3)")
     parser.add_argument(
         "--method",
@@ -181,8 +191,45 @@ def parse_heads(spec: str | None, num_heads: int) -> list[int] | None:
         raise CommandError(str(err)) from None
 
 
+def parse_rows(spec: str | None) -> slice | None:
+    """``--rows``: ``None`` when not given, else the rows as a slice of the tokens.
+
+    Raises:
+        CommandError: not ``A:B`` (either side may be left out) or one position ``A``.
+    """
+    if spec is None:
+        return None
+    start, colon, stop = spec.strip().partition(":")
+    try:
+        if not colon:
+            first = int(start)
+            return slice(first, first + 1 if first != -1 else None)
+        return slice(int(start) if start.strip() else None, int(stop) if stop.strip() else None)
+    except ValueError:
+        raise CommandError(f"--rows takes the query tokens as A:B, A: or :B (or one token A), got {spec!r}") from None
+
+
+def _row_range(spec: str | None, tokens: int) -> range | None:
+    """``--rows`` for a text of ``tokens`` tokens, ``None`` for every row.
+
+    Raises:
+        CommandError: rows outside the text.
+    """
+    from attnkit.functional.indices import normalize_rows
+
+    rows = parse_rows(spec)
+    if rows is None:
+        return None
+    try:
+        return normalize_rows(rows, tokens, context=f"the text has {tokens} tokens")
+    except ValueError as err:
+        raise CommandError(f"--rows {spec}: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.long:
+        if args.rows is not None:
+            raise CommandError("--rows is not for --long, which reads the text a window at a time")
         return run_inspect_long(
             args, lambda model: (parse_layers(args.layers, model.num_layers), parse_heads(args.heads, model.num_heads))
         )
@@ -197,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
     # Every option is checked above, before PyTorch and the model load.
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     if getattr(model, "encoder_decoder", False):
+        if args.rows is not None:
+            raise CommandError(f"--rows is for models of one text; {model.name} is an encoder-decoder")
         return _run_encoder_decoder(args, model, status, formats, limit, figure, out)
     if args.decoder_text is not None or args.attention is not None:
         raise CommandError(
@@ -207,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
         tokens = len(model.tokenize(args.text).tokens)
     except ValueError as err:
         raise CommandError(str(err)) from None
-    chosen = _Chosen.of(args, model)
+    chosen = replace(_Chosen.of(args, model), rows=_row_range(args.rows, tokens))
     estimates = _check_map_sizes(args, model, formats, figure, limit, tokens, chosen)
     if chosen.page in estimates:
         status.say(f"{chosen.page}: about {format_size(estimates[chosen.page])}, estimated before computing")
@@ -256,12 +305,20 @@ def _check_options(args: argparse.Namespace) -> None:
         )
     if args.method != "grad" and args.target is not None:
         raise CommandError(f"--target is only for --method grad, not --method {args.method}")
+    if args.rows is not None:
+        parse_rows(args.rows)
+        if args.method != "raw" or args.level != "token" or "html" in parse_formats(args.format, INSPECT_FORMATS):
+            raise CommandError(
+                "--rows shows some rows of the raw weights between tokens: not with --method "
+                f"{args.method}, --level {args.level} or --format html"
+            )
 
 
 @dataclass(frozen=True)
 class _Chosen:
     """The layers and heads that ``attnkit inspect`` shows: ``--layers`` and ``--heads`` as
-    given (``None`` when not), those of the printed maps and files, those of the page."""
+    given (``None`` when not), those of the printed maps and files, those of the page; the
+    rows of the maps (``--rows``; ``None`` for every token)."""
 
     layers: list[int] | None
     heads: list[int] | None
@@ -269,6 +326,7 @@ class _Chosen:
     map_heads: list[int]
     page_layers: list[int]
     page_heads: list[int]
+    rows: range | None = None
 
     @classmethod
     def of(cls, args: argparse.Namespace, model: Any) -> _Chosen:
@@ -316,12 +374,13 @@ def _check_map_sizes(
 
     causal = bool(model.causal)
     heads = len(chosen.map_heads)
+    rows = None if chosen.rows is None else len(chosen.rows)
     estimates = {}
     if "json" in formats:
         for layer in chosen.map_layers:
-            estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, heads, causal=causal)
+            estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, heads, causal=causal, rows=rows)
     if "png" in formats:
-        canvas = estimate_map_canvas(tokens, heads, dpi=figure.get("dpi"), figsize=figure.get("figsize"))
+        canvas = estimate_map_canvas(tokens, heads, dpi=figure.get("dpi"), figsize=figure.get("figsize"), rows=rows)
         estimates["the canvas of each PNG (pixels × 4 bytes, drawn before compression)"] = canvas
     if "html" in formats:
         # A value colour mode doubles the weights of the page; rollout adds one map per layer.
@@ -341,7 +400,7 @@ def _check_map_sizes(
         estimates,
         limit,
         advice=(
-            f"The text is {tokens} tokens: ask for fewer layers or heads (--layers, --heads), "
+            f"The text is {tokens} tokens: ask for fewer layers, heads or rows (--layers, --heads, --rows), "
             f"a shorter text{pictures}, or other formats (--format)"
         ),
     )
@@ -366,12 +425,11 @@ def _maps(args: argparse.Namespace, model: Any, status: Status, tokens: int, cho
                 args.text,
                 method=args.method,
                 layer=layer,
-                head="all" if len(map_heads) > 1 else map_heads[0],
+                head=map_heads,  # only these heads' weights are formed
                 level=args.level,
                 target=args.target,
+                rows=chosen.rows,
             )
-            if len(map_heads) > 1 and amap.heads:
-                amap = replace(amap, heads=map_heads, weights=amap.weights[map_heads])  # [h, n, n]
         check_map_finite(amap)
         maps.append(amap)
     return maps

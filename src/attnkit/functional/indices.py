@@ -8,6 +8,7 @@ inspection functions, the command line, the web app and
 :func:`select_indices` for a selection that may be ``True``/``False``). The errors are typed:
 :class:`IndexOutOfRange` (a ``ValueError``) for an index past the count, :class:`NotAnIndex`
 (a ``TypeError``) for a value that is no index, so a caller tells them apart by type.
+A run of query rows (``run(rows=...)``, ``--rows``) goes through :func:`normalize_rows`.
 """
 
 from __future__ import annotations
@@ -114,3 +115,43 @@ def select_indices(
     if selection is False:
         return []
     return sorted(set(normalize_indices(selection, count, what, context=context, from_end=from_end, allow_empty=True)))
+
+
+def normalize_rows(rows: range | slice | None, count: int, *, context: str | None = None) -> range:
+    """A run of query rows as a ``range`` with step 1 inside ``0 .. count - 1``.
+
+    Args:
+        rows: ``None`` for every row; a ``slice``, read as Python slices a list of
+            ``count`` items (``slice(-64, None)``: the last 64); or a ``range``, which must
+            lie inside the count.
+        count: how many rows there are.
+        context: what the message says about the count (default ``"there are N rows"``).
+
+    Returns:
+        ``range(start, stop)``, not empty.
+
+    Raises:
+        NotAnIndex: neither ``None``, a slice nor a range, or bounds that are not ints.
+        IndexOutOfRange: a range past the count.
+        ValueError: a step other than 1, or no row.
+    """
+    said = context if context is not None else f"there are {count} rows"
+    if rows is None:
+        return range(count)
+    if isinstance(rows, slice):
+        for bound in (rows.start, rows.stop, rows.step):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
+                raise NotAnIndex(f"rows must be a slice of ints, got {rows!r}")
+        chosen = range(count)[rows]
+    elif isinstance(rows, range):
+        chosen = rows
+        if rows.start < 0 or rows.stop > count:
+            raise IndexOutOfRange(f"rows {rows.start}..{rows.stop - 1} are out of range: {said}, 0..{count - 1}")
+    else:
+        raise NotAnIndex(f"rows must be a range or a slice of query positions, got {rows!r}")
+    if chosen.step != 1:
+        raise ValueError(f"rows must be consecutive (step 1), got {rows!r}")
+    if len(chosen) == 0:
+        spelled = f"{'' if rows.start is None else rows.start}:{'' if rows.stop is None else rows.stop}"
+        raise ValueError(f"no rows selected by {spelled if isinstance(rows, slice) else rows}: {said}")
+    return chosen

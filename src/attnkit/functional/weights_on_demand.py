@@ -40,6 +40,8 @@ def weights_on_demand(
     bias: Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
+    softcap: float | None = None,
+    dtype: torch.dtype | None = None,
     chunk_size: int = 256,
 ) -> Tensor:
     """Exact attention weights ``[b, n_h, n_r, n_k]`` for the chosen heads, rows and keys.
@@ -57,10 +59,17 @@ def weights_on_demand(
         bias: the attention call's additive score bias.
         causal: the attention call's ``causal``.
         scale: the attention call's ``scale``.
+        softcap: the attention call's logit soft-capping: the scaled scores become
+            ``softcap · tanh(scores / softcap)`` before the bias and the mask (Gemma 2).
+        dtype: the floating dtype of the weights (default q's): the scores ``q·k`` are
+            formed in q's dtype, as the attention call forms them, and soft-capped,
+            biased, masked and normalised in ``dtype`` (``torch.float32`` for bfloat16
+            queries and keys, a chunk at a time).
         chunk_size: query rows per step.
 
     Returns:
-        float tensor ``[b, n_h, n_r, n_k]``; rows with nothing to attend to are zeros.
+        float tensor ``[b, n_h, n_r, n_k]`` in ``dtype``; rows with nothing to attend to
+        are zeros.
 
     Raises:
         ValueError, TypeError: shapes or options that do not fit.
@@ -78,6 +87,8 @@ def weights_on_demand(
             bias=bias,
             causal=causal,
             scale=scale,
+            softcap=softcap,
+            dtype=dtype,
             chunk_size=chunk_size,
         )
     ]
@@ -85,7 +96,7 @@ def weights_on_demand(
         b = q.shape[0]
         n_h = _indices(heads, q.shape[1], "head", q.device).numel()
         n_k = _indices(keys, k.shape[2], "key", q.device).numel()
-        return q.new_zeros(b, n_h, 0, n_k)
+        return q.new_zeros(b, n_h, 0, n_k, dtype=dtype)
     return torch.cat(parts, dim=2)
 
 
@@ -101,6 +112,8 @@ def iter_weights_on_demand(
     bias: Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
+    softcap: float | None = None,
+    dtype: torch.dtype | None = None,
     chunk_size: int = 256,
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """Like :func:`weights_on_demand`, one chunk of rows at a time: yields
@@ -109,8 +122,8 @@ def iter_weights_on_demand(
     if q.ndim != 4 or k.ndim != 4:
         raise ValueError(f"q and k must be [b, h, s, d], got q {list(q.shape)} and k {list(k.shape)}")
     check_inputs(q, k, k)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    _check_options(chunk_size, softcap, dtype)
+    work = q.dtype if dtype is None else dtype
     b, h, s_q, d = q.shape
     h_kv, s_k = k.shape[1], k.shape[2]
     g = h // h_kv
@@ -124,28 +137,62 @@ def iter_weights_on_demand(
     mask_obj, dense, _ = resolve_mask(q, k, mask=mask, bias=bias, causal=causal)  # causal folded in
     bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
     k_heads = k.index_select(1, torch.div(head_idx, g, rounding_mode="floor"))  # [b, n_h, s_k, d]
+    q_heads = q.index_select(1, head_idx)  # [b, n_h, s_q, d]
 
     def scores_for(r: Tensor, cols: Tensor) -> Tensor:
-        q_r = q.index_select(1, head_idx).index_select(2, r)  # [b, n_h, n_r, d]
-        s = (q_r * scale_f) @ k_heads.index_select(2, cols).transpose(-1, -2)  # [b, n_h, n_r, n_c]
+        q_r = q_heads.index_select(2, r)  # [b, n_h, n_r, d]
+        k_t = k_heads.index_select(2, cols).transpose(-1, -2)  # [b, n_h, d, n_c]
+        # The product in q's dtype, in the attention call's order (scaled after it; soft-capped
+        # scores scale the queries first); the rest in `work`.
+        if softcap is None:
+            s = (q_r @ k_t).to(work)  # [b, n_h, n_r, n_c]
+            if scale_f != 1.0:
+                s.mul_(scale_f)
+        else:
+            s = ((q_r * (scale_f / softcap)) @ k_t).to(work).tanh_().mul_(softcap)  # [b, n_h, n_r, n_c]
         if bias4 is not None:
-            s = s + _take(bias4, head_idx, r, cols)
+            s.add_(_take(bias4, head_idx, r, cols))
         allowed = _allowed(mask_obj, dense, head_idx, r, cols, s_k - s_q)
         if allowed is not None:
-            s = torch.where(allowed, s, float("-inf"))
+            s.masked_fill_(~allowed, float("-inf"))
         return s
 
+    every_key = keys is None
     for start in range(0, row_idx.numel(), chunk_size):
         r = row_idx[start : start + chunk_size]
         if lse is not None:
-            lse_r = lse.index_select(1, head_idx).index_select(2, r).to(q.dtype)  # [b, n_h, n_r]
+            lse_r = lse.index_select(1, head_idx).index_select(2, r).to(work)  # [b, n_h, n_r]
+            s = scores_for(r, key_idx)
         else:
-            full = scores_for(r, all_keys)
-            lse_r = torch.logsumexp(full, dim=-1)
-        s = scores_for(r, key_idx)
-        finite = torch.isfinite(lse_r).unsqueeze(-1)
-        safe = torch.where(finite, lse_r.unsqueeze(-1), torch.zeros_like(lse_r).unsqueeze(-1))
-        yield r, torch.where(finite, torch.exp(s - safe), torch.zeros_like(s))
+            s = scores_for(r, all_keys)  # [b, n_h, n_r, s_k]
+            if every_key:
+                # The row's softmax itself, as the attention call normalises it; a row that
+                # may attend to nothing (all -inf, NaN from softmax) is zeros.
+                w = torch.softmax(s, dim=-1)
+                yield r, w.masked_fill_(torch.isneginf(s).all(dim=-1, keepdim=True), 0.0)
+                continue
+            lse_r = torch.logsumexp(s, dim=-1)
+            s = s.index_select(3, key_idx)
+        yield r, _normalized(s, lse_r)
+
+
+def _check_options(chunk_size: int, softcap: float | None, dtype: torch.dtype | None) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be a positive number, got {softcap!r}")
+    if dtype is not None and not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+
+
+def _normalized(s: Tensor, lse: Tensor) -> Tensor:
+    """``exp(s − lse)`` of scores ``[b, n_h, n_r, n_k]`` and their rows' log-sum-exp
+    ``[b, n_h, n_r]``, in place: the chunk's scores are the caller's own tensor, and a chunk
+    is the most memory a step holds. Rows with nothing to attend to (log-sum-exp -inf) are
+    zeros; scores that overflow (+inf, NaN) stay not finite, as a softmax over them is."""
+    empty = torch.isneginf(lse).unsqueeze(-1)  # [b, n_h, n_r, 1]
+    safe = lse.unsqueeze(-1).masked_fill(empty, 0.0)
+    return torch.exp_(s.sub_(safe)).masked_fill_(empty, 0.0)
 
 
 def _indices(index: Index, n: int, what: str, device: torch.device) -> Tensor:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from attnkit.deprecation import deprecated_aliases
-from attnkit.functional.indices import normalize_index
+from attnkit.functional.indices import normalize_index, normalize_indices
 from attnkit.inspect.names import LEVELS
 from attnkit.inspect.tokens import ReadableToken, decode_tokens, readable_tokens, special_token_ids, token_scheme
 from attnkit.inspect.words import Word, aggregate, word_groups
@@ -60,8 +60,11 @@ class AttentionMap:
         layer_windows: the model's sliding window of every layer (``None`` for a global
             layer), for a model with local layers (Gemma 2 and 3, Mistral, ...); ``None``
             for a model without them (:func:`model_windows`).
+        rows: for a map of some query positions (``rows=``, ``--rows``), their ``range``:
+            ``weights`` is then ``[h, n_r, n]``, its rows labelled by :attr:`row_labels`
+            and its columns by ``labels`` (every token); ``None`` when every token is a row.
 
-    ``weights`` is then ``[h, n, m]`` with ``m`` columns.
+    With ``key_text``, ``weights`` is ``[h, n, m]`` with ``m`` columns.
 
     In Jupyter, the map shows as the interactive viewer (:mod:`attnkit.viz.notebook`).
     """
@@ -85,6 +88,17 @@ class AttentionMap:
     key_readable: list[ReadableToken] | None = None
     key_words: list[Word] | None = None
     layer_windows: tuple[int | None, ...] | None = None
+    rows: range | None = None
+
+    @property
+    def row_labels(self) -> list[str]:
+        """The labels of the rows: those of :attr:`rows`, or every label."""
+        return self.labels if self.rows is None else self.labels[self.rows.start : self.rows.stop]
+
+    @property
+    def first_row(self) -> int:
+        """The position of the first row's query (0 unless the map holds some rows)."""
+        return 0 if self.rows is None else self.rows.start
 
     @property
     def window(self) -> int | None:
@@ -128,6 +142,8 @@ class AttentionMap:
         """
         if self.words is not None:
             raise ValueError("this map is already between words")
+        if self.rows is not None:
+            raise ValueError(f"a map of some rows ({self.rows.start}..{self.rows.stop - 1}) stays between tokens")
         groups = list(groups if groups is not None else _words_of(self.text, self.readable, len(self.tokens)))
         if self.key_text is None:
             weights = aggregate(self.weights, groups)  # [h, w, w]
@@ -156,7 +172,8 @@ class AttentionMap:
         map adds ``attention`` (``"encoder"``, ``"decoder"``, ``"cross"``), and one whose
         columns are another sequence (cross-attention: rows the target, columns the source)
         adds ``key_text``, ``key_tokens``, ``key_token_info``, ``key_labels`` (and
-        ``key_words``) for the columns.
+        ``key_words``) for the columns. A map of some rows adds ``rows``: ``[start, stop]``
+        of the query positions of ``weights[head]``, whose columns are every token.
         """
         data = {
             "model": self.model_name,
@@ -173,6 +190,8 @@ class AttentionMap:
         }
         if self.words is not None:
             data["words"] = [w.to_dict() for w in self.words]
+        if self.rows is not None:
+            data["rows"] = [self.rows.start, self.rows.stop]
         if self.attention != "self":
             data["attention"] = self.attention
         if self.key_text is not None:
@@ -245,14 +264,17 @@ def resolve_layer(layer: int, num_layers: int) -> int:
     return normalize_index(layer, num_layers, "layer", context=f"this model has {num_layers} layers")
 
 
-def resolve_heads(head: int | str | None, num_heads: int) -> list[int]:
-    """The heads that ``head`` names: one index (negative from the end), or ``"all"``/``None``.
+def resolve_heads(head: int | str | Sequence[int] | None, num_heads: int) -> list[int]:
+    """The heads that ``head`` names: one index (negative from the end), several, or
+    ``"all"``/``None``.
 
     Raises:
         ValueError: an index outside ``-h .. h-1`` or a string other than ``"all"``.
     """
     if head is None or head == "all":
         return list(range(num_heads))
+    if isinstance(head, Sequence) and not isinstance(head, str):
+        return normalize_indices(head, num_heads, "head", context=f"this model has {num_heads} heads per layer")
     if isinstance(head, str):
         try:
             head = int(head)
@@ -395,33 +417,46 @@ def model_windows(model: Any) -> tuple[int | None, ...] | None:
 
 
 def attention_map(
-    model: Model, text: str, *, layer: int = -1, head: int | str | None = 0, level: str = "token"
+    model: Model,
+    text: str,
+    *,
+    layer: int = -1,
+    head: int | str | Sequence[int] | None = 0,
+    level: str = "token",
+    rows: range | slice | None = None,
 ) -> AttentionMap:
-    """Run ``model`` on ``text`` and keep the attention of one layer.
+    """Run ``model`` on ``text`` and keep the attention of one layer: only the heads (and
+    rows) asked for are formed.
 
     Args:
         model: an :mod:`attnkit.models` model.
         text: the input.
         layer: the layer; negative counts from the end (default: the last).
-        head: a head index, or ``"all"``/``None`` for every head of the layer.
+        head: a head index, several, or ``"all"``/``None`` for every head of the layer.
         level: ``"token"``, or ``"word"`` for the attention between the words of the text
             (:meth:`AttentionMap.by_words`).
+        rows: the query positions to keep (a ``range``, or a ``slice`` of the tokens:
+            ``slice(-64, None)`` the last 64), as :meth:`attnkit.models.Model.run` takes
+            them; default every token. A map of some rows stays between tokens.
 
     Returns:
         :class:`AttentionMap`.
 
     Raises:
-        ValueError: an empty text, a text longer than the model's context, a layer or
-            head out of range (the message gives the valid range), or an unknown level.
+        ValueError: an empty text, a text longer than the model's context, a layer, head
+            or row out of range (the message gives the valid range), an unknown level, or
+            rows with ``level="word"``.
     """
     if not text.strip():
         raise ValueError("the text is empty")
     if level not in LEVELS:
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if rows is not None and level != "token":
+        raise ValueError(f"a map of some rows (rows={rows!r}) is between tokens, not at level {level!r}")
     layer = resolve_layer(layer, model.num_layers)
     heads = resolve_heads(head, model.num_heads)
-    run = model.run(text, return_weights=[layer], heads=heads, logits=False)
-    weights = run.attentions[layer][0].float()  # [h, s, s]
+    run = model.run(text, return_weights=[layer], heads=heads, logits=False, rows=rows)
+    weights = run.attentions[layer][0].float()  # [h, n_r, s]
     readable = readable_run(model, run, text)
     amap = AttentionMap(
         model_name=model.name,
@@ -435,6 +470,7 @@ def attention_map(
         weights=weights,
         readable=readable.tokens,
         layer_windows=model_windows(model),
+        rows=None if len(run.rows) == len(run.tokens) else run.rows,
     )
     return amap.by_words() if level == "word" else amap
 

@@ -66,9 +66,10 @@ def method_map(
     *,
     method: str = "raw",
     layer: int = -1,
-    head: int | str | None = 0,
+    head: int | str | Sequence[int] | None = 0,
     level: str = "token",
     target: str | None = None,
+    rows: range | slice | None = None,
 ) -> AttentionMap:
     """One layer's map of ``text`` by ``method``, as :func:`attnkit.inspect.attention_map`
     gives the raw weights.
@@ -79,17 +80,18 @@ def method_map(
         method: one of :data:`METHODS`.
         layer: the layer; negative counts from the end. Rollout and flow show what reaches
             this layer's outputs from the input tokens.
-        head: a head index, or ``"all"``/``None`` (ignored by rollout and flow, which merge
-            the heads).
+        head: a head index, several, or ``"all"``/``None`` (ignored by rollout and flow,
+            which merge the heads).
         level: ``"token"``, or ``"word"`` (maps aggregated between words).
         target: for ``grad``, the target token (causal) or text (encoders).
+        rows: for ``raw``, the query positions to keep (:func:`attnkit.inspect.attention_map`).
 
     Returns:
         :class:`attnkit.inspect.AttentionMap` with ``method`` set.
 
     Raises:
-        ValueError: an unknown method or level, a missing target for ``grad``, and the
-            errors of the method.
+        ValueError: an unknown method or level, a missing target for ``grad``, rows with
+            a method other than ``raw``, and the errors of the method.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -97,9 +99,11 @@ def method_map(
         raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
     if method == "grad" and target is None:
         raise ValueError("the grad method needs a target: a token (causal models) or a text (encoders)")
+    if rows is not None and method != "raw":
+        raise ValueError(f"rows are kept of the raw weights; the {method} method shows every row")
     layer = resolve_layer(layer, model.num_layers)
     heads = resolve_heads(head, model.num_heads)
-    raw = attention_map(model, text, layer=layer, head=head)
+    raw = attention_map(model, text, layer=layer, head=heads, rows=rows)
     if method == "raw":
         weights = raw.weights
     elif method == "rollout":

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from attnkit.models.checkpoints.store import FetchError, ModelInfo, available, fetch
     from attnkit.models.checkpoints.tokenizer import TokenizedText, Tokenizer
     from attnkit.models.loading import load
-    from attnkit.models.model.attentions import ATTENTION_MEMORY_LIMIT
     from attnkit.models.model.model import Model
     from attnkit.models.model.runs import ModelRun, RunStopped
 
@@ -48,7 +47,6 @@ _LAZY = {
     **dict.fromkeys(("CheckpointError", "ModelNotFound"), "attnkit.models.checkpoints.errors"),
     "Model": "attnkit.models.model.model",
     **dict.fromkeys(("ModelRun", "RunStopped"), "attnkit.models.model.runs"),
-    "ATTENTION_MEMORY_LIMIT": "attnkit.models.model.attentions",
     "HubError": "attnkit.models.checkpoints.hub",
     "load": "attnkit.models.loading",
     "MemoryEstimateError": "attnkit.models.checkpoints.memory",
@@ -56,7 +54,6 @@ _LAZY = {
 }
 
 __all__ = [
-    "ATTENTION_MEMORY_LIMIT",
     "MODELS",
     "CheckpointError",
     "FetchError",

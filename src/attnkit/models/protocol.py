@@ -5,7 +5,8 @@ web app (:mod:`attnkit.serve`) take any object with these attributes and methods
 an :class:`attnkit.models.Model`: a test stand-in, or a wrapper around another library's
 model, works as well. :class:`attnkit.models.Model` implements it, which mypy checks here.
 
-Shape letters: ``b`` texts, ``s`` tokens, ``h_sel`` the heads asked for.
+Shape letters: ``b`` texts, ``s`` tokens, ``h_sel`` the heads asked for, ``n_r`` the query
+rows asked for.
 """
 
 from __future__ import annotations
@@ -53,12 +54,17 @@ class RunLike(Protocol):
 
     @property
     def attentions(self) -> Mapping[int, Tensor]:
-        """Layer index → weights ``[1, h_sel, s, s]`` of the layers asked for."""
+        """Layer index → weights ``[1, h_sel, n_r, s]`` of the layers asked for."""
         ...
 
     @property
     def heads(self) -> list[int]:
         """The heads kept, in the order of dimension 1 of every map."""
+        ...
+
+    @property
+    def rows(self) -> range:
+        """The query positions of dimension 2 of every map (``range(s)`` unless some were asked)."""
         ...
 
 
@@ -112,13 +118,15 @@ class InspectableModel(Protocol):
         return_weights: bool | Sequence[int] = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
+        rows: range | slice | None = None,
     ) -> RunLike:
         """One forward pass with the weights of the layers in ``return_weights`` (``True``: all;
-        negative indices count from the end) and of ``heads`` (default all); ``logits=False``
+        negative indices count from the end), of ``heads`` (default all) on the query
+        positions ``rows`` (a range, or a slice of the tokens; default all); ``logits=False``
         skips the next-token logits when only attention is wanted.
 
         Raises:
-            ValueError: a text the model cannot read, a layer or head out of range.
+            ValueError: a text the model cannot read, a layer, head or row out of range.
         """
         ...
 
@@ -130,9 +138,11 @@ class InspectableModel(Protocol):
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
+        rows: range | slice | None = None,
     ) -> Sequence[RunLike]:
         """:meth:`run` on several inputs in as few passes as possible; ``stop()``, when
-        given, is asked before the work and may end it with an error.
+        given, is asked before the work and may end it with an error; ``rows`` are each
+        input's own.
 
         Raises:
             ValueError: as :meth:`run`, for any of the inputs.

@@ -75,6 +75,7 @@ from attnkit.nn.transformer import (
     TransformerConfig,
     selected_layers,
 )
+from attnkit.nn.weight_selection import WeightSelection
 
 __all__ = [
     "KERNELS",
@@ -124,6 +125,7 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "TransformerOutput",
+    "WeightSelection",
     "ablate_experts",
     "alibi_slopes",
     "make_norm",

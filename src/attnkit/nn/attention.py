@@ -34,6 +34,7 @@ from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resol
 from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
 from attnkit.functional.pattern import attention_pattern
 from attnkit.functional.scores import dot_scores, resolve_scale, stack_query_groups
+from attnkit.functional.weights_on_demand import iter_weights_on_demand
 from attnkit.nn.activation_cache import DeferredActivations, computable_later, snapshot
 from attnkit.nn.cache_memory import empty_large
 from attnkit.nn.hooks import HookPoint, record_on_read
@@ -42,8 +43,15 @@ from attnkit.nn.packing import PackedLinears
 from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import MultiHeadOutput, forward_of_record
 from attnkit.nn.rnn_attention import AttentionScore
+from attnkit.nn.weight_selection import WeightSelection
 
 Score = Literal["scaled_dot", "dot"] | AttentionScore
+# The scores a chunk of chosen rows holds while their weights are formed, beside the weights
+# themselves (:meth:`MultiHeadAttention._selected_weights`): a 64th of the weights (each of
+# the chunk's few temporaries adds under 2% to them), at least 2**20 (one chunk for short
+# texts) and at most 2**24 (float32: 64 MiB).
+SELECTED_CHUNK_SHARE = 64
+SELECTED_CHUNK_ELEMENTS = (2**20, 2**24)
 Context = Tensor | tuple[Tensor, Tensor]
 
 
@@ -241,7 +249,7 @@ class MultiHeadAttention(nn.Module):
         positions: Tensor | None = None,
         kv_cache: KVCache | None = None,
         position_bias: Tensor | None = None,
-        return_weights: bool = False,
+        return_weights: bool | WeightSelection = False,
     ) -> MultiHeadOutput:
         """Attend from ``x`` to itself (``context=None``) or to ``context``.
 
@@ -266,7 +274,10 @@ class MultiHeadAttention(nn.Module):
                 caller has it already: a stack whose layers share one bias encoding (T5's
                 relative positions, ALiBi) computes it once per forward pass for all of
                 them. ``None``: computed here.
-            return_weights: also return the weights ``[b, h, s_q, s_k]``.
+            return_weights: also return the weights ``[b, h, s_q, s_k]``; a
+                :class:`attnkit.nn.WeightSelection` returns those of its heads and rows
+                alone, ``[b, n_h, n_r, s_k]`` float32, formed from the queries and keys
+                while the output comes from the fused kernel (:meth:`_attend_selected`).
 
         Returns:
             ``forward``: ``[b, s_q, e]``, or with ``return_weights`` a
@@ -350,7 +361,7 @@ class MultiHeadAttention(nn.Module):
         mask: Mask | Tensor | None,
         bias: Tensor | None,
         causal: bool,
-        return_weights: bool,
+        return_weights: bool | WeightSelection,
         deferrable: bool,
         bias_is_callers: bool = False,
     ) -> AttentionResult:
@@ -362,9 +373,14 @@ class MultiHeadAttention(nn.Module):
         overwrite), the caches compute them when first read instead
         (:func:`attnkit.nn.activation_cache.computable_later`, :meth:`_defer_pattern`;
         ``bias_is_callers``: the bias is the caller's ``position_bias``, which the caller
-        may change afterwards)."""
+        may change afterwards). A :class:`~attnkit.nn.WeightSelection` goes to
+        :meth:`_attend_selected`; when something watches the weights, every head's weights
+        first pass through the points, and where a hook replaced them the output and the
+        chosen weights are the hook's."""
         watched = [point for point in (self.scores, self.pattern) if point is not None and point.active]
         if not watched:
+            if isinstance(return_weights, WeightSelection):
+                return self._attend_selected(q, k, v, mask=mask, bias=bias, causal=causal, selection=return_weights)
             return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
         assert self.scores is not None and self.pattern is not None  # both exist when either does
         inputs = [t for t in (q, k, mask, bias) if isinstance(t, Tensor)]
@@ -400,9 +416,84 @@ class MultiHeadAttention(nn.Module):
             edit_scores=through(self.scores),
             edit_weights=through(self.pattern),
         )
-        if return_weights or replaced:
+        if not isinstance(return_weights, WeightSelection):
             return result
-        return AttentionResult(self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False).output)
+        if replaced:
+            # A hook changed the scores or the pattern: the output and the chosen part of the
+            # weights are those it made.
+            assert result.weights is not None  # asked for
+            return AttentionResult(result.output, return_weights.take(result.weights).float())
+        # Hooks that change nothing change nothing: the output and weights of a pass without them.
+        return self._attend_selected(q, k, v, mask=mask, bias=bias, causal=causal, selection=return_weights)
+
+    def _attend_selected(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
+        selection: WeightSelection,
+    ) -> AttentionResult:
+        """Every head's output as a pass without weights computes it, and the weights of
+        the heads and rows ``selection`` chooses, ``[b, n_h, n_r, s_k]`` float32
+        (:meth:`_selected_weights`): no other head's weights are formed. A score module,
+        whose scores only its full path computes, gives the chosen part of every head's
+        weights; a kernel other than ``"auto"`` refuses, as for ``return_weights=True``."""
+        heads = selection.head_indices(self.num_heads)
+        selection.row_range(q.shape[2])  # checked before the pass
+        if isinstance(self.score, nn.Module) or self.kernel != "auto":
+            full = self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=True)
+            assert full.weights is not None  # asked for
+            return AttentionResult(full.output, selection.take(full.weights).float())
+        output = self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False).output
+        weights = self._selected_weights(q, k, mask=mask, bias=bias, causal=causal, heads=heads, rows=selection)
+        return AttentionResult(output, weights)
+
+    def _selected_weights(
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
+        heads: list[int],
+        rows: WeightSelection,
+    ) -> Tensor:
+        """The weights of ``heads`` on the rows ``rows`` chooses, ``[b, n_h, n_r, s_k]``
+        float32, as :meth:`_pattern` forms every head's: the same scale, soft-capping,
+        window, mask and bias, a chunk of rows at a time
+        (:func:`attnkit.functional.iter_weights_on_demand`), each written into the result.
+        Beside the result a chunk holds a :data:`SELECTED_CHUNK_SHARE`-th of its scores
+        (within :data:`SELECTED_CHUNK_ELEMENTS`)."""
+        b, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]
+        chosen = rows.row_range(s_q)
+        windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
+        default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
+        out = empty_large((b, len(heads), len(chosen), s_k), torch.float32, q.device)  # [b, n_h, n_r, s_k]
+        row_elements = max(1, b * len(heads) * s_k)
+        lowest, highest = SELECTED_CHUNK_ELEMENTS
+        elements = min(max(row_elements * len(chosen) // SELECTED_CHUNK_SHARE, lowest), highest)
+        chunk = max(1, elements // row_elements)
+        for r, w in iter_weights_on_demand(
+            q,
+            k,
+            heads=heads,
+            rows=slice(chosen.start, chosen.stop),
+            mask=windowed,
+            bias=bias,
+            causal=causal,
+            scale=default if self.scale is None else self.scale,
+            softcap=self.softcap,
+            dtype=torch.float32,
+            chunk_size=chunk,
+        ):
+            start = int(r[0]) - chosen.start
+            out[:, :, start : start + r.numel()] = w
+        return out
 
     def _defer_pattern(
         self,

@@ -32,6 +32,7 @@ from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.norms import NORM_KINDS, NormKind, make_norm
 from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import LayerOutput, LayerWeights, MultiHeadOutput, forward_of_record
+from attnkit.nn.weight_selection import WeightSelection
 
 MaskLike = Mask | Tensor
 _Layer = TypeVar("_Layer", "EncoderLayer", "DecoderLayer")
@@ -211,7 +212,7 @@ class _ResidualLayer(nn.Module):
         position_bias: Tensor | None,
         self_kv_cache: KVCache | None,
         cross_kv_cache: KVCache | None,
-        return_weights: bool,
+        return_weights: bool | WeightSelection,
     ) -> LayerOutput:
         """The one path both layer kinds run through (see :meth:`DecoderLayer.forward`)."""
         x = self.resid_pre(x)
@@ -242,7 +243,9 @@ class _ResidualLayer(nn.Module):
                     memory,
                     mask=memory_mask,
                     kv_cache=cross_kv_cache,
-                    return_weights=return_weights,
+                    return_weights=return_weights.cross()
+                    if isinstance(return_weights, WeightSelection)
+                    else return_weights,
                 )
             )
             x = self.resid_mid_cross(self._add_and_norm(x, self.cross_attn_out(cross.output), self.cross_attn_norm))
@@ -289,7 +292,7 @@ class EncoderLayer(_ResidualLayer):
         mask: MaskLike | None = None,
         positions: Tensor | None = None,
         position_bias: Tensor | None = None,
-        return_weights: bool = False,
+        return_weights: bool | WeightSelection = False,
     ) -> LayerOutput:
         """Self-attention, then feed-forward, each with Add & Norm.
 
@@ -301,7 +304,9 @@ class EncoderLayer(_ResidualLayer):
             position_bias: the self-attention's positional score bias ``[1, h, s, s]``,
                 computed once by a stack for all its layers (see
                 :meth:`attnkit.nn.MultiHeadAttention.forward`); ``None``: computed here.
-            return_weights: also return the attention weights.
+            return_weights: also return the attention weights; a
+                :class:`attnkit.nn.WeightSelection` those of its heads and rows alone
+                (its ``cross_heads`` for the cross-attention).
 
         Returns:
             ``forward``: ``[b, s, e]``, or with ``return_weights`` a
@@ -393,7 +398,7 @@ class DecoderLayer(_ResidualLayer):
         position_bias: Tensor | None = None,
         self_kv_cache: KVCache | None = None,
         cross_kv_cache: KVCache | None = None,
-        return_weights: bool = False,
+        return_weights: bool | WeightSelection = False,
     ) -> LayerOutput:
         """Masked self-attention, cross-attention to ``memory`` (if the layer has it), then
         feed-forward, each with Add & Norm.
@@ -413,7 +418,9 @@ class DecoderLayer(_ResidualLayer):
                 :meth:`attnkit.nn.MultiHeadAttention.forward`); ``None``: computed here.
             self_kv_cache: KV cache of the self-attention.
             cross_kv_cache: KV cache of the cross-attention (filled once from ``memory``).
-            return_weights: also return the attention weights.
+            return_weights: also return the attention weights; a
+                :class:`attnkit.nn.WeightSelection` those of its heads and rows alone
+                (its ``cross_heads`` for the cross-attention).
 
         Returns:
             ``forward``: ``[b, s, e]``, or with ``return_weights`` a

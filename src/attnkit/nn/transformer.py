@@ -11,7 +11,7 @@ serves translation, toy tasks and checkpoints with their own embedding schemes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 
 import torch
@@ -24,12 +24,14 @@ from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, LayerConfig, MaskLike
 from attnkit.nn.norms import make_norm
 from attnkit.nn.records import LayerOutput, LayerWeights, StackOutput, TransformerOutput
+from attnkit.nn.weight_selection import WeightSelection
 
-# Which layers: every layer (``True``), none (``False``), or the indices of the layers
-# (negative ones from the end) whose weights to compute. A stack's ``return_weights`` and a
-# model run's ``attention`` take it. Asking for a few layers keeps the others on the fused
-# path, which never materialises the ``[b, h, s, s]`` weights.
-LayerSelection = bool | Collection[int]
+# Which layers: every layer (``True``), none (``False``), the indices of the layers
+# (negative ones from the end) whose weights to compute, or a mapping of such indices to the
+# part of each layer's weights to form (a WeightSelection: heads and query rows). A stack's
+# ``return_weights`` and a model run's ``attention`` take it. Asking for a few layers keeps
+# the others on the fused path, which never materialises the ``[b, h, s, s]`` weights.
+LayerSelection = bool | Collection[int] | Mapping[int, WeightSelection]
 
 
 def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozenset[int] | None:
@@ -52,6 +54,32 @@ def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozense
         return frozenset(range(num_layers)) if return_weights else None
     context = f"the stack has {num_layers} layers"
     return frozenset(normalize_indices(return_weights, num_layers, "layer", context=context, allow_empty=True))
+
+
+def layer_requests(return_weights: LayerSelection, num_layers: int) -> dict[int, bool | WeightSelection] | None:
+    """What each layer of a stack is asked for: ``True`` (every head's weights) or the
+    :class:`attnkit.nn.WeightSelection` that a mapping gives it, for the layers
+    :func:`selected_layers` returns.
+
+    Raises:
+        TypeError: a mapping's value that is not a ``WeightSelection`` (and what
+            :func:`selected_layers` raises).
+        ValueError: as :func:`selected_layers`.
+    """
+    wanted = selected_layers(return_weights, num_layers)
+    if wanted is None:
+        return None
+    if not isinstance(return_weights, Mapping):
+        return dict.fromkeys(sorted(wanted), True)
+    asked: dict[int, bool | WeightSelection] = {}
+    for layer, selection in return_weights.items():
+        if not isinstance(selection, WeightSelection):
+            raise TypeError(
+                f"return_weights maps layers to an attnkit.nn.WeightSelection, got {type(selection).__name__} "
+                f"for layer {layer}"
+            )
+        asked[layer % num_layers] = selection
+    return asked
 
 
 def shared_position_bias(layers: nn.ModuleList, x: Tensor, s_k: int) -> Tensor | None:
@@ -80,20 +108,21 @@ def _run_stack(
     final: HookPoint,
     x: Tensor,
     return_weights: LayerSelection,
-    run_layer: Callable[[int, nn.Module, Tensor, bool], Tensor | LayerOutput],
+    run_layer: Callable[[int, nn.Module, Tensor, bool | WeightSelection], Tensor | LayerOutput],
 ) -> Tensor | StackOutput:
     """The loop of every stack: each layer in order, then the final norm.
     ``run_layer(i, layer, x, weights)`` calls the layer (a module call, so that hooks
-    registered on layers run) and returns its output, a record when ``weights``.
+    registered on layers run) and returns its output, a record when ``weights`` (``True``
+    or a :class:`attnkit.nn.WeightSelection`).
 
     Returns:
         ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput` when ``return_weights`` asks
         for any record (``None`` in place of the layers not asked for).
     """
-    wanted = selected_layers(return_weights, len(layers))
+    wanted = layer_requests(return_weights, len(layers))
     weights: list[LayerWeights | None] = []
     for i, layer in enumerate(layers):
-        out = run_layer(i, layer, x, wanted is not None and i in wanted)
+        out = run_layer(i, layer, x, False if wanted is None else wanted.get(i, False))
         record = out if isinstance(out, LayerOutput) else LayerOutput(out, None)
         x = record.output
         weights.append(record.weights)

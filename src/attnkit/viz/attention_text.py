@@ -83,10 +83,13 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
     Returns:
         Text ending in a newline, within :data:`WIDTH` columns.
     """
-    n = len(amap.labels)
+    n = len(amap.row_labels)
+    first = amap.first_row
     maps = map_names(amap)
     heads = maps[0] if len(maps) == 1 else f"heads {amap.heads[0]}..{amap.heads[-1]}"
     size = f"{len(amap.tokens)} tokens" if amap.words is None else f"{n} words ({len(amap.tokens)} tokens)"
+    if amap.rows is not None:
+        size += f", query rows {first}..{first + n - 1}"
     method = "" if amap.method == "raw" else f" · {amap.method}"
     kind = "" if amap.attention == "self" else f" · {ATTENTION_NAMES[amap.attention]}"
     cross = amap.attention == "cross" and amap.key_tokens is not None
@@ -105,8 +108,9 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
         if amap.words is not None:
             lines += wrap_items("words: ", _listed([f"{w.label} ({len(w.token_indices)})" for w in amap.words]))
         lines += wrap_items("tokens: ", _listed(token_labels))
-    labels = [short(label) for label in numbered(amap.labels)]
-    key_labels = labels if amap.key_labels is None else [short(label) for label in numbered(amap.key_labels)]
+    every = [short(label) for label in numbered(amap.labels)]
+    labels = every[first : first + n]
+    key_labels = every if amap.key_labels is None else [short(label) for label in numbered(amap.key_labels)]
     # Between tokens a query and its keys are tokens; between words they are words.
     keys_of, query, keys = ("keys", "query", "keys") if amap.words is None else ("words", "query word", "key words")
     if cross:
@@ -123,14 +127,14 @@ def render_map(amap: AttentionMap, *, top: int = 3, max_rows: int = MAX_ROWS) ->
         rows = []
         for i, row_values, row_indices in zip(shown, values.tolist(), indices.tolist()):
             cells = [f"{key_labels[k]} {v:{number}}" for v, k in zip(row_values, row_indices) if v > 0]
-            rows.append([str(i), labels[i], "  ".join(cells)])
+            rows.append([str(first + i), labels[i], "  ".join(cells)])
         lines += ["", f"Layer {amap.layer}, {name}: the {keys_of} each {query} attends to most"]
         table = format_table(["#", query, f"top {top} {keys} ({value})"], rows, align="><<").splitlines()
         if len(shown) < n:
             head_rows = max_rows - TAIL_ROWS
             left_out = n - len(shown)
             note = (
-                f"… {left_out} {query} rows left out ({head_rows}..{n - TAIL_ROWS - 1}); "
+                f"… {left_out} {query} rows left out ({first + head_rows}..{first + n - TAIL_ROWS - 1}); "
                 "the JSON file (--format json) has every row"
             )
             table.insert(2 + head_rows, note)

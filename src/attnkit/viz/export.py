@@ -61,22 +61,29 @@ JSON_BYTES_PER_TOKEN = 160
 VIEWER_BYTES_PER_TOKEN = 40
 
 
-def estimate_map_json(tokens: int, heads: int, *, causal: bool) -> int:
+def estimate_map_json(tokens: int, heads: int, *, causal: bool, rows: int | None = None) -> int:
     """About how many bytes :func:`write_map` writes as JSON for one layer.
 
     Args:
         tokens: the text's length in tokens (an upper bound for a word map).
         heads: how many heads the map holds.
         causal: whether the model is causal (half the weights are zeros).
+        rows: the query rows the map holds (default every token).
 
     Returns:
         The estimate in bytes.
     """
-    return int(heads * tokens * tokens * JSON_BYTES_PER_WEIGHT[causal] + tokens * JSON_BYTES_PER_TOKEN)
+    n_r = tokens if rows is None else rows
+    return int(heads * n_r * tokens * JSON_BYTES_PER_WEIGHT[causal] + tokens * JSON_BYTES_PER_TOKEN)
 
 
 def estimate_map_canvas(
-    tokens: int, heads: int, *, dpi: float | None = None, figsize: tuple[float, float] | None = None
+    tokens: int,
+    heads: int,
+    *,
+    dpi: float | None = None,
+    figsize: tuple[float, float] | None = None,
+    rows: int | None = None,
 ) -> int:
     """About how many bytes of memory the canvas of :func:`write_map`'s PNG takes (the
     file is smaller, but the canvas is drawn whole before it is compressed).
@@ -86,6 +93,7 @@ def estimate_map_canvas(
         heads: how many heads the map holds (several are drawn as a grid of panels).
         dpi: the PNG's dots per inch (default: the drawing function's).
         figsize: the figure size in inches (default: from the tokens or the heads).
+        rows: the query rows the map holds (default every token).
 
     Returns:
         The estimate in bytes.
@@ -93,7 +101,7 @@ def estimate_map_canvas(
     from attnkit.viz.heatmap import DEFAULT_DPI, canvas_bytes, default_figsize, heads_figsize
 
     if figsize is None:
-        figsize = default_figsize(tokens, tokens) if heads <= 1 else heads_figsize(heads)
+        figsize = default_figsize(tokens if rows is None else rows, tokens) if heads <= 1 else heads_figsize(heads)
     return canvas_bytes(figsize, DEFAULT_DPI if dpi is None else dpi)
 
 
@@ -164,6 +172,16 @@ def write_json(data: dict[str, Any], path: Path) -> Path:
     return write_text_atomic(path, json.dumps(data, ensure_ascii=False) + "\n")
 
 
+def _map_stem(amap: AttentionMap) -> str:
+    """The files' name of a map without its suffix: model, attention kind, layer, heads
+    (:func:`heads_tag`), method, and the rows of a map of some rows (``_rows100-163``)."""
+    tag = heads_tag(amap.heads) if amap.heads else "all-heads"
+    kind = "" if amap.attention == "self" else f"_{amap.attention}"
+    stem = f"{file_stem(amap.model_name)}{kind}_layer{amap.layer}_{tag}"
+    stem += "" if amap.method == "raw" else f"_{amap.method}"
+    return stem if amap.rows is None else f"{stem}_rows{amap.rows.start}-{amap.rows.stop - 1}"
+
+
 def write_map(
     amap: AttentionMap, out: Path, formats: Collection[str], *, dpi: float | None = None, **figure: Any
 ) -> list[Path]:
@@ -190,11 +208,9 @@ def write_map(
             (before anything is written).
     """
     check_map_finite(amap)
-    tag = heads_tag(amap.heads) if amap.heads else "all-heads"
-    kind = "" if amap.attention == "self" else f"_{amap.attention}"
-    stem = f"{file_stem(amap.model_name)}{kind}_layer{amap.layer}_{tag}" + (
-        "" if amap.method == "raw" else f"_{amap.method}"
-    )
+    stem = _map_stem(amap)
+    # A map of some rows greys what their queries cannot see from their own positions.
+    rows_at = {} if amap.rows is None else {"first_query": amap.rows.start}
     # Word maps get their own names, next to the token maps of the same text.
     suffix, unit = ("", "") if amap.words is None else ("_words", " word")
     written = []
@@ -218,11 +234,12 @@ def write_map(
                 written.append(
                     draw_heatmap(
                         amap.weights[0],
-                        amap.labels,
+                        amap.row_labels,
                         amap.column_labels,
                         path,
                         title=f"Layer {amap.layer}, {name} — {what}",
                         causal=amap.causal,
+                        **rows_at,
                         xlabel=xlabel,
                         ylabel=ylabel,
                         **saving,
@@ -233,12 +250,13 @@ def write_map(
                 written.append(
                     draw_attention_heads(
                         amap.weights,
-                        amap.labels,
+                        amap.row_labels,
                         amap.column_labels,
                         path,
                         heads=amap.heads,
                         title=f"Layer {amap.layer} — {what}",
                         causal=amap.causal,
+                        **rows_at,
                         xlabel=xlabel,
                         ylabel=ylabel,
                         **saving,

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 MAX_ANNOTATED_TOKENS = 24
 # Above this many rows or columns a map is reduced by block maximum.
 MAX_CELLS = 512
+# The cells of a map converted for drawing at a time (float32: 64 MiB), beside the map.
+DRAWN_CHUNK_CELLS = 2**24
 # At most this many tick labels per axis.
 MAX_TICKS = 40
 # The colour scales: weight as it is, its square root, or its logarithm.
@@ -182,14 +184,52 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: float = DEFAULT_DPI) -> P
     return path
 
 
-def causal_mask(s_q: int, s_k: int) -> Tensor:
+def causal_mask(s_q: int, s_k: int, first_query: int | None = None) -> Tensor:
     """Where a causal query may attend, aligned bottom-right as in :func:`attnkit.attention`:
-    query ``i`` sees keys ``≤ i + s_k − s_q``.
+    query ``i`` sees keys ``≤ i + s_k − s_q``; or, for the rows of queries at positions
+    ``first_query, first_query + 1, ...`` (a map of some rows), keys ``≤ first_query + i``.
 
     Returns:
         ``[s_q, s_k]`` bool, ``True`` = may attend.
     """
-    return torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q)
+    return torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q if first_query is None else first_query)
+
+
+def drawn_values(
+    weights: Tensor, factor_q: int, factor_k: int, *, causal: bool, first_query: int | None = None
+) -> tuple[np.ndarray, bool]:
+    """The cells a map ``[s_q, s_k]`` is drawn with: float32, NaN where a causal query
+    cannot attend (:func:`causal_mask`), reduced by :func:`block_max` when a factor is above
+    1; and whether the map has negative values (then reduced by largest magnitude).
+
+    A few hundred rows at a time: beside the map and the result, the memory drawing takes
+    stays at about :data:`DRAWN_CHUNK_CELLS` cells, whatever the map's size.
+
+    Returns:
+        ``(values [ceil(s_q / factor_q), ceil(s_k / factor_k)], signed)``.
+    """
+    s_q, s_k = weights.shape
+    weights = weights.detach()
+    step = max(1, factor_q) * max(1, DRAWN_CHUNK_CELLS // max(1, factor_q * s_k))  # whole blocks of rows
+    starts = range(0, s_q, step)
+    allowed_from = s_k - s_q if first_query is None else first_query  # query i sees keys <= i + this
+
+    def chunk(start: int) -> np.ndarray:
+        values = weights[start : start + step].to(torch.float32).cpu().numpy().copy()
+        if causal:
+            rows = np.arange(start, start + values.shape[0])[:, None]
+            values[np.arange(s_k)[None, :] > rows + allowed_from] = np.nan
+        return values
+
+    signed = False
+    for start in starts:
+        values = chunk(start)
+        if np.isfinite(values).any() and np.nanmin(values) < 0:
+            signed = True
+            break
+    if factor_q == factor_k == 1:
+        return np.concatenate([chunk(start) for start in starts]) if s_q else chunk(0), signed
+    return np.concatenate([block_max(chunk(start), factor_q, factor_k, signed=signed) for start in starts]), signed
 
 
 def block_max(values: np.ndarray, factor_q: int, factor_k: int, *, signed: bool = False) -> np.ndarray:
@@ -272,6 +312,7 @@ def plot_attention(
     scale: str | None = None,
     cmap: str | None = None,
     causal: bool = False,
+    first_query: int | None = None,
     figsize: tuple[float, float] | None = None,
     colorbar: bool = True,
     max_cells: int = MAX_CELLS,
@@ -296,6 +337,9 @@ def plot_attention(
         cmap: a matplotlib colour map name (default: :data:`WEIGHT_CMAP`, or
             :data:`SIGNED_CMAP` for a map with negative values).
         causal: grey out the cells a causal query cannot attend to (:func:`causal_mask`).
+        first_query: for a map of some query rows, the position of the first one (the
+            causal cells are then those of its own position); default: the rows are the
+            last ``s_q`` positions.
         figsize: the new figure's size in inches (default :func:`default_figsize`); ignored
             with ``ax``.
         colorbar: draw the colour scale beside the map.
@@ -320,14 +364,9 @@ def plot_attention(
     s_q, s_k = _check_map(weights, query_labels, key_labels)
     if max_cells < 1:
         raise ValueError(f"max_cells must be at least 1, got {max_cells}")
-    values = weights.detach().to(torch.float32).cpu().numpy().copy()
-    if causal:
-        values[~causal_mask(s_q, s_k).numpy()] = np.nan
     factor_q, factor_k = math.ceil(s_q / max_cells), math.ceil(s_k / max_cells)
     reduced = factor_q > 1 or factor_k > 1
-    signed = bool(np.isfinite(values).any() and np.nanmin(values) < 0)
-    if reduced:
-        values = block_max(values, factor_q, factor_k, signed=signed)
+    values, signed = drawn_values(weights, factor_q, factor_k, causal=causal, first_query=first_query)
     small = max(s_q, s_k) <= MAX_ANNOTATED_TOKENS
     annotate = small and not reduced if annotate is None else annotate and not reduced
     scale = ("linear" if annotate or signed else "sqrt") if scale is None else scale
@@ -389,6 +428,7 @@ def plot_attention_heads(
     scale: str | None = None,
     cmap: str | None = None,
     causal: bool = False,
+    first_query: int | None = None,
     figsize: tuple[float, float] | None = None,
     max_cells: int = MAX_CELLS,
     label: str = "weight",
@@ -408,6 +448,7 @@ def plot_attention_heads(
             are linear and centred on zero, as in :func:`plot_attention`).
         cmap: a matplotlib colour map name (default as in :func:`plot_attention`).
         causal: grey out the cells a causal query cannot attend to.
+        first_query: as :func:`plot_attention` takes it.
         figsize: the figure's size in inches (default: about 3 inches per panel).
         max_cells: above this many rows or columns each map is reduced by block maximum.
         label: what the values are, on the colour bar.
@@ -452,6 +493,7 @@ def plot_attention_heads(
             scale=scale,
             cmap=cmap,
             causal=causal,
+            first_query=first_query,
             colorbar=False,
             max_cells=max_cells,
             vmax=top,

@@ -151,3 +151,71 @@ def test_a_source_and_target_pass_is_checked_too(tiny_t5, monkeypatch) -> None:
         match=r"of tiny-t5 on 4 source and 3 target tokens would take about \d+ KiB, more than the 1 KiB",
     ):
         tiny_t5.run_encoder_decoder("the cat sat", "a dog")
+
+
+def _fake_cuda(monkeypatch, *, free: int, reserved: int, allocated: int) -> None:
+    """What ``torch.cuda`` reports on a card that is not there."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 139 * 10**9))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
+
+
+def test_free_cuda_memory_counts_what_the_allocator_holds_unused(monkeypatch) -> None:
+    # After earlier work the driver says 1.6 GiB are free, but PyTorch's cache holds 100 GiB
+    # of which 10 GiB are in use: a new tensor can have 91.6 GiB.
+    monkeypatch.delenv(memory.LIMIT_VARIABLE, raising=False)
+    _fake_cuda(monkeypatch, free=int(1.6 * 2**30), reserved=100 * 2**30, allocated=10 * 2**30)
+    available, said = memory.available_memory("cuda:0")
+    assert available == int(1.6 * 2**30) + 90 * 2**30
+    assert said == "free memory on cuda:0 (the driver's free memory and PyTorch's unused cache)"
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "8GiB")
+    assert memory.available_memory("cuda:0") == (8 * 2**30, "ATTNKIT_MEMORY_LIMIT=8GiB")
+
+
+class _OnCuda:
+    """A model's sizes (TinyLlama-1.1B's attention), its device read as CUDA."""
+
+    def __init__(self, model) -> None:
+        self.module, self.config, self.name = model.module, model.config, "one-b"
+        self.num_heads, self.num_kv_heads = 32, 4
+        self.device = torch.device("cuda:0")
+
+
+def test_the_guard_counts_the_heads_and_rows_asked_against_the_card(smollm2, monkeypatch) -> None:
+    monkeypatch.delenv(memory.LIMIT_VARIABLE, raising=False)
+    model = _OnCuda(smollm2)
+    s = 32768
+    # One head of one layer: 4 GiB, where every head would be 128 GiB.
+    assert memory.attention_bytes(1, 1, [(1, s)]) == 4 * 2**30
+    assert memory.run_bytes(model, [(1, s)], weight_layers=1, heads=1, logits=False) == 4 * 2**30
+    assert memory.run_bytes(model, [(1, s)], weight_layers=1, heads=1, rows=1024, logits=False) == 2**27
+    assert memory.run_bytes(model, [(1, s)], weight_layers=1, logits=False) == 128 * 2**30
+    _fake_cuda(monkeypatch, free=int(1.6 * 2**30), reserved=30 * 2**30, allocated=20 * 2**30)
+    memory.check_run_memory(model, [(1, s)], weight_layers=1, heads=1, logits=False, on=f"{s} tokens", advice="-")
+    with pytest.raises(models.MemoryEstimateError) as refused:
+        memory.check_run_memory(
+            model, [(1, s)], weight_layers=1, heads=4, logits=False, on=f"{s} tokens", advice=memory.MAP_ADVICE
+        )
+    message = str(refused.value)
+    assert refused.value.needed == 16 * 2**30 and refused.value.available == int(11.6 * 2**30)
+    assert (
+        "of one-b on 32768 tokens (maps: 1 layer × 4 heads × 32768 rows × 32768 keys × 4 bytes = 16.0 GiB)" in message
+    )
+    assert "would take about 16.0 GiB, more than the 11.6 GiB of free memory on cuda:0" in message
+    for lowers in ("--heads", "--rows", "--layers", "shorter text"):
+        assert lowers in message
+    # The rows of a slice fit where the whole map does not.
+    memory.check_run_memory(
+        model, [(1, s)], weight_layers=1, heads=4, rows=8192, logits=False, on=f"{s} tokens", advice="-"
+    )
+
+
+def test_one_head_at_8k_tokens_is_no_longer_refused_by_a_fixed_cap(smollm2, monkeypatch) -> None:
+    # Every head of the last layer is 2.25 GiB (refused by the old 2 GiB cap); the head asked
+    # is 256 MiB, and that is what the limit is compared with.
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "1GiB")
+    memory.check_run_memory(smollm2, [(1, 8192)], weight_layers=1, heads=1, logits=False, on="8192 tokens", advice="-")
+    with pytest.raises(
+        models.MemoryEstimateError, match=r"1 layer × 9 heads × 8192 rows × 8192 keys × 4 bytes = 2.2 GiB"
+    ):
+        memory.check_run_memory(smollm2, [(1, 8192)], weight_layers=1, logits=False, on="8192 tokens", advice="-")

@@ -21,12 +21,16 @@ from typing import Any
 
 import torch
 
-from attnkit.models.model.attentions import ATTENTION_MEMORY_LIMIT
 from attnkit.nn.hooks import NameFilter, cached_points
 
 # Caps the memory attnkit believes it may use (a size: "8GB", "512MB", or bytes), below
 # what the system reports; for sharing a machine, and for tests.
 LIMIT_VARIABLE = "ATTNKIT_MEMORY_LIMIT"
+# What lowers the estimate of a run that returns attention maps, in a refusal.
+MAP_ADVICE = (
+    "ask for fewer heads (--heads), query rows (--rows) or layers (--layers), fewer cached activations, "
+    "or a shorter text"
+)
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _CGROUP_FILES = (
@@ -60,9 +64,11 @@ def available_memory(device: torch.device | str = "cpu") -> tuple[int, str]:
     """The memory free for new tensors on ``device`` now, and what that figure is.
 
     On the CPU: ``MemAvailable`` of ``/proc/meminfo``, or less when this process's cgroup
-    has a lower limit (its limit less its usage). On CUDA: the free memory
-    ``torch.cuda.mem_get_info`` reports. :data:`LIMIT_VARIABLE`, when set, caps either.
-    Where nothing can be read (another system), no limit.
+    has a lower limit (its limit less its usage). On CUDA: the free memory the driver
+    reports (``torch.cuda.mem_get_info``) plus what PyTorch's caching allocator holds
+    unused (reserved but not allocated), which the driver counts as taken though new
+    tensors reuse it. :data:`LIMIT_VARIABLE`, when set, caps either. Where nothing can
+    be read (another system), no limit.
 
     Returns:
         ``(bytes, description)``, e.g. ``(12_000_000_000, "available RAM")``.
@@ -73,7 +79,8 @@ def available_memory(device: torch.device | str = "cpu") -> tuple[int, str]:
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        found = [(int(free), f"free memory on {device}")]
+        unused = max(int(torch.cuda.memory_reserved(device)) - int(torch.cuda.memory_allocated(device)), 0)
+        found = [(int(free) + unused, f"free memory on {device} (the driver's free memory and PyTorch's unused cache)")]
     else:
         found = _system_memory()
     configured = os.environ.get(LIMIT_VARIABLE)
@@ -128,10 +135,13 @@ def weight_bytes(headers: dict[str, tuple[Path, str, list[int]]], dtype: torch.d
 _INTEGER_BYTES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
-def attention_bytes(num_layers: int, num_heads: int, batches: Iterable[tuple[int, int]]) -> int:
-    """The float32 attention maps ``[b, h, s, s]`` of ``num_layers`` layers, over batches of
-    ``(b, s)``."""
-    return sum(num_layers * num_heads * b * s * s * 4 for b, s in batches)
+def attention_bytes(
+    num_layers: int, num_heads: int, batches: Iterable[tuple[int, int]], *, rows: int | None = None
+) -> int:
+    """The float32 attention maps ``[b, h, n_r, s]`` of ``num_layers`` layers, over batches
+    of ``(b, s)``: ``num_heads`` heads (those asked for), ``n_r = min(rows, s)`` query rows
+    (every row for ``None``), every key."""
+    return sum(num_layers * num_heads * b * (s if rows is None else min(rows, s)) * s * 4 for b, s in batches)
 
 
 def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, positions: int, itemsize: int) -> int:
@@ -190,12 +200,15 @@ def run_bytes(
     batches: Sequence[tuple[int, int]],
     *,
     weight_layers: int,
+    heads: int | None = None,
+    rows: int | None = None,
     names_filter: NameFilter = (),
     logits: bool = True,
 ) -> int:
     """The memory a forward pass of ``model`` hands back: the float32 attention maps of
-    ``weight_layers`` layers (every head: they are computed before heads are selected),
-    the activations ``names_filter`` asks for, and the float32 logits. Every cached
+    ``weight_layers`` layers (the heads and rows asked for: no other head's map is formed,
+    :class:`attnkit.nn.WeightSelection`), the activations ``names_filter`` asks for, and
+    the float32 logits. Every cached
     activation counts as read: a cache computes its attention scores, patterns and
     per-head results on first read (:class:`attnkit.nn.activation_cache.DeferredActivations`),
     and a run whose cache could not be read whole is refused up front rather than
@@ -205,6 +218,8 @@ def run_bytes(
         model: an :class:`attnkit.models.Model` (its heads, config and network).
         batches: ``(b, s)`` of each batch the pass runs.
         weight_layers: the layers whose attention maps are returned.
+        heads: the heads of each map (default every head).
+        rows: the query rows of each map (default every row).
         names_filter: the activations kept, as :meth:`attnkit.models.Model.run` takes them.
         logits: whether logits ``[b, s, v]`` are computed.
 
@@ -217,7 +232,7 @@ def run_bytes(
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // model.num_heads
     widths = Widths(model.num_heads, model.num_kv_heads, head_dim, config.hidden_size, config.intermediate_size)
-    needed = attention_bytes(weight_layers, model.num_heads, batches)
+    needed = attention_bytes(weight_layers, model.num_heads if heads is None else heads, batches, rows=rows)
     for b, s in batches:
         needed += activation_bytes(shapes, b=b, s=s, widths=widths, itemsize=itemsize)
         needed += b * s * config.vocab_size * 4 if logits else 0
@@ -229,34 +244,55 @@ def check_run_memory(
     batches: Sequence[tuple[int, int]],
     *,
     weight_layers: int,
+    heads: int | None = None,
+    rows: int | None = None,
     names_filter: NameFilter = (),
     logits: bool = True,
     on: str,
     advice: str,
 ) -> None:
-    """Refuse a forward pass of ``model`` whose results (:func:`run_bytes`) would not fit,
-    before it runs.
+    """Refuse a forward pass of ``model`` whose results (:func:`run_bytes`) would not fit
+    in the memory free on its device (:func:`available_memory`), before it runs.
 
     Args:
         model: an :class:`attnkit.models.Model`.
-        batches, weight_layers, cache, logits: as :func:`run_bytes` takes them.
+        batches, weight_layers, heads, rows, names_filter, logits: as :func:`run_bytes`
+            takes them.
         on: what the pass runs on, for the message (``"3000 tokens"``).
         advice: what lowers the estimate, for the message.
 
     Raises:
-        ValueError: attention maps over :data:`ATTENTION_MEMORY_LIMIT`, an unknown name in
-            ``names_filter``.
-        MemoryEstimateError: a total over :func:`available_memory` on the model's device.
+        ValueError: an unknown name in ``names_filter``.
+        MemoryEstimateError: a total over :func:`available_memory` on the model's device;
+            the message names the maps' share (layers × heads × rows × keys × 4 bytes).
     """
-    maps = attention_bytes(weight_layers, model.num_heads, batches)
-    if maps > ATTENTION_MEMORY_LIMIT:
-        raise ValueError(
-            f"the attention weights of {weight_layers} layers on {on} take {maps / 2**30:.1f} GiB, over "
-            f"the {ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; {advice}"
-        )
-    needed = run_bytes(model, batches, weight_layers=weight_layers, names_filter=names_filter, logits=logits)
-    parts = "attention maps, cached activations and logits" if names_filter != () else "attention maps and logits"
-    check_fits(needed, model.device, what=f"the {parts} of {model.name} on {on}", advice=advice)
+    heads = model.num_heads if heads is None else heads
+    needed = run_bytes(
+        model, batches, weight_layers=weight_layers, heads=heads, rows=rows, names_filter=names_filter, logits=logits
+    )
+    counted = [
+        "attention maps",
+        *(["cached activations"] if names_filter != () else []),
+        *(["logits"] if logits else []),
+    ]
+    parts = counted[0] if len(counted) == 1 else ", ".join(counted[:-1]) + " and " + counted[-1]
+    maps = ""
+    if weight_layers and batches:
+        size = gib(attention_bytes(weight_layers, heads, batches, rows=rows))
+        maps = f" (maps: {size})"
+        if len(batches) == 1:
+            b, s = batches[0]
+            n_r = s if rows is None else min(rows, s)
+            inputs = "" if b == 1 else f" × {b} inputs"
+            maps = (
+                f" (maps: {_counted(weight_layers, 'layer')} × {_counted(heads, 'head')} × {_counted(n_r, 'row')} "
+                f"× {_counted(s, 'key')} × 4 bytes{inputs} = {size})"
+            )
+    check_fits(needed, model.device, what=f"the {parts} of {model.name} on {on}{maps}", advice=advice)
+
+
+def _counted(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _system_memory() -> list[tuple[int, str]]:

@@ -27,7 +27,7 @@ Shape letters: ``b`` batch, ``s`` tokens, ``e`` model dim, ``v`` vocabulary size
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -58,6 +58,7 @@ from attnkit.nn.lm import check_decoding_options, decoding_loop
 from attnkit.nn.records import LayerWeights, StackOutput
 from attnkit.nn.text_module import TextModule, padding_positions
 from attnkit.nn.transformer import LayerSelection
+from attnkit.nn.weight_selection import WeightSelection
 
 BRIDGE_PREFIX = "bridge:"
 # The module names under which transformers' decoder layers keep their MLP.
@@ -189,19 +190,20 @@ class BridgedLM(TextModule):
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
         count = len(self.decoder.layers)
+        # Each layer asked for: every head's weights (True) or a WeightSelection's part.
+        asked: dict[int, bool | WeightSelection] = {}
         if return_weights is True:
-            layers = list(range(count))
-        elif return_weights is False:
-            layers = []
-        else:
-            layers = [i + count if i < 0 else i for i in return_weights]
-            if any(not 0 <= i < count for i in layers):
+            asked = dict.fromkeys(range(count), True)
+        elif return_weights is not False:
+            chosen = return_weights if isinstance(return_weights, Mapping) else dict.fromkeys(return_weights, True)
+            asked = {i + count if i < 0 else i: part for i, part in chosen.items()}
+            if any(not 0 <= i < count for i in asked):
                 raise ValueError(f"layer indices must be in [-{count}, {count}), got {list(return_weights)}")
         options: dict[str, Any] = {"use_cache": False}
         if padding is not None:
             _, positions = padding_positions(padding, tokens)  # [b, s]
             options |= {"attention_mask": padding.long(), "position_ids": positions}
-        with returning_weights(layers) as weights:
+        with returning_weights(asked) as weights:
             hidden = self.base(input_ids=tokens, **options).last_hidden_state  # [b, s, e]
         if return_weights is False:
             return hidden

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.nn.attention import AttentionConfig, MultiHeadAttention
+from attnkit.nn.weight_selection import WeightSelection
 
 # The name of attnkit's function in transformers' AttentionInterface (``attn_implementation``).
 ATTENTION_NAME = "attnkit"
@@ -90,9 +91,10 @@ class _Probe:
 
 @dataclass(frozen=True)
 class _WeightRequest:
-    """The layers whose weights the current forward pass returns, and where they go."""
+    """The layers whose weights the current forward pass returns (each: every head's, or
+    the part a :class:`attnkit.nn.WeightSelection` chooses), and where they go."""
 
-    layers: frozenset[int]
+    layers: Mapping[int, bool | WeightSelection]
     weights: dict[int, Tensor]
 
 
@@ -113,11 +115,12 @@ def probing() -> Iterator[list[AttentionCall]]:
 
 
 @contextlib.contextmanager
-def returning_weights(layers: Collection[int]) -> Iterator[dict[int, Tensor]]:
+def returning_weights(layers: Collection[int] | Mapping[int, bool | WeightSelection]) -> Iterator[dict[int, Tensor]]:
     """Inside the block, the bridged attention of each layer in ``layers`` puts its weights
-    ``[b, h, s_q, s_k]`` in the yielded dict (layer → weights): weights are handed back by
-    the forward pass that formed them, never kept on a module."""
-    request = _WeightRequest(frozenset(layers), {})
+    ``[b, h, s_q, s_k]`` in the yielded dict (layer → weights), or for a layer mapped to a
+    :class:`attnkit.nn.WeightSelection` those of its heads and rows alone: weights are
+    handed back by the forward pass that formed them, never kept on a module."""
+    request = _WeightRequest(layers if isinstance(layers, Mapping) else dict.fromkeys(layers, True), {})
     token = _WEIGHTS.set(request)
     try:
         yield request.weights
@@ -231,7 +234,7 @@ class BridgedAttention(MultiHeadAttention):
                 bias = mask.to(q.dtype)
         causal = self.causal and mask is None and s_q > 1
         request = _WEIGHTS.get()
-        wanted = request is not None and self.layer_index in request.layers
+        wanted = False if request is None else request.layers.get(self.layer_index, False)
         result = self._attend_hooked(
             q, k, v, mask=boolean, bias=bias, causal=causal, return_weights=wanted, deferrable=True
         )

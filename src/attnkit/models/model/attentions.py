@@ -9,10 +9,6 @@ from typing import Any
 
 from torch import Tensor
 
-# The attention weights one run may hand back, in bytes: all 30 layers of SmolLM2 on 2000
-# tokens would be 4.3 GB. Past this, ask for fewer layers or a shorter text.
-ATTENTION_MEMORY_LIMIT = 2 * 2**30
-
 
 class LayerAttentions(dict[int, Tensor]):
     """Layer index → attention weights, for the layers a run asked for. Negative indices

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from attnkit.models.model.runs import ForwardPass
-    from attnkit.nn import LayerSelection
+    from attnkit.nn import LayerSelection, WeightSelection
     from attnkit.nn.hooks import HookFn, NameFilter
 
     class ModelCore:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
             self,
             ids: Tensor,
             *,
-            layers: Collection[int] = (),
+            layers: Collection[int] | Mapping[int, WeightSelection] = (),
             padding: Tensor | None = None,
             logits: bool = True,
             hooks: Mapping[str, HookFn] | None = None,

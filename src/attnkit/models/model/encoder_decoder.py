@@ -24,9 +24,9 @@ from torch import Tensor
 from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.indices import normalize_indices
 from attnkit.models.checkpoints.memory import check_fits
-from attnkit.models.model.attentions import ATTENTION_MEMORY_LIMIT, LayerAttentions
+from attnkit.models.model.attentions import LayerAttentions
 from attnkit.models.model.running import pad_rows
-from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput
+from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput, WeightSelection
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
 
@@ -195,21 +195,14 @@ def generate_target(model: Any, source_ids: Tensor, max_new_tokens: int) -> list
 
 def _check_memory(model: Any, maps: int, count: int, s_src: int, s_tgt: int) -> None:
     """Refuse a pass over ``count`` source-and-target pairs (padded to ``s_src`` and
-    ``s_tgt`` tokens) whose float32 attention maps (``maps`` bytes) exceed
-    :data:`ATTENTION_MEMORY_LIMIT`, or which with its float32 logits exceeds the memory
-    available on the model's device."""
-    what = "this source and target" if count == 1 else f"these {count} sources and targets"
-    if maps > ATTENTION_MEMORY_LIMIT:
-        raise ValueError(
-            f"the attention weights of {what} take {maps / 2**30:.1f} GiB, over the "
-            f"{ATTENTION_MEMORY_LIMIT / 2**30:.0f} GiB limit; ask for fewer layers or shorter texts"
-        )
+    ``s_tgt`` tokens) whose float32 attention maps of the heads asked for (``maps``
+    bytes) and float32 logits exceed the memory available on the model's device."""
     check_fits(
         maps + 4 * count * s_tgt * model.config.vocab_size,
         model.device,
         what=f"the attention maps and logits of {model.name} on {s_src} source and {s_tgt} target tokens"
         + ("" if count == 1 else f" (each of {count} pairs, padded)"),
-        advice="ask for fewer layers or shorter texts",
+        advice="ask for fewer heads (--heads), fewer layers (--layers) or shorter texts",
     )
 
 
@@ -267,7 +260,9 @@ class EncoderDecoderMixin:
 
         Raises:
             ValueError: a model that is not an encoder–decoder, an empty or too long text,
-                a layer or head out of range, weights over :data:`ATTENTION_MEMORY_LIMIT`.
+                a layer or head out of range.
+            MemoryEstimateError: the maps of the heads asked for and the logits would
+                exceed the memory available on the model's device.
             TypeError: ids that are not integers.
         """
         return self.run_encoder_decoder_batch(
@@ -373,11 +368,16 @@ def run_encoder_decoder_batch(
     # The target is padded at the end: a decoder position never sees later ones, so no mask.
     decoder_input_ids, _ = pad_rows(decoder_inputs, s_tgt, "right")  # [b, s_tgt]
     mask = None if bool(source_mask.all()) else source_mask.to(model.device)
+    # Only the heads asked for are formed (WeightSelection), each kind its own.
+    encoder_asked = dict.fromkeys(encoder_list, WeightSelection(heads=tuple(head_lists["encoder"])))
+    decoder_asked = dict.fromkeys(
+        decoder_list, WeightSelection(heads=tuple(head_lists["decoder"]), cross_heads=tuple(head_lists["cross"]))
+    )
     with torch.no_grad():
-        encoded = module.encode(source_ids.to(model.device), source_mask=mask, return_weights=encoder_list)
-        assert isinstance(encoded, StackOutput)  # a record whenever return_weights is a list
+        encoded = module.encode(source_ids.to(model.device), source_mask=mask, return_weights=encoder_asked)
+        assert isinstance(encoded, StackOutput)  # a record whenever return_weights is a mapping
         decoded = module.decode(
-            decoder_input_ids.to(model.device), encoded.output, source_mask=mask, return_weights=decoder_list
+            decoder_input_ids.to(model.device), encoded.output, source_mask=mask, return_weights=decoder_asked
         )
         assert isinstance(decoded, StackOutput)
         logits = module.head(decoded.output)  # [b, s_tgt, v]
@@ -397,16 +397,13 @@ class _PaddedPass:
     heads: dict[str, list[int]]
 
     def kept(self, row: int, layer: int, kind: str, rows: int, columns: int) -> Tensor:
-        """``[1, h_sel, rows, columns]``: one layer's map of one kind for the pair in
-        ``row``, cropped to its tokens, with the kept heads."""
+        """``[1, h_sel, rows, columns]``: one layer's map of one kind (of the kept heads,
+        the only ones formed) for the pair in ``row``, cropped to its tokens."""
         record = (self.encoded if kind == "encoder" else self.decoded).weights[layer]
         assert record is not None  # every layer in the lists was asked for
-        weights = record.cross_attention if kind == "cross" else record.self_attention  # [b, h, s_q, s_k]
+        weights = record.cross_attention if kind == "cross" else record.self_attention  # [b, h_sel, s_q, s_k]
         assert weights is not None  # the decoder's layers all have cross-attention
-        own = weights[row : row + 1, :, :rows, :columns]  # [1, h, s_q, s_k] of this pair
-        head_list = self.heads[kind]
-        select = head_list != list(range(weights.shape[1]))
-        return (own[:, head_list] if select else own).float()  # [1, h_sel, s_q, s_k]
+        return weights[row : row + 1, :, :rows, :columns]  # [1, h_sel, s_q, s_k] of this pair
 
 
 def _pair_run(model: Any, pair: _Pair, row: int, decoder_input: Tensor, batch: _PaddedPass) -> EncoderDecoderRun:

@@ -6,7 +6,7 @@ a mixin over the attributes listed on :class:`RunMixin`, so that it never import
 positions out of the batch's results, and asks a ``stop`` before every layer.
 
 Shape letters: ``b`` batch, ``s`` number of tokens (padded), ``n`` one input's tokens,
-``h_sel`` selected heads, ``e`` model dim, ``v`` vocabulary size.
+``h_sel`` selected heads, ``n_r`` selected query rows, ``e`` model dim, ``v`` vocabulary size.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
-from attnkit.functional.indices import normalize_indices, select_indices
-from attnkit.models.checkpoints.memory import check_run_memory
+from attnkit.functional.indices import normalize_indices, normalize_rows, select_indices
+from attnkit.models.checkpoints.memory import MAP_ADVICE, check_run_memory
 from attnkit.models.model.attentions import LayerAttentions
 from attnkit.models.model.core import ModelCore
 from attnkit.models.model.runs import ForwardPass, ModelRun, RunStopped, self_attention_weights
-from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput
+from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput, WeightSelection
 from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
 from attnkit.nn.text_module import TextModule
 
@@ -54,23 +54,31 @@ class RunMixin(ModelCore):
         return_weights: LayerSelection = True,
         heads: Sequence[int] | None = None,
         logits: bool = True,
+        rows: range | slice | None = None,
         names_filter: NameFilter = (),
     ) -> ModelRun:
         """One forward pass: logits (LLaMA) or hidden states, and attention weights.
 
-        Layers whose weights are not asked for run on the fused kernel, which never
-        materialises the ``[h, s, s]`` weights. Hooks of enclosing :meth:`hooks` blocks
-        act on the run (:mod:`attnkit.nn.hooks`).
+        Every layer's output comes from the fused kernel, which never materialises the
+        ``[h, s, s]`` weights; a layer whose weights are asked for also forms those of the
+        chosen heads on the chosen rows, and no others
+        (:class:`attnkit.nn.WeightSelection`): one head's map of one layer costs
+        ``rows × s × 4`` bytes beyond a plain pass. Hooks of enclosing :meth:`hooks`
+        blocks act on the run (:mod:`attnkit.nn.hooks`).
 
         Args:
             text_or_ids: a text, or token ids ``[s]`` / ``[1, s]``.
             return_weights: ``True`` for every layer's weights, ``False`` for none, or a list
                 of layer indices (negative ones count from the end: ``-1`` is the last layer),
                 as the ``return_weights`` of the :mod:`attnkit.nn` stacks.
-            heads: the heads to keep (negative ones count from the end); default all.
+            heads: the heads whose weights to form (negative ones count from the end);
+                default all.
             logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
                 projection when only attention is wanted, and the run's ``logits`` is
                 ``None``.
+            rows: the query positions whose weights to form: a ``range``, or a ``slice``
+                as a list of the ``s`` tokens is sliced (``slice(-64, None)``: the last 64);
+                default all.
             names_filter: the activations to return in :attr:`ModelRun.cache`: names
                 (:meth:`hook_names`), a predicate on names, or ``None`` for every one.
 
@@ -79,35 +87,36 @@ class RunMixin(ModelCore):
 
         Raises:
             TypeError: ids that are not integers.
-            ValueError: an empty or too long input, ids outside the vocabulary, a layer or
-                head out of range, weights that would exceed :data:`ATTENTION_MEMORY_LIMIT`
-                bytes, or an unknown name in ``names_filter`` (the message lists the names).
+            ValueError: an empty or too long input, ids outside the vocabulary, a layer,
+                head or row out of range, or an unknown name in ``names_filter`` (the
+                message lists the names).
             MemoryEstimateError: the weights, cached activations and logits asked for
-                would exceed the memory available (:mod:`attnkit.models.checkpoints.memory`).
+                would exceed the memory available on the model's device
+                (:mod:`attnkit.models.checkpoints.memory`).
         """
         ids, tokens, offsets = self.prepare_input(text_or_ids)
         layers, head_list = self._selection(return_weights, heads)
         s = ids.shape[1]
+        row_range = normalize_rows(rows, s, context=f"the input has {s} tokens")
         check_run_memory(
             self,
             [(1, s)],
             weight_layers=len(layers),
+            heads=len(head_list),
+            rows=len(row_range),
             names_filter=names_filter,
             logits=logits,
             on=f"{s} tokens",
-            advice="ask for fewer layers (--layers), fewer cached activations or a shorter text",
+            advice=MAP_ADVICE,
         )
-        select_heads = head_list != list(range(self.num_heads))
+        selection = WeightSelection(heads=tuple(head_list), rows=row_range)
         # no_grad rather than inference_mode: the returned tensors stay ordinary tensors
         # that callers may use in any mode.
         with torch.no_grad():
-            forward = self._forward(ids, layers=layers, logits=logits, names_filter=names_filter)
-            attentions = {}
-            for i in layers:
-                weights = self_attention_weights(forward.out, i)  # [1, h, s, s]
-                if select_heads:
-                    weights = weights[:, head_list]  # [1, h_sel, s, s]
-                attentions[i] = weights.float()
+            forward = self._forward(
+                ids, layers=dict.fromkeys(layers, selection), logits=logits, names_filter=names_filter
+            )
+            attentions = {i: self_attention_weights(forward.out, i) for i in layers}  # [1, h_sel, n_r, s] each
         return ModelRun(
             ids=ids,
             tokens=tokens,
@@ -116,6 +125,7 @@ class RunMixin(ModelCore):
             last_hidden_state=forward.out.output.float(),  # [1, s, e]
             attentions=LayerAttentions(attentions, self.num_layers),
             heads=head_list,
+            rows=row_range,
             cache=forward.cache,
         )
 
@@ -123,7 +133,7 @@ class RunMixin(ModelCore):
         self,
         ids: Tensor,
         *,
-        layers: Collection[int] = (),
+        layers: Collection[int] | Mapping[int, WeightSelection] = (),
         padding: Tensor | None = None,
         logits: bool = True,
         hooks: Mapping[str, HookFn] | None = None,
@@ -134,7 +144,8 @@ class RunMixin(ModelCore):
 
         Args:
             ids: token ids ``[b, s]``, checked, on any device (moved to the model's).
-            layers: the layers whose weights to return.
+            layers: the layers whose weights to return (every head's), or layer → the
+                :class:`attnkit.nn.WeightSelection` of its weights to form.
             padding: ``None``, or ``[b, s]`` bool ``True`` on tokens and ``False`` on
                 padding (on either side), which no token attends to.
             logits: compute the next-token logits (where the network has a head).
@@ -148,7 +159,7 @@ class RunMixin(ModelCore):
             out = self.module.last_hidden_state(
                 ids.to(self.device),
                 padding=None if padding is None else padding.to(self.device),
-                return_weights=list(layers),
+                return_weights=layers if isinstance(layers, Mapping) else list(layers),
             )
             assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
             scores = self.module.logits(out.output) if logits else None  # [b, s, v], or None
@@ -173,6 +184,7 @@ class RunMixin(ModelCore):
         heads: Sequence[int] | None = None,
         logits: bool = True,
         stop: Callable[[], bool] | None = None,
+        rows: range | slice | None = None,
         names_filter: NameFilter = (),
         padding_side: Literal["right", "left"] = "right",
     ) -> list[ModelRun]:
@@ -189,12 +201,14 @@ class RunMixin(ModelCore):
         Args:
             inputs: texts or token ids, as :meth:`run` takes them.
             return_weights: the layers whose weights to return, as in :meth:`run`.
-            heads: the heads to keep, as in :meth:`run`.
+            heads: the heads whose weights to form, as in :meth:`run`.
             logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
                 projection (a sixth of SmolLM2's work) when only attention is wanted, and
                 every run's ``logits`` is ``None``.
             stop: asked before every layer; when it returns ``True`` the pass ends with
                 :class:`RunStopped` (a server stops the work of clients that have gone).
+            rows: the query positions whose weights to form, as in :meth:`run`, of each
+                input (a slice counts from each input's own end).
             names_filter: the activations to return in each run's :attr:`ModelRun.cache`, as
                 :meth:`run` takes them: each run's own row, without the padding.
             padding_side: where a causal model pads shorter inputs, ``"right"`` or
@@ -213,38 +227,46 @@ class RunMixin(ModelCore):
         prepared = [self.prepare_input(item) for item in inputs]
         layers, head_list = self._selection(return_weights, heads)
         lengths = [ids.shape[1] for ids, _, _ in prepared]
+        row_ranges = [normalize_rows(rows, n, context=f"input {i} has {n} tokens") for i, n in enumerate(lengths)]
         groups: dict[int, list[int]] = {}
         for i, n in enumerate(lengths):
             groups.setdefault(0 if self.causal else n, []).append(i)
         padded = [(len(group), max(lengths[i] for i in group)) for group in groups.values()]
+        owns = {i: _own(lengths[i], s, padding_side) for group, (_, s) in zip(groups.values(), padded) for i in group}
+        # The rows each pass forms: those of its inputs, in padded positions, end to end.
+        asked = [_union([_shifted(row_ranges[i], owns[i]) for i in group]) for group in groups.values()]
         check_run_memory(
             self,
             padded,
             weight_layers=len(layers),
+            heads=len(head_list),
+            rows=max((len(r) for r in asked), default=0),
             names_filter=names_filter,
             logits=logits,
             on=f"{len(prepared)} inputs",
-            advice="run fewer at once",
+            advice="run fewer at once, or " + MAP_ADVICE,
         )
         runs: list[ModelRun | None] = [None] * len(prepared)
         points = self.module.hook_points() if names_filter != () else {}
         with torch.no_grad(), self._stopped_by(stop):
-            for group, (_, s) in zip(groups.values(), padded):
+            for group, (_, s), formed in zip(groups.values(), padded, asked):
                 ids, padding = pad_rows([prepared[i][0][0] for i in group], s, padding_side)  # [b, s] x 2
                 # Padding at the end is unseen by a causal model's tokens: no mask needed.
                 needs_mask = padding_side == "left" and not bool(padding.all())
                 forward = self._forward(
                     ids,
-                    layers=layers,
+                    layers=dict.fromkeys(layers, WeightSelection(heads=tuple(head_list), rows=formed)),
                     padding=padding if needs_mask else None,
                     logits=logits,
                     names_filter=names_filter,
                 )
                 for row, i in enumerate(group):
-                    n = lengths[i]
-                    own = slice(s - n, s) if padding_side == "left" else slice(0, n)
-                    rows = _BatchRows(forward.out, forward.logits, _rows_of(forward.cache, points, row, own), row, own)
-                    runs[i] = self._run_of_row(prepared[i], rows, layers, head_list)
+                    own, mine = owns[i], _shifted(row_ranges[i], owns[i])
+                    kept = slice(mine.start - formed.start, mine.stop - formed.start)
+                    batch_rows = _BatchRows(
+                        forward.out, forward.logits, _rows_of(forward.cache, points, row, own), row, own, kept
+                    )
+                    runs[i] = self._run_of_row(prepared[i], batch_rows, layers, head_list, row_ranges[i])
         return [run for run in runs if run is not None]
 
     @contextlib.contextmanager
@@ -275,15 +297,15 @@ class RunMixin(ModelCore):
         rows: _BatchRows,
         layers: list[int],
         head_list: list[int],
+        row_range: range,
     ) -> ModelRun:
         """The :class:`ModelRun` of one input of a batch: its row, without the padding."""
         own_ids, tokens, offsets = prepared
         row, own = rows.row, rows.own
         hidden = rows.out.output  # [b, s, e]
         weights = {
-            layer: self_attention_weights(rows.out, layer)[row : row + 1, head_list, own, own].float()
-            for layer in layers
-        }  # [1, h_sel, n, n] each
+            layer: self_attention_weights(rows.out, layer)[row : row + 1, :, rows.kept, own].clone() for layer in layers
+        }  # [1, h_sel, n_r, n] each
         return ModelRun(
             ids=own_ids,
             tokens=tokens,
@@ -292,6 +314,7 @@ class RunMixin(ModelCore):
             last_hidden_state=hidden[row : row + 1, own].float().clone(),  # [1, n, e]
             attentions=LayerAttentions(weights, self.num_layers),
             heads=head_list,
+            rows=row_range,
             cache=rows.cache,
         )
 
@@ -299,13 +322,30 @@ class RunMixin(ModelCore):
 @dataclass(frozen=True)
 class _BatchRows:
     """Where one input's results lie in a batch's: the family's output, the logits (or
-    ``None``), the input's own cache, its row and its positions (without the padding)."""
+    ``None``), the input's own cache, its row, its positions (without the padding) and its
+    chosen rows among those the maps hold."""
 
     out: StackOutput
     scores: Tensor | None
     cache: ActivationCache
     row: int
     own: slice
+    kept: slice
+
+
+def _own(n: int, s: int, padding_side: str) -> slice:
+    """The positions of an input of ``n`` tokens padded to ``s`` on ``padding_side``."""
+    return slice(s - n, s) if padding_side == "left" else slice(0, n)
+
+
+def _shifted(rows: range, own: slice) -> range:
+    """An input's chosen rows as positions of the padded pass its tokens lie at (``own``)."""
+    return range(own.start + rows.start, own.start + rows.stop)
+
+
+def _union(ranges: Sequence[range]) -> range:
+    """The rows from the first start to the last stop of ``ranges``."""
+    return range(min(r.start for r in ranges), max(r.stop for r in ranges))
 
 
 def _rows_of(cache: ActivationCache, points: Mapping[str, HookPoint], row: int, own: slice) -> ActivationCache:

@@ -2,7 +2,7 @@
 pass), :class:`HookedRun` (a batch through the hook points), and :class:`RunStopped`.
 
 Shape letters: ``b`` batch, ``s`` number of tokens, ``h`` query heads, ``h_sel`` selected
-heads, ``e`` model dim, ``v`` vocabulary size.
+heads, ``n_r`` selected query rows, ``e`` model dim, ``v`` vocabulary size.
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ class ModelRun:
             without them).
         last_hidden_state: the last layer's output ``[1, s, e]`` (after the final norm for
             LLaMA, what the head reads).
-        attentions: layer index → weights ``[1, h_sel, s, s]`` float32 of the selected
-            heads, for the layers asked for; rows are queries, columns keys. A
-            :class:`LayerAttentions`: ``attentions[-1]`` is the last layer's.
+        attentions: layer index → weights ``[1, h_sel, n_r, s]`` float32 of the selected
+            heads on the selected rows, for the layers asked for; rows are queries,
+            columns keys. A :class:`LayerAttentions`: ``attentions[-1]`` is the last
+            layer's.
         heads: the selected head indices, in the order of dimension 1 of every map.
+        rows: the query positions of dimension 2 of every map, ``range(s)`` unless the
+            run chose some (``rows=``).
         cache: the activations asked for with ``names_filter=``, by name
             (:mod:`attnkit.nn.hooks`), batch dimension 1, in the model's dtype.
     """
@@ -45,6 +48,7 @@ class ModelRun:
     last_hidden_state: Tensor
     attentions: dict[int, Tensor]
     heads: list[int]
+    rows: range
     cache: Mapping[str, Tensor] = field(default_factory=dict)
 
 
