@@ -35,6 +35,7 @@ from attnkit.nn.norms import RMSNorm
 from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import MultiHeadOutput, forward_of_record
 from attnkit.nn.rope_scaling import yarn_mscale
+from attnkit.nn.weight_selection import WeightSelection
 
 __all__ = ["LatentAttentionConfig", "MultiHeadLatentAttention", "yarn_mscale"]
 
@@ -195,7 +196,7 @@ class MultiHeadLatentAttention(MultiHeadAttention):
         positions: Tensor | None = None,
         kv_cache: KVCache | None = None,
         position_bias: Tensor | None = None,
-        return_weights: bool = False,
+        return_weights: bool | WeightSelection = False,
     ) -> MultiHeadOutput:
         """Self-attention of ``x`` ``[b, s_q, e]``; the arguments are those of
         :meth:`attnkit.nn.MultiHeadAttention.forward_record` (``context`` and
