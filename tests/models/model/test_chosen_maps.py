@@ -1,6 +1,6 @@
 """Maps of the heads and rows asked for, and no others (attnkit.nn.WeightSelection): in every
-family — soft-capping (Gemma 2), sliding windows (Mistral, Qwen 2, Gemma 3), T5's relative
-biases, BART's and T5's cross-attention, BERT — the chosen heads' and rows' maps equal those
+family — soft-capping (Gemma 2), sliding windows (Mistral, Qwen 2, Gemma 3), latent attention
+and experts (DeepSeek-V3, Mixtral, Qwen-MoE), T5's relative biases, BART's and T5's cross-attention, BERT — the chosen heads' and rows' maps equal those
 of a pass that forms every head's weights, every output equals a pass that forms none, and
 no unasked head's map is ever formed."""
 
@@ -16,7 +16,7 @@ from attnkit import models
 from attnkit.nn import StackOutput, WeightSelection
 from tests.fixtures.crafted import write_tiny_llama
 from tests.fixtures.encoder_decoder_checkpoints import write_bart
-from tests.fixtures.tiny_families import CASES, TEXT_LENGTH, VOCAB
+from tests.fixtures.tiny_families import CASES, MOE_CASES, TEXT_LENGTH, VOCAB
 
 pytest.importorskip("transformers")
 
@@ -34,7 +34,7 @@ def _every_head(model, ids: torch.Tensor, layer: int) -> torch.Tensor:
     return out.weights[layer].self_attention.float()
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
+@pytest.fixture(scope="module", params=sorted(CASES | MOE_CASES))
 def family(request, tiny_family_folder) -> models.Model:
     return models.load(tiny_family_folder(request.param))
 
