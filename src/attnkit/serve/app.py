@@ -115,7 +115,7 @@ class ErrorBody(BaseModel):
     detail: str = Field(description="What was wrong with the request, in words.")
 
 
-class ModelInfo(BaseModel):
+class ServedModelBody(BaseModel):
     name: str = Field(description='The value for "model" in a request.')
     family: str
     kind: str = Field(description='"causal", "bidirectional" or "encoder-decoder".')
@@ -144,7 +144,7 @@ class InfoBody(BaseModel):
     """Body of ``GET /api/info``."""
 
     version: str
-    models: list[ModelInfo]
+    models: list[ServedModelBody]
     default_model: str
     max_chars: int
     max_weights: int = Field(description="Most weights (layers x heads x tokens^2) in one response.")
@@ -218,10 +218,10 @@ class ServedModel:
         """Whether the model reads a source and a target (:meth:`attnkit.models.Model.run_encoder_decoder`)."""
         return bool(getattr(self.model, "encoder_decoder", False))
 
-    def info(self) -> ModelInfo:
+    def info(self) -> ServedModelBody:
         """What ``GET /api/info`` says about this model."""
         kind = "encoder-decoder" if self.encoder_decoder else "causal" if self.model.causal else "bidirectional"
-        return ModelInfo(
+        return ServedModelBody(
             name=self.name,
             family=str(getattr(self.model, "family", "")),
             kind=kind,
@@ -281,14 +281,14 @@ def _error(status: int, detail: str) -> HTTPException:
     return HTTPException(status_code=status, detail=detail)
 
 
-def _indices(values: list[int] | None, count: int, what: str, model: str) -> list[int]:
+def _indices(values: list[int] | None, count: int, what: str, model_name: str) -> list[int]:
     """Requested layer or head indices, checked, deduplicated and sorted (all when None)."""
     if values is None:
         return list(range(count))
     if not values:
         raise _error(422, f"{what}s must not be an empty list; leave it out for all {count} {what}s")
     try:
-        return select_indices(values, count, what, context=f"{model} has {count} {what}s", from_end=False)
+        return select_indices(values, count, what, context=f"{model_name} has {count} {what}s", from_end=False)
     except (TypeError, ValueError) as err:
         raise _error(422, str(err)) from None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.inspect.maps import LEVELS, model_windows, readable_run
 from attnkit.nn.records import LayerWeights, LMOutput, TransformerOutput
 from attnkit.viz.viewer.data import MODES, Section, ViewerData
@@ -205,13 +206,14 @@ def _by_layer(weights: Sequence[LayerWeights | None], index: int, cross: bool) -
     return out
 
 
+@renamed_keywords(model="model_name", removed_in="0.3")
 def viewer_data_from_lm_output(
-    model: str, tokens: Sequence[str], output: LMOutput, *, index: int = 0, text: str = ""
+    model_name: str, tokens: Sequence[str], output: LMOutput, *, index: int = 0, text: str = ""
 ) -> ViewerData:
     """Viewer data from :class:`attnkit.nn.DecoderLM` called with ``return_weights=True``.
 
     Args:
-        model: the display name.
+        model_name: the display name.
         tokens: the ``s`` token strings of batch entry ``index``.
         output: the model's :class:`attnkit.nn.LMOutput`.
         index: which batch entry to show.
@@ -220,11 +222,14 @@ def viewer_data_from_lm_output(
     Returns:
         Data of kind ``"causal"``.
     """
-    return ViewerData.from_run(model, tokens, _by_layer(output.weights, index, cross=False), causal=True, text=text)
+    return ViewerData.from_run(
+        model_name, tokens, _by_layer(output.weights, index, cross=False), causal=True, text=text
+    )
 
 
+@renamed_keywords(model="model_name", removed_in="0.3")
 def viewer_data_from_transformer_output(
-    model: str,
+    model_name: str,
     source_tokens: Sequence[str],
     target_tokens: Sequence[str],
     output: TransformerOutput,
@@ -236,7 +241,7 @@ def viewer_data_from_transformer_output(
     ``return_weights=True`` (as the sequence-to-sequence models of ``attnkit train`` are).
 
     Args:
-        model: the display name.
+        model_name: the display name.
         source_tokens: the encoder's ``s_src`` token strings.
         target_tokens: the decoder's ``s_tgt`` token strings (what it read, e.g. ``<s>``
             followed by the target without its last token).
@@ -248,7 +253,7 @@ def viewer_data_from_transformer_output(
         Data of kind ``"encoder-decoder"`` with encoder, decoder and cross sections.
     """
     return ViewerData.encoder_decoder(
-        model,
+        model_name,
         source_tokens,
         target_tokens,
         encoder=_by_layer(output.encoder_weights, index, cross=False),
