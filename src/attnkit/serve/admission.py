@@ -22,7 +22,8 @@ from attnkit.serve.served import ServedModel
 from attnkit.viz.terminal import counted
 
 
-def _error(status: int, detail: str) -> HTTPException:
+def http_error(status: int, detail: str) -> HTTPException:
+    """The refusal of a request: answered with ``status`` and the JSON body ``{"detail": detail}``."""
     return HTTPException(status_code=status, detail=detail)
 
 
@@ -93,19 +94,19 @@ class Admitted:
     tokens: int
 
 
-def _indices(values: list[int] | None, count: int, what: str, model_name: str) -> list[int]:
+def checked_indices(values: list[int] | None, count: int, what: str, model_name: str) -> list[int]:
     """Requested layer or head indices, checked, deduplicated and sorted (all when None)."""
     if values is None:
         return list(range(count))
     if not values:
-        raise _error(422, f"{what}s must not be an empty list; leave it out for all {count} {what}s")
+        raise http_error(422, f"{what}s must not be an empty list; leave it out for all {count} {what}s")
     try:
         return select_indices(values, count, what, context=f"{model_name} has {count} {what}s", from_end=False)
     except (TypeError, ValueError) as err:
-        raise _error(422, str(err)) from None
+        raise http_error(422, str(err)) from None
 
 
-async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> Admitted:
+async def admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> Admitted:
     """Check a request for model ``s``: the text (blank, too long in characters, lone
     surrogates, too many tokens), the layers and heads, and the weights it would return.
 
@@ -115,13 +116,13 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
     text = request.text
     check_text(text, limits.max_chars)
     asked = [s.model.num_layers - 1] if request.layers == "last" else request.layers
-    layers = _indices(asked, s.model.num_layers, "layer", s.name)
-    heads = _indices(request.heads, s.model.num_heads, "head", s.name)
-    count = await _count_tokens(text, s)
+    layers = checked_indices(asked, s.model.num_layers, "layer", s.name)
+    heads = checked_indices(request.heads, s.model.num_heads, "head", s.name)
+    count = await count_tokens(text, s)
     weights = len(layers) * len(heads) * count * count
     if weights > limits.max_weights:
         per_layer = len(heads) * count * count
-        raise _error(
+        raise http_error(
             422,
             f"{counted(len(layers), 'layer')} x {counted(len(heads), 'head')} x {count}^2 tokens is {weights} "
             f"weights, more than this server's limit of {limits.max_weights}: ask for at most "
@@ -130,7 +131,7 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
     return Admitted(s, text, layers, heads, count)
 
 
-async def _count_tokens(text: str, s: ServedModel, what: str = "the text") -> int:
+async def count_tokens(text: str, s: ServedModel, what: str = "the text") -> int:
     """The number of tokens of ``text`` for model ``s``.
 
     Raises:
@@ -143,13 +144,13 @@ async def _count_tokens(text: str, s: ServedModel, what: str = "the text") -> in
         # The model says "text is N tokens long": name which text when it is not the source.
         if what != "the text" and message.startswith("text is "):
             message = f"{what} is {message.removeprefix('text is ')}"
-        raise _error(422, message) from None
+        raise http_error(422, message) from None
     if count > s.max_tokens:
-        raise _error(422, f"{what} is {count} tokens, more than the limit of {s.max_tokens} for {s.name}")
+        raise http_error(422, f"{what} is {count} tokens, more than the limit of {s.max_tokens} for {s.name}")
     return count
 
 
-def _check_mode_weights(modes: Sequence[str], admitted: Admitted, limits: Limits) -> None:
+def check_mode_weights(modes: Sequence[str], admitted: Admitted, limits: Limits) -> None:
     """Refuse colour modes that would take the response over the server's weights: value as
     many as the weights, rollout one map per layer.
 
@@ -160,7 +161,7 @@ def _check_mode_weights(modes: Sequence[str], admitted: Admitted, limits: Limits
     total = maps * (1 + ("value" in modes)) + len(admitted.layers) * ("rollout" in modes)
     weights = total * admitted.tokens**2
     if modes and weights > limits.max_weights:
-        raise _error(
+        raise http_error(
             422,
             f"with the colour modes {', '.join(modes)}, {total} maps x {admitted.tokens}^2 tokens is {weights} "
             f"weights, more than this server's limit of {limits.max_weights}: ask for fewer layers or heads, "
@@ -168,17 +169,17 @@ def _check_mode_weights(modes: Sequence[str], admitted: Admitted, limits: Limits
         )
 
 
-def _refuse_modes(request: AttentionRequest, s: ServedModel) -> None:
+def refuse_modes(request: AttentionRequest, s: ServedModel) -> None:
     """Refuse colour modes for an encoder-decoder: they are of one self-attention.
 
     Raises:
         HTTPException: 422 naming the model.
     """
     if request.modes:
-        raise _error(422, f"{s.name} is an encoder-decoder: colour modes (modes) are for one self-attention")
+        raise http_error(422, f"{s.name} is an encoder-decoder: colour modes (modes) are for one self-attention")
 
 
-def _stack_layers(
+def stack_layers(
     asked: list[int] | str | None, encoder_depth: int, decoder_depth: int, name: str
 ) -> tuple[list[int], list[int], list[int]]:
     """``(layers, encoder_layers, decoder_layers)`` of a request's ``layers``: each stack
@@ -190,5 +191,5 @@ def _stack_layers(
     if isinstance(asked, str):  # "last"
         encoder_layers, decoder_layers = [encoder_depth - 1], [decoder_depth - 1]
         return sorted({*encoder_layers, *decoder_layers}), encoder_layers, decoder_layers
-    layers = _indices(asked, max(encoder_depth, decoder_depth), "layer", name)
+    layers = checked_indices(asked, max(encoder_depth, decoder_depth), "layer", name)
     return layers, [i for i in layers if i < encoder_depth], [i for i in layers if i < decoder_depth]

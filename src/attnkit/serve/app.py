@@ -36,7 +36,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
 from attnkit import __version__
 from attnkit.models.checkpoints.hub import is_hub_name
 from attnkit.models.protocol import InspectableModel
-from attnkit.serve.guard import LOOPBACK_HOSTS, _Guard, _security_headers
+from attnkit.serve.guard import LOOPBACK_HOSTS, Guard, security_headers
 from attnkit.serve.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CHARS,
@@ -46,7 +46,7 @@ from attnkit.serve.limits import (
     Limits,
 )
 from attnkit.serve.long_context import add_long_context_routes, long_context_limit
-from attnkit.serve.routes import _add_routes
+from attnkit.serve.routes import add_routes
 from attnkit.serve.served import ServedModel
 
 
@@ -127,9 +127,9 @@ def create_app(
         description="Attention weights of a text, for the attnkit viewer. Schema: docs/viewer.md.",
     )
     app.state.models = served
-    _add_routes(app, served, limits)
+    add_routes(app, served, limits)
     add_long_context_routes(app, served, max_chars=limits.max_chars)
-    app.add_middleware(_Guard, max_body_bytes=max_body_bytes, headers=_security_headers(), allowed_hosts=allowed_hosts)
+    app.add_middleware(Guard, max_body_bytes=max_body_bytes, headers=security_headers(), allowed_hosts=allowed_hosts)
     return app
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnkit.serve.admission import _error
+from attnkit.serve.admission import http_error
 from attnkit.viz.viewer import content_security_policy
 
 logger = logging.getLogger("attnkit.serve")
@@ -36,7 +36,7 @@ def host_name(header: str) -> str:
     return name
 
 
-class _Guard:
+class Guard:
     """Pure ASGI middleware, outermost: refuses a ``Host`` that is not one of
     ``allowed_hosts`` (400), bodies over ``max_body_bytes`` (413, by the declared length or
     while reading a body sent without one), answers an unexpected failure with a JSON 500
@@ -84,7 +84,7 @@ class _Guard:
                 if received > self.max_body_bytes:
                     # FastAPI passes an HTTPException raised while reading the body through
                     # to its handler, which answers it like any other.
-                    raise _error(413, self._too_large_detail())
+                    raise http_error(413, self._too_large_detail())
             return message
 
         try:
@@ -100,7 +100,7 @@ class _Guard:
         return f"the request body is larger than this server's limit of {self.max_body_bytes} bytes"
 
 
-def _security_headers() -> list[tuple[bytes, bytes]]:
+def security_headers() -> list[tuple[bytes, bytes]]:
     """The headers of every response: no framing, no sniffing, no referrer, no caching."""
     return [
         (b"content-security-policy", (content_security_policy(app=True) + "; frame-ancestors 'none'").encode()),

@@ -21,7 +21,7 @@ GENERATED_TOKENS = 64
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask of the app (see :func:`create_app`), each at least 1.
+    """What one request may ask of the app (see :func:`attnkit.serve.create_app`), each at least 1.
 
     Raises:
         ValueError: a limit below 1.

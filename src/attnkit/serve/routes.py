@@ -14,10 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from attnkit import __version__
-from attnkit.serve.admission import _admit, _check_mode_weights, _error, run_queued
+from attnkit.serve.admission import admit, check_mode_weights, http_error, run_queued
 from attnkit.serve.bodies import AttentionRequest, ErrorBody, InfoBody, ViewerDataBody
 from attnkit.serve.limits import Limits
-from attnkit.serve.runner import _page_data, _run_encoder_decoder
+from attnkit.serve.runner import page_data, run_encoder_decoder
 from attnkit.serve.served import ServedModel
 from attnkit.viz.viewer import render_html
 
@@ -38,7 +38,7 @@ def _validation_message(errors: Sequence[dict[str, Any]]) -> tuple[int, str]:
     return 422, "invalid request: " + "; ".join(parts)
 
 
-def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) -> None:
+def add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) -> None:
     """The page, ``GET /api/info`` and ``POST /api/attention``, and the 4xx body of
     requests that do not parse."""
     default = next(iter(served))
@@ -77,23 +77,23 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
         started = time.perf_counter()
         name = request.model or default
         if name not in served:
-            raise _error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
+            raise http_error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
         s = served[name]
         if s.encoder_decoder:
-            data = await _run_encoder_decoder(request, s, limits)
+            data = await run_encoder_decoder(request, s, limits)
             timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
             return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
         if request.decoder_text is not None:
-            raise _error(422, f"{name} reads one text: decoder_text is for encoder-decoder models")
+            raise http_error(422, f"{name} reads one text: decoder_text is for encoder-decoder models")
         # Other requests' batch waits for this one while it is read and checked.
         with s.batcher.arriving():
-            admitted = await _admit(request, s, limits)
-        _check_mode_weights(request.modes, admitted, limits)
+            admitted = await admit(request, s, limits)
+        check_mode_weights(request.modes, admitted, limits)
         run = await run_queued(
             lambda: s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens), http.receive
         )
         if run is None:  # the client has gone; nobody reads this
             return Response(status_code=499)
-        data = await run_in_threadpool(_page_data, s, run, admitted, request)
+        data = await run_in_threadpool(page_data, s, run, admitted, request)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
