@@ -25,13 +25,13 @@ from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.indices import normalize_indices
 from attnkit.models.checkpoints.memory import check_fits
 from attnkit.models.model.attentions import LayerAttentions
+from attnkit.models.model.names import ATTENTION_KINDS
 from attnkit.models.model.running import pad_rows
 from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput, WeightSelection
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
 
 
-ATTENTION_KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
 # The heads to keep: one list for every kind of attention, or a list per kind (a kind left
 # out keeps all its heads); None keeps all.
 HeadSelection = Sequence[int] | Mapping[str, Sequence[int]] | None

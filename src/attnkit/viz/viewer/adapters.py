@@ -15,8 +15,9 @@ from torch import Tensor
 
 from attnkit.deprecation import renamed_keywords
 from attnkit.inspect.maps import LEVELS, model_windows, readable_run
+from attnkit.inspect.names import VIEWER_MODES
 from attnkit.nn.records import LayerWeights, LMOutput, TransformerOutput
-from attnkit.viz.viewer.data import MODES, Section, ViewerData
+from attnkit.viz.viewer.data import Section, ViewerData
 
 
 def model_name(model: Any) -> str:
@@ -140,7 +141,7 @@ def viewer_data_from_encoder_decoder(
 def mode_sections(
     model: Any, text: str, modes: Sequence[str], *, layers: Sequence[int], heads: Sequence[int], level: str = "token"
 ) -> dict[str, Section]:
-    """Colour modes of a viewer page (:data:`attnkit.viz.viewer.data.MODES`) for an
+    """Colour modes of a viewer page (:data:`attnkit.inspect.names.VIEWER_MODES`) for an
     ``attnkit.models`` model, to add beside its ``"self"`` section.
 
     Args:
@@ -162,9 +163,9 @@ def mode_sections(
     from attnkit.inspect import methods
     from attnkit.inspect.words import aggregate
 
-    unknown = [mode for mode in modes if mode not in MODES]
+    unknown = [mode for mode in modes if mode not in VIEWER_MODES]
     if unknown:
-        raise ValueError(f"viewer colour modes are {', '.join(MODES)}, got {unknown}")
+        raise ValueError(f"viewer colour modes are {', '.join(VIEWER_MODES)}, got {unknown}")
     run = model.run(text, return_weights=list(layers), heads=list(heads))
     readable = readable_run(model, run, text, level=level)
 

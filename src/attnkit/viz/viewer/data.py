@@ -30,18 +30,15 @@ import torch
 from torch import Tensor
 
 from attnkit.deprecation import deprecated_aliases, renamed_keywords
+from attnkit.inspect.names import VIEWER_MODES
 
 Kind = Literal["bidirectional", "causal", "encoder-decoder"]
 KINDS: tuple[str, ...] = ("bidirectional", "causal", "encoder-decoder")
-# Colour modes a self-attention page may add beside its weights (attnkit.inspect.methods):
-# "value", value-weighted attention ‖α·f(x)‖ with each map scaled so that its largest value
-# is 1; "rollout", attention rollout up to each layer, one map per layer (head 0 stands for
-# the merged heads).
-MODES: tuple[str, ...] = ("value", "rollout")
-# The sections each kind may have, in display order.
+# The sections each kind may have, in display order: a self-attention page may add its colour
+# modes (attnkit.inspect.names.VIEWER_MODES) beside its weights.
 SECTION_NAMES: dict[str, tuple[str, ...]] = {
-    "bidirectional": ("self", *MODES),
-    "causal": ("self", *MODES),
+    "bidirectional": ("self", *VIEWER_MODES),
+    "causal": ("self", *VIEWER_MODES),
     "encoder-decoder": ("encoder", "decoder", "cross"),
 }
 
