@@ -88,3 +88,22 @@ def test_the_dtype_choices_are_loads_dtypes() -> None:
     add_model_source_arguments(parser)
     (dtype,) = [action for action in parser._actions if action.dest == "dtype"]
     assert tuple(dtype.choices or ()) == ("auto", *DTYPES)
+
+
+def test_a_set_of_layers_or_heads_is_chosen_by_one_selector() -> None:
+    """Sorted distinct indices of a selection are :func:`attnkit.functional.indices.select_indices`'
+    job: nothing else makes a set of :func:`~attnkit.functional.indices.normalize_indices`."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path == SRC / "functional" / "indices.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func) in ("set", "frozenset")
+                and node.args
+                and isinstance(node.args[0], ast.Call)
+                and ast.unparse(node.args[0].func).endswith("normalize_indices")
+            ):
+                found.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert found == [], "use select_indices"

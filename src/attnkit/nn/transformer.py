@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import deprecated_aliases
-from attnkit.functional.indices import normalize_indices
+from attnkit.functional.indices import select_indices
 from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
@@ -51,10 +51,10 @@ def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozense
         TypeError: an index that is not an int.
         ValueError: an index outside ``-num_layers .. num_layers - 1``.
     """
-    if isinstance(return_weights, bool):
-        return frozenset(range(num_layers)) if return_weights else None
+    if return_weights is False:
+        return None
     context = f"the stack has {num_layers} layers"
-    return frozenset(normalize_indices(return_weights, num_layers, "layer", context=context, allow_empty=True))
+    return frozenset(select_indices(return_weights, num_layers, "layer", context=context))
 
 
 def layer_requests(return_weights: LayerSelection, num_layers: int) -> dict[int, bool | WeightSelection] | None:
