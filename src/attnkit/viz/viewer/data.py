@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from attnkit.deprecation import deprecated_aliases, renamed_keywords
-from attnkit.inspect.names import VIEWER_MODES
+from attnkit.inspect.names import ATTENTION_KINDS, VIEWER_MODES
 
 Kind = Literal["bidirectional", "causal", "encoder-decoder"]
 KINDS: tuple[str, ...] = ("bidirectional", "causal", "encoder-decoder")
@@ -39,7 +39,7 @@ KINDS: tuple[str, ...] = ("bidirectional", "causal", "encoder-decoder")
 SECTION_NAMES: dict[str, tuple[str, ...]] = {
     "bidirectional": ("self", *VIEWER_MODES),
     "causal": ("self", *VIEWER_MODES),
-    "encoder-decoder": ("encoder", "decoder", "cross"),
+    "encoder-decoder": ATTENTION_KINDS,
 }
 
 FORMAT = "attnkit-viewer"
