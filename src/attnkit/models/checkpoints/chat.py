@@ -299,7 +299,9 @@ def _turns(
     def first_token_at(char: int) -> int:
         return next((i for i, start in enumerate(starts) if start >= char), len(starts))
 
-    spans = [(m.role, bounds[k], bounds[k + 1], m) for k, m in enumerate(messages)]
+    spans: list[tuple[str, int, int, Message | None]] = [
+        (m.role, bounds[k], bounds[k + 1], m) for k, m in enumerate(messages)
+    ]
     if bounds[-1] < len(text):
         spans.append(("assistant", bounds[-1], len(text), None))
     turns = []
