@@ -258,10 +258,8 @@ def _row_range(spec: str | None, tokens: int) -> range | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.long:
-        if args.chat:
-            raise CommandError("--chat is not for --long, which reads a long text a window at a time")
-        if args.rows is not None:
-            raise CommandError("--rows is not for --long, which reads the text a window at a time")
+        if args.rows is not None or args.chat:
+            raise CommandError("--rows and --chat are not for --long, which reads the text a window at a time")
         return run_inspect_long(
             args, lambda model: (parse_layers(args.layers, model.num_layers), parse_heads(args.heads, model.num_heads))
         )
@@ -279,8 +277,7 @@ def run(args: argparse.Namespace) -> int:
         if args.rows is not None or args.chat:
             raise CommandError(f"--rows and --chat are for models of one text; {model.name} is an encoder-decoder")
         return _run_encoder_decoder(args, model, status, formats, limit, figure, out)
-    if args.chat:
-        args = argparse.Namespace(**{**vars(args), "text": chat_text(model, args.text)})
+    args = argparse.Namespace(**{**vars(args), "text": chat_text(model, args.text)}) if args.chat else args
     if args.decoder_text is not None or args.attention is not None:
         raise CommandError(
             f"--decoder-text and --attention are for encoder-decoder models (T5, BART); {model.name} is a "
