@@ -1999,6 +1999,9 @@
     const encoderDecoder = m.kind === 'encoder-decoder';
     $('ak-target-field').hidden = !encoderDecoder;
     $('ak-req-modes').closest('.ak-field').hidden = encoderDecoder;
+    // A model with a chat template may read the text in it: turns and roles on the page.
+    $('ak-chat-field').hidden = !m.chat_template;
+    if (!m.chat_template) $('ak-chat').value = 'off';
     $('ak-text-label').textContent = encoderDecoder ? 'Source' : 'Text';
     const layers = $('ak-req-layer');
     layers.textContent = '';
@@ -2037,6 +2040,11 @@
     const level = $('ak-level').value;
     const payload = { text, model: $('ak-model').value, level };
     const m = info.models.find((x) => x.name === payload.model);
+    if ($('ak-chat').value === 'on' && m.chat_template) payload.chat = true;
+    if (payload.chat && $('ak-long-mode').value === 'on') {
+      status('The chat template is for full maps: choose Long text: off.', true);
+      return;
+    }
     if ($('ak-long-mode').value === 'on') {
       await submitLong(text, m);
       return;
