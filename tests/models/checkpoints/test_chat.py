@@ -12,7 +12,7 @@ import pytest
 
 from attnkit.models import load
 from attnkit.models.checkpoints.chat import ChatText, parse_messages, read_chat_template
-from tests.fixtures.chat import CHATML_TEMPLATE, TINYLLAMA_TEMPLATE, write_chat_model
+from tests.fixtures.chat import CHATML_TEMPLATE, DEFAULT_SYSTEM_TEMPLATE, TINYLLAMA_TEMPLATE, write_chat_model
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
@@ -22,9 +22,12 @@ CONVERSATION = [
 ]
 
 
-@pytest.fixture(scope="module", params=["tinyllama", "chatml"])
+TEMPLATES = {"tinyllama": TINYLLAMA_TEMPLATE, "chatml": CHATML_TEMPLATE, "default-system": DEFAULT_SYSTEM_TEMPLATE}
+
+
+@pytest.fixture(scope="module", params=list(TEMPLATES))
 def chat_folder(request, tmp_path_factory) -> Path:
-    template = {"tinyllama": TINYLLAMA_TEMPLATE, "chatml": CHATML_TEMPLATE}[request.param]
+    template = TEMPLATES[request.param]
     return write_chat_model(tmp_path_factory.mktemp(request.param), template)
 
 
@@ -51,6 +54,25 @@ def test_each_token_belongs_to_its_turn_and_the_role_markers_are_the_templates(c
     user = chat.turns[1]
     markers = [tokens[i] for i in range(user.start, user.stop) if user.is_marker(i)]
     assert markers[0] in ("<|user|>", "<|im_start|>") and not any(t in ("Ġcat",) for t in markers)
+
+
+def test_a_default_system_prompt_the_template_writes_is_a_system_turn_of_its_own_tokens(tmp_path):
+    model = load(str(write_chat_model(tmp_path / "default-system", DEFAULT_SYSTEM_TEMPLATE)))
+    chat = model.apply_chat_template("the cat sat")
+    tokens = chat.encoded.tokens
+    assert [t.role for t in chat.turns] == ["system", "user", "assistant"]
+    system, user = chat.turns[:2]
+    assert tokens[system.start : system.stop] == ["<|im_start|>", "system", "Ċ", "Be", "Ġbrief", ".", "<|im_end|>", "Ċ"]
+    assert all(system.is_marker(i) for i in range(system.start, system.stop))
+    assert tokens[user.start] == "<|im_start|>" and tokens[user.content_start : user.content_stop] == [
+        "the",
+        "Ġcat",
+        "Ġsat",
+    ]
+    with_system = model.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "the cat sat"}]
+    )
+    assert with_system == chat and with_system.turns[0].content_stop - with_system.turns[0].content_start == 3
 
 
 def test_positions_count_the_templates_tokens(chat_folder):

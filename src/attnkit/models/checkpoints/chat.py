@@ -47,8 +47,9 @@ class Turn:
         content_start: the first token of the message's own text (``content_start ==
             content_stop`` when it has none, as the generation prompt).
         content_stop: one past the last token of its text. The turn's other tokens are the
-            template's: role markers and separators (and any text the template inserts on
-            its own, such as a default system prompt, counts to the turn it comes with).
+            template's: role markers and separators. A default system prompt that the
+            template writes before a conversation without a system message is a turn of
+            role ``"system"`` without content: every token of it is the template's.
     """
 
     role: str
@@ -221,7 +222,8 @@ def apply_chat_template(
     text = render(parsed, add_generation_prompt)
     encoded = tokenizer.encode(text, add_special_tokens=False)
     bounds = _turn_bounds(render, parsed, text)
-    return ChatText(text, parsed, encoded, _turns(text, parsed, bounds, encoded.offsets))
+    inserted = _inserted_system_end(render, parsed, text, bounds[0], add_generation_prompt)
+    return ChatText(text, parsed, encoded, _turns(text, parsed, bounds, encoded.offsets, inserted))
 
 
 def _compiled(template: str, special: Mapping[str, str], name: str) -> Any:
@@ -278,6 +280,26 @@ def _turn_bounds(render: Any, messages: Sequence[Message], text: str) -> list[in
     return bounds
 
 
+def _inserted_system_end(
+    render: Any, messages: Sequence[Message], text: str, start: int, add_generation_prompt: bool
+) -> int:
+    """Where a default system prompt that the template writes before a conversation without
+    a system message ends (``start`` when it writes none): the conversation rendered after an
+    empty system message ends the same way, and its first message starts where that ending
+    starts in ``text``."""
+    if messages[0].role == "system":
+        return start
+    empty = Message("system", "")
+    try:
+        lead, whole = render([empty], False), render([empty, *messages], add_generation_prompt)
+    except ValueError:
+        return start
+    ending = whole[len(lead) :]
+    if not whole.startswith(lead) or not text.endswith(ending):
+        return start
+    return max(start, len(text) - len(ending))
+
+
 def _content_span(text: str, message: Message, start: int) -> tuple[int, int]:
     """The characters of a message's content in ``text``, searched from ``start`` (then
     stripped of surrounding spaces, as some templates strip it); ``(start, start)`` when it
@@ -290,18 +312,26 @@ def _content_span(text: str, message: Message, start: int) -> tuple[int, int]:
 
 
 def _turns(
-    text: str, messages: Sequence[Message], bounds: Sequence[int], offsets: Sequence[tuple[int, int]]
+    text: str,
+    messages: Sequence[Message],
+    bounds: Sequence[int],
+    offsets: Sequence[tuple[int, int]],
+    inserted_end: int,
 ) -> list[Turn]:
     """Each message's :class:`Turn` and the generation prompt's, from the characters where
-    the turns start (a token belongs to the turn its first character is in)."""
+    the turns start (a token belongs to the turn its first character is in); a default
+    system prompt the template writes (up to ``inserted_end``) is a system turn of the
+    template's own tokens."""
     starts = [start for start, _ in offsets]
 
     def first_token_at(char: int) -> int:
         return next((i for i, start in enumerate(starts) if start >= char), len(starts))
 
     spans: list[tuple[str, int, int, Message | None]] = [
-        (m.role, bounds[k], bounds[k + 1], m) for k, m in enumerate(messages)
+        (m.role, inserted_end if k == 0 else bounds[k], bounds[k + 1], m) for k, m in enumerate(messages)
     ]
+    if inserted_end > bounds[0]:
+        spans.insert(0, ("system", bounds[0], inserted_end, None))
     if bounds[-1] < len(text):
         spans.append(("assistant", bounds[-1], len(text), None))
     turns = []
