@@ -669,8 +669,13 @@ def _chat_text(s: ServedModel, text: str) -> str:
         HTTPException: 422 for a model without one (one line that says so), or messages
             that are not messages.
     """
+    from attnkit.models.checkpoints.chat import no_template_message
+
+    apply = getattr(s.model, "apply_chat_template", None)  # a stand-in model may have none
+    if apply is None:
+        raise _error(422, no_template_message(s.name))
     try:
-        return s.model.apply_chat_template(text)
+        return apply(text)
     except ValueError as err:
         raise _error(422, str(err)) from None
 
