@@ -115,6 +115,8 @@ async def admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> Ad
     """
     text = request.text
     check_text(text, limits.max_chars)
+    if request.chat:
+        text = await run_in_threadpool(_chat_text, s, text)
     asked = [s.model.num_layers - 1] if request.layers == "last" else request.layers
     layers = checked_indices(asked, s.model.num_layers, "layer", s.name)
     heads = checked_indices(request.heads, s.model.num_heads, "head", s.name)
@@ -129,6 +131,24 @@ async def admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> Ad
             f"{counted(max(1, limits.max_weights // per_layer), 'layer')} or fewer heads",
         )
     return Admitted(s, text, layers, heads, count)
+
+
+def _chat_text(s: ServedModel, text: str) -> str:
+    """``chat``: the text in the model's chat template.
+
+    Raises:
+        HTTPException: 422 for a model without one (one line that says so), or messages
+            that are not messages.
+    """
+    from attnkit.models.checkpoints.chat import no_template_message
+
+    apply = getattr(s.model, "apply_chat_template", None)  # a stand-in model may have none
+    if apply is None:
+        raise http_error(422, no_template_message(s.name))
+    try:
+        return apply(text)
+    except ValueError as err:
+        raise http_error(422, str(err)) from None
 
 
 async def count_tokens(text: str, s: ServedModel, what: str = "the text") -> int:

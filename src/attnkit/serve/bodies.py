@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 
 class AttentionRequest(BaseModel):
@@ -32,6 +32,12 @@ class AttentionRequest(BaseModel):
         description='Colour modes added beside the weights, as sections of their own: "value" (value-weighted '
         'attention, each map scaled to its largest value) and "rollout" (attention rollout up to each layer, '
         "heads merged, shown as head 0); their weights count towards max_weights. Refused for encoder-decoders.",
+    )
+    chat: StrictBool = Field(
+        False,
+        description="Read text as the chat model reads it, in its chat template (see chat_template in GET "
+        '/api/info): one user message, or a JSON list of messages [{"role": ..., "content": ...}]. Positions count '
+        "the template's tokens, and each self section carries the turns. Refused for a model without a template.",
     )
     decoder_text: StrictStr | None = Field(
         None,
@@ -70,6 +76,7 @@ class ServedModelBody(BaseModel):
         description="Each layer's sliding window (null for a global layer) of a model with local layers; "
         "null for a model without them.",
     )
+    chat_template: bool = Field(False, description='Whether the model has a chat template ("chat" in a request).')
 
 
 class InfoBody(BaseModel):

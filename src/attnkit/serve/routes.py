@@ -79,6 +79,8 @@ def add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) -> 
         if name not in served:
             raise http_error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
         s = served[name]
+        if request.chat and s.encoder_decoder:
+            raise http_error(422, f"{name} is an encoder-decoder: chat is for models of one text")
         if s.encoder_decoder:
             data = await run_encoder_decoder(request, s, limits)
             timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"

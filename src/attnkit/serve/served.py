@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from attnkit.models.protocol import InspectableModel
@@ -58,7 +59,16 @@ class ServedModel:
             max_tokens=self.max_tokens,
             max_long_tokens=self.max_long_tokens,
             windows=None if self.encoder_decoder else _listed_windows(self.model),
+            chat_template=_has_chat_template(self.model),
         )
+
+
+def _has_chat_template(model: Any) -> bool:
+    """Whether a model's checkpoint folder has a chat template."""
+    from attnkit.models.checkpoints.chat import read_chat_template
+
+    path = getattr(model, "path", None)
+    return path is not None and read_chat_template(Path(path)) is not None
 
 
 def _listed_windows(model: Any) -> list[int | None] | None:
