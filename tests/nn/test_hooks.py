@@ -212,3 +212,37 @@ def test_every_point_of_parallel_and_output_normed_layers_is_hit_once(options):
     with lm.hooks({name: (lambda x, hook: calls.update([hook.name])) for name in names}):
         lm(torch.randint(0, 20, (1, 4)))
     assert calls == Counter(names)
+
+
+def test_hook_points_walks_the_module_tree_once_until_it_changes(monkeypatch):
+    lm = tiny_lm()
+    names = lm.hook_names()
+    walks = Counter()
+    walk = nn.Module.named_modules
+
+    def counted(module, *args, **kwargs):
+        walks[id(module)] += 1
+        return walk(module, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "named_modules", counted)
+    tokens = torch.randint(0, 20, (1, 4))
+    _, cache = lm.run_with_cache(tokens)
+    assert [cache["pattern", layer].shape for layer in (0, 1, -1)] == [(1, 2, 4, 4)] * 3
+    assert lm.hook_names() == names and walks[id(lm)] == 0
+    # A submodule replaced or added is seen: the tree is walked again.
+    lm.decoder.layers[1].self_attn = MultiHeadAttention(AttentionConfig(16, 2, num_kv_heads=1, bias=False))
+    assert lm.hook_points()["decoder.layers.1.self_attn.q"] is lm.decoder.layers[1].self_attn.q
+    lm.decoder.layers.append(DecoderLayer(LayerConfig(16, 2, 32)))
+    assert "decoder.layers.2.self_attn.pattern" in lm.hook_names() and walks[id(lm)] == 2
+    # A change that registers nothing is seen once the map is forgotten.
+    del lm.decoder.layers[2]
+    lm.forget_hook_points()
+    assert lm.hook_names() == names and walks[id(lm)] == 3
+
+
+def test_hook_points_names_each_point_from_the_module_asked():
+    lm = tiny_lm()
+    lm.hook_points()
+    lm.decoder.hook_points()
+    assert lm.decoder.layers[0].self_attn.q.name == "layers.0.self_attn.q"
+    assert lm.hook_points()["decoder.layers.0.self_attn.q"].name == "decoder.layers.0.self_attn.q"

@@ -108,12 +108,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import register_module_module_registration_hook
 
 from attnkit.deprecation import renamed_keywords
 from attnkit.nn.activation_cache import LAYER_INDEX
@@ -300,6 +302,26 @@ def _apply_hooks(
 
 _SESSION: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("attnkit_hooks", default=None)
 
+# Module → (registrations counted when its map was built, name → (point, layer index)).
+_POINT_MAPS: weakref.WeakKeyDictionary[nn.Module, tuple[int, dict[str, tuple[HookPoint, int | None]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class _Registrations:
+    """How many submodules were registered anywhere in this process (torch's global
+    registration hook counts them): a map of hook points built before the last one may
+    name a module tree that has changed since."""
+
+    count = 0
+
+
+def _count_registration(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
+    _Registrations.count += 1
+
+
+register_module_module_registration_hook(_count_registration)
+
 
 class HookedModule(nn.Module):
     """A module whose hook points can be named, hooked and cached (a mixin of every
@@ -310,15 +332,31 @@ class HookedModule(nn.Module):
 
     def hook_points(self) -> dict[str, HookPoint]:
         """Every hook point under this module by name (its path from here), in module
-        order; names each point (:attr:`HookPoint.name`, :attr:`HookPoint.layer`)."""
-        points = {}
-        for name, module in self.named_modules():
-            if isinstance(module, HookPoint):
-                module.name = name
-                match = LAYER_INDEX.search(name)
-                module.layer = int(match.group(1)) if match else None
-                points[name] = module
-        return points
+        order; names each point (:attr:`HookPoint.name`, :attr:`HookPoint.layer`).
+
+        The map is built by walking the module tree at first use and kept (a cache read
+        such as ``cache["pattern", 3]`` looks names up in it); it is built again after any
+        module registers a submodule (attribute assignment, ``add_module``, a container's
+        ``append``, ``extend`` or item assignment). A change that registers nothing —
+        ``del`` of a submodule, ``nn.ModuleList.insert``, editing ``_modules`` — is seen
+        after :meth:`forget_hook_points`."""
+        known = _POINT_MAPS.get(self)
+        if known is None or known[0] != _Registrations.count:
+            points = {}
+            for name, module in self.named_modules():
+                if isinstance(module, HookPoint):
+                    match = LAYER_INDEX.search(name)
+                    points[name] = (module, int(match.group(1)) if match else None)
+            known = (_Registrations.count, points)
+            _POINT_MAPS[self] = known
+        for name, (point, layer) in known[1].items():
+            point.name, point.layer = name, layer
+        return {name: point for name, (point, _) in known[1].items()}
+
+    def forget_hook_points(self) -> None:
+        """Walk the module tree again at the next :meth:`hook_points`: after a change to it
+        that registers no submodule (``del`` of a submodule, ``nn.ModuleList.insert``)."""
+        _POINT_MAPS.pop(self, None)
 
     def hook_names(self) -> list[str]:
         """The names of :meth:`hook_points`, e.g. ``decoder.layers.0.self_attn.pattern``."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,9 +28,6 @@ from attnkit.models.model.attentions import LayerAttentions
 from attnkit.models.model.names import ATTENTION_KINDS
 from attnkit.models.model.running import pad_rows
 from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput, WeightSelection
-
-AttentionKind = Literal["encoder", "decoder", "cross"]
-
 
 # The heads to keep: one list for every kind of attention, or a list per kind (a kind left
 # out keeps all its heads); None keeps all.
