@@ -14,15 +14,17 @@ What the open checkpoints add to attention is one option each: per-head query/ke
 (``q_norm``, ``k_norm``), a score scale other than ``1/√d`` (``scale``), logit soft-capping
 (``softcap``), a sliding window over the keys (``window``, an :mod:`attnkit.masks`
 mask), biases on the input projections only (``out_bias=False``).
+
+The hook points of the module (``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z``,
+``result``) and what only a hook or cache on them computes come from its base,
+:class:`attnkit.nn.attention_hooks.AttentionHookPoints`; the scores' options, from
+:class:`attnkit.nn.score_options.ScoreOptions`.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -31,21 +33,18 @@ from torch import Tensor, nn
 from attnkit.functional import AttentionResult, attention
 from attnkit.functional.attention import attention_of_checked
 from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resolve_kernel_name
-from attnkit.functional.masks import INDEX_MAX, Mask, sliding_window
-from attnkit.functional.pattern import attention_pattern
-from attnkit.functional.scores import dot_scores, resolve_scale, stack_query_groups
+from attnkit.functional.masks import Mask
 from attnkit.functional.weights_on_demand import iter_weights_on_demand
-from attnkit.nn.activation_cache import DeferredActivations, computable_later, snapshot
+from attnkit.nn.attention_hooks import AttentionHookPoints
 from attnkit.nn.cache_memory import empty_large
-from attnkit.nn.hooks import HookPoint, record_on_read
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
 from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.records import MultiHeadOutput, forward_of_record
 from attnkit.nn.rnn_attention import AttentionScore
+from attnkit.nn.score_options import Score, ScoreOptions
 from attnkit.nn.weight_selection import WeightSelection
 
-Score = Literal["scaled_dot", "dot"] | AttentionScore
 # The scores a chunk of chosen rows holds while their weights are formed, beside the weights
 # themselves (:meth:`MultiHeadAttention._selected_weights`): a 64th of the weights (each of
 # the chunk's few temporaries adds under 2% to them), at least 2**20 (one chunk for short
@@ -145,7 +144,7 @@ class AttentionConfig:
         object.__setattr__(self, "kernel_options", check_kernel_options(kernel, self.kernel_options))
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(AttentionHookPoints):
     """Multi-head attention with grouped-query heads, positional encodings and a KV cache.
 
     ``MultiHead(x) = Concat(head_1, …, head_h) W_O`` with
@@ -206,16 +205,7 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = q_norm
         self.k_norm = k_norm
         self._packed: PackedLinears | None = None
-        # Hook points (attnkit.nn.hooks), in the order the forward pass meets them; the
-        # weights exist only where the kernel can form them.
-        full = KERNEL_SPECS[self.kernel].full
-        self.q = HookPoint(positions=(2,))
-        self.k = HookPoint(positions=(2,))
-        self.v = HookPoint(positions=(2,))
-        self.scores = HookPoint(positions=(2, 3)) if full else None
-        self.pattern = HookPoint(positions=(2, 3)) if full else None
-        self.z = HookPoint(positions=(2,))
-        self.result = HookPoint(positions=(2,))
+        self._add_hook_points(weights=KERNEL_SPECS[self.kernel].full)
 
     @property
     def packable(self) -> bool:
@@ -294,7 +284,6 @@ class MultiHeadAttention(nn.Module):
             TypeError: non-float inputs, a ``kv_cache`` that is not a ``KVCache``.
         """
         key_input, value_input = self._check_forward(x, context, positions, kv_cache)
-        b, s_q, _ = x.shape
         if context is None:
             past = 0 if kv_cache is None else len(kv_cache)
             q, k, v = self._self_projections(x, positions, past)  # [b, h, s_q, d], [b, h_kv, s_q, d] x 2
@@ -302,21 +291,9 @@ class MultiHeadAttention(nn.Module):
             if kv_cache is not None:
                 k, v = kv_cache.append(k, v)  # [b, h_kv, s_k, d], s_k = cached + s_q
         else:
-            q = self.q(
-                self._norm_heads(self.q_norm, self._split_heads(self.q_proj(x), self.num_heads))
-            )  # [b, h, s_q, d]
-            if kv_cache is not None and len(kv_cache) > 0:
-                # Cross-attention keys and values depend only on the context: reuse them.
-                cached_k, cached_v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
-                assert cached_k is not None and cached_v is not None  # the cache is not empty
-                k, v = cached_k, cached_v
-            else:
-                k = self.k(self._norm_heads(self.k_norm, self._split_heads(self.k_proj(key_input), self.num_kv_heads)))
-                v = self.v(self._split_heads(self.v_proj(value_input), self.num_kv_heads))  # [b, h_kv, s_k, d]
-                if kv_cache is not None:
-                    kv_cache.append(k, v)
+            q, k, v = self._cross_projections(x, key_input, value_input, kv_cache)  # [b, h, s_q, d], [b, h_kv, s_k, d]
         bias = self._position_bias(position_bias, q, k.shape[2])  # [1, h, s_q, s_k] or None
-        result = self._attend_hooked(
+        attended = self._attend_hooked(
             q,
             k,
             v,
@@ -327,13 +304,31 @@ class MultiHeadAttention(nn.Module):
             deferrable=kv_cache is None,
             bias_is_callers=bias is not None and bias is position_bias,
         )
-        heads = self.z(result.output)  # [b, h, s_q, d]
-        output = self.out_proj(heads.transpose(1, 2).reshape(heads.shape[0], s_q, self.num_heads * self.head_dim))
+        heads = self.z(attended.output)  # [b, h, s_q, d]
+        output = self.out_proj(self._merge_heads(heads))  # [b, s_q, e]
         if self.result.active:
-            output = self._per_head_result(heads, output)  # [b, s_q, e]
-        return MultiHeadOutput(output, result.weights)
+            output = self._per_head_result(heads, output)
+        return MultiHeadOutput(output, attended.weights)
 
     forward = forward_of_record(forward_record)
+
+    def _cross_projections(
+        self, x: Tensor, key_input: Tensor, value_input: Tensor, kv_cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries of ``x [b, s_q, e]`` and the keys and values of the context, through the
+        ``q``, ``k`` and ``v`` points: ``[b, h, s_q, d]``, ``[b, h_kv, s_k, d]`` x 2. The keys
+        and values depend only on the context: a filled ``kv_cache`` gives them without
+        projecting it again; an empty one keeps them."""
+        q = self.q(self._norm_heads(self.q_norm, self._split_heads(self.q_proj(x), self.num_heads)))  # [b, h, s_q, d]
+        if kv_cache is not None and len(kv_cache) > 0:
+            cached_k, cached_v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
+            assert cached_k is not None and cached_v is not None  # the cache is not empty
+            return q, cached_k, cached_v
+        k = self.k(self._norm_heads(self.k_norm, self._split_heads(self.k_proj(key_input), self.num_kv_heads)))
+        v = self.v(self._split_heads(self.v_proj(value_input), self.num_kv_heads))  # [b, h_kv, s_k, d]
+        if kv_cache is not None:
+            kv_cache.append(k, v)
+        return q, k, v
 
     def _position_bias(self, given: Tensor | None, q: Tensor, s_k: int) -> Tensor | None:
         """The positional encoding's score bias ``[1, h, s_q, s_k]`` for queries
@@ -351,80 +346,6 @@ class MultiHeadAttention(nn.Module):
                 f"{type(self.positional).__name__ if self.positional is not None else None}"
             )
         return given if given.dtype == q.dtype else given.to(q.dtype)
-
-    def _attend_hooked(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Mask | Tensor | None,
-        bias: Tensor | None,
-        causal: bool,
-        return_weights: bool | WeightSelection,
-        deferrable: bool,
-        bias_is_callers: bool = False,
-    ) -> AttentionResult:
-        """:meth:`_attend` with the ``scores`` and ``pattern`` hook points: when a hook or
-        cache is on either, the weights are formed and passed through them. The output is
-        then the fused kernel's unless a hook replaced them (or the weights were asked
-        for): hooks that change nothing change nothing. With caches alone on them, no
-        gradient to carry and ``deferrable`` (no KV cache, whose buffers later steps
-        overwrite), the caches compute them when first read instead
-        (:func:`attnkit.nn.activation_cache.computable_later`, :meth:`_defer_pattern`;
-        ``bias_is_callers``: the bias is the caller's ``position_bias``, which the caller
-        may change afterwards). A :class:`~attnkit.nn.WeightSelection` goes to
-        :meth:`_attend_selected`; when something watches the weights, every head's weights
-        first pass through the points, and where a hook replaced them the output and the
-        chosen weights are the hook's."""
-        watched = [point for point in (self.scores, self.pattern) if point is not None and point.active]
-        if not watched:
-            if isinstance(return_weights, WeightSelection):
-                return self._attend_selected(q, k, v, mask=mask, bias=bias, causal=causal, selection=return_weights)
-            return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
-        assert self.scores is not None and self.pattern is not None  # both exist when either does
-        inputs = [t for t in (q, k, mask, bias) if isinstance(t, Tensor)]
-        if isinstance(self.score, nn.Module):
-            inputs += list(self.score.parameters())
-        unhooked = not any(point.hooked for point in watched)
-        if deferrable and not return_weights and unhooked and computable_later(*inputs):
-            self._defer_pattern(q, k, mask=mask, bias=bias, causal=causal, bias_is_callers=bias_is_callers)
-            return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False)
-        replaced = []
-
-        def through(point: HookPoint) -> Callable[[Tensor], Tensor]:
-            def edit(t: Tensor) -> Tensor:
-                out = point(t)
-                if out is not t:
-                    replaced.append(point)
-                return out
-
-            return edit
-
-        if not return_weights:
-            return self._attend_through_pattern(
-                q, k, v, mask=mask, bias=bias, causal=causal, edit_scores=through(self.scores)
-            )
-        result = self._attend(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            return_weights=True,
-            edit_scores=through(self.scores),
-            edit_weights=through(self.pattern),
-        )
-        if not isinstance(return_weights, WeightSelection):
-            return result
-        if replaced or any(point.watches_gradient for point in watched):
-            # A hook changed the scores or the pattern (or their gradient is watched): the
-            # output and the chosen part of the weights are those it made.
-            assert result.weights is not None  # asked for
-            return AttentionResult(result.output, return_weights.take(result.weights).float())
-        # Hooks that change nothing change nothing: the output and weights of a pass without them.
-        return self._attend_selected(q, k, v, mask=mask, bias=bias, causal=causal, selection=return_weights)
 
     def _attend_selected(
         self,
@@ -471,8 +392,7 @@ class MultiHeadAttention(nn.Module):
         (within :data:`SELECTED_CHUNK_ELEMENTS`)."""
         b, s_q, s_k = q.shape[0], q.shape[2], k.shape[2]
         chosen = rows.row_range(s_q)
-        windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
-        default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
+        options = self._score_options()
         out = empty_large((b, len(heads), len(chosen), s_k), torch.float32, q.device)  # [b, n_h, n_r, s_k]
         row_elements = max(1, b * len(heads) * s_k)
         lowest, highest = SELECTED_CHUNK_ELEMENTS
@@ -483,137 +403,17 @@ class MultiHeadAttention(nn.Module):
             k,
             heads=heads,
             rows=slice(chosen.start, chosen.stop),
-            mask=windowed,
+            mask=options.windowed(mask, s_q, s_k),
             bias=bias,
             causal=causal,
-            scale=default if self.scale is None else self.scale,
-            softcap=self.softcap,
+            scale=options.scale_for(q.shape[-1]),
+            softcap=options.softcap,
             dtype=torch.float32,
             chunk_size=chunk,
         ):
             start = int(r[0]) - chosen.start
             out[:, :, start : start + r.numel()] = w
         return out
-
-    def _defer_pattern(
-        self,
-        q: Tensor,
-        k: Tensor,
-        *,
-        mask: Mask | Tensor | None,
-        bias: Tensor | None,
-        causal: bool,
-        bias_is_callers: bool,
-    ) -> None:
-        """Leave the ``scores`` and ``pattern`` to the active caches, computed when first
-        read from the queries and keys, and from all else they depend on as it is now
-        (:class:`attnkit.nn.activation_cache.DeferredActivations`): the options as values,
-        the mask and a bias the caller holds as copies."""
-        assert self.scores is not None and self.pattern is not None  # the caller watches them
-        recorded, copies = {"queries": q, "keys": k}, {}
-        compute = partial(_recorded_pattern, options=self._pattern_options(bound=True), causal=causal)
-        bound_mask = _bound_mask(mask, q.shape[2], k.shape[2], q.device)
-        if isinstance(bound_mask, Tensor):
-            copies["mask"] = bound_mask
-        elif bound_mask is not None:
-            compute = partial(compute, mask=bound_mask)
-        if bias is not None and bias_is_callers:
-            copies["bias"] = snapshot(bias)
-        elif bias is not None:
-            recorded["bias"] = bias  # the positional encoding's, made for this call
-        where = self.pattern.name.rpartition(".")[0] or "attention"
-        record_on_read(
-            (self.scores, self.pattern),
-            DeferredActivations(compute, recorded, what=f"{where} scores and pattern", copies=copies),
-            handed_out_by=(self.q, self.k, self.v),
-        )
-
-    def _attend_through_pattern(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Mask | Tensor | None,
-        bias: Tensor | None,
-        causal: bool,
-        edit_scores: Callable[[Tensor], Tensor],
-    ) -> AttentionResult:
-        """The ``scores`` and ``pattern`` points of a pass that does not return the weights:
-        the pattern alone is formed for them (:meth:`_pattern`). The output is the fused
-        kernel's, as in a pass without hooks, unless a hook replaced the scores or the
-        pattern: then it is the pattern (after dropout, in training) times the values."""
-        assert self.pattern is not None  # the caller watches it
-        weights, scores_replaced = self._pattern(
-            q, k, mask=mask, bias=bias, causal=causal, edit_scores=edit_scores
-        )  # [b, h, s_q, s_k]
-        pattern = self.pattern(weights)
-        watched = self.pattern.watches_gradient or (self.scores is not None and self.scores.watches_gradient)
-        if pattern is weights and not scores_replaced and not watched:
-            return AttentionResult(
-                self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False).output
-            )
-        if self.training and self.dropout > 0:
-            pattern = nn.functional.dropout(pattern, p=self.dropout)
-        h_kv, d_v = v.shape[1], v.shape[3]
-        out = stack_query_groups(pattern, h_kv) @ v  # [b, h_kv, g·s_q, d_v]
-        return AttentionResult(out.view(pattern.shape[0], self.num_heads, q.shape[2], d_v))
-
-    def _pattern(
-        self,
-        q: Tensor,
-        k: Tensor,
-        *,
-        mask: Mask | Tensor | None,
-        bias: Tensor | None,
-        causal: bool,
-        edit_scores: Callable[[Tensor], Tensor],
-    ) -> tuple[Tensor, bool]:
-        """This module's attention weights alone, ``([b, h, s_q, s_k], scores_replaced)``
-        (:meth:`_PatternOptions.pattern` with this module's options)."""
-        return self._pattern_options().pattern(q, k, mask=mask, bias=bias, causal=causal, edit_scores=edit_scores)
-
-    def _pattern_options(self, *, bound: bool = False) -> _PatternOptions:
-        """What the pattern is computed with besides queries, keys, mask and bias. ``bound``:
-        as a cache keeps them for a later read, the score module (if any) a copy whose
-        tensors are snapshots (:func:`attnkit.nn.activation_cache.snapshot`), so that no
-        later change of this module changes the pattern."""
-        score = self.score
-        if bound and isinstance(score, AttentionScore):
-            score = _bound_score_module(score)
-        return _PatternOptions(score, self.scale, self.softcap, self.window)
-
-    def _per_head_result(self, heads: Tensor, output: Tensor) -> Tensor:
-        """The ``result`` hook point: each head's share of the output projection,
-        ``[b, h, s, e]``; the output is their sum (plus the bias) if a hook replaced them.
-        With caches alone on it and no gradient to carry, the caches compute it when first
-        read, from the head outputs and a copy of the output projection, unless it is no
-        larger than that copy (:func:`_result_larger_than_weight`: a short text, a decoding
-        step), when it is formed now."""
-        w_o = self.out_proj.weight.view(-1, self.num_heads, self.head_dim)  # [e, h, d]
-        if not self.result.hooked and _result_larger_than_weight(heads) and computable_later(heads, w_o):
-            where = self.result.name.rpartition(".")[0] or "attention"
-            record_on_read(
-                (self.result,),
-                DeferredActivations(
-                    _recorded_per_head_outputs,
-                    {"head_outputs": heads},
-                    what=f"{where} per-head results",
-                    # A copy: anyone may change the module's weight, through .data too.
-                    copies={"output_weight": snapshot(self.out_proj.weight)},
-                ),
-                handed_out_by=(self.z,),
-            )
-            return output
-        if torch.is_grad_enabled() and (heads.requires_grad or w_o.requires_grad):
-            per_head = torch.einsum("bhsd,ehd->bhse", heads, w_o)  # [b, h, s, e]
-        else:
-            per_head = _per_head_outputs(heads, w_o)
-        hooked = self.result(per_head)
-        if hooked is per_head and not self.result.watches_gradient:
-            return output
-        summed = hooked.sum(1)  # [b, s, e]
-        return summed if self.out_proj.bias is None else summed + self.out_proj.bias
 
     def _self_projections(self, x: Tensor, positions: Tensor | None, past: int) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values of self-attention, with the positional rotation.
@@ -654,6 +454,10 @@ class MultiHeadAttention(nn.Module):
             return self.positional.rotate_from(t, past)
         return self.positional.rotate(t, positions)
 
+    def _score_options(self) -> ScoreOptions:
+        """What this module forms its scores with besides queries, keys, mask and bias."""
+        return ScoreOptions(self.score, self.scale, self.softcap, self.window)
+
     def _attend(
         self,
         q: Tensor,
@@ -673,26 +477,19 @@ class MultiHeadAttention(nn.Module):
         if self.kernel != "auto":
             out = self._attend_with_kernel(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
             return AttentionResult(out)
-        score: Any = self.score.scores if isinstance(self.score, AttentionScore) else self.score
-        scale = self.scale
-        if self.softcap is not None:
-            # The scaled scores, capped: a score function, so scale is already in it.
-            default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
-            score = partial(_softcapped_scores, scale=default if scale is None else scale, softcap=self.softcap)
-            scale = None
-        if self.window is not None and k.shape[2] > self.window:
+        options = self._score_options()
+        score, scale = options.score_and_scale(q.shape[-1])
+        weights_seen = return_weights or edit_scores is not None or edit_weights is not None
+        if self.window is not None and k.shape[2] > self.window and _one_query(q, mask, bias) and not weights_seen:
+            # One query (a decoding step) sees the last `window` keys: attend to those alone,
+            # with no mask to build, at a cost that stops growing with the text.
             unseen = k.shape[2] - self.window
-            weights_seen = return_weights or edit_scores is not None or edit_weights is not None
-            if q.shape[2] == 1 and mask is None and bias is None and not weights_seen:
-                # One query (a decoding step) sees the last `window` keys: attend to those
-                # alone, with no mask to build, at a cost that stops growing with the text.
-                k, v = k.narrow(2, unseen, self.window), v.narrow(2, unseen, self.window)
-            else:
-                mask = _with_window(mask, self.window, q.shape[2], k.shape[2])
+            k, v = k.narrow(2, unseen, self.window), v.narrow(2, unseen, self.window)
+        else:
+            mask = options.windowed(mask, q.shape[2], k.shape[2])
         # This module made q, k and v and checked its options when built: they need no
         # checks per call, unless a hook may have replaced them.
-        hooked = self.q.active or self.k.active or self.v.active
-        result = (attention if hooked else attention_of_checked)(
+        result = (attention if self._inputs_hooked else attention_of_checked)(
             q,
             k,
             v,
@@ -736,6 +533,11 @@ class MultiHeadAttention(nn.Module):
                 )
             options.update(mask=mask, bias=bias)
         return KERNEL_SPECS[self.kernel].function(q, k, v, causal=causal, **options)
+
+    def _merge_heads(self, heads: Tensor) -> Tensor:
+        """``[b, h, s, d]`` → ``[b, s, h · d]``, what the output projection reads."""
+        b, _, s, _ = heads.shape
+        return heads.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim)
 
     @staticmethod
     def _split_heads(t: Tensor, heads: int) -> Tensor:
@@ -833,141 +635,6 @@ class MultiHeadAttention(nn.Module):
             parts.append(f"head_dim={self.head_dim}")
         parts += [f"{name}={value}" for name in ("scale", "softcap", "window") if (value := getattr(self, name))]
         return ", ".join(parts)
-
-
-def _per_head_outputs(heads: Tensor, w_o: Tensor) -> Tensor:
-    """Each head's output through its slice of the output projection: ``heads [b, h, s, d]``
-    and ``w_o [e, h, d]`` give ``[b, h, s, e]``, written straight into memory a cache may
-    keep (:mod:`attnkit.nn.cache_memory`). Without autograd."""
-    b, h, s, _ = heads.shape
-    per_head = empty_large((b, h, s, w_o.shape[0]), heads.dtype, heads.device)
-    return torch.matmul(heads, w_o.permute(1, 2, 0), out=per_head)  # [b, h, s, e]
-
-
-def _result_larger_than_weight(heads: Tensor) -> bool:
-    """Whether the per-head result of ``heads [b, h, s, d]``, ``[b, h, s, e]``, is larger
-    than the copy of the output projection ``[e, h, d]`` that computing it on read needs:
-    more than ``d`` positions in the batch."""
-    b, _, s, d = heads.shape
-    return b * s > d
-
-
-def _recorded_per_head_outputs(head_outputs: Tensor, output_weight: Tensor) -> tuple[Tensor]:
-    """The ``result`` a cache computes when first read, from the recorded head outputs
-    ``[b, h, s, d]`` and the output projection's weight ``[e, h · d]`` as it was in the
-    pass."""
-    _, h, _, d = head_outputs.shape
-    return (_per_head_outputs(head_outputs, output_weight.view(-1, h, d)),)  # [e, h, d]
-
-
-@dataclass(frozen=True)
-class _PatternOptions:
-    """What a layer's attention pattern is computed with besides its queries, keys, mask
-    and bias, as values (a deferred pattern keeps them: changing the module's afterwards
-    does not change it)."""
-
-    score: Score
-    scale: float | None
-    softcap: float | None
-    window: int | None
-
-    def pattern(
-        self,
-        q: Tensor,
-        k: Tensor,
-        *,
-        mask: Mask | Tensor | None,
-        bias: Tensor | None,
-        causal: bool,
-        edit_scores: Callable[[Tensor], Tensor],
-    ) -> tuple[Tensor, bool]:
-        """The attention weights alone, ``([b, h, s_q, s_k], scores_replaced)``
-        (:func:`attnkit.functional.pattern.attention_pattern`, the mask added once as a
-        bias shared by every layer), the scores passed through ``edit_scores``."""
-        s_q, s_k = q.shape[2], k.shape[2]
-        windowed = mask if self.window is None or s_k <= self.window else _with_window(mask, self.window, s_q, s_k)
-        score: Any = self.score.scores if isinstance(self.score, AttentionScore) else self.score
-        if self.softcap is not None:
-            # The scaled scores, capped, as :meth:`MultiHeadAttention._attend` forms them:
-            # the scale is in them.
-            default = q.shape[-1] ** -0.5 if self.score == "scaled_dot" else 1.0
-            capped_scale = default if self.scale is None else self.scale
-            score, scale = partial(_softcapped_scores, scale=capped_scale, softcap=self.softcap), 1.0
-        else:
-            scale = resolve_scale(self.scale, q.shape[-1]) if self.scale is not None or score == "scaled_dot" else 1.0
-        return attention_pattern(
-            q,
-            k,
-            mask=windowed,
-            causal=causal,
-            scale=scale,
-            bias=bias,
-            score=score,
-            edit_scores=edit_scores,
-            allocate=empty_large,
-        )
-
-
-def _recorded_pattern(
-    queries: Tensor,
-    keys: Tensor,
-    *,
-    options: _PatternOptions,
-    causal: bool,
-    mask: Mask | Tensor | None = None,
-    bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``(scores, pattern)`` ``[b, h, s_q, s_k]`` as a pass with caches on both records
-    them: what a cache computes from the recorded queries and keys when first read."""
-    scores = []
-
-    def keep(t: Tensor) -> Tensor:
-        scores.append(t)
-        return t
-
-    weights, _ = options.pattern(queries, keys, mask=mask, bias=bias, causal=causal, edit_scores=keep)
-    return scores[0], weights
-
-
-def _bound_mask(mask: Mask | Tensor | None, s_q: int, s_k: int, device: torch.device) -> Mask | Tensor | None:
-    """``mask`` as a deferred pattern keeps it: a bool tensor as a snapshot
-    (:func:`attnkit.nn.activation_cache.snapshot`); a :class:`attnkit.masks.Mask` that may
-    read tensors someone holds (one that captures tensors, or is known only by its
-    function) evaluated now, ``[b|1, h|1, s_q, s_k]``; a mask known by its value and
-    capturing no tensor (causal, sliding window), or ``None``, as it is."""
-    if isinstance(mask, Tensor):
-        return snapshot(mask)
-    if isinstance(mask, Mask) and (mask.relocate is not None or mask.key is None):
-        return mask.to_dense(s_q, s_k, device=device)
-    return mask
-
-
-def _bound_score_module(module: AttentionScore) -> AttentionScore:
-    """A copy of a score module whose parameters and buffers are snapshots
-    (:func:`attnkit.nn.activation_cache.snapshot`): it computes what ``module`` computes
-    now, whatever is done to ``module`` later."""
-    memo: dict[int, Any] = {id(t): snapshot(t) for t in itertools.chain(module.parameters(), module.buffers())}
-    return copy.deepcopy(module, memo)
-
-
-def _softcapped_scores(q: Tensor, k: Tensor, *, scale: float, softcap: float) -> Tensor:
-    """``softcap · tanh(q·k · scale / softcap)``, ``[b, h, s_q, s_k]``.
-
-    The queries take ``scale / softcap`` before the product: one pass over ``[b, h, s_q, d]``
-    instead of two over ``[b, h, s_q, s_k]`` (Gemma 2 scales and divides the scores; the
-    results differ from its order of operations in the last bits only)."""
-    return torch.tanh(dot_scores(q * (scale / softcap), k)) * softcap
-
-
-def _with_window(mask: Mask | Tensor | None, window: int, s_q: int, s_k: int) -> Mask | Tensor:
-    """``mask`` and a sliding window that keeps the ``window`` keys ending at each query."""
-    # Keys later than the query are the causal mask's business, not the window's.
-    recent = sliding_window(window - 1, INDEX_MAX)
-    if mask is None:
-        return recent
-    if isinstance(mask, Mask):
-        return mask & recent
-    return mask & recent.to_dense(s_q, s_k, device=mask.device)
 
 
 def _check_kernel_computes(kernel: str, score: object, dropout: float) -> None:
@@ -1081,3 +748,9 @@ def state_dict_from_torch_attention(m: nn.MultiheadAttention) -> dict[str, Tenso
         state.update({f"{name}.bias": b for name, b in zip(names, m.in_proj_bias.chunk(3))})
         state["out_proj.bias"] = m.out_proj.bias
     return {key: t.detach().clone() for key, t in state.items()}
+
+
+def _one_query(q: Tensor, mask: Mask | Tensor | None, bias: Tensor | None) -> bool:
+    """Whether queries ``q [b, h, s_q, d]`` are one position (a decoding step) that no mask
+    or bias restricts: a sliding window then keeps the last ``window`` keys alone."""
+    return q.shape[2] == 1 and mask is None and bias is None
