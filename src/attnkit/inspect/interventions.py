@@ -48,6 +48,7 @@ from attnkit.functional.finite import check_finite
 from attnkit.inspect import targets
 from attnkit.inspect.maps import token_labels
 from attnkit.inspect.methods import layer_indices
+from attnkit.inspect.metrics import Metric, MetricInput
 
 if TYPE_CHECKING:
     from attnkit.models import Model
@@ -141,6 +142,21 @@ class InterventionEffects:
             return [layer_span(self.layers)]
         return [str(layer) for layer in self.layers]
 
+    @property
+    def axes(self) -> tuple[str, str]:
+        """What the rows and the columns of :attr:`effects` are: ``("layer", "head")``,
+        ``("layer", "position")``, ``("layers", "position")`` (by position: the layers
+        patched together), ``("destination", "source")`` (positions) or, where rows are
+        attention modules, ``("attention", "head")``."""
+        if self.rows is not None:
+            return ("attention", "head")
+        return {
+            "head": ("layer", "head"),
+            "layer-position": ("layer", "position"),
+            "position": ("layers", "position"),
+            "dest-src": ("destination", "source"),
+        }[self.by]
+
     def to_dict(self, digits: int = 6) -> dict[str, Any]:
         """A JSON-ready dict; ``effects[row][column]``: rows are the layers of ``layers``
         in order (one row for ``by="position"``), columns those of ``columns``."""
@@ -164,6 +180,7 @@ class InterventionEffects:
             "replacement": self.replacement,
             "baseline": baseline,
             "layers": self.layers,
+            "axes": list(self.axes),
             "columns": self.columns,
             "effects": [[round(v, digits) for v in row] for row in self.effects.tolist()],
         }
@@ -195,6 +212,8 @@ def head_ablation(
     target: str | None = None,
     mean_over: Sequence[str] | None = None,
     layers: Sequence[int] | None = None,
+    metric: Metric | None = None,
+    resample_from: Sequence[str] | None = None,
 ) -> InterventionEffects:
     """Ablate every head of some layers, one at a time, and measure the change.
 
@@ -206,9 +225,16 @@ def head_ablation(
         mean_over: replace each head's ``z`` by its mean over every position of these
             texts instead of zero (e.g. ``[text]`` itself, or a reference set).
         layers: layer indices (negative from the end); default all.
+        metric: what is measured instead of ``log p(target)`` (causal models): a
+            :class:`attnkit.inspect.metrics.Metric` of the logits of every position (and the
+            activations it reads); the effect is its change.
+        resample_from: replace each head's ``z`` by its value on each of these texts (of
+            as many tokens as ``text``) in turn, instead of zero: the effect is the mean over
+            them (resampling ablation).
 
     Returns:
-        :class:`InterventionEffects` of kind ``"ablation"``, by ``"head"``.
+        :class:`InterventionEffects` of kind ``"ablation"``, by ``"head"``; its
+        ``replacement`` is ``"zero"``, ``"mean"`` or ``"resample"``.
 
     An encoder–decoder (T5, BART) takes ``text`` as its source and ``target`` as the text
     its decoder reads and predicts: every head of its encoder, decoder self- and
@@ -222,26 +248,40 @@ def head_ablation(
             encoder-decoder.
     """
     if getattr(model, "encoder_decoder", False):
+        if metric is not None or resample_from is not None:
+            raise ValueError(f"{model.name} is an encoder-decoder: it ablates heads to zero and measures log p(target)")
         return _encoder_decoder_ablation(model, text, target, mean_over, layers)
+    if mean_over is not None and resample_from is not None:
+        raise ValueError("give mean_over (mean ablation) or resample_from (resampling ablation), not both")
     layer_list = layer_indices(model, layers)
-    target_id = _target_id(model, target)
+    if metric is not None:
+        _check_metric(model, metric, target, None)
+        target_id = None
+    else:
+        target_id = _target_id(model, target)
     encoded = model.tokenize(text)
     if mean_over is not None:
-        replacements = _mean_z(model, mean_over, layer_list)
+        replacement_sets = [_mean_z(model, mean_over, layer_list)]
+    elif resample_from is not None:
+        replacement_sets = _resampled_z(model, resample_from, layer_list, encoded.ids.shape[1])
     else:
         # Each layer's own head dim: some families choose it (num_heads · head_dim != hidden size).
-        replacements = {i: torch.zeros(model.num_heads, 1, model.module.self_attention(i).head_dim) for i in layer_list}
+        zeros = {i: torch.zeros(model.num_heads, 1, model.module.self_attention(i).head_dim) for i in layer_list}
+        replacement_sets = [zeros]
     unablated: list[Tensor] = []  # the output of the first (unaltered) row
-    if model.causal:
+    measure: Callable[[Tensor], Tensor] = _unused_measure
+    if metric is not None:
+        words = f"change in {metric.name}"
+    elif model.causal:
         assert target is not None and target_id is not None  # a causal model's target is checked
-        metric = f"change in log p({target!r}) at the last position"
+        words = f"change in log p({target!r}) at the last position"
 
         def measure(output: Tensor) -> Tensor:
             if not unablated:
                 unablated.append(output[0])
             return torch.log_softmax(output, dim=-1)[:, target_id]
     else:
-        metric = "change in the cosine of the sentence embedding to the unablated one (cos - 1)"
+        words = "change in the cosine of the sentence embedding to the unablated one (cos - 1)"
 
         def measure(output: Tensor) -> Tensor:
             embeddings = targets.sentence_embedding(output)  # [rows, e]
@@ -251,15 +291,21 @@ def head_ablation(
     branches = [_Branch(layer, (layer,), heads, row) for row, layer in enumerate(layer_list)]
     points = {layer: model.hook_name("self_attn.z", layer) for layer in layer_list}
     shape = (len(layer_list), len(heads))
-    base, measured = _patched_passes(model, encoded.ids, branches, points, replacements, 1, measure, shape)
-    if model.causal:
+    grids = [
+        _patched_passes(model, encoded.ids, branches, points, replacements, 1, measure, shape, metric=metric)
+        for replacements in replacement_sets
+    ]
+    base, measured = grids[0][0], torch.stack([grid for _, grid in grids]).mean(0)
+    if metric is not None:
+        measured = measured - base
+    elif model.causal:
         assert target is not None and target_id is not None
         targets.warn_if_space_missing(model, target, target_id, unablated[0])
         measured = measured - base
     return InterventionEffects(
         model_name=model.name,
         kind="ablation",
-        metric=metric,
+        metric=words,
         by="head",
         component="z",
         layers=layer_list,
@@ -269,7 +315,7 @@ def head_ablation(
         tokens=list(encoded.tokens),
         target=target,
         wrong=None,
-        replacement="zero" if mean_over is None else "mean",
+        replacement="mean" if mean_over is not None else "resample" if resample_from is not None else "zero",
         baseline=float(base) if model.causal else 0.0,
     )
 
@@ -281,7 +327,7 @@ def activation_patching(
     *,
     by: str = "head",
     component: str | None = None,
-    metric: str | MetricFunction | None = None,
+    metric: str | MetricFunction | Metric | None = None,
     target: str | None = None,
     wrong: str | None = None,
     layers: Sequence[int] | None = None,
@@ -318,7 +364,9 @@ def activation_patching(
             default and only named metric: the cosine of the sentence embedding to the
             clean text's), or a function of the output of a batch (next-token logits at
             the last position ``[b, v]`` float32 for causal models, the last hidden states
-            ``[b, s, e]`` float32 for encoders) that returns one number per row ``[b]``.
+            ``[b, s, e]`` float32 for encoders) that returns one number per row ``[b]``, or
+            a :class:`attnkit.inspect.metrics.Metric` of the logits of every position (and
+            the activations it reads; causal models).
         target: the token the clean text should continue with (``"logit-diff"`` and
             ``"log-p"``), leading space included (``" Mary"``).
         wrong: the token the corrupted text continues with instead (``"logit-diff"``).
@@ -351,13 +399,20 @@ def activation_patching(
     target_id, wrong_id = _token_ids(model, metric_name, target, wrong)
     clean_enc, corrupt_enc = _same_length_pair(model, clean, corrupt)
     points = {layer: _hook_point(model, component, layer) for layer in layer_list}
+    reads = list(metric.reads) if isinstance(metric, Metric) else []
     with torch.no_grad():
-        clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names_filter=list(points.values()))
-        corrupt_out, corrupt_cache = model.run_with_cache(corrupt_enc.ids, names_filter=list(points.values()))
+        clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names_filter=[*points.values(), *reads])
+        corrupt_out, corrupt_cache = model.run_with_cache(corrupt_enc.ids, names_filter=[*points.values(), *reads])
     clean_output, corrupt_output = _final_output(model, clean_out), _final_output(model, corrupt_out)
     words, measure = _measure(model, metric, metric_name, (target, wrong), (target_id, wrong_id), clean_output)
     with torch.no_grad():
-        clean_value, corrupt_value = float(measure(clean_output)[0]), float(measure(corrupt_output)[0])
+        if isinstance(metric, Metric):
+            clean_value, corrupt_value = (
+                float(metric(MetricInput(out.float(), enc.ids, {name: cache[name] for name in reads}))[0])
+                for out, enc, cache in ((clean_out, clean_enc, clean_cache), (corrupt_out, corrupt_enc, corrupt_cache))
+            )
+        else:
+            clean_value, corrupt_value = float(measure(clean_output)[0]), float(measure(corrupt_output)[0])
     if target is not None and target_id is not None:
         targets.warn_if_space_missing(model, target, target_id, clean_output[0])
     gap = clean_value - corrupt_value
@@ -374,7 +429,14 @@ def activation_patching(
     replacements, branches, shape = _grid(by, layer_list, count, (replacements, corrupted), dim, head_list)
     cell_heads = None if head_list is None else torch.tensor(head_list)
     grid_args = (branches, points, replacements, dim, measure, shape)
-    _, measured = _patched_passes(model, corrupt_enc.ids, *grid_args, fill=corrupt_value, cell_heads=cell_heads)
+    _, measured = _patched_passes(
+        model,
+        corrupt_enc.ids,
+        *grid_args,
+        fill=corrupt_value,
+        cell_heads=cell_heads,
+        metric=metric if isinstance(metric, Metric) else None,
+    )
     return InterventionEffects(
         model_name=model.name,
         kind="patching",
@@ -449,7 +511,7 @@ def _encoder_decoder_patching(
     sources: tuple[str, str],
     by: str,
     component: str | None,
-    metric: str | MetricFunction | None,
+    metric: str | MetricFunction | Metric | None,
     tokens: tuple[str | None, str | None],
     layers: Sequence[int] | None,
 ) -> InterventionEffects:
@@ -545,11 +607,23 @@ def _check_where(by: str, component: str | None) -> str:
     return component
 
 
-def _check_metric(model: Model, metric: str | MetricFunction | None, target: str | None, wrong: str | None) -> str:
+def _check_metric(
+    model: Model, metric: str | MetricFunction | Metric | None, target: str | None, wrong: str | None
+) -> str:
     """The metric's name (``"function"`` for a function), after checking that it fits the
     model and the tokens given."""
     if metric is None:
         metric = "logit-diff" if model.causal else "cosine"
+    if isinstance(metric, Metric):
+        given = [name for name, value in (("target", target), ("wrong", wrong)) if value is not None]
+        if given:
+            raise ValueError(f"a Metric names its own tokens and takes no {' or '.join(given)} token")
+        if not model.causal:
+            raise ValueError(
+                f"{model.name} is a bidirectional encoder without next-token logits; a Metric reads logits: give "
+                "'cosine' or a function of the last hidden states"
+            )
+        return "metric"
     if callable(metric):
         given = [name for name, value in (("target", target), ("wrong", wrong)) if value is not None]
         if given:
@@ -596,7 +670,7 @@ def _token_ids(model: Model, metric: str, target: str | None, wrong: str | None)
 
 def _measure(
     model: Model,
-    metric: str | MetricFunction | None,
+    metric: str | MetricFunction | Metric | None,
     name: str,
     tokens: tuple[str | None, str | None],
     ids: tuple[int | None, int | None],
@@ -617,6 +691,8 @@ def _measure(
         return "cosine to the clean sentence embedding", lambda out: targets.cosine_to(
             targets.sentence_embedding(out), reference
         )
+    if isinstance(metric, Metric):
+        return metric.name, _unused_measure
     assert callable(metric)
     function = metric
 
@@ -630,6 +706,11 @@ def _measure(
 
     label = getattr(function, "__name__", "")
     return ("metric" if not label or label == "<lambda>" else f"metric {label}"), measure
+
+
+def _unused_measure(out: Tensor) -> Tensor:
+    """The measure of a :class:`Metric`'s grid, which :func:`measure_rows` measures instead."""
+    raise AssertionError("a Metric is measured by measure_rows")
 
 
 def _final_output(model: Model, out: Tensor) -> Tensor:
@@ -663,6 +744,7 @@ def _patched_passes(
     *,
     fill: float = 0.0,
     cell_heads: Tensor | None = None,
+    metric: Metric | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Run ``ids`` unaltered and with the variants of each branch patched in, and measure
     each run.
@@ -681,6 +763,8 @@ def _patched_passes(
         cell_heads: for a ``by="dest-src"`` grid, the heads patched: each variant is then
             the source position of a cell of the pattern whose destination is its branch's
             row, and ``replacements`` are the patterns of these heads ``[h_patched, s, s]``.
+        metric: measures each row instead of ``measure``, from the logits of every
+            position, the ids and the activations it reads.
 
     Returns:
         ``(measure of the unaltered run, shape measures)``, ``fill`` where nothing ran.
@@ -696,7 +780,7 @@ def _patched_passes(
             passes.append([branch])
     base = torch.zeros(())
     for group in passes or [[]]:
-        chains: dict[str, list[Callable[[Tensor], Tensor]]] = {}
+        chains: dict[str, list[Callable[[Tensor], Tensor | None]]] = {}
         offset = 1  # row 0 is the unaltered run
         for branch in group:
             variants = torch.tensor(branch.variants)
@@ -710,9 +794,16 @@ def _patched_passes(
                 )
                 chains.setdefault(points[layer], []).append(patch)
             offset += len(variants)
+        kept: dict[str, Tensor] = {}
+        for name in metric.reads if metric is not None else ():
+            chains.setdefault(name, []).append(_keep(kept, name))
         with torch.no_grad():
             run = model.run_with_hooks(ids, hooks={name: _chained(fns) for name, fns in chains.items()}, logits=False)
-            values = measure(_final_output_of_hidden(model, run.last_hidden_state)).double()  # [offset]
+            values = (
+                measure(_final_output_of_hidden(model, run.last_hidden_state))
+                if metric is None
+                else measure_rows(model, metric, run.last_hidden_state, ids, kept)
+            ).double()  # [offset]
         base, offset = values[0].cpu(), 1
         for branch in group:
             grid[branch.row, list(branch.variants)] = values[offset : offset + len(branch.variants)].cpu()
@@ -724,6 +815,48 @@ def _final_output_of_hidden(model: Model, hidden: Tensor) -> Tensor:
     """:func:`_final_output` from the last hidden states ``[b, s, e]``: the head runs on the
     last position only (a batch of many rows saves the vocabulary projection of the rest)."""
     return targets.last_logits(model, hidden) if model.causal else hidden.float()
+
+
+# The logits a metric of every position reads are formed for this many bytes of rows at a time.
+LOGITS_MEMORY = 2**28
+
+
+def measure_rows(model: Model, metric: Metric, hidden: Tensor, ids: Tensor, kept: dict[str, Tensor]) -> Tensor:
+    """``[b]``: ``metric`` of each row of a batch from its last hidden states ``[b, s, e]``, the
+    ids ``[1, s]`` every row read and the activations it reads (``[b or fewer, ...]``: rows
+    that branched off after a point are the unaltered row 0 there), a few rows' logits at a
+    time.
+
+    Raises:
+        ValueError: a model without a language-model head.
+    """
+    rows, positions = hidden.shape[:2]
+    cache = {name: _all_rows(x, rows) for name, x in kept.items()}
+    chunk = max(1, LOGITS_MEMORY // (positions * model.config.vocab_size * 4))
+    values = []
+    for start in range(0, rows, chunk):
+        logits = model.module.logits(hidden[start : start + chunk])  # [c, s, v]
+        if logits is None:
+            raise ValueError(f"{model.name} ({model.family}) has no language-model head: no logits to measure")
+        part = {name: x[start : start + chunk] for name, x in cache.items()}
+        count = logits.shape[0]
+        values.append(metric(MetricInput(logits.float(), ids.expand(count, -1), part)))
+    return torch.cat(values)
+
+
+def _all_rows(x: Tensor, rows: int) -> Tensor:
+    """An activation of a batched pass with every row: rows that branch off after its point
+    hold the unaltered row 0 there."""
+    return x if x.shape[0] == rows else torch.cat([x, x[:1].expand(rows - x.shape[0], *x.shape[1:])])
+
+
+def _keep(kept: dict[str, Tensor], name: str) -> Callable[[Tensor], None]:
+    """A hook that keeps its activation in ``kept[name]``."""
+
+    def hook(x: Tensor) -> None:
+        kept[name] = x
+
+    return hook
 
 
 def _branch(n: int) -> Callable[[Tensor], Tensor]:
@@ -762,12 +895,13 @@ def _patch_cells(
     return hook
 
 
-def _chained(fns: Sequence[Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
-    """The hooks of one point, applied in order."""
+def _chained(fns: Sequence[Callable[[Tensor], Tensor | None]]) -> Callable[[Tensor], Tensor]:
+    """The hooks of one point, applied in order (one that returns ``None`` only reads)."""
 
     def hook(x: Tensor) -> Tensor:
         for fn in fns:
-            x = fn(x)
+            out = fn(x)
+            x = x if out is None else out
         return x
 
     return hook
@@ -786,6 +920,29 @@ def _mean_z(model: Model, texts: Sequence[str], layers: list[int]) -> dict[int, 
             totals[i] = z if i not in totals else totals[i] + z
         count += run.ids.shape[1]
     return {i: (total / count).float() for i, total in totals.items()}
+
+
+def _resampled_z(model: Model, texts: Sequence[str], layers: list[int], length: int) -> list[dict[int, Tensor]]:
+    """Each head's ``z`` on each of ``texts``: one dict layer → ``[h, s, d]`` per text.
+
+    Raises:
+        ValueError: no text, or a text of another token count than ``length``.
+    """
+    if not texts:
+        raise ValueError("resampling ablation needs at least one reference text")
+    names = [model.hook_name("self_attn.z", i) for i in layers]
+    sets = []
+    for text in texts:
+        encoded = model.tokenize(text)
+        if encoded.ids.shape[1] != length:
+            raise ValueError(
+                f"resampling ablation takes reference texts of as many tokens as the text ({length}), got "
+                f"{encoded.ids.shape[1]} ({_spelled(encoded.tokens)})"
+            )
+        with torch.no_grad():
+            _, cache = model.run_with_cache(encoded.ids, names_filter=names)
+        sets.append({i: cache[name][0] for i, name in zip(layers, names)})
+    return sets
 
 
 def _target_id(model: Model, target: str | None) -> int | None:

@@ -170,14 +170,14 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
             if effects.by == "dest-src"
             else f"{effects.component} at each position (layers {effects.row_labels[0]} together)"
         )
-        what = f"patching {where} of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
+        what = f"{effects.kind} {where} of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
         baseline = f"; clean {effects.baseline['clean']:.4f}, corrupted {effects.baseline['corrupt']:.4f}"
     else:
         what = f"{effects.replacement} ablation of each head on {effects.texts['text']!r}"
         baseline = "" if effects.target is None else f"; unablated log p({effects.target!r}) = {effects.baseline:.4f}"
     lines = [f"{effects.model_name} · {what}", f"measure: {effects.metric}{baseline}", ""]
     # Ablation: the heads whose removal lowers the measure most; patching: those that restore most.
-    order = rank_heads(effects.effects, top=top, descending=effects.kind == "patching")
+    order = rank_heads(effects.effects, top=top, descending=effects.kind != "ablation")
     rows = effects.row_labels
     if by_head:
         listed = [[rows[row], f"{column}", f"{value:+.4f}"] for row, column, value in order]
