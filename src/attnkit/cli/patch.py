@@ -77,6 +77,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "position)",
     )
     _add_where_arguments(parser)
+    parser.add_argument(
+        "--every",
+        action="store_true",
+        help="patch every block kind in one run: resid_pre, attn_out and mlp_out by layer and position, each "
+        "head's z, q, k, v and pattern by head (every position) and by layer and position; prints and writes "
+        "one grid for each (instead of --by and --component)",
+    )
+    parser.add_argument(
+        "--attribution",
+        action="store_true",
+        help="attribution patching: each cell estimated to first order, (clean - corrupted activation) · "
+        "gradient of the metric at the corrupted run, from one backward pass (causal models; --by head, "
+        "layer-position or position)",
+    )
     add_model_argument(parser)
     parser.add_argument("--top", type=int, default=5, metavar="N", help="cells listed (default: 5)")
     add_output_arguments(parser, default_formats="png,json")
@@ -124,6 +138,12 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--heads chooses the heads of --by dest-src; --by {args.by} takes none")
     if args.by == "dest-src" and args.component not in (None, "pattern"):
         raise CommandError(f"--by dest-src patches cells of the pattern; it takes no --component {args.component}")
+    if args.every and (args.component is not None or args.by != "head" or args.heads is not None):
+        raise CommandError(
+            "--every patches every block kind by layer, position and head: leave out --by, --component and --heads"
+        )
+    if args.attribution and args.by == "dest-src":
+        raise CommandError("--attribution estimates grids by head, layer-position or position, not --by dest-src")
     formats = parse_formats(args.format)
     figure = figure_options(args)
     status = Status(args.quiet)
@@ -139,23 +159,38 @@ def run(args: argparse.Namespace) -> int:
     layers = parse_layers(args.layers, model.num_layers)
     heads = parse_heads(args.heads, model.num_heads)
     grid = {"head": f"{model.num_heads} heads", "dest-src": "destinations × sources"}.get(args.by, "positions")
+    if args.every or args.attribution:
+        from attnkit.inspect.patching_grids import EVERY, attribution_patching, every_block_patching
+
+        sweep = attribution_patching if args.attribution else every_block_patching
+        pairs = EVERY if args.every else [(args.component or ("z" if args.by == "head" else "resid_pre"), args.by)]
+        grid = "every block kind" if args.every else grid
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"patching {len(layers or range(model.num_layers))} layers × {grid} of {model.name}"):
-            effects = activation_patching(
-                model,
-                args.clean,
-                args.corrupt,
-                by=args.by,
-                component=args.component,
-                metric=args.metric,
-                target=args.target,
-                wrong=args.wrong,
-                layers=layers,
-                heads=heads,
-            )
-        print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
-        with status.step(f"writing {', '.join(formats)}"):
-            written = write_effects(effects, out, formats, **figure)
+            if args.every or args.attribution:
+                texts = (model, args.clean, args.corrupt)
+                tokens = {"metric": args.metric, "target": args.target, "wrong": args.wrong}
+                grids = sweep(*texts, **tokens, layers=layers, grids=pairs).grids
+            else:
+                grids = (
+                    activation_patching(
+                        model,
+                        args.clean,
+                        args.corrupt,
+                        by=args.by,
+                        component=args.component,
+                        metric=args.metric,
+                        target=args.target,
+                        wrong=args.wrong,
+                        layers=layers,
+                        heads=heads,
+                    ),
+                )
+        written = []
+        for number, effects in enumerate(grids):
+            print(("\n" if number else "") + terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
+            with status.step(f"writing {', '.join(formats)}"):
+                written += write_effects(effects, out, formats, **figure)
     print_written(written)
     return 0
 

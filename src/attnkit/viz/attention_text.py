@@ -161,7 +161,7 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
     by_head = effects.by == "head"
     if isinstance(effects.baseline, dict):  # patching
         where = (
-            "each head"
+            ("each head" if effects.component == "z" else f"each head's {effects.component}")
             if by_head
             else f"{effects.component} at each layer and position"
             if effects.by == "layer-position"
