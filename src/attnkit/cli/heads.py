@@ -45,7 +45,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("text", nargs="?", metavar="TEXT", help="the text to run")
-    parser.add_argument("--file", metavar="FILE", help="texts to run, one per line (blank lines skipped)")
+    parser.add_argument(
+        "--file",
+        metavar="FILE",
+        help="texts to run, one per line (blank lines skipped); with --long, one long text read from its start, "
+        "as far as the tokens the run can take",
+    )
     add_model_argument(parser)
     parser.add_argument(
         "--from",
@@ -205,7 +210,9 @@ def _check_lines(model: Any, file: str, numbered: list[tuple[int, str]]) -> None
 
 def run(args: argparse.Namespace) -> int:
     if args.long or args.stat in LONG_ONLY_STATISTICS:
-        return run_heads_long(args, read_texts)
+        return run_heads_long(args)
+    if args.max_tokens is not None:
+        raise CommandError("--max-tokens goes with --long")
     check_nproc(args)
     distributed = launched_by_torchrun()
     if (args.nproc is not None or distributed) and (args.ablate or args.file is None):

@@ -68,7 +68,7 @@ class RMSNorm(nn.Module):
             x32 = x.float()
             scale = (x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [..., 1]
             hooked = self.scale(scale)
-            if hooked is not scale:
+            if hooked is not scale or self.scale.watches_gradient:
                 if self.plus_one:
                     return (x32 / hooked * (1.0 + weight.float())).to(x.dtype)
                 return weight * (x32 / hooked).to(x.dtype)
@@ -110,7 +110,7 @@ class LayerNorm(nn.LayerNorm):
             centred = x - x.mean(-1, keepdim=True)  # [..., e]
             scale = (centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [..., 1]
             hooked = self.scale(scale)
-            if hooked is not scale:
+            if hooked is not scale or self.scale.watches_gradient:
                 out = centred / hooked
                 out = out if self.weight is None else out * self.weight
                 return out if self.bias is None else out + self.bias

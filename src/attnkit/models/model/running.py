@@ -138,6 +138,8 @@ class RunMixin(ModelCore):
         logits: bool = True,
         hooks: Mapping[str, HookFn] | None = None,
         names_filter: NameFilter = (),
+        backward_hooks: Mapping[str, HookFn] | None = None,
+        incl_bwd: bool = False,
     ) -> ForwardPass:
         """The one forward path of :meth:`run`, :meth:`run_batch` and :meth:`run_with_hooks`:
         ids ``[b, s]`` through the network's hook points, in the caller's autograd mode.
@@ -151,11 +153,16 @@ class RunMixin(ModelCore):
             logits: compute the next-token logits (where the network has a head).
             hooks: name → function, applied after those of enclosing :meth:`hooks` blocks.
             names_filter: the activations to keep, as :meth:`run` takes them.
+            backward_hooks: name → function on the gradient of that activation.
+            incl_bwd: also keep the kept activations' gradients when a backward pass
+                reaches them (:attr:`attnkit.nn.ActivationCache.grads`).
 
         Returns:
             A :class:`attnkit.models.model.runs.ForwardPass`.
         """
-        with self.module.hook_session(hooks, names_filter=names_filter) as kept:
+        with self.module.hook_session(
+            hooks, names_filter=names_filter, backward_hooks=backward_hooks, incl_bwd=incl_bwd
+        ) as kept:
             out = self.module.last_hidden_state(
                 ids.to(self.device),
                 padding=None if padding is None else padding.to(self.device),
