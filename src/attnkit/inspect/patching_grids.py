@@ -15,15 +15,16 @@ Attribution patching replaces each patch by the first-order term of its effect:
 ``(clean activation - corrupted activation) · ∂metric/∂activation`` at the corrupted run,
 summed over what the patch replaces (a head's every position, or a position's every head
 and dimension) and divided by the clean-minus-corrupted difference of the metric, as the
-exact grids are. One forward and one backward pass of the corrupted text, and one forward
-pass of the clean one, give every grid.
+exact grids are. One forward and one backward pass of the corrupted text (the gradients
+the activation cache keeps, ``incl_bwd=True``), and one forward pass of the clean one,
+give every grid.
 
 Shape letters: ``L`` layers, ``h`` heads, ``s`` tokens, ``d`` head dim, ``e`` model dim.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from attnkit.inspect.interventions import InterventionEffects, MetricFunction
 from attnkit.inspect.maps import token_labels
 from attnkit.inspect.methods import layer_indices
 from attnkit.inspect.metrics import Metric, MetricInput, log_probability, logit_difference, of_logits
+from attnkit.nn.hooks import backward_of_scalar
 
 if TYPE_CHECKING:
     from attnkit.models import Model
@@ -228,41 +230,19 @@ def attribution_patching(
 def metric_gradients(
     model: Model, ids: Tensor, metric: Metric, names: list[str]
 ) -> tuple[float, dict[str, Tensor], dict[str, Tensor]]:
-    """One forward and backward pass of ``ids`` ``[1, s]``: the metric's value, and the
-    activation and the metric's gradient with respect to it at each hook name (each
+    """One forward and backward pass of ``ids`` ``[1, s]`` (the gradients the cache keeps,
+    :meth:`attnkit.models.Model.run_with_hooks` with ``incl_bwd=True``): the metric's value,
+    and the activation and the metric's gradient with respect to it at each hook name (each
     ``[1, ...]``, float64)."""
-    deltas: dict[str, Tensor] = {}
-    kept: dict[str, Tensor] = {}
     reads = list(metric.reads)
-    read: dict[str, Tensor] = {}
-
-    def perturb(name: str) -> Callable[[Tensor], Tensor]:
-        # Adding a zero that requires grad gives the gradient with respect to the activation,
-        # whether or not the weights require grad, without cutting the graph below it.
-        def hook(x: Tensor) -> Tensor:
-            kept[name] = x.detach()
-            deltas[name] = torch.zeros_like(x, requires_grad=True)
-            out = x + deltas[name]
-            if name in reads:
-                read[name] = out
-            return out
-
-        return hook
-
-    def keep(name: str) -> Callable[[Tensor], None]:
-        return lambda x: read.__setitem__(name, x)
-
-    hooks: dict[str, Callable[[Tensor], Tensor | None]] = {name: perturb(name) for name in names}
-    hooks.update({name: keep(name) for name in reads if name not in hooks})
     with torch.enable_grad():
-        run = model.run_with_hooks(ids, hooks=hooks)
+        run = model.run_with_hooks(ids, names_filter=list(dict.fromkeys([*names, *reads])), incl_bwd=True)
         assert run.logits is not None  # a causal decoder's run
-        value = metric(MetricInput(run.logits.float(), ids, read))[0]
-        grads = torch.autograd.grad(value, [deltas[name] for name in names], allow_unused=True)
-    gradients = {
-        name: (torch.zeros_like(deltas[name]) if grad is None else grad).double() for name, grad in zip(names, grads)
-    }
-    return float(value.detach()), {name: x.double() for name, x in kept.items()}, gradients
+        value = metric(MetricInput(run.logits.float(), ids, {name: run.cache[name] for name in reads}))[0]
+        backward_of_scalar(value, run.cache)
+    run.cache.detach_entries()
+    activations = {name: run.cache[name].double() for name in names}
+    return float(value.detach()), activations, {name: run.cache.grads[name].double() for name in names}
 
 
 def as_metric(
