@@ -175,3 +175,14 @@ def test_every_and_attribution_refuse_what_does_not_fit(tmp_path, capsys, option
     argv = ["patch", "--clean", CLEAN, "--corrupt", CORRUPT, "--out", str(tmp_path), *options]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_by_head_and_position(tiny, tmp_path, capsys):
+    options = ["--by", "head-position", "--component", "v", "--target", "mat", "--wrong", "b", "--format", "json"]
+    assert _patch(tiny, tmp_path, *options) == 0
+    printed = capsys.readouterr().out
+    assert f"patching each head's v at each position of {CLEAN!r}" in printed
+    assert "heads × positions (fraction of the logit difference 'mat' - 'b' restored):" in printed
+    data = json.loads((tmp_path / "tiny_patching_v_by-head-position.json").read_text())
+    assert data["axes"] == ["head", "position"] and data["columns"] == TOKENS
+    assert data["rows"][0] == "L0H0" and len(data["effects"]) == len(data["rows"])

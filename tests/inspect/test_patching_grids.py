@@ -45,10 +45,12 @@ def _logit_diff(model, hooks=None, text=CORRUPT):
     return float(logits[t] - logits[w])
 
 
-def _index(component, by, column):
+def _index(component, by, column, head=None):
     """The index, without the batch dimension, that a cell patches."""
     if by == "head":
         return (column,)
+    if by == "head-position":
+        return (head, column)
     return (slice(None), column) if component in interventions.PER_HEAD else (column,)
 
 
@@ -120,7 +122,7 @@ def test_attribution_equals_finite_differences(llama64):
     The weights are float64 but parts of attention compute in float32, whose rounding a
     step of 1e-4 would magnify past the tolerance: the steps are 0.03 and 0.015."""
     grids = [("resid_pre", "layer-position"), ("mlp_out", "layer-position"), ("q", "head"), ("v", "head")]
-    grids += [("pattern", "head"), ("k", "layer-position"), ("z", "position")]
+    grids += [("pattern", "head"), ("k", "layer-position"), ("z", "position"), ("v", "head-position")]
     approx = attribution_patching(llama64, CLEAN, CORRUPT, target=TARGET, wrong=WRONG, grids=grids)
     names = [llama64.hook_name(_point(c), i) for c, _ in grids for i in range(llama64.num_layers)]
     clean = llama64.run(CLEAN, return_weights=False, names_filter=names).cache
@@ -130,9 +132,12 @@ def test_attribution_equals_finite_differences(llama64):
     for component, by in grids:
         grid = approx[component, by]
         layers = [list(range(llama64.num_layers))] if by == "position" else [[i] for i in range(llama64.num_layers)]
-        for row, patched_layers in enumerate(layers):
+        heads = clean[llama64.hook_name(_point(component), 0)].shape[1] if by == "head-position" else 1
+        cells = [(row, head) for row in range(len(layers)) for head in range(heads)]
+        for (row, head), grid_row in zip(cells, range(grid.effects.shape[0]), strict=True):
+            patched_layers = layers[row]
             for column in range(grid.effects.shape[1]):
-                index = _index(component, by, column)
+                index = _index(component, by, column, head)
 
                 def nudge(step, index=index, patched_layers=patched_layers, component=component):
                     hooks = {}
@@ -149,10 +154,8 @@ def test_attribution_equals_finite_differences(llama64):
 
                 wide, narrow = (nudge(eps) - nudge(-eps)) / (2 * eps), (nudge(eps / 2) - nudge(-eps / 2)) / eps
                 derivative = (4 * narrow - wide) / 3  # Richardson: the step's error O(eps⁴)
-                assert float(grid.effects[row, column]) == pytest.approx(derivative / gap, rel=1e-3, abs=2e-4), (
-                    component,
-                    by,
-                )
+                cell = float(grid.effects[grid_row, column])
+                assert cell == pytest.approx(derivative / gap, rel=1e-3, abs=2e-4), (component, by)
 
 
 def test_the_record_labels_its_grids_and_refuses_what_it_lacks(llama):
@@ -170,3 +173,26 @@ def test_the_record_labels_its_grids_and_refuses_what_it_lacks(llama):
 def test_attribution_refuses_encoders(minilm):
     with pytest.raises(ValueError, match="causal decoder"):
         attribution_patching(minilm, "The cat sat.", "The dog sat.")
+
+
+@pytest.mark.parametrize("component", ["z", "k", "pattern"])
+def test_each_head_at_each_position_equals_the_plain_hooks_loop(llama, component):
+    """TransformerLens' ``get_act_patch_attn_head_*_by_pos``: rows are the heads of every
+    layer (``L1H2``), columns positions."""
+    sweep = every_block_patching(
+        llama, CLEAN, CORRUPT, target=TARGET, wrong=WRONG, grids=[(component, "head-position")]
+    )
+    grid = sweep[component, "head-position"]
+    names = [llama.hook_name(_point(component), i) for i in range(llama.num_layers)]
+    clean = llama.run(CLEAN, return_weights=False, names_filter=names).cache
+    heads = clean[names[0]].shape[1]
+    assert grid.axes == ("head", "position") and grid.effects.shape == (llama.num_layers * heads, 10)
+    assert grid.row_labels[: heads + 1] == [*(f"L0H{h}" for h in range(heads)), "L1H0"]
+    clean_value, corrupt_value = _logit_diff(llama, text=CLEAN), _logit_diff(llama)
+    for layer, name in enumerate(names):
+        for head in range(heads):
+            for column in range(10):
+                patched = _logit_diff(llama, {name: _replace((head, column), clean[name][0])})
+                expected = (patched - corrupt_value) / (clean_value - corrupt_value)
+                cell = float(grid.effects[layer * heads + head, column])
+                assert cell == pytest.approx(expected, abs=ATOL), (layer, head, column)

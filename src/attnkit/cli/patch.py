@@ -22,7 +22,7 @@ from attnkit.cli.common import (
 
 # What `--by` and `--component` accept (attnkit.inspect.interventions.BY and COMPONENTS,
 # repeated here so that the help needs no PyTorch; a test keeps them equal).
-BY = ("head", "layer-position", "position", "dest-src")
+BY = ("head", "layer-position", "position", "dest-src", "head-position")
 COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v", "pattern")
 PER_HEAD = ("z", "q", "k", "v", "pattern")
 METRICS = ("logit-diff", "log-p", "cosine")
@@ -65,7 +65,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="head",
         help="where each patch acts: one head's z at every position (layers × heads, the default); one layer "
         "at one position (layers × positions); one position in every layer at once (one row of positions); one "
-        "(destination, source) cell of the pattern in --heads of --layers at once (positions × positions)",
+        "(destination, source) cell of the pattern in --heads of --layers at once (positions × positions); one "
+        "head's --component at one position (the heads of every layer × positions)",
     )
     parser.add_argument(
         "--component",
@@ -128,9 +129,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--clean and --corrupt must be non-empty texts")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
-    if args.by == "head" and args.component is not None and args.component not in PER_HEAD:
+    if args.by in ("head", "head-position") and args.component is not None and args.component not in PER_HEAD:
         raise CommandError(
-            f"--by head patches a per-head component ({', '.join(PER_HEAD)}); --component {args.component} is "
+            f"--by {args.by} patches a per-head component ({', '.join(PER_HEAD)}); --component {args.component} is "
             "one vector per position: use --by layer-position or --by position"
         )
     _check_metric_tokens(args.metric, args.target, args.wrong)
@@ -158,12 +159,17 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     layers = parse_layers(args.layers, model.num_layers)
     heads = parse_heads(args.heads, model.num_heads)
-    grid = {"head": f"{model.num_heads} heads", "dest-src": "destinations × sources"}.get(args.by, "positions")
+    grid = {
+        "head": f"{model.num_heads} heads",
+        "dest-src": "destinations × sources",
+        "head-position": f"{model.num_heads} heads × positions",
+    }.get(args.by, "positions")
     if args.every or args.attribution:
         from attnkit.inspect.patching_grids import EVERY, attribution_patching, every_block_patching
 
         sweep = attribution_patching if args.attribution else every_block_patching
-        pairs = EVERY if args.every else [(args.component or ("z" if args.by == "head" else "resid_pre"), args.by)]
+        default = "z" if args.by in ("head", "head-position") else "resid_pre"
+        pairs = EVERY if args.every else [(args.component or default, args.by)]
         grid = "every block kind" if args.every else grid
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"patching {len(layers or range(model.num_layers))} layers × {grid} of {model.name}"):

@@ -18,7 +18,9 @@ activation patching.
   component of one layer at one position (``"layer-position"``, layers × positions), or
   the component at one position in every layer asked for at once (``"position"``, one row
   of positions), or one cell of the pattern, destination (query) by source (key), in the
-  heads and layers asked for at once (``"dest-src"``, positions × positions). The metric (:data:`METRICS`) is the logit difference between a target
+  heads and layers asked for at once (``"dest-src"``, positions × positions), or one head's
+  per-head component at one position (``"head-position"``, the heads of every layer ×
+  positions). The metric (:data:`METRICS`) is the logit difference between a target
   and a wrong token at the last position, the target's log-probability, or any function
   of the output (causal models); the cosine to the clean sentence embedding (encoders).
 
@@ -59,8 +61,8 @@ BATCH_MEMORY = 2**30
 
 # Where a patch acts: one head's z at every position; a component of one layer at one
 # position; a component at one position in every layer asked for; one (destination, source)
-# cell of the pattern in every head and layer asked for.
-BY = ("head", "layer-position", "position", "dest-src")
+# cell of the pattern in every head and layer asked for; one head's per-head component at one position.
+BY = ("head", "layer-position", "position", "dest-src", "head-position")
 # What a patch replaces, by the end of its hook name in a layer (attnkit.nn.hooks): the
 # residual stream into the layer, between its blocks and out of it, the attention and
 # feed-forward blocks' outputs, and each head's output before the output projection.
@@ -92,7 +94,9 @@ class InterventionEffects:
             heads), ``"layer-position"`` (rows layers, columns positions) or ``"position"``
             (one row, the layers of ``layers`` patched together; columns positions) or
             ``"dest-src"`` (rows destination positions, columns source positions: one
-            cell of the pattern patched in ``heads`` of every layer of ``layers``).
+            cell of the pattern patched in ``heads`` of every layer of ``layers``) or
+            ``"head-position"`` (rows the heads of every layer, :attr:`rows` ``"L3H2"``;
+            columns positions).
         component: what was replaced (:data:`COMPONENTS`): ``"z"`` for heads.
         layers: the layers, in the order of the rows of ``effects`` (with ``by="position"``,
             the layers of its one row).
@@ -108,8 +112,8 @@ class InterventionEffects:
             ablation); for patching ``{"clean": ..., "corrupt": ...}`` of the metric.
         heads: the heads patched together (``by="dest-src"``), else ``None``.
         rows: the label of each row where rows are not layers of one stack (an
-            encoder–decoder's ``"encoder 0"``, ``"decoder 0 self"``, ``"decoder 0 cross"``),
-            else ``None``.
+            encoder–decoder's ``"encoder 0"``, ``"decoder 0 self"``, ``"decoder 0 cross"``,
+            or by ``"head-position"`` each layer's heads ``"L3H2"``), else ``None``.
     """
 
     model_name: str
@@ -147,7 +151,10 @@ class InterventionEffects:
         """What the rows and the columns of :attr:`effects` are: ``("layer", "head")``,
         ``("layer", "position")``, ``("layers", "position")`` (by position: the layers
         patched together), ``("destination", "source")`` (positions) or, where rows are
-        attention modules, ``("attention", "head")``."""
+        attention modules, ``("attention", "head")``; by ``"head-position"``, ``("head",
+        "position")`` (rows ``"L3H2"``: layer 3's head 2)."""
+        if self.by == "head-position":
+            return ("head", "position")
         if self.rows is not None:
             return ("attention", "head")
         return {
@@ -197,12 +204,14 @@ def layer_span(layers: Sequence[int]) -> str:
 class _Branch:
     """Rows that branch off the unaltered run at the ``resid_pre`` of layer ``start``, one
     per variant (a head or a position), and have ``variants[j]`` replaced in row ``j`` at
-    the component of each of ``layers``; ``row`` is their row of the effects grid."""
+    the component of each of ``layers`` (in ``head`` alone where given: the variants are
+    then positions); ``row`` is their row of the effects grid."""
 
     start: int
     layers: tuple[int, ...]
     variants: tuple[int, ...]
     row: int
+    head: int | None = None
 
 
 def head_ablation(
@@ -354,7 +363,9 @@ def activation_patching(
             ``"dest-src"``, the pattern's weight of one destination (query) position on
             one source (key) position, in ``heads`` of every layer of ``layers`` at once
             (destinations × sources; TransformerLens'
-            ``get_act_patch_attn_head_pattern_dest_src_pos`` for one head and layer).
+            ``get_act_patch_attn_head_pattern_dest_src_pos`` for one head and layer);
+            ``"head-position"``, one head's per-head component at one position (the heads
+            of every layer × positions; ``get_act_patch_attn_head_out_by_pos``).
         component: what is patched (:data:`COMPONENTS`); default ``"z"`` by head,
             ``"resid_pre"`` by position, ``"pattern"`` (the only one) by ``"dest-src"``. By head only the per-head ones
             (:data:`PER_HEAD`: ``k`` and ``v`` by key/value head); by position a per-head
@@ -426,7 +437,11 @@ def activation_patching(
     replacements = {layer: clean_cache[name][0] for layer, name in points.items()}  # [h, s, d] or [s, e]
     corrupted = {layer: corrupt_cache[name][0] for layer, name in points.items()}
     count = next(iter(replacements.values())).shape[0] if by == "head" else clean_enc.ids.shape[1]  # h or h_kv
-    replacements, branches, shape = _grid(by, layer_list, count, (replacements, corrupted), dim, head_list)
+    if by == "head-position":
+        branches, shape, rows = _head_position_branches(layer_list, count, replacements, corrupted)
+    else:
+        replacements, branches, shape = _grid(by, layer_list, count, (replacements, corrupted), dim, head_list)
+        rows = None
     cell_heads = None if head_list is None else torch.tensor(head_list)
     grid_args = (branches, points, replacements, dim, measure, shape)
     _, measured = _patched_passes(
@@ -457,7 +472,27 @@ def activation_patching(
         replacement="clean",
         baseline={"clean": clean_value, "corrupt": corrupt_value},
         heads=head_list,
+        rows=rows,
     )
+
+
+def _head_position_branches(
+    layers: list[int], positions: int, clean: dict[int, Tensor], corrupted: dict[int, Tensor]
+) -> tuple[list[_Branch], tuple[int, int], list[str]]:
+    """``(branches, shape, row labels)`` of a ``by="head-position"`` grid: one row per head
+    of each layer (``"L3H2"``), each with the positions whose clean activation of that head
+    differs from the corrupted one. ``clean`` and ``corrupted``: layer → ``[h, s, ...]``."""
+    heads = next(iter(clean.values())).shape[0]  # h, or h_kv for k and v
+    branches = []
+    for index, layer in enumerate(layers):
+        for head in range(heads):
+            changed = tuple(
+                p for p in range(positions) if not torch.equal(clean[layer][head, p], corrupted[layer][head, p])
+            )
+            if changed:
+                branches.append(_Branch(layer, (layer,), changed, index * heads + head, head))
+    labels = [f"L{layer}H{head}" for layer in layers for head in range(heads)]
+    return branches, (len(layers) * heads, positions), labels
 
 
 def _same_length_pair(model: Model, clean: str, corrupt: str) -> tuple[Any, Any]:
@@ -596,10 +631,10 @@ def _check_where(by: str, component: str | None) -> str:
             raise ValueError(f"by='dest-src' patches cells of the pattern; it takes no component {component!r}")
         return "pattern"
     if component is None:
-        return "z" if by == "head" else "resid_pre"
+        return "z" if by in ("head", "head-position") else "resid_pre"
     if component not in COMPONENTS:
         raise ValueError(f"component must be one of {', '.join(map(repr, COMPONENTS))}, got {component!r}")
-    if by == "head" and component not in PER_HEAD:
+    if by in ("head", "head-position") and component not in PER_HEAD:
         raise ValueError(
             f"patching by head needs a per-head component ({', '.join(map(repr, PER_HEAD))}); "
             f"{component!r} is one vector per position: patch it by 'layer-position' or 'position'"
@@ -788,9 +823,11 @@ def _patched_passes(
             rows_of = torch.arange(offset, offset + len(variants))
             for layer in branch.layers:
                 patch = (
-                    _patch(rows_of, variants, replacements[layer], dim)
-                    if cell_heads is None
-                    else _patch_cells(rows_of, cell_heads, branch.row, variants, replacements[layer])
+                    _patch_cells(rows_of, cell_heads, branch.row, variants, replacements[layer])
+                    if cell_heads is not None
+                    else _patch_head(rows_of, branch.head, variants, replacements[layer])
+                    if branch.head is not None
+                    else _patch(rows_of, variants, replacements[layer], dim)
                 )
                 chains.setdefault(points[layer], []).append(patch)
             offset += len(variants)
@@ -873,6 +910,19 @@ def _patch(rows: Tensor, variants: Tensor, replacement: Tensor, dim: int) -> Cal
     def hook(x: Tensor) -> Tensor:
         x = x.clone()
         x.movedim(dim, 1)[rows.to(x.device), variants.to(x.device)] = chosen.to(x)
+        return x
+
+    return hook
+
+
+def _patch_head(rows: Tensor, head: int, positions: Tensor, replacement: Tensor) -> Callable[[Tensor], Tensor]:
+    """A per-head hook that gives row ``rows[j]`` the replacement of head ``head`` at
+    position ``positions[j]``; ``replacement``: ``[h, s, d or s_k]``."""
+    chosen = replacement[head, positions]  # [n, d or s_k]
+
+    def hook(x: Tensor) -> Tensor:
+        x = x.clone()
+        x[rows.to(x.device), head, positions.to(x.device)] = chosen.to(x)
         return x
 
     return hook

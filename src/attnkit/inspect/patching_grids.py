@@ -175,7 +175,9 @@ def attribution_patching(
         raise ValueError("grids must name at least one (component, by) pair, got none")
     for component, by in grids:
         if by == "dest-src":
-            raise ValueError("attribution patching runs by 'head', 'layer-position' or 'position', not 'dest-src'")
+            raise ValueError(
+                "attribution patching runs by 'head', 'layer-position', 'position' or 'head-position', not 'dest-src'"
+            )
         interventions._check_where(by, component)
     chosen = as_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
@@ -202,9 +204,11 @@ def attribution_patching(
             name = names[component, layer]
             terms = (clean_cache[name][0].to(gradients[name]) - corrupted[name][0]) * gradients[name][0]
             rows.append(_summed(terms, component, by))
-        effects = torch.stack(rows)  # [L, h or s]
+        effects = torch.stack(rows)  # [L, h or s], or [L, h, s] by head and position
         if by == "position":
             effects = effects.sum(0, keepdim=True)  # [1, s]: every layer patched together
+        heads = effects.shape[1] if by == "head-position" else 0
+        effects = effects.flatten(0, 1) if by == "head-position" else effects  # [L * h, s]
         count = effects.shape[1]
         done.append(
             InterventionEffects(
@@ -222,6 +226,7 @@ def attribution_patching(
                 wrong=wrong,
                 replacement="clean",
                 baseline={"clean": clean_value, "corrupt": corrupt_value},
+                rows=[f"L{layer}H{head}" for layer in layer_list for head in range(heads)] if heads else None,
             )
         )
     return PatchingGrids(model.name, "attribution patching", tuple(done))
@@ -275,9 +280,12 @@ def _input(logits: Tensor, ids: Tensor, cache: Any, reads: list[str]) -> MetricI
 
 def _summed(terms: Tensor, component: str, by: str) -> Tensor:
     """The first-order terms of one layer's activation, ``[h, s, d or s_k]`` per head or
-    ``[s, e]``, summed into the cells of a grid row: ``[h]`` by head, ``[s]`` by position."""
+    ``[s, e]``, summed into the cells of a grid row: ``[h]`` by head, ``[s]`` by position,
+    ``[h, s]`` by head and position."""
     if by == "head":
         return terms.sum((1, 2))  # [h]
+    if by == "head-position":
+        return terms.sum(-1)  # [h, s]
     if component in interventions.PER_HEAD:
         return terms.sum((0, 2))  # [s]: every head at that query position
     return terms.sum(-1)  # [s]

@@ -168,6 +168,8 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
             else f"each (destination, source) cell of the pattern (heads {layer_span(effects.heads or [])} of "
             f"layers {layer_span(effects.layers)} together)"
             if effects.by == "dest-src"
+            else f"each head's {effects.component} at each position"
+            if effects.by == "head-position"
             else f"{effects.component} at each position (layers {effects.row_labels[0]} together)"
         )
         what = f"{effects.kind} {where} of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
@@ -193,7 +195,8 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         listed = [
             [rows[row], f"{column}", short(effects.columns[column]), f"{value:+.4f}"] for row, column, value in order
         ]
-        header = ["layer" if effects.by == "layer-position" else "layers", "position", "token", "effect"]
+        rows_are = {"layer-position": "layer", "head-position": "head"}.get(effects.by, "layers")
+        header = [rows_are, "position", "token", "effect"]
         lines += format_table(header, listed, align=">><>").splitlines()
     grid_name = (
         "layers × heads"
@@ -202,13 +205,15 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         if effects.by == "layer-position"
         else "destinations × sources"
         if effects.by == "dest-src"
+        else "heads × positions"
+        if effects.by == "head-position"
         else f"positions, layers {rows[0]} patched together"
     )
     lines += ["", f"{grid_name} ({effects.metric}):"]
     columns = effects.columns if by_head else [short(label) for label in numbered(effects.columns)]
     if effects.by == "dest-src":
         rows = [short(label) for label in numbered(rows)]
-    row_header = {"position": "layers", "dest-src": "destination"}.get(effects.by, "layer")
+    row_header = {"position": "layers", "dest-src": "destination", "head-position": "head"}.get(effects.by, "layer")
     lines += _grid_blocks(row_header, rows, columns, effects.effects.tolist())
     return "\n".join(lines) + "\n"
 
