@@ -52,18 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "as far as the tokens the run can take",
     )
     add_model_argument(parser)
-    parser.add_argument(
-        "--from",
-        dest="source",
-        metavar="TOKEN",
-        help="the attending token (or word, with --level word), matched with the text it stands for, ignoring case",
-    )
-    parser.add_argument("--to", dest="target", metavar="TOKEN", help="the attended token (or word)")
-    add_level_argument(
-        parser,
-        help="--from and --to name tokens, or words of the text, whose attention is the "
-        "sum over the key word's tokens averaged over the query word's (default: token)",
-    )
+    _add_token_pair_arguments(parser)
     parser.add_argument("--top", type=int, default=5, metavar="N", help="heads listed per statistic (default: 5)")
     parser.add_argument(
         "--stat",
@@ -94,6 +83,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "one process)",
     )
     parser.set_defaults(func=run)
+
+
+def _add_token_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--from``, ``--to`` and ``--level``."""
+    parser.add_argument(
+        "--from",
+        dest="source",
+        metavar="TOKEN",
+        help="the attending token (or word, with --level word), matched with the text it stands for, ignoring case",
+    )
+    parser.add_argument("--to", dest="target", metavar="TOKEN", help="the attended token (or word)")
+    add_level_argument(
+        parser,
+        help="--from and --to name tokens, or words of the text, whose attention is the "
+        "sum over the key word's tokens averaged over the query word's (default: token)",
+    )
 
 
 def _add_ablation_arguments(parser: argparse.ArgumentParser) -> None:
