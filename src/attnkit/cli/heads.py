@@ -230,10 +230,8 @@ def run(args: argparse.Namespace) -> int:
         return run_ablation(args)
     if args.detect is not None:
         return run_detection(args)
-    if args.mean or args.ablate_target is not None:
-        raise CommandError("--mean and --target go with --ablate")
-    if args.resample:
-        raise CommandError("--resample goes with --ablate")
+    if args.mean or args.resample or args.ablate_target is not None:
+        raise CommandError("--mean and --target go with --ablate, as does --resample")
     encoder_decoder_options = args.decoder_text is not None or args.attention is not None or args.align is not None
     formats, numbered = _survey_formats_and_texts(args)
     texts = [line for _, line in numbered]

@@ -4,6 +4,7 @@ heads, or which layers and positions, carry the difference."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import (
@@ -78,6 +79,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "position)",
     )
     _add_where_arguments(parser)
+    _add_sweep_arguments(parser)
+    add_model_argument(parser)
+    parser.add_argument("--top", type=int, default=5, metavar="N", help="cells listed (default: 5)")
+    add_output_arguments(parser, default_formats="png,json")
+    add_figure_arguments(parser, scale=False)
+    add_quiet_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--every`` and ``--attribution``."""
     parser.add_argument(
         "--every",
         action="store_true",
@@ -92,12 +104,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "gradient of the metric at the corrupted run, from one backward pass (causal models; --by head, "
         "layer-position or position)",
     )
-    add_model_argument(parser)
-    parser.add_argument("--top", type=int, default=5, metavar="N", help="cells listed (default: 5)")
-    add_output_arguments(parser, default_formats="png,json")
-    add_figure_arguments(parser, scale=False)
-    add_quiet_argument(parser)
-    parser.set_defaults(func=run)
 
 
 def _add_where_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,7 +157,6 @@ def run(args: argparse.Namespace) -> int:
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
     from attnkit.cli.inspect import parse_heads, parse_layers
-    from attnkit.inspect.interventions import activation_patching
     from attnkit.viz.attention_text import render_effects
     from attnkit.viz.export import write_effects
     from attnkit.viz.terminal import terminal_safe
@@ -164,34 +169,11 @@ def run(args: argparse.Namespace) -> int:
         "dest-src": "destinations × sources",
         "head-position": f"{model.num_heads} heads × positions",
     }.get(args.by, "positions")
-    if args.every or args.attribution:
-        from attnkit.inspect.patching_grids import EVERY, attribution_patching, every_block_patching
-
-        sweep = attribution_patching if args.attribution else every_block_patching
-        default = "z" if args.by in ("head", "head-position") else "resid_pre"
-        pairs = EVERY if args.every else [(args.component or default, args.by)]
-        grid = "every block kind" if args.every else grid
+    if args.every:
+        grid = "every block kind"
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"patching {len(layers or range(model.num_layers))} layers × {grid} of {model.name}"):
-            if args.every or args.attribution:
-                texts = (model, args.clean, args.corrupt)
-                tokens = {"metric": args.metric, "target": args.target, "wrong": args.wrong}
-                grids = sweep(*texts, **tokens, layers=layers, grids=pairs).grids
-            else:
-                grids = (
-                    activation_patching(
-                        model,
-                        args.clean,
-                        args.corrupt,
-                        by=args.by,
-                        component=args.component,
-                        metric=args.metric,
-                        target=args.target,
-                        wrong=args.wrong,
-                        layers=layers,
-                        heads=heads,
-                    ),
-                )
+            grids = _patched_grids(args, model, layers, heads)
         written = []
         for number, effects in enumerate(grids):
             print(("\n" if number else "") + terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
@@ -199,6 +181,22 @@ def run(args: argparse.Namespace) -> int:
                 written += write_effects(effects, out, formats, **figure)
     print_written(written)
     return 0
+
+
+def _patched_grids(args: argparse.Namespace, model: Any, layers: list[int] | None, heads: list[int] | None) -> tuple:
+    """The grids the options ask for: one of activation patching, or of attribution patching,
+    or every block kind's (:data:`attnkit.inspect.patching_grids.EVERY`) by either."""
+    from attnkit.inspect.interventions import activation_patching
+    from attnkit.inspect.patching_grids import EVERY, attribution_patching, every_block_patching
+
+    tokens = {"metric": args.metric, "target": args.target, "wrong": args.wrong}
+    if not (args.every or args.attribution):
+        by = {"by": args.by, "component": args.component}
+        return (activation_patching(model, args.clean, args.corrupt, **by, **tokens, layers=layers, heads=heads),)
+    sweep = attribution_patching if args.attribution else every_block_patching
+    default = "z" if args.by in ("head", "head-position") else "resid_pre"
+    pairs = EVERY if args.every else [(args.component or default, args.by)]
+    return sweep(model, args.clean, args.corrupt, **tokens, layers=layers, grids=pairs).grids
 
 
 def _check_metric_tokens(metric: str | None, target: str | None, wrong: str | None) -> None:

@@ -260,23 +260,10 @@ def head_ablation(
         if metric is not None or resample_from is not None:
             raise ValueError(f"{model.name} is an encoder-decoder: it ablates heads to zero and measures log p(target)")
         return _encoder_decoder_ablation(model, text, target, mean_over, layers)
-    if mean_over is not None and resample_from is not None:
-        raise ValueError("give mean_over (mean ablation) or resample_from (resampling ablation), not both")
+    target_id = _ablation_target_id(model, target, metric, mean_over is not None and resample_from is not None)
     layer_list = layer_indices(model, layers)
-    if metric is not None:
-        _check_metric(model, metric, target, None)
-        target_id = None
-    else:
-        target_id = _target_id(model, target)
     encoded = model.tokenize(text)
-    if mean_over is not None:
-        replacement_sets = [_mean_z(model, mean_over, layer_list)]
-    elif resample_from is not None:
-        replacement_sets = _resampled_z(model, resample_from, layer_list, encoded.ids.shape[1])
-    else:
-        # Each layer's own head dim: some families choose it (num_heads · head_dim != hidden size).
-        zeros = {i: torch.zeros(model.num_heads, 1, model.module.self_attention(i).head_dim) for i in layer_list}
-        replacement_sets = [zeros]
+    replacement_sets = _ablation_replacements(model, layer_list, mean_over, resample_from, encoded.ids.shape[1])
     unablated: list[Tensor] = []  # the output of the first (unaltered) row
     measure: Callable[[Tensor], Tensor] = _unused_measure
     if metric is not None:
@@ -305,11 +292,10 @@ def head_ablation(
         for replacements in replacement_sets
     ]
     base, measured = grids[0][0], torch.stack([grid for _, grid in grids]).mean(0)
-    if metric is not None:
-        measured = measured - base
-    elif model.causal:
+    if model.causal and metric is None:
         assert target is not None and target_id is not None
         targets.warn_if_space_missing(model, target, target_id, unablated[0])
+    if model.causal:  # a Metric is of a causal model's logits too
         measured = measured - base
     return InterventionEffects(
         model_name=model.name,
@@ -414,42 +400,27 @@ def activation_patching(
     with torch.no_grad():
         clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names_filter=[*points.values(), *reads])
         corrupt_out, corrupt_cache = model.run_with_cache(corrupt_enc.ids, names_filter=[*points.values(), *reads])
-    clean_output, corrupt_output = _final_output(model, clean_out), _final_output(model, corrupt_out)
+    clean_output = _final_output(model, clean_out)
     words, measure = _measure(model, metric, metric_name, (target, wrong), (target_id, wrong_id), clean_output)
-    with torch.no_grad():
-        if isinstance(metric, Metric):
-            clean_value, corrupt_value = (
-                float(metric(MetricInput(out.float(), enc.ids, {name: cache[name] for name in reads}))[0])
-                for out, enc, cache in ((clean_out, clean_enc, clean_cache), (corrupt_out, corrupt_enc, corrupt_cache))
-            )
-        else:
-            clean_value, corrupt_value = float(measure(clean_output)[0]), float(measure(corrupt_output)[0])
+    runs = ((clean_out, clean_enc.ids, clean_cache), (corrupt_out, corrupt_enc.ids, corrupt_cache))
+    clean_value, corrupt_value = _clean_and_corrupted_values(model, metric, measure, runs)
     if target is not None and target_id is not None:
         targets.warn_if_space_missing(model, target, target_id, clean_output[0])
     gap = clean_value - corrupt_value
-    if abs(gap) < 1e-6:
-        raise ValueError(
-            f"the clean and corrupted texts give the same measure ({clean_value:.6g}); there is no difference to restore"
-        )
     # The dimension of the activation that the variants index: heads of a per-head
     # component ([b, h, s, d], [b, h, s, s_k]), its query positions, or positions [b, s, e].
     dim = 1 if by == "head" or component not in PER_HEAD else 2
     replacements = {layer: clean_cache[name][0] for layer, name in points.items()}  # [h, s, d] or [s, e]
     corrupted = {layer: corrupt_cache[name][0] for layer, name in points.items()}
     count = next(iter(replacements.values())).shape[0] if by == "head" else clean_enc.ids.shape[1]  # h or h_kv
-    if by == "head-position":
-        branches, shape, rows = _head_position_branches(layer_list, count, replacements, corrupted)
-    else:
-        replacements, branches, shape = _grid(by, layer_list, count, (replacements, corrupted), dim, head_list)
-        rows = None
-    cell_heads = None if head_list is None else torch.tensor(head_list)
+    replacements, branches, shape, rows = _grid(by, layer_list, count, (replacements, corrupted), dim, head_list)
     grid_args = (branches, points, replacements, dim, measure, shape)
     _, measured = _patched_passes(
         model,
         corrupt_enc.ids,
         *grid_args,
         fill=corrupt_value,
-        cell_heads=cell_heads,
+        cell_heads=None if head_list is None else torch.tensor(head_list),
         metric=metric if isinstance(metric, Metric) else None,
     )
     return InterventionEffects(
@@ -474,6 +445,33 @@ def activation_patching(
         heads=head_list,
         rows=rows,
     )
+
+
+def _clean_and_corrupted_values(
+    model: Model,
+    metric: str | MetricFunction | Metric | None,
+    measure: Callable[[Tensor], Tensor],
+    runs: tuple[tuple[Tensor, Tensor, Any], tuple[Tensor, Tensor, Any]],
+) -> tuple[float, float]:
+    """The measure of the clean and the corrupted run, from each run's ``(output, ids,
+    cache)``: by ``metric`` where it is a :class:`Metric`, else by ``measure``.
+
+    Raises:
+        ValueError: the two are equal: there is no difference to restore.
+    """
+    reads = metric.reads if isinstance(metric, Metric) else ()
+    with torch.no_grad():
+        clean_value, corrupt_value = (
+            float(metric(MetricInput(out.float(), ids, {name: cache[name] for name in reads}))[0])
+            if isinstance(metric, Metric)
+            else float(measure(_final_output(model, out))[0])
+            for out, ids, cache in runs
+        )
+    if abs(clean_value - corrupt_value) < 1e-6:
+        raise ValueError(
+            f"the clean and corrupted texts give the same measure ({clean_value:.6g}); there is no difference to restore"
+        )
+    return clean_value, corrupt_value
 
 
 def _head_position_branches(
@@ -513,18 +511,21 @@ def _grid(
     activations: tuple[dict[int, Tensor], dict[int, Tensor]],
     dim: int,
     heads: list[int] | None,
-) -> tuple[dict[int, Tensor], list[_Branch], tuple[int, int]]:
-    """``(replacements, branches, shape)`` of a patching grid from the clean and corrupted
-    activations (layer → activation without its batch dimension); for ``by="dest-src"``
-    the replacements are the patterns of ``heads`` alone ``[h_patched, s, s]``."""
+) -> tuple[dict[int, Tensor], list[_Branch], tuple[int, int], list[str] | None]:
+    """``(replacements, branches, shape, row labels)`` of a patching grid from the clean and
+    corrupted activations (layer → activation without its batch dimension); for
+    ``by="dest-src"`` the replacements are the patterns of ``heads`` alone
+    ``[h_patched, s, s]``; row labels only by ``"head-position"``."""
     clean, corrupted = activations
+    if by == "head-position":
+        return clean, *_head_position_branches(layers, count, clean, corrupted)
     if heads is None:
         shape = (1 if by == "position" else len(layers), count)
-        return clean, _changed_branches(by, layers, count, clean, corrupted, dim), shape
+        return clean, _changed_branches(by, layers, count, clean, corrupted, dim), shape, None
     # Each destination's row of the pattern, in the heads patched: [h_patched, s, s].
     clean = {layer: t[heads] for layer, t in clean.items()}
     corrupted = {layer: t[heads] for layer, t in corrupted.items()}
-    return clean, _changed_cells(layers, count, clean, corrupted), (count, count)
+    return clean, _changed_cells(layers, count, clean, corrupted), (count, count), None
 
 
 def _encoder_decoder_ablation(
@@ -970,6 +971,34 @@ def _mean_z(model: Model, texts: Sequence[str], layers: list[int]) -> dict[int, 
             totals[i] = z if i not in totals else totals[i] + z
         count += run.ids.shape[1]
     return {i: (total / count).float() for i, total in totals.items()}
+
+
+def _ablation_target_id(model: Model, target: str | None, metric: Metric | None, mean_and_resample: bool) -> int | None:
+    """The id of an ablation's target token, ``None`` where a Metric measures instead, after
+    checking that the options fit together."""
+    if mean_and_resample:
+        raise ValueError("give mean_over (mean ablation) or resample_from (resampling ablation), not both")
+    if metric is not None:
+        _check_metric(model, metric, target, None)
+        return None
+    return _target_id(model, target)
+
+
+def _ablation_replacements(
+    model: Model,
+    layers: list[int],
+    mean_over: Sequence[str] | None,
+    resample_from: Sequence[str] | None,
+    length: int,
+) -> list[dict[int, Tensor]]:
+    """The values each head's ``z`` takes in turn, layer → ``[h, 1 or s, d]``: zero, its mean
+    over ``mean_over``, or its value on each text of ``resample_from``."""
+    if mean_over is not None:
+        return [_mean_z(model, mean_over, layers)]
+    if resample_from is not None:
+        return _resampled_z(model, resample_from, layers, length)
+    # Each layer's own head dim: some families choose it (num_heads · head_dim != hidden size).
+    return [{i: torch.zeros(model.num_heads, 1, model.module.self_attention(i).head_dim) for i in layers}]
 
 
 def _resampled_z(model: Model, texts: Sequence[str], layers: list[int], length: int) -> list[dict[int, Tensor]]:

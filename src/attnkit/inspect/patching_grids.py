@@ -167,18 +167,7 @@ def attribution_patching(
             the metric does not tell apart, an unknown pair, a component the layers lack,
             and the tokens the metric refuses.
     """
-    if not model.causal or getattr(model, "encoder_decoder", False):
-        raise ValueError(
-            f"attribution patching measures next-token logits of a causal decoder; {model.name} is not one"
-        )
-    if not grids:
-        raise ValueError("grids must name at least one (component, by) pair, got none")
-    for component, by in grids:
-        if by == "dest-src":
-            raise ValueError(
-                "attribution patching runs by 'head', 'layer-position', 'position' or 'head-position', not 'dest-src'"
-            )
-        interventions._check_where(by, component)
+    _check_attribution(model, grids)
     chosen = as_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
     if not layer_list:
@@ -230,6 +219,23 @@ def attribution_patching(
             )
         )
     return PatchingGrids(model.name, "attribution patching", tuple(done))
+
+
+def _check_attribution(model: Model, grids: Sequence[tuple[str, str]]) -> None:
+    """Refuse a model without next-token logits, no grid, and a grid attribution patching
+    cannot estimate."""
+    if not model.causal or getattr(model, "encoder_decoder", False):
+        raise ValueError(
+            f"attribution patching measures next-token logits of a causal decoder; {model.name} is not one"
+        )
+    if not grids:
+        raise ValueError("grids must name at least one (component, by) pair, got none")
+    for component, by in grids:
+        if by == "dest-src":
+            raise ValueError(
+                "attribution patching runs by 'head', 'layer-position', 'position' or 'head-position', not 'dest-src'"
+            )
+        interventions._check_where(by, component)
 
 
 def metric_gradients(

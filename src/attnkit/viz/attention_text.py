@@ -156,22 +156,10 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         Text ending in a newline.
     """
     from attnkit.inspect.heads import rank_heads
-    from attnkit.inspect.interventions import layer_span
 
     by_head = effects.by == "head"
     if isinstance(effects.baseline, dict):  # patching
-        where = (
-            ("each head" if effects.component == "z" else f"each head's {effects.component}")
-            if by_head
-            else f"{effects.component} at each layer and position"
-            if effects.by == "layer-position"
-            else f"each (destination, source) cell of the pattern (heads {layer_span(effects.heads or [])} of "
-            f"layers {layer_span(effects.layers)} together)"
-            if effects.by == "dest-src"
-            else f"each head's {effects.component} at each position"
-            if effects.by == "head-position"
-            else f"{effects.component} at each position (layers {effects.row_labels[0]} together)"
-        )
+        where = _patched_where(effects)
         what = f"{effects.kind} {where} of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
         baseline = f"; clean {effects.baseline['clean']:.4f}, corrupted {effects.baseline['corrupt']:.4f}"
     else:
@@ -216,6 +204,24 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
     row_header = {"position": "layers", "dest-src": "destination", "head-position": "head"}.get(effects.by, "layer")
     lines += _grid_blocks(row_header, rows, columns, effects.effects.tolist())
     return "\n".join(lines) + "\n"
+
+
+def _patched_where(effects: InterventionEffects) -> str:
+    """What each cell of a patching grid patched, in words."""
+    from attnkit.inspect.interventions import layer_span
+
+    return (
+        ("each head" if effects.component == "z" else f"each head's {effects.component}")
+        if effects.by == "head"
+        else f"{effects.component} at each layer and position"
+        if effects.by == "layer-position"
+        else f"each (destination, source) cell of the pattern (heads {layer_span(effects.heads or [])} of "
+        f"layers {layer_span(effects.layers)} together)"
+        if effects.by == "dest-src"
+        else f"each head's {effects.component} at each position"
+        if effects.by == "head-position"
+        else f"{effects.component} at each position (layers {effects.row_labels[0]} together)"
+    )
 
 
 def _grid_blocks(
