@@ -387,15 +387,15 @@ def activation_patching(
     """
     if getattr(model, "encoder_decoder", False):
         return _encoder_decoder_patching(model, (clean, corrupt), by, component, metric, (target, wrong), layers)
-    component = _check_where(by, component)
-    metric_name = _check_metric(model, metric, target, wrong)
+    component = check_where(by, component)
+    metric_name = check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
     if not layer_list:
         raise ValueError("layers must name at least one layer, got none")
     head_list = _check_heads(model, by, heads)
-    target_id, wrong_id = _token_ids(model, metric_name, target, wrong)
-    clean_enc, corrupt_enc = _same_length_pair(model, clean, corrupt)
-    points = {layer: _hook_point(model, component, layer) for layer in layer_list}
+    target_id, wrong_id = token_ids(model, metric_name, target, wrong)
+    clean_enc, corrupt_enc = same_length_pair(model, clean, corrupt)
+    points = {layer: hook_point(model, component, layer) for layer in layer_list}
     reads = list(metric.reads) if isinstance(metric, Metric) else []
     with torch.no_grad():
         clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names_filter=[*points.values(), *reads])
@@ -493,7 +493,7 @@ def _head_position_branches(
     return branches, (len(layers) * heads, positions), labels
 
 
-def _same_length_pair(model: Model, clean: str, corrupt: str) -> tuple[Any, Any]:
+def same_length_pair(model: Model, clean: str, corrupt: str) -> tuple[Any, Any]:
     """The tokenizations of the clean and corrupted texts, which must have as many tokens."""
     clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
     if clean_enc.ids.shape != corrupt_enc.ids.shape:
@@ -623,7 +623,7 @@ def _changed_branches(
     return branches
 
 
-def _check_where(by: str, component: str | None) -> str:
+def check_where(by: str, component: str | None) -> str:
     """The component to patch (its default for ``by``), after checking both."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(map(repr, BY))}, got {by!r}")
@@ -643,7 +643,7 @@ def _check_where(by: str, component: str | None) -> str:
     return component
 
 
-def _check_metric(
+def check_metric(
     model: Model, metric: str | MetricFunction | Metric | None, target: str | None, wrong: str | None
 ) -> str:
     """The metric's name (``"function"`` for a function), after checking that it fits the
@@ -687,7 +687,7 @@ def _check_metric(
     return metric
 
 
-def _token_ids(model: Model, metric: str, target: str | None, wrong: str | None) -> tuple[int | None, int | None]:
+def token_ids(model: Model, metric: str, target: str | None, wrong: str | None) -> tuple[int | None, int | None]:
     """The ids of the target and wrong tokens the metric needs (``None`` for the others)."""
     if metric == "logit-diff":
         if target is None or wrong is None:
@@ -717,10 +717,10 @@ def _measure(
     token's."""
     (target, wrong), (target_id, wrong_id) = tokens, ids
     if name == "logit-diff":
-        assert target_id is not None and wrong_id is not None  # checked by _token_ids
+        assert target_id is not None and wrong_id is not None  # checked by token_ids
         return f"logit difference {target!r} - {wrong!r}", lambda out: out[:, target_id] - out[:, wrong_id]
     if name == "log-p":
-        assert target_id is not None  # checked by _token_ids
+        assert target_id is not None  # checked by token_ids
         return f"log p({target!r})", lambda out: torch.log_softmax(out, dim=-1)[:, target_id]
     if name == "cosine":
         reference = targets.sentence_embedding(clean_output)[0]
@@ -756,7 +756,7 @@ def _final_output(model: Model, out: Tensor) -> Tensor:
     return out[:, -1].float() if model.causal else out.float()
 
 
-def _hook_point(model: Model, component: str, layer: int) -> str:
+def hook_point(model: Model, component: str, layer: int) -> str:
     """The hook name of ``component`` in ``layer``, or an error that lists the layer's."""
     try:
         return model.hook_name(_HOOK_POINTS.get(component, component), layer)
@@ -979,7 +979,7 @@ def _ablation_target_id(model: Model, target: str | None, metric: Metric | None,
     if mean_and_resample:
         raise ValueError("give mean_over (mean ablation) or resample_from (resampling ablation), not both")
     if metric is not None:
-        _check_metric(model, metric, target, None)
+        check_metric(model, metric, target, None)
         return None
     return _target_id(model, target)
 

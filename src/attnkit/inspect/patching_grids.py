@@ -172,9 +172,9 @@ def attribution_patching(
     layer_list = layer_indices(model, layers)
     if not layer_list:
         raise ValueError("layers must name at least one layer, got none")
-    clean_enc, corrupt_enc = interventions._same_length_pair(model, clean, corrupt)
+    clean_enc, corrupt_enc = interventions.same_length_pair(model, clean, corrupt)
     components = sorted({component for component, _ in grids})
-    names = {(c, i): interventions._hook_point(model, c, i) for c in components for i in layer_list}
+    names = {(c, i): interventions.hook_point(model, c, i) for c in components for i in layer_list}
     reads = list(chosen.reads)
     with torch.no_grad():
         clean_logits, clean_cache = model.run_with_cache(clean_enc.ids, names_filter=[*names.values(), *reads])
@@ -235,7 +235,7 @@ def _check_attribution(model: Model, grids: Sequence[tuple[str, str]]) -> None:
             raise ValueError(
                 "attribution patching runs by 'head', 'layer-position', 'position' or 'head-position', not 'dest-src'"
             )
-        interventions._check_where(by, component)
+        interventions.check_where(by, component)
 
 
 def metric_gradients(
@@ -261,15 +261,15 @@ def as_metric(
 ) -> Metric:
     """``metric`` as a :class:`Metric` of a causal model's logits: a named one (with its
     tokens), a function of the last position's logits ``[b, v]``, or a Metric itself."""
-    name = interventions._check_metric(model, metric, target, wrong)
+    name = interventions.check_metric(model, metric, target, wrong)
     if isinstance(metric, Metric):
         return metric
     if name == "logit-diff":
-        interventions._token_ids(model, name, target, wrong)
+        interventions.token_ids(model, name, target, wrong)
         assert target is not None and wrong is not None
         return logit_difference(model, target, wrong)
     if name == "log-p":
-        interventions._token_ids(model, name, target, wrong)
+        interventions.token_ids(model, name, target, wrong)
         assert target is not None
         return log_probability(model, target)
     assert callable(metric)
