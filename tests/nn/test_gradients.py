@@ -5,6 +5,8 @@ differences in float64."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -62,6 +64,8 @@ def test_cached_gradients_equal_autograd_at_every_point(norm):
     assert torch.equal(cache["decoder.layers.1.self_attn.pattern_grad"], cache.grads["pattern", 1])
     assert "decoder.layers.1.self_attn.pattern_grad" in cache and "decoder.layers.1.nothing_grad" not in cache
     assert not any(t.requires_grad for t in cache.values()) and not any(t.requires_grad for t in cache.grads.values())
+    copied = pickle.loads(pickle.dumps(cache))
+    assert all(torch.equal(copied.grads[name], cache.grads[name]) for name in names)
 
 
 def test_a_names_filter_selects_the_gradients_and_the_parameters_keep_no_grad():

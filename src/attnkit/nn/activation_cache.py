@@ -250,6 +250,10 @@ class ActivationCache(MutableMapping[str, Tensor]):
         model: the module whose names these are.
     """
 
+    # The gradients (:attr:`grads`), made when first asked for; ``None`` in a cache pickled
+    # before caches kept gradients.
+    _grads: ActivationCache | None = None
+
     def __init__(self, model: _Hooked) -> None:
         self.model = model
         self._entries: dict[str, Tensor | _OnRead] = {}
