@@ -47,7 +47,13 @@ def test_a_decoder_lm_has_hook_names_hooks_and_run_with_cache():
     lm = tiny_lm()
     tokens = torch.randint(0, 20, (2, 5))
     names = lm.hook_names()
-    assert names[:3] == ["embed", "decoder.layers.0.resid_pre", "decoder.layers.0.self_attn.q"]
+    assert names[:5] == [
+        "embed",
+        "decoder.layers.0.resid_pre",
+        "decoder.layers.0.self_attn.q_unrotated",  # rotary: the queries and keys before the rotation
+        "decoder.layers.0.self_attn.k_unrotated",
+        "decoder.layers.0.self_attn.q",
+    ]
     assert "decoder.layers.1.ff.post" in names and "decoder.layers.1.ff_norm.scale" in names
     logits, cache = lm.run_with_cache(tokens)
     assert torch.equal(logits, lm(tokens)) and sorted(cache) == sorted(names)

@@ -209,6 +209,10 @@ class MultiHeadAttention(nn.Module):
         # Hook points (attnkit.nn.hooks), in the order the forward pass meets them; the
         # weights exist only where the kernel can form them.
         full = KERNEL_SPECS[self.kernel].full
+        # Queries and keys before a rotary encoding (TransformerLens' hook_q, hook_k).
+        rotary = self.positional is not None and self.positional.takes_positions
+        self.q_unrotated = HookPoint(positions=(2,)) if rotary else None
+        self.k_unrotated = HookPoint(positions=(2,)) if rotary else None
         self.q = HookPoint(positions=(2,))
         self.k = HookPoint(positions=(2,))
         self.v = HookPoint(positions=(2,))
@@ -628,7 +632,7 @@ class MultiHeadAttention(nn.Module):
         h, h_kv = self.num_heads, self.num_kv_heads
         if self._packed is not None and self._packed.usable(x):
             qkv = self._split_heads(self._packed(x), h + 2 * h_kv)  # [b, h + 2 h_kv, s, d]
-            if self.q_norm is None and self.k_norm is None:
+            if self.q_norm is None and self.k_norm is None and not self._unrotated_watched:
                 # Queries and keys side by side: one rotation pass for both.
                 qk = self._rotate(qkv[:, : h + h_kv], positions, past)  # [b, h + h_kv, s, d]
                 return qk[:, :h], qk[:, h:], qkv[:, h + h_kv :]
@@ -638,7 +642,14 @@ class MultiHeadAttention(nn.Module):
             k = self._split_heads(self.k_proj(x), h_kv)  # [b, h_kv, s, d]
             v = self._split_heads(self.v_proj(x), h_kv)  # [b, h_kv, s, d]
         q, k = self._norm_heads(self.q_norm, q), self._norm_heads(self.k_norm, k)
+        if self.q_unrotated is not None and self.k_unrotated is not None:
+            q, k = self.q_unrotated(q), self.k_unrotated(k)
         return self._rotate(q, positions, past), self._rotate(k, positions, past), v
+
+    @property
+    def _unrotated_watched(self) -> bool:
+        """Whether a hook or a cache is on the queries or keys before the rotation."""
+        return any(point is not None and point.active for point in (self.q_unrotated, self.k_unrotated))
 
     @staticmethod
     def _norm_heads(norm: nn.Module | None, t: Tensor) -> Tensor:
