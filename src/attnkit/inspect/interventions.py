@@ -190,22 +190,25 @@ class _Branch:
 
 def head_ablation(
     model: Model,
-    text: str,
+    text: str | Tensor | Sequence[int],
     *,
     target: str | None = None,
     mean_over: Sequence[str] | None = None,
     layers: Sequence[int] | None = None,
+    prepend_bos: bool | None = None,
 ) -> InterventionEffects:
     """Ablate every head of some layers, one at a time, and measure the change.
 
     Args:
         model: an :mod:`attnkit.models` model.
-        text: the input.
+        text: the input: a text, or token ids ``[s]`` / ``[1, s]``.
         target: the token whose log-probability after ``text`` is measured (causal models:
             a single token, leading space included, ``" Paris"``); encoders take none.
         mean_over: replace each head's ``z`` by its mean over every position of these
             texts instead of zero (e.g. ``[text]`` itself, or a reference set).
         layers: layer indices (negative from the end); default all.
+        prepend_bos: for a text, as :meth:`attnkit.models.Model.tokenize` takes it
+            (``True``: a BOS first, as TransformerLens by default).
 
     Returns:
         :class:`InterventionEffects` of kind ``"ablation"``, by ``"head"``.
@@ -222,10 +225,10 @@ def head_ablation(
             encoder-decoder.
     """
     if getattr(model, "encoder_decoder", False):
-        return _encoder_decoder_ablation(model, text, target, mean_over, layers)
+        return _encoder_decoder_ablation(model, _source_text(text), target, mean_over, layers)
     layer_list = layer_indices(model, layers)
     target_id = _target_id(model, target)
-    encoded = model.tokenize(text)
+    encoded = model.tokenized(text, prepend_bos=prepend_bos)
     if mean_over is not None:
         replacements = _mean_z(model, mean_over, layer_list)
     else:
@@ -265,7 +268,7 @@ def head_ablation(
         layers=layer_list,
         columns=[str(head) for head in heads],
         effects=measured.float(),
-        texts={"text": text},
+        texts={"text": _as_text(model, text)},
         tokens=list(encoded.tokens),
         target=target,
         wrong=None,
@@ -276,8 +279,8 @@ def head_ablation(
 
 def activation_patching(
     model: Model,
-    clean: str,
-    corrupt: str,
+    clean: str | Tensor | Sequence[int],
+    corrupt: str | Tensor | Sequence[int],
     *,
     by: str = "head",
     component: str | None = None,
@@ -286,6 +289,7 @@ def activation_patching(
     wrong: str | None = None,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
+    prepend_bos: bool | None = None,
 ) -> InterventionEffects:
     """Patch activations of the clean run into the corrupted run, one head, one position or
     one cell of the pattern at a time, and measure the fraction of the clean-vs-corrupted difference restored:
@@ -299,8 +303,8 @@ def activation_patching(
     Args:
         model: an :mod:`attnkit.models` model (a causal decoder, a bidirectional encoder or
             an encoder–decoder).
-        clean: the clean text.
-        corrupt: the corrupted text, of the same number of tokens.
+        clean: the clean text (or its token ids ``[s]`` / ``[1, s]``).
+        corrupt: the corrupted text (or ids), of the same number of tokens.
         by: where each patch acts (:data:`BY`): ``"head"``, one head's ``z`` at every
             position (a layers × heads grid); ``"layer-position"``, the component of one
             layer at one position (layers × positions); ``"position"``, the component at
@@ -325,6 +329,7 @@ def activation_patching(
         layers: layer indices (negative from the end); default all.
         heads: the query heads whose pattern cell ``by="dest-src"`` patches (negative from
             the end); default all. Only with ``by="dest-src"``.
+        prepend_bos: for texts, as :meth:`attnkit.models.Model.tokenize` takes it.
 
     Returns:
         :class:`InterventionEffects` of kind ``"patching"``.
@@ -341,7 +346,8 @@ def activation_patching(
         TypeError: a metric that is neither a name nor a function.
     """
     if getattr(model, "encoder_decoder", False):
-        return _encoder_decoder_patching(model, (clean, corrupt), by, component, metric, (target, wrong), layers)
+        sources = (_source_text(clean), _source_text(corrupt))
+        return _encoder_decoder_patching(model, sources, by, component, metric, (target, wrong), layers)
     component = _check_where(by, component)
     metric_name = _check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
@@ -349,7 +355,7 @@ def activation_patching(
         raise ValueError("layers must name at least one layer, got none")
     head_list = _check_heads(model, by, heads)
     target_id, wrong_id = _token_ids(model, metric_name, target, wrong)
-    clean_enc, corrupt_enc = _same_length_pair(model, clean, corrupt)
+    clean_enc, corrupt_enc = _same_length_pair(model, clean, corrupt, prepend_bos)
     points = {layer: _hook_point(model, component, layer) for layer in layer_list}
     with torch.no_grad():
         clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names_filter=list(points.values()))
@@ -382,13 +388,9 @@ def activation_patching(
         by=by,
         component=component,
         layers=layer_list,
-        columns=(
-            [str(head) for head in range(count)]
-            if by == "head"
-            else token_labels(clean, clean_enc.tokens, clean_enc.offsets)
-        ),
+        columns=([str(head) for head in range(count)] if by == "head" else _labels(model, clean, clean_enc)),
         effects=((measured - corrupt_value) / gap).float(),
-        texts={"clean": clean, "corrupt": corrupt},
+        texts={"clean": _as_text(model, clean), "corrupt": _as_text(model, corrupt)},
         tokens=list(clean_enc.tokens),
         target=target,
         wrong=wrong,
@@ -398,9 +400,42 @@ def activation_patching(
     )
 
 
-def _same_length_pair(model: Model, clean: str, corrupt: str) -> tuple[Any, Any]:
+def _source_text(text: str | Tensor | Sequence[int]) -> str:
+    """An encoder–decoder's source, which these analyses take as a text.
+
+    Raises:
+        ValueError: ids.
+    """
+    if not isinstance(text, str):
+        raise ValueError("an encoder–decoder's ablation and patching take texts, not token ids")
+    return text
+
+
+def _as_text(model: Model, text_or_ids: str | Tensor | Sequence[int]) -> str:
+    """A record's text: the text, or the text of the ids."""
+    if isinstance(text_or_ids, str):
+        return text_or_ids
+    text = model.to_string(model.prepare_input(text_or_ids)[0][0])
+    assert isinstance(text, str)  # the ids of one text
+    return text
+
+
+def _labels(model: Model, text: str | Tensor | Sequence[int], encoded: Any) -> list[str]:
+    """How each token reads: in the text, or each id decoded on its own."""
+    if isinstance(text, str):
+        return token_labels(text, encoded.tokens, encoded.offsets)
+    return model.to_str_tokens(encoded.ids)
+
+
+def _same_length_pair(
+    model: Model,
+    clean: str | Tensor | Sequence[int],
+    corrupt: str | Tensor | Sequence[int],
+    prepend_bos: bool | None = None,
+) -> tuple[Any, Any]:
     """The tokenizations of the clean and corrupted texts, which must have as many tokens."""
-    clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
+    clean_enc = model.tokenized(clean, prepend_bos=prepend_bos)
+    corrupt_enc = model.tokenized(corrupt, prepend_bos=prepend_bos)
     if clean_enc.ids.shape != corrupt_enc.ids.shape:
         raise ValueError(
             f"clean and corrupted texts must have the same number of tokens, got {clean_enc.ids.shape[1]} "
