@@ -195,3 +195,19 @@ def test_no_unrotated_points_without_rotary(tiny_family_folder):
     gpt2 = models.load(tiny_family_folder("gpt2"))
     assert not any(name.endswith("_unrotated") for name in gpt2.hook_names())
     assert transformerlens_aliases(gpt2.hook_names())["blocks.0.attn.hook_q"].point == gpt2.hook_name("self_attn.q", 0)
+
+
+@pytest.mark.slow
+def test_smollm2_positions_and_tl_hooks_as_transformerlens(smollm2):
+    """SmolLM2: TL's positions with prepend_bos=True (TL says 9 where the tokenizer's own
+    tokens say 8), and TL's hook code on the real model equals attnkit's intervention."""
+    text = "The capital of France is Paris. The capital of Italy is"
+    assert smollm2.get_token_position(" capital", text, mode="last") == 8
+    assert smollm2.get_token_position(" capital", text, mode="last", prepend_bos=True) == 9
+    tokens = smollm2.to_tokens(text, prepend_bos=True, return_mask=False)
+    assert tokens[0, 0] == smollm2.bos_token_id
+    with torch.no_grad():
+        tl = smollm2.run_with_hooks(tokens, hooks={get_act_name("z", 5): _tl_zero_head}, return_type="logits")
+        ours = smollm2.run_with_hooks(tokens, hooks={smollm2.hook_name("z", 5): _ak_zero_head}).logits
+        plain = smollm2.run_with_hooks(tokens).logits
+    assert torch.equal(tl, ours) and (tl - plain).abs().max() > 1e-3
