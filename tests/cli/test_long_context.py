@@ -92,6 +92,24 @@ def test_inspect_long_reads_only_the_start_of_a_file(capsys, tmp_path, tiny_fami
     assert f"the text has more tokens than {model.name}'s 64; keep fewer with --max-tokens" in capsys.readouterr().err
 
 
+def test_heads_long_reads_only_the_start_of_a_file(capsys, tmp_path, tiny_family_folder):
+    folder = tiny_family_folder("mistral")
+    book = tmp_path / "book.txt"
+    book.write_text(" ".join([TEXT] * 40) + "\n\n")
+    with book.open("r+b") as f:
+        f.truncate(100 * 10**6)  # 100 MB, sparse: far more than a run takes
+    argv = ["heads", "--long", "--stat", "sink", "--file", str(book), "--model", str(folder), "-q"]
+    assert main([*argv, "--max-tokens", "30", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "out" / "heads_sink.json").read_text())
+    model = models.load(folder)
+    expected = long_context_summaries(model, model.tokenizer.encode(TEXT).ids[0][:30], top_k=1)
+    assert data["tokens"] == 30
+    for got, want in zip(data["heads"], expected.head_table(), strict=True):
+        assert got == pytest.approx(want)
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 2  # more tokens than the context
+    assert "keep fewer with --max-tokens" in capsys.readouterr().err
+
+
 def test_inspect_long_refuses_a_file_that_is_not_a_regular_file(capsys, tmp_path):
     for path in (os.devnull, str(tmp_path)):  # a device (as /dev/zero), a folder
         assert main(["inspect", "--long", "--file", path, "--model", "smollm2"]) == 2  # before the model loads
@@ -106,6 +124,10 @@ def test_inspect_long_refuses_a_file_that_is_not_a_regular_file(capsys, tmp_path
         (["heads", "--stat", "sink"], "--stat sink reads a long text"),
         (["heads", "--long", "--stat", "previous", "w1"], "--long ranks heads by"),
         (["heads", "--stat", "retrieval", "--depth", "2"], "--depth must be in"),
+        (["heads", "--long", "--max-tokens", "0", "w1"], "--max-tokens must be at least 1"),
+        (["heads", "--long", "w1", "--file", "x.txt"], "give either a TEXT or --file FILE"),
+        (["heads", "--long", "--file", os.devnull], f"--file {os.devnull} is not a regular file"),
+        (["heads", "--max-tokens", "5", "w1"], "--max-tokens goes with --long"),
     ],
 )
 def test_long_options_are_checked_before_the_model_loads(capsys, argv, message):

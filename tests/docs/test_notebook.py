@@ -5,6 +5,7 @@ outputs the file keeps so that it reads on GitHub."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -47,10 +48,12 @@ def shown(cell) -> dict:
 
 def write_tiny_chat_model(cache: Path) -> None:
     """A random checkpoint of TinyLlama-1.1B-Chat's shape made small (8 query heads sharing
-    one key/value head, as its 32 share 4; 2 layers), at ``main`` of its Hub name."""
+    one key/value head, as its 32 share 4; 2 layers), with its chat template, at ``main`` of
+    its Hub name."""
     import torch
     import transformers
 
+    from tests.fixtures.chat import TINYLLAMA_TEMPLATE
     from tests.fixtures.crafted import byte_level_tokenizer_json
 
     repo = cache / ("models--" + HUB_NAME.replace("/", "--"))
@@ -70,6 +73,8 @@ def write_tiny_chat_model(cache: Path) -> None:
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     words = ["The", "cat", "sat", "on", "the", "mat", "."]
     (folder / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json(words)))
+    tokenizer_config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": TINYLLAMA_TEMPLATE}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
 
 
 def test_the_notebook_loads_the_chat_model_by_its_hub_name(tmp_path, monkeypatch):
@@ -82,6 +87,9 @@ def test_the_notebook_loads_the_chat_model_by_its_hub_name(tmp_path, monkeypatch
     assert len(stdout(cells[3]).splitlines()) == 7
     viewer = shown(cells[4])["text/html"]
     assert "<iframe" in viewer and "attnkit" in viewer
+    # The chat cell: the message in TinyLlama's template, its turns, and the viewer of them.
+    assert [line.split(":")[0].strip() for line in stdout(cells[5]).splitlines()] == ["user", "assistant"]
+    assert '"turns":[{"role":"user"' in html.unescape(shown(cells[5])["text/html"]).replace(" ", "")
 
 
 @pytest.mark.slow

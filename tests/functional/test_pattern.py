@@ -81,6 +81,34 @@ def test_the_additive_bias_is_built_once_per_mask():
     assert rebuilt is not padded and not rebuilt[..., 4, 3].isinf()
 
 
+@pytest.mark.parametrize("write", ["data", "numpy"])
+def test_a_mask_changed_behind_its_version_counter_is_built_again(write):
+    sizes = {"b": 1, "h": 3, "s_q": 5, "s_k": 5, "device": torch.device("cpu"), "dtype": torch.float32}
+    padding = torch.tensor([[True, True, True, False, False]])[:, None, None]  # [1, 1, 1, 5]
+    padded, _ = additive_mask(padding, causal=False, **sizes)
+    if write == "data":
+        padding.data[..., 3] = True
+    else:
+        padding.numpy()[..., 3] = True
+    rebuilt, _ = additive_mask(padding, causal=False, **sizes)
+    assert padded is not None and padded[..., 3].isinf().all()
+    assert rebuilt is not None and not rebuilt[..., 3].isinf().any() and rebuilt[..., 4].isinf().all()
+
+
+def test_a_mask_reading_a_tensor_its_caller_holds_follows_the_tensor():
+    sizes = {"b": 1, "h": 3, "s_q": 5, "s_k": 5, "device": torch.device("cpu"), "dtype": torch.float32}
+    keep = torch.tensor([[True, True, True, False, False]])
+    mask = masks.from_dense(keep[:, None, None, :].expand(1, 1, 5, 5))
+    before, _ = additive_mask(mask, causal=False, **sizes)
+    keep[0, 3] = True
+    after, _ = additive_mask(mask, causal=False, **sizes)
+    assert before is not None and before[..., 3].isinf().all()
+    assert after is not None and torch.equal(
+        after, torch.zeros(1, 1, 5, 5).masked_fill(~mask.to_dense(5, 5), float("-inf"))
+    )
+    assert not after[..., 3].isinf().any()
+
+
 def test_a_bias_and_a_score_callable_as_in_the_reference_engine():
     q, k, v = _qkv(5, 5)
     bias = torch.randn(1, H, 5, 5, generator=torch.Generator().manual_seed(3))

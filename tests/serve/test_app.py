@@ -60,6 +60,7 @@ def test_info(client):
         "max_tokens": 64,
         "max_long_tokens": 0,  # a stand-in without long-context maps
         "windows": None,
+        "chat_template": False,  # a stand-in without a checkpoint folder
     }
     assert (info["max_chars"], info["max_weights"], info["max_body_bytes"]) == (2_000, 20_000, 4_096)
 

@@ -45,20 +45,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("text", nargs="?", metavar="TEXT", help="the text to run")
-    parser.add_argument("--file", metavar="FILE", help="texts to run, one per line (blank lines skipped)")
-    add_model_argument(parser)
     parser.add_argument(
-        "--from",
-        dest="source",
-        metavar="TOKEN",
-        help="the attending token (or word, with --level word), matched with the text it stands for, ignoring case",
+        "--file",
+        metavar="FILE",
+        help="texts to run, one per line (blank lines skipped); with --long, one long text read from its start, "
+        "as far as the tokens the run can take",
     )
-    parser.add_argument("--to", dest="target", metavar="TOKEN", help="the attended token (or word)")
-    add_level_argument(
-        parser,
-        help="--from and --to name tokens, or words of the text, whose attention is the "
-        "sum over the key word's tokens averaged over the query word's (default: token)",
-    )
+    add_model_argument(parser)
+    _add_token_pair_arguments(parser)
     parser.add_argument("--top", type=int, default=5, metavar="N", help="heads listed per statistic (default: 5)")
     parser.add_argument(
         "--stat",
@@ -89,6 +83,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "one process)",
     )
     parser.set_defaults(func=run)
+
+
+def _add_token_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--from``, ``--to`` and ``--level``."""
+    parser.add_argument(
+        "--from",
+        dest="source",
+        metavar="TOKEN",
+        help="the attending token (or word, with --level word), matched with the text it stands for, ignoring case",
+    )
+    parser.add_argument("--to", dest="target", metavar="TOKEN", help="the attended token (or word)")
+    add_level_argument(
+        parser,
+        help="--from and --to name tokens, or words of the text, whose attention is the "
+        "sum over the key word's tokens averaged over the query word's (default: token)",
+    )
 
 
 def _add_ablation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -199,7 +209,9 @@ def _check_lines(model: Any, file: str, numbered: list[tuple[int, str]]) -> None
 
 def run(args: argparse.Namespace) -> int:
     if args.long or args.stat in LONG_ONLY_STATISTICS:
-        return run_heads_long(args, read_texts)
+        return run_heads_long(args)
+    if args.max_tokens is not None:
+        raise CommandError("--max-tokens goes with --long")
     check_nproc(args)
     distributed = launched_by_torchrun()
     if (args.nproc is not None or distributed) and (args.ablate or args.file is None):

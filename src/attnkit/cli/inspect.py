@@ -59,6 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "text", nargs="?", default=EXAMPLE_TEXT, metavar="TEXT", help=f'the text to run (default: "{EXAMPLE_TEXT}")'
     )
     add_model_argument(parser)
+    add_chat_argument(parser)
     _add_map_arguments(parser)
     _add_encoder_decoder_arguments(parser)
     add_level_argument(parser)
@@ -68,6 +69,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_quiet_argument(parser)
     add_long_arguments(parser, inspect=True)
     parser.set_defaults(func=run)
+
+
+def add_chat_argument(parser: argparse.ArgumentParser) -> None:
+    """``--chat``."""
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="read TEXT as a chat model reads it, in the model's chat template: TEXT is one user message, "
+        'or a JSON list of messages such as \'[{"role": "user", "content": "Hi"}]\' (or a .json file of one); '
+        "positions (--rows) count the template's tokens, and the html page shows each token's turn and role",
+    )
+
+
+def chat_text(model: Any, text: str) -> Any:
+    """``--chat``: ``text`` (a message, a JSON list of messages, or a ``.json`` file of one)
+    in the model's chat template (:meth:`attnkit.models.Model.apply_chat_template`).
+
+    Raises:
+        CommandError: a model without a chat template (one line that says so), or messages
+            that are not messages.
+    """
+    path = Path(text)
+    if text.endswith(".json") and path.is_file():
+        with command_errors(f"cannot read the messages of {text}"):
+            text = path.read_text(encoding="utf-8")
+    try:
+        return model.apply_chat_template(text)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
 
 
 def _add_map_arguments(parser: argparse.ArgumentParser) -> None:
@@ -228,8 +258,8 @@ def _row_range(spec: str | None, tokens: int) -> range | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.long:
-        if args.rows is not None:
-            raise CommandError("--rows is not for --long, which reads the text a window at a time")
+        if args.rows is not None or args.chat:
+            raise CommandError("--rows and --chat are not for --long, which reads the text a window at a time")
         return run_inspect_long(
             args, lambda model: (parse_layers(args.layers, model.num_layers), parse_heads(args.heads, model.num_heads))
         )
@@ -244,9 +274,10 @@ def run(args: argparse.Namespace) -> int:
     # Every option is checked above, before PyTorch and the model load.
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     if getattr(model, "encoder_decoder", False):
-        if args.rows is not None:
-            raise CommandError(f"--rows is for models of one text; {model.name} is an encoder-decoder")
+        if args.rows is not None or args.chat:
+            raise CommandError(f"--rows and --chat are for models of one text; {model.name} is an encoder-decoder")
         return _run_encoder_decoder(args, model, status, formats, limit, figure, out)
+    args = argparse.Namespace(**{**vars(args), "text": chat_text(model, args.text)}) if args.chat else args
     if args.decoder_text is not None or args.attention is not None:
         raise CommandError(
             f"--decoder-text and --attention are for encoder-decoder models (T5, BART); {model.name} is a "

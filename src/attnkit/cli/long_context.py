@@ -39,9 +39,9 @@ LONG_PAGE = "long_context.html"
 
 
 def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> None:
-    """The options of long texts: ``--long``, ``--window``, ``--sink-tokens`` and, for
-    ``inspect``, ``--file`` and ``--max-tokens``; for ``heads``, ``--length`` and ``--depth``
-    of the needle probe."""
+    """The options of long texts: ``--long``, ``--window``, ``--sink-tokens``,
+    ``--max-tokens`` and, for ``inspect``, ``--file``; for ``heads``, ``--length`` and
+    ``--depth`` of the needle probe."""
     group = parser.add_argument_group(
         "long texts",
         "--long streams exact per-head summaries block by block from the fused forward pass, without "
@@ -62,6 +62,7 @@ def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> Non
     group.add_argument(
         "--sink-tokens", type=int, default=1, metavar="N", help="first tokens counted as the sink (default: 1)"
     )
+    group.add_argument("--max-tokens", type=int, metavar="N", help="keep the first N tokens of the text")
     if inspect:
         group.add_argument(
             "--file",
@@ -69,7 +70,6 @@ def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> Non
             help="read the text from FILE (a regular file, UTF-8) instead of TEXT; only its start is read, as "
             "far as the tokens the run can take",
         )
-        group.add_argument("--max-tokens", type=int, metavar="N", help="keep the first N tokens of the text")
     else:
         group.add_argument(
             "--length",
@@ -91,6 +91,8 @@ def _check_long_options(args: argparse.Namespace) -> None:
     for name in ("window", "sink_tokens"):
         if getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise CommandError(f"--max-tokens must be at least 1, got {args.max_tokens}")
 
 
 def run_inspect_long(
@@ -104,8 +106,6 @@ def run_inspect_long(
             (``None``: all).
     """
     _check_long_options(args)
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise CommandError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
     formats = parse_formats(args.format, LONG_FORMATS)
@@ -232,14 +232,10 @@ def _write_long_json(run: Any, out: Path, model: Any, *, block: int) -> list[Pat
     return [path, top]
 
 
-def run_heads_long(args: argparse.Namespace, read_texts: Callable[[str | None, str | None], list[str]]) -> int:
+def run_heads_long(args: argparse.Namespace) -> int:
     """``attnkit heads --stat sink|distance|window|entropy|retrieval`` (or ``--long``): the
-    heads ranked by one long-context statistic; retrieval runs the needle probe.
-
-    Args:
-        args: the command's arguments.
-        read_texts: ``(TEXT, --file) -> texts``, joined into one long text.
-    """
+    heads ranked by one long-context statistic over TEXT or the start of ``--file``
+    (:func:`attnkit.cli.long_text.long_token_ids`); retrieval runs the needle probe."""
     _check_long_options(args)
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
@@ -251,6 +247,10 @@ def run_heads_long(args: argparse.Namespace, read_texts: Callable[[str | None, s
             raise CommandError(f"--depth must be in [0, 1], got {args.depth}")
     elif args.text is None and args.file is None:
         raise CommandError(f"--stat {stat} reads a long text: give TEXT or --file FILE")
+    elif args.text is not None and args.file is not None:
+        raise CommandError("give either a TEXT or --file FILE")
+    else:
+        check_long_text(args.text, args.file)
     status = Status(args.quiet)
     out = prepare_out(args.out)
     model = load_model(args.model, args.device, status=status)
@@ -276,8 +276,7 @@ def run_heads_long(args: argparse.Namespace, read_texts: Callable[[str | None, s
         else:
             from attnkit.inspect.long_context import long_context_summaries
 
-            text = "\n".join(read_texts(args.text, args.file))
-            ids = long_token_ids(model, text, None, None)
+            ids = long_token_ids(model, args.text, args.file, args.max_tokens)
             with status.step(f"summarising every head of {model.name} over {counted(ids.numel(), 'token')}"):
                 run = long_context_summaries(
                     model,

@@ -9,7 +9,11 @@ The mask is applied as an additive bias (0 where a query may attend, ``-inf`` wh
 not) added with the scale in one pass over the scores. Every layer of a model attends with
 the same mask (or with the causal flag alone), so the bias of the last masks seen is kept
 (up to 64 MiB each) and shared by the layers of a forward pass (and by the next pass of the
-same shape) rather than built per layer. The scores and weights are those of
+same shape) rather than built per layer. A kept bias is used only while its mask allows what
+it allowed: a bool mask is compared with a copy of itself (a write through ``.data`` or NumPy
+bypasses the version counter), and a :class:`attnkit.masks.Mask` that may read tensors its
+caller holds (one that captures tensors, or is known only by its function) is evaluated on
+every call. The scores and weights are those of
 :func:`attnkit.functional.reference_attention`, bit for bit.
 """
 
@@ -35,7 +39,7 @@ AllocateFn = Callable[[tuple[int, ...], torch.dtype, torch.device], Tensor]
 _KEPT_MASKS = 4
 # A bias larger than this (a long, padded batch) is not kept after the pass: built per layer.
 _KEPT_BYTES = 2**26
-_kept: OrderedDict[tuple[object, ...], tuple[object, Tensor | None, bool]] = OrderedDict()
+_kept: OrderedDict[tuple[object, ...], tuple[object, Tensor | None, Tensor | None, bool]] = OrderedDict()
 _kept_lock = threading.Lock()
 
 
@@ -68,27 +72,51 @@ def additive_mask(
     Raises:
         TypeError, ValueError: a mask :func:`attnkit.functional.attention` refuses.
     """
-    version = mask._version if isinstance(mask, Tensor) else None
-    key = (id(mask), version, causal, b, h, s_q, s_k, device, dtype)
+    if isinstance(mask, masks_mod.Mask) and (mask.relocate is not None or mask.key is None):
+        # It may read tensors its caller holds and changes in place: what it allows now is
+        # known only by evaluating it, so its bias is built anew.
+        return _built_mask(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=device, dtype=dtype)
+    key = (id(mask), causal, b, h, s_q, s_k, device, dtype)
     with _kept_lock:
         kept = _kept.get(key)
-        if kept is not None and kept[0] is mask:
+        if kept is not None and kept[0] is mask and _unchanged(mask, kept[1]):
             _kept.move_to_end(key)
-            return kept[1], kept[2]
-    allowed = dense_allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
-    if allowed is None:
-        bias, empty = None, s_k == 0
-    else:
-        bias = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
-        empty = s_k == 0 or not bool(allowed.any(-1).all())
+            return kept[2], kept[3]
+    bias, empty = _built_mask(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=device, dtype=dtype)
     if bias is not None and bias.numel() * bias.element_size() > _KEPT_BYTES:
         return bias, empty
+    # A bool tensor is kept with a copy of what it held, so that a change that bypasses its
+    # version counter (a write through ``.data`` or NumPy) is still seen.
+    held = mask.clone() if isinstance(mask, Tensor) else None
     with _kept_lock:
         # The mask itself is kept with its bias, so that its id names it while it is kept.
-        _kept[key] = (mask, bias, empty)
+        _kept[key] = (mask, held, bias, empty)
         while len(_kept) > _KEPT_MASKS:
             _kept.popitem(last=False)
     return bias, empty
+
+
+def _unchanged(mask: masks_mod.Mask | Tensor | None, held: Tensor | None) -> bool:
+    """Whether a kept mask still allows what it allowed when its bias was built."""
+    return not isinstance(mask, Tensor) or (held is not None and torch.equal(mask, held))
+
+
+def _built_mask(
+    mask: masks_mod.Mask | Tensor | None,
+    *,
+    causal: bool,
+    b: int,
+    h: int,
+    s_q: int,
+    s_k: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[Tensor | None, bool]:
+    allowed = dense_allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
+    if allowed is None:
+        return None, s_k == 0
+    bias = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    return bias, s_k == 0 or not bool(allowed.any(-1).all())
 
 
 def attention_pattern(

@@ -7,7 +7,7 @@ Shape letters: ``h`` selected heads, ``s`` tokens, ``n`` tokens or words.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -416,14 +416,31 @@ def model_windows(model: Any) -> tuple[int | None, ...] | None:
     return tuple(None if w is None else int(w) for w in windows)
 
 
+def chat_input(model: Model, text: str | Sequence[Mapping[str, str]], chat: bool) -> str:
+    """``chat=``: ``text`` as it is, or with ``chat=True`` the conversation in ``model``'s chat
+    template (:meth:`attnkit.models.Model.apply_chat_template`; ``text`` one user message,
+    or a list or JSON list of ``{"role", "content"}``).
+
+    Raises:
+        ValueError: with ``chat``, a model without a chat template, or messages that are not
+            messages.
+    """
+    if chat:
+        return model.apply_chat_template(text)
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str (messages need chat=True), got {type(text).__name__}")
+    return text
+
+
 def attention_map(
     model: Model,
-    text: str,
+    text: str | Sequence[Mapping[str, str]],
     *,
     layer: int = -1,
     head: int | str | Sequence[int] | None = 0,
     level: str = "token",
     rows: range | slice | None = None,
+    chat: bool = False,
 ) -> AttentionMap:
     """Run ``model`` on ``text`` and keep the attention of one layer: only the heads (and
     rows) asked for are formed.
@@ -438,6 +455,8 @@ def attention_map(
         rows: the query positions to keep (a ``range``, or a ``slice`` of the tokens:
             ``slice(-64, None)`` the last 64), as :meth:`attnkit.models.Model.run` takes
             them; default every token. A map of some rows stays between tokens.
+        chat: read ``text`` in the model's chat template (:func:`chat_input`): positions
+            count the template's tokens, and the viewer shows each token's turn.
 
     Returns:
         :class:`AttentionMap`.
@@ -445,8 +464,9 @@ def attention_map(
     Raises:
         ValueError: an empty text, a text longer than the model's context, a layer, head
             or row out of range (the message gives the valid range), an unknown level, or
-            rows with ``level="word"``.
+            rows with ``level="word"``; with ``chat``, a model without a chat template.
     """
+    text = chat_input(model, text, chat)
     if not text.strip():
         raise ValueError("the text is empty")
     if level not in LEVELS:
@@ -477,11 +497,12 @@ def attention_map(
 
 def view(
     model: Model,
-    text: str,
+    text: str | Sequence[Mapping[str, str]],
     *,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     level: str = "token",
+    chat: bool = False,
 ) -> AttentionView:
     """Run ``model`` on ``text`` and keep the attention of many layers and heads, to explore
     in the interactive viewer — in Jupyter, just display the result.
@@ -492,14 +513,17 @@ def view(
         layers: layer indices, negative ones from the end (default: all).
         heads: head indices, negative ones from the end (default: all).
         level: ``"token"``, or ``"word"`` for the attention between the words of the text.
+        chat: read ``text`` in the model's chat template (:func:`chat_input`): the viewer
+            shows each token's turn and role.
 
     Returns:
         :class:`AttentionView`.
 
     Raises:
         ValueError: an empty text, a text longer than the model's context, a layer or head
-            out of range, or an unknown level.
+            out of range, or an unknown level; with ``chat``, a model without a chat template.
     """
+    text = chat_input(model, text, chat)
     if not text.strip():
         raise ValueError("the text is empty")
     if level not in LEVELS:

@@ -226,8 +226,11 @@ class MixtureOfExperts(nn.Module):
         used = per_token != 0  # [b·s, n]
         for i in used.any(0).nonzero().flatten().tolist():
             rows = used[:, i].nonzero().flatten()  # the tokens routed to expert i
-            routed = self.experts[i](tokens[rows]) * per_token[rows, i : i + 1]  # [t, e] float32
-            out.index_add_(0, rows, routed.to(out.dtype))
+            # The weight is rounded to the model's dtype before the product, as the
+            # checkpoints' reference implementations round it (bfloat16 weights: the same
+            # rounding, so the same greedy tokens).
+            routed = self.experts[i](tokens[rows]) * per_token[rows, i : i + 1].to(tokens.dtype)  # [t, e]
+            out.index_add_(0, rows, routed)
         out = out.view_as(x)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)  # [b, s, e]

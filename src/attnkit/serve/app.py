@@ -36,7 +36,7 @@ try:
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
-    from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"attnkit serve needs FastAPI and uvicorn ({err}): pip install 'attnkit[serve]'") from None
@@ -101,6 +101,12 @@ class AttentionRequest(BaseModel):
         'attention, each map scaled to its largest value) and "rollout" (attention rollout up to each layer, '
         "heads merged, shown as head 0); their weights count towards max_weights. Refused for encoder-decoders.",
     )
+    chat: StrictBool = Field(
+        False,
+        description="Read text as the chat model reads it, in its chat template (see chat_template in GET "
+        '/api/info): one user message, or a JSON list of messages [{"role": ..., "content": ...}]. Positions count '
+        "the template's tokens, and each self section carries the turns. Refused for a model without a template.",
+    )
     decoder_text: StrictStr | None = Field(
         None,
         description="An encoder-decoder's target, the decoder's text (text is then its source). Absent, null or "
@@ -138,6 +144,7 @@ class ModelInfo(BaseModel):
         description="Each layer's sliding window (null for a global layer) of a model with local layers; "
         "null for a model without them.",
     )
+    chat_template: bool = Field(False, description='Whether the model has a chat template ("chat" in a request).')
 
 
 class InfoBody(BaseModel):
@@ -232,7 +239,16 @@ class ServedModel:
             max_tokens=self.max_tokens,
             max_long_tokens=self.max_long_tokens,
             windows=None if self.encoder_decoder else _listed_windows(self.model),
+            chat_template=_has_chat_template(self.model),
         )
+
+
+def _has_chat_template(model: Any) -> bool:
+    """Whether a model's checkpoint folder has a chat template."""
+    from attnkit.models.checkpoints.chat import read_chat_template
+
+    path = getattr(model, "path", None)
+    return path is not None and read_chat_template(Path(path)) is not None
 
 
 def _listed_windows(model: Any) -> list[int | None] | None:
@@ -530,6 +546,8 @@ def _add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) ->
         if name not in served:
             raise _error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
         s = served[name]
+        if request.chat and s.encoder_decoder:
+            raise _error(422, f"{name} is an encoder-decoder: chat is for models of one text")
         if s.encoder_decoder:
             data = await _run_encoder_decoder(request, s, limits)
             timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
@@ -626,6 +644,8 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
     """
     text = request.text
     check_text(text, limits.max_chars)
+    if request.chat:
+        text = await run_in_threadpool(_chat_text, s, text)
     asked = [s.model.num_layers - 1] if request.layers == "last" else request.layers
     layers = _indices(asked, s.model.num_layers, "layer", s.name)
     heads = _indices(request.heads, s.model.num_heads, "head", s.name)
@@ -640,6 +660,24 @@ async def _admit(request: AttentionRequest, s: ServedModel, limits: Limits) -> A
             f"{counted(max(1, limits.max_weights // per_layer), 'layer')} or fewer heads",
         )
     return Admitted(s, text, layers, heads, count)
+
+
+def _chat_text(s: ServedModel, text: str) -> str:
+    """``chat``: the text in the model's chat template.
+
+    Raises:
+        HTTPException: 422 for a model without one (one line that says so), or messages
+            that are not messages.
+    """
+    from attnkit.models.checkpoints.chat import no_template_message
+
+    apply = getattr(s.model, "apply_chat_template", None)  # a stand-in model may have none
+    if apply is None:
+        raise _error(422, no_template_message(s.name))
+    try:
+        return apply(text)
+    except ValueError as err:
+        raise _error(422, str(err)) from None
 
 
 async def _count_tokens(text: str, s: ServedModel, what: str = "the text") -> int:

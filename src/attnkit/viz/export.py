@@ -325,6 +325,7 @@ def viewer_page(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     modes: Sequence[str] = (),
+    chat: bool = False,
 ) -> tuple[Path, ViewerData]:
     """The viewer page of ``text``, computed and checked but not written.
 
@@ -338,6 +339,8 @@ def viewer_page(
         modes: colour modes to add beside the weights, any of ``"value"`` and
             ``"rollout"`` (:func:`attnkit.viz.viewer.adapters.mode_sections`); the page's
             "Attention" menu switches between them.
+        chat: read ``text`` in the model's chat template
+            (:func:`attnkit.inspect.maps.chat_input`): the page shows each token's turn.
 
     Returns:
         ``(path, data)``: ``out/MODEL_viewer.html`` (``_viewer_words.html`` for words) and
@@ -351,9 +354,11 @@ def viewer_page(
     from dataclasses import replace
 
     from attnkit.functional.finite import check_finite
+    from attnkit.inspect.maps import chat_input
     from attnkit.viz.viewer import viewer_data_from_run
     from attnkit.viz.viewer.adapters import mode_sections
 
+    text = chat_input(model, text, chat)
     run = model.run(text, return_weights=True if layers is None else list(layers), heads=heads)
     for layer, weights in run.attentions.items():
         check_finite(weights, f"the attention weights of layer {layer} of {model.name}")

@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from torch import Tensor
 
 from attnkit.inspect.maps import AttentionMap, AttentionView
+from attnkit.models.checkpoints.chat import Turn
 from attnkit.viz.viewer import ViewerData, render_html
+from attnkit.viz.viewer.adapters import chat_turns
 
 
 def notebook_html_of(shown: AttentionMap | AttentionView) -> str:
@@ -35,6 +37,7 @@ def notebook_html_of(shown: AttentionMap | AttentionView) -> str:
             text=shown.text,
             # A window of tokens has no exact meaning between words.
             windows={shown.layer: shown.window} if shown.words is None and shown.layer_windows else None,
+            turns=chat_turns(shown.text, shown.words) if shown.rows is None else None,
         )
     if isinstance(shown, AttentionView):
         return notebook_html(
@@ -44,6 +47,7 @@ def notebook_html_of(shown: AttentionMap | AttentionView) -> str:
             causal=shown.causal,
             heads=shown.heads,
             text=shown.run.text,
+            turns=chat_turns(shown.run.text, shown.run.words),
         )
     raise TypeError(f"expected an AttentionMap or an AttentionView, got {type(shown).__name__}")
 
@@ -74,6 +78,7 @@ def notebook_html(
     text: str,
     height: int | None = None,
     windows: Mapping[int, int | None] | None = None,
+    turns: Sequence[Turn] | None = None,
 ) -> str:
     """The self-contained viewer page (:func:`attnkit.viz.viewer.render_html`) in an
     ``<iframe srcdoc>``, the form notebooks display inline, sized to its content.
@@ -95,6 +100,7 @@ def notebook_html(
             labels, at most :data:`FRAME_MAX_PX`).
         windows: layer → sliding window of a local layer (``None``: global), for a model
             with local layers: the viewer greys the cells outside the window.
+        turns: the turns of a conversation in a chat template, over the labels.
 
     Returns:
         An ``<iframe>`` element and the ``<script>`` that sizes it.
@@ -102,7 +108,9 @@ def notebook_html(
     Raises:
         ImportError: the viewer's dependencies are missing.
     """
-    data = ViewerData.from_run(model, labels, attentions, causal=causal, heads=heads, text=text, windows=windows)
+    data = ViewerData.from_run(
+        model, labels, attentions, causal=causal, heads=heads, text=text, windows=windows, turns=turns
+    )
     page = html.escape(render_html(data), quote=True)
     if height is None:
         height = min(FRAME_CHROME_PX + FRAME_ROW_PX * len(labels), FRAME_MAX_PX)

@@ -209,7 +209,9 @@ REPO_FILES = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",
     "sub/config.json",
+    "sub/chat_template.jinja",
 ]
 ALLOWED = {
     "config.json",
@@ -220,6 +222,7 @@ ALLOWED = {
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",
 }
 
 

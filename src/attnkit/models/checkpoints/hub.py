@@ -36,7 +36,7 @@ REVISION = re.compile(r"(?!/|-)(?!.*(?:\.\.|//|@\{|/$|\.lock$|\.$))[^\x00-\x20\x
 
 # Files taken from a repository's top level (besides the safetensors weights).
 CONFIG_FILES = ("config.json", "generation_config.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Shards as transformers names them: model-00001-of-00004.safetensors.
 _SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")

@@ -130,11 +130,13 @@ class Tokenizer:
 
         return _post_processor_ids(json.loads(self.backend.to_str()).get("post_processor"))
 
-    def encode(self, text: str) -> TokenizedText:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> TokenizedText:
         """Split ``text`` into tokens, with the special tokens the model expects.
 
         Args:
             text: any string of valid Unicode.
+            add_special_tokens: add them (``False`` for a text that writes its own, as a
+                chat template's does).
 
         Returns:
             A :class:`TokenizedText`.
@@ -146,7 +148,7 @@ class Tokenizer:
         """
         check_unicode(text)
         try:
-            enc = self.backend.encode(text, add_special_tokens=True)
+            enc = self.backend.encode(text, add_special_tokens=add_special_tokens)
         except BaseException as err:  # see from_file
             if not _is_library_error(err):
                 raise

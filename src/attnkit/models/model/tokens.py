@@ -10,13 +10,14 @@ Shape letters: ``b`` batch, ``s`` number of tokens.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
 
+from attnkit.models.checkpoints.chat import ChatText, apply_chat_template
 from attnkit.models.checkpoints.files import read_json_object
 from attnkit.models.checkpoints.tokenizer import TokenizedText, Tokenizer
 from attnkit.models.families.family import ModelConfig
@@ -32,14 +33,14 @@ class TokensMixin(ModelCore):
         config: its :class:`attnkit.models.families.family.ModelConfig` (the vocabulary size).
         tokenizer: the :class:`attnkit.models.Tokenizer`.
         max_length: the most tokens one text may have.
-        path: the checkpoint folder (where the BOS token is named).
+        path: the checkpoint folder (its chat template, the name of its BOS token).
     """
 
     name: str
+    path: Path
     config: ModelConfig
     tokenizer: Tokenizer
     max_length: int
-    path: Path
 
     @functools.cached_property
     def bos_token_id(self) -> int | None:
@@ -79,7 +80,8 @@ class TokensMixin(ModelCore):
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        encoded = self.tokenizer.encode(text)
+        # A conversation rendered by the chat template keeps the tokens it was rendered into.
+        encoded = text.encoded if isinstance(text, ChatText) else self.tokenizer.encode(text)
         if not text or all(encoded.special):
             raise ValueError(f"text is empty: {self.name} needs at least one token, got {text!r}")
         if prepend_bos is not None:
@@ -114,6 +116,28 @@ class TokensMixin(ModelCore):
         ids = torch.cat([torch.tensor([[bos]], dtype=encoded.ids.dtype), encoded.ids], dim=1)  # [1, 1 + s]
         token = self.tokenizer.id_to_token(bos)
         return TokenizedText(ids, [token, *encoded.tokens], [(0, 0), *encoded.offsets], [True, *encoded.special])
+
+    def apply_chat_template(
+        self, messages: str | Sequence[Mapping[str, Any]], *, add_generation_prompt: bool | None = None
+    ) -> ChatText:
+        """A conversation in the checkpoint's chat template, as the chat model reads it
+        (:func:`attnkit.models.checkpoints.chat.apply_chat_template`): a text every run,
+        map and viewer takes, whose positions count the template's tokens.
+
+        Args:
+            messages: one user message, or a list (or JSON list) of ``{"role", "content"}``.
+            add_generation_prompt: end with the prompt of the assistant's reply; default
+                when the last message is not the assistant's.
+
+        Raises:
+            ValueError: a checkpoint without a chat template (one line that says so),
+                messages that are not messages, or more tokens than the model reads.
+        """
+        chat = apply_chat_template(
+            Path(self.path), self.tokenizer, messages, name=self.name, add_generation_prompt=add_generation_prompt
+        )
+        self.tokenize(chat)
+        return chat
 
     @overload
     def to_tokens(

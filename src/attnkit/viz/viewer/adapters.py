@@ -14,6 +14,8 @@ from typing import Any
 from torch import Tensor
 
 from attnkit.inspect.maps import LEVELS, model_windows, readable_run
+from attnkit.inspect.words import Word
+from attnkit.models.checkpoints.chat import ChatText, Turn
 from attnkit.nn.records import LayerWeights, LMOutput, TransformerOutput
 from attnkit.viz.viewer.data import MODES, Section, ViewerData
 
@@ -73,7 +75,17 @@ def viewer_data_from_run(
         level=level,
         windows=layer_windows(model) if level == "token" else None,
         word_starts=_word_starts(readable) if level == "token" else None,
+        turns=chat_turns(text, readable.words),
     )
+
+
+def chat_turns(text: str, words: Sequence[Word] | None = None) -> tuple[Turn, ...] | None:
+    """The turns of a conversation in a chat template
+    (:meth:`attnkit.models.Model.apply_chat_template`) over its tokens, or over ``words``
+    (a word map's); ``None`` for a plain text."""
+    if not isinstance(text, ChatText):
+        return None
+    return text.turns if words is None else text.turns_over([word.token_indices for word in words])
 
 
 def _word_starts(readable: Any) -> list[bool]:

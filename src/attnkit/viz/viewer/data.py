@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from attnkit.deprecation import deprecated_aliases
+from attnkit.models.checkpoints.chat import Turn
 
 Kind = Literal["bidirectional", "causal", "encoder-decoder"]
 KINDS: tuple[str, ...] = ("bidirectional", "causal", "encoder-decoder")
@@ -89,6 +90,10 @@ class Section:
         word_starts: for a self-attention section between tokens, whether each token
             starts a word of the text (the viewer marks word boundaries, which token labels
             stripped of their spaces hide); ``None`` when not known.
+        turns: for a self-attention section over a conversation in a chat template, each
+            message's :class:`attnkit.models.checkpoints.chat.Turn` over the section's tokens
+            (or words): the viewer shows each token's turn and role, and the template's role
+            markers; ``None`` for a plain text.
 
     Raises:
         TypeError: tokens are not strings, weights not a floating-point tensor.
@@ -104,6 +109,7 @@ class Section:
     causal: bool = False
     windows: tuple[int | None, ...] | None = None
     word_starts: tuple[bool, ...] | None = None
+    turns: tuple[Turn, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "query_tokens", _as_tokens(self.query_tokens, "query_tokens"))
@@ -138,6 +144,24 @@ class Section:
                     f"({len(self.query_tokens)}), got {len(starts)}"
                 )
             object.__setattr__(self, "word_starts", starts)
+        if self.turns is not None:
+            object.__setattr__(self, "turns", self._checked_turns())
+
+    def _checked_turns(self) -> tuple[Turn, ...]:
+        """``turns`` as a tuple of ordered spans inside a section whose keys are its queries."""
+        turns = tuple(Turn.from_dict(t) if isinstance(t, Mapping) else t for t in self.turns or ())
+        last = 0
+        for turn in turns:
+            inside = last <= turn.start < turn.stop <= len(self.query_tokens)
+            if not inside or not turn.start <= turn.content_start <= turn.content_stop <= turn.stop:
+                raise ValueError(
+                    f"turns must be ordered spans of the {len(self.query_tokens)} tokens, their content inside, "
+                    f"got {turn}"
+                )
+            last = turn.stop
+        if self.key_tokens != self.query_tokens:
+            raise ValueError("turns are for a section whose keys are its queries (a conversation's self-attention)")
+        return turns
 
     def _checked_windows(self) -> tuple[int | None, ...] | None:
         """``windows`` as a tuple, ``None`` when no layer is local."""
@@ -161,6 +185,7 @@ class Section:
         causal: bool = False,
         windows: Mapping[int, int | None] | None = None,
         word_starts: Sequence[bool] | None = None,
+        turns: Sequence[Turn] | None = None,
     ) -> Section:
         """Build a section from per-layer weights, as models hand them back.
 
@@ -174,6 +199,7 @@ class Section:
             windows: model layer index → its sliding window (``None`` or absent: a global
                 layer); default every layer global.
             word_starts: see :class:`Section`.
+            turns: see :class:`Section`.
 
         Returns:
             The section.
@@ -212,6 +238,7 @@ class Section:
             causal,
             layer_windows,
             None if word_starts is None else tuple(word_starts),
+            None if turns is None else tuple(turns),
         )
 
     def map(self, layer: int, head: int) -> Tensor:
@@ -237,6 +264,7 @@ class Section:
             "heads": list(self.heads),
             **({} if self.windows is None else {"windows": list(self.windows)}),
             **({} if self.word_starts is None else {"word_starts": list(self.word_starts)}),
+            **({} if self.turns is None else {"turns": [turn.to_dict() for turn in self.turns]}),
             "weights": {
                 "shape": list(self.weights.shape),
                 "dtype": "uint16",
@@ -280,6 +308,7 @@ class Section:
             bool(d["causal"]),
             d.get("windows"),
             d.get("word_starts"),
+            d.get("turns"),
         )
 
 
@@ -350,6 +379,7 @@ class ViewerData:
         level: str = "token",
         windows: Mapping[int, int | None] | None = None,
         word_starts: Sequence[bool] | None = None,
+        turns: Sequence[Turn] | None = None,
     ) -> ViewerData:
         """Self-attention of a decoder-only or encoder-only model over one text.
 
@@ -364,6 +394,7 @@ class ViewerData:
             windows: layer index → its sliding window, for a model with local layers
                 (``None`` or absent: global).
             word_starts: between tokens, whether each token starts a word of the text.
+            turns: the turns of a conversation in a chat template (:class:`Section`).
 
         Returns:
             Data of kind ``"causal"`` or ``"bidirectional"``.
@@ -372,7 +403,14 @@ class ViewerData:
             ValueError: an unknown level, or see :meth:`Section.from_layers`.
         """
         section = Section.from_layers(
-            tokens, tokens, attentions, heads=heads, causal=causal, windows=windows, word_starts=word_starts
+            tokens,
+            tokens,
+            attentions,
+            heads=heads,
+            causal=causal,
+            windows=windows,
+            word_starts=word_starts,
+            turns=turns,
         )
         return cls(model, "causal" if causal else "bidirectional", {"self": section}, text, level)
 

@@ -407,9 +407,56 @@
     return starts && starts.some((b) => !b) ? starts : null;
   }
 
+  // A conversation in a chat template: the turns of a section between its tokens (or
+  // words), the colour modes sharing the self section's; null for a plain text.
+  function turnsOf(s) {
+    const self = state.data.sections.self;
+    return s.turns || (self && s.query_tokens.length === self.query_tokens.length ? self.turns : null) || null;
+  }
+
+  const ROLE_COLOURS = { system: '#8250df', user: '#0969da', assistant: '#1a7f37' };
+
+  function roleColour(role) {
+    return ROLE_COLOURS[role] || '#bc4c00';
+  }
+
+  // The index of the turn that token (or word) n belongs to, -1 for none.
+  function turnIndex(turns, n) {
+    return turns ? turns.findIndex((t) => n >= t.start && n < t.stop) : -1;
+  }
+
+  // What a token's turn says in a tooltip: ' (turn 2, user; role marker)'.
+  function turnNote(turns, n) {
+    const k = turnIndex(turns, n);
+    if (k < 0) return turns ? ' (no turn: the template\u2019s)' : '';
+    const t = turns[k];
+    const marker = n < t.content_start || n >= t.content_stop;
+    return ' (turn ' + (k + 1) + ', ' + t.role + (marker ? '; role marker' : '') + ')';
+  }
+
+  // The list of turns above the views, each in its role's colour.
+  function showTurns(turns) {
+    const box = $('ak-turns');
+    box.textContent = '';
+    box.hidden = !turns;
+    if (!turns) return;
+    box.append('Chat turns, the band beside each token (italic: the template\u2019s role markers): ');
+    const unit = state.data.level === 'word' ? 'words' : 'tokens';
+    turns.forEach((t, k) => {
+      const chip = document.createElement('span');
+      chip.className = 'ak-turn-chip';
+      chip.dataset.role = t.role;
+      chip.style.setProperty('--ak-turn', roleColour(t.role));
+      chip.textContent = (k + 1) + '. ' + t.role + ': ' + unit + ' ' + t.start + '\u2013' + (t.stop - 1);
+      box.appendChild(chip);
+    });
+  }
+
   function buildTokenColumns() {
     const s = sec();
     const starts = wordStarts(s);
+    const turns = turnsOf(s);
+    showTurns(turns);
     for (const [el, tokens, side] of [[$('ak-queries'), s.query_tokens, 'q'], [$('ak-keys'), s.key_tokens, 'k']]) {
       el.textContent = '';
       el.removeAttribute('aria-activedescendant');
@@ -429,6 +476,15 @@
           div.classList.add('ak-word-start');
           div.title += ' (starts a word)';
         }
+        const k = turnIndex(turns, n);
+        if (k >= 0) {
+          const t = turns[k];
+          div.classList.add('ak-in-turn');
+          div.style.setProperty('--ak-turn', roleColour(t.role));
+          div.dataset.role = t.role;
+          if (n < t.content_start || n >= t.content_stop) div.classList.add('ak-role-marker');
+        }
+        div.title += turnNote(turns, n);
         frag.appendChild(div);
       });
       el.appendChild(frag);
@@ -959,8 +1015,8 @@
     const w = q16[offset + i * d.sk + j] * s.weights.scale;
     const win = windowOf(s, li);
     return {
-      query: shown(s.query_tokens[i]) + '  #' + i,
-      key: shown(s.key_tokens[j]) + '  #' + j,
+      query: shown(s.query_tokens[i]) + '  #' + i + turnNote(turnsOf(s), i),
+      key: shown(s.key_tokens[j]) + '  #' + j + turnNote(turnsOf(s), j),
       weight: w.toFixed(5),
       note: s.causal && j > i ? '(masked)' : win > 0 && i - j >= win ? '(masked) outside the window of ' + win : '',
     };
@@ -1943,6 +1999,9 @@
     const encoderDecoder = m.kind === 'encoder-decoder';
     $('ak-target-field').hidden = !encoderDecoder;
     $('ak-req-modes').closest('.ak-field').hidden = encoderDecoder;
+    // A model with a chat template may read the text in it: turns and roles on the page.
+    $('ak-chat-field').hidden = !m.chat_template;
+    if (!m.chat_template) $('ak-chat').value = 'off';
     $('ak-text-label').textContent = encoderDecoder ? 'Source' : 'Text';
     const layers = $('ak-req-layer');
     layers.textContent = '';
@@ -1981,6 +2040,11 @@
     const level = $('ak-level').value;
     const payload = { text, model: $('ak-model').value, level };
     const m = info.models.find((x) => x.name === payload.model);
+    if ($('ak-chat').value === 'on' && m.chat_template) payload.chat = true;
+    if (payload.chat && $('ak-long-mode').value === 'on') {
+      status('The chat template is for full maps: choose Long text: off.', true);
+      return;
+    }
     if ($('ak-long-mode').value === 'on') {
       await submitLong(text, m);
       return;
