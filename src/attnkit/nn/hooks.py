@@ -115,9 +115,9 @@ if TYPE_CHECKING:
 
 HookFn = Callable[..., "Tensor | None"]
 HookCall = Callable[["Tensor", "HookPoint"], "Tensor | None"]
-# Which activations a cache keeps: every one (``None``), these names, or the names a
+# Which activations a cache keeps: every one (``None``), one name, these names, or the names a
 # predicate accepts.
-NameFilter = Collection[str] | Callable[[str], bool] | None
+NameFilter = str | Collection[str] | Callable[[str], bool] | None
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _Root = TypeVar("_Root", bound="HookedModule")
@@ -405,7 +405,7 @@ class HookedModule(nn.Module):
 
         Raises:
             ValueError: an unknown name.
-            TypeError: a hook that is not callable, names given as one string.
+            TypeError: a hook that is not callable.
         """
         from attnkit.nn.activation_cache import ActivationCache
 
@@ -494,6 +494,8 @@ def cached_points(names_filter: NameFilter, points: Mapping[str, HookPoint]) -> 
     """
     if names_filter is None:
         return {point: name for name, point in points.items()}
+    if isinstance(names_filter, str):  # one name, as TransformerLens takes it
+        names_filter = [names_filter]
     if callable(names_filter) and not isinstance(names_filter, (str, Collection)):
         accepted = {name for name in points if names_filter(name)}
         # A predicate written for TransformerLens' names keeps the points they name.

@@ -211,3 +211,11 @@ def test_smollm2_positions_and_tl_hooks_as_transformerlens(smollm2):
         ours = smollm2.run_with_hooks(tokens, hooks={smollm2.hook_name("z", 5): _ak_zero_head}).logits
         plain = smollm2.run_with_hooks(tokens).logits
     assert torch.equal(tl, ours) and (tl - plain).abs().max() > 1e-3
+
+
+def test_one_name_as_a_string_is_a_names_filter(model):
+    """TransformerLens takes ``names_filter="blocks.0.attn.hook_z"``: that one point."""
+    _, cache = model.run_with_cache(_ids(model), names_filter="blocks.0.attn.hook_z")
+    assert list(cache) == [model.hook_name("z", 0)]
+    _, cache = model.run_with_cache(_ids(model), names_filter=model.hook_name("pattern", 1))
+    assert list(cache) == [model.hook_name("pattern", 1)]
