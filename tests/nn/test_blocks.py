@@ -31,6 +31,22 @@ def test_rms_norm_computes_its_statistic_in_float32() -> None:
     assert_close(out.float(), torch.ones(1, 4))
 
 
+@pytest.mark.parametrize("plus_one", [False, True])
+@pytest.mark.parametrize("scale_hooked", [False, True])
+def test_rms_norm_keeps_float64_inputs_in_float64(plus_one: bool, scale_hooked: bool) -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(8, eps=1e-6, plus_one=plus_one).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 8, dtype=torch.float64) * 1e3 + 1.0 / 3.0
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + norm.weight if plus_one else norm.weight)
+    if scale_hooked:  # a hook on the scale: the statistic is formed apart and divided by
+        norm.scale.permanent = (lambda scale, hook: scale * 1,)
+    out = norm(x)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, expected, rtol=1e-13, atol=0)
+
+
 def test_make_norm() -> None:
     assert isinstance(make_norm("layer", 4, 1e-12), nn.LayerNorm)
     assert make_norm("layer", 4, 1e-12).eps == 1e-12

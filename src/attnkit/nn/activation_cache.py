@@ -202,6 +202,8 @@ def _same_bits(a: Tensor, b: Tensor) -> bool:
     return torch.equal(a, b)
 
 
+# TransformerLens' names of gradients: the hook name and this suffix.
+_GRAD_SUFFIX = "_grad"
 # Matrix kernels pick code by the alignment of their operands; a copy keeps the original's.
 _ALIGNMENT = 512
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -245,19 +247,41 @@ class ActivationCache(MutableMapping[str, Tensor]):
     the embeddings and of every block's output; they need the names they combine in the
     cache (``run_with_cache()`` keeps them all).
 
+    A cache that recorded gradients (``run_with_cache(..., incl_bwd=True)``) holds them in
+    :attr:`grads`, by the same names; ``cache[name + "_grad"]`` reads one too, as
+    TransformerLens names them.
+
     Args:
         model: the module whose names these are.
     """
 
+    # The gradients (:attr:`grads`), made when first asked for; ``None`` in a cache pickled
+    # before caches kept gradients.
+    _grads: ActivationCache | None = None
+
     def __init__(self, model: _Hooked) -> None:
         self.model = model
         self._entries: dict[str, Tensor | _OnRead] = {}
+        self._grads: ActivationCache | None = None
         # Entry name → the computations that read a tensor in its memory in place (each
         # with the input's name and tensor): each keeps a copy before the entry is first
         # handed out.
         self._shared: dict[str, list[tuple[DeferredActivations, str, Tensor]]] = {}
 
+    @property
+    def grads(self) -> ActivationCache:
+        """The gradients a backward pass gave the recorded activations, by the same names
+        (hook name → gradient of the scalar the backward pass ran from with respect to that
+        activation, shaped like it), with this cache's lookups and residual-stream helpers:
+        ``cache.grads["pattern", 3]``, ``cache.grads.stack_head_results()``. Empty unless
+        the cache was asked to record gradients (``incl_bwd=True``)."""
+        if self._grads is None:
+            self._grads = ActivationCache(self.model)
+        return self._grads
+
     def __getitem__(self, key: str | tuple[str, int | None]) -> Tensor:
+        if isinstance(key, str) and key not in self._entries and key.endswith(_GRAD_SUFFIX) and self._grads:
+            return self._grads[key.removesuffix(_GRAD_SUFFIX)]
         if isinstance(key, tuple):
             name, layer = key
             key = self.model.hook_name(name, layer)
@@ -306,6 +330,8 @@ class ActivationCache(MutableMapping[str, Tensor]):
                 key = self.model.hook_name(*key)
             except ValueError:
                 return False
+        if isinstance(key, str) and key not in self._entries and key.endswith(_GRAD_SUFFIX) and self._grads:
+            return key.removesuffix(_GRAD_SUFFIX) in self._grads
         if key in self._entries or not isinstance(key, str):
             return key in self._entries
         alias = transformerlens_aliases(self.model.hook_names()).get(key)
@@ -324,7 +350,27 @@ class ActivationCache(MutableMapping[str, Tensor]):
         computed on read first, so that the tensors they come from need no copy)."""
         for name in self.unread():
             self[name]
-        return {"model": self.model, "_entries": {name: self[name] for name in self._entries}, "_shared": {}}
+        entries = {name: self[name] for name in self._entries}
+        return {"model": self.model, "_entries": entries, "_shared": {}, "_grads": self._grads}
+
+    def tensors_with_history(self) -> list[Tensor]:
+        """The computed entries that carry autograd history (each tensor once): what a
+        backward pass from a scalar computed from them reaches."""
+        found: dict[int, Tensor] = {}
+        for entry in self._entries.values():
+            if isinstance(entry, Tensor) and entry.requires_grad:
+                found.setdefault(id(entry), entry)
+        return list(found.values())
+
+    def detach_entries(self) -> None:
+        """Keep every computed entry (and gradient) without its autograd history, as a
+        cache filled by a pass that recorded gradients hands them out once the backward
+        pass has run."""
+        for name, entry in self._entries.items():
+            if isinstance(entry, Tensor) and entry.requires_grad:
+                self._entries[name] = entry.detach()
+        if self._grads is not None:
+            self._grads.detach_entries()
 
     def record_on_read(self, names: Mapping[str, int], deferred: DeferredActivations) -> None:
         """Keep entries that ``deferred`` computes when one of them is first read.

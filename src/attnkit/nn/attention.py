@@ -422,9 +422,9 @@ class MultiHeadAttention(nn.Module):
         )
         if not isinstance(return_weights, WeightSelection):
             return result
-        if replaced:
-            # A hook changed the scores or the pattern: the output and the chosen part of the
-            # weights are those it made.
+        if replaced or any(point.watches_gradient for point in watched):
+            # A hook changed the scores or the pattern (or their gradient is watched): the
+            # output and the chosen part of the weights are those it made.
             assert result.weights is not None  # asked for
             return AttentionResult(result.output, return_weights.take(result.weights).float())
         # Hooks that change nothing change nothing: the output and weights of a pass without them.
@@ -552,7 +552,8 @@ class MultiHeadAttention(nn.Module):
             q, k, mask=mask, bias=bias, causal=causal, edit_scores=edit_scores
         )  # [b, h, s_q, s_k]
         pattern = self.pattern(weights)
-        if pattern is weights and not scores_replaced:
+        watched = self.pattern.watches_gradient or (self.scores is not None and self.scores.watches_gradient)
+        if pattern is weights and not scores_replaced and not watched:
             return AttentionResult(
                 self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False).output
             )
@@ -613,7 +614,7 @@ class MultiHeadAttention(nn.Module):
         else:
             per_head = _per_head_outputs(heads, w_o)
         hooked = self.result(per_head)
-        if hooked is per_head:
+        if hooked is per_head and not self.result.watches_gradient:
             return output
         summed = hooked.sum(1)  # [b, s, e]
         return summed if self.out_proj.bias is None else summed + self.out_proj.bias

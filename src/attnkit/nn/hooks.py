@@ -88,6 +88,22 @@ the values; a replaced ``result`` is summed over heads (plus the output bias) in
 ``attn_out``; a replaced ``scale`` divides the centred (LayerNorm) or raw (RMSNorm) input.
 Hooks that return their input (or ``None``) change nothing, bit for bit.
 
+Gradients: a backward hook (``backward_hooks=`` of :meth:`~HookedModule.hooks`,
+:meth:`~HookedModule.run_with_hooks` and :meth:`~HookedModule.hook_session`) is a function
+of ``(gradient, hook)`` or of the gradient alone, returning ``None`` or the gradient to pass
+on (shaped like it). It is registered on the activation of every pass run inside its block
+with gradients enabled, and runs when a backward pass reaches that activation, inside the
+block or after it. A cache asked for gradients (``incl_bwd=True``) keeps each kept
+activation's gradient in :attr:`attnkit.nn.ActivationCache.grads` the same way (after the
+backward hooks); :meth:`~HookedModule.run_with_cache` with ``incl_bwd=True`` runs the
+backward pass itself. While a point's gradient is watched (:attr:`HookPoint.watches_gradient`)
+its module computes what follows from the activation itself: attention multiplies the
+``pattern`` with the values, the output sums the per-head ``result``, a norm divides by its
+``scale``, and none of these is left to a cache to compute later, so that the gradient at
+the point is the one through everything after it. An activation with no autograd history
+(parameters that want no gradient) is made to want one. Points without backward hooks or
+gradient caches cost nothing more.
+
 With a KV cache (generation), each decoding step calls every point once: ``q``, ``k``,
 ``v``, ``z`` and the residual points see the new positions only (``s = 1`` after the
 prompt), and a replaced ``k`` or ``v`` is what the cache keeps; ``scores`` and ``pattern``
@@ -102,9 +118,10 @@ import contextvars
 import inspect
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
@@ -170,12 +187,21 @@ class HookPoint(nn.Module):
 
     @property
     def hooked(self) -> bool:
-        """Whether a hook (not only a cache) is on this point now: its activation must then
-        be formed during the forward pass, since the hook may replace it."""
+        """Whether a hook (not only a cache) is on this point now, or its gradient is
+        watched (:attr:`watches_gradient`): its activation must then be formed during the
+        forward pass, since the hook may replace it or the gradient flows through it."""
         if self.permanent:
             return True
         session = _SESSION.get()
-        return session is not None and self in session.hooks
+        return session is not None and (self in session.hooks or self.watches_gradient)
+
+    @property
+    def watches_gradient(self) -> bool:
+        """Whether a backward hook or a gradient cache is on this point in a pass that
+        records gradients: the module must then compute what follows from this activation
+        itself (not from a fused path beside it), so that the gradient flows through it."""
+        session = _SESSION.get()
+        return session is not None and torch.is_grad_enabled() and session.watches_gradient(self)
 
     def extra_repr(self) -> str:
         return repr(self.name) if self.name else ""
@@ -184,20 +210,52 @@ class HookPoint(nn.Module):
 @dataclass(frozen=True)
 class _Session:
     """The hooks and caches active in one context: point → hook functions (outer blocks'
-    first), and the caches with the points each records (point → its name)."""
+    first), the caches with the points each records (point → its name), point → backward
+    hook functions, and the caches that record gradients with their points."""
 
     hooks: Mapping[HookPoint, tuple[Callable[[Tensor, HookPoint], Tensor | None], ...]]
     caches: tuple[tuple[Mapping[HookPoint, str], ActivationCache], ...]
+    backward_hooks: Mapping[HookPoint, tuple[Callable[[Tensor, HookPoint], Tensor | None], ...]] = field(
+        default_factory=dict
+    )
+    gradient_caches: tuple[tuple[Mapping[HookPoint, str], ActivationCache], ...] = ()
 
     def wants(self, point: HookPoint) -> bool:
-        return point in self.hooks or any(point in names for names, _ in self.caches)
+        return point in self.hooks or any(point in names for names, _ in self.caches) or self.watches_gradient(point)
+
+    def watches_gradient(self, point: HookPoint) -> bool:
+        return point in self.backward_hooks or any(point in names for names, _ in self.gradient_caches)
 
     def apply(self, point: HookPoint, activation: Tensor) -> Tensor:
         activation = _apply_hooks(point, point.permanent + self.hooks.get(point, ()), activation)
+        if torch.is_grad_enabled() and self.watches_gradient(point):
+            activation = self._watch_gradient(point, activation)
         for names, cache in self.caches:
             name = names.get(point)
             if name is not None:
                 cache[name] = activation
+        return activation
+
+    def _watch_gradient(self, point: HookPoint, activation: Tensor) -> Tensor:
+        """Register what runs on the gradient of ``activation`` when a backward pass
+        reaches it: the backward hooks in order (each may replace it), then the gradient
+        caches record it. An activation that carries no autograd history (the model's
+        parameters want no gradient) is made to want one, so that the pass records what
+        follows it; one that cannot (integer indices) is left as it is."""
+        if not (activation.is_floating_point() or activation.is_complex()):
+            return activation
+        if not activation.requires_grad:
+            activation = activation.detach().requires_grad_()
+        backward = self.backward_hooks.get(point, ())
+        recorders = [(names[point], cache) for names, cache in self.gradient_caches if point in names]
+
+        def on_gradient(gradient: Tensor) -> Tensor:
+            gradient = _apply_hooks(point, backward, gradient)
+            for name, cache in recorders:
+                cache.grads[name] = gradient
+            return gradient
+
+        activation.register_hook(on_gradient)
         return activation
 
 
@@ -339,44 +397,81 @@ class HookedModule(nn.Module):
         """The points that have permanent hooks, with how many each has."""
         return {name: len(point.permanent) for name, point in self.hook_points().items() if point.permanent}
 
-    def run_with_hooks(self, *args: Any, hooks: Mapping[str, HookFn], **kwargs: Any) -> Any:
-        """This module's forward pass on ``args`` / ``kwargs`` with ``hooks`` active.
+    def run_with_hooks(
+        self,
+        *args: Any,
+        hooks: Mapping[str, HookFn] | None = None,
+        backward_hooks: Mapping[str, HookFn] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """This module's forward pass on ``args`` / ``kwargs`` with ``hooks`` active, and
+        ``backward_hooks`` registered on the gradients of its activations (they act when
+        the caller runs a backward pass through the output, after this call returns).
 
         Raises:
             ValueError: an unknown name.
             TypeError: a hook that is not callable.
         """
-        with self.hooks(hooks):
+        with self.hooks(hooks or {}, backward_hooks=backward_hooks):
             return self(*args, **kwargs)
 
     @renamed_keywords(names="names_filter", removed_in="0.3")
-    def run_with_cache(self, *args: Any, names_filter: NameFilter = None, **kwargs: Any) -> tuple[Any, ActivationCache]:
-        """This module's forward pass on ``args`` / ``kwargs``, keeping activations.
+    def run_with_cache(
+        self,
+        *args: Any,
+        names_filter: NameFilter = None,
+        incl_bwd: bool = False,
+        metric: Callable[[Any], Tensor] | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, ActivationCache]:
+        """This module's forward pass on ``args`` / ``kwargs``, keeping activations (and,
+        with ``incl_bwd``, their gradients).
 
         Args:
             args, kwargs: what the forward pass takes.
             names_filter: which activations: every one (``None``), a collection of names, or a
                 predicate on names (``lambda name: name.endswith("pattern")``).
+            incl_bwd: also run a backward pass from ``metric`` of the output (from the
+                output itself when ``metric`` is ``None``: it must then be a scalar) and keep
+                the gradient of that scalar with respect to each kept activation in
+                ``cache.grads`` (:attr:`attnkit.nn.ActivationCache.grads`); the parameters'
+                ``.grad`` are left as they are. The output and the cache's tensors come back
+                detached.
+            metric: a function of the output returning a scalar tensor, for ``incl_bwd``.
 
         Returns:
             ``(output of the forward pass, ActivationCache)``.
 
         Raises:
-            ValueError: an unknown name.
+            ValueError: an unknown name, a metric without ``incl_bwd``, or with ``incl_bwd``
+                a scalar that is not one (a tensor of one element).
         """
-        with self.hook_session(names_filter=names_filter) as cache:
+        if metric is not None and not incl_bwd:
+            raise ValueError("metric= is the scalar whose gradients incl_bwd=True keeps; pass incl_bwd=True with it")
+        with self.hook_session(names_filter=names_filter, incl_bwd=incl_bwd) as cache:
             out = self(*args, **kwargs)
+        if incl_bwd:
+            backward_of_scalar(out if metric is None else metric(out), cache)
+            cache.detach_entries()
+            out = out.detach() if isinstance(out, Tensor) else out
         return out, cache
 
     @contextlib.contextmanager
-    def hooks(self: _Root, hooks: Mapping[str, HookFn]) -> Iterator[_Root]:
+    def hooks(
+        self: _Root, hooks: Mapping[str, HookFn], *, backward_hooks: Mapping[str, HookFn] | None = None
+    ) -> Iterator[_Root]:
         """Install functions that read or replace activations in every forward pass of this
-        module inside the ``with`` block (in this thread).
+        module inside the ``with`` block (in this thread), and functions on their gradients.
 
         Args:
             hooks: name (:meth:`hook_names`) → function of ``(activation, hook)`` or of the
                 activation, returning ``None`` or the tensor to use instead. Nested blocks
                 apply the outer block's hooks first.
+            backward_hooks: name → function of ``(gradient, hook)`` or of the gradient,
+                returning ``None`` or the gradient to pass on instead: registered on the
+                activation of every forward pass inside the block that records gradients,
+                it acts when a backward pass reaches that activation, inside the block or
+                after it (TransformerLens' ``bwd_hooks``).
 
         Yields:
             This module.
@@ -385,13 +480,18 @@ class HookedModule(nn.Module):
             ValueError: an unknown name (the message lists the names).
             TypeError: a value that is not callable.
         """
-        with self.hook_session(hooks):
+        with self.hook_session(hooks, backward_hooks=backward_hooks):
             yield self
 
     @renamed_keywords(cache="names_filter", removed_in="0.3")
     @contextlib.contextmanager
     def hook_session(
-        self, hooks: Mapping[str, HookFn] | None = None, *, names_filter: NameFilter = ()
+        self,
+        hooks: Mapping[str, HookFn] | None = None,
+        *,
+        names_filter: NameFilter = (),
+        backward_hooks: Mapping[str, HookFn] | None = None,
+        incl_bwd: bool = False,
     ) -> Iterator[ActivationCache]:
         """Hooks and a cache, active inside the ``with`` block (in this thread).
 
@@ -399,6 +499,10 @@ class HookedModule(nn.Module):
             hooks: as :meth:`hooks` takes them.
             names_filter: the activations to keep, as :meth:`run_with_cache` takes them; ``()``
                 keeps none.
+            backward_hooks: as :meth:`hooks` takes them.
+            incl_bwd: also keep the gradients of the kept activations, in the cache's
+                :attr:`~attnkit.nn.ActivationCache.grads`, when a backward pass reaches them
+                (passes inside the block that record gradients).
 
         Yields:
             The :class:`attnkit.nn.ActivationCache`, filled as forward passes run.
@@ -409,33 +513,76 @@ class HookedModule(nn.Module):
         """
         from attnkit.nn.activation_cache import ActivationCache
 
-        hooks = dict(hooks or {})
-        if not hooks and names_filter == ():
+        hooks, backward_hooks = dict(hooks or {}), dict(backward_hooks or {})
+        if not hooks and not backward_hooks and names_filter == ():
             # Nothing to add: no walk over the module tree, the context stays as it is.
             yield ActivationCache(self)
             return
         points = self.hook_points()
-        check_hook_names(hooks, points, "hook")
-        for name, fn in hooks.items():
-            if not callable(fn):
-                raise TypeError(f"the hook on {name!r} must be a function of the activation, got {type(fn).__name__}")
         outer = _SESSION.get()
-        chains: dict[HookPoint, tuple[Callable[[Tensor, HookPoint], Tensor | None], ...]] = dict(
-            outer.hooks if outer else {}
-        )
-        for name, fn in hooks.items():
-            point, hook_fn = _hook_on(name, fn, points)
-            chains[point] = (*chains.get(point, ()), hook_fn)
+        chains = _hook_chains(hooks, points, outer.hooks if outer else {}, "hook")
+        backward_chains = _hook_chains(backward_hooks, points, outer.backward_hooks if outer else {}, "backward hook")
         cached = cached_points(names_filter, points)
         activation_cache = ActivationCache(self)
         caches = outer.caches if outer else ()
+        gradient_caches = outer.gradient_caches if outer else ()
         if cached:
             caches = (*caches, (cached, activation_cache))
-        token = _SESSION.set(_Session(chains, caches) if chains or caches else None)
+            if incl_bwd:
+                gradient_caches = (*gradient_caches, (cached, activation_cache))
+        active = chains or caches or backward_chains
+        token = _SESSION.set(_Session(chains, caches, backward_chains, gradient_caches) if active else None)
         try:
             yield activation_cache
         finally:
             _SESSION.reset(token)
+
+
+def _hook_chains(
+    hooks: Mapping[str, HookFn],
+    points: Mapping[str, HookPoint],
+    outer: Mapping[HookPoint, tuple[Callable[[Tensor, HookPoint], Tensor | None], ...]],
+    what: str,
+) -> dict[HookPoint, tuple[Callable[[Tensor, HookPoint], Tensor | None], ...]]:
+    """Point → the hook functions on it: the outer block's, then ``hooks``, checked.
+
+    Raises:
+        ValueError: an unknown name.
+        TypeError: a value that is not callable.
+    """
+    check_hook_names(hooks, points, what)
+    chains = dict(outer)
+    for name, fn in hooks.items():
+        if not callable(fn):
+            raise TypeError(f"the {what} on {name!r} must be a function of the activation, got {type(fn).__name__}")
+        point, hook_fn = _hook_on(name, fn, points)
+        chains[point] = (*chains.get(point, ()), hook_fn)
+    return chains
+
+
+def backward_of_scalar(scalar: Any, cache: ActivationCache) -> None:
+    """Run a backward pass from ``scalar`` to the activations ``cache`` kept, which records
+    their gradients in ``cache.grads`` (and runs the backward hooks it reaches on the way).
+    Nothing is accumulated in the parameters' ``.grad``, and the graph is freed.
+
+    Raises:
+        ValueError: not a tensor of one element that carries autograd history.
+    """
+    if not isinstance(scalar, Tensor) or scalar.numel() != 1:
+        got = f"a tensor {list(scalar.shape)}" if isinstance(scalar, Tensor) else type(scalar).__name__
+        raise ValueError(
+            f"incl_bwd=True runs a backward pass from a scalar: the output itself or metric(output) must be a "
+            f"tensor of one element, got {got}"
+        )
+    if not scalar.requires_grad:
+        raise ValueError(
+            "incl_bwd=True runs a backward pass from a scalar that depends on the kept activations, but this "
+            "scalar carries no gradient (computed under torch.no_grad, or from no kept activation)"
+        )
+    kept = cache.tensors_with_history()
+    if not kept:
+        raise ValueError("incl_bwd=True keeps gradients of kept activations, but the cache kept none with a gradient")
+    torch.autograd.grad(scalar, kept, allow_unused=True)
 
 
 def check_hook_names(names: Collection[str], points: Mapping[str, HookPoint], what: str) -> None:

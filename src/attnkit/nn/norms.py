@@ -22,9 +22,9 @@ class RMSNorm(nn.Module):
     """Root-mean-square normalisation (Zhang & Sennrich, 2019), as in LLaMA:
     ``x / sqrt(mean(x²) + eps) * weight``, with no centring and no bias.
 
-    The statistic is computed in float32 and the result cast back before the weight is
-    applied, as LLaMA checkpoints expect: in half precision the mean of squares would
-    otherwise lose most of its digits.
+    The statistic is computed in float32 (float64 for float64 inputs) and the result cast
+    back before the weight is applied, as LLaMA checkpoints expect: in half precision the
+    mean of squares would otherwise lose most of its digits.
 
     With ``plus_one`` the scale is ``1 + weight`` (the weight stores the deviation from 1,
     initialised to 0) and it is applied in float32 before the cast back, as in Gemma.
@@ -64,13 +64,16 @@ class RMSNorm(nn.Module):
         weight = self.weight  # one module lookup: this runs for every norm of every step
         if x.shape[-1] != weight.shape[0]:
             raise ValueError(f"expected last dim {weight.shape[0]}, got input of shape {list(x.shape)}")
+        # At least float32: bfloat16 and float16 inputs are normalised in float32, float64
+        # ones in float64.
+        wide = torch.promote_types(x.dtype, torch.float32)
         if self.scale.active:
-            x32 = x.float()
+            x32 = x.to(wide)
             scale = (x32.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [..., 1]
             hooked = self.scale(scale)
-            if hooked is not scale:
+            if hooked is not scale or self.scale.watches_gradient:
                 if self.plus_one:
-                    return (x32 / hooked * (1.0 + weight.float())).to(x.dtype)
+                    return (x32 / hooked * (1.0 + weight.to(wide))).to(x.dtype)
                 return weight * (x32 / hooked).to(x.dtype)
         if x.dtype == weight.dtype == torch.float32:
             # torch's fused kernel: the same float32 arithmetic in one pass instead of six
@@ -78,10 +81,10 @@ class RMSNorm(nn.Module):
             # below and with Hugging Face's LLaMA and Gemma 2).
             return F.rms_norm(x, weight.shape, 1.0 + weight if self.plus_one else weight, self.eps)
         if self.plus_one:
-            x32 = x.float()
+            x32 = x.to(wide)
             normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-            return (normed * (1.0 + weight.float())).to(x.dtype)
-        x32 = x.float()
+            return (normed * (1.0 + weight.to(wide))).to(x.dtype)
+        x32 = x.to(wide)
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * normed.to(x.dtype)
 
@@ -110,7 +113,7 @@ class LayerNorm(nn.LayerNorm):
             centred = x - x.mean(-1, keepdim=True)  # [..., e]
             scale = (centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [..., 1]
             hooked = self.scale(scale)
-            if hooked is not scale:
+            if hooked is not scale or self.scale.watches_gradient:
                 out = centred / hooked
                 out = out if self.weight is None else out * self.weight
                 return out if self.bias is None else out + self.bias

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
             logits: bool = True,
             hooks: Mapping[str, HookFn] | None = None,
             names_filter: NameFilter = (),
+            backward_hooks: Mapping[str, HookFn] | None = None,
+            incl_bwd: bool = False,
             start_at_layer: int = 0,
             residual: Tensor | None = None,
             stop_at_layer: int | None = None,

@@ -11,7 +11,7 @@ Shape letters: ``b`` batch, ``s`` number of tokens, ``e`` model dim, ``v`` vocab
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 import torch
@@ -28,9 +28,10 @@ from attnkit.models.model.layer_range import (
     check_return_type,
     sliced_positions,
 )
+from attnkit.models.model.lens import lm_cross_entropy
 from attnkit.models.model.runs import HookedRun
 from attnkit.nn import ActivationCache, DecoderLM
-from attnkit.nn.hooks import HookFn, NameFilter
+from attnkit.nn.hooks import HookFn, NameFilter, backward_of_scalar
 from attnkit.nn.text_module import TextModule
 
 
@@ -38,11 +39,14 @@ class HooksMixin(ModelCore):
     """The hook API over the attributes below.
 
     Attributes (what the mixin reads of its class):
+        name: for messages.
         module: the network, whose hook points the runs go through.
+        num_layers: its depth (layer ranges).
+        config: its config (the model dim).
     """
 
-    module: TextModule
     name: str
+    module: TextModule
     num_layers: int
     config: ModelConfig
 
@@ -76,7 +80,9 @@ class HooksMixin(ModelCore):
         return self.module.hook_name(name, layer)
 
     @contextlib.contextmanager
-    def hooks(self, hooks: Mapping[str, HookFn]) -> Iterator[Self]:
+    def hooks(
+        self, hooks: Mapping[str, HookFn], *, backward_hooks: Mapping[str, HookFn] | None = None
+    ) -> Iterator[Self]:
         """Install functions that read or replace activations in every run of this model
         inside the ``with`` block (in this thread): :meth:`run`, :meth:`run_batch`,
         :meth:`run_with_hooks` and every step of :meth:`generate_ids` started inside it.
@@ -90,6 +96,10 @@ class HooksMixin(ModelCore):
             hooks: name (:meth:`hook_names`) → function of ``(activation, hook)`` (or of
                 the activation alone) that returns ``None`` (reads only) or the tensor to
                 use instead. Nested blocks apply the outer block's hooks first.
+            backward_hooks: name → function of ``(gradient, hook)`` (or of the gradient
+                alone) that returns ``None`` or the gradient to pass on instead; it acts
+                when a backward pass reaches that activation of a run started inside the
+                block with gradients enabled (:meth:`attnkit.nn.HookedModule.hooks`).
 
         Yields:
             This model.
@@ -98,7 +108,7 @@ class HooksMixin(ModelCore):
             ValueError: an unknown name (the message lists the names).
             TypeError: a value that is not callable.
         """
-        with self.module.hooks(hooks):
+        with self.module.hooks(hooks, backward_hooks=backward_hooks):
             yield self
 
     @overload
@@ -110,6 +120,8 @@ class HooksMixin(ModelCore):
         names_filter: NameFilter = (),
         attention_mask: Tensor | None = None,
         logits: bool = True,
+        backward_hooks: Mapping[str, HookFn] | None = None,
+        incl_bwd: bool = False,
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
         return_type: Literal["run"] = "run",
@@ -124,6 +136,8 @@ class HooksMixin(ModelCore):
         names_filter: NameFilter = (),
         attention_mask: Tensor | None = None,
         logits: bool = True,
+        backward_hooks: Mapping[str, HookFn] | None = None,
+        incl_bwd: bool = False,
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
         return_type: ReturnType,
@@ -138,6 +152,8 @@ class HooksMixin(ModelCore):
         names_filter: NameFilter = (),
         attention_mask: Tensor | None = None,
         logits: bool = True,
+        backward_hooks: Mapping[str, HookFn] | None = None,
+        incl_bwd: bool = False,
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
         return_type: ReturnType | Literal["run"] = "run",
@@ -158,6 +174,14 @@ class HooksMixin(ModelCore):
             logits: compute the logits (LLaMA) at every position; ``False`` leaves them
                 ``None`` (a batch that needs a few positions' logits saves the vocabulary
                 projection).
+            backward_hooks: name → function of ``(gradient, hook)`` (or of the gradient)
+                returning ``None`` or the gradient to pass on instead (TransformerLens'
+                ``bwd_hooks``): it acts when the caller runs a backward pass through this
+                run's outputs (``run.logits[..., t].sum().backward()``), with gradients
+                enabled during the run.
+            incl_bwd: also keep the gradients of the activations ``names_filter`` keeps,
+                in ``run.cache.grads``, when the caller runs a backward pass through this
+                run's outputs (:meth:`run_with_cache` with ``incl_bwd=True`` runs it).
             start_at_layer: run from this layer on (a causal decoder; negative from the
                 end), ``ids`` being the residual stream into it, as TransformerLens'
                 ``start_at_layer``: the layers before it do not run.
@@ -188,7 +212,15 @@ class HooksMixin(ModelCore):
         stop = check_layer(stop_at_layer, self.num_layers, "stop_at_layer")
         if start is not None:
             run = self._run_from_layer(
-                ids, start, stop, hooks=hooks, names_filter=names_filter, attention_mask=attention_mask, logits=logits
+                ids,
+                start,
+                stop,
+                hooks=hooks,
+                names_filter=names_filter,
+                attention_mask=attention_mask,
+                logits=logits,
+                backward_hooks=backward_hooks,
+                incl_bwd=incl_bwd,
             )
             return self._returned(run, return_type, None, attention_mask, stopped=stop is not None)
         if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
@@ -215,7 +247,14 @@ class HooksMixin(ModelCore):
             advice="cache fewer activations (names_filter=), fewer or shorter texts",
         )
         forward = self._forward(
-            ids, padding=padding, logits=logits, hooks=hooks, names_filter=names_filter, stop_at_layer=stop
+            ids,
+            padding=padding,
+            logits=logits,
+            hooks=hooks,
+            names_filter=names_filter,
+            backward_hooks=backward_hooks,
+            incl_bwd=incl_bwd,
+            stop_at_layer=stop,
         )
         run = HookedRun(forward.out.output, forward.cache, forward.logits)  # [b, s, e], cache, [b, s, v] or None
         return self._returned(run, return_type, ids, attention_mask, stopped=stop is not None)
@@ -256,6 +295,8 @@ class HooksMixin(ModelCore):
         names_filter: NameFilter,
         attention_mask: Tensor | None,
         logits: bool,
+        backward_hooks: Mapping[str, HookFn] | None,
+        incl_bwd: bool,
     ) -> HookedRun:
         """:meth:`run_with_hooks` from layer ``start`` on the residual stream ``[b, s, e]``."""
         if not isinstance(self.module, DecoderLM):
@@ -274,6 +315,8 @@ class HooksMixin(ModelCore):
             logits=logits,
             hooks=hooks,
             names_filter=names_filter,
+            backward_hooks=backward_hooks,
+            incl_bwd=incl_bwd,
             start_at_layer=start,
             residual=residual,
             stop_at_layer=stop,
@@ -292,8 +335,11 @@ class HooksMixin(ModelCore):
         stop_at_layer: int | None = None,
         return_type: ReturnType = "logits",
         pos_slice: PositionSlice = None,
+        incl_bwd: bool = False,
+        metric: Callable[[Tensor], Tensor] | None = None,
     ) -> tuple[Any, ActivationCache]:
-        """A forward pass that keeps activations, as TransformerLens' ``run_with_cache``.
+        """A forward pass that keeps activations, as TransformerLens' ``run_with_cache``;
+        with ``incl_bwd``, a backward pass that keeps their gradients too.
 
         Args:
             inputs: a text, token ids ``[s]`` or ``[b, s]``, or several texts (padded on
@@ -313,17 +359,27 @@ class HooksMixin(ModelCore):
             pos_slice: keep only these positions of every activation (along its query
                 positions), as TransformerLens' ``pos_slice``: an int (the dimension stays,
                 of size 1), a slice or a list of positions.
+            incl_bwd: run a backward pass from ``metric`` and keep the gradient of that
+                scalar with respect to every kept activation in ``cache.grads``
+                (:attr:`attnkit.nn.ActivationCache.grads`; ``cache[name + "_grad"]`` reads
+                one too). The parameters' ``.grad`` are left as they are.
+            metric: a function of the output (the logits ``[b, s, v]``, or BERT's hidden
+                states) returning a scalar tensor; by default the mean next-token loss of
+                the input (:meth:`loss_fn`, TransformerLens' loss), which an encoder
+                without a language-model head does not have. ``incl_bwd`` takes none of
+                ``start_at_layer``, ``stop_at_layer``, ``return_type`` and ``pos_slice``.
 
         Returns:
             ``(logits [b, s, v], cache)`` for LLaMA, ``(hidden states [b, s, e], cache)``
             for BERT, in the model's dtype (or what ``return_type`` and
             ``stop_at_layer`` ask for first); the cache is an
             :class:`attnkit.nn.ActivationCache` (``cache["pattern", 3]`` looks a name up
-            by its end and layer).
+            by its end and layer). Without autograd history, with ``incl_bwd`` too.
 
         Raises:
             TypeError, ValueError: inputs :meth:`run` or :meth:`to_tokens` refuse, an
-                unknown name.
+                unknown name, a ``metric`` without ``incl_bwd``, with ``incl_bwd`` a metric
+                that does not return a scalar or no metric for an encoder.
         """
         mask = None
         if attention_mask is not None and not (isinstance(inputs, Tensor) and inputs.ndim == 2):
@@ -339,6 +395,12 @@ class HooksMixin(ModelCore):
         else:
             ids = self.prepare_input(inputs)[0]  # type: ignore[arg-type]
         check_return_type(return_type)
+        if incl_bwd:
+            if (start_at_layer, stop_at_layer, return_type, pos_slice) != (None, None, "logits", None):
+                raise ValueError("incl_bwd=True takes none of start_at_layer, stop_at_layer, return_type and pos_slice")
+            return self._run_with_gradients(ids, mask, names_filter, metric)
+        if metric is not None:
+            raise ValueError("metric= is the scalar whose gradients incl_bwd=True keeps; pass incl_bwd=True with it")
         with torch.no_grad():
             run = self.run_with_hooks(
                 ids,
@@ -355,6 +417,28 @@ class HooksMixin(ModelCore):
         return self._returned(
             run, return_type, None if start_at_layer is not None else ids, mask, stopped=stopped
         ), cache
+
+    def _run_with_gradients(
+        self,
+        ids: Tensor,
+        mask: Tensor | None,
+        names_filter: NameFilter,
+        metric: Callable[[Tensor], Tensor] | None,
+    ) -> tuple[Tensor, ActivationCache]:
+        """:meth:`run_with_cache` with ``incl_bwd``: the pass with gradients enabled, the
+        backward pass from ``metric`` (by default the next-token loss), detached results."""
+        with torch.enable_grad():
+            run = self.run_with_hooks(ids, names_filter=names_filter, attention_mask=mask, incl_bwd=True)
+            output = run.last_hidden_state if run.logits is None else run.logits
+            if metric is None and run.logits is None:
+                raise ValueError(
+                    f"{self.name} has no language-model head: there is no loss to run the backward pass from; pass "
+                    "metric= (a function of the hidden states returning a scalar)"
+                )
+            scalar = lm_cross_entropy(output, ids, attention_mask=mask) if metric is None else metric(output)
+            backward_of_scalar(scalar, run.cache)
+        run.cache.detach_entries()
+        return output.detach(), run.cache
 
     def add_hook(self, name: str, hook: HookFn) -> None:
         """A permanent hook on ``name``, kept until :meth:`reset_hooks`

@@ -31,6 +31,9 @@ name        shape                  what, and where a family has none
 ``b_U``     ``[v]``                zeros: no supported family has an unembedding bias
 =========== ====================== ============================================================
 
+:meth:`LensMixin.processed_weights` gives the same tensors as TransformerLens processes
+them (norms folded, centred; :mod:`attnkit.models.model.processed`), beside these.
+
 Shape letters: ``L`` layers, ``h`` query heads, ``h_kv`` key/value heads, ``e`` model dim,
 ``d`` head dim, ``f`` feed-forward hidden dim, ``v`` vocabulary, ``b`` batch, ``s`` tokens,
 ``k`` stacked components.
@@ -49,6 +52,7 @@ from torch import Tensor, nn
 from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.families.family import ModelConfig, ModelFamily
 from attnkit.models.model.core import ModelCore
+from attnkit.models.model.processed import ProcessedWeights, processed_weights
 from attnkit.nn import (
     ActivationCache,
     DecoderLM,
@@ -285,6 +289,34 @@ class LensMixin(ModelCore):
     def b_U(self) -> Tensor:  # noqa: N802
         """The unembedding bias ``[v]``: zeros (no supported family has one)."""
         return _bias(self._lm_head())
+
+    def processed_weights(
+        self,
+        *,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        fold_value_biases: bool = True,
+    ) -> ProcessedWeights:
+        """The weights as TransformerLens' ``from_pretrained`` processes them by default,
+        for multiplying by hand (:mod:`attnkit.models.model.processed` defines each step
+        and the norms it applies to); the properties above, the cache, the logit lens and
+        logit attribution stay those of the raw weights.
+
+        >>> w = model.processed_weights()
+        >>> w.W_U.shape, w.applied   # ([e, v], ('fold_ln', 'center_unembed', 'fold_value_biases')) for LLaMA
+
+        Raises:
+            ValueError: a model that is not a pre-norm decoder with LayerNorm or RMSNorm
+                (BERT), latent attention or a mixture of experts.
+        """
+        return processed_weights(
+            self,
+            fold_ln=fold_ln,
+            center_writing_weights=center_writing_weights,
+            center_unembed=center_unembed,
+            fold_value_biases=fold_value_biases,
+        )
 
     def _per_head(self, projection: str, heads: int) -> Tensor:
         """An input projection of every layer as ``[L, heads, e, d]``.

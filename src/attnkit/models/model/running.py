@@ -143,6 +143,8 @@ class RunMixin(ModelCore):
         logits: bool = True,
         hooks: Mapping[str, HookFn] | None = None,
         names_filter: NameFilter = (),
+        backward_hooks: Mapping[str, HookFn] | None = None,
+        incl_bwd: bool = False,
         start_at_layer: int = 0,
         residual: Tensor | None = None,
         stop_at_layer: int | None = None,
@@ -159,6 +161,9 @@ class RunMixin(ModelCore):
             logits: compute the next-token logits (where the network has a head).
             hooks: name → function, applied after those of enclosing :meth:`hooks` blocks.
             names_filter: the activations to keep, as :meth:`run` takes them.
+            backward_hooks: name → function on the gradient of that activation.
+            incl_bwd: also keep the kept activations' gradients when a backward pass
+                reaches them (:attr:`attnkit.nn.ActivationCache.grads`).
             start_at_layer, residual: start at this layer from this residual stream
                 ``[b, s, e]`` (a :class:`attnkit.nn.DecoderLM`), ``ids`` giving the shape.
             stop_at_layer: end before this layer (:func:`~attnkit.models.model.layer_range.stopped_at`):
@@ -169,7 +174,9 @@ class RunMixin(ModelCore):
         """
         start = {} if residual is None else {"start_at_layer": start_at_layer, "residual": residual.to(self.device)}
         with (
-            self.module.hook_session(hooks, names_filter=names_filter) as kept,
+            self.module.hook_session(
+                hooks, names_filter=names_filter, backward_hooks=backward_hooks, incl_bwd=incl_bwd
+            ) as kept,
             stopped_at(self.module, stop_at_layer, self.num_layers) as stopped,
         ):
             out = self.module.last_hidden_state(
