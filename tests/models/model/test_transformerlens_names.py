@@ -219,3 +219,12 @@ def test_one_name_as_a_string_is_a_names_filter(model):
     assert list(cache) == [model.hook_name("z", 0)]
     _, cache = model.run_with_cache(_ids(model), names_filter=model.hook_name("pattern", 1))
     assert list(cache) == [model.hook_name("pattern", 1)]
+
+
+def test_gradients_by_tl_names_in_tl_layout(model):
+    """``cache["blocks.1.attn.hook_z_grad"]``, as TL names a gradient: attnkit's gradient of
+    ``z``, positions before heads."""
+    _, cache = model.run_with_cache(_ids(model), incl_bwd=True)
+    ours = cache.grads["z", 1]  # [b, h, s, d]
+    assert torch.equal(cache["blocks.1.attn.hook_z_grad"], ours.transpose(1, 2))
+    assert torch.equal(cache.grads["blocks.1.hook_resid_pre"], cache.grads["resid_pre", 1])
