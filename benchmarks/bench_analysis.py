@@ -22,11 +22,18 @@ what activation patching by position costs against one run.
   ``run_with_cache`` (``HookedTransformer`` before TransformerLens 4, ``TransformerBridge`` from
   4 on) on the same weights is timed beside it; otherwise
   that column is left out.
+- :func:`attnkit.inspect.patching_grids.attribution_patching` of every head of every layer
+  (``z`` by head) and of every grid of ``EVERY`` at once, on an IOI pair of 100 tokens,
+  against one plain ``Model.run`` of the clean text; beside it
+  :func:`~attnkit.inspect.patching_grids.every_block_patching` of ``resid_pre``, ``attn_out``
+  and ``mlp_out`` on the 14-token IOI pair, and TransformerLens'
+  ``patching.get_act_patch_block_every`` on the same weights where it is installed.
 
 Contenders are interleaved (:func:`benchmarks.common.interleaved_times`): the runs at one
 thread, the ablation and inspect at torch's thread count, the patching at one thread. Run alone: ``python benchmarks/bench_analysis.py`` (``REPEAT=N`` for more rounds;
 ``--only hooks`` skips the ablation, the patching and the commands; ``--only patching``
-prints the patching rows alone; ``--only cache`` measures the full cache alone and writes it
+prints the patching rows alone; ``--only attribution`` prints the attribution patching and
+every-block rows alone; ``--only cache`` measures the full cache alone and writes it
 into the analysis results already there).
 """
 
@@ -52,9 +59,9 @@ def arguments() -> argparse.ArgumentParser:
     parser = benchmark_parser(__doc__)
     parser.add_argument(
         "--only",
-        choices=["hooks", "patching", "cache"],
+        choices=["hooks", "patching", "attribution", "cache"],
         help=(
-            "hooks: the hook figures only; patching: the patching rows only (both printed, not saved); cache: "
+            "hooks: the hook figures only; patching, attribution: those rows only (printed, not saved); cache: "
             "run_with_cache against run and TransformerLens at 14 and 1,024 tokens, written into the analysis "
             "results already there"
         ),
@@ -88,6 +95,14 @@ FULL_CACHE_KEY = "full_cache"
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
 PATCH_TARGET, PATCH_WRONG = " Mary", " John"
+# Attribution patching: the IOI pair after a neutral story, this many tokens in all.
+ATTRIBUTION_TOKENS = 100
+STORY = (
+    "It was a warm afternoon and the town was busy with people walking along the river, looking at boats, "
+    "talking about the market, the weather, the harvest and the long summer that had just begun there. Children "
+    "ran between the stalls, an old man sold apples from a cart, and a dog slept in the shade of a wall while "
+    "the bells of the church rang for the hour and the shopkeepers opened their doors to the evening air"
+).split()
 
 
 def _process_times(commands: dict[str, list[str]], repeat: int) -> dict[str, float]:
@@ -121,6 +136,10 @@ def main(argv: list[str] | None = None) -> None:
         cache_data, cache_markdown = full_cache(model, repeat)
         print(cache_markdown)
         write_full_cache(cache_data, cache_markdown, update_docs=args.update_docs)
+        return
+
+    if args.only == "attribution":
+        print(markdown_table(["what", "time", "ratio"], attribution_figures(model, repeat)[1]))  # printed only
         return
 
     def before() -> None:
@@ -228,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.only == "patching":
         print(markdown_table(["what", "time", "ratio"], patch_rows))  # printed only: the report needs every row
         return
+    attribution, attribution_rows = attribution_figures(model, repeat)
     library = interleaved_times(
         {
             "inspect": lambda: attention_map(model, TEXT),
@@ -257,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
         "patching_seconds": patching,
         "patching_layer_position_ratio_vs_run": patching["layer_position"] / patching["run"],
         "patching_position_ratio_vs_run": patching["position"] / patching["run"],
+        "attribution": attribution,
     }
     rows += [
         [
@@ -270,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{data['cli_ablate_ratio']:.2f}",
         ],
         *patch_rows,
+        *attribution_rows,
     ]
     markdown = (
         "## Analysis: hooks, head ablation and activation patching (SmolLM2)\n\n"
@@ -286,6 +308,105 @@ def main(argv: list[str] | None = None) -> None:
     markdown += "\n\n" + cache_markdown
     print(markdown)
     write_results("analysis", {**data, FULL_CACHE_KEY: cache_data}, markdown, update_docs=args.update_docs)
+
+
+def long_ioi_pair(model: Any) -> tuple[str, str]:
+    """The IOI pair after as much of :data:`STORY` as makes the clean text
+    :data:`ATTRIBUTION_TOKENS` tokens long (the corrupted text has as many)."""
+    for count in range(len(STORY) + 1):
+        prefix = " ".join(STORY[:count]) + ". " if count else ""
+        clean, corrupt = prefix + CLEAN, prefix + CORRUPT
+        if len(model.tokenize(clean).tokens) == ATTRIBUTION_TOKENS:
+            assert len(model.tokenize(corrupt).tokens) == ATTRIBUTION_TOKENS
+            return clean, corrupt
+    raise AssertionError(f"no prefix of the story makes the IOI text {ATTRIBUTION_TOKENS} tokens long")
+
+
+def attribution_figures(model: Any, repeat: int) -> tuple[dict, list[list[str]]]:
+    """Attribution patching of every head (and of every grid) at :data:`ATTRIBUTION_TOKENS`
+    tokens against one run of the clean text, and every-block patching of the three blocks
+    on the 14-token pair against one run and TransformerLens' ``get_act_patch_block_every``
+    where it is installed; one thread, interleaved. The figures and the table's rows."""
+    from attnkit.inspect.patching_grids import BLOCKS, EVERY, attribution_patching, every_block_patching
+    from benchmarks.common import interleaved_samples, paired_ratio
+
+    clean, corrupt = long_ioi_pair(model)
+    tokens = {"target": PATCH_TARGET, "wrong": PATCH_WRONG}
+    blocks = [(block, "layer-position") for block in BLOCKS]
+    lens = _transformer_lens(model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        long = interleaved_samples(
+            {
+                "run": lambda: model.run(clean, return_weights=False),
+                "heads": lambda: attribution_patching(model, clean, corrupt, **tokens, grids=[("z", "head")]),
+                "every": lambda: attribution_patching(model, clean, corrupt, **tokens, grids=EVERY),
+            },
+            repeat=repeat,
+        )
+        short_fns = {
+            "run": lambda: model.run(CLEAN, return_weights=False),
+            "blocks": lambda: every_block_patching(model, CLEAN, CORRUPT, **tokens, grids=blocks),
+        }
+        if lens is not None:
+            short_fns["lens_blocks"] = _lens_block_every(model, lens)
+        short = interleaved_samples(short_fns, repeat=repeat)
+    finally:
+        torch.set_num_threads(threads)
+    median = {
+        name: statistics.median(ts) for name, ts in {**long, **{f"short_{k}": v for k, v in short.items()}}.items()
+    }
+    data = {
+        "tokens": ATTRIBUTION_TOKENS,
+        "texts": {"clean": clean, "corrupt": corrupt},
+        "seconds": median,
+        "heads_ratio_vs_run": paired_ratio(long["heads"], long["run"]),
+        "every_grid_ratio_vs_run": paired_ratio(long["every"], long["run"]),
+        "blocks_ratio_vs_run": paired_ratio(short["blocks"], short["run"]),
+        "lens_blocks_ratio_vs_blocks": (
+            paired_ratio(short["lens_blocks"], short["blocks"]) if "lens_blocks" in short else None
+        ),
+    }
+    heads = model.num_layers * model.num_heads
+    rows = [
+        [
+            f"`attribution_patching` of every head ({heads}, `z` by head) at {ATTRIBUTION_TOKENS} tokens / one `run`",
+            f"{median['heads']:.2f} s / {median['run'] * 1e3:.0f} ms",
+            f"{data['heads_ratio_vs_run']:.1f}",
+        ],
+        [
+            f"`attribution_patching` of all {len(EVERY)} grids at {ATTRIBUTION_TOKENS} tokens / one `run`",
+            f"{median['every']:.2f} s",
+            f"{data['every_grid_ratio_vs_run']:.1f}",
+        ],
+        [
+            "`every_block_patching` of resid_pre, attn_out, mlp_out by layer-position (14 tokens) / one `run`",
+            f"{median['short_blocks']:.2f} s / {median['short_run'] * 1e3:.0f} ms",
+            f"{data['blocks_ratio_vs_run']:.1f}",
+        ],
+        [
+            "TransformerLens `get_act_patch_block_every` / `every_block_patching`",
+            f"{median['short_lens_blocks']:.2f} s" if lens is not None else "not installed",
+            f"{data['lens_blocks_ratio_vs_blocks']:.1f}" if data["lens_blocks_ratio_vs_blocks"] is not None else "",
+        ],
+    ]
+    return data, rows
+
+
+def _lens_block_every(model: Any, lens: Any) -> Any:
+    """TransformerLens' ``get_act_patch_block_every`` of the 14-token pair with the logit
+    difference (as a function to time)."""
+    from transformer_lens import patching
+
+    clean_ids, corrupt_ids = model.tokenize(CLEAN).ids, model.tokenize(CORRUPT).ids
+    mary, john = model.to_single_token(PATCH_TARGET), model.to_single_token(PATCH_WRONG)
+    _, clean_cache = lens.run_with_cache(clean_ids)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return logits[0, -1, mary] - logits[0, -1, john]
+
+    return lambda: patching.get_act_patch_block_every(lens, corrupt_ids, clean_cache, metric)
 
 
 def full_cache(model: Any, repeat: int) -> tuple[dict, str]:

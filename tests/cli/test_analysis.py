@@ -133,3 +133,14 @@ def test_inspect_html_adds_the_method_as_a_colour_mode(capsys, tmp_path, minilm_
     mode = data.sections[method]
     assert mode.layers == tuple(range(6)) and mode.heads == heads
     assert mode.weights.amax() <= 1.0 and mode.query_tokens == data.sections["self"].query_tokens
+
+
+def test_heads_ablate_by_resampling(capsys, tmp_path, minilm_path):
+    reference = tmp_path / "reference.txt"
+    reference.write_text("dogs bark\nbirds sing\n")
+    argv = ["heads", "cats sleep", "--model", "minilm", "--ablate", "--resample", "--file", str(reference)]
+    assert main([*argv, "--out", str(tmp_path), "--format", "json", "--quiet"]) == 0
+    assert "minilm · resample ablation of each head on 'cats sleep'" in capsys.readouterr().out
+    assert json.loads((tmp_path / "minilm_resample-ablation.json").read_text())["replacement"] == "resample"
+    assert main(["heads", "cats sleep", "--model", "minilm", "--ablate", "--resample", "--quiet"]) == 2
+    assert "--resample takes the texts of --file" in capsys.readouterr().err

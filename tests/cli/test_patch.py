@@ -142,3 +142,47 @@ def test_by_destination_and_source(tiny, tmp_path, capsys):
 def test_heads_go_with_dest_src_alone(tiny, tmp_path, capsys):
     assert _patch(tiny, tmp_path, "--heads", "0", "--target", "mat", "--wrong", "b") == 2
     assert "--heads chooses the heads of --by dest-src; --by head takes none" in capsys.readouterr().err
+
+
+def test_every_block_kind_in_one_run(tiny, tmp_path, capsys):
+    assert _patch(tiny, tmp_path, "--every", "--target", "mat", "--wrong", "b", "--format", "json") == 0
+    printed = capsys.readouterr().out
+    assert f"patching mlp_out at each layer and position of {CLEAN!r}" in printed
+    assert f"patching each head's pattern of {CLEAN!r}" in printed
+    written = sorted(path.name for path in tmp_path.glob("*.json"))
+    assert len(written) == 13 and "tiny_patching_q_by-head.json" in written
+    data = json.loads((tmp_path / "tiny_patching_v_by-layer-position.json").read_text())
+    assert data["axes"] == ["layer", "position"] and data["columns"] == TOKENS
+
+
+def test_attribution_patching_writes_its_estimate(tiny, tmp_path, capsys):
+    assert _patch(tiny, tmp_path, "--attribution", "--target", "mat", "--wrong", "b", "--format", "json") == 0
+    printed = capsys.readouterr().out
+    assert f"attribution patching each head of {CLEAN!r} into {CORRUPT!r}" in printed
+    assert "(linear approximation)" in printed
+    data = json.loads((tmp_path / "tiny_attribution-patching.json").read_text())
+    assert data["kind"] == "attribution patching" and data["axes"] == ["layer", "head"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--every", "--by", "position"], "--every patches every block kind"),
+        (["--attribution", "--by", "dest-src"], "not --by dest-src"),
+    ],
+)
+def test_every_and_attribution_refuse_what_does_not_fit(tmp_path, capsys, options, message):
+    argv = ["patch", "--clean", CLEAN, "--corrupt", CORRUPT, "--out", str(tmp_path), *options]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_by_head_and_position(tiny, tmp_path, capsys):
+    options = ["--by", "head-position", "--component", "v", "--target", "mat", "--wrong", "b", "--format", "json"]
+    assert _patch(tiny, tmp_path, *options) == 0
+    printed = capsys.readouterr().out
+    assert f"patching each head's v at each position of {CLEAN!r}" in printed
+    assert "heads × positions (fraction of the logit difference 'mat' - 'b' restored):" in printed
+    data = json.loads((tmp_path / "tiny_patching_v_by-head-position.json").read_text())
+    assert data["axes"] == ["head", "position"] and data["columns"] == TOKENS
+    assert data["rows"][0] == "L0H0" and len(data["effects"]) == len(data["rows"])

@@ -175,7 +175,10 @@ def test_encoders_patch_positions_and_measure_the_cosine(minilm):
             {"by": "head", "component": "resid_pre"},
             r"patching by head needs a per-head component \('z', 'q', 'k', 'v', 'pattern'\)",
         ),
-        ({"by": "layer"}, "by must be one of 'head', 'layer-position', 'position', 'dest-src', got 'layer'"),
+        (
+            {"by": "layer"},
+            "by must be one of 'head', 'layer-position', 'position', 'dest-src', 'head-position', got 'layer'",
+        ),
         ({"by": "dest-src", "component": "z"}, "by='dest-src' patches cells of the pattern; it takes no component 'z'"),
         (
             {"by": "head", "heads": [0]},

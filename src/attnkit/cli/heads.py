@@ -102,7 +102,7 @@ def _add_token_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_ablation_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--ablate``, ``--mean`` and ``--target``."""
+    """``--ablate``, ``--mean``, ``--resample`` and ``--target``."""
     ablation = parser.add_argument_group("head ablation")
     ablation.add_argument(
         "--ablate",
@@ -117,6 +117,12 @@ def _add_ablation_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --ablate, replace z by its mean over the positions of the --file texts "
         "(default: of TEXT) instead of zero",
+    )
+    ablation.add_argument(
+        "--resample",
+        action="store_true",
+        help="with --ablate and --file, replace z by its value on each --file text in turn (each as many tokens "
+        "as TEXT) and report the mean change: resampling ablation",
     )
     ablation.add_argument(
         "--target",
@@ -224,8 +230,8 @@ def run(args: argparse.Namespace) -> int:
         return run_ablation(args)
     if args.detect is not None:
         return run_detection(args)
-    if args.mean or args.ablate_target is not None:
-        raise CommandError("--mean and --target go with --ablate")
+    if args.mean or args.resample or args.ablate_target is not None:
+        raise CommandError("--mean and --target go with --ablate, as does --resample")
     encoder_decoder_options = args.decoder_text is not None or args.attention is not None or args.align is not None
     formats, numbered = _survey_formats_and_texts(args)
     texts = [line for _, line in numbered]
@@ -307,13 +313,17 @@ def _survey_function(args: argparse.Namespace, distributed: bool) -> tuple[Calla
 
 
 def run_ablation(args: argparse.Namespace) -> int:
-    """``heads TEXT --ablate [--mean [--file FILE]] [--target TOKEN]``."""
+    """``heads TEXT --ablate [--mean [--file FILE] | --resample --file FILE] [--target TOKEN]``."""
     if args.text is None or not args.text.strip():
         raise CommandError("--ablate needs the TEXT to run")
     if args.source is not None or args.stat is not None:
         raise CommandError("--ablate does not take --from, --to or --stat")
-    if args.file is not None and not args.mean:
-        raise CommandError("--file gives the reference texts of --mean; with --ablate alone, give only TEXT")
+    if args.file is not None and not (args.mean or args.resample):
+        raise CommandError(
+            "--file gives the reference texts of --mean or --resample; with --ablate alone, give only TEXT"
+        )
+    if args.resample and (args.mean or args.file is None):
+        raise CommandError("--resample takes the texts of --file (each as many tokens as TEXT), without --mean")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
     formats = parse_formats(args.format)
@@ -330,7 +340,7 @@ def run_ablation(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     target = args.ablate_target
     if getattr(model, "encoder_decoder", False):
-        if args.decoder_text is None or args.ablate_target is not None or args.mean:
+        if args.decoder_text is None or args.ablate_target is not None or args.mean or args.resample:
             raise CommandError(
                 f"{model.name} is an encoder-decoder: --ablate measures log p of the --decoder-text TARGET given "
                 "the source TEXT (no --target, no --mean)"
@@ -340,7 +350,13 @@ def run_ablation(args: argparse.Namespace) -> int:
         raise CommandError(f"--decoder-text is for encoder-decoder models (T5, BART); {model.name} is not one")
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"ablating the heads of {model.name}"):
-            effects = head_ablation(model, args.text, target=target, mean_over=reference if args.mean else None)
+            effects = head_ablation(
+                model,
+                args.text,
+                target=target,
+                mean_over=reference if args.mean else None,
+                resample_from=reference if args.resample else None,
+            )
         print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
         with status.step(f"writing {', '.join(formats)}"):
             written = write_effects(effects, out, formats, **figure)

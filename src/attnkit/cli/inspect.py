@@ -30,14 +30,11 @@ from attnkit.cli.common import (
     print_written,
 )
 from attnkit.cli.long_context import add_long_arguments, run_inspect_long
-from attnkit.inspect.names import ATTENTION_KINDS, EXAMPLE_TEXT, FLOW_MAX_TOKENS, METHODS
+from attnkit.inspect.names import ATTENTION_KINDS, EXAMPLE_TEXT, FLOW_MAX_TOKENS, METHODS, VIEWER_MODES
 from attnkit.viz.terminal import counted
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
-# The methods a viewer page shows as colour modes (attnkit.viz.viewer.data.MODES, which
-# imports torch: named here so that parsing the arguments stays light).
-VIEWER_PAGE_MODES = ("value", "rollout")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -300,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
             from attnkit.viz.export import viewer_page
 
             with status.step(f"computing {chosen.page}"):
-                modes = [args.method] if args.method in VIEWER_PAGE_MODES else []
+                modes = [args.method] if args.method in VIEWER_MODES else []
                 page = viewer_page(
                     model, args.text, out, level=args.level, layers=chosen.layers, heads=chosen.heads, modes=modes
                 )
@@ -311,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
             with status.step(f"writing {chosen.page}"):
                 written.append(write_html(*page))
     print_written(written, sizes=True)
-    if "html" in formats and args.method not in ("raw", *VIEWER_PAGE_MODES):
+    if "html" in formats and args.method not in ("raw", *VIEWER_MODES):
         print(
             f"note: the viewer page shows the raw attention weights, not --method {args.method}, "
             "which is in the terminal view above and the picture and JSON files"

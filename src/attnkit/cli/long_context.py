@@ -157,7 +157,7 @@ def _check_page_size(args: argparse.Namespace, model: Any, tokens: list[str], he
     """
     from attnkit.viz.viewer.long_view import estimate_long_html
 
-    bound = estimate_long_html(tokens, heads, top_k=args.top, block=block, model=model.name)
+    bound = estimate_long_html(tokens, heads, top_k=args.top, block=block, model_name=model.name)
     check_sizes(
         {f"the long view page of {counted(heads, 'head')} ({LONG_PAGE})": bound},
         parse_size(args.max_size),
@@ -194,7 +194,7 @@ def write_long_outputs(
     if "html" in formats:
         from attnkit.viz.viewer.long_view import long_viewer_data, write_long_html
 
-        data = long_viewer_data(run, tokens, model=model.name, causal=bool(model.causal))
+        data = long_viewer_data(run, tokens, model_name=model.name, causal=bool(model.causal))
         written.append(write_long_html(out / LONG_PAGE, data))
     pictures = [f for f in formats if f in ("png", "svg")]
     if pictures:

@@ -4,6 +4,7 @@ heads, or which layers and positions, carry the difference."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import (
@@ -22,7 +23,7 @@ from attnkit.cli.common import (
 
 # What `--by` and `--component` accept (attnkit.inspect.interventions.BY and COMPONENTS,
 # repeated here so that the help needs no PyTorch; a test keeps them equal).
-BY = ("head", "layer-position", "position", "dest-src")
+BY = ("head", "layer-position", "position", "dest-src", "head-position")
 COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v", "pattern")
 PER_HEAD = ("z", "q", "k", "v", "pattern")
 METRICS = ("logit-diff", "log-p", "cosine")
@@ -65,7 +66,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="head",
         help="where each patch acts: one head's z at every position (layers × heads, the default); one layer "
         "at one position (layers × positions); one position in every layer at once (one row of positions); one "
-        "(destination, source) cell of the pattern in --heads of --layers at once (positions × positions)",
+        "(destination, source) cell of the pattern in --heads of --layers at once (positions × positions); one "
+        "head's --component at one position (the heads of every layer × positions)",
     )
     parser.add_argument(
         "--component",
@@ -77,12 +79,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "position)",
     )
     _add_where_arguments(parser)
+    _add_sweep_arguments(parser)
     add_model_argument(parser)
     parser.add_argument("--top", type=int, default=5, metavar="N", help="cells listed (default: 5)")
     add_output_arguments(parser, default_formats="png,json")
     add_figure_arguments(parser, scale=False)
     add_quiet_argument(parser)
     parser.set_defaults(func=run)
+
+
+def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--every`` and ``--attribution``."""
+    parser.add_argument(
+        "--every",
+        action="store_true",
+        help="patch every block kind in one run: resid_pre, attn_out and mlp_out by layer and position, each "
+        "head's z, q, k, v and pattern by head (every position) and by layer and position; prints and writes "
+        "one grid for each (instead of --by and --component)",
+    )
+    parser.add_argument(
+        "--attribution",
+        action="store_true",
+        help="attribution patching: each cell estimated to first order, (clean - corrupted activation) · "
+        "gradient of the metric at the corrupted run, from one backward pass (causal models; --by head, "
+        "layer-position or position)",
+    )
 
 
 def _add_where_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--clean and --corrupt must be non-empty texts")
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
-    if args.by == "head" and args.component is not None and args.component not in PER_HEAD:
+    if args.by in ("head", "head-position") and args.component is not None and args.component not in PER_HEAD:
         raise CommandError(
-            f"--by head patches a per-head component ({', '.join(PER_HEAD)}); --component {args.component} is "
+            f"--by {args.by} patches a per-head component ({', '.join(PER_HEAD)}); --component {args.component} is "
             "one vector per position: use --by layer-position or --by position"
         )
     _check_metric_tokens(args.metric, args.target, args.wrong)
@@ -124,13 +145,18 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--heads chooses the heads of --by dest-src; --by {args.by} takes none")
     if args.by == "dest-src" and args.component not in (None, "pattern"):
         raise CommandError(f"--by dest-src patches cells of the pattern; it takes no --component {args.component}")
+    if args.every and (args.component is not None or args.by != "head" or args.heads is not None):
+        raise CommandError(
+            "--every patches every block kind by layer, position and head: leave out --by, --component and --heads"
+        )
+    if args.attribution and args.by == "dest-src":
+        raise CommandError("--attribution estimates grids by head, layer-position or position, not --by dest-src")
     formats = parse_formats(args.format)
     figure = figure_options(args)
     status = Status(args.quiet)
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
     from attnkit.cli.inspect import parse_heads, parse_layers
-    from attnkit.inspect.interventions import activation_patching
     from attnkit.viz.attention_text import render_effects
     from attnkit.viz.export import write_effects
     from attnkit.viz.terminal import terminal_safe
@@ -138,26 +164,39 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
     layers = parse_layers(args.layers, model.num_layers)
     heads = parse_heads(args.heads, model.num_heads)
-    grid = {"head": f"{model.num_heads} heads", "dest-src": "destinations × sources"}.get(args.by, "positions")
+    grid = {
+        "head": f"{model.num_heads} heads",
+        "dest-src": "destinations × sources",
+        "head-position": f"{model.num_heads} heads × positions",
+    }.get(args.by, "positions")
+    if args.every:
+        grid = "every block kind"
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"patching {len(layers or range(model.num_layers))} layers × {grid} of {model.name}"):
-            effects = activation_patching(
-                model,
-                args.clean,
-                args.corrupt,
-                by=args.by,
-                component=args.component,
-                metric=args.metric,
-                target=args.target,
-                wrong=args.wrong,
-                layers=layers,
-                heads=heads,
-            )
-        print(terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
-        with status.step(f"writing {', '.join(formats)}"):
-            written = write_effects(effects, out, formats, **figure)
+            grids = _patched_grids(args, model, layers, heads)
+        written = []
+        for number, effects in enumerate(grids):
+            print(("\n" if number else "") + terminal_safe(render_effects(effects, top=args.top)), end="", flush=True)
+            with status.step(f"writing {', '.join(formats)}"):
+                written += write_effects(effects, out, formats, **figure)
     print_written(written)
     return 0
+
+
+def _patched_grids(args: argparse.Namespace, model: Any, layers: list[int] | None, heads: list[int] | None) -> tuple:
+    """The grids the options ask for: one of activation patching, or of attribution patching,
+    or every block kind's (:data:`attnkit.inspect.patching_grids.EVERY`) by either."""
+    from attnkit.inspect.interventions import activation_patching
+    from attnkit.inspect.patching_grids import EVERY, attribution_patching, every_block_patching
+
+    tokens = {"metric": args.metric, "target": args.target, "wrong": args.wrong}
+    if not (args.every or args.attribution):
+        by = {"by": args.by, "component": args.component}
+        return (activation_patching(model, args.clean, args.corrupt, **by, **tokens, layers=layers, heads=heads),)
+    sweep = attribution_patching if args.attribution else every_block_patching
+    default = "z" if args.by in ("head", "head-position") else "resid_pre"
+    pairs = EVERY if args.every else [(args.component or default, args.by)]
+    return sweep(model, args.clean, args.corrupt, **tokens, layers=layers, grids=pairs).grids
 
 
 def _check_metric_tokens(metric: str | None, target: str | None, wrong: str | None) -> None:

@@ -18,7 +18,9 @@ activation patching.
   component of one layer at one position (``"layer-position"``, layers × positions), or
   the component at one position in every layer asked for at once (``"position"``, one row
   of positions), or one cell of the pattern, destination (query) by source (key), in the
-  heads and layers asked for at once (``"dest-src"``, positions × positions). The metric (:data:`METRICS`) is the logit difference between a target
+  heads and layers asked for at once (``"dest-src"``, positions × positions), or one head's
+  per-head component at one position (``"head-position"``, the heads of every layer ×
+  positions). The metric (:data:`METRICS`) is the logit difference between a target
   and a wrong token at the last position, the target's log-probability, or any function
   of the output (causal models); the cosine to the clean sentence embedding (encoders).
 
@@ -48,6 +50,7 @@ from attnkit.functional.finite import check_finite
 from attnkit.inspect import targets
 from attnkit.inspect.maps import token_labels
 from attnkit.inspect.methods import layer_indices
+from attnkit.inspect.metrics import Metric, MetricInput
 
 if TYPE_CHECKING:
     from attnkit.models import Model
@@ -58,8 +61,8 @@ BATCH_MEMORY = 2**30
 
 # Where a patch acts: one head's z at every position; a component of one layer at one
 # position; a component at one position in every layer asked for; one (destination, source)
-# cell of the pattern in every head and layer asked for.
-BY = ("head", "layer-position", "position", "dest-src")
+# cell of the pattern in every head and layer asked for; one head's per-head component at one position.
+BY = ("head", "layer-position", "position", "dest-src", "head-position")
 # What a patch replaces, by the end of its hook name in a layer (attnkit.nn.hooks): the
 # residual stream into the layer, between its blocks and out of it, the attention and
 # feed-forward blocks' outputs, and each head's output before the output projection.
@@ -91,7 +94,9 @@ class InterventionEffects:
             heads), ``"layer-position"`` (rows layers, columns positions) or ``"position"``
             (one row, the layers of ``layers`` patched together; columns positions) or
             ``"dest-src"`` (rows destination positions, columns source positions: one
-            cell of the pattern patched in ``heads`` of every layer of ``layers``).
+            cell of the pattern patched in ``heads`` of every layer of ``layers``) or
+            ``"head-position"`` (rows the heads of every layer, :attr:`rows` ``"L3H2"``;
+            columns positions).
         component: what was replaced (:data:`COMPONENTS`): ``"z"`` for heads.
         layers: the layers, in the order of the rows of ``effects`` (with ``by="position"``,
             the layers of its one row).
@@ -107,8 +112,8 @@ class InterventionEffects:
             ablation); for patching ``{"clean": ..., "corrupt": ...}`` of the metric.
         heads: the heads patched together (``by="dest-src"``), else ``None``.
         rows: the label of each row where rows are not layers of one stack (an
-            encoder–decoder's ``"encoder 0"``, ``"decoder 0 self"``, ``"decoder 0 cross"``),
-            else ``None``.
+            encoder–decoder's ``"encoder 0"``, ``"decoder 0 self"``, ``"decoder 0 cross"``,
+            or by ``"head-position"`` each layer's heads ``"L3H2"``), else ``None``.
     """
 
     model_name: str
@@ -141,6 +146,24 @@ class InterventionEffects:
             return [layer_span(self.layers)]
         return [str(layer) for layer in self.layers]
 
+    @property
+    def axes(self) -> tuple[str, str]:
+        """What the rows and the columns of :attr:`effects` are: ``("layer", "head")``,
+        ``("layer", "position")``, ``("layers", "position")`` (by position: the layers
+        patched together), ``("destination", "source")`` (positions) or, where rows are
+        attention modules, ``("attention", "head")``; by ``"head-position"``, ``("head",
+        "position")`` (rows ``"L3H2"``: layer 3's head 2)."""
+        if self.by == "head-position":
+            return ("head", "position")
+        if self.rows is not None:
+            return ("attention", "head")
+        return {
+            "head": ("layer", "head"),
+            "layer-position": ("layer", "position"),
+            "position": ("layers", "position"),
+            "dest-src": ("destination", "source"),
+        }[self.by]
+
     def to_dict(self, digits: int = 6) -> dict[str, Any]:
         """A JSON-ready dict; ``effects[row][column]``: rows are the layers of ``layers``
         in order (one row for ``by="position"``), columns those of ``columns``."""
@@ -164,6 +187,7 @@ class InterventionEffects:
             "replacement": self.replacement,
             "baseline": baseline,
             "layers": self.layers,
+            "axes": list(self.axes),
             "columns": self.columns,
             "effects": [[round(v, digits) for v in row] for row in self.effects.tolist()],
         }
@@ -180,12 +204,14 @@ def layer_span(layers: Sequence[int]) -> str:
 class _Branch:
     """Rows that branch off the unaltered run at the ``resid_pre`` of layer ``start``, one
     per variant (a head or a position), and have ``variants[j]`` replaced in row ``j`` at
-    the component of each of ``layers``; ``row`` is their row of the effects grid."""
+    the component of each of ``layers`` (in ``head`` alone where given: the variants are
+    then positions); ``row`` is their row of the effects grid."""
 
     start: int
     layers: tuple[int, ...]
     variants: tuple[int, ...]
     row: int
+    head: int | None = None
 
 
 def head_ablation(
@@ -195,6 +221,8 @@ def head_ablation(
     target: str | None = None,
     mean_over: Sequence[str] | None = None,
     layers: Sequence[int] | None = None,
+    metric: Metric | None = None,
+    resample_from: Sequence[str] | None = None,
     prepend_bos: bool | None = None,
 ) -> InterventionEffects:
     """Ablate every head of some layers, one at a time, and measure the change.
@@ -207,11 +235,18 @@ def head_ablation(
         mean_over: replace each head's ``z`` by its mean over every position of these
             texts instead of zero (e.g. ``[text]`` itself, or a reference set).
         layers: layer indices (negative from the end); default all.
+        metric: what is measured instead of ``log p(target)`` (causal models): a
+            :class:`attnkit.inspect.metrics.Metric` of the logits of every position (and the
+            activations it reads); the effect is its change.
+        resample_from: replace each head's ``z`` by its value on each of these texts (of
+            as many tokens as ``text``) in turn, instead of zero: the effect is the mean over
+            them (resampling ablation).
         prepend_bos: for a text, as :meth:`attnkit.models.Model.tokenize` takes it
             (``True``: a BOS first, as TransformerLens by default).
 
     Returns:
-        :class:`InterventionEffects` of kind ``"ablation"``, by ``"head"``.
+        :class:`InterventionEffects` of kind ``"ablation"``, by ``"head"``; its
+        ``replacement`` is ``"zero"``, ``"mean"`` or ``"resample"``.
 
     An encoder–decoder (T5, BART) takes ``text`` as its source and ``target`` as the text
     its decoder reads and predicts: every head of its encoder, decoder self- and
@@ -225,26 +260,27 @@ def head_ablation(
             encoder-decoder.
     """
     if getattr(model, "encoder_decoder", False):
+        if metric is not None or resample_from is not None:
+            raise ValueError(f"{model.name} is an encoder-decoder: it ablates heads to zero and measures log p(target)")
         return _encoder_decoder_ablation(model, _source_text(text), target, mean_over, layers)
+    target_id = _ablation_target_id(model, target, metric, mean_over is not None and resample_from is not None)
     layer_list = layer_indices(model, layers)
-    target_id = _target_id(model, target)
     encoded = model.tokenized(text, prepend_bos=prepend_bos)
-    if mean_over is not None:
-        replacements = _mean_z(model, mean_over, layer_list)
-    else:
-        # Each layer's own head dim: some families choose it (num_heads · head_dim != hidden size).
-        replacements = {i: torch.zeros(model.num_heads, 1, model.module.self_attention(i).head_dim) for i in layer_list}
+    replacement_sets = _ablation_replacements(model, layer_list, mean_over, resample_from, encoded.ids.shape[1])
     unablated: list[Tensor] = []  # the output of the first (unaltered) row
-    if model.causal:
+    measure: Callable[[Tensor], Tensor] = _unused_measure
+    if metric is not None:
+        words = f"change in {metric.name}"
+    elif model.causal:
         assert target is not None and target_id is not None  # a causal model's target is checked
-        metric = f"change in log p({target!r}) at the last position"
+        words = f"change in log p({target!r}) at the last position"
 
         def measure(output: Tensor) -> Tensor:
             if not unablated:
                 unablated.append(output[0])
             return torch.log_softmax(output, dim=-1)[:, target_id]
     else:
-        metric = "change in the cosine of the sentence embedding to the unablated one (cos - 1)"
+        words = "change in the cosine of the sentence embedding to the unablated one (cos - 1)"
 
         def measure(output: Tensor) -> Tensor:
             embeddings = targets.sentence_embedding(output)  # [rows, e]
@@ -254,15 +290,20 @@ def head_ablation(
     branches = [_Branch(layer, (layer,), heads, row) for row, layer in enumerate(layer_list)]
     points = {layer: model.hook_name("self_attn.z", layer) for layer in layer_list}
     shape = (len(layer_list), len(heads))
-    base, measured = _patched_passes(model, encoded.ids, branches, points, replacements, 1, measure, shape)
-    if model.causal:
+    grids = [
+        _patched_passes(model, encoded.ids, branches, points, replacements, 1, measure, shape, metric=metric)
+        for replacements in replacement_sets
+    ]
+    base, measured = grids[0][0], torch.stack([grid for _, grid in grids]).mean(0)
+    if model.causal and metric is None:
         assert target is not None and target_id is not None
         targets.warn_if_space_missing(model, target, target_id, unablated[0])
+    if model.causal:  # a Metric is of a causal model's logits too
         measured = measured - base
     return InterventionEffects(
         model_name=model.name,
         kind="ablation",
-        metric=metric,
+        metric=words,
         by="head",
         component="z",
         layers=layer_list,
@@ -272,7 +313,7 @@ def head_ablation(
         tokens=list(encoded.tokens),
         target=target,
         wrong=None,
-        replacement="zero" if mean_over is None else "mean",
+        replacement="mean" if mean_over is not None else "resample" if resample_from is not None else "zero",
         baseline=float(base) if model.causal else 0.0,
     )
 
@@ -284,7 +325,7 @@ def activation_patching(
     *,
     by: str = "head",
     component: str | None = None,
-    metric: str | MetricFunction | None = None,
+    metric: str | MetricFunction | Metric | None = None,
     target: str | None = None,
     wrong: str | None = None,
     layers: Sequence[int] | None = None,
@@ -312,7 +353,9 @@ def activation_patching(
             ``"dest-src"``, the pattern's weight of one destination (query) position on
             one source (key) position, in ``heads`` of every layer of ``layers`` at once
             (destinations × sources; TransformerLens'
-            ``get_act_patch_attn_head_pattern_dest_src_pos`` for one head and layer).
+            ``get_act_patch_attn_head_pattern_dest_src_pos`` for one head and layer);
+            ``"head-position"``, one head's per-head component at one position (the heads
+            of every layer × positions; ``get_act_patch_attn_head_out_by_pos``).
         component: what is patched (:data:`COMPONENTS`); default ``"z"`` by head,
             ``"resid_pre"`` by position, ``"pattern"`` (the only one) by ``"dest-src"``. By head only the per-head ones
             (:data:`PER_HEAD`: ``k`` and ``v`` by key/value head); by position a per-head
@@ -322,7 +365,9 @@ def activation_patching(
             default and only named metric: the cosine of the sentence embedding to the
             clean text's), or a function of the output of a batch (next-token logits at
             the last position ``[b, v]`` float32 for causal models, the last hidden states
-            ``[b, s, e]`` float32 for encoders) that returns one number per row ``[b]``.
+            ``[b, s, e]`` float32 for encoders) that returns one number per row ``[b]``, or
+            a :class:`attnkit.inspect.metrics.Metric` of the logits of every position (and
+            the activations it reads; causal models).
         target: the token the clean text should continue with (``"logit-diff"`` and
             ``"log-p"``), leading space included (``" Mary"``).
         wrong: the token the corrupted text continues with instead (``"logit-diff"``).
@@ -348,39 +393,42 @@ def activation_patching(
     if getattr(model, "encoder_decoder", False):
         sources = (_source_text(clean), _source_text(corrupt))
         return _encoder_decoder_patching(model, sources, by, component, metric, (target, wrong), layers)
-    component = _check_where(by, component)
-    metric_name = _check_metric(model, metric, target, wrong)
+    component = check_where(by, component)
+    metric_name = check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
     if not layer_list:
         raise ValueError("layers must name at least one layer, got none")
     head_list = _check_heads(model, by, heads)
-    target_id, wrong_id = _token_ids(model, metric_name, target, wrong)
-    clean_enc, corrupt_enc = _same_length_pair(model, clean, corrupt, prepend_bos)
-    points = {layer: _hook_point(model, component, layer) for layer in layer_list}
+    target_id, wrong_id = token_ids(model, metric_name, target, wrong)
+    clean_enc, corrupt_enc = same_length_pair(model, clean, corrupt, prepend_bos)
+    points = {layer: hook_point(model, component, layer) for layer in layer_list}
+    reads = list(metric.reads) if isinstance(metric, Metric) else []
     with torch.no_grad():
-        clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names_filter=list(points.values()))
-        corrupt_out, corrupt_cache = model.run_with_cache(corrupt_enc.ids, names_filter=list(points.values()))
-    clean_output, corrupt_output = _final_output(model, clean_out), _final_output(model, corrupt_out)
+        clean_out, clean_cache = model.run_with_cache(clean_enc.ids, names_filter=[*points.values(), *reads])
+        corrupt_out, corrupt_cache = model.run_with_cache(corrupt_enc.ids, names_filter=[*points.values(), *reads])
+    clean_output = _final_output(model, clean_out)
     words, measure = _measure(model, metric, metric_name, (target, wrong), (target_id, wrong_id), clean_output)
-    with torch.no_grad():
-        clean_value, corrupt_value = float(measure(clean_output)[0]), float(measure(corrupt_output)[0])
+    runs = ((clean_out, clean_enc.ids, clean_cache), (corrupt_out, corrupt_enc.ids, corrupt_cache))
+    clean_value, corrupt_value = _clean_and_corrupted_values(model, metric, measure, runs)
     if target is not None and target_id is not None:
         targets.warn_if_space_missing(model, target, target_id, clean_output[0])
     gap = clean_value - corrupt_value
-    if abs(gap) < 1e-6:
-        raise ValueError(
-            f"the clean and corrupted texts give the same measure ({clean_value:.6g}); there is no difference to restore"
-        )
     # The dimension of the activation that the variants index: heads of a per-head
     # component ([b, h, s, d], [b, h, s, s_k]), its query positions, or positions [b, s, e].
     dim = 1 if by == "head" or component not in PER_HEAD else 2
     replacements = {layer: clean_cache[name][0] for layer, name in points.items()}  # [h, s, d] or [s, e]
     corrupted = {layer: corrupt_cache[name][0] for layer, name in points.items()}
     count = next(iter(replacements.values())).shape[0] if by == "head" else clean_enc.ids.shape[1]  # h or h_kv
-    replacements, branches, shape = _grid(by, layer_list, count, (replacements, corrupted), dim, head_list)
-    cell_heads = None if head_list is None else torch.tensor(head_list)
+    replacements, branches, shape, rows = _grid(by, layer_list, count, (replacements, corrupted), dim, head_list)
     grid_args = (branches, points, replacements, dim, measure, shape)
-    _, measured = _patched_passes(model, corrupt_enc.ids, *grid_args, fill=corrupt_value, cell_heads=cell_heads)
+    _, measured = _patched_passes(
+        model,
+        corrupt_enc.ids,
+        *grid_args,
+        fill=corrupt_value,
+        cell_heads=None if head_list is None else torch.tensor(head_list),
+        metric=metric if isinstance(metric, Metric) else None,
+    )
     return InterventionEffects(
         model_name=model.name,
         kind="patching",
@@ -397,7 +445,54 @@ def activation_patching(
         replacement="clean",
         baseline={"clean": clean_value, "corrupt": corrupt_value},
         heads=head_list,
+        rows=rows,
     )
+
+
+def _clean_and_corrupted_values(
+    model: Model,
+    metric: str | MetricFunction | Metric | None,
+    measure: Callable[[Tensor], Tensor],
+    runs: tuple[tuple[Tensor, Tensor, Any], tuple[Tensor, Tensor, Any]],
+) -> tuple[float, float]:
+    """The measure of the clean and the corrupted run, from each run's ``(output, ids,
+    cache)``: by ``metric`` where it is a :class:`Metric`, else by ``measure``.
+
+    Raises:
+        ValueError: the two are equal: there is no difference to restore.
+    """
+    reads = metric.reads if isinstance(metric, Metric) else ()
+    with torch.no_grad():
+        clean_value, corrupt_value = (
+            float(metric(MetricInput(out.float(), ids, {name: cache[name] for name in reads}))[0])
+            if isinstance(metric, Metric)
+            else float(measure(_final_output(model, out))[0])
+            for out, ids, cache in runs
+        )
+    if abs(clean_value - corrupt_value) < 1e-6:
+        raise ValueError(
+            f"the clean and corrupted texts give the same measure ({clean_value:.6g}); there is no difference to restore"
+        )
+    return clean_value, corrupt_value
+
+
+def _head_position_branches(
+    layers: list[int], positions: int, clean: dict[int, Tensor], corrupted: dict[int, Tensor]
+) -> tuple[list[_Branch], tuple[int, int], list[str]]:
+    """``(branches, shape, row labels)`` of a ``by="head-position"`` grid: one row per head
+    of each layer (``"L3H2"``), each with the positions whose clean activation of that head
+    differs from the corrupted one. ``clean`` and ``corrupted``: layer → ``[h, s, ...]``."""
+    heads = next(iter(clean.values())).shape[0]  # h, or h_kv for k and v
+    branches = []
+    for index, layer in enumerate(layers):
+        for head in range(heads):
+            changed = tuple(
+                p for p in range(positions) if not torch.equal(clean[layer][head, p], corrupted[layer][head, p])
+            )
+            if changed:
+                branches.append(_Branch(layer, (layer,), changed, index * heads + head, head))
+    labels = [f"L{layer}H{head}" for layer in layers for head in range(heads)]
+    return branches, (len(layers) * heads, positions), labels
 
 
 def _source_text(text: str | Tensor | Sequence[int]) -> str:
@@ -427,13 +522,14 @@ def _labels(model: Model, text: str | Tensor | Sequence[int], encoded: Any) -> l
     return model.to_str_tokens(encoded.ids)
 
 
-def _same_length_pair(
+def same_length_pair(
     model: Model,
     clean: str | Tensor | Sequence[int],
     corrupt: str | Tensor | Sequence[int],
     prepend_bos: bool | None = None,
 ) -> tuple[Any, Any]:
-    """The tokenizations of the clean and corrupted texts, which must have as many tokens."""
+    """The tokenizations of the clean and corrupted texts (or ids), which must have as many
+    tokens."""
     clean_enc = model.tokenized(clean, prepend_bos=prepend_bos)
     corrupt_enc = model.tokenized(corrupt, prepend_bos=prepend_bos)
     if clean_enc.ids.shape != corrupt_enc.ids.shape:
@@ -451,18 +547,21 @@ def _grid(
     activations: tuple[dict[int, Tensor], dict[int, Tensor]],
     dim: int,
     heads: list[int] | None,
-) -> tuple[dict[int, Tensor], list[_Branch], tuple[int, int]]:
-    """``(replacements, branches, shape)`` of a patching grid from the clean and corrupted
-    activations (layer → activation without its batch dimension); for ``by="dest-src"``
-    the replacements are the patterns of ``heads`` alone ``[h_patched, s, s]``."""
+) -> tuple[dict[int, Tensor], list[_Branch], tuple[int, int], list[str] | None]:
+    """``(replacements, branches, shape, row labels)`` of a patching grid from the clean and
+    corrupted activations (layer → activation without its batch dimension); for
+    ``by="dest-src"`` the replacements are the patterns of ``heads`` alone
+    ``[h_patched, s, s]``; row labels only by ``"head-position"``."""
     clean, corrupted = activations
+    if by == "head-position":
+        return clean, *_head_position_branches(layers, count, clean, corrupted)
     if heads is None:
         shape = (1 if by == "position" else len(layers), count)
-        return clean, _changed_branches(by, layers, count, clean, corrupted, dim), shape
+        return clean, _changed_branches(by, layers, count, clean, corrupted, dim), shape, None
     # Each destination's row of the pattern, in the heads patched: [h_patched, s, s].
     clean = {layer: t[heads] for layer, t in clean.items()}
     corrupted = {layer: t[heads] for layer, t in corrupted.items()}
-    return clean, _changed_cells(layers, count, clean, corrupted), (count, count)
+    return clean, _changed_cells(layers, count, clean, corrupted), (count, count), None
 
 
 def _encoder_decoder_ablation(
@@ -484,7 +583,7 @@ def _encoder_decoder_patching(
     sources: tuple[str, str],
     by: str,
     component: str | None,
-    metric: str | MetricFunction | None,
+    metric: str | MetricFunction | Metric | None,
     tokens: tuple[str | None, str | None],
     layers: Sequence[int] | None,
 ) -> InterventionEffects:
@@ -560,7 +659,7 @@ def _changed_branches(
     return branches
 
 
-def _check_where(by: str, component: str | None) -> str:
+def check_where(by: str, component: str | None) -> str:
     """The component to patch (its default for ``by``), after checking both."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(map(repr, BY))}, got {by!r}")
@@ -569,10 +668,10 @@ def _check_where(by: str, component: str | None) -> str:
             raise ValueError(f"by='dest-src' patches cells of the pattern; it takes no component {component!r}")
         return "pattern"
     if component is None:
-        return "z" if by == "head" else "resid_pre"
+        return "z" if by in ("head", "head-position") else "resid_pre"
     if component not in COMPONENTS:
         raise ValueError(f"component must be one of {', '.join(map(repr, COMPONENTS))}, got {component!r}")
-    if by == "head" and component not in PER_HEAD:
+    if by in ("head", "head-position") and component not in PER_HEAD:
         raise ValueError(
             f"patching by head needs a per-head component ({', '.join(map(repr, PER_HEAD))}); "
             f"{component!r} is one vector per position: patch it by 'layer-position' or 'position'"
@@ -580,11 +679,23 @@ def _check_where(by: str, component: str | None) -> str:
     return component
 
 
-def _check_metric(model: Model, metric: str | MetricFunction | None, target: str | None, wrong: str | None) -> str:
+def check_metric(
+    model: Model, metric: str | MetricFunction | Metric | None, target: str | None, wrong: str | None
+) -> str:
     """The metric's name (``"function"`` for a function), after checking that it fits the
     model and the tokens given."""
     if metric is None:
         metric = "logit-diff" if model.causal else "cosine"
+    if isinstance(metric, Metric):
+        given = [name for name, value in (("target", target), ("wrong", wrong)) if value is not None]
+        if given:
+            raise ValueError(f"a Metric names its own tokens and takes no {' or '.join(given)} token")
+        if not model.causal:
+            raise ValueError(
+                f"{model.name} is a bidirectional encoder without next-token logits; a Metric reads logits: give "
+                "'cosine' or a function of the last hidden states"
+            )
+        return "metric"
     if callable(metric):
         given = [name for name, value in (("target", target), ("wrong", wrong)) if value is not None]
         if given:
@@ -612,7 +723,7 @@ def _check_metric(model: Model, metric: str | MetricFunction | None, target: str
     return metric
 
 
-def _token_ids(model: Model, metric: str, target: str | None, wrong: str | None) -> tuple[int | None, int | None]:
+def token_ids(model: Model, metric: str, target: str | None, wrong: str | None) -> tuple[int | None, int | None]:
     """The ids of the target and wrong tokens the metric needs (``None`` for the others)."""
     if metric == "logit-diff":
         if target is None or wrong is None:
@@ -631,7 +742,7 @@ def _token_ids(model: Model, metric: str, target: str | None, wrong: str | None)
 
 def _measure(
     model: Model,
-    metric: str | MetricFunction | None,
+    metric: str | MetricFunction | Metric | None,
     name: str,
     tokens: tuple[str | None, str | None],
     ids: tuple[int | None, int | None],
@@ -642,16 +753,18 @@ def _measure(
     token's."""
     (target, wrong), (target_id, wrong_id) = tokens, ids
     if name == "logit-diff":
-        assert target_id is not None and wrong_id is not None  # checked by _token_ids
+        assert target_id is not None and wrong_id is not None  # checked by token_ids
         return f"logit difference {target!r} - {wrong!r}", lambda out: out[:, target_id] - out[:, wrong_id]
     if name == "log-p":
-        assert target_id is not None  # checked by _token_ids
+        assert target_id is not None  # checked by token_ids
         return f"log p({target!r})", lambda out: torch.log_softmax(out, dim=-1)[:, target_id]
     if name == "cosine":
         reference = targets.sentence_embedding(clean_output)[0]
         return "cosine to the clean sentence embedding", lambda out: targets.cosine_to(
             targets.sentence_embedding(out), reference
         )
+    if isinstance(metric, Metric):
+        return metric.name, _unused_measure
     assert callable(metric)
     function = metric
 
@@ -667,6 +780,11 @@ def _measure(
     return ("metric" if not label or label == "<lambda>" else f"metric {label}"), measure
 
 
+def _unused_measure(out: Tensor) -> Tensor:
+    """The measure of a :class:`Metric`'s grid, which :func:`measure_rows` measures instead."""
+    raise AssertionError("a Metric is measured by measure_rows")
+
+
 def _final_output(model: Model, out: Tensor) -> Tensor:
     """What a metric reads of a run: next-token logits at the last position ``[b, v]``
     (causal models, from logits ``[b, s, v]``) or the last hidden states ``[b, s, e]``
@@ -674,7 +792,7 @@ def _final_output(model: Model, out: Tensor) -> Tensor:
     return out[:, -1].float() if model.causal else out.float()
 
 
-def _hook_point(model: Model, component: str, layer: int) -> str:
+def hook_point(model: Model, component: str, layer: int) -> str:
     """The hook name of ``component`` in ``layer``, or an error that lists the layer's."""
     try:
         return model.hook_name(_HOOK_POINTS.get(component, component), layer)
@@ -698,6 +816,7 @@ def _patched_passes(
     *,
     fill: float = 0.0,
     cell_heads: Tensor | None = None,
+    metric: Metric | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Run ``ids`` unaltered and with the variants of each branch patched in, and measure
     each run.
@@ -716,6 +835,8 @@ def _patched_passes(
         cell_heads: for a ``by="dest-src"`` grid, the heads patched: each variant is then
             the source position of a cell of the pattern whose destination is its branch's
             row, and ``replacements`` are the patterns of these heads ``[h_patched, s, s]``.
+        metric: measures each row instead of ``measure``, from the logits of every
+            position, the ids and the activations it reads.
 
     Returns:
         ``(measure of the unaltered run, shape measures)``, ``fill`` where nothing ran.
@@ -731,7 +852,7 @@ def _patched_passes(
             passes.append([branch])
     base = torch.zeros(())
     for group in passes or [[]]:
-        chains: dict[str, list[Callable[[Tensor], Tensor]]] = {}
+        chains: dict[str, list[Callable[[Tensor], Tensor | None]]] = {}
         offset = 1  # row 0 is the unaltered run
         for branch in group:
             variants = torch.tensor(branch.variants)
@@ -739,15 +860,24 @@ def _patched_passes(
             rows_of = torch.arange(offset, offset + len(variants))
             for layer in branch.layers:
                 patch = (
-                    _patch(rows_of, variants, replacements[layer], dim)
-                    if cell_heads is None
-                    else _patch_cells(rows_of, cell_heads, branch.row, variants, replacements[layer])
+                    _patch_cells(rows_of, cell_heads, branch.row, variants, replacements[layer])
+                    if cell_heads is not None
+                    else _patch_head(rows_of, branch.head, variants, replacements[layer])
+                    if branch.head is not None
+                    else _patch(rows_of, variants, replacements[layer], dim)
                 )
                 chains.setdefault(points[layer], []).append(patch)
             offset += len(variants)
+        kept: dict[str, Tensor] = {}
+        for name in metric.reads if metric is not None else ():
+            chains.setdefault(name, []).append(_keep(kept, name))
         with torch.no_grad():
             run = model.run_with_hooks(ids, hooks={name: _chained(fns) for name, fns in chains.items()}, logits=False)
-            values = measure(_final_output_of_hidden(model, run.last_hidden_state)).double()  # [offset]
+            values = (
+                measure(_final_output_of_hidden(model, run.last_hidden_state))
+                if metric is None
+                else measure_rows(model, metric, run.last_hidden_state, ids, kept)
+            ).double()  # [offset]
         base, offset = values[0].cpu(), 1
         for branch in group:
             grid[branch.row, list(branch.variants)] = values[offset : offset + len(branch.variants)].cpu()
@@ -759,6 +889,48 @@ def _final_output_of_hidden(model: Model, hidden: Tensor) -> Tensor:
     """:func:`_final_output` from the last hidden states ``[b, s, e]``: the head runs on the
     last position only (a batch of many rows saves the vocabulary projection of the rest)."""
     return targets.last_logits(model, hidden) if model.causal else hidden.float()
+
+
+# The logits a metric of every position reads are formed for this many bytes of rows at a time.
+LOGITS_MEMORY = 2**28
+
+
+def measure_rows(model: Model, metric: Metric, hidden: Tensor, ids: Tensor, kept: dict[str, Tensor]) -> Tensor:
+    """``[b]``: ``metric`` of each row of a batch from its last hidden states ``[b, s, e]``, the
+    ids ``[1, s]`` every row read and the activations it reads (``[b or fewer, ...]``: rows
+    that branched off after a point are the unaltered row 0 there), a few rows' logits at a
+    time.
+
+    Raises:
+        ValueError: a model without a language-model head.
+    """
+    rows, positions = hidden.shape[:2]
+    cache = {name: _all_rows(x, rows) for name, x in kept.items()}
+    chunk = max(1, LOGITS_MEMORY // (positions * model.config.vocab_size * 4))
+    values = []
+    for start in range(0, rows, chunk):
+        logits = model.module.logits(hidden[start : start + chunk])  # [c, s, v]
+        if logits is None:
+            raise ValueError(f"{model.name} ({model.family}) has no language-model head: no logits to measure")
+        part = {name: x[start : start + chunk] for name, x in cache.items()}
+        count = logits.shape[0]
+        values.append(metric(MetricInput(logits.float(), ids.expand(count, -1), part)))
+    return torch.cat(values)
+
+
+def _all_rows(x: Tensor, rows: int) -> Tensor:
+    """An activation of a batched pass with every row: rows that branch off after its point
+    hold the unaltered row 0 there."""
+    return x if x.shape[0] == rows else torch.cat([x, x[:1].expand(rows - x.shape[0], *x.shape[1:])])
+
+
+def _keep(kept: dict[str, Tensor], name: str) -> Callable[[Tensor], None]:
+    """A hook that keeps its activation in ``kept[name]``."""
+
+    def hook(x: Tensor) -> None:
+        kept[name] = x
+
+    return hook
 
 
 def _branch(n: int) -> Callable[[Tensor], Tensor]:
@@ -775,6 +947,19 @@ def _patch(rows: Tensor, variants: Tensor, replacement: Tensor, dim: int) -> Cal
     def hook(x: Tensor) -> Tensor:
         x = x.clone()
         x.movedim(dim, 1)[rows.to(x.device), variants.to(x.device)] = chosen.to(x)
+        return x
+
+    return hook
+
+
+def _patch_head(rows: Tensor, head: int, positions: Tensor, replacement: Tensor) -> Callable[[Tensor], Tensor]:
+    """A per-head hook that gives row ``rows[j]`` the replacement of head ``head`` at
+    position ``positions[j]``; ``replacement``: ``[h, s, d or s_k]``."""
+    chosen = replacement[head, positions]  # [n, d or s_k]
+
+    def hook(x: Tensor) -> Tensor:
+        x = x.clone()
+        x[rows.to(x.device), head, positions.to(x.device)] = chosen.to(x)
         return x
 
     return hook
@@ -797,12 +982,13 @@ def _patch_cells(
     return hook
 
 
-def _chained(fns: Sequence[Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
-    """The hooks of one point, applied in order."""
+def _chained(fns: Sequence[Callable[[Tensor], Tensor | None]]) -> Callable[[Tensor], Tensor]:
+    """The hooks of one point, applied in order (one that returns ``None`` only reads)."""
 
     def hook(x: Tensor) -> Tensor:
         for fn in fns:
-            x = fn(x)
+            out = fn(x)
+            x = x if out is None else out
         return x
 
     return hook
@@ -821,6 +1007,57 @@ def _mean_z(model: Model, texts: Sequence[str], layers: list[int]) -> dict[int, 
             totals[i] = z if i not in totals else totals[i] + z
         count += run.ids.shape[1]
     return {i: (total / count).float() for i, total in totals.items()}
+
+
+def _ablation_target_id(model: Model, target: str | None, metric: Metric | None, mean_and_resample: bool) -> int | None:
+    """The id of an ablation's target token, ``None`` where a Metric measures instead, after
+    checking that the options fit together."""
+    if mean_and_resample:
+        raise ValueError("give mean_over (mean ablation) or resample_from (resampling ablation), not both")
+    if metric is not None:
+        check_metric(model, metric, target, None)
+        return None
+    return _target_id(model, target)
+
+
+def _ablation_replacements(
+    model: Model,
+    layers: list[int],
+    mean_over: Sequence[str] | None,
+    resample_from: Sequence[str] | None,
+    length: int,
+) -> list[dict[int, Tensor]]:
+    """The values each head's ``z`` takes in turn, layer → ``[h, 1 or s, d]``: zero, its mean
+    over ``mean_over``, or its value on each text of ``resample_from``."""
+    if mean_over is not None:
+        return [_mean_z(model, mean_over, layers)]
+    if resample_from is not None:
+        return _resampled_z(model, resample_from, layers, length)
+    # Each layer's own head dim: some families choose it (num_heads · head_dim != hidden size).
+    return [{i: torch.zeros(model.num_heads, 1, model.module.self_attention(i).head_dim) for i in layers}]
+
+
+def _resampled_z(model: Model, texts: Sequence[str], layers: list[int], length: int) -> list[dict[int, Tensor]]:
+    """Each head's ``z`` on each of ``texts``: one dict layer → ``[h, s, d]`` per text.
+
+    Raises:
+        ValueError: no text, or a text of another token count than ``length``.
+    """
+    if not texts:
+        raise ValueError("resampling ablation needs at least one reference text")
+    names = [model.hook_name("self_attn.z", i) for i in layers]
+    sets = []
+    for text in texts:
+        encoded = model.tokenize(text)
+        if encoded.ids.shape[1] != length:
+            raise ValueError(
+                f"resampling ablation takes reference texts of as many tokens as the text ({length}), got "
+                f"{encoded.ids.shape[1]} ({_spelled(encoded.tokens)})"
+            )
+        with torch.no_grad():
+            _, cache = model.run_with_cache(encoded.ids, names_filter=names)
+        sets.append({i: cache[name][0] for i, name in zip(layers, names)})
+    return sets
 
 
 def _target_id(model: Model, target: str | None) -> int | None:

@@ -116,7 +116,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -125,6 +124,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
+from attnkit.nn.activation_cache import LAYER_INDEX
 from attnkit.nn.transformerlens_names import TransformerLensHook, TransformerLensName, transformerlens_aliases
 
 if TYPE_CHECKING:
@@ -136,7 +136,6 @@ HookCall = Callable[["Tensor", "HookPoint"], "Tensor | None"]
 # predicate accepts.
 NameFilter = str | Collection[str] | Callable[[str], bool] | None
 
-_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _Root = TypeVar("_Root", bound="HookedModule")
 
 
@@ -326,7 +325,7 @@ class HookedModule(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
                 module.name = name
-                match = _LAYER_INDEX.search(name)
+                match = LAYER_INDEX.search(name)
                 module.layer = int(match.group(1)) if match else None
                 points[name] = module
         return points
@@ -613,7 +612,7 @@ def summarize_names(names: Collection[str]) -> str:
     groups: dict[str, list[str]] = {}
     layers: dict[str, set[int]] = {}
     for name in names:
-        match = _LAYER_INDEX.search(name)
+        match = LAYER_INDEX.search(name)
         if match is None:
             groups.setdefault(name, [])
             continue

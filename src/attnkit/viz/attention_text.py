@@ -156,28 +156,18 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         Text ending in a newline.
     """
     from attnkit.inspect.heads import rank_heads
-    from attnkit.inspect.interventions import layer_span
 
     by_head = effects.by == "head"
     if isinstance(effects.baseline, dict):  # patching
-        where = (
-            "each head"
-            if by_head
-            else f"{effects.component} at each layer and position"
-            if effects.by == "layer-position"
-            else f"each (destination, source) cell of the pattern (heads {layer_span(effects.heads or [])} of "
-            f"layers {layer_span(effects.layers)} together)"
-            if effects.by == "dest-src"
-            else f"{effects.component} at each position (layers {effects.row_labels[0]} together)"
-        )
-        what = f"patching {where} of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
+        where = _patched_where(effects)
+        what = f"{effects.kind} {where} of {effects.texts['clean']!r} into {effects.texts['corrupt']!r}"
         baseline = f"; clean {effects.baseline['clean']:.4f}, corrupted {effects.baseline['corrupt']:.4f}"
     else:
         what = f"{effects.replacement} ablation of each head on {effects.texts['text']!r}"
         baseline = "" if effects.target is None else f"; unablated log p({effects.target!r}) = {effects.baseline:.4f}"
     lines = [f"{effects.model_name} · {what}", f"measure: {effects.metric}{baseline}", ""]
     # Ablation: the heads whose removal lowers the measure most; patching: those that restore most.
-    order = rank_heads(effects.effects, top=top, descending=effects.kind == "patching")
+    order = rank_heads(effects.effects, top=top, descending=effects.kind != "ablation")
     rows = effects.row_labels
     if by_head:
         listed = [[rows[row], f"{column}", f"{value:+.4f}"] for row, column, value in order]
@@ -193,7 +183,8 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         listed = [
             [rows[row], f"{column}", short(effects.columns[column]), f"{value:+.4f}"] for row, column, value in order
         ]
-        header = ["layer" if effects.by == "layer-position" else "layers", "position", "token", "effect"]
+        rows_are = {"layer-position": "layer", "head-position": "head"}.get(effects.by, "layers")
+        header = [rows_are, "position", "token", "effect"]
         lines += format_table(header, listed, align=">><>").splitlines()
     grid_name = (
         "layers × heads"
@@ -202,15 +193,35 @@ def render_effects(effects: InterventionEffects, *, top: int = 5) -> str:
         if effects.by == "layer-position"
         else "destinations × sources"
         if effects.by == "dest-src"
+        else "heads × positions"
+        if effects.by == "head-position"
         else f"positions, layers {rows[0]} patched together"
     )
     lines += ["", f"{grid_name} ({effects.metric}):"]
     columns = effects.columns if by_head else [short(label) for label in numbered(effects.columns)]
     if effects.by == "dest-src":
         rows = [short(label) for label in numbered(rows)]
-    row_header = {"position": "layers", "dest-src": "destination"}.get(effects.by, "layer")
+    row_header = {"position": "layers", "dest-src": "destination", "head-position": "head"}.get(effects.by, "layer")
     lines += _grid_blocks(row_header, rows, columns, effects.effects.tolist())
     return "\n".join(lines) + "\n"
+
+
+def _patched_where(effects: InterventionEffects) -> str:
+    """What each cell of a patching grid patched, in words."""
+    from attnkit.inspect.interventions import layer_span
+
+    return (
+        ("each head" if effects.component == "z" else f"each head's {effects.component}")
+        if effects.by == "head"
+        else f"{effects.component} at each layer and position"
+        if effects.by == "layer-position"
+        else f"each (destination, source) cell of the pattern (heads {layer_span(effects.heads or [])} of "
+        f"layers {layer_span(effects.layers)} together)"
+        if effects.by == "dest-src"
+        else f"each head's {effects.component} at each position"
+        if effects.by == "head-position"
+        else f"{effects.component} at each position (layers {effects.row_labels[0]} together)"
+    )
 
 
 def _grid_blocks(

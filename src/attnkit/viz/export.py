@@ -413,8 +413,10 @@ def write_effects(
             centred on zero).
 
     Returns:
-        The paths written: ``MODEL_ablation.png`` (or ``_mean-ablation``, ``_patching``;
-        patching by position adds the component and where, ``_patching_resid_pre_by-position``)
+        The paths written: ``MODEL_ablation.png`` (or ``_mean-ablation``,
+        ``_resample-ablation``, ``_patching``, ``_attribution-patching``; a grid of another
+        component than each head's ``z`` adds the component and where,
+        ``_patching_resid_pre_by-position``)
         per picture format, and the ``.json``.
 
     Raises:
@@ -423,14 +425,15 @@ def write_effects(
     """
     from attnkit.functional.finite import check_finite
 
-    kind = "mean-ablation" if effects.replacement == "mean" else effects.kind
+    kind = f"{effects.replacement}-ablation" if effects.replacement in ("mean", "resample") else effects.kind
+    kind = kind.replace(" ", "-")
     check_finite(effects.effects, f"the {kind} effects ({effects.metric}) of {effects.model_name}")
     stem = f"{file_stem(effects.model_name)}_{kind}"
-    if effects.by != "head":
+    if effects.by != "head" or effects.component != "z":
         stem += f"_{effects.component}_by-{effects.by}"
     title = f"{kind} — {effects.model_name}"
-    if effects.by != "head":
-        title = f"patching {effects.component} by {effects.by} — {effects.model_name}"
+    if effects.by != "head" or effects.component != "z":
+        title = f"{effects.kind} {effects.component} by {effects.by} — {effects.model_name}"
     written = []
     for fmt in [f for f in formats if f in PICTURE_FORMATS]:
         from attnkit.viz.head_grid import draw_head_grid
@@ -467,7 +470,7 @@ def write_survey(
     """Write one layers × heads picture per statistic (and for the token pair) and the JSON.
 
     Args:
-        survey: from :func:`attnkit.inspect.survey_heads`.
+        survey: from :func:`attnkit.inspect.survey.survey_heads`.
         out: the folder to write to.
         formats: any of ``png``, ``svg``, ``json``.
         dpi: dots per inch of PNG files (default: the drawing function's).

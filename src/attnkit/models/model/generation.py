@@ -98,7 +98,7 @@ class GenerationMixin(ModelCore):
             An iterator of token ids, computed as it is consumed.
 
         Raises:
-            ValueError: a BERT model, an empty or too long prompt, ``max_new_tokens < 0``,
+            ValueError: an encoder-only model, an empty or too long prompt, ``max_new_tokens < 0``,
                 a ``temperature`` that is not a finite number ``>= 0``, ``top_k < 1``
                 (at the call, before any token).
         """
@@ -180,8 +180,8 @@ class GenerationMixin(ModelCore):
         include_prompt: bool = False,
         use_kv_cache: bool = True,
     ) -> Iterator[str]:
-        """Continue a prompt (causal decoders) or produce the target of a source
-        (encoder–decoders), streaming the text as it is produced.
+        """Continue a prompt (a causal decoder) or produce the target of a source (an
+        encoder–decoder), streaming the text as it is produced.
 
         Args:
             prompt: the text to continue or the source (as is; no chat template is
