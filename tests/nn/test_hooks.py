@@ -3,6 +3,7 @@ of scores, patterns, per-head results and norm scales, cross-attention, kernels,
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -47,7 +48,13 @@ def test_a_decoder_lm_has_hook_names_hooks_and_run_with_cache():
     lm = tiny_lm()
     tokens = torch.randint(0, 20, (2, 5))
     names = lm.hook_names()
-    assert names[:3] == ["embed", "decoder.layers.0.resid_pre", "decoder.layers.0.self_attn.q"]
+    assert names[:5] == [
+        "embed",
+        "decoder.layers.0.resid_pre",
+        "decoder.layers.0.self_attn.q_unrotated",  # rotary: the queries and keys before the rotation
+        "decoder.layers.0.self_attn.k_unrotated",
+        "decoder.layers.0.self_attn.q",
+    ]
     assert "decoder.layers.1.ff.post" in names and "decoder.layers.1.ff_norm.scale" in names
     logits, cache = lm.run_with_cache(tokens)
     assert torch.equal(logits, lm(tokens)) and sorted(cache) == sorted(names)
@@ -230,7 +237,7 @@ def test_hook_points_walks_the_module_tree_once_until_it_changes(monkeypatch):
     assert [cache["pattern", layer].shape for layer in (0, 1, -1)] == [(1, 2, 4, 4)] * 3
     assert lm.hook_names() == names and walks[id(lm)] == 0
     # A submodule replaced or added is seen: the tree is walked again.
-    lm.decoder.layers[1].self_attn = MultiHeadAttention(AttentionConfig(16, 2, num_kv_heads=1, bias=False))
+    lm.decoder.layers[1].self_attn = copy.deepcopy(lm.decoder.layers[1].self_attn)
     assert lm.hook_points()["decoder.layers.1.self_attn.q"] is lm.decoder.layers[1].self_attn.q
     lm.decoder.layers.append(DecoderLayer(LayerConfig(16, 2, 32)))
     assert "decoder.layers.2.self_attn.pattern" in lm.hook_names() and walks[id(lm)] == 2

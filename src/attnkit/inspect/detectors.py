@@ -112,6 +112,7 @@ def detect_heads(
     layers: Sequence[int] | None = None,
     exclude_bos: bool = False,
     exclude_current: bool = False,
+    prepend_bos: bool | None = None,
 ) -> HeadDetection:
     """Score every head of ``layers`` against a detection pattern on one text.
 
@@ -123,6 +124,8 @@ def detect_heads(
         layers: the layers to score (negative from the end); default all.
         exclude_bos: leave key 0 (the first token, an attention sink in many models) out.
         exclude_current: leave each query's own key out.
+        prepend_bos: for a text, as :meth:`attnkit.models.Model.tokenize` takes it
+            (``True``: a BOS first, as TransformerLens' ``detect_head``).
 
     Returns:
         A :class:`HeadDetection`.
@@ -131,7 +134,9 @@ def detect_heads(
         ValueError: an unknown detector, a pattern of another shape than ``[s, s]``, a
             text the model refuses, a layer out of range.
     """
-    run = model.run(text_or_ids, return_weights=True if layers is None else list(layers), logits=False)
+    # prepend_bos is a keyword of the models that tokenize texts (attnkit.models.Model).
+    options: dict[str, Any] = {} if prepend_bos is None else {"prepend_bos": prepend_bos}
+    run = model.run(text_or_ids, return_weights=True if layers is None else list(layers), logits=False, **options)
     ids = run.ids[0]
     s = ids.shape[0]
     if isinstance(detector, Tensor):

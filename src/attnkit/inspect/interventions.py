@@ -216,19 +216,20 @@ class _Branch:
 
 def head_ablation(
     model: Model,
-    text: str,
+    text: str | Tensor | Sequence[int],
     *,
     target: str | None = None,
     mean_over: Sequence[str] | None = None,
     layers: Sequence[int] | None = None,
     metric: Metric | None = None,
     resample_from: Sequence[str] | None = None,
+    prepend_bos: bool | None = None,
 ) -> InterventionEffects:
     """Ablate every head of some layers, one at a time, and measure the change.
 
     Args:
         model: an :mod:`attnkit.models` model.
-        text: the input.
+        text: the input: a text, or token ids ``[s]`` / ``[1, s]``.
         target: the token whose log-probability after ``text`` is measured (causal models:
             a single token, leading space included, ``" Paris"``); encoders take none.
         mean_over: replace each head's ``z`` by its mean over every position of these
@@ -240,6 +241,8 @@ def head_ablation(
         resample_from: replace each head's ``z`` by its value on each of these texts (of
             as many tokens as ``text``) in turn, instead of zero: the effect is the mean over
             them (resampling ablation).
+        prepend_bos: for a text, as :meth:`attnkit.models.Model.tokenize` takes it
+            (``True``: a BOS first, as TransformerLens by default).
 
     Returns:
         :class:`InterventionEffects` of kind ``"ablation"``, by ``"head"``; its
@@ -259,10 +262,10 @@ def head_ablation(
     if getattr(model, "encoder_decoder", False):
         if metric is not None or resample_from is not None:
             raise ValueError(f"{model.name} is an encoder-decoder: it ablates heads to zero and measures log p(target)")
-        return _encoder_decoder_ablation(model, text, target, mean_over, layers)
+        return _encoder_decoder_ablation(model, _source_text(text), target, mean_over, layers)
     target_id = _ablation_target_id(model, target, metric, mean_over is not None and resample_from is not None)
     layer_list = layer_indices(model, layers)
-    encoded = model.tokenize(text)
+    encoded = model.tokenized(text, prepend_bos=prepend_bos)
     replacement_sets = _ablation_replacements(model, layer_list, mean_over, resample_from, encoded.ids.shape[1])
     unablated: list[Tensor] = []  # the output of the first (unaltered) row
     measure: Callable[[Tensor], Tensor] = _unused_measure
@@ -306,7 +309,7 @@ def head_ablation(
         layers=layer_list,
         columns=[str(head) for head in heads],
         effects=measured.float(),
-        texts={"text": text},
+        texts={"text": _as_text(model, text)},
         tokens=list(encoded.tokens),
         target=target,
         wrong=None,
@@ -317,8 +320,8 @@ def head_ablation(
 
 def activation_patching(
     model: Model,
-    clean: str,
-    corrupt: str,
+    clean: str | Tensor | Sequence[int],
+    corrupt: str | Tensor | Sequence[int],
     *,
     by: str = "head",
     component: str | None = None,
@@ -327,6 +330,7 @@ def activation_patching(
     wrong: str | None = None,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
+    prepend_bos: bool | None = None,
 ) -> InterventionEffects:
     """Patch activations of the clean run into the corrupted run, one head, one position or
     one cell of the pattern at a time, and measure the fraction of the clean-vs-corrupted difference restored:
@@ -340,8 +344,8 @@ def activation_patching(
     Args:
         model: an :mod:`attnkit.models` model (a causal decoder, a bidirectional encoder or
             an encoder–decoder).
-        clean: the clean text.
-        corrupt: the corrupted text, of the same number of tokens.
+        clean: the clean text (or its token ids ``[s]`` / ``[1, s]``).
+        corrupt: the corrupted text (or ids), of the same number of tokens.
         by: where each patch acts (:data:`BY`): ``"head"``, one head's ``z`` at every
             position (a layers × heads grid); ``"layer-position"``, the component of one
             layer at one position (layers × positions); ``"position"``, the component at
@@ -370,6 +374,7 @@ def activation_patching(
         layers: layer indices (negative from the end); default all.
         heads: the query heads whose pattern cell ``by="dest-src"`` patches (negative from
             the end); default all. Only with ``by="dest-src"``.
+        prepend_bos: for texts, as :meth:`attnkit.models.Model.tokenize` takes it.
 
     Returns:
         :class:`InterventionEffects` of kind ``"patching"``.
@@ -386,7 +391,8 @@ def activation_patching(
         TypeError: a metric that is neither a name nor a function.
     """
     if getattr(model, "encoder_decoder", False):
-        return _encoder_decoder_patching(model, (clean, corrupt), by, component, metric, (target, wrong), layers)
+        sources = (_source_text(clean), _source_text(corrupt))
+        return _encoder_decoder_patching(model, sources, by, component, metric, (target, wrong), layers)
     component = check_where(by, component)
     metric_name = check_metric(model, metric, target, wrong)
     layer_list = layer_indices(model, layers)
@@ -394,7 +400,7 @@ def activation_patching(
         raise ValueError("layers must name at least one layer, got none")
     head_list = _check_heads(model, by, heads)
     target_id, wrong_id = token_ids(model, metric_name, target, wrong)
-    clean_enc, corrupt_enc = same_length_pair(model, clean, corrupt)
+    clean_enc, corrupt_enc = same_length_pair(model, clean, corrupt, prepend_bos)
     points = {layer: hook_point(model, component, layer) for layer in layer_list}
     reads = list(metric.reads) if isinstance(metric, Metric) else []
     with torch.no_grad():
@@ -430,13 +436,9 @@ def activation_patching(
         by=by,
         component=component,
         layers=layer_list,
-        columns=(
-            [str(head) for head in range(count)]
-            if by == "head"
-            else token_labels(clean, clean_enc.tokens, clean_enc.offsets)
-        ),
+        columns=([str(head) for head in range(count)] if by == "head" else _labels(model, clean, clean_enc)),
         effects=((measured - corrupt_value) / gap).float(),
-        texts={"clean": clean, "corrupt": corrupt},
+        texts={"clean": _as_text(model, clean), "corrupt": _as_text(model, corrupt)},
         tokens=list(clean_enc.tokens),
         target=target,
         wrong=wrong,
@@ -493,9 +495,43 @@ def _head_position_branches(
     return branches, (len(layers) * heads, positions), labels
 
 
-def same_length_pair(model: Model, clean: str, corrupt: str) -> tuple[Any, Any]:
-    """The tokenizations of the clean and corrupted texts, which must have as many tokens."""
-    clean_enc, corrupt_enc = model.tokenize(clean), model.tokenize(corrupt)
+def _source_text(text: str | Tensor | Sequence[int]) -> str:
+    """An encoder–decoder's source, which these analyses take as a text.
+
+    Raises:
+        ValueError: ids.
+    """
+    if not isinstance(text, str):
+        raise ValueError("an encoder–decoder's ablation and patching take texts, not token ids")
+    return text
+
+
+def _as_text(model: Model, text_or_ids: str | Tensor | Sequence[int]) -> str:
+    """A record's text: the text, or the text of the ids."""
+    if isinstance(text_or_ids, str):
+        return text_or_ids
+    text = model.to_string(model.prepare_input(text_or_ids)[0][0])
+    assert isinstance(text, str)  # the ids of one text
+    return text
+
+
+def _labels(model: Model, text: str | Tensor | Sequence[int], encoded: Any) -> list[str]:
+    """How each token reads: in the text, or each id decoded on its own."""
+    if isinstance(text, str):
+        return token_labels(text, encoded.tokens, encoded.offsets)
+    return model.to_str_tokens(encoded.ids)
+
+
+def same_length_pair(
+    model: Model,
+    clean: str | Tensor | Sequence[int],
+    corrupt: str | Tensor | Sequence[int],
+    prepend_bos: bool | None = None,
+) -> tuple[Any, Any]:
+    """The tokenizations of the clean and corrupted texts (or ids), which must have as many
+    tokens."""
+    clean_enc = model.tokenized(clean, prepend_bos=prepend_bos)
+    corrupt_enc = model.tokenized(corrupt, prepend_bos=prepend_bos)
     if clean_enc.ids.shape != corrupt_enc.ids.shape:
         raise ValueError(
             f"clean and corrupted texts must have the same number of tokens, got {clean_enc.ids.shape[1]} "

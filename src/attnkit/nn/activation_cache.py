@@ -31,6 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from attnkit.nn.transformerlens_names import transformerlens_aliases
+
 # The layer index in a hook point's name: "decoder.layers.3.self_attn.pattern" → 3.
 LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -235,7 +237,10 @@ class ActivationCache(MutableMapping[str, Tensor]):
     :meth:`attnkit.nn.HookedModule.run_with_cache` returns it.
 
     Besides full names, ``cache["pattern", 3]`` looks a point up by the end of its name
-    and its layer (:meth:`attnkit.nn.HookedModule.hook_name`). Entries recorded by
+    and its layer (:meth:`attnkit.nn.HookedModule.hook_name`), ``cache["final_norm.scale"]``
+    a point outside the layers by the end of its name, and TransformerLens' names
+    (``cache["blocks.3.attn.hook_z"]``) are accepted, the per-head entries then in TL's
+    layout ``[b, s, h, d]`` (a view; :mod:`attnkit.nn.transformerlens_names`). Entries recorded by
     :meth:`record_on_read` are computed when first read (by ``cache[name]``, ``.get``,
     ``.items()``, ``.values()``) and kept; :meth:`unread` names those not computed yet.
     The residual-stream helpers read a pre-norm model with one stack
@@ -281,6 +286,24 @@ class ActivationCache(MutableMapping[str, Tensor]):
         if isinstance(key, tuple):
             name, layer = key
             key = self.model.hook_name(name, layer)
+        if key not in self._entries:
+            return self._by_other_name(key)
+        return self._entry(key)
+
+    def _by_other_name(self, key: str) -> Tensor:
+        """The entry a TransformerLens name (in TL's layout: a view) or the end of a name
+        outside the layers (``"final_norm.scale"``) stands for."""
+        alias = transformerlens_aliases(self.model.hook_names()).get(key)
+        if alias is not None:
+            entry = self._entry(alias.point)
+            return entry.transpose(1, 2) if alias.heads_second else entry  # [b, s, h, d] for TL's per-head names
+        try:
+            full = self.model.hook_name(key)
+        except ValueError as err:
+            raise KeyError(str(err)) from None
+        return self._entry(full)
+
+    def _entry(self, key: str) -> Tensor:
         entry = self._entries[key]
         if isinstance(entry, _OnRead):
             return self._compute(entry)
@@ -310,7 +333,15 @@ class ActivationCache(MutableMapping[str, Tensor]):
                 return False
         if isinstance(key, str) and key not in self._entries and key.endswith(_GRAD_SUFFIX) and self._grads:
             return key.removesuffix(_GRAD_SUFFIX) in self._grads
-        return key in self._entries
+        if key in self._entries or not isinstance(key, str):
+            return key in self._entries
+        alias = transformerlens_aliases(self.model.hook_names()).get(key)
+        if alias is not None:
+            return alias.point in self._entries
+        try:
+            return self.model.hook_name(key) in self._entries
+        except ValueError:
+            return False
 
     def __repr__(self) -> str:
         return f"ActivationCache({list(self._entries)})"

@@ -15,7 +15,7 @@ What the open checkpoints add to attention is one option each: per-head query/ke
 (``softcap``), a sliding window over the keys (``window``, an :mod:`attnkit.masks`
 mask), biases on the input projections only (``out_bias=False``).
 
-The hook points of the module (``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z``,
+The hook points of the module (``q_unrotated``, ``k_unrotated``, ``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z``,
 ``result``) and what only a hook or cache on them computes come from its base,
 :class:`attnkit.nn.attention_hooks.AttentionHookPoints`; the scores' options, from
 :class:`attnkit.nn.score_options.ScoreOptions`.
@@ -205,7 +205,8 @@ class MultiHeadAttention(AttentionHookPoints):
         self.q_norm = q_norm
         self.k_norm = k_norm
         self._packed: PackedLinears | None = None
-        self._add_hook_points(weights=KERNEL_SPECS[self.kernel].full)
+        rotary = self.positional is not None and self.positional.takes_positions
+        self._add_hook_points(weights=KERNEL_SPECS[self.kernel].full, rotary=rotary)
 
     @property
     def packable(self) -> bool:
@@ -429,7 +430,7 @@ class MultiHeadAttention(AttentionHookPoints):
         h, h_kv = self.num_heads, self.num_kv_heads
         if self._packed is not None and self._packed.usable(x):
             qkv = self._split_heads(self._packed(x), h + 2 * h_kv)  # [b, h + 2 h_kv, s, d]
-            if self.q_norm is None and self.k_norm is None:
+            if self.q_norm is None and self.k_norm is None and not self._unrotated_watched:
                 # Queries and keys side by side: one rotation pass for both.
                 qk = self._rotate(qkv[:, : h + h_kv], positions, past)  # [b, h + h_kv, s, d]
                 return qk[:, :h], qk[:, h:], qkv[:, h + h_kv :]
@@ -439,6 +440,8 @@ class MultiHeadAttention(AttentionHookPoints):
             k = self._split_heads(self.k_proj(x), h_kv)  # [b, h_kv, s, d]
             v = self._split_heads(self.v_proj(x), h_kv)  # [b, h_kv, s, d]
         q, k = self._norm_heads(self.q_norm, q), self._norm_heads(self.k_norm, k)
+        if self.q_unrotated is not None and self.k_unrotated is not None:
+            q, k = self.q_unrotated(q), self.k_unrotated(k)
         return self._rotate(q, positions, past), self._rotate(k, positions, past), v
 
     @staticmethod

@@ -1,7 +1,8 @@
 """The hook points of an attention layer and what they compute beside the attention itself.
 
 :class:`AttentionHookPoints` gives :class:`attnkit.nn.MultiHeadAttention` (and the layers
-derived from it) its points ``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z`` and
+derived from it) its points ``q_unrotated``, ``k_unrotated`` (before a rotary encoding),
+``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z`` and
 ``result`` (:mod:`attnkit.nn.hooks`), and what only a hook or a cache on them needs: the
 weights formed and passed through ``scores`` and ``pattern`` while the output stays the
 fused kernel's unless a hook replaced them; each head's share of the output projection for
@@ -49,6 +50,8 @@ class AttentionHookPoints(nn.Module):
     dropout: float
     score: Score
     out_proj: nn.Linear
+    q_unrotated: HookPoint | None
+    k_unrotated: HookPoint | None
     q: HookPoint
     k: HookPoint
     v: HookPoint
@@ -87,9 +90,12 @@ class AttentionHookPoints(nn.Module):
             selection: WeightSelection,
         ) -> AttentionResult: ...
 
-    def _add_hook_points(self, *, weights: bool) -> None:
+    def _add_hook_points(self, *, weights: bool, rotary: bool = False) -> None:
         """The points, in the order the forward pass meets them; ``scores`` and ``pattern``
-        only where the kernel can form the ``weights``."""
+        only where the kernel can form the ``weights``, ``q_unrotated`` and ``k_unrotated``
+        (TransformerLens' ``hook_q``, ``hook_k``) only before a ``rotary`` encoding."""
+        self.q_unrotated = HookPoint(positions=(2,)) if rotary else None
+        self.k_unrotated = HookPoint(positions=(2,)) if rotary else None
         self.q = HookPoint(positions=(2,))
         self.k = HookPoint(positions=(2,))
         self.v = HookPoint(positions=(2,))
@@ -97,6 +103,11 @@ class AttentionHookPoints(nn.Module):
         self.pattern = HookPoint(positions=(2, 3)) if weights else None
         self.z = HookPoint(positions=(2,))
         self.result = HookPoint(positions=(2,))
+
+    @property
+    def _unrotated_watched(self) -> bool:
+        """Whether a hook or a cache is on the queries or keys before the rotation."""
+        return any(point is not None and point.active for point in (self.q_unrotated, self.k_unrotated))
 
     @property
     def _inputs_hooked(self) -> bool:

@@ -342,10 +342,12 @@ class EncoderDecoderLM(TextModule):
         temperature: float = 0.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
         """The decoding loop: the encoder runs once, then each step feeds the previous
         token (the decoder start token first) to the decoder against its KV cache and
-        yields the next token of every row. Each step opens its own ``inference_mode``
+        yields the next token of every row; without the KV cache, each step runs the
+        decoder over every target token so far. Each step opens its own ``inference_mode``
         (see :meth:`attnkit.nn.DecoderLM.stream`).
 
         Args:
@@ -355,6 +357,7 @@ class EncoderDecoderLM(TextModule):
             temperature: ``0`` is greedy; above 0 samples from ``softmax(logits / t)``.
             top_k: when sampling, only from the ``top_k`` most likely tokens.
             generator: random generator for sampling.
+            use_kv_cache: keep the decoder's keys and values between steps.
 
         Returns:
             An iterator of ``n`` token id tensors ``[b]``.
@@ -365,7 +368,7 @@ class EncoderDecoderLM(TextModule):
         """
         check_decoding_options(max_new_tokens, temperature, top_k)
         _check_ids(source, "source")
-        return self._steps(source, source_mask, max_new_tokens, temperature, top_k, generator)
+        return self._steps(source, source_mask, max_new_tokens, temperature, top_k, generator, use_kv_cache)
 
     def _steps(
         self,
@@ -375,13 +378,14 @@ class EncoderDecoderLM(TextModule):
         temperature: float,
         top_k: int | None,
         generator: torch.Generator | None,
+        use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
         if max_new_tokens == 0:
             return
         with torch.inference_mode():
             memory = self.encode(source, source_mask=source_mask)  # [b, s_src, e]
         assert isinstance(memory, Tensor)
-        cache = self.new_kv_cache(capacity=max_new_tokens)
+        cache = self.new_kv_cache(capacity=max_new_tokens) if use_kv_cache else None
         start = torch.full((source.shape[0], 1), self.decoder_start_token_id, device=source.device)  # [b, 1]
 
         def next_logits(step_input: Tensor) -> Tensor:
@@ -389,7 +393,9 @@ class EncoderDecoderLM(TextModule):
             assert isinstance(hidden, Tensor)
             return self.head(hidden[:, -1])  # [b, v]
 
-        yield from decoding_loop(next_logits, start, max_new_tokens, temperature, top_k, generator)
+        yield from decoding_loop(
+            next_logits, start, max_new_tokens, temperature, top_k, generator, feed_all=not use_kv_cache
+        )
 
     @torch.no_grad()
     def generate(

@@ -35,6 +35,8 @@ included), ``d`` head dim, ``e`` model dim, ``f`` feed-forward hidden dim):
 point                          shape                   what
 =============================  ======================  =============================================================
 *MultiHeadAttention*
+``q_unrotated``                ``[b, h, s, d]``        queries per head before the rotary encoding (rotary only)
+``k_unrotated``                ``[b, h_kv, s, d]``     new keys per key/value head before it (rotary only)
 ``q``                          ``[b, h, s, d]``        queries per head, after the rotary encoding
 ``k``                          ``[b, h_kv, s, d]``     new keys per key/value head, after the rotary encoding
 ``v``                          ``[b, h_kv, s, d]``     new values per key/value head
@@ -68,7 +70,13 @@ the decoder's cross-attention pattern is ``decoder.layers.3.cross_attn.pattern``
 ``target_embedding.embed``. The
 points named ``scores`` and ``pattern`` exist only with the ``"auto"`` kernel (the others
 never form the weights), ``cross_attn_out`` and ``resid_mid_cross`` only in layers with
-cross-attention.
+cross-attention, ``q_unrotated`` and ``k_unrotated`` only where a rotary encoding turns
+the queries and keys (elsewhere ``q`` and ``k`` are the projections themselves).
+
+TransformerLens' names (``blocks.3.attn.hook_z``, ``blocks.3.hook_resid_pre``,
+``ln_final.hook_scale``, ...) are aliases of these points wherever a name is taken, the
+per-head activations then in TransformerLens' layout, positions before heads
+(:mod:`attnkit.nn.transformerlens_names`).
 
 A hook is a function of ``(activation, hook)`` (two required positional arguments) or of
 the activation alone, that returns
@@ -119,14 +127,16 @@ from torch.nn.modules.module import register_module_module_registration_hook
 
 from attnkit.deprecation import renamed_keywords
 from attnkit.nn.activation_cache import LAYER_INDEX
+from attnkit.nn.transformerlens_names import TransformerLensHook, TransformerLensName, transformerlens_aliases
 
 if TYPE_CHECKING:
     from attnkit.nn.activation_cache import ActivationCache, DeferredActivations
 
 HookFn = Callable[..., "Tensor | None"]
-# Which activations a cache keeps: every one (``None``), these names, or the names a
+HookCall = Callable[["Tensor", "HookPoint"], "Tensor | None"]
+# Which activations a cache keeps: every one (``None``), one name, these names, or the names a
 # predicate accepts.
-NameFilter = Collection[str] | Callable[[str], bool] | None
+NameFilter = str | Collection[str] | Callable[[str], bool] | None
 
 _Root = TypeVar("_Root", bound="HookedModule")
 
@@ -412,8 +422,8 @@ class HookedModule(nn.Module):
         check_hook_names([name], points, "hook")
         if not callable(hook):
             raise TypeError(f"the hook on {name!r} must be a function of the activation, got {type(hook).__name__}")
-        point = points[name]
-        point.permanent = (*point.permanent, _with_hook_argument(hook))
+        point, hook_fn = _hook_on(name, hook, points)
+        point.permanent = (*point.permanent, hook_fn)
 
     def reset_hooks(self) -> None:
         """Remove every permanent hook (:meth:`add_hook`) under this module."""
@@ -536,7 +546,7 @@ class HookedModule(nn.Module):
 
         Raises:
             ValueError: an unknown name.
-            TypeError: a hook that is not callable, names given as one string.
+            TypeError: a hook that is not callable.
         """
         from attnkit.nn.activation_cache import ActivationCache
 
@@ -582,8 +592,8 @@ def _hook_chains(
     for name, fn in hooks.items():
         if not callable(fn):
             raise TypeError(f"the {what} on {name!r} must be a function of the activation, got {type(fn).__name__}")
-        point = points[name]
-        chains[point] = (*chains.get(point, ()), _with_hook_argument(fn))
+        point, hook_fn = _hook_on(name, fn, points)
+        chains[point] = (*chains.get(point, ()), hook_fn)
     return chains
 
 
@@ -621,7 +631,13 @@ def check_hook_names(names: Collection[str], points: Mapping[str, HookPoint], wh
     """
     if isinstance(names, str):
         raise TypeError(f"{what} names must be a collection of names, got the string {names!r}")
-    unknown = [name for name in names if name not in points]
+    aliases = None
+    unknown = []
+    for name in names:
+        if name not in points:
+            aliases = transformerlens_aliases(points) if aliases is None else aliases
+            if name not in aliases:
+                unknown.append(name)
     if unknown:
         raise ValueError(
             f"unknown {what} name{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
@@ -662,10 +678,56 @@ def cached_points(names_filter: NameFilter, points: Mapping[str, HookPoint]) -> 
     """
     if names_filter is None:
         return {point: name for name, point in points.items()}
+    if isinstance(names_filter, str):  # one name, as TransformerLens takes it
+        names_filter = [names_filter]
     if callable(names_filter) and not isinstance(names_filter, (str, Collection)):
-        return {point: name for name, point in points.items() if names_filter(name)}
+        accepted = {name for name in points if names_filter(name)}
+        # A predicate written for TransformerLens' names keeps the points they name.
+        accepted |= {alias.point for tl_name, alias in transformerlens_aliases(points).items() if names_filter(tl_name)}
+        return {point: name for name, point in points.items() if name in accepted}
     check_hook_names(names_filter, points, "cached")
-    return {points[name]: name for name in names_filter}
+    aliases = transformerlens_aliases(points) if any(name not in points for name in names_filter) else {}
+    kept = (name if name in points else aliases[name].point for name in names_filter)
+    return {points[name]: name for name in kept}
+
+
+def _hook_on(name: str, fn: HookFn, points: Mapping[str, HookPoint]) -> tuple[HookPoint, HookCall]:
+    """The point ``name`` (attnkit's or TransformerLens') names, and ``fn`` as a function
+    of ``(activation, hook)`` there: under a TransformerLens name it sees TL's layout and
+    hook record (:mod:`attnkit.nn.transformerlens_names`)."""
+    if name in points:
+        return points[name], _with_hook_argument(fn)
+    alias = transformerlens_aliases(points)[name]
+    return points[alias.point], _in_transformerlens_layout(name, alias, _with_hook_argument(fn))
+
+
+def _in_transformerlens_layout(tl_name: str, alias: TransformerLensName, fn: HookCall) -> HookCall:
+    """``fn`` on the activation as TransformerLens lays it out, positions before heads for
+    the per-head points (a view), its replacement laid back in attnkit's layout. A hook
+    that changed the activation in place, as TL's hooks do, replaces it: the module then
+    uses what the hook left (an unchanged activation keeps the fused path)."""
+
+    def hook(activation: Tensor, point: HookPoint) -> Tensor | None:
+        seen = activation.transpose(1, 2) if alias.heads_second else activation
+        before = _version_of(activation)
+        replaced = fn(seen, TransformerLensHook(tl_name, alias.point, point.layer))  # type: ignore[arg-type]
+        if replaced is None or replaced is seen:
+            changed = before is None or _version_of(activation) != before
+            return activation.view_as(activation) if changed else None
+        if alias.heads_second and isinstance(replaced, Tensor) and replaced.ndim == activation.ndim:
+            return replaced.transpose(1, 2)
+        return replaced
+
+    return hook
+
+
+def _version_of(tensor: Tensor) -> int | None:
+    """How many times ``tensor``'s memory was changed in place, or ``None`` where torch does
+    not count it (a tensor made under :func:`torch.inference_mode`)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def _with_hook_argument(fn: HookFn) -> Callable[[Tensor, HookPoint], Tensor | None]:

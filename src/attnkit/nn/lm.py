@@ -253,6 +253,8 @@ class DecoderLM(TextModule):
         kv_cache: DecoderCache | None = None,
         return_weights: LayerSelection = False,
         padding: Tensor | None = None,
+        start_at_layer: int = 0,
+        residual: Tensor | None = None,
     ) -> Tensor | StackOutput:
         """The last layer's output (after the final norm): what the head turns into logits.
 
@@ -273,6 +275,10 @@ class DecoderLM(TextModule):
                 either side): padded keys are masked and each row's positions count its
                 tokens only, so that a left-padded row gives its unpadded results; instead
                 of ``mask`` and ``positions``, without a cache.
+            start_at_layer: run from this layer on, on ``residual`` ``[b, s, e]`` (the
+                stream into it) instead of the tokens' embeddings; ``tokens`` then give
+                the shape (TransformerLens' ``start_at_layer``).
+            residual: the stream into ``start_at_layer``, with it.
 
         Returns:
             ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput`.
@@ -292,6 +298,16 @@ class DecoderLM(TextModule):
                     "padding sets the mask and the positions itself; give it without mask, positions or kv_cache"
                 )
             mask, positions = padding_positions(padding, tokens)  # [b, 1, 1, s], [b, s]
+        if residual is not None:
+            return self.decoder(
+                residual,
+                mask=mask,
+                causal=True,
+                positions=positions,
+                kv_cache=kv_cache,
+                return_weights=return_weights,
+                start_at_layer=start_at_layer,
+            )
         x = self.token_embedding(tokens)  # [b, s, e]
         if self.embedding_scale is not None:
             x = x * torch.tensor(self.embedding_scale, dtype=x.dtype)
@@ -392,11 +408,12 @@ class DecoderLM(TextModule):
         temperature: float = 0.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
         """The decoding loop: the next token of every row, one step at a time, computed as
         the iterator is consumed. The prompt runs once into a KV cache (the head on its
         last position only), then each step runs the previous step's token against the
-        cache. Each step opens its own ``inference_mode``: a mode left open across a
+        cache; without the KV cache, each step runs the whole sequence so far. Each step opens its own ``inference_mode``: a mode left open across a
         ``yield`` would leak into the caller's code between steps. The module's mode
         (training or evaluation) is the caller's.
 
@@ -407,6 +424,7 @@ class DecoderLM(TextModule):
                 ``softmax(logits / temperature)``.
             top_k: when sampling, only from the ``top_k`` most likely tokens.
             generator: random generator for sampling.
+            use_kv_cache: keep the keys and values between steps.
 
         Returns:
             An iterator of ``n`` token id tensors ``[b]``.
@@ -416,7 +434,7 @@ class DecoderLM(TextModule):
                 call, before any step).
         """
         check_decoding_options(max_new_tokens, temperature, top_k)
-        return self._steps(tokens, max_new_tokens, temperature, top_k, generator)
+        return self._steps(tokens, max_new_tokens, temperature, top_k, generator, use_kv_cache)
 
     def _steps(
         self,
@@ -425,8 +443,9 @@ class DecoderLM(TextModule):
         temperature: float,
         top_k: int | None,
         generator: torch.Generator | None,
+        use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
-        cache = self.new_kv_cache(capacity=tokens.shape[1] + max_new_tokens)
+        cache = self.new_kv_cache(capacity=tokens.shape[1] + max_new_tokens) if use_kv_cache else None
 
         def next_logits(step_input: Tensor) -> Tensor:
             # The head on the last position only: the others' logits are not needed.
@@ -434,7 +453,9 @@ class DecoderLM(TextModule):
             assert isinstance(hidden, Tensor)
             return self.logits(hidden[:, -1])  # [b, v]
 
-        yield from decoding_loop(next_logits, tokens, max_new_tokens, temperature, top_k, generator)
+        yield from decoding_loop(
+            next_logits, tokens, max_new_tokens, temperature, top_k, generator, feed_all=not use_kv_cache
+        )
 
 
 def decoding_loop(
@@ -444,6 +465,8 @@ def decoding_loop(
     temperature: float,
     top_k: int | None,
     generator: torch.Generator | None,
+    *,
+    feed_all: bool = False,
 ) -> Iterator[Tensor]:
     """The one decoding loop of every language model (:meth:`DecoderLM.stream`,
     :meth:`attnkit.nn.EncoderDecoderLM.stream`): each step feeds its input to
@@ -457,6 +480,8 @@ def decoding_loop(
             every later step's is the token just picked, ``[b, 1]``.
         max_new_tokens: ``n``, the number of steps.
         temperature, top_k, generator: as :func:`pick_next_token` takes them.
+        feed_all: every step's input is the first input and every token picked so far
+            (for a ``next_logits`` without a KV cache).
 
     Returns:
         An iterator of ``n`` token id tensors ``[b]``, computed as it is consumed.
@@ -468,7 +493,9 @@ def decoding_loop(
                 next_logits(step_input), temperature=temperature, top_k=top_k, generator=generator
             )  # [b]
         yield next_token
-        step_input = next_token[:, None]  # [b, 1]
+        step_input = (
+            torch.cat([step_input, next_token[:, None]], dim=1) if feed_all else next_token[:, None]
+        )  # [b, s'] or [b, 1]
 
 
 def run_to_end(

@@ -82,8 +82,10 @@ class DecodingModule(Protocol):
         temperature: float = 0.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
-        """The next token ``[b]`` of every row, one step at a time."""
+        """The next token ``[b]`` of every row, one step at a time (with a KV cache unless
+        ``use_kv_cache=False``)."""
         ...
 
 

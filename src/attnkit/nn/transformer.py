@@ -110,8 +110,10 @@ def _run_stack(
     x: Tensor,
     return_weights: LayerSelection,
     run_layer: Callable[[int, nn.Module, Tensor, bool | WeightSelection], Tensor | LayerOutput],
+    start: int = 0,
 ) -> Tensor | StackOutput:
-    """The loop of every stack: each layer in order, then the final norm.
+    """The loop of every stack: each layer in order from layer ``start`` (``x`` is the
+    residual stream into it), then the final norm.
     ``run_layer(i, layer, x, weights)`` calls the layer (a module call, so that hooks
     registered on layers run) and returns its output, a record when ``weights`` (``True``
     or a :class:`attnkit.nn.WeightSelection`).
@@ -123,6 +125,9 @@ def _run_stack(
     wanted = layer_requests(return_weights, len(layers))
     weights: list[LayerWeights | None] = []
     for i, layer in enumerate(layers):
+        if i < start:
+            weights.append(None)
+            continue
         out = run_layer(i, layer, x, False if wanted is None else wanted.get(i, False))
         record = out if isinstance(out, LayerOutput) else LayerOutput(out, None)
         x = record.output
@@ -253,6 +258,7 @@ class Decoder(HookedModule):
         positions: Tensor | None = None,
         kv_cache: DecoderCache | None = None,
         return_weights: LayerSelection = False,
+        start_at_layer: int = 0,
     ) -> Tensor | StackOutput:
         """Run every layer in order, then the final norm.
 
@@ -268,6 +274,8 @@ class Decoder(HookedModule):
                 place.
             return_weights: also return the weights of every layer (``True``) or of the
                 layers with these indices.
+            start_at_layer: the first layer to run; ``x`` is then the residual stream
+                into it (TransformerLens' ``start_at_layer``).
 
         Returns:
             ``[b, s, e]``, or a :class:`attnkit.nn.StackOutput` (``None`` in place of the
@@ -306,6 +314,7 @@ class Decoder(HookedModule):
                 cross_kv_cache=None if kv_cache is None else kv_cache.cross_attention[i],
                 return_weights=weights,
             ),
+            start=start_at_layer,
         )
 
     @classmethod

@@ -80,6 +80,7 @@ def test_logits_maps_and_greedy_tokens_equal_transformers(model_type, bridged) -
     with torch.no_grad():
         theirs = hf.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert list(model.generate_ids(ids, max_new_tokens=8)) == theirs[0, LENGTH:].tolist()
+    assert list(model.generate_ids(ids, max_new_tokens=8, use_kv_cache=False)) == theirs[0, LENGTH:].tolist()
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)

@@ -24,12 +24,14 @@ def model(request):
 def test_hook_names_follow_the_module_tree(smollm2, minilm):
     names = smollm2.hook_names()
     assert (
-        len(names) == 1 + 30 * 16 + 2
+        len(names) == 1 + 30 * 18 + 2
         and names[0] == "embed"
         and names[-2:] == ["decoder.final_norm.scale", "decoder.final"]
     )
-    assert names[1:9] == [
+    assert names[1:11] == [
         "decoder.layers.0.resid_pre",
+        "decoder.layers.0.self_attn.q_unrotated",  # before the rotary encoding
+        "decoder.layers.0.self_attn.k_unrotated",
         "decoder.layers.0.self_attn.q",
         "decoder.layers.0.self_attn.k",
         "decoder.layers.0.self_attn.v",
@@ -170,7 +172,7 @@ def test_unknown_hook_names_are_listed(smollm2):
     with pytest.raises(
         ValueError,
         match=r"unknown hook name 'layers.3.attn.out'; the names are embed, "
-        r"decoder.layers.\{0..29\}.\{resid_pre, self_attn.q, .*, resid_post\}, decoder.final_norm.scale, decoder.final",
+        r"decoder.layers.\{0..29\}.\{resid_pre, self_attn.q_unrotated, .*, resid_post\}, decoder.final_norm.scale, decoder.final",
     ):
         with smollm2.hooks({"layers.3.attn.out": print}):
             pass

@@ -233,21 +233,25 @@ class BridgedLM(TextModule):
         temperature: float = 0.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
         """The decoding loop of :meth:`attnkit.nn.DecoderLM.stream`, with ``transformers``'
-        own KV cache: the prompt once, then one token per step.
+        own KV cache: the prompt once, then one token per step (without the cache, the
+        whole sequence so far at every step).
 
         Raises:
             ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``.
         """
         check_decoding_options(max_new_tokens, temperature, top_k)
-        cache = require("transformers").DynamicCache(config=self.hf.config)
+        cache = require("transformers").DynamicCache(config=self.hf.config) if use_kv_cache else None
 
         def next_logits(step_input: Tensor) -> Tensor:
-            hidden = self.base(input_ids=step_input, cache=cache, use_cache=True).last_hidden_state
+            hidden = self.base(input_ids=step_input, cache=cache, use_cache=use_kv_cache).last_hidden_state
             return self.logits(hidden[:, -1])  # [b, v]
 
-        return decoding_loop(next_logits, tokens, max_new_tokens, temperature, top_k, generator)
+        return decoding_loop(
+            next_logits, tokens, max_new_tokens, temperature, top_k, generator, feed_all=not use_kv_cache
+        )
 
 
 def attach_layer(

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         def device(self) -> torch.device: ...
 
         def prepare_input(
-            self, text_or_ids: str | Tensor | Sequence[int]
+            self, text_or_ids: str | Tensor | Sequence[int], *, prepend_bos: bool | None = None
         ) -> tuple[Tensor, list[str], list[tuple[int, int]] | None]: ...
 
         def _selection(
@@ -50,6 +50,9 @@ if TYPE_CHECKING:
             names_filter: NameFilter = (),
             backward_hooks: Mapping[str, HookFn] | None = None,
             incl_bwd: bool = False,
+            start_at_layer: int = 0,
+            residual: Tensor | None = None,
+            stop_at_layer: int | None = None,
         ) -> ForwardPass: ...
 
 else:

@@ -8,6 +8,7 @@ networks' (:meth:`attnkit.nn.DecoderLM.stream`, :meth:`attnkit.nn.EncoderDecoder
 from __future__ import annotations
 
 import contextvars
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -71,6 +72,7 @@ class GenerationMixin(ModelCore):
         temperature: float = 0.0,
         top_k: int | None = None,
         seed: int | None = None,
+        use_kv_cache: bool = True,
     ) -> Iterator[int]:
         """Continue a prompt token by token with a KV cache (causal decoders), or produce
         the target of a source (encoder–decoders: the prompt is the source).
@@ -88,6 +90,9 @@ class GenerationMixin(ModelCore):
                 ``softmax(logits / temperature)``.
             top_k: when sampling, only from the ``top_k`` most likely tokens.
             seed: seed of the sampling generator, for reproducible samples.
+            use_kv_cache: ``False`` runs every step over the whole sequence so far, without
+                a KV cache (TransformerLens' ``use_past_kv_cache=False``): the same tokens,
+                more work.
 
         Returns:
             An iterator of token ids, computed as it is consumed.
@@ -115,7 +120,7 @@ class GenerationMixin(ModelCore):
         # encoder-decoder's target has the whole context to itself.
         room = self.max_length - (0 if self.encoder_decoder else ids.shape[1])
         self._check_generation_memory(ids.shape[1], min(max_new_tokens, room))
-        return self._generate(context, ids, min(max_new_tokens, room), temperature, top_k, seed)
+        return self._generate(context, ids, min(max_new_tokens, room), temperature, top_k, seed, use_kv_cache)
 
     def _check_generation_memory(self, prompt: int, budget: int) -> None:
         """Refuse a generation whose KV cache (every layer's keys and values over the
@@ -138,6 +143,7 @@ class GenerationMixin(ModelCore):
         temperature: float,
         top_k: int | None,
         seed: int | None,
+        use_kv_cache: bool = True,
     ) -> Iterator[int]:
         generator = None
         if temperature > 0 and seed is not None:
@@ -145,7 +151,12 @@ class GenerationMixin(ModelCore):
         # A causal family's network continues the prompt; an encoder-decoder's translates it.
         assert isinstance(self.module, DecodingModule)
         steps = self.module.stream(
-            ids.to(self.device), budget, temperature=temperature, top_k=top_k, generator=generator
+            ids.to(self.device),
+            budget,
+            temperature=temperature,
+            top_k=top_k,
+            generator=generator,
+            use_kv_cache=use_kv_cache,
         )
         while (token := context.run(next, steps, None)) is not None:  # [1]
             if token.numel() != 1:
@@ -160,30 +171,50 @@ class GenerationMixin(ModelCore):
 
     def generate(
         self,
-        prompt: str,
+        prompt: str | Tensor | Sequence[int],
         *,
         max_new_tokens: int = 32,
         temperature: float = 0.0,
         top_k: int | None = None,
         seed: int | None = None,
+        include_prompt: bool = False,
+        use_kv_cache: bool = True,
     ) -> Iterator[str]:
-        """Continue a prompt, streaming the text as it is produced (a decoder or an encoder–decoder).
+        """Continue a prompt (a causal decoder) or produce the target of a source (an
+        encoder–decoder), streaming the text as it is produced.
 
         Args:
-            prompt: the text to continue (as is; no chat template is applied).
+            prompt: the text to continue or the source (as is; no chat template is
+                applied), or its token ids.
             max_new_tokens: the most tokens to produce.
             temperature: ``0`` is greedy; above 0 samples.
             top_k: when sampling, only from the ``top_k`` most likely tokens.
             seed: seed of the sampling generator.
+            include_prompt: the prompt's text comes first (the source's, for an
+                encoder–decoder), so that the pieces join to the prompt and its
+                continuation, as TransformerLens' ``generate`` returns them.
+            use_kv_cache: as :meth:`generate_ids` takes it.
 
         Returns:
-            An iterator of text pieces that join to the continuation.
+            An iterator of text pieces that join to the continuation (after the prompt
+            with ``include_prompt``).
 
         Raises:
             ValueError: as :meth:`generate_ids`, raised at the call, before any token.
         """
-        ids = self.generate_ids(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
-        return self.tokenizer.stream(ids)
+        ids = self.generate_ids(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            seed=seed,
+            use_kv_cache=use_kv_cache,
+        )
+        pieces = self.tokenizer.stream(ids)
+        if not include_prompt:
+            return pieces
+        text = prompt if isinstance(prompt, str) else self.tokenizer.decode(self.prepare_input(prompt)[0][0])
+        return itertools.chain([text], pieces)
 
     def generate_stream(
         self,
@@ -193,6 +224,7 @@ class GenerationMixin(ModelCore):
         temperature: float = 0.0,
         top_k: int | None = None,
         seed: int | None = None,
+        use_kv_cache: bool = True,
     ) -> Iterator[GeneratedPiece]:
         """Generate as :meth:`attnkit.models.Model.generate_ids` does, yielding each
         token's id with the text it completes as soon as it is decoded (TransformerLens'
@@ -202,7 +234,7 @@ class GenerationMixin(ModelCore):
         together, in one piece, once the character is whole.
 
         Args:
-            prompt, max_new_tokens, temperature, top_k, seed: as
+            prompt, max_new_tokens, temperature, top_k, seed, use_kv_cache: as
                 :meth:`attnkit.models.Model.generate_ids` takes them.
 
         Returns:
@@ -212,7 +244,14 @@ class GenerationMixin(ModelCore):
         Raises:
             ValueError: as :meth:`attnkit.models.Model.generate_ids`, at the call.
         """
-        ids = self.generate_ids(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
+        ids = self.generate_ids(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            seed=seed,
+            use_kv_cache=use_kv_cache,
+        )
         return self._pieces(ids)
 
     def _pieces(self, ids: Iterator[int]) -> Iterator[GeneratedPiece]:

@@ -518,7 +518,12 @@ class LensMixin(ModelCore):
         return lm_cross_entropy(logits, ids, per_token=per_token, attention_mask=attention_mask)
 
     def loss(
-        self, ids: str | Tensor | Sequence[int], *, per_token: bool = False, attention_mask: Tensor | None = None
+        self,
+        ids: str | Tensor | Sequence[int],
+        *,
+        per_token: bool = False,
+        attention_mask: Tensor | None = None,
+        prepend_bos: bool | None = None,
     ) -> Tensor:
         """The model's next-token loss on a text or ids (TransformerLens'
         ``model(text, return_type="loss")``), in the caller's autograd mode and under the
@@ -528,6 +533,7 @@ class LensMixin(ModelCore):
             ids: a text, ids ``[s]``, or ids ``[b, s]``.
             per_token: each position's loss ``[b, s - 1]`` instead of the mean.
             attention_mask: ``[b, s]`` for padded ids (:meth:`to_tokens`).
+            prepend_bos: for a text, as :meth:`tokenize` takes it.
 
         Returns:
             A scalar, or ``[b, s - 1]``.
@@ -536,7 +542,7 @@ class LensMixin(ModelCore):
             ValueError: a model without a language-model head, inputs :meth:`run` refuses.
         """
         if not (isinstance(ids, Tensor) and ids.ndim == 2):
-            ids = self.prepare_input(ids)[0]  # [1, s]
+            ids = self.prepare_input(ids, prepend_bos=prepend_bos)[0]  # [1, s]
         logits = self.run_with_hooks(ids, attention_mask=attention_mask).logits  # [b, s, v]
         if logits is None:
             raise ValueError(f"{self.name} is an encoder ({self.family}) without a language-model head: no loss")

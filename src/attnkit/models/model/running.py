@@ -24,6 +24,7 @@ from attnkit.functional.indices import normalize_indices, normalize_rows, select
 from attnkit.models.checkpoints.memory import MAP_ADVICE, check_run_memory
 from attnkit.models.model.attentions import LayerAttentions
 from attnkit.models.model.core import ModelCore
+from attnkit.models.model.layer_range import stopped_at
 from attnkit.models.model.runs import ForwardPass, ModelRun, RunStopped, self_attention_weights
 from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput, WeightSelection
 from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
@@ -56,6 +57,7 @@ class RunMixin(ModelCore):
         logits: bool = True,
         rows: range | slice | None = None,
         names_filter: NameFilter = (),
+        prepend_bos: bool | None = None,
     ) -> ModelRun:
         """One forward pass: logits (a causal decoder) or hidden states, and attention weights.
 
@@ -81,6 +83,9 @@ class RunMixin(ModelCore):
                 default all.
             names_filter: the activations to return in :attr:`ModelRun.cache`: names
                 (:meth:`hook_names`), a predicate on names, or ``None`` for every one.
+            prepend_bos: for a text, ``None`` tokenizes as the model's tokenizer does,
+                ``True`` puts the BOS token first (TransformerLens' default), ``False``
+                leaves it out (:meth:`tokenize`).
 
         Returns:
             A :class:`ModelRun`.
@@ -94,7 +99,7 @@ class RunMixin(ModelCore):
                 would exceed the memory available on the model's device
                 (:mod:`attnkit.models.checkpoints.memory`).
         """
-        ids, tokens, offsets = self.prepare_input(text_or_ids)
+        ids, tokens, offsets = self.prepare_input(text_or_ids, prepend_bos=prepend_bos)
         layers, head_list = self._selection(return_weights, heads)
         s = ids.shape[1]
         row_range = normalize_rows(rows, s, context=f"the input has {s} tokens")
@@ -140,6 +145,9 @@ class RunMixin(ModelCore):
         names_filter: NameFilter = (),
         backward_hooks: Mapping[str, HookFn] | None = None,
         incl_bwd: bool = False,
+        start_at_layer: int = 0,
+        residual: Tensor | None = None,
+        stop_at_layer: int | None = None,
     ) -> ForwardPass:
         """The one forward path of :meth:`run`, :meth:`run_batch` and :meth:`run_with_hooks`:
         ids ``[b, s]`` through the network's hook points, in the caller's autograd mode.
@@ -156,20 +164,31 @@ class RunMixin(ModelCore):
             backward_hooks: name → function on the gradient of that activation.
             incl_bwd: also keep the kept activations' gradients when a backward pass
                 reaches them (:attr:`attnkit.nn.ActivationCache.grads`).
+            start_at_layer, residual: start at this layer from this residual stream
+                ``[b, s, e]`` (a :class:`attnkit.nn.DecoderLM`), ``ids`` giving the shape.
+            stop_at_layer: end before this layer (:func:`~attnkit.models.model.layer_range.stopped_at`):
+                the output is then the residual stream there, without logits.
 
         Returns:
             A :class:`attnkit.models.model.runs.ForwardPass`.
         """
-        with self.module.hook_session(
-            hooks, names_filter=names_filter, backward_hooks=backward_hooks, incl_bwd=incl_bwd
-        ) as kept:
+        start = {} if residual is None else {"start_at_layer": start_at_layer, "residual": residual.to(self.device)}
+        with (
+            self.module.hook_session(
+                hooks, names_filter=names_filter, backward_hooks=backward_hooks, incl_bwd=incl_bwd
+            ) as kept,
+            stopped_at(self.module, stop_at_layer, self.num_layers) as stopped,
+        ):
             out = self.module.last_hidden_state(
                 ids.to(self.device),
                 padding=None if padding is None else padding.to(self.device),
                 return_weights=layers if isinstance(layers, Mapping) else list(layers),
+                **start,
             )
             assert isinstance(out, StackOutput)  # a record whenever return_weights is a list
-            scores = self.module.logits(out.output) if logits else None  # [b, s, v], or None
+            scores = self.module.logits(out.output) if logits and stop_at_layer is None else None  # [b, s, v]
+        if stopped:
+            return ForwardPass(StackOutput(stopped[0], []), None, kept)  # the residual stream [b, s, e]
         return ForwardPass(out, scores, kept)
 
     def _selection(self, return_weights: LayerSelection, heads: Sequence[int] | None) -> tuple[list[int], list[int]]:
@@ -194,6 +213,7 @@ class RunMixin(ModelCore):
         rows: range | slice | None = None,
         names_filter: NameFilter = (),
         padding_side: Literal["right", "left"] = "right",
+        prepend_bos: bool | None = None,
     ) -> list[ModelRun]:
         """:meth:`run` on several inputs at once, in as few forward passes as possible.
 
@@ -220,6 +240,7 @@ class RunMixin(ModelCore):
                 :meth:`run` takes them: each run's own row, without the padding.
             padding_side: where a causal model pads shorter inputs, ``"right"`` or
                 ``"left"``.
+            prepend_bos: for texts, as in :meth:`run`.
 
         Returns:
             One :class:`ModelRun` per input, in order.
@@ -231,7 +252,7 @@ class RunMixin(ModelCore):
         """
         if padding_side not in ("right", "left"):
             raise ValueError(f'padding_side must be "right" or "left", got {padding_side!r}')
-        prepared = [self.prepare_input(item) for item in inputs]
+        prepared = [self.prepare_input(item, prepend_bos=prepend_bos) for item in inputs]
         layers, head_list = self._selection(return_weights, heads)
         lengths = [ids.shape[1] for ids, _, _ in prepared]
         row_ranges = [normalize_rows(rows, n, context=f"input {i} has {n} tokens") for i, n in enumerate(lengths)]
