@@ -206,7 +206,7 @@ def plan_maps(args: argparse.Namespace, options: InspectOptions, model: Any) -> 
         options.figure,
         page,
     )
-    plan = replace(plan, estimates=_estimate_maps(plan, model, args.method))
+    plan = replace(plan, estimates=_estimate_maps(plan, model))
     pictures = ", a lower --dpi or --figsize" if {"png", "svg"} & set(plan.formats) else ""  # they size pictures only
     check_sizes(
         plan.estimates,
@@ -219,7 +219,7 @@ def plan_maps(args: argparse.Namespace, options: InspectOptions, model: Any) -> 
     return replace(plan, said=() if page is None else (page.name,))
 
 
-def _estimate_maps(plan: MapsPlan, model: Any, method: str) -> dict[str, int]:
+def _estimate_maps(plan: MapsPlan, model: Any) -> dict[str, int]:
     """Each file of ``plan``, as the messages name it, and its estimated size in bytes."""
     from attnkit.inspect.maps import model_windows
     from attnkit.viz.estimates import estimate_map_canvas, estimate_map_json, estimate_viewer_html
@@ -236,7 +236,7 @@ def _estimate_maps(plan: MapsPlan, model: Any, method: str) -> dict[str, int]:
         estimates["the canvas of each PNG (pixels × 4 bytes, drawn before compression)"] = canvas
     if plan.page is not None:
         # A value colour mode doubles the weights of the page; rollout adds one map per layer.
-        mode_heads = {"value": plan.page.head_count, "rollout": 1}.get(method, 0)
+        mode_heads = sum({"value": plan.page.head_count, "rollout": 1}[mode] for mode in plan.page.modes)
         windows = model_windows(model)
         page_layers = plan.page.layers or range(model.num_layers)
         estimates[plan.page.name] = estimate_viewer_html(
