@@ -19,20 +19,20 @@ def run_encoder_decoder(args: argparse.Namespace, options: InspectOptions, model
     plan = plan_encoder_decoder(args, options, model)
     say_estimates(plan.estimates, plan.said, options.status)
     with command_errors(f"cannot write to --out {args.out}"):
-        run = _run(plan, args, model, options)
-        written = _write(plan, run, args, model, options)
+        run = _run(plan, model, options)
+        written = _write(plan, run, model, options)
     print_written(written, sizes=True)
     return 0
 
 
-def _run(plan: EncoderDecoderPlan, args: argparse.Namespace, model: Any, options: InspectOptions) -> Any:
+def _run(plan: EncoderDecoderPlan, model: Any, options: InspectOptions) -> Any:
     """One run of the source and the target (``--decoder-text``, or generated greedily, as
     a printed line says), keeping the layers and heads of ``plan``."""
-    what = "the given target" if args.decoder_text is not None else "a greedily generated target"
+    what = "the given target" if plan.target is not None else "a greedily generated target"
     with options.status.step(f"running {model.name} on {plan.source_tokens} source tokens and {what}"):
         run = model.run_encoder_decoder(
-            args.text,
-            args.decoder_text,
+            plan.source,
+            plan.target,
             encoder_layers=plan.stack_layers("encoder"),
             decoder_layers=plan.stack_layers("decoder"),
             heads=_heads_of_each_kind(plan.heads, plan.kind, model.heads_per_kind),
@@ -58,9 +58,7 @@ def _heads_of_each_kind(heads: list[int] | None, kind: str, counts: dict[str, in
     return out | {kind: heads}
 
 
-def _write(
-    plan: EncoderDecoderPlan, run: Any, args: argparse.Namespace, model: Any, options: InspectOptions
-) -> list[Path]:
+def _write(plan: EncoderDecoderPlan, run: Any, model: Any, options: InspectOptions) -> list[Path]:
     """Print the map of each planned layer and write its files, then the viewer page.
 
     Returns:
@@ -74,13 +72,13 @@ def _write(
     files = [f for f in plan.formats if f != "html"]
     for layer in plan.layers:
         amap = encoder_decoder_map(
-            model, run, attention=plan.kind, layer=layer, heads=plan.map_heads, level=args.level, method=args.method
+            model, run, attention=plan.kind, layer=layer, heads=plan.map_heads, level=plan.level, method=plan.method
         )
-        print(terminal_safe(render_map(amap, top=args.top)), end="", flush=True)
+        print(terminal_safe(render_map(amap, top=plan.top)), end="", flush=True)
         if files:
             with options.status.step(f"writing {', '.join(files)} of layer {layer}"):
                 written += write_map(amap, options.out, files, **plan.figure)
     if "html" in plan.formats:
         with options.status.step("writing the viewer page of the encoder, decoder and cross-attention"):
-            written.append(write_encoder_decoder_viewer(model, run, options.out, level=args.level))
+            written.append(write_encoder_decoder_viewer(model, run, options.out, level=plan.level))
     return written

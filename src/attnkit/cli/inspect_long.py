@@ -22,8 +22,8 @@ def run_long(args: argparse.Namespace) -> int:
     plan = plan_long(args, options, model)
     say_estimates(plan.estimates, plan.said, options.status)
     with command_errors(f"cannot write to --out {args.out}"):
-        run = _run(plan, args, model, options.status)
-        print(format_head_table(run.head_table(), window=args.window))
+        run = _run(plan, model, options.status)
+        print(format_head_table(run.head_table(), window=plan.window))
         with options.status.step("writing the summaries"):
             written = write_long_outputs(
                 run, options.out, model, block=plan.block, formats=plan.formats, tokens=plan.labels
@@ -51,7 +51,7 @@ def _parse_options(args: argparse.Namespace) -> InspectOptions:
     return InspectOptions(formats, limit, {}, prepare_out(args.out), status)
 
 
-def _run(plan: LongPlan, args: argparse.Namespace, model: Any, status: Status) -> Any:
+def _run(plan: LongPlan, model: Any, status: Status) -> Any:
     """The long-context summaries of ``plan``'s layers and heads."""
     from attnkit.inspect.long_context import long_context_summaries
 
@@ -62,9 +62,9 @@ def _run(plan: LongPlan, args: argparse.Namespace, model: Any, status: Status) -
             plan.ids,
             layers=plan.layers,
             heads=plan.heads,
-            top_k=args.top,
-            sink_tokens=args.sink_tokens,
-            window=args.window,
+            top_k=plan.top,
+            sink_tokens=plan.sink_tokens,
+            window=plan.window,
             map_block=plan.block,
             progress=lambda done, total: status.say(f"  {done}/{total} layers summarised"),
         )

@@ -18,20 +18,20 @@ def run_maps(args: argparse.Namespace, options: InspectOptions, model: Any) -> i
     say_estimates(plan.estimates, plan.said, options.status)
     with command_errors(f"cannot write to --out {args.out}"):
         # Everything is computed and checked (finite weights) before any file is written.
-        maps = _compute_maps(plan, args, model, options.status)
-        page = _compute_page(plan, args.level, model, options)
-        written = _write_maps(plan, maps, args.top, options)
+        maps = _compute_maps(plan, model, options.status)
+        page = _compute_page(plan, model, options)
+        written = _write_maps(plan, maps, options)
         written += _write_page(plan, page, options.status)
     print_written(written, sizes=True)
-    if plan.page is not None and args.method != "raw" and not plan.page.modes:
+    if plan.page is not None and plan.method != "raw" and not plan.page.modes:
         print(
-            f"note: the viewer page shows the raw attention weights, not --method {args.method}, "
+            f"note: the viewer page shows the raw attention weights, not --method {plan.method}, "
             "which is in the terminal view above and the picture and JSON files"
         )
     return 0
 
 
-def _compute_maps(plan: MapsPlan, args: argparse.Namespace, model: Any, status: Status) -> list[Any]:
+def _compute_maps(plan: MapsPlan, model: Any, status: Status) -> list[Any]:
     """The map of each planned layer, each checked to be finite.
 
     Raises:
@@ -46,11 +46,11 @@ def _compute_maps(plan: MapsPlan, args: argparse.Namespace, model: Any, status: 
             amap = method_map(
                 model,
                 plan.text,
-                method=args.method,
+                method=plan.method,
                 layer=layer,
                 head=plan.heads,  # only these heads' weights are formed
-                level=args.level,
-                target=args.target,
+                level=plan.level,
+                target=plan.target,
                 rows=plan.rows,
             )
         check_map_finite(amap)
@@ -58,7 +58,7 @@ def _compute_maps(plan: MapsPlan, args: argparse.Namespace, model: Any, status: 
     return maps
 
 
-def _compute_page(plan: MapsPlan, level: str, model: Any, options: InspectOptions) -> tuple[Path, Any] | None:
+def _compute_page(plan: MapsPlan, model: Any, options: InspectOptions) -> tuple[Path, Any] | None:
     """The viewer page's path and data, computed and checked but not written (``None``
     without html)."""
     if plan.page is None:
@@ -70,15 +70,15 @@ def _compute_page(plan: MapsPlan, level: str, model: Any, options: InspectOption
             model,
             plan.text,
             options.out,
-            level=level,
+            level=plan.level,
             layers=plan.page.layers,
             heads=plan.page.heads,
             modes=plan.page.modes,
         )
 
 
-def _write_maps(plan: MapsPlan, maps: list[Any], top: int, options: InspectOptions) -> list[Path]:
-    """Print each map (its ``top`` keys per query) and write its files (all formats but html).
+def _write_maps(plan: MapsPlan, maps: list[Any], options: InspectOptions) -> list[Path]:
+    """Print each map and write its files (all formats but html).
 
     Returns:
         The files written.
@@ -90,7 +90,7 @@ def _write_maps(plan: MapsPlan, maps: list[Any], top: int, options: InspectOptio
     written: list[Path] = []
     files = [f for f in plan.formats if f != "html"]
     for amap in maps:
-        print(terminal_safe(render_map(amap, top=top)), end="", flush=True)
+        print(terminal_safe(render_map(amap, top=plan.top)), end="", flush=True)
         if files:
             with options.status.step(f"writing {', '.join(files)} of layer {amap.layer}"):
                 written += write_map(amap, options.out, files, **plan.figure)

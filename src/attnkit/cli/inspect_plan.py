@@ -156,15 +156,20 @@ class ViewerPagePlan:
 @dataclass(frozen=True)
 class MapsPlan:
     """``attnkit inspect`` on a model of one text: the text as the model reads it and its
-    length, the maps' layers, heads and rows (``None``: every token), the formats and
-    pictures' options, the viewer page (``None`` without html), and the estimate of each
-    file (``said``: those said before anything runs)."""
+    length, the maps' layers, heads and rows (``None``: every token), what they show
+    (``--method``, ``--level``, ``--target``) and the keys printed per query (``--top``),
+    the formats and pictures' options, the viewer page (``None`` without html), and the
+    estimate of each file (``said``: those said before anything runs)."""
 
     text: str
     tokens: int
     layers: list[int]
     heads: list[int]
     rows: range | None
+    method: str
+    level: str
+    target: str | None
+    top: int
     formats: list[str]
     figure: dict[str, Any]
     page: ViewerPagePlan | None
@@ -202,9 +207,13 @@ def plan_maps(args: argparse.Namespace, options: InspectOptions, model: Any) -> 
         layers or [model.num_layers - 1],
         heads or [0],
         _row_range(args.rows, tokens),
-        options.formats,
-        options.figure,
-        page,
+        method=args.method,
+        level=args.level,
+        target=args.target,
+        top=args.top,
+        formats=options.formats,
+        figure=options.figure,
+        page=page,
     )
     plan = replace(plan, estimates=_estimate_maps(plan, model))
     pictures = ", a lower --dpi or --figsize" if {"png", "svg"} & set(plan.formats) else ""  # they size pictures only
@@ -251,17 +260,24 @@ def _estimate_maps(plan: MapsPlan, model: Any) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class EncoderDecoderPlan:
-    """``attnkit inspect`` on an encoder–decoder: the kind of attention the maps show, the
-    source's tokens, the target's (given, or the most to generate), the most tokens to
-    generate without a given target, the maps' layers, ``--heads`` as given (``None``: not
-    given), the formats and pictures' options, and the estimate of each file."""
+    """``attnkit inspect`` on an encoder–decoder: the source and the target
+    (``--decoder-text``; ``None``: generated), their tokens (the target's: given, or the most
+    to generate), the most tokens to generate without a given target, the kind of attention
+    the maps show, their layers, ``--heads`` as given (``None``: not given), what they show
+    (``--method``, ``--level``) and the keys printed per query (``--top``), the formats and
+    pictures' options, and the estimate of each file."""
 
-    kind: str
+    source: str
+    target: str | None
     source_tokens: int
     target_tokens: int
     new_tokens: int
+    kind: str
     layers: list[int]
     heads: list[int] | None
+    method: str
+    level: str
+    top: int
     formats: list[str]
     figure: dict[str, Any]
     estimates: dict[str, int] = field(default_factory=dict)
@@ -308,7 +324,21 @@ def plan_encoder_decoder(args: argparse.Namespace, options: InspectOptions, mode
     depth = model.num_layers if kind == "encoder" else model.num_decoder_layers
     layers = parse_layers(args.layers, depth) or [depth - 1]
     heads = _parse_stack_heads(args.heads, kind, model)
-    plan = EncoderDecoderPlan(kind, s_src, s_tgt, new_tokens, layers, heads, options.formats, options.figure)
+    plan = EncoderDecoderPlan(
+        args.text,
+        args.decoder_text,
+        s_src,
+        s_tgt,
+        new_tokens,
+        kind,
+        layers,
+        heads,
+        method=args.method,
+        level=args.level,
+        top=args.top,
+        formats=options.formats,
+        figure=options.figure,
+    )
     plan = replace(plan, estimates=_estimate_encoder_decoder(plan, model))
     check_sizes(
         plan.estimates,
@@ -379,13 +409,18 @@ def _estimate_encoder_decoder(plan: EncoderDecoderPlan, model: Any) -> dict[str,
 @dataclass(frozen=True)
 class LongPlan:
     """``attnkit inspect --long``: the ids ``[s]`` and their labels (tokens, or words with
-    ``--level word``), the layers summarised, ``--heads`` (``None``: all), the tokens per
-    side of a block of the reduced maps, the formats, and the estimate of each file."""
+    ``--level word``), the layers summarised, ``--heads`` (``None``: all), the keys kept per
+    query (``--top``), the first tokens counted as the sink, the distance counted as near
+    (``--window``), the tokens per side of a block of the reduced maps, the formats, and the
+    estimate of each file."""
 
     ids: Any
     labels: list[str]
     layers: list[int]
     heads: list[int] | None
+    top: int
+    sink_tokens: int
+    window: int
     block: int
     formats: list[str]
     estimates: dict[str, int] = field(default_factory=dict)
@@ -409,8 +444,18 @@ def plan_long(args: argparse.Namespace, options: InspectOptions, model: Any) -> 
     _, raw_tokens, _ = model.prepare_input(ids)
     labels = sequence_labels(model, raw_tokens, ids, None, None, level=args.level)
     block = max(1, math.ceil(ids.numel() / MAP_SIDE))
-    plan = LongPlan(ids, labels, layers or list(range(model.num_layers)), heads, block, options.formats)
-    plan = replace(plan, estimates=_estimate_long(plan, model, args.top))
+    plan = LongPlan(
+        ids,
+        labels,
+        layers or list(range(model.num_layers)),
+        heads,
+        top=args.top,
+        sink_tokens=args.sink_tokens,
+        window=args.window,
+        block=block,
+        formats=options.formats,
+    )
+    plan = replace(plan, estimates=_estimate_long(plan, model))
     check_sizes(
         plan.estimates,
         options.limit,
@@ -419,7 +464,7 @@ def plan_long(args: argparse.Namespace, options: InspectOptions, model: Any) -> 
     return plan
 
 
-def _estimate_long(plan: LongPlan, model: Any, top_k: int) -> dict[str, int]:
+def _estimate_long(plan: LongPlan, model: Any) -> dict[str, int]:
     """The long view page of ``plan`` (with html), as the messages name it, and its bound
     in bytes (:func:`attnkit.viz.viewer.long_view.estimate_long_html`: it grows with the
     heads and with ``s · --top``). The other files are not estimated: the head table has a
@@ -430,5 +475,5 @@ def _estimate_long(plan: LongPlan, model: Any, top_k: int) -> dict[str, int]:
     from attnkit.viz.viewer.long_view import estimate_long_html
 
     heads = len(plan.layers) * len(plan.heads or range(model.num_heads))
-    bound = estimate_long_html(plan.labels, heads, top_k=top_k, block=plan.block, model=model.name)
+    bound = estimate_long_html(plan.labels, heads, top_k=plan.top, block=plan.block, model=model.name)
     return {f"the long view page of {counted(heads, 'head')} ({LONG_PAGE})": bound}
