@@ -186,13 +186,13 @@ def run_cells(
     return cells
 
 
-def earlier_rows(path: Path, model: str, card: str | None) -> list[dict]:
-    """The rows saved in ``path`` by an earlier run of ``model`` (on the same ``card``), so
-    that a run of some lengths or modes joins the table of the others."""
+def earlier_rows(path: Path, model_name: str, card: str | None) -> list[dict]:
+    """The rows saved in ``path`` by an earlier run of ``model_name`` (on the same ``card``),
+    so that a run of some lengths or modes joins the table of the others."""
     if not path.exists():
         return []
     data = json.loads(path.read_text())
-    if data.get("model") != model or data.get("card") != card:
+    if data.get("model") != model_name or data.get("card") != card:
         return []
     return data["rows"]
 

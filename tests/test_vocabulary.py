@@ -1,24 +1,39 @@
-"""One word, one meaning: the renamed words stay out of src/ (see docs/glossary.md).
+"""One word, one meaning: the renamed words stay out of src/, tests/, benchmarks/ and docs/
+(see docs/glossary.md).
 
 A names filter (which activations to keep) is ``names_filter=``; a KV cache is
 ``kv_cache=`` (``self_kv_cache=``, ``cross_kv_cache=``); the last layer's output is
 ``last_hidden_state``; a model's :class:`~attnkit.models.families.family.ModelFamily` is
 ``Model.model_family`` (``Model.family`` is its name); fetched checkpoints live in
 ``attnkit.models.checkpoints.store``; the table of families is ``attnkit.models.families.table``; an
-encoder–decoder is ``encoder_decoder`` (never ``seq2seq``). The old
-spellings live on only as strings in ``attnkit.deprecation`` calls, for one release.
+encoder–decoder is ``encoder_decoder`` (never ``seq2seq``); a model's name is ``model_name``
+(``model`` is a :class:`attnkit.models.Model`); a method that makes a KV cache is
+``new_kv_cache``. The old spellings live on only as strings in ``attnkit.deprecation`` calls,
+for one release, and in the tests that check they still work (inside
+``pytest.warns(DeprecationWarning)``, or ``pytest.raises`` beside the new spelling); other libraries' names keep their spelling
+(``transformers.AutoModelForSeq2SeqLM``).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "attnkit"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "attnkit"
+# Where the vocabulary holds besides src/: the tests, the benchmarks, and the documentation's
+# pages, their Python code blocks and its scripts.
+ELSEWHERE = [ROOT / "tests", ROOT / "benchmarks", ROOT / "docs"]
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+# Names of other libraries that spell an old word.
+OTHER_LIBRARIES = {"AutoModelForSeq2SeqLM"}
+# The glossary names the old word once, to say it is not used.
+GLOSSARY_MENTION = "never *seq2seq*"
 
 OLD_IDENTIFIERS = {
     "self_cache": "self_kv_cache",
@@ -27,6 +42,7 @@ OLD_IDENTIFIERS = {
     "encoder_hidden_states": "encoder_last_hidden_state",
     "architecture": "model_family",
     "Family": "FamilyName",
+    "new_cache": "new_kv_cache",
 }
 # ``attnkit.models.families`` was the table of families until 0.1 (now
 # ``attnkit.models.families.table``); the name is free again and is the package of the family
@@ -54,10 +70,33 @@ FILTER_OR_KV_CALLS = {
     "forward_record",
 }
 DEPRECATION_HELPERS = {"renamed_keywords", "deprecated_aliases"}
+# pytest's context managers around a use of an old spelling that must warn (or be refused).
+OLD_SPELLING_CHECKS = {"warns", "deprecated_call", "raises"}
 
 
 def _sources() -> list[Path]:
     return sorted(SRC.rglob("*.py"))
+
+
+def _python_elsewhere() -> list[Path]:
+    return sorted(path for folder in ELSEWHERE for path in folder.rglob("*.py"))
+
+
+def _code_blocks(page: Path) -> list[tuple[int, str]]:
+    """The ``python`` code blocks of a Markdown page, with the line each starts on."""
+    text = page.read_text(encoding="utf-8")
+    return [
+        (text[: m.start()].count("\n") + 1, m.group(1))
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)
+    ]
+
+
+def _python_texts() -> list[tuple[str, str]]:
+    """``(where, source)`` of every Python file of src/, tests/, benchmarks/ and docs/, and of
+    every Python code block of docs/."""
+    files = [(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8")) for p in _sources() + _python_elsewhere()]
+    blocks = [(f"{page.relative_to(ROOT)}:{line}", code) for page in PAGES for line, code in _code_blocks(page)]
+    return files + blocks
 
 
 def _call_name(call: ast.Call) -> str:
@@ -65,12 +104,26 @@ def _call_name(call: ast.Call) -> str:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
-def _identifiers(tree: ast.AST) -> Iterator[tuple[int, str]]:
-    """Every name the code spells (not strings), outside the deprecation helpers' calls."""
+def _allowed_old_spellings(tree: ast.AST) -> set[int]:
+    """The nodes that may spell an old word: inside the deprecation helpers' calls, and in the
+    body of a ``with pytest.warns(...)`` / ``pytest.deprecated_call()`` / ``pytest.raises(...)``
+    (a test that the old spelling warns, or is refused beside the new one)."""
     skip: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _call_name(node) in DEPRECATION_HELPERS:
             skip.update(id(n) for n in ast.walk(node))
+        elif isinstance(node, ast.With) and any(
+            isinstance(item.context_expr, ast.Call) and _call_name(item.context_expr) in OLD_SPELLING_CHECKS
+            for item in node.items
+        ):
+            skip.update(id(n) for statement in node.body for n in ast.walk(statement))
+    return skip
+
+
+def _identifiers(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Every name the code spells (not strings), outside the deprecation helpers' calls and
+    the checks that an old spelling warns."""
+    skip = _allowed_old_spellings(tree)
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
@@ -88,25 +141,28 @@ def _identifiers(tree: ast.AST) -> Iterator[tuple[int, str]]:
             yield node.lineno, (node.asname or node.name).rpartition(".")[2]
 
 
-@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(SRC)))
-def test_no_old_identifier(path: Path) -> None:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+PYTHON_TEXTS = _python_texts()
+
+
+@pytest.mark.parametrize(("where", "source"), PYTHON_TEXTS, ids=[where for where, _ in PYTHON_TEXTS])
+def test_no_old_identifier(where: str, source: str) -> None:
+    identifiers = [(line, name) for line, name in _identifiers(ast.parse(source)) if name not in OTHER_LIBRARIES]
     found = [
-        f"line {line}: {name} (now {OLD_IDENTIFIERS[name]})"
-        for line, name in _identifiers(tree)
-        if name in OLD_IDENTIFIERS
+        f"line {line}: {name} (now {OLD_IDENTIFIERS[name]})" for line, name in identifiers if name in OLD_IDENTIFIERS
     ]
-    found += [
-        f"line {line}: {name} (say encoder_decoder)" for line, name in _identifiers(tree) if "seq2seq" in name.lower()
-    ]
-    assert not found, f"{path.relative_to(SRC)} spells renamed words: {found}"
+    found += [f"line {line}: {name} (say encoder_decoder)" for line, name in identifiers if "seq2seq" in name.lower()]
+    assert not found, f"{where} spells renamed words: {found}"
 
 
-@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(SRC)))
-def test_cache_means_one_thing(path: Path) -> None:
+@pytest.mark.parametrize(("where", "source"), PYTHON_TEXTS, ids=[where for where, _ in PYTHON_TEXTS])
+def test_cache_means_one_thing(where: str, source: str) -> None:
     """No ``cache=``/``names=`` filter and no bare ``cache=`` KV cache, in calls or parameters."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(source)
+    allowed = _allowed_old_spellings(tree)
+    for node in ast.walk(tree):
+        if id(node) in allowed:
+            continue
         if isinstance(node, ast.Call) and _call_name(node) in FILTER_OR_KV_CALLS:
             found += [
                 f"line {k.lineno}: {_call_name(node)}({k.arg}=)" for k in node.keywords if k.arg in ("cache", "names")
@@ -118,7 +174,7 @@ def test_cache_means_one_thing(path: Path) -> None:
                     "NameFilter" in kind or "KVCache" in kind or "DecoderCache" in kind
                 ):
                     found.append(f"line {arg.lineno}: {node.name}({arg.arg}: {kind})")
-    assert not found, f"{path.relative_to(SRC)}: use names_filter= / kv_cache=: {found}"
+    assert not found, f"{where}: use names_filter= / kv_cache=: {found}"
 
 
 def test_old_modules_are_gone() -> None:
@@ -207,3 +263,77 @@ def test_the_old_model_field_still_reads_with_a_warning() -> None:
     )
     with pytest.warns(DeprecationWarning, match="model_name"):
         assert amap.model == "toy"
+
+
+@pytest.mark.parametrize(("where", "source"), PYTHON_TEXTS, ids=[where for where, _ in PYTHON_TEXTS])
+def test_a_parameter_holding_a_models_name_is_model_name(where: str, source: str) -> None:
+    """``model`` is a :class:`attnkit.models.Model`; a parameter holding its name is
+    ``model_name``."""
+    found = [
+        f"line {arg.lineno}: {node.name}(model: {ast.unparse(arg.annotation)})"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        if arg.arg == "model" and arg.annotation is not None and "str" in ast.unparse(arg.annotation).split(" | ")
+    ]
+    assert not found, f"{where} names a model's name `model` (now model_name): {found}"
+
+
+def test_no_file_is_named_with_an_old_word() -> None:
+    found = [
+        str(path.relative_to(ROOT))
+        for folder in [SRC, *ELSEWHERE]
+        for path in folder.rglob("*")
+        if "seq2seq" in path.name.lower() and "__pycache__" not in path.parts
+    ]
+    assert not found, f"files named seq2seq (say encoder_decoder): {found}"
+
+
+def test_the_documentation_says_encoder_decoder() -> None:
+    found = [
+        f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
+        for page in PAGES
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if "seq2seq" in re.sub("|".join(OTHER_LIBRARIES), "", line.replace(GLOSSARY_MENTION, "")).lower()
+    ]
+    assert not found, f"pages that say seq2seq (say encoder–decoder): {found}"
+
+
+def test_one_class_per_name() -> None:
+    """Two classes of one name (``ModelInfo`` was a fetched checkpoint and a served model) read
+    as one thing; each class name in src/ names one class."""
+    defined: dict[str, list[str]] = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, []).append(str(path.relative_to(SRC)))
+    assert not {name: where for name, where in defined.items() if len(where) > 1}
+
+
+def test_levels_are_the_attention_units() -> None:
+    """``LEVELS`` is ``("token", "word")``, the units a map is read in (``--level``); the
+    viewer's quantisation steps are ``QUANTISED_MAX``."""
+    from attnkit.inspect.names import LEVELS
+    from attnkit.viz.viewer import data, long_view
+
+    assert LEVELS == ("token", "word")
+    assert not hasattr(data, "LEVELS") and not hasattr(long_view, "LEVELS")
+    assert data.QUANTISED_MAX == 65535 and long_view.QUANTISED_MAX is data.QUANTISED_MAX
+
+
+def test_the_old_model_keyword_and_new_cache_still_work_with_a_warning() -> None:
+    from attnkit.nn import DecoderLM, DecoderLMConfig
+    from attnkit.viz.viewer import ViewerData, viewer_data_from_lm_output
+    from attnkit.viz.viewer.long_view import estimate_long_html
+
+    maps = {0: torch.full((1, 2, 2), 0.5)}
+    with pytest.warns(DeprecationWarning, match=r"model_name="):
+        assert ViewerData.from_run(model="toy", tokens=["a", "b"], attentions=maps, causal=False).model_name == "toy"
+    with pytest.warns(DeprecationWarning, match=r"model_name="):
+        estimate_long_html(["a"], 1, top_k=1, block=1, model="toy")
+    assert hasattr(viewer_data_from_lm_output, "__wrapped__")  # the same alias
+
+    lm = DecoderLM(DecoderLMConfig(8, 2, 16, vocab_size=8, num_layers=1)).eval()
+    with pytest.warns(DeprecationWarning, match=r"DecoderLM.new_cache is now DecoderLM.new_kv_cache"):
+        kv_cache = lm.new_cache()
+    assert type(kv_cache) is type(lm.new_kv_cache())

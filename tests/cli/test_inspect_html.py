@@ -92,10 +92,6 @@ def test_html_advice_does_not_suggest_picture_options(capsys, tmp_path, minilm_p
 
 
 def test_methods_the_page_does_not_show_are_said_to_be_missing(capsys, tmp_path, minilm_path):
-    from attnkit.cli.inspect import VIEWER_PAGE_MODES
-    from attnkit.viz.viewer.data import MODES
-
-    assert VIEWER_PAGE_MODES == MODES
     code = main(
         ["inspect", "The cat sat.", "--model", "minilm", "--method", "flow", "--format", "html", "--out", str(tmp_path)]
     )

@@ -87,7 +87,7 @@ def test_a_long_plan_estimates_its_page_from_the_labels_and_blocks(tmp_path, tin
     assert plan.ids.numel() == len(plan.labels) == 60 and plan.block == 1  # at most 256 blocks per side
     paged = plan_long(args, _options(tmp_path, ["html"]), model)
     heads = model.num_heads
-    bound = estimate_long_html(paged.labels, heads, top_k=2, block=paged.block, model=model.name)
+    bound = estimate_long_html(paged.labels, heads, top_k=2, block=paged.block, model_name=model.name)
     assert paged.estimates == {f"the long view page of {heads} heads (long_context.html)": bound}
 
 

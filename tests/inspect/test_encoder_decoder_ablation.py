@@ -25,9 +25,11 @@ TARGET = "a cat sat on the mat"
 
 @pytest.fixture(scope="module", params=["t5", "bart"])
 def pair(request, tmp_path_factory):
-    from tests.fixtures import encoder_decoder_checkpoints as seq2seq_checkpoints
+    from tests.fixtures import encoder_decoder_checkpoints
 
-    folder = getattr(seq2seq_checkpoints, f"write_{request.param}")(tmp_path_factory.mktemp(request.param) / "m")
+    folder = getattr(encoder_decoder_checkpoints, f"write_{request.param}")(
+        tmp_path_factory.mktemp(request.param) / "m"
+    )
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
     return models.load(folder), hf, request.param
 

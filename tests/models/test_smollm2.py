@@ -109,7 +109,7 @@ def test_cached_decoding_equals_full_recomputation(smollm2):
     module = smollm2.module
     with torch.no_grad():
         full = module(ids)  # [1, s, v]
-        cache = module.new_cache()
+        cache = module.new_kv_cache()
         steps = [module(ids[:, :5], kv_cache=cache)]
         steps += [module(ids[:, i : i + 1], kv_cache=cache) for i in range(5, ids.shape[1])]
     assert len(cache) == ids.shape[1]

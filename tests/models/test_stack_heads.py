@@ -42,7 +42,7 @@ def _page(path: Path) -> ViewerData:
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_run_seq2seq_holds_every_head_of_each_stack_as_transformers(folders, name: str) -> None:
+def test_run_encoder_decoder_holds_every_head_of_each_stack_as_transformers(folders, name: str) -> None:
     _, enc, dec = SHAPES[name]
     model = models.load(folders[name])
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(folders[name], attn_implementation="eager").eval()

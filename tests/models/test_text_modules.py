@@ -14,7 +14,7 @@ from attnkit.models.families.bert import BertConfig, BertModel
 from attnkit.models.families.family import ModelFamily
 from attnkit.nn import DecoderLM, DecoderLMConfig, MultiHeadAttention, StackOutput
 from attnkit.nn.text_module import TextModule
-from tests.nn.test_seq2seq import tiny as tiny_encoder_decoder
+from tests.nn.test_encoder_decoder import tiny as tiny_encoder_decoder
 
 V, E, H = 23, 16, 2
 
@@ -100,7 +100,7 @@ def test_a_decoders_padding_comes_without_mask_positions_or_cache() -> None:
     for extra in (
         {"mask": padding[:, None, None, :]},
         {"positions": torch.arange(3)},
-        {"kv_cache": network.new_cache()},
+        {"kv_cache": network.new_kv_cache()},
     ):
         with pytest.raises(ValueError, match="padding sets the mask and the positions itself"):
             network.last_hidden_state(tokens, padding=padding, **extra)

@@ -34,7 +34,7 @@ def test_cached_logits_equal_full_recomputation(options: dict) -> None:
     model = _tiny(**options)
     tokens = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(1))
     full = model(tokens)
-    cache = model.new_cache()
+    cache = model.new_kv_cache()
     steps = [model(tokens[:, :4], kv_cache=cache)] + [model(tokens[:, i : i + 1], kv_cache=cache) for i in range(4, 9)]
     assert len(cache) == 9
     assert_close(torch.cat(steps, dim=1), full)
@@ -152,7 +152,7 @@ def test_preallocated_cache_equals_growing_cache() -> None:
     tokens = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         full = model(tokens)
-        cache = model.new_cache(capacity=9)
+        cache = model.new_kv_cache(capacity=9)
         steps = [model(tokens[:, :4], kv_cache=cache)] + [
             model(tokens[:, i : i + 1], kv_cache=cache) for i in range(4, 9)
         ]
@@ -163,6 +163,6 @@ def test_preallocated_cache_equals_growing_cache() -> None:
         with pytest.raises(ValueError, match="10 positions overflow this cache's capacity of 9"):
             model(tokens[:, :1], kv_cache=cache)
     with pytest.raises(ValueError, match="preallocated KVCache is for inference"):
-        model(tokens, kv_cache=model.new_cache(capacity=9))
+        model(tokens, kv_cache=model.new_kv_cache(capacity=9))
     with pytest.raises(ValueError, match="capacity must be >= 1"):
-        model.new_cache(capacity=0)
+        model.new_kv_cache(capacity=0)

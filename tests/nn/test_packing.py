@@ -45,7 +45,7 @@ def test_packed_model_computes_the_same_with_the_same_parameters() -> None:
     with torch.no_grad():
         assert attn._packed.usable(torch.zeros(2, 1, E))  # a decoding step of two sequences
         assert_close(packed(tokens), plain(tokens))
-        cache_plain, cache_packed = plain.new_cache(capacity=7), packed.new_cache(capacity=7)
+        cache_plain, cache_packed = plain.new_kv_cache(capacity=7), packed.new_kv_cache(capacity=7)
         for i in range(7):
             step = tokens[:, i : i + 1]
             assert_close(packed(step, kv_cache=cache_packed), plain(step, kv_cache=cache_plain))

@@ -178,7 +178,7 @@ def test_incremental_decoding_equals_teacher_forcing() -> None:
     src_padding = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]).view(2, 1, 1, 5)
     full = model(src, tgt, src_mask=src_padding, memory_mask=src_padding)
     memory = model.encode(src, src_mask=src_padding)
-    cache = model.new_cache()
+    cache = model.new_kv_cache()
     steps = [model.decode(tgt[:, :2], memory, memory_mask=src_padding, kv_cache=cache)]
     steps += [model.decode(tgt[:, i : i + 1], memory, memory_mask=src_padding, kv_cache=cache) for i in range(2, 6)]
     assert len(cache) == 6
@@ -204,7 +204,7 @@ def test_decoder_only_stack_with_rotary_gqa_rms_swiglu_caches() -> None:
     x = torch.randn(2, 7, E)
     full = decoder(x, return_weights=True)
     assert isinstance(full, StackOutput) and len(full.weights) == 3
-    cache = decoder.new_cache()
+    cache = decoder.new_kv_cache()
     steps = [decoder(x[:, :3], kv_cache=cache)] + [decoder(x[:, i : i + 1], kv_cache=cache) for i in range(3, 7)]
     assert_close(torch.cat(steps, dim=1), full.output)
     assert set(decoder.state_dict()) == {name for name, _ in decoder.named_parameters()}
@@ -247,7 +247,7 @@ def test_errors() -> None:
         decoder(
             torch.randn(1, 3, E),
             torch.randn(1, 3, E),
-            kv_cache=Decoder([layer, DecoderLayer(LayerConfig(E, H, FF))]).new_cache(),
+            kv_cache=Decoder([layer, DecoderLayer(LayerConfig(E, H, FF))]).new_kv_cache(),
         )
     with pytest.raises(ValueError, match="norm must be"):
         EncoderLayer(LayerConfig(E, H, FF, norm="batch"))
@@ -346,7 +346,7 @@ def test_a_shared_bias_encoding_is_computed_once_per_forward_pass(monkeypatch: p
     assert calls == [(5, 5)]
     assert_close(memory, own_encoder(src))  # each layer computing its own bias: the same result
     calls.clear()
-    cache = shared_decoder.new_cache()
+    cache = shared_decoder.new_kv_cache()
     steps = [shared_decoder(tgt[:, :2], memory, kv_cache=cache)]
     steps += [shared_decoder(tgt[:, i : i + 1], memory, kv_cache=cache) for i in (2, 3)]
     assert calls == [(2, 2), (1, 3), (1, 4)]  # once per step, the new queries against every key

@@ -33,13 +33,21 @@ def run(*command: str | Path, cwd: Path | None = None) -> subprocess.CompletedPr
 def test_the_wheel_installs_beside_an_existing_torch_and_runs(tmp_path):
     pytest.importorskip("build")
     # No build isolation: setuptools comes from the development extras, so nothing is downloaded.
-    run(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", tmp_path / "dist", ROOT, cwd=tmp_path)
+    built = run(
+        sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", tmp_path / "dist", ROOT, cwd=tmp_path
+    )
+    # setuptools warns about deprecated metadata (a license table, say) that later releases refuse.
+    assert "deprecated" not in (built.stdout + built.stderr).lower(), built.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("attnkit-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
+        metadata = archive.read(f"attnkit-{wheel.name.split('-')[1]}.dist-info/METADATA").decode()
     # The viewer's static files travel with the code; the tests and docs do not.
     assert "attnkit/viz/viewer/static/viewer.js" in names and "attnkit/__main__.py" in names
     assert not any(name.startswith(("tests/", "docs/")) for name in names)
+    # The license as an SPDX expression, its text inside the wheel.
+    assert "License-Expression: MIT" in metadata.splitlines()
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
 
     # A fresh environment that sees this one's packages (torch, numpy, pip) but not its own
     # attnkit: a folder of links to everything else, named in a .pth file. (Its own pip

@@ -254,6 +254,7 @@ def test_cli_serves_a_real_model(minilm_path):
                 "max_tokens": 512,
                 "max_long_tokens": 512,  # the model's context
                 "windows": None,
+                "chat_template": False,  # MiniLM is no chat model
             }
         ]
         response = httpx.post(f"{url}/api/attention", json={"text": "it was tired", "layers": [5]}, timeout=30)

@@ -69,7 +69,7 @@ def test_the_folder_loads_as_an_encoder_decoder_with_the_trained_weights(run_fol
     assert all(torch.equal(loaded[k], v) for k, v in net.network.state_dict().items())
 
 
-def test_run_seq2seq_shows_the_cross_attention_and_output_of_the_trained_model(run_folder) -> None:
+def test_run_encoder_decoder_shows_the_cross_attention_and_output_of_the_trained_model(run_folder) -> None:
     model = models.load(run_folder)
     net, task = trained(run_folder)
     source = "3 0 5 1 2"

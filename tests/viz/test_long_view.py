@@ -18,7 +18,7 @@ from attnkit import models
 from attnkit.cli import main
 from attnkit.inspect.long_context import LayerScoring, LongContextRun, long_context_summaries, summarize_layer
 from attnkit.viz.viewer.long_view import (
-    LEVELS,
+    QUANTISED_MAX,
     estimate_long_html,
     long_viewer_data,
     render_long_html,
@@ -52,8 +52,10 @@ def test_page_data_equals_the_summaries_maps_and_top_keys(gemma3):
     _, model = gemma3
     run = long_context_summaries(model, TEXT, layers=[0, 1], top_k=3, window=5, map_block=8)
     ids, tokens, _ = model.prepare_input(TEXT)
-    html = render_long_html(long_viewer_data(run, tokens, model=model.name, causal=model.causal))
-    assert len(html.encode()) <= estimate_long_html(tokens, 2 * model.num_heads, top_k=3, block=8, model=model.name)
+    html = render_long_html(long_viewer_data(run, tokens, model_name=model.name, causal=model.causal))
+    assert len(html.encode()) <= estimate_long_html(
+        tokens, 2 * model.num_heads, top_k=3, block=8, model_name=model.name
+    )
     data = embedded(html)
     s, n = ids.shape[1], 8
     assert (data["format"], data["tokens"], data["block"], data["top_k"]) == ("attnkit-viewer-long", tokens, 8, 3)
@@ -67,11 +69,15 @@ def test_page_data_equals_the_summaries_maps_and_top_keys(gemma3):
             for name, want in (("max", summary.block_max[i]), ("mean", summary.block_mean[i])):
                 got = decoded_map(head[name], n)
                 # uint16 scaled to the map's largest: within half a step of it.
-                torch.testing.assert_close(got, want.double(), rtol=0, atol=float(want.max()) / LEVELS / 2 + 1e-12)
+                torch.testing.assert_close(
+                    got, want.double(), rtol=0, atol=float(want.max()) / QUANTISED_MAX / 2 + 1e-12
+                )
             keys = torch.from_numpy(unpacked(head["top_keys"], "<i4", (s, 3)).astype(np.int64))
             assert torch.equal(keys, summary.top_keys[i])
-            weights = torch.from_numpy(unpacked(head["top_weights"], "<u2", (s, 3)).astype(np.float64)) / LEVELS
-            torch.testing.assert_close(weights, summary.top_weights[i].double(), rtol=0, atol=0.5 / LEVELS + 1e-9)
+            weights = torch.from_numpy(unpacked(head["top_weights"], "<u2", (s, 3)).astype(np.float64)) / QUANTISED_MAX
+            torch.testing.assert_close(
+                weights, summary.top_weights[i].double(), rtol=0, atol=0.5 / QUANTISED_MAX + 1e-9
+            )
 
 
 def test_page_size_is_bounded_and_linear_in_the_text():
@@ -86,8 +92,8 @@ def test_page_size_is_bounded_and_linear_in_the_text():
             ids=torch.zeros(s), summaries={0: summary}, logits=None, logits_at=[], scorings={0: scoring}
         )
         tokens = [f"t{i}" for i in range(s)]
-        page = len(render_long_html(long_viewer_data(run, tokens, model="m", causal=True)).encode())
-        assert page <= estimate_long_html(tokens, heads, top_k=8, block=block, model="m")
+        page = len(render_long_html(long_viewer_data(run, tokens, model_name="m", causal=True)).encode())
+        assert page <= estimate_long_html(tokens, heads, top_k=8, block=block, model_name="m")
         sizes[s] = page
     # Four times the text, at most four times the page (the maps stay 256 x 256, the top
     # keys grow with s); the plain viewer's two maps at 4,096 tokens, as uint16, are 64 MiB.
@@ -99,9 +105,9 @@ def test_a_run_without_maps_or_with_some_rows_is_refused(gemma3):
     ids, tokens, _ = model.prepare_input(TEXT)
     no_map = long_context_summaries(model, TEXT, layers=[0])
     with pytest.raises(ValueError, match="has no block-reduced map"):
-        long_viewer_data(no_map, tokens, model="m", causal=True)
+        long_viewer_data(no_map, tokens, model_name="m", causal=True)
     with pytest.raises(ValueError, match="tokens must name the run's 60 tokens"):
-        long_viewer_data(no_map, tokens[:5], model="m", causal=True)
+        long_viewer_data(no_map, tokens[:5], model_name="m", causal=True)
     with pytest.raises(ValueError, match="must be 'attnkit-viewer-long' version 1"):
         render_long_html({"format": "attnkit-viewer"})
 

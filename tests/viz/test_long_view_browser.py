@@ -46,7 +46,7 @@ def test_exported_long_view_shows_the_reduced_map_top_keys_and_summaries(gemma3,
     _, model = gemma3
     run = long_context_summaries(model, TEXT, layers=[0, 1], top_k=3, window=4, map_block=8)
     _, tokens, _ = model.prepare_input(TEXT)
-    path = write_long_html(tmp_path / "long.html", long_viewer_data(run, tokens, model=model.name, causal=True))
+    path = write_long_html(tmp_path / "long.html", long_viewer_data(run, tokens, model_name=model.name, causal=True))
     page.goto(path.as_uri())
     page.wait_for_selector(READY)
     canvas = page.locator("#ak-long-map")

@@ -125,7 +125,7 @@ def test_encoder_decoder_sections(page, tmp_path):
     src, tgt = ["a", "b", "c", "d", "e"], ["<s>", "E", "D", "C"]
     cross = {layer: softmax_maps(2, 4, 5, seed=10 + layer) for layer in range(2)}
     data = ViewerData.encoder_decoder(
-        "seq2seq",
+        "toy-encoder-decoder",
         src,
         tgt,
         cross=cross,

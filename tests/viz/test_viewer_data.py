@@ -80,7 +80,7 @@ def test_json_schema_fields():
 def test_encoder_decoder_sections_and_display_order():
     src, tgt = ["a", "b", "c", "d"], ["<s>", "x", "y"]
     data = ViewerData.encoder_decoder(
-        "seq2seq",
+        "toy-encoder-decoder",
         src,
         tgt,
         cross={0: softmax_maps(2, 3, 4)},
@@ -100,7 +100,7 @@ def test_from_transformer_output_takes_every_kind_of_attention():
     model = Transformer(TransformerConfig(16, 2, 32, num_encoder_layers=2, num_decoder_layers=3, dropout=0.0)).eval()
     src, tgt = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
     out = model(src, tgt, return_weights=True)
-    data = viewer_data_from_transformer_output("seq2seq", list("abcde"), list("wxyz"), out, index=1)
+    data = viewer_data_from_transformer_output("toy-encoder-decoder", list("abcde"), list("wxyz"), out, index=1)
     assert data.kind == "encoder-decoder"
     assert data.sections["encoder"].layers == (0, 1) and data.sections["decoder"].layers == (0, 1, 2)
     torch.testing.assert_close(data.sections["cross"].map(2, 1), out.decoder_weights[2].cross_attention[1, 1])

@@ -175,7 +175,7 @@ def test_value_and_rollout_say_what_they_draw(page, tmp_path):
 def test_encoder_decoder_opens_on_cross_attention_and_names_its_axes(page, tmp_path):
     src, tgt = ["a", "b", "c", "d", "e"], ["E", "D", "C", "</s>"]
     data = ViewerData.encoder_decoder(
-        "seq2seq",
+        "toy-encoder-decoder",
         src,
         tgt,
         encoder={0: softmax_maps(2, 5, 5)},
@@ -199,7 +199,7 @@ def test_encoder_decoder_opens_on_cross_attention_and_names_its_axes(page, tmp_p
 def test_a_written_target_that_reads_as_no_text_shows_its_tokens(page, tmp_path):
     src, tgt = ["a", "b", "c"], ["<pad>"] * 14
     data = ViewerData.encoder_decoder(
-        "seq2seq",
+        "toy-encoder-decoder",
         src,
         tgt,
         cross={0: softmax_maps(2, 14, 3)},

@@ -21,17 +21,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from attnkit.inspect.names import LEVELS, SCALES
+from attnkit.models.checkpoints.registry import MODELS
+from attnkit.models.model.names import DTYPE_NAMES
+
 
 class CommandError(Exception):
     """A user-facing error: printed as ``attnkit: error: ...`` with exit status 2."""
 
 
-# The attention units of the maps (attnkit.inspect.maps.LEVELS, kept equal by a test).
-LEVELS = ("token", "word")
-# The models known by name (attnkit.models.MODELS, kept equal by a test).
-KNOWN_MODELS = ("smollm2", "minilm", "gemma3")
-# Colour scales of the pictures (attnkit.viz.heatmap.SCALES, kept equal by a test).
-SCALES = ("linear", "sqrt", "log")
 # The largest file a command writes unless --max-size says otherwise.
 DEFAULT_MAX_SIZE = "20MB"
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
@@ -49,9 +47,6 @@ LEVEL_HELP = (
     "(default: token)"
 )
 
-
-# The weights' dtypes --dtype takes (attnkit.models.loading.DTYPES and "auto", kept equal by a test).
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 MODEL_HELP = (
     "a fetched model, a local folder with config.json and safetensors, or a Hugging Face name ORG/NAME "
     "(from the Hugging Face cache, downloaded when online); a fetched name wins over a folder, a folder over "
@@ -79,7 +74,7 @@ def add_model_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        choices=DTYPE_CHOICES,
+        choices=("auto", *DTYPE_NAMES),
         help="the weights' dtype: auto is float32 on the CPU and the checkpoint's own on a GPU; maps and "
         "statistics are float32 whatever it is (default: auto)",
     )
@@ -109,12 +104,12 @@ def check_model_name(name: str) -> None:
     """
     from attnkit.models.checkpoints.hub import is_hub_name
 
-    if name in KNOWN_MODELS or Path(name).expanduser().exists() or is_hub_name(name):
+    if name in MODELS or Path(name).expanduser().exists() or is_hub_name(name):
         return
-    close = difflib.get_close_matches(name.lower(), KNOWN_MODELS, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name.lower(), MODELS, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise CommandError(
-        f"--model {name!r} is neither a known model ({', '.join(KNOWN_MODELS)}), a folder, nor a Hugging Face "
+        f"--model {name!r} is neither a known model ({', '.join(MODELS)}), a folder, nor a Hugging Face "
         f"name ORG/NAME{hint}"
     )
 

@@ -27,13 +27,10 @@ from attnkit.cli.inspect_long import run_long
 from attnkit.cli.inspect_maps import run_maps
 from attnkit.cli.inspect_plan import InspectOptions, parse_rows
 from attnkit.cli.long_context import add_long_arguments
-from attnkit.inspect.names import ATTENTION_KINDS, EXAMPLE_TEXT, FLOW_MAX_TOKENS, METHODS
+from attnkit.inspect.names import ATTENTION_KINDS, EXAMPLE_TEXT, FLOW_MAX_TOKENS, METHODS, VIEWER_MODES
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
-# The methods a viewer page shows as colour modes (attnkit.viz.viewer.data.MODES, which
-# imports torch: named here so that parsing the arguments stays light).
-VIEWER_PAGE_MODES = ("value", "rollout")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -188,7 +185,7 @@ def _parse_options(args: argparse.Namespace) -> InspectOptions:
     limit = parse_size(args.max_size)
     figure = figure_options(args)
     _check_options(args)
-    page_modes = [args.method] if "html" in formats and args.method in VIEWER_PAGE_MODES else []
+    page_modes = [args.method] if "html" in formats and args.method in VIEWER_MODES else []
     return InspectOptions(formats, limit, figure, prepare_out(args.out), status, page_modes)
 
 

@@ -475,5 +475,5 @@ def _estimate_long(plan: LongPlan, model: Any) -> dict[str, int]:
     from attnkit.viz.viewer.long_view import estimate_long_html
 
     heads = len(plan.layers) * len(plan.heads or range(model.num_heads))
-    bound = estimate_long_html(plan.labels, heads, top_k=plan.top, block=plan.block, model=model.name)
+    bound = estimate_long_html(plan.labels, heads, top_k=plan.top, block=plan.block, model_name=model.name)
     return {f"the long view page of {counted(heads, 'head')} ({LONG_PAGE})": bound}

@@ -125,7 +125,7 @@ def write_long_outputs(
     if "html" in formats:
         from attnkit.viz.viewer.long_view import long_viewer_data, write_long_html
 
-        data = long_viewer_data(run, tokens, model=model.name, causal=bool(model.causal))
+        data = long_viewer_data(run, tokens, model_name=model.name, causal=bool(model.causal))
         written.append(write_long_html(out / LONG_PAGE, data))
     pictures = [f for f in formats if f in ("png", "svg")]
     if pictures:

@@ -49,7 +49,7 @@ class AttentionMap:
             heads: ``heads`` is empty and ``weights`` ``[1, n, n]``), ``"value"``, ``"grad"``.
         attention: which attention: ``"self"`` (a model with one text), or of an
             encoder–decoder ``"encoder"``, ``"decoder"`` or ``"cross"``
-            (:data:`attnkit.models.model.encoder_decoder.ATTENTION_KINDS`).
+            (:data:`attnkit.models.model.names.ATTENTION_KINDS`).
         key_text: the text of the columns when they are another sequence than the rows
             (cross-attention: the source; ``text`` is then the target); ``None`` when the
             columns are the rows' tokens.

@@ -4,6 +4,10 @@ so that the command line offers and checks them before it loads anything heavy."
 
 from __future__ import annotations
 
+# The attentions of an encoder-decoder: the model's own names, which the command line takes
+# from here with the others.
+from attnkit.models.model.names import ATTENTION_KINDS as ATTENTION_KINDS
+
 # The default sentence of `attnkit inspect`.
 EXAMPLE_TEXT = "The cat sat on the mat."
 
@@ -15,6 +19,16 @@ LEVELS = ("token", "word")
 
 # What a map shows (attnkit.inspect.methods).
 METHODS = ("raw", "rollout", "flow", "value", "grad")
+
+# The methods a viewer page shows as colour modes beside its weights (attnkit.viz.viewer), each
+# a section of its own: "value", value-weighted attention ‖α·f(x)‖ with each map scaled so
+# that its largest value is 1; "rollout", attention rollout up to each layer, one map per
+# layer (head 0 stands for the merged heads).
+VIEWER_MODES: tuple[str, ...] = ("value", "rollout")
+
+# The colour scales of the pictures (attnkit.viz.heatmap): weight as it is, its square root,
+# or its logarithm.
+SCALES = ("linear", "sqrt", "log")
 
 # The longest input attention flow accepts. It solves up to s * s maximum flows on a graph of
 # (L + 1) * s nodes and L * s * s edges (benchmarks/bench_flow.py measures it): on two CPU
@@ -40,9 +54,5 @@ CROSS_STATISTICS = {
     "last": "mass on the last source token (end of sequence)",
     "alignment": "aligned target words whose most-attended source word is aligned",
 }
-
-# The attentions of an encoder-decoder (attnkit.models.model.encoder_decoder.ATTENTION_KINDS, which
-# imports PyTorch; a test keeps the two equal).
-ATTENTION_KINDS = ("encoder", "decoder", "cross")
 # The head detectors of attnkit.inspect.detectors.
 DETECTORS = ("previous-token", "duplicate-token", "induction")

@@ -37,9 +37,10 @@ from attnkit.models.families.family import ModelFamily
 from attnkit.models.families.meta_device import buffer_bytes, materialize_buffers
 from attnkit.models.families.table import FAMILIES, unsupported_model_type
 from attnkit.models.model import Model
+from attnkit.models.model.names import DTYPE_NAMES
 
 # The dtypes ``load(dtype=...)`` and ``--dtype`` take by name.
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def locate(name_or_path: str | os.PathLike[str], revision: str | None = None) -> tuple[str, Path]:
@@ -260,9 +261,11 @@ def _check_weights_fit(
         for key, (_, dtype, shape) in headers.items()
     }
     state, unknown = family.state_dict_from_hf(described, config)
+    # A tensor's name in the file (a piece of a fused tensor goes by attnkit's name): the name
+    # every message below gives.
+    file_name = {id(t): key for key, t in described.items()}
     # A tensor a family renames to a key the module does not have is unused too.
-    renamed_from = {id(t): key for key, t in described.items()}
-    unknown = [*unknown, *sorted(renamed_from.get(id(state[key]), key) for key in set(state) - set(expected))]
+    unknown = [*unknown, *sorted(file_name.get(id(state[key]), key) for key in set(state) - set(expected))]
     # Depth first: the clearest message when config.json and the weights disagree on it.
     fields = dict(getattr(config, "layer_count_fields", ()))
     for stack, want in _layer_counts(expected).items():
@@ -279,8 +282,6 @@ def _check_weights_fit(
             f"the weights do not fit the configuration: missing {_few(missing)}, unexpected {_few(unknown)}",
             field=(missing or unknown)[0],
         )
-    # A tensor's name in the file; a piece of a fused tensor goes by attnkit's name.
-    file_name = {id(t): key for key, t in described.items()}
     wrong = [
         (file_name.get(id(state[key]), key), list(state[key].shape), list(t.shape))
         for key, t in expected.items()

@@ -31,7 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# The layer index in a hook point's name: "decoder.layers.3.self_attn.pattern" → 3.
+LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 class _Hooked(Protocol):
@@ -377,7 +378,7 @@ class ActivationCache(MutableMapping[str, Tensor]):
     @property
     def num_layers(self) -> int:
         """The number of layers of the model's stack."""
-        indices = [int(m.group(1)) for name in self.model.hook_names() if (m := _LAYER_INDEX.search(name))]
+        indices = [int(m.group(1)) for name in self.model.hook_names() if (m := LAYER_INDEX.search(name))]
         return 1 + max(indices, default=-1)
 
     def accumulated_resid(self, layer: int | None = None, *, incl_mid: bool = False) -> tuple[Tensor, list[str]]:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from attnkit.deprecation import deprecated_aliases
 from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.dropout import Dropout
 from attnkit.nn.hooks import HookPoint
@@ -151,6 +152,7 @@ def source_padding_mask(source_mask: Tensor | None) -> Tensor | None:
     return source_mask[:, None, None, :]  # [b, 1, 1, s_src]
 
 
+@deprecated_aliases(new_cache="new_kv_cache", removed_in="0.3")
 class EncoderDecoderLM(TextModule):
     """An encoder–decoder language model.
 
@@ -201,10 +203,10 @@ class EncoderDecoderLM(TextModule):
     def token_embedding(self) -> nn.Embedding:
         return self.source_embedding.token
 
-    def new_cache(self, *, capacity: int | None = None) -> DecoderCache:
+    def new_kv_cache(self, *, capacity: int | None = None) -> DecoderCache:
         """An empty cache for :meth:`decode` step by step; with ``capacity``, the
         self-attention caches are preallocated for that many target positions."""
-        return self.decoder.new_cache(capacity=capacity)
+        return self.decoder.new_kv_cache(capacity=capacity)
 
     def last_hidden_state(
         self, tokens: Tensor, *, padding: Tensor | None = None, return_weights: LayerSelection = False
@@ -277,7 +279,7 @@ class EncoderDecoderLM(TextModule):
                 with a cache, only the ids not decoded yet.
             memory: :meth:`encode`'s output ``[b, s_src, e]``.
             source_mask: the source's padding, as in :meth:`encode`.
-            kv_cache: from :meth:`new_cache`, updated in place; positions continue after the
+            kv_cache: from :meth:`new_kv_cache`, updated in place; positions continue after the
                 cached ones.
             return_weights: the decoder layers whose weights (self- and cross-attention)
                 to return.
@@ -379,7 +381,7 @@ class EncoderDecoderLM(TextModule):
         with torch.inference_mode():
             memory = self.encode(source, source_mask=source_mask)  # [b, s_src, e]
         assert isinstance(memory, Tensor)
-        cache = self.new_cache(capacity=max_new_tokens)
+        cache = self.new_kv_cache(capacity=max_new_tokens)
         start = torch.full((source.shape[0], 1), self.decoder_start_token_id, device=source.device)  # [b, 1]
 
         def next_logits(step_input: Tensor) -> Tensor:

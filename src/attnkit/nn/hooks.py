@@ -108,7 +108,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -117,6 +116,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import renamed_keywords
+from attnkit.nn.activation_cache import LAYER_INDEX
 
 if TYPE_CHECKING:
     from attnkit.nn.activation_cache import ActivationCache, DeferredActivations
@@ -126,7 +126,6 @@ HookFn = Callable[..., "Tensor | None"]
 # predicate accepts.
 NameFilter = Collection[str] | Callable[[str], bool] | None
 
-_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _Root = TypeVar("_Root", bound="HookedModule")
 
 
@@ -316,7 +315,7 @@ class HookedModule(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
                 module.name = name
-                match = _LAYER_INDEX.search(name)
+                match = LAYER_INDEX.search(name)
                 module.layer = int(match.group(1)) if match else None
                 points[name] = module
         return points
@@ -597,7 +596,7 @@ def summarize_names(names: Collection[str]) -> str:
     groups: dict[str, list[str]] = {}
     layers: dict[str, set[int]] = {}
     for name in names:
-        match = _LAYER_INDEX.search(name)
+        match = LAYER_INDEX.search(name)
         if match is None:
             groups.setdefault(name, [])
             continue

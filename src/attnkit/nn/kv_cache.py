@@ -135,7 +135,7 @@ class KVCache:
 class DecoderCache:
     """One :class:`KVCache` per layer for self-attention and one for cross-attention.
 
-    Create it with :meth:`attnkit.nn.Decoder.new_cache` (or ``DecoderLM.new_cache``) and
+    Create it with :meth:`attnkit.nn.Decoder.new_kv_cache` (or ``DecoderLM.new_kv_cache``) and
     pass the same object to every decoding step.
 
     Args:

@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.finite import check_finite
 from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.dropout import Dropout
@@ -92,6 +93,7 @@ class DecoderLMConfig(LayerConfig):
         super().__post_init__()
 
 
+@deprecated_aliases(new_cache="new_kv_cache", removed_in="0.3")
 class DecoderLM(TextModule):
     """A GPT-style language model over :class:`attnkit.nn.DecoderLayer` blocks without
     cross-attention.
@@ -236,11 +238,11 @@ class DecoderLM(TextModule):
         assert isinstance(attention, MultiHeadAttention)
         return attention
 
-    def new_cache(self, *, capacity: int | None = None) -> DecoderCache:
+    def new_kv_cache(self, *, capacity: int | None = None) -> DecoderCache:
         """An empty cache for incremental decoding with :meth:`forward`; with
         ``capacity``, preallocated for that many positions (inference, see
         :class:`attnkit.nn.KVCache`)."""
-        return self.decoder.new_cache(capacity=capacity)
+        return self.decoder.new_kv_cache(capacity=capacity)
 
     def last_hidden_state(
         self,
@@ -264,7 +266,7 @@ class DecoderLM(TextModule):
                 tokens; e.g. padding ``[b, 1, 1, s_k]``.
             positions: token positions ``[s]`` or ``[b, s]`` (default: continuing after the
                 cache), for absolute and rotary encodings.
-            kv_cache: from :meth:`new_cache`, updated in place.
+            kv_cache: from :meth:`new_kv_cache`, updated in place.
             return_weights: also return the weights of every layer (``True``) or of the
                 layers with these indices.
             padding: ``[b, s]`` bool, ``True`` on tokens and ``False`` on padding (on
@@ -324,7 +326,7 @@ class DecoderLM(TextModule):
                 tokens; e.g. padding ``[b, 1, 1, s_k]``.
             positions: token positions ``[s]`` or ``[b, s]`` (default: continuing after the
                 cache), for absolute and rotary encodings.
-            kv_cache: from :meth:`new_cache`, updated in place.
+            kv_cache: from :meth:`new_kv_cache`, updated in place.
             return_weights: also return the weights of every layer (``True``) or of the
                 layers with these indices (``None`` in place of the others).
 
@@ -424,7 +426,7 @@ class DecoderLM(TextModule):
         top_k: int | None,
         generator: torch.Generator | None,
     ) -> Iterator[Tensor]:
-        cache = self.new_cache(capacity=tokens.shape[1] + max_new_tokens)
+        cache = self.new_kv_cache(capacity=tokens.shape[1] + max_new_tokens)
 
         def next_logits(step_input: Tensor) -> Tensor:
             # The head on the last position only: the others' logits are not needed.

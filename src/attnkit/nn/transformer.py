@@ -17,7 +17,8 @@ from dataclasses import KW_ONLY, dataclass, fields
 import torch
 from torch import Tensor, nn
 
-from attnkit.functional.indices import normalize_indices
+from attnkit.deprecation import deprecated_aliases
+from attnkit.functional.indices import select_indices
 from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
@@ -50,10 +51,10 @@ def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozense
         TypeError: an index that is not an int.
         ValueError: an index outside ``-num_layers .. num_layers - 1``.
     """
-    if isinstance(return_weights, bool):
-        return frozenset(range(num_layers)) if return_weights else None
+    if return_weights is False:
+        return None
     context = f"the stack has {num_layers} layers"
-    return frozenset(normalize_indices(return_weights, num_layers, "layer", context=context, allow_empty=True))
+    return frozenset(select_indices(return_weights, num_layers, "layer", context=context))
 
 
 def layer_requests(return_weights: LayerSelection, num_layers: int) -> dict[int, bool | WeightSelection] | None:
@@ -215,6 +216,7 @@ class Encoder(HookedModule):
         return cls([EncoderLayer.from_torch(layer) for layer in m.layers], final_norm=copy.deepcopy(m.norm))
 
 
+@deprecated_aliases(new_cache="new_kv_cache", removed_in="0.3")
 class Decoder(HookedModule):
     """A stack of :class:`attnkit.nn.DecoderLayer`, optionally followed by a final norm.
 
@@ -235,7 +237,7 @@ class Decoder(HookedModule):
         self.final_norm = final_norm
         self.final = HookPoint()  # the stack's output (attnkit.nn.hooks)
 
-    def new_cache(self, *, capacity: int | None = None) -> DecoderCache:
+    def new_kv_cache(self, *, capacity: int | None = None) -> DecoderCache:
         """An empty :class:`attnkit.nn.DecoderCache` for this stack, its self-attention
         caches preallocated for ``capacity`` positions when given (inference)."""
         return DecoderCache(len(self.layers), capacity=capacity)
@@ -262,7 +264,7 @@ class Decoder(HookedModule):
             memory_mask: cross-attention mask, broadcastable to ``[b, h, s, s_src]``.
             causal: causal self-attention (the default; a decoder must not see ahead).
             positions: token positions for a rotary encoding, ``[s]`` or ``[b, s]``.
-            kv_cache: a :class:`attnkit.nn.DecoderCache` from :meth:`new_cache`, updated in
+            kv_cache: a :class:`attnkit.nn.DecoderCache` from :meth:`new_kv_cache`, updated in
                 place.
             return_weights: also return the weights of every layer (``True``) or of the
                 layers with these indices.
@@ -282,7 +284,7 @@ class Decoder(HookedModule):
             if len(kv_cache.self_attention) != len(self.layers):
                 raise ValueError(
                     f"cache has {len(kv_cache.self_attention)} layers, this decoder has {len(self.layers)}; "
-                    "make it with new_cache()"
+                    "make it with new_kv_cache()"
                 )
         s_k = x.shape[1] + (0 if kv_cache is None else len(kv_cache))
         position_bias = shared_position_bias(self.layers, x, s_k)  # [1, h, s, s_k] or None
@@ -355,6 +357,7 @@ class TransformerConfig(LayerConfig):
         super().__post_init__()
 
 
+@deprecated_aliases(new_cache="new_kv_cache", removed_in="0.3")
 class Transformer(HookedModule):
     """The encoder–decoder Transformer (the paper's base model by default).
 
@@ -413,7 +416,7 @@ class Transformer(HookedModule):
             tgt_mask: extra decoder self-attention mask, e.g. target padding.
             memory_mask: cross-attention mask, e.g. source padding ``[b, 1, 1, s_src]``.
             causal: causal decoder self-attention.
-            kv_cache: from :meth:`new_cache`.
+            kv_cache: from :meth:`new_kv_cache`.
             return_weights: also return the decoder layers' weights.
 
         Returns:
@@ -429,9 +432,9 @@ class Transformer(HookedModule):
             return_weights=return_weights,
         )
 
-    def new_cache(self) -> DecoderCache:
+    def new_kv_cache(self) -> DecoderCache:
         """An empty cache for incremental :meth:`decode`."""
-        return self.decoder.new_cache()
+        return self.decoder.new_kv_cache()
 
     def forward(
         self,

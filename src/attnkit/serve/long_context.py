@@ -109,7 +109,7 @@ def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: 
 
     Args:
         app: the app of :func:`attnkit.serve.create_app`.
-        served: its models by name (:class:`attnkit.serve.app.ServedModel`).
+        served: its models by name (:class:`attnkit.serve.served.ServedModel`).
         max_chars: the longest text in characters.
     """
     default = next(iter(served))
@@ -147,7 +147,7 @@ def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: 
 
 
 def _served_with_long_maps(served: dict[str, Any], name: str) -> Any:
-    """The served model called ``name`` (:class:`attnkit.serve.app.ServedModel`), checked to
+    """The served model called ``name`` (:class:`attnkit.serve.served.ServedModel`), checked to
     have one self-attention stack.
 
     Raises:

@@ -22,7 +22,7 @@ from attnkit.serve.batching import QueueFull, Ticket, moving_average
 
 
 @dataclass
-class Task(Ticket):
+class QueuedWork(Ticket):
     """One request's work, waiting for or run by the queue's thread.
 
     Attributes:
@@ -48,10 +48,10 @@ class WorkQueue:
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.max_queue = max_queue
-        self._queue: deque[Task] = deque()
+        self._queue: deque[QueuedWork] = deque()
         self._ready = threading.Condition()
         self._seconds_each = 0.0
-        self.running: Task | None = None
+        self.running: QueuedWork | None = None
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -60,13 +60,13 @@ class WorkQueue:
         with self._ready:
             return sum(not task.future.cancelled() for task in self._queue)
 
-    def submit(self, work: Callable[[Callable[[], bool]], Any]) -> Task:
+    def submit(self, work: Callable[[Callable[[], bool]], Any]) -> QueuedWork:
         """Queue ``work`` (``stop -> result``).
 
         Raises:
             QueueFull: ``max_queue`` requests are already waiting.
         """
-        task = Task(work)
+        task = QueuedWork(work)
         with self._ready:
             self._queue = deque(waiting for waiting in self._queue if not waiting.future.cancelled())
             if len(self._queue) >= self.max_queue:
@@ -75,7 +75,7 @@ class WorkQueue:
             self._ready.notify()
         return task
 
-    def _next(self) -> Task:
+    def _next(self) -> QueuedWork:
         """Wait for a request that its client still waits for, and mark it running."""
         while True:
             with self._ready:

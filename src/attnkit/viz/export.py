@@ -381,7 +381,7 @@ def write_survey(
     """Write one layers × heads picture per statistic (and for the token pair) and the JSON.
 
     Args:
-        survey: from :func:`attnkit.inspect.survey_heads`.
+        survey: from :func:`attnkit.inspect.survey.survey_heads`.
         out: the folder to write to.
         formats: any of ``png``, ``svg``, ``json``.
         dpi: dots per inch of PNG files (default: the drawing function's).

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnkit.inspect.names import SCALES
 from attnkit.viz.files import atomic_path
 from attnkit.viz.fonts import font_context, plain_text
 
@@ -43,8 +44,6 @@ MAX_CELLS = 512
 DRAWN_CHUNK_CELLS = 2**24
 # At most this many tick labels per axis.
 MAX_TICKS = 40
-# The colour scales: weight as it is, its square root, or its logarithm.
-SCALES = ("linear", "sqrt", "log")
 # The colour maps: weights (0 up), and signed values (diverging, white at zero).
 WEIGHT_CMAP = "Blues"
 SIGNED_CMAP = "RdBu"

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.inspect.maps import AttentionMap, AttentionView
 from attnkit.models.checkpoints.chat import Turn
 from attnkit.viz.viewer import ViewerData, render_html
@@ -68,8 +69,9 @@ _FRAME_SIZER = (
 )
 
 
+@renamed_keywords(model="model_name", removed_in="0.3")
 def notebook_html(
-    model: str,
+    model_name: str,
     labels: Sequence[str],
     attentions: Mapping[int, Tensor],
     *,
@@ -90,7 +92,7 @@ def notebook_html(
     its first height.
 
     Args:
-        model: the model's name.
+        model_name: the model's name.
         labels: one label per row and column of the maps.
         attentions: layer → ``[h, n, n]`` or ``[1, h, n, n]`` weights.
         causal: whether the model is causal.
@@ -109,7 +111,7 @@ def notebook_html(
         ImportError: the viewer's dependencies are missing.
     """
     data = ViewerData.from_run(
-        model, labels, attentions, causal=causal, heads=heads, text=text, windows=windows, turns=turns
+        model_name, labels, attentions, causal=causal, heads=heads, text=text, windows=windows, turns=turns
     )
     page = html.escape(render_html(data), quote=True)
     if height is None:
@@ -117,6 +119,6 @@ def notebook_html(
     frame_id = f"attnkit-{uuid.uuid4().hex}"
     return (
         f'<iframe id="{frame_id}" srcdoc="{page}" sandbox="allow-scripts" '
-        f'title="attnkit attention viewer: {html.escape(model)}" '
+        f'title="attnkit attention viewer: {html.escape(model_name)}" '
         f'style="width: 100%; height: {int(height)}px; border: 0"></iframe>' + _FRAME_SIZER.format(id=frame_id)
     )

@@ -24,7 +24,7 @@ TARGET = "a cat sat on the mat"
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("seq2seq")
+    root = tmp_path_factory.mktemp("encoder_decoder")
     return {
         "t5": write_t5(root / "t5"),
         "t5-gated": write_t5(root / "t5-gated", gated=True, seed=1),
@@ -88,7 +88,7 @@ def test_greedy_tokens_with_the_cache_equal_transformers(pairs, kind: str) -> No
     source = model.tokenize(SOURCE).ids
     module = model.module
     memory = module.encode(source)
-    cache = module.new_cache()
+    cache = module.new_kv_cache()
     step = torch.tensor([[module.decoder_start_token_id]])
     decoder_input, produced = step, []
     with torch.no_grad():
@@ -124,7 +124,7 @@ def test_an_untied_t5_head_reads_its_own_matrix_unscaled(folders, tmp_path: Path
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_run_seq2seq_gives_the_three_kinds_of_attention(pairs, kind: str) -> None:
+def test_run_encoder_decoder_gives_the_three_kinds_of_attention(pairs, kind: str) -> None:
     model, hf = pairs[kind]
     run = model.run_encoder_decoder(SOURCE, TARGET, heads=[1, 3])
     s_src, s_tgt = len(model.tokenize(SOURCE)), len(model.tokenize(TARGET))
@@ -181,7 +181,7 @@ def test_depths_and_features_the_config_gets_wrong_are_named(folders, tmp_path: 
         assert caught.value.field == field
 
 
-def test_run_seq2seq_refuses_a_model_with_one_text(tmp_path: Path) -> None:
+def test_run_encoder_decoder_refuses_a_model_with_one_text(tmp_path: Path) -> None:
     from tests.fixtures.crafted import write_tiny_llama
 
     model = models.load(write_tiny_llama(tmp_path / "llama"))

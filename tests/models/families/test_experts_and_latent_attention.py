@@ -135,7 +135,7 @@ def test_the_latent_cache_holds_the_latent_and_the_rotary_key_only(tiny_family_f
     model = models.load(tiny_family_folder("deepseek_v3"))
     latent = model.config.latent_attention
     ids = model.tokenize(TEXT).ids
-    cache = model.module.new_cache()
+    cache = model.module.new_kv_cache()
     with torch.no_grad():
         model.module(ids, kv_cache=cache)
     layer = cache.self_attention[0]

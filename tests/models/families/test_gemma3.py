@@ -113,7 +113,7 @@ def test_cached_decoding_past_the_window_equals_full_recomputation(gemma3):
     module = gemma3.module
     with torch.no_grad():
         full = module(ids)  # [1, s, v]
-        cache = module.new_cache()
+        cache = module.new_kv_cache()
         steps = [module(ids[:, :WINDOW], kv_cache=cache)]
         steps += [module(ids[:, i : i + 1], kv_cache=cache) for i in range(WINDOW, ids.shape[1])]
     assert (torch.cat(steps, dim=1)[:, WINDOW - 1 :] - full[:, WINDOW - 1 :]).abs().max() < LOGITS_ATOL

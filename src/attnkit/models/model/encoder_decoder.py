@@ -22,16 +22,16 @@ import torch
 from torch import Tensor
 
 from attnkit.deprecation import deprecated_aliases
-from attnkit.functional.indices import normalize_indices
+from attnkit.functional.indices import normalize_indices, select_indices
 from attnkit.models.checkpoints.memory import check_fits
 from attnkit.models.model.attentions import LayerAttentions
+from attnkit.models.model.names import ATTENTION_KINDS
 from attnkit.models.model.running import pad_rows
 from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput, WeightSelection
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
 
 
-ATTENTION_KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
 # The heads to keep: one list for every kind of attention, or a list per kind (a kind left
 # out keeps all its heads); None keeps all.
 HeadSelection = Sequence[int] | Mapping[str, Sequence[int]] | None
@@ -352,8 +352,12 @@ def run_encoder_decoder_batch(
     if len(wanted) != len(sources):
         raise ValueError(f"give one target (or None) per source: got {len(wanted)} targets for {len(sources)} sources")
     num_decoder_layers = len(module.decoder.layers)
-    encoder_list = _layers(encoder_layers, model.num_layers, "encoder")
-    decoder_list = _layers(decoder_layers, num_decoder_layers, "decoder")
+    encoder_list = select_indices(
+        encoder_layers, model.num_layers, "layer", context=f"the encoder has {model.num_layers} layers"
+    )
+    decoder_list = select_indices(
+        decoder_layers, num_decoder_layers, "layer", context=f"the decoder has {num_decoder_layers} layers"
+    )
     head_lists = select_heads(model, heads)
     pairs = [_prepare(model, source, target, max_new_tokens) for source, target in zip(sources, wanted)]
     s_src = max(pair.source_ids.shape[1] for pair in pairs)
@@ -465,10 +469,3 @@ def _target(
     target_ids = torch.tensor([generate_target(model, source_ids, max_new_tokens)])  # [1, s_tgt]
     target_tokens = [model.tokenizer.id_to_token(i) for i in target_ids[0].tolist()]
     return target_ids, target_tokens, None, model.tokenizer.decode(target_ids[0], skip_special_tokens=True)
-
-
-def _layers(selection: LayerSelection, depth: int, stack: str) -> list[int]:
-    if isinstance(selection, bool):
-        return list(range(depth)) if selection else []
-    context = f"the {stack} has {depth} layers"
-    return sorted(set(normalize_indices(selection, depth, "layer", context=context, allow_empty=True)))

@@ -93,7 +93,7 @@ class GenerationMixin(ModelCore):
             An iterator of token ids, computed as it is consumed.
 
         Raises:
-            ValueError: a BERT model, an empty or too long prompt, ``max_new_tokens < 0``,
+            ValueError: an encoder-only model, an empty or too long prompt, ``max_new_tokens < 0``,
                 a ``temperature`` that is not a finite number ``>= 0``, ``top_k < 1``
                 (at the call, before any token).
         """
@@ -167,7 +167,7 @@ class GenerationMixin(ModelCore):
         top_k: int | None = None,
         seed: int | None = None,
     ) -> Iterator[str]:
-        """Continue a prompt, streaming the text as it is produced (LLaMA only).
+        """Continue a prompt, streaming the text as it is produced (a decoder or an encoder–decoder).
 
         Args:
             prompt: the text to continue (as is; no chat template is applied).

@@ -46,8 +46,8 @@ class HooksMixin(ModelCore):
 
     def hook_names(self) -> list[str]:
         """Every activation a hook or a cache can name, in module order
-        (:mod:`attnkit.nn.hooks`): ``decoder.layers.{i}.self_attn.pattern`` (LLaMA),
-        ``encoder.layers.{i}.self_attn.pattern`` (BERT), ..."""
+        (:mod:`attnkit.nn.hooks`): ``decoder.layers.{i}.self_attn.pattern`` (a causal
+        decoder), ``encoder.layers.{i}.self_attn.pattern`` (an encoder), ..."""
         return self.module.hook_names()
 
     def hook_name(self, name: str, layer: int | None = None) -> str:
@@ -115,7 +115,7 @@ class HooksMixin(ModelCore):
                 padding, on either side (:meth:`to_tokens` makes both); padding is never
                 attended to, and a causal model counts each row's positions from its first
                 token, so that a left-padded row gives its unpadded results.
-            logits: compute the logits (LLaMA) at every position; ``False`` leaves them
+            logits: compute the logits (a causal decoder) at every position; ``False`` leaves them
                 ``None`` (a batch that needs a few positions' logits saves the vocabulary
                 projection).
             backward_hooks: name → function of ``(gradient, hook)`` (or of the gradient)
@@ -200,8 +200,8 @@ class HooksMixin(ModelCore):
                 without a language-model head does not have.
 
         Returns:
-            ``(logits [b, s, v], cache)`` for LLaMA, ``(hidden states [b, s, e], cache)``
-            for BERT, in the model's dtype; the cache is an
+            ``(logits [b, s, v], cache)`` for a causal decoder, ``(hidden states [b, s, e],
+            cache)`` for an encoder, in the model's dtype; the cache is an
             :class:`attnkit.nn.ActivationCache` (``cache["pattern", 3]`` looks a name up
             by its end and layer). Without autograd history, with ``incl_bwd`` too.
 

@@ -39,12 +39,18 @@ class Model(RunMixin, TokensMixin, HooksMixin, GenerationMixin, EncoderDecoderMi
 
     Attributes:
         name: ``"smollm2"``, ``"minilm"``, or the folder name of a local checkpoint.
-        family: ``"llama"`` (causal decoder) or ``"bert"`` (bidirectional encoder): the
-            :attr:`attnkit.models.families.family.ModelFamily.name` of ``model_family``.
+        family: the :attr:`attnkit.models.families.family.ModelFamily.name` of
+            ``model_family``: the ``model_type`` of its ``config.json`` (``"llama"``,
+            ``"gemma3_text"``, ``"bert"``, ``"t5"``, …; ``"transformer"`` for a model of
+            ``attnkit train``), or ``"bridge:<model_type>"`` for a model run through
+            ``transformers``' attention interface.
         model_family: the :class:`attnkit.models.families.family.ModelFamily` it was loaded with.
         path: the checkpoint folder.
-        config: the family's config (:class:`attnkit.models.families.llama.LlamaConfig` or
-            :class:`attnkit.models.families.bert.BertConfig`).
+        config: the family's config, a :class:`attnkit.models.families.family.ModelConfig`:
+            :class:`attnkit.models.families.decoder.DecoderConfig` for the causal decoders,
+            :class:`attnkit.models.families.bert.BertConfig`,
+            :class:`attnkit.models.families.t5.T5Config`,
+            :class:`attnkit.models.families.bart.BartConfig`, ….
         num_layers: depth.
         num_heads: query heads per layer (an encoder–decoder's encoder; each stack's in
             :attr:`heads_per_kind`).

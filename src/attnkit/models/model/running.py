@@ -57,7 +57,7 @@ class RunMixin(ModelCore):
         rows: range | slice | None = None,
         names_filter: NameFilter = (),
     ) -> ModelRun:
-        """One forward pass: logits (LLaMA) or hidden states, and attention weights.
+        """One forward pass: logits (a causal decoder) or hidden states, and attention weights.
 
         Every layer's output comes from the fused kernel, which never materialises the
         ``[h, s, s]`` weights; a layer whose weights are asked for also forms those of the
@@ -73,7 +73,7 @@ class RunMixin(ModelCore):
                 as the ``return_weights`` of the :mod:`attnkit.nn` stacks.
             heads: the heads whose weights to form (negative ones count from the end);
                 default all.
-            logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
+            logits: compute the next-token logits (a causal decoder); ``False`` skips the vocabulary
                 projection when only attention is wanted, and the run's ``logits`` is
                 ``None``.
             rows: the query positions whose weights to form: a ``range``, or a ``slice``
@@ -209,7 +209,7 @@ class RunMixin(ModelCore):
             inputs: texts or token ids, as :meth:`run` takes them.
             return_weights: the layers whose weights to return, as in :meth:`run`.
             heads: the heads whose weights to form, as in :meth:`run`.
-            logits: compute the next-token logits (LLaMA); ``False`` skips the vocabulary
+            logits: compute the next-token logits (a causal decoder); ``False`` skips the vocabulary
                 projection (a sixth of SmolLM2's work) when only attention is wanted, and
                 every run's ``logits`` is ``None``.
             stop: asked before every layer; when it returns ``True`` the pass ends with

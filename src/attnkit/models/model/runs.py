@@ -26,10 +26,10 @@ class ModelRun:
         tokens: the ``s`` token strings (see :class:`attnkit.models.TokenizedText`).
         offsets: each token's ``(start, end)`` character span in the text; ``None`` when
             the run was given ids rather than text.
-        logits: next-token logits ``[1, s, v]`` (LLaMA), or ``None`` (BERT, or a run
-            without them).
-        last_hidden_state: the last layer's output ``[1, s, e]`` (after the final norm for
-            LLaMA, what the head reads).
+        logits: next-token logits ``[1, s, v]`` (a causal decoder), or ``None`` (an
+            encoder, or a run without them).
+        last_hidden_state: the last layer's output ``[1, s, e]`` (after the final norm of
+            a decoder that has one, what the head reads).
         attentions: layer index → weights ``[1, h_sel, n_r, s]`` float32 of the selected
             heads on the selected rows, for the layers asked for; rows are queries,
             columns keys. A :class:`LayerAttentions`: ``attentions[-1]`` is the last
@@ -58,10 +58,10 @@ class HookedRun:
     """What :meth:`Model.run_with_hooks` produced.
 
     Attributes:
-        last_hidden_state: the last hidden states ``[b, s, e]`` (after the final norm for
-            LLaMA).
+        last_hidden_state: the last hidden states ``[b, s, e]`` (after the final norm of
+            a decoder that has one).
         cache: the activations asked for, by name.
-        logits: next-token logits ``[b, s, v]`` (LLaMA), or ``None`` (BERT).
+        logits: next-token logits ``[b, s, v]`` (a causal decoder), or ``None`` (an encoder).
     """
 
     last_hidden_state: Tensor

@@ -13,11 +13,13 @@ from typing import Any
 
 from torch import Tensor
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.inspect.maps import LEVELS, model_windows, readable_run
+from attnkit.inspect.names import VIEWER_MODES
 from attnkit.inspect.words import Word
 from attnkit.models.checkpoints.chat import ChatText, Turn
 from attnkit.nn.records import LayerWeights, LMOutput, TransformerOutput
-from attnkit.viz.viewer.data import MODES, Section, ViewerData
+from attnkit.viz.viewer.data import Section, ViewerData
 
 
 def model_name(model: Any) -> str:
@@ -151,7 +153,7 @@ def viewer_data_from_encoder_decoder(
 def mode_sections(
     model: Any, text: str, modes: Sequence[str], *, layers: Sequence[int], heads: Sequence[int], level: str = "token"
 ) -> dict[str, Section]:
-    """Colour modes of a viewer page (:data:`attnkit.viz.viewer.data.MODES`) for an
+    """Colour modes of a viewer page (:data:`attnkit.inspect.names.VIEWER_MODES`) for an
     ``attnkit.models`` model, to add beside its ``"self"`` section.
 
     Args:
@@ -173,9 +175,9 @@ def mode_sections(
     from attnkit.inspect import methods
     from attnkit.inspect.words import aggregate
 
-    unknown = [mode for mode in modes if mode not in MODES]
+    unknown = [mode for mode in modes if mode not in VIEWER_MODES]
     if unknown:
-        raise ValueError(f"viewer colour modes are {', '.join(MODES)}, got {unknown}")
+        raise ValueError(f"viewer colour modes are {', '.join(VIEWER_MODES)}, got {unknown}")
     run = model.run(text, return_weights=list(layers), heads=list(heads))
     readable = readable_run(model, run, text, level=level)
 
@@ -217,13 +219,14 @@ def _by_layer(weights: Sequence[LayerWeights | None], index: int, cross: bool) -
     return out
 
 
+@renamed_keywords(model="model_name", removed_in="0.3")
 def viewer_data_from_lm_output(
-    model: str, tokens: Sequence[str], output: LMOutput, *, index: int = 0, text: str = ""
+    model_name: str, tokens: Sequence[str], output: LMOutput, *, index: int = 0, text: str = ""
 ) -> ViewerData:
     """Viewer data from :class:`attnkit.nn.DecoderLM` called with ``return_weights=True``.
 
     Args:
-        model: the display name.
+        model_name: the display name.
         tokens: the ``s`` token strings of batch entry ``index``.
         output: the model's :class:`attnkit.nn.LMOutput`.
         index: which batch entry to show.
@@ -232,11 +235,14 @@ def viewer_data_from_lm_output(
     Returns:
         Data of kind ``"causal"``.
     """
-    return ViewerData.from_run(model, tokens, _by_layer(output.weights, index, cross=False), causal=True, text=text)
+    return ViewerData.from_run(
+        model_name, tokens, _by_layer(output.weights, index, cross=False), causal=True, text=text
+    )
 
 
+@renamed_keywords(model="model_name", removed_in="0.3")
 def viewer_data_from_transformer_output(
-    model: str,
+    model_name: str,
     source_tokens: Sequence[str],
     target_tokens: Sequence[str],
     output: TransformerOutput,
@@ -248,7 +254,7 @@ def viewer_data_from_transformer_output(
     ``return_weights=True`` (as the sequence-to-sequence models of ``attnkit train`` are).
 
     Args:
-        model: the display name.
+        model_name: the display name.
         source_tokens: the encoder's ``s_src`` token strings.
         target_tokens: the decoder's ``s_tgt`` token strings (what it read, e.g. ``<s>``
             followed by the target without its last token).
@@ -260,7 +266,7 @@ def viewer_data_from_transformer_output(
         Data of kind ``"encoder-decoder"`` with encoder, decoder and cross sections.
     """
     return ViewerData.encoder_decoder(
-        model,
+        model_name,
         source_tokens,
         target_tokens,
         encoder=_by_layer(output.encoder_weights, index, cross=False),

@@ -29,27 +29,25 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnkit.deprecation import deprecated_aliases
+from attnkit.deprecation import deprecated_aliases, renamed_keywords
+from attnkit.inspect.names import ATTENTION_KINDS, VIEWER_MODES
 from attnkit.models.checkpoints.chat import Turn
 
 Kind = Literal["bidirectional", "causal", "encoder-decoder"]
 KINDS: tuple[str, ...] = ("bidirectional", "causal", "encoder-decoder")
-# Colour modes a self-attention page may add beside its weights (attnkit.inspect.methods):
-# "value", value-weighted attention ‖α·f(x)‖ with each map scaled so that its largest value
-# is 1; "rollout", attention rollout up to each layer, one map per layer (head 0 stands for
-# the merged heads).
-MODES: tuple[str, ...] = ("value", "rollout")
-# The sections each kind may have, in display order.
+# The sections each kind may have, in display order: a self-attention page may add its colour
+# modes (attnkit.inspect.names.VIEWER_MODES) beside its weights.
 SECTION_NAMES: dict[str, tuple[str, ...]] = {
-    "bidirectional": ("self", *MODES),
-    "causal": ("self", *MODES),
-    "encoder-decoder": ("encoder", "decoder", "cross"),
+    "bidirectional": ("self", *VIEWER_MODES),
+    "causal": ("self", *VIEWER_MODES),
+    "encoder-decoder": ATTENTION_KINDS,
 }
 
 FORMAT = "attnkit-viewer"
 VERSION = 1
-LEVELS = 65535
-SCALE = 1.0 / LEVELS
+# The largest quantised weight: a weight w in [0, 1] is written as the uint16 round(w · 65535).
+QUANTISED_MAX = 65535
+SCALE = 1.0 / QUANTISED_MAX
 # Post-softmax weights may overshoot 1 or undershoot 0 by a rounding error, not more.
 _RANGE_SLACK = 1e-4
 # zlib level 1: most of level 9's size on this data at several times the speed, which
@@ -255,7 +253,7 @@ class Section:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form (see ``docs/viewer.md``), weights quantised and encoded."""
-        quantised = torch.round(self.weights.clamp(0.0, 1.0) * LEVELS).to(torch.int32).numpy().astype("<u2")
+        quantised = torch.round(self.weights.clamp(0.0, 1.0) * QUANTISED_MAX).to(torch.int32).numpy().astype("<u2")
         return {
             "causal": self.causal,
             "query_tokens": list(self.query_tokens),
@@ -367,9 +365,10 @@ class ViewerData:
         object.__setattr__(self, "sections", {name: self.sections[name] for name in allowed if name in self.sections})
 
     @classmethod
+    @renamed_keywords(model="model_name", removed_in="0.3")
     def from_run(
         cls,
-        model: str,
+        model_name: str,
         tokens: Sequence[str],
         attentions: Mapping[int, Tensor],
         *,
@@ -412,12 +411,13 @@ class ViewerData:
             word_starts=word_starts,
             turns=turns,
         )
-        return cls(model, "causal" if causal else "bidirectional", {"self": section}, text, level)
+        return cls(model_name, "causal" if causal else "bidirectional", {"self": section}, text, level)
 
     @classmethod
+    @renamed_keywords(model="model_name", removed_in="0.3")
     def encoder_decoder(
         cls,
-        model: str,
+        model_name: str,
         source_tokens: Sequence[str],
         target_tokens: Sequence[str],
         *,
@@ -470,7 +470,7 @@ class ViewerData:
             sections["decoder"] = Section.from_layers(target_tokens, keys, decoder, heads=of("decoder"), causal=True)
         if cross:
             sections["cross"] = Section.from_layers(target_tokens, source_tokens, cross, heads=of("cross"))
-        return cls(model, "encoder-decoder", sections, text, level, target_text, generated)
+        return cls(model_name, "encoder-decoder", sections, text, level, target_text, generated)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form documented in ``docs/viewer.md``."""

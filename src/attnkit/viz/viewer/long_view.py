@@ -40,13 +40,14 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from attnkit.deprecation import renamed_keywords
 from attnkit.inspect.long_context import LayerSummary, LongContextRun
 from attnkit.viz.files import write_text_atomic
+from attnkit.viz.viewer.data import QUANTISED_MAX
 from attnkit.viz.viewer.render import embed_json, render_page
 
 FORMAT = "attnkit-viewer-long"
 VERSION = 1
-LEVELS = 65535
 # zlib level 6: these arrays are written once per export, and the top keys shrink with it.
 _ZLIB_LEVEL = 6
 # Bytes of a head's record besides its arrays, at most: its summary, names, zlib's headers
@@ -65,8 +66,8 @@ def _quantised_map(values: Tensor) -> dict[str, Any]:
     """``{"scale", "data"}`` of a map ``[n, n]`` of non-negative values, scaled to its largest."""
     array = values.detach().double().cpu().numpy()
     largest = float(array.max()) if array.size else 0.0
-    scale = largest / LEVELS if largest > 0 else 1.0 / LEVELS
-    quantised = np.clip(np.rint(array / scale), 0, LEVELS).astype("<u2")
+    scale = largest / QUANTISED_MAX if largest > 0 else 1.0 / QUANTISED_MAX
+    quantised = np.clip(np.rint(array / scale), 0, QUANTISED_MAX).astype("<u2")
     return {"scale": scale, "data": _packed(quantised)}
 
 
@@ -74,7 +75,7 @@ def _head_entry(summary: LayerSummary, index: int, row: dict[str, float | int]) 
     """The page's record of head ``summary.heads[index]``: its summary row, reduced maps and top-k."""
     assert summary.block_max is not None and summary.block_mean is not None  # checked by long_viewer_data
     keys = summary.top_keys[index].cpu().numpy().astype("<i4")  # [s, k]
-    weights = np.rint(summary.top_weights[index].float().clamp(0, 1).cpu().numpy() * LEVELS).astype("<u2")
+    weights = np.rint(summary.top_weights[index].float().clamp(0, 1).cpu().numpy() * QUANTISED_MAX).astype("<u2")
     return {
         "head": summary.heads[index],
         "summary": row,
@@ -85,14 +86,15 @@ def _head_entry(summary: LayerSummary, index: int, row: dict[str, float | int]) 
     }
 
 
-def long_viewer_data(run: LongContextRun, tokens: list[str], *, model: str, causal: bool) -> dict[str, Any]:
+@renamed_keywords(model="model_name", removed_in="0.3")
+def long_viewer_data(run: LongContextRun, tokens: list[str], *, model_name: str, causal: bool) -> dict[str, Any]:
     """The long view's JSON form (module docstring) of a run made with ``map_block``.
 
     Args:
         run: from :func:`attnkit.inspect.long_context.long_context_summaries` with
             ``map_block`` set and every query row.
         tokens: the ``s`` token strings of ``run.ids``.
-        model: the model's name, for the page's title.
+        model_name: the model's name, for the page's title.
         causal: whether the model is causal (later keys are drawn masked).
 
     Returns:
@@ -121,7 +123,7 @@ def long_viewer_data(run: LongContextRun, tokens: list[str], *, model: str, caus
     return {
         "format": FORMAT,
         "version": VERSION,
-        "model": model,
+        "model": model_name,
         "causal": bool(causal),
         "tokens": list(tokens),
         "block": first.map_block,
@@ -149,8 +151,8 @@ def render_long_html(data: dict[str, Any], *, title: str | None = None) -> str:
     return render_page(json.dumps(data, separators=(",", ":")), title=title or _title(data["model"]))
 
 
-def _title(model: str) -> str:
-    return f"Long-context attention: {model}"
+def _title(model_name: str) -> str:
+    return f"Long-context attention: {model_name}"
 
 
 def write_long_html(path: str | Path, data: dict[str, Any]) -> Path:
@@ -162,7 +164,8 @@ def write_long_html(path: str | Path, data: dict[str, Any]) -> Path:
     return write_text_atomic(path, render_long_html(data))
 
 
-def estimate_long_html(tokens: Sequence[str], heads: int, *, top_k: int, block: int, model: str = "") -> int:
+@renamed_keywords(model="model_name", removed_in="0.3")
+def estimate_long_html(tokens: Sequence[str], heads: int, *, top_k: int, block: int, model_name: str = "") -> int:
     """An upper bound of the bytes :func:`write_long_html` writes: the arrays as if zlib
     saved nothing, in base64, plus the token labels and the page around the data.
 
@@ -171,7 +174,7 @@ def estimate_long_html(tokens: Sequence[str], heads: int, *, top_k: int, block: 
         heads: how many heads the page holds, over all its layers.
         top_k: keys kept per query.
         block: ``B``, tokens per side of a map cell.
-        model: the model's name, as the page shows it.
+        model_name: the model's name, as the page shows it.
 
     Returns:
         The bound in bytes: ``heads · (2 · 2n² + 6 · s · k + LONG_HEAD_BYTES) · 4/3`` plus
@@ -181,6 +184,6 @@ def estimate_long_html(tokens: Sequence[str], heads: int, *, top_k: int, block: 
     n = math.ceil(s / block)
     per_head = 2 * 2 * n * n + (4 + 2) * s * min(top_k, s) + LONG_HEAD_BYTES  # two uint16 maps, int32 + uint16 top-k
     labels = len(embed_json(json.dumps(list(tokens))))
-    fields = LONG_FIELDS_BYTES + len(embed_json(json.dumps(model)))
-    page = len(render_page("null", title=_title(model)).encode())
+    fields = LONG_FIELDS_BYTES + len(embed_json(json.dumps(model_name)))
+    page = len(render_page("null", title=_title(model_name)).encode())
     return math.ceil(heads * per_head * 4 / 3) + labels + fields + page

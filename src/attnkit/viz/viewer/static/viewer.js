@@ -222,13 +222,13 @@
     const counts = names.map((n) => json.sections[n].query_tokens.length);
     const unit = json.level === 'word' ? ' words' : ' tokens';
     const tokens = json.kind === 'encoder-decoder' ? encoderDecoderCounts(json, unit) : Math.max(...counts) + unit;
-    $('ak-summary').textContent = json.model + ' \u00b7 ' + (kinds[json.kind] || json.kind) + ' \u00b7 ' + tokens;
+    $('ak-summary').textContent = modelLabel(json.model) + ' \u00b7 ' + (kinds[json.kind] || json.kind) + ' \u00b7 ' + tokens;
     $('ak-text-shown').textContent = json.kind === 'encoder-decoder'
       ? 'Source: \u201c' + json.text + '\u201d \u00b7 ' + targetText(json) +
         (json.generated ? ' (written by the model, greedy decoding)' : '')
       : json.text ? 'Text: \u201c' + json.text + '\u201d' : '';
-    document.title = 'Attention: ' + json.model;
-    $('ak-title').textContent = 'Attention: ' + json.model;
+    document.title = 'Attention: ' + modelLabel(json.model);
+    $('ak-title').textContent = document.title;
     $('ak-main').hidden = false;
     $('ak-model-note').hidden = true; // what it said was about the previous data
     // After a long view (in the app), the page opens on the head view again.
@@ -1326,10 +1326,10 @@
     longMap = null;
     longDrag = null;
     const unit = long.tokens.length + ' tokens';
-    $('ak-summary').textContent = long.model + ' \u00b7 ' + (long.causal ? 'causal' : 'bidirectional') +
+    $('ak-summary').textContent = modelLabel(long.model) + ' \u00b7 ' + (long.causal ? 'causal' : 'bidirectional') +
       ' self-attention \u00b7 ' + unit + ' \u00b7 blocks of ' + long.block + ' \u00d7 ' + long.block + ' tokens';
     $('ak-text-shown').textContent = '';
-    document.title = 'Long-context attention: ' + long.model;
+    document.title = 'Long-context attention: ' + modelLabel(long.model);
     $('ak-title').textContent = document.title;
     $('ak-error').hidden = true;
     $('ak-main').hidden = false;
@@ -2097,6 +2097,13 @@
     }
   }
 
+  // A served model by the name the server knows it by, with the family of a model that
+  // runs through transformers' attention interface (bridge:olmo2), as exported pages name it.
+  function modelLabel(name) {
+    const m = info && info.models.find((x) => x.name === name);
+    return m && m.family.startsWith('bridge:') ? name + ' (' + m.family + ')' : name;
+  }
+
   async function startApp() {
     // Take over the form before anything else: a submit that reached the browser would be
     // a navigation, which the content-security policy blocks.
@@ -2113,7 +2120,7 @@
     const select = $('ak-model');
     for (const m of info.models) {
       const layers = m.kind === 'encoder-decoder' ? m.layers + '+' + m.decoder_layers : String(m.layers);
-      select.add(new Option(m.name + ' (' + layers + ' layers, ' + m.heads + ' heads)', m.name));
+      select.add(new Option(modelLabel(m.name) + ' (' + layers + ' layers, ' + m.heads + ' heads)', m.name));
     }
     select.value = info.default_model;
     select.addEventListener('change', fillRequestPickers);

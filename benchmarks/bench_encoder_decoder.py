@@ -12,7 +12,7 @@ vocabulary of 32128, loaded by both from the same folder.
   ``past_key_values``, the same work as attnkit's ``stream``, without ``generate``'s
   bookkeeping), as tokens per second.
 
-Run alone: ``python benchmarks/bench_seq2seq.py`` (``REPEAT=N`` rounds, default 5).
+Run alone: ``python benchmarks/bench_encoder_decoder.py`` (``REPEAT=N`` rounds, default 5).
 """
 
 from __future__ import annotations
@@ -183,7 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(markdown)
     write_results(
-        "seq2seq", {"results": results, "rounds": repeat, "load_average": loads}, markdown, update_docs=args.update_docs
+        "encoder_decoder",
+        {"results": results, "rounds": repeat, "load_average": loads},
+        markdown,
+        update_docs=args.update_docs,
     )
 
 

@@ -14,7 +14,7 @@ from attnkit import models
 from attnkit.serve import create_app
 from attnkit.viz.viewer import ViewerData
 from tests.fixtures.tiny_decoder import TinyModel
-from tests.fixtures.tiny_encoder_decoder import write_seq2seq_folder
+from tests.fixtures.tiny_encoder_decoder import write_encoder_decoder_folder
 
 SOURCE = "3 0 5 1 2"
 TARGET = "2 1 5 0 3"
@@ -22,7 +22,7 @@ TARGET = "2 1 5 0 3"
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return write_seq2seq_folder(tmp_path_factory.mktemp("served") / "reverse")
+    return write_encoder_decoder_folder(tmp_path_factory.mktemp("served") / "reverse")
 
 
 @pytest.fixture(scope="module")

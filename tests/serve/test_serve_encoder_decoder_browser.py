@@ -13,7 +13,7 @@ from attnkit.serve import background, create_app
 from attnkit.viz.viewer import ViewerData
 from tests.browser import Viewer, browser, page  # noqa: F401 (fixtures)
 from tests.fixtures.tiny_decoder import TinyModel
-from tests.fixtures.tiny_encoder_decoder import write_seq2seq_folder
+from tests.fixtures.tiny_encoder_decoder import write_encoder_decoder_folder
 
 SOURCE = "3 0 5 1 2"
 TARGET = "2 1 5 0 3"
@@ -21,7 +21,7 @@ TARGET = "2 1 5 0 3"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    folder = write_seq2seq_folder(tmp_path_factory.mktemp("served") / "reverse")
+    folder = write_encoder_decoder_folder(tmp_path_factory.mktemp("served") / "reverse")
 
     def loader(name):
         return TinyModel() if name == "tiny" else models.load(name)

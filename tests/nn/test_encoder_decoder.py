@@ -93,7 +93,7 @@ def test_cached_decoding_equals_the_full_pass(relative: bool) -> None:
     assert torch.equal(full.argmax(-1), produced)
     # Step by step with a cache: the same logits as the full pass.
     memory = model.encode(source)
-    cache = model.new_cache()
+    cache = model.new_kv_cache()
     steps = [model.head(model.decode(decoder_input[:, i : i + 1], memory, kv_cache=cache)) for i in range(6)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
     assert torch.equal(model.generate(source, 6), produced)
