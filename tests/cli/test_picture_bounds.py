@@ -8,7 +8,7 @@ import pytest
 import attnkit.inspect.methods
 from attnkit.cli import inspect as inspect_command
 from attnkit.cli import main
-from attnkit.viz.export import estimate_map_canvas
+from attnkit.viz.estimates import estimate_map_canvas
 from attnkit.viz.heatmap import MAX_CANVAS_BYTES, new_figure, save_figure
 
 

@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     status = Status(args.quiet)
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
-    from attnkit.cli.inspect import parse_heads, parse_layers
+    from attnkit.cli.inspect_plan import parse_heads, parse_layers
     from attnkit.viz.attention_text import render_effects
     from attnkit.viz.export import write_effects
     from attnkit.viz.terminal import terminal_safe
