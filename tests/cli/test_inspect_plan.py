@@ -98,6 +98,6 @@ def test_long_reads_max_size_before_the_model_loads(capsys, tmp_path, monkeypatc
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before --max-size was read")
 
-    monkeypatch.setattr(attnkit.cli.inspect_long, "load_model", no_loading)
+    monkeypatch.setattr(attnkit.cli.inspect_long, "load_model_of", no_loading)
     code = main(["inspect", "--long", "hello", "--max-size", "lots", "--format", "json", "--out", str(tmp_path)])
     assert code == 2 and capsys.readouterr().err.startswith("attnkit: error: --max-size")

@@ -17,7 +17,7 @@ from attnkit.cli.common import (
     add_quiet_argument,
     add_size_argument,
     figure_options,
-    load_model,
+    load_model_of,
     parse_formats,
     parse_size,
     prepare_out,
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         return run_long(args)
     options = _parse_options(args)
     # Every option that needs no model is checked above, before PyTorch and the model load.
-    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=options.status)
+    model = load_model_of(args, options.status)
     if getattr(model, "encoder_decoder", False):
         return run_encoder_decoder(args, options, model)
     return run_maps(args, options, model)

@@ -8,7 +8,15 @@ import argparse
 from typing import Any
 
 from attnkit.cli import CommandError
-from attnkit.cli.common import Status, command_errors, load_model, parse_formats, parse_size, prepare_out, print_written
+from attnkit.cli.common import (
+    Status,
+    command_errors,
+    load_model_of,
+    parse_formats,
+    parse_size,
+    prepare_out,
+    print_written,
+)
 from attnkit.cli.inspect_plan import InspectOptions, LongPlan, plan_long, say_estimates
 from attnkit.cli.long_context import LONG_FORMATS, check_long_options, format_head_table, write_long_outputs
 from attnkit.cli.long_text import check_long_text
@@ -18,7 +26,7 @@ from attnkit.viz.terminal import counted
 def run_long(args: argparse.Namespace) -> int:
     """Parse, plan, run and write ``attnkit inspect --long``."""
     options = _parse_options(args)
-    model = load_model(args.model, args.device, status=options.status)
+    model = load_model_of(args, options.status)
     plan = plan_long(args, options, model)
     say_estimates(plan.estimates, plan.said, options.status)
     with command_errors(f"cannot write to --out {args.out}"):

@@ -15,7 +15,7 @@ from attnkit.cli.common import (
     FORMATS,
     Status,
     command_errors,
-    load_model,
+    load_model_of,
     prepare_out,
     print_written,
 )
@@ -184,7 +184,7 @@ def run_heads_long(args: argparse.Namespace) -> int:
         check_long_text(args.text, args.file)
     status = Status(args.quiet)
     out = prepare_out(args.out)
-    model = load_model(args.model, args.device, status=status)
+    model = load_model_of(args, status)
     with command_errors(f"cannot write to --out {args.out}"):
         if stat == "retrieval":
             from attnkit.inspect.retrieval_heads import needle_probe, retrieval_scores
