@@ -82,3 +82,13 @@ def test_installing_again_replaces_the_hook_for_the_same_paths(package: str) -> 
     again.install()
     assert sum(isinstance(f, MovedModules) and "movedpkg.old" in f.moved for f in sys.meta_path) == 1
     assert sys.meta_path[-1] is again
+
+
+def test_a_moved_name_is_read_from_its_new_module_with_a_warning_naming_both() -> None:
+    from attnkit.deprecation import moved_names
+
+    __getattr__ = moved_names("oldmod", {"dumps": "json"}, removed_in="9.9")
+    with pytest.warns(DeprecationWarning, match=r"oldmod\.dumps is now json\.dumps; the old path goes in attnkit 9\.9"):
+        assert __getattr__("dumps") is importlib.import_module("json").dumps
+    with pytest.raises(AttributeError, match="module 'oldmod' has no attribute 'loads'"):
+        __getattr__("loads")

@@ -175,3 +175,29 @@ def _merged_module(name: str, modules: list[types.ModuleType]) -> types.ModuleTy
 def _listed(names: tuple[str, ...]) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def moved_names(module: str, moved: Mapping[str, str], *, removed_in: str) -> Callable[[str], Any]:
+    """A module's ``__getattr__`` that still gives the names it lost to other modules, with a
+    warning (``__getattr__ = moved_names(__name__, {...}, removed_in=...)``).
+
+    Args:
+        module: the old module's name.
+        moved: each moved name → the module it now lives in.
+        removed_in: the release that removes the old paths.
+
+    Returns:
+        The function to assign to the old module's ``__getattr__``.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name not in moved:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is now {moved[name]}.{name}; the old path goes in attnkit {removed_in}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(moved[name]), name)
+
+    return __getattr__

@@ -19,7 +19,7 @@ def _no_loading(*args, **kwargs):
 
 
 def test_stat_alignment_without_align_says_it_needs_align(capsys, monkeypatch) -> None:
-    monkeypatch.setattr(heads_command, "load_model", _no_loading)
+    monkeypatch.setattr(heads_command, "load_model_of", _no_loading)
     code = main(["heads", "the cat sat", "--model", "smollm2", "--stat", "alignment"])
     err = capsys.readouterr().err
     assert code == 2 and "--stat alignment needs --align FILE" in err, err
@@ -33,7 +33,7 @@ def test_stat_alignment_without_align_says_it_needs_align(capsys, monkeypatch) -
     ],
 )
 def test_patch_checks_the_metric_and_its_tokens_before_loading(capsys, monkeypatch, options, message) -> None:
-    monkeypatch.setattr(patch_command, "load_model", _no_loading)
+    monkeypatch.setattr(patch_command, "load_model_of", _no_loading)
     argv = ["patch", "--clean", "John gave it to", "--corrupt", "Mary gave it to", "--model", "smollm2"]
     code = main([*argv, *options])
     err = capsys.readouterr().err

@@ -25,7 +25,7 @@ def test_an_unwritable_out_is_refused_before_any_work(capsys, tmp_path, command,
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before --out was checked")
 
-    monkeypatch.setattr(importlib.import_module(f"attnkit.cli.{command[0]}"), "load_model", no_loading)
+    monkeypatch.setattr(importlib.import_module(f"attnkit.cli.{command[0]}"), "load_model_of", no_loading)
     (tmp_path / "file").write_text("a file, not a folder")
     code, _, err = _run(capsys, *command, "--out", str(tmp_path / "file" / "out"), "--model", "minilm")
     assert code == 2 and err.startswith(f"attnkit: error: cannot write to --out {tmp_path / 'file' / 'out'}")
@@ -99,7 +99,7 @@ def test_a_temperature_that_is_not_a_finite_number_is_a_clear_error(capsys, monk
     # either inf, nan"), a traceback.
     from attnkit.cli import generate
 
-    monkeypatch.setattr(generate, "load_model", lambda *args, **kwargs: smollm2)
+    monkeypatch.setattr(generate, "load_model_of", lambda *args, **kwargs: smollm2)
     code, out, err = _run(capsys, "generate", "--temperature", temperature, "Hi")
     assert code == 2 and out == "" and "Traceback" not in err
     assert err.startswith("attnkit: error: temperature must be a finite number >= 0, got"), err
@@ -112,7 +112,7 @@ def test_a_file_of_texts_is_read_only_up_to_its_limit(capsys, monkeypatch, tmp_p
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(heads, "load_model", no_loading)
+    monkeypatch.setattr(heads, "load_model_of", no_loading)
     monkeypatch.setattr(heads, "MAX_FILE_BYTES", 1000)
     big = tmp_path / "texts.txt"
     big.write_text("the cat sat\n" * 100)

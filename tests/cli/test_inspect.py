@@ -284,7 +284,7 @@ def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path,
     )
     assert code == 0, err
     from attnkit.cli.common import format_size
-    from attnkit.viz.export import estimate_viewer_html
+    from attnkit.viz.estimates import estimate_viewer_html
 
     page = format_size(estimate_viewer_html(500, 1, 2, causal=False))
     progress = [line for line in err.splitlines() if line.startswith("attnkit: ") and "done in" not in line]
@@ -305,7 +305,7 @@ def test_a_long_text_shows_progress_and_stays_within_the_limit(capsys, tmp_path,
     assert all(size < 20_000_000 for size in files.values())
     # The estimates that guard the limit are close to what was written: the JSON's not below
     # it, the page's within 10% of it (a pessimistic page estimate refused pages that fit).
-    from attnkit.viz.export import estimate_map_json, estimate_viewer_html
+    from attnkit.viz.estimates import estimate_map_json, estimate_viewer_html
 
     assert 0.5 < files["minilm_layer5_heads0_3.json"] / estimate_map_json(500, 2, causal=False) <= 1.0
     assert files["minilm_viewer.html"] / estimate_viewer_html(500, 1, 2, causal=False) == pytest.approx(1, abs=0.1)

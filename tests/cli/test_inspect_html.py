@@ -10,7 +10,7 @@ import pytest
 
 from attnkit import models
 from attnkit.cli import main
-from attnkit.viz.export import estimate_viewer_html
+from attnkit.viz.estimates import estimate_viewer_html
 
 # English prose, as a learner would paste it: the opening of the analysis guide.
 PROSE = Path(__file__).resolve().parents[2].joinpath("docs", "analysis.md").read_text(encoding="utf-8")

@@ -83,7 +83,7 @@ def test_a_component_by_head_is_refused_before_loading(tiny, capsys, monkeypatch
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(patch, "load_model", no_loading)
+    monkeypatch.setattr(patch, "load_model_of", no_loading)
     argv = ["patch", "--clean", "a", "--corrupt", "b", "--by", "head", "--component", "attn_out"]
     assert main([*argv, "--model", str(tiny), "--quiet"]) == 2
     assert "--component attn_out is one vector per position" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 import attnkit.inspect.methods
 from attnkit.cli import inspect as inspect_command
 from attnkit.cli import main
-from attnkit.viz.export import estimate_map_canvas
+from attnkit.viz.estimates import estimate_map_canvas
 from attnkit.viz.heatmap import MAX_CANVAS_BYTES, new_figure, save_figure
 
 
@@ -45,7 +45,7 @@ def test_a_canvas_over_the_limit_is_refused_with_its_estimate_before_the_model_r
     def no_running(*args, **kwargs):
         raise AssertionError("the model ran")
 
-    monkeypatch.setattr(inspect_command, "load_model", lambda *args, **kwargs: minilm)
+    monkeypatch.setattr(inspect_command, "load_model_of", lambda *args, **kwargs: minilm)
     monkeypatch.setattr(attnkit.inspect.methods, "method_map", no_running)  # imported by the command when it runs
     argv = ["inspect", "--model", "minilm", "--format", "png", "--out", str(tmp_path), "--dpi", "2000", "hi"]
     code = main(argv)

@@ -48,7 +48,7 @@ def test_a_failed_picture_keeps_the_previous_picture(tmp_path, monkeypatch):
 
 def test_inspect_on_a_full_disk_is_a_clear_error_and_overwrites_nothing(capsys, tmp_path, monkeypatch, minilm):
     # Before: the JSON was written in place; a full disk left it truncated, not valid JSON.
-    monkeypatch.setattr(inspect_command, "load_model", lambda *args, **kwargs: minilm)
+    monkeypatch.setattr(inspect_command, "load_model_of", lambda *args, **kwargs: minilm)
     argv = ["inspect", "--model", "minilm", "--format", "json,html", "--out", str(tmp_path), "the cat sat"]
     assert main(argv) == 0
     written = {p.name: p.read_bytes() for p in tmp_path.iterdir()}

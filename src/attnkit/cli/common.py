@@ -406,6 +406,17 @@ def load_model(
     return model
 
 
+def load_model_of(args: argparse.Namespace, status: Status | None = None) -> Any:
+    """The model a command's ``--model``, ``--device``, ``--revision`` and ``--dtype`` name
+    (:func:`load_model`): every command loads its model through here, so that none of
+    those options is ignored.
+
+    Raises:
+        CommandError: as :func:`load_model`.
+    """
+    return load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
+
+
 @contextmanager
 def command_errors(cannot: str) -> Iterator[None]:
     """Run a command's work with its errors as command errors: a ``ValueError`` or

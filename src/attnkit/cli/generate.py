@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from attnkit.cli import CommandError
-from attnkit.cli.common import MODEL_HELP, add_device_argument, add_model_source_arguments, load_model
+from attnkit.cli.common import MODEL_HELP, add_device_argument, add_model_source_arguments, load_model_of
 from attnkit.viz.terminal import terminal_safe
 
 
@@ -46,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype)
+    model = load_model_of(args)
     printed = False
     try:
         pieces = model.generate(

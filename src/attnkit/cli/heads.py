@@ -19,7 +19,7 @@ from attnkit.cli.common import (
     command_errors,
     figure_options,
     format_size,
-    load_model,
+    load_model_of,
     parse_formats,
     prepare_out,
     print_written,
@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     survey_fn, talks = _survey_function(args, distributed)
     status = Status(args.quiet or not talks)
     out = prepare_out(args.out)
-    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
+    model = load_model_of(args, status)
     if args.file is not None:
         _check_lines(model, args.file, numbered)
     if getattr(model, "encoder_decoder", False):
@@ -337,7 +337,7 @@ def run_ablation(args: argparse.Namespace) -> int:
     from attnkit.viz.export import write_effects
     from attnkit.viz.terminal import terminal_safe
 
-    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
+    model = load_model_of(args, status)
     target = args.ablate_target
     if getattr(model, "encoder_decoder", False):
         if args.decoder_text is None or args.ablate_target is not None or args.mean or args.resample:
@@ -382,7 +382,7 @@ def run_detection(args: argparse.Namespace) -> int:
     from attnkit.viz.export import write_detection
     from attnkit.viz.terminal import terminal_safe
 
-    model = load_model(args.model, args.device, status=status)
+    model = load_model_of(args, status)
     if getattr(model, "encoder_decoder", False):
         raise CommandError(f"--detect reads one stack's self-attention; {model.name} is an encoder-decoder")
     with command_errors(f"cannot write to --out {args.out}"):

@@ -1,13 +1,12 @@
-"""``attnkit inspect --long`` and ``attnkit heads --stat sink|distance|retrieval``: attention
-of a real model over a long text, from per-head summaries streamed block by block (never the
-``[s, s]`` map), and the retrieval heads of a needle-in-a-haystack probe."""
+"""``attnkit heads --stat sink|distance|retrieval`` and what ``attnkit inspect --long``
+(:mod:`attnkit.cli.inspect_long`) shares with it: attention of a real model over a long text,
+from per-head summaries streamed block by block (never the ``[s, s]`` map), and the retrieval
+heads of a needle-in-a-haystack probe."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +14,8 @@ from attnkit.cli import CommandError
 from attnkit.cli.common import (
     FORMATS,
     Status,
-    check_sizes,
     command_errors,
-    load_model,
-    parse_formats,
-    parse_size,
+    load_model_of,
     prepare_out,
     print_written,
 )
@@ -87,82 +83,17 @@ def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> Non
         )
 
 
-def _check_long_options(args: argparse.Namespace) -> None:
+def check_long_options(args: argparse.Namespace) -> None:
+    """``--window``, ``--sink-tokens`` and ``--max-tokens``, before the model loads.
+
+    Raises:
+        CommandError: one of them below 1.
+    """
     for name in ("window", "sink_tokens"):
         if getattr(args, name) < 1:
             raise CommandError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise CommandError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-
-
-def run_inspect_long(
-    args: argparse.Namespace, choose: Callable[[Any], tuple[list[int] | None, list[int] | None]]
-) -> int:
-    """``attnkit inspect --long``: the head table, the top keys and block-reduced maps.
-
-    Args:
-        args: the command's arguments.
-        choose: ``model -> (layers, heads)`` as ``--layers`` and ``--heads`` name them
-            (``None``: all).
-    """
-    _check_long_options(args)
-    if args.top < 1:
-        raise CommandError(f"--top must be at least 1, got {args.top}")
-    formats = parse_formats(args.format, LONG_FORMATS)
-    check_long_text(args.text, args.file)
-    status = Status(args.quiet)
-    out = prepare_out(args.out)
-    model = load_model(args.model, args.device, status=status)
-    ids = long_token_ids(model, args.text, args.file, args.max_tokens)
-    layers, heads = choose(model)
-    s = ids.numel()
-    block = max(1, math.ceil(s / MAP_SIDE))
-    chosen = layers or list(range(model.num_layers))
-    from attnkit.inspect.maps import sequence_labels
-
-    _, raw_tokens, _ = model.prepare_input(ids)
-    tokens = sequence_labels(model, raw_tokens, ids, None, None, level=args.level)
-    if "html" in formats:
-        _check_page_size(args, model, tokens, len(chosen) * len(heads or range(model.num_heads)), block)
-    with command_errors(f"cannot write to --out {args.out}"):
-        from attnkit.inspect.long_context import long_context_summaries
-
-        with status.step(f"summarising {counted(len(chosen), 'layer')} of {model.name} over {counted(s, 'token')}"):
-            run = long_context_summaries(
-                model,
-                ids,
-                layers=chosen,
-                heads=heads,
-                top_k=args.top,
-                sink_tokens=args.sink_tokens,
-                window=args.window,
-                map_block=block,
-                progress=lambda done, total: status.say(f"  {done}/{total} layers summarised"),
-            )
-        table = run.head_table()
-        print(format_head_table(table, window=args.window))
-        with status.step("writing the summaries"):
-            written = write_long_outputs(run, out, model, block=block, formats=formats, tokens=tokens)
-    print_written(written, sizes=True)
-    return 0
-
-
-def _check_page_size(args: argparse.Namespace, model: Any, tokens: list[str], heads: int, block: int) -> None:
-    """Refuse, before the model runs, a long-view page over ``--max-size``: its bound
-    (:func:`attnkit.viz.viewer.long_view.estimate_long_html`) grows with the heads and with
-    ``s · --top``.
-
-    Raises:
-        CommandError: naming the page's bound, the limit and what to ask instead.
-    """
-    from attnkit.viz.viewer.long_view import estimate_long_html
-
-    bound = estimate_long_html(tokens, heads, top_k=args.top, block=block, model_name=model.name)
-    check_sizes(
-        {f"the long view page of {counted(heads, 'head')} ({LONG_PAGE})": bound},
-        parse_size(args.max_size),
-        advice=f"The text is {len(tokens)} tokens: ask for fewer layers or heads (--layers, --heads), a smaller --top",
-    )
 
 
 def format_head_table(table: list[dict[str, Any]], *, window: int) -> str:
@@ -236,7 +167,7 @@ def run_heads_long(args: argparse.Namespace) -> int:
     """``attnkit heads --stat sink|distance|window|entropy|retrieval`` (or ``--long``): the
     heads ranked by one long-context statistic over TEXT or the start of ``--file``
     (:func:`attnkit.cli.long_text.long_token_ids`); retrieval runs the needle probe."""
-    _check_long_options(args)
+    check_long_options(args)
     if args.top < 1:
         raise CommandError(f"--top must be at least 1, got {args.top}")
     stat = args.stat or "sink"
@@ -253,7 +184,7 @@ def run_heads_long(args: argparse.Namespace) -> int:
         check_long_text(args.text, args.file)
     status = Status(args.quiet)
     out = prepare_out(args.out)
-    model = load_model(args.model, args.device, status=status)
+    model = load_model_of(args, status)
     with command_errors(f"cannot write to --out {args.out}"):
         if stat == "retrieval":
             from attnkit.inspect.retrieval_heads import needle_probe, retrieval_scores

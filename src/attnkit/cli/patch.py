@@ -15,7 +15,7 @@ from attnkit.cli.common import (
     add_quiet_argument,
     command_errors,
     figure_options,
-    load_model,
+    load_model_of,
     parse_formats,
     prepare_out,
     print_written,
@@ -156,12 +156,12 @@ def run(args: argparse.Namespace) -> int:
     status = Status(args.quiet)
     out = prepare_out(args.out)
     # Every option is checked above, before PyTorch and the model load.
-    from attnkit.cli.inspect import parse_heads, parse_layers
+    from attnkit.cli.inspect_plan import parse_heads, parse_layers
     from attnkit.viz.attention_text import render_effects
     from attnkit.viz.export import write_effects
     from attnkit.viz.terminal import terminal_safe
 
-    model = load_model(args.model, args.device, revision=args.revision, dtype=args.dtype, status=status)
+    model = load_model_of(args, status)
     layers = parse_layers(args.layers, model.num_layers)
     heads = parse_heads(args.heads, model.num_heads)
     grid = {

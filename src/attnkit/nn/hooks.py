@@ -137,6 +137,9 @@ HookCall = Callable[["Tensor", "HookPoint"], "Tensor | None"]
 # Which activations a cache keeps: every one (``None``), one name, these names, or the names a
 # predicate accepts.
 NameFilter = str | Collection[str] | Callable[[str], bool] | None
+# Hooks: name (attnkit's or TransformerLens') → function, or TransformerLens' list of
+# ``(name or predicate on names, function)`` pairs (``fwd_hooks=[(name, fn)]``).
+Hooks = Mapping[str, HookFn] | Sequence[tuple["str | Callable[[str], bool]", HookFn]]
 
 _Root = TypeVar("_Root", bound="HookedModule")
 
@@ -437,8 +440,8 @@ class HookedModule(nn.Module):
     def run_with_hooks(
         self,
         *args: Any,
-        hooks: Mapping[str, HookFn] | None = None,
-        backward_hooks: Mapping[str, HookFn] | None = None,
+        hooks: Hooks | None = None,
+        backward_hooks: Hooks | None = None,
         **kwargs: Any,
     ) -> Any:
         """This module's forward pass on ``args`` / ``kwargs`` with ``hooks`` active, and
@@ -494,9 +497,7 @@ class HookedModule(nn.Module):
         return out, cache
 
     @contextlib.contextmanager
-    def hooks(
-        self: _Root, hooks: Mapping[str, HookFn], *, backward_hooks: Mapping[str, HookFn] | None = None
-    ) -> Iterator[_Root]:
+    def hooks(self: _Root, hooks: Hooks, *, backward_hooks: Hooks | None = None) -> Iterator[_Root]:
         """Install functions that read or replace activations in every forward pass of this
         module inside the ``with`` block (in this thread), and functions on their gradients.
 
@@ -524,10 +525,10 @@ class HookedModule(nn.Module):
     @contextlib.contextmanager
     def hook_session(
         self,
-        hooks: Mapping[str, HookFn] | None = None,
+        hooks: Hooks | None = None,
         *,
         names_filter: NameFilter = (),
-        backward_hooks: Mapping[str, HookFn] | None = None,
+        backward_hooks: Hooks | None = None,
         incl_bwd: bool = False,
     ) -> Iterator[ActivationCache]:
         """Hooks and a cache, active inside the ``with`` block (in this thread).
@@ -550,7 +551,6 @@ class HookedModule(nn.Module):
         """
         from attnkit.nn.activation_cache import ActivationCache
 
-        hooks, backward_hooks = dict(hooks or {}), dict(backward_hooks or {})
         if not hooks and not backward_hooks and names_filter == ():
             # Nothing to add: no walk over the module tree, the context stays as it is.
             yield ActivationCache(self)
@@ -576,7 +576,7 @@ class HookedModule(nn.Module):
 
 
 def _hook_chains(
-    hooks: Mapping[str, HookFn],
+    hooks: Hooks | None,
     points: Mapping[str, HookPoint],
     outer: Mapping[HookPoint, tuple[Callable[[Tensor, HookPoint], Tensor | None], ...]],
     what: str,
@@ -585,11 +585,12 @@ def _hook_chains(
 
     Raises:
         ValueError: an unknown name.
-        TypeError: a value that is not callable.
+        TypeError: a value that is not callable, an entry that is not a pair.
     """
-    check_hook_names(hooks, points, what)
+    pairs = named_hooks(hooks, points, what)
+    check_hook_names([name for name, _ in pairs], points, what)
     chains = dict(outer)
-    for name, fn in hooks.items():
+    for name, fn in pairs:
         if not callable(fn):
             raise TypeError(f"the {what} on {name!r} must be a function of the activation, got {type(fn).__name__}")
         point, hook_fn = _hook_on(name, fn, points)
@@ -620,6 +621,45 @@ def backward_of_scalar(scalar: Any, cache: ActivationCache) -> None:
     if not kept:
         raise ValueError("incl_bwd=True keeps gradients of kept activations, but the cache kept none with a gradient")
     torch.autograd.grad(scalar, kept, allow_unused=True)
+
+
+def named_hooks(hooks: Hooks | None, points: Mapping[str, HookPoint], what: str) -> list[tuple[str, HookFn]]:
+    """``(name, function)`` pairs of hooks given by name, or as TransformerLens' list of
+    ``(name or predicate, function)`` pairs, in order. A predicate hooks every point whose
+    TransformerLens name it accepts (in TL's layout), then every other point whose attnkit
+    name it accepts, each point once; one that accepts none hooks none, as in TL.
+
+    Raises:
+        TypeError: an entry of the list that is not a ``(name or predicate, function)`` pair.
+    """
+    if not hooks:
+        return []
+    if isinstance(hooks, Mapping):
+        return list(hooks.items())
+    pairs: list[tuple[str, HookFn]] = []
+    for entry in hooks:
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise TypeError(f"each {what} is a (name or predicate, function) pair, got {entry!r}")
+        name, fn = entry
+        if isinstance(name, str):
+            pairs.append((name, fn))
+        elif callable(name):
+            pairs.extend((accepted, fn) for accepted in _names_accepted(name, points))
+        else:
+            raise TypeError(f"a {what}'s name must be a string or a predicate on names, got {type(name).__name__}")
+    return pairs
+
+
+def _names_accepted(predicate: Callable[[str], bool], points: Mapping[str, HookPoint]) -> list[str]:
+    """The names a predicate accepts, one per point: its TransformerLens name where the
+    predicate accepts that, else its attnkit name."""
+    accepted, taken = [], set()
+    for tl_name, alias in transformerlens_aliases(points).items():
+        if alias.point not in taken and predicate(tl_name):
+            accepted.append(tl_name)
+            taken.add(alias.point)
+    accepted.extend(name for name in points if name not in taken and predicate(name))
+    return accepted
 
 
 def check_hook_names(names: Collection[str], points: Mapping[str, HookPoint], what: str) -> None:

@@ -228,3 +228,62 @@ def test_gradients_by_tl_names_in_tl_layout(model):
     ours = cache.grads["z", 1]  # [b, h, s, d]
     assert torch.equal(cache["blocks.1.attn.hook_z_grad"], ours.transpose(1, 2))
     assert torch.equal(cache.grads["blocks.1.hook_resid_pre"], cache.grads["resid_pre", 1])
+
+
+def test_tl_fwd_hooks_as_written(model):
+    """TL's call, ``fwd_hooks=[(name or predicate, fn)]``, in ``run_with_hooks`` and in the
+    ``hooks`` block: the numbers of the same hooks given by name."""
+    ids = _ids(model)
+    every_z = {get_act_name("z", layer): _tl_zero_head for layer in range(model.num_layers)}
+    with torch.no_grad():
+        by_name = model.run_with_hooks(ids, hooks=every_z, return_type="logits")
+        listed = model.run_with_hooks(ids, return_type="logits", fwd_hooks=list(every_z.items()))
+        predicate = model.run_with_hooks(
+            ids, return_type="logits", fwd_hooks=[(lambda name: name.endswith("hook_z"), _tl_zero_head)]
+        )
+        with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_z"), _tl_zero_head)]):
+            in_block = model.run_with_hooks(ids, return_type="logits")
+        attnkit_names = model.run_with_hooks(
+            ids, return_type="logits", hooks=[(lambda name: name.endswith("self_attn.z"), _ak_zero_head)]
+        )
+        plain = model.run_with_hooks(ids, return_type="logits")
+    assert torch.equal(listed, by_name) and torch.equal(predicate, by_name) and torch.equal(in_block, by_name)
+    assert torch.equal(attnkit_names, by_name)  # attnkit's names, in attnkit's layout
+    assert (by_name - plain).abs().max() > 1e-3
+
+
+def test_a_predicate_hooks_each_point_once(model):
+    seen = []
+    with torch.no_grad():
+        model.run_with_hooks(
+            _ids(model),
+            fwd_hooks=[(lambda name: "hook_z" in name or name.endswith(".z"), lambda z, hook: seen.append(hook.name))],
+        )
+    assert seen == [get_act_name("z", layer) for layer in range(model.num_layers)]
+
+
+def test_tl_bwd_hooks_as_written(model):
+    ids = _ids(model)
+    grads = {}
+
+    def keep(grad, hook):
+        grads[hook.name] = grad.clone()
+
+    run = model.run_with_hooks(ids, bwd_hooks=[(get_act_name("z", 1), keep)])
+    run.logits[0, -1].sum().backward()
+    _, cache = model.run_with_cache(
+        ids, incl_bwd=True, names_filter="blocks.1.attn.hook_z", metric=lambda logits: logits[0, -1].sum()
+    )
+    torch.testing.assert_close(grads["blocks.1.attn.hook_z"], cache["blocks.1.attn.hook_z_grad"], rtol=0, atol=1e-6)
+
+
+def test_hooks_given_twice_or_not_as_pairs_are_refused(model):
+    ids = _ids(model)
+    with pytest.raises(TypeError, match="fwd_hooks= is TransformerLens' spelling of hooks="):
+        model.run_with_hooks(
+            ids, hooks={get_act_name("z", 1): _tl_zero_head}, fwd_hooks=[(get_act_name("z", 1), _tl_zero_head)]
+        )
+    with pytest.raises(TypeError, match=r"a \(name or predicate, function\) pair"):
+        model.run_with_hooks(ids, fwd_hooks=[get_act_name("z", 1)])
+    with pytest.raises(ValueError, match="unknown hook name 'blocks.1.attn.hook_nothing'"):
+        model.run_with_hooks(ids, fwd_hooks=[("blocks.1.attn.hook_nothing", _tl_zero_head)])

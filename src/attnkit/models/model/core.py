@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from attnkit.models.model.runs import ForwardPass
     from attnkit.nn import LayerSelection, WeightSelection
-    from attnkit.nn.hooks import HookFn, NameFilter
+    from attnkit.nn.hooks import Hooks, NameFilter
 
     class ModelCore:
         """The methods of :class:`attnkit.models.Model` its mixins call."""
@@ -46,9 +46,9 @@ if TYPE_CHECKING:
             layers: Collection[int] | Mapping[int, WeightSelection] = (),
             padding: Tensor | None = None,
             logits: bool = True,
-            hooks: Mapping[str, HookFn] | None = None,
+            hooks: Hooks | None = None,
             names_filter: NameFilter = (),
-            backward_hooks: Mapping[str, HookFn] | None = None,
+            backward_hooks: Hooks | None = None,
             incl_bwd: bool = False,
             start_at_layer: int = 0,
             residual: Tensor | None = None,

@@ -11,7 +11,7 @@ Shape letters: ``b`` batch, ``s`` number of tokens, ``e`` model dim, ``v`` vocab
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 import torch
@@ -31,7 +31,7 @@ from attnkit.models.model.layer_range import (
 from attnkit.models.model.lens import lm_cross_entropy
 from attnkit.models.model.runs import HookedRun
 from attnkit.nn import ActivationCache, DecoderLM
-from attnkit.nn.hooks import HookFn, NameFilter, backward_of_scalar
+from attnkit.nn.hooks import HookFn, Hooks, NameFilter, backward_of_scalar
 from attnkit.nn.text_module import TextModule
 
 
@@ -81,7 +81,12 @@ class HooksMixin(ModelCore):
 
     @contextlib.contextmanager
     def hooks(
-        self, hooks: Mapping[str, HookFn], *, backward_hooks: Mapping[str, HookFn] | None = None
+        self,
+        hooks: Hooks | None = None,
+        *,
+        backward_hooks: Hooks | None = None,
+        fwd_hooks: Hooks | None = None,
+        bwd_hooks: Hooks | None = None,
     ) -> Iterator[Self]:
         """Install functions that read or replace activations in every run of this model
         inside the ``with`` block (in this thread): :meth:`run`, :meth:`run_batch`,
@@ -95,20 +100,27 @@ class HooksMixin(ModelCore):
         Args:
             hooks: name (:meth:`hook_names`) → function of ``(activation, hook)`` (or of
                 the activation alone) that returns ``None`` (reads only) or the tensor to
-                use instead. Nested blocks apply the outer block's hooks first.
+                use instead, or TransformerLens' list of ``(name or predicate, function)``
+                pairs (:func:`attnkit.nn.hooks.named_hooks`). Nested blocks apply the
+                outer block's hooks first.
             backward_hooks: name → function of ``(gradient, hook)`` (or of the gradient
                 alone) that returns ``None`` or the gradient to pass on instead; it acts
                 when a backward pass reaches that activation of a run started inside the
                 block with gradients enabled (:meth:`attnkit.nn.HookedModule.hooks`).
+            fwd_hooks, bwd_hooks: TransformerLens' spellings of ``hooks`` and
+                ``backward_hooks``.
 
         Yields:
             This model.
 
         Raises:
             ValueError: an unknown name (the message lists the names).
-            TypeError: a value that is not callable.
+            TypeError: a value that is not callable, or a TransformerLens spelling given
+                with attnkit's.
         """
-        with self.module.hooks(hooks, backward_hooks=backward_hooks):
+        hooks = transformerlens_spelling(hooks, fwd_hooks, "hooks", "fwd_hooks")
+        backward_hooks = transformerlens_spelling(backward_hooks, bwd_hooks, "backward_hooks", "bwd_hooks")
+        with self.module.hooks(hooks or {}, backward_hooks=backward_hooks):
             yield self
 
     @overload
@@ -116,11 +128,13 @@ class HooksMixin(ModelCore):
         self,
         ids: Tensor,
         *,
-        hooks: Mapping[str, HookFn] | None = None,
+        hooks: Hooks | None = None,
         names_filter: NameFilter = (),
         attention_mask: Tensor | None = None,
         logits: bool = True,
-        backward_hooks: Mapping[str, HookFn] | None = None,
+        backward_hooks: Hooks | None = None,
+        fwd_hooks: Hooks | None = None,
+        bwd_hooks: Hooks | None = None,
         incl_bwd: bool = False,
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
@@ -132,11 +146,13 @@ class HooksMixin(ModelCore):
         self,
         ids: Tensor,
         *,
-        hooks: Mapping[str, HookFn] | None = None,
+        hooks: Hooks | None = None,
         names_filter: NameFilter = (),
         attention_mask: Tensor | None = None,
         logits: bool = True,
-        backward_hooks: Mapping[str, HookFn] | None = None,
+        backward_hooks: Hooks | None = None,
+        fwd_hooks: Hooks | None = None,
+        bwd_hooks: Hooks | None = None,
         incl_bwd: bool = False,
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
@@ -148,11 +164,13 @@ class HooksMixin(ModelCore):
         self,
         ids: Tensor,
         *,
-        hooks: Mapping[str, HookFn] | None = None,
+        hooks: Hooks | None = None,
         names_filter: NameFilter = (),
         attention_mask: Tensor | None = None,
         logits: bool = True,
-        backward_hooks: Mapping[str, HookFn] | None = None,
+        backward_hooks: Hooks | None = None,
+        fwd_hooks: Hooks | None = None,
+        bwd_hooks: Hooks | None = None,
         incl_bwd: bool = False,
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
@@ -179,6 +197,9 @@ class HooksMixin(ModelCore):
                 ``bwd_hooks``): it acts when the caller runs a backward pass through this
                 run's outputs (``run.logits[..., t].sum().backward()``), with gradients
                 enabled during the run.
+            fwd_hooks, bwd_hooks: TransformerLens' spellings of ``hooks`` and
+                ``backward_hooks`` (a list of ``(name or predicate, function)`` pairs, as
+                both take).
             incl_bwd: also keep the gradients of the activations ``names_filter`` keeps,
                 in ``run.cache.grads``, when the caller runs a backward pass through this
                 run's outputs (:meth:`run_with_cache` with ``incl_bwd=True`` runs it).
@@ -206,6 +227,8 @@ class HooksMixin(ModelCore):
                 other than a causal decoder, a loss without ids or logits, an unknown
                 ``return_type``.
         """
+        hooks = transformerlens_spelling(hooks, fwd_hooks, "hooks", "fwd_hooks")
+        backward_hooks = transformerlens_spelling(backward_hooks, bwd_hooks, "backward_hooks", "bwd_hooks")
         if return_type != "run":
             check_return_type(return_type)
         start = check_layer(start_at_layer, self.num_layers, "start_at_layer")
@@ -291,11 +314,11 @@ class HooksMixin(ModelCore):
         start: int,
         stop: int | None,
         *,
-        hooks: Mapping[str, HookFn] | None,
+        hooks: Hooks | None,
         names_filter: NameFilter,
         attention_mask: Tensor | None,
         logits: bool,
-        backward_hooks: Mapping[str, HookFn] | None,
+        backward_hooks: Hooks | None,
         incl_bwd: bool,
     ) -> HookedRun:
         """:meth:`run_with_hooks` from layer ``start`` on the residual stream ``[b, s, e]``."""
@@ -454,3 +477,15 @@ class HooksMixin(ModelCore):
     def reset_hooks(self) -> None:
         """Remove every permanent hook of this model."""
         self.module.reset_hooks()
+
+
+def transformerlens_spelling(given: Hooks | None, tl_given: Hooks | None, name: str, tl_name: str) -> Hooks | None:
+    """The hooks given under attnkit's keyword or TransformerLens' (``fwd_hooks``,
+    ``bwd_hooks``).
+
+    Raises:
+        TypeError: both given.
+    """
+    if given and tl_given:
+        raise TypeError(f"{tl_name}= is TransformerLens' spelling of {name}=: give one of them")
+    return tl_given or given

@@ -27,7 +27,7 @@ from attnkit.models.model.core import ModelCore
 from attnkit.models.model.layer_range import stopped_at
 from attnkit.models.model.runs import ForwardPass, ModelRun, RunStopped, self_attention_weights
 from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput, WeightSelection
-from attnkit.nn.hooks import HookFn, HookPoint, NameFilter
+from attnkit.nn.hooks import HookPoint, Hooks, NameFilter
 from attnkit.nn.text_module import TextModule
 
 
@@ -141,9 +141,9 @@ class RunMixin(ModelCore):
         layers: Collection[int] | Mapping[int, WeightSelection] = (),
         padding: Tensor | None = None,
         logits: bool = True,
-        hooks: Mapping[str, HookFn] | None = None,
+        hooks: Hooks | None = None,
         names_filter: NameFilter = (),
-        backward_hooks: Mapping[str, HookFn] | None = None,
+        backward_hooks: Hooks | None = None,
         incl_bwd: bool = False,
         start_at_layer: int = 0,
         residual: Tensor | None = None,
