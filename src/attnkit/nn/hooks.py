@@ -327,6 +327,8 @@ class _Registrations:
     name a module tree that has changed since."""
 
     count = 0
+    # The module whose map last named the points (HookPoint.name, HookPoint.layer), weakly.
+    named_by: weakref.ref[nn.Module] | None = None
 
 
 def _count_registration(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
@@ -362,14 +364,19 @@ class HookedModule(nn.Module):
                     points[name] = (module, int(match.group(1)) if match else None)
             known = (_Registrations.count, points)
             _POINT_MAPS[self] = known
-        for name, (point, layer) in known[1].items():
-            point.name, point.layer = name, layer
+            _Registrations.named_by = None
+        if _Registrations.named_by is None or _Registrations.named_by() is not self:
+            # The points carry the names another module (or an older map) gave them.
+            for name, (point, layer) in known[1].items():
+                point.name, point.layer = name, layer
+            _Registrations.named_by = weakref.ref(self)
         return {name: point for name, (point, _) in known[1].items()}
 
     def forget_hook_points(self) -> None:
         """Walk the module tree again at the next :meth:`hook_points`: after a change to it
         that registers no submodule (``del`` of a submodule, ``nn.ModuleList.insert``)."""
         _POINT_MAPS.pop(self, None)
+        _Registrations.named_by = None
 
     def hook_names(self) -> list[str]:
         """The names of :meth:`hook_points`, e.g. ``decoder.layers.0.self_attn.pattern``."""
