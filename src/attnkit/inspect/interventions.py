@@ -247,7 +247,7 @@ def head_ablation(
             ``mean_over``, a layer out of range, ``mean_over`` or no target with an
             encoder-decoder.
     """
-    if getattr(model, "encoder_decoder", False):
+    if model.encoder_decoder:
         if metric is not None or resample_from is not None:
             raise ValueError(f"{model.name} is an encoder-decoder: it ablates heads to zero and measures log p(target)")
         return _encoder_decoder_ablation(model, _source_text(text), target, mean_over, layers)
@@ -378,7 +378,7 @@ def activation_patching(
             ``heads`` without ``by="dest-src"``, no head or a head out of range.
         TypeError: a metric that is neither a name nor a function.
     """
-    if getattr(model, "encoder_decoder", False):
+    if model.encoder_decoder:
         sources = (_source_text(clean), _source_text(corrupt))
         return _encoder_decoder_patching(model, sources, by, component, metric, (target, wrong), layers)
     component = check_where(by, component)

@@ -223,7 +223,7 @@ def attribution_patching(
 def _check_attribution(model: Model, grids: Sequence[tuple[str, str]]) -> None:
     """Refuse a model without next-token logits, no grid, and a grid attribution patching
     cannot estimate."""
-    if not model.causal or getattr(model, "encoder_decoder", False):
+    if not model.causal or model.encoder_decoder:
         raise ValueError(
             f"attribution patching measures next-token logits of a causal decoder; {model.name} is not one"
         )
