@@ -13,12 +13,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnkit"
 
 # Lists still written twice, each with the change that mends it: when it is made, the entry goes.
-KNOWN_COPIES = {
-    frozenset({"cli/patch.py:BY", "inspect/interventions.py:BY"}): "the patching names' move to inspect/names.py",
-    frozenset({"cli/patch.py:COMPONENTS", "inspect/interventions.py:COMPONENTS"}): "the same",
-    frozenset({"cli/patch.py:PER_HEAD", "inspect/interventions.py:PER_HEAD"}): "the same",
-    frozenset({"cli/patch.py:METRICS", "inspect/interventions.py:METRICS"}): "the same",
-}
+KNOWN_COPIES: dict[frozenset[str], str] = {}
 
 
 def _module_constants() -> dict[object, set[str]]:
@@ -78,6 +73,14 @@ def test_the_command_line_offers_the_librarys_own_lists() -> None:
     assert hooks.LAYER_INDEX is activation_cache.LAYER_INDEX
 
 
+def test_patch_offers_the_patching_names() -> None:
+    from attnkit.cli import patch
+    from attnkit.inspect import interventions, names
+
+    for name in ("BY", "COMPONENTS", "PER_HEAD", "METRICS"):
+        assert getattr(patch, name) is getattr(names, name) is getattr(interventions, name)
+
+
 def test_the_dtype_choices_are_loads_dtypes() -> None:
     import argparse
 
@@ -107,3 +110,14 @@ def test_a_set_of_layers_or_heads_is_chosen_by_one_selector() -> None:
             ):
                 found.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert found == [], "use select_indices"
+
+
+def test_the_layers_of_a_model_are_chosen_by_the_model() -> None:
+    """The analyses read their layers through :meth:`attnkit.models.Model.layer_indices` and the
+    command line's ``--layers``/``--heads`` through ``select_indices``: no wrapper of their own."""
+    from attnkit.cli import inspect_plan
+    from attnkit.inspect import methods
+    from attnkit.models import Model
+
+    assert not hasattr(methods, "layer_indices") and not hasattr(Model, "_layers")
+    assert inspect_plan.parse_layers("5,0,-1,5", 6) == [5, 0] and inspect_plan.parse_heads("2,all", 3) == [2, 0, 1]

@@ -14,6 +14,11 @@ def test_negative_indices_count_from_the_end_and_selections_are_sorted_and_disti
     assert select_indices(False, 3, "head") == [] == select_indices([], 3, "head")
 
 
+def test_a_selection_may_keep_the_order_it_was_given_in():
+    assert select_indices([3, -1, 3, 0], 6, "layer", in_given_order=True) == [3, 5, 0]
+    assert select_indices(None, 3, "head", in_given_order=True) == [0, 1, 2]
+
+
 def test_out_of_range_and_not_an_index_are_typed_errors_and_stay_value_and_type_errors():
     with pytest.raises(IndexOutOfRange, match=r"layer 6 is out of range: this model has 6 layers, 0\.\.5") as err:
         select_indices([6], 6, "layer", context="this model has 6 layers")

@@ -36,3 +36,25 @@ def test_models_and_stand_ins_take_the_protocols_parameters(implementation):
 def test_the_stand_ins_are_inspectable_models(stand_in):
     assert issubclass(stand_in, FakeModel)
     assert isinstance(stand_in(), InspectableModel)
+
+
+def test_whether_a_model_is_an_encoder_decoder_is_the_protocols_to_say():
+    """Every part of attnkit reads ``model.encoder_decoder`` (a property of the protocol, which
+    Model and the stand-ins have), never a guess from an attribute that may be missing."""
+    import ast
+    from pathlib import Path
+
+    assert isinstance(InspectableModel.encoder_decoder, property)
+    assert FakeModel.encoder_decoder is False
+    src = Path(__file__).resolve().parents[2] / "src" / "attnkit"
+    guessed = [
+        f"{path.relative_to(src)}:{node.lineno}"
+        for path in sorted(src.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) in ("getattr", "hasattr")
+        and len(node.args) > 1
+        and isinstance(node.args[1], ast.Constant)
+        and node.args[1].value == "encoder_decoder"
+    ]
+    assert guessed == []

@@ -375,3 +375,12 @@ def test_attention_refuses_a_position_bias_that_is_not_its_own() -> None:
         relative(x, position_bias=torch.zeros(1, H, 3, 2))
     bias = relative.self_attn.positional.score_bias(3, 3, device=x.device, dtype=x.dtype)
     assert_close(relative(x, position_bias=bias), relative(x))
+
+
+def test_selected_layers_is_a_deprecated_reading_of_the_one_selector() -> None:
+    from attnkit.nn import selected_layers
+
+    with pytest.warns(DeprecationWarning, match="select_indices"):
+        assert selected_layers([-1, 0, 0], 3) == frozenset({0, 2})
+    with pytest.warns(DeprecationWarning):
+        assert selected_layers(False, 3) is None

@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model_of(args, status)
     if args.file is not None:
         _check_lines(model, args.file, numbered)
-    if getattr(model, "encoder_decoder", False):
+    if model.encoder_decoder:
         if distributed or args.source is not None:
             raise CommandError("an encoder-decoder's heads are surveyed in one process, without --from and --to")
         return _run_encoder_decoder_survey(args, model, texts, status, formats, figure, out)
@@ -339,7 +339,7 @@ def run_ablation(args: argparse.Namespace) -> int:
 
     model = load_model_of(args, status)
     target = args.ablate_target
-    if getattr(model, "encoder_decoder", False):
+    if model.encoder_decoder:
         if args.decoder_text is None or args.ablate_target is not None or args.mean or args.resample:
             raise CommandError(
                 f"{model.name} is an encoder-decoder: --ablate measures log p of the --decoder-text TARGET given "
@@ -383,7 +383,7 @@ def run_detection(args: argparse.Namespace) -> int:
     from attnkit.viz.terminal import terminal_safe
 
     model = load_model_of(args, status)
-    if getattr(model, "encoder_decoder", False):
+    if model.encoder_decoder:
         raise CommandError(f"--detect reads one stack's self-attention; {model.name} is an encoder-decoder")
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"scoring {model.num_layers} layers × {model.num_heads} heads of {model.name}"):

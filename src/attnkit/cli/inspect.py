@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     options = _parse_options(args)
     # Every option that needs no model is checked above, before PyTorch and the model load.
     model = load_model_of(args, options.status)
-    if getattr(model, "encoder_decoder", False):
+    if model.encoder_decoder:
         return run_encoder_decoder(args, options, model)
     return run_maps(args, options, model)
 

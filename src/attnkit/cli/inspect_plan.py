@@ -39,41 +39,51 @@ class InspectOptions:
 
 
 def parse_layers(spec: str | None, num_layers: int) -> list[int] | None:
-    """``--layers``: ``None`` when not given, else the layers as ``0 .. n-1``.
+    """``--layers``: ``None`` when not given, else the layers as ``0 .. n-1``, each once, in
+    the order given.
 
     Raises:
         CommandError: not a comma-separated list of layers or ``all``, or a layer out of range.
     """
-    from attnkit.functional.indices import IndexOutOfRange
-    from attnkit.inspect.maps import resolve_layer
-
     if spec is None:
         return None
     if spec.strip().lower() == "all":
         return list(range(num_layers))
     try:
-        return list(dict.fromkeys(resolve_layer(int(part), num_layers) for part in spec.split(",")))
-    except IndexOutOfRange as err:
-        raise CommandError(str(err)) from None
+        asked = [int(part) for part in spec.split(",")]
     except ValueError:
         raise CommandError(f'--layers takes layers such as 29 or 0,5,-1 or "all", got {spec!r}') from None
+    return _selected(asked, num_layers, "layer", f"this model has {num_layers} layers")
 
 
 def parse_heads(spec: str | None, num_heads: int) -> list[int] | None:
-    """``--heads``: ``None`` when not given, else the heads as ``0 .. h-1``.
+    """``--heads``: ``None`` when not given, else the heads as ``0 .. h-1``, each once, in
+    the order given (``all`` among them stands for every head).
 
     Raises:
         CommandError: not a comma-separated list of heads or ``all``, or a head out of range.
     """
-    from attnkit.inspect.maps import resolve_heads
-
     if spec is None:
         return None
     if spec.strip().lower() == "all":
         return list(range(num_heads))
+    asked: list[int] = []
+    for part in (part.strip() for part in spec.split(",")):
+        try:
+            asked += range(num_heads) if part == "all" else [int(part)]
+        except ValueError:
+            raise CommandError(f'head must be a number or "all", got {part!r}') from None
+    return _selected(asked, num_heads, "head", f"this model has {num_heads} heads per layer")
+
+
+def _selected(asked: list[int], count: int, what: str, context: str) -> list[int]:
+    """``asked`` through the library's one selector, in the order given; an index out of
+    range as a :class:`CommandError`."""
+    from attnkit.functional.indices import IndexOutOfRange, select_indices
+
     try:
-        return list(dict.fromkeys(h for part in spec.split(",") for h in resolve_heads(part.strip(), num_heads)))
-    except ValueError as err:
+        return select_indices(asked, count, what, context=context, in_given_order=True)
+    except IndexOutOfRange as err:
         raise CommandError(str(err)) from None
 
 

@@ -20,13 +20,7 @@ from attnkit.cli.common import (
     prepare_out,
     print_written,
 )
-
-# What `--by` and `--component` accept (attnkit.inspect.interventions.BY and COMPONENTS,
-# repeated here so that the help needs no PyTorch; a test keeps them equal).
-BY = ("head", "layer-position", "position", "dest-src", "head-position")
-COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v", "pattern")
-PER_HEAD = ("z", "q", "k", "v", "pattern")
-METRICS = ("logit-diff", "log-p", "cosine")
+from attnkit.inspect.names import BY, COMPONENTS, METRICS, PER_HEAD
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -94,17 +94,25 @@ def normalize_indices(
 
 
 def select_indices(
-    selection: bool | Iterable[int] | None, count: int, what: str, *, context: str | None = None, from_end: bool = True
+    selection: bool | Iterable[int] | None,
+    count: int,
+    what: str,
+    *,
+    context: str | None = None,
+    from_end: bool = True,
+    in_given_order: bool = False,
 ) -> list[int]:
-    """A selection of layers or heads as sorted distinct indices ``0 .. count - 1``.
+    """A selection of layers or heads as distinct indices ``0 .. count - 1``.
 
     Args:
         selection: ``True`` or ``None`` for all, ``False`` for none, or indices (repeats
-            and order do not matter).
+            do not matter).
         count, what, context, from_end: as in :func:`normalize_index`.
+        in_given_order: keep the order of ``selection`` (each index where it first comes)
+            instead of sorting, as the command line's ``--layers 5,0`` draws layer 5 first.
 
     Returns:
-        The chosen indices, sorted, each once.
+        The chosen indices, each once, sorted unless ``in_given_order``.
 
     Raises:
         NotAnIndex: an index that is not an int.
@@ -114,7 +122,8 @@ def select_indices(
         return list(range(count))
     if selection is False:
         return []
-    return sorted(set(normalize_indices(selection, count, what, context=context, from_end=from_end, allow_empty=True)))
+    chosen = normalize_indices(selection, count, what, context=context, from_end=from_end, allow_empty=True)
+    return list(dict.fromkeys(chosen)) if in_given_order else sorted(set(chosen))
 
 
 def normalize_rows(rows: range | slice | None, count: int, *, context: str | None = None) -> range:

@@ -53,7 +53,7 @@ def encoder_decoder_head_ablation(
         ValueError: a model that is not an encoder–decoder, texts it refuses, a layer out of
             range in a stack.
     """
-    if not getattr(model, "encoder_decoder", False):
+    if not model.encoder_decoder:
         raise ValueError(
             f"encoder-decoder head ablation runs on encoder-decoders; {model.name} is not one ({model.family})"
         )
@@ -135,7 +135,7 @@ def encoder_decoder_activation_patching(
         ValueError: a model that is not an encoder–decoder, sources of different token
             lengths, sources the measure does not tell apart, a layer out of range.
     """
-    if not getattr(model, "encoder_decoder", False):
+    if not model.encoder_decoder:
         raise ValueError(f"encoder-decoder activation patching runs on encoder-decoders; {model.name} is not one")
     rows = _rows(model, layers)
     kept: dict[str, Tensor] = {}

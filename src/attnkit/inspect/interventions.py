@@ -49,8 +49,11 @@ from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.finite import check_finite
 from attnkit.inspect import targets
 from attnkit.inspect.maps import token_labels
-from attnkit.inspect.methods import layer_indices
 from attnkit.inspect.metrics import Metric, MetricInput
+from attnkit.inspect.names import BY as BY
+from attnkit.inspect.names import COMPONENTS as COMPONENTS
+from attnkit.inspect.names import METRICS as METRICS
+from attnkit.inspect.names import PER_HEAD as PER_HEAD
 
 if TYPE_CHECKING:
     from attnkit.models import Model
@@ -59,21 +62,6 @@ if TYPE_CHECKING:
 # would need more runs its layers in several passes.
 BATCH_MEMORY = 2**30
 
-# Where a patch acts: one head's z at every position; a component of one layer at one
-# position; a component at one position in every layer asked for; one (destination, source)
-# cell of the pattern in every head and layer asked for; one head's per-head component at one position.
-BY = ("head", "layer-position", "position", "dest-src", "head-position")
-# What a patch replaces, by the end of its hook name in a layer (attnkit.nn.hooks): the
-# residual stream into the layer, between its blocks and out of it, the attention and
-# feed-forward blocks' outputs, and each head's output before the output projection.
-COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v", "pattern")
-# The components with a head dimension: patched by head (every position) or by position
-# (every head at that query position; a pattern's row of that query).
-PER_HEAD = ("z", "q", "k", "v", "pattern")
-# The metrics named by a string: of causal models, the logit difference between the target
-# and the wrong token and the target's log-probability at the last position; of encoders,
-# the cosine of the sentence embedding to the clean text's.
-METRICS = ("logit-diff", "log-p", "cosine")
 # A metric given as a function: of next-token logits at the last position ``[b, v]``
 # (causal models) or of the last hidden states ``[b, s, e]`` (encoders), one number per row.
 MetricFunction = Callable[[Tensor], Tensor]
@@ -259,12 +247,12 @@ def head_ablation(
             ``mean_over``, a layer out of range, ``mean_over`` or no target with an
             encoder-decoder.
     """
-    if getattr(model, "encoder_decoder", False):
+    if model.encoder_decoder:
         if metric is not None or resample_from is not None:
             raise ValueError(f"{model.name} is an encoder-decoder: it ablates heads to zero and measures log p(target)")
         return _encoder_decoder_ablation(model, _source_text(text), target, mean_over, layers)
     target_id = _ablation_target_id(model, target, metric, mean_over is not None and resample_from is not None)
-    layer_list = layer_indices(model, layers)
+    layer_list = model.layer_indices(layers)
     encoded = model.tokenized(text, prepend_bos=prepend_bos)
     replacement_sets = _ablation_replacements(model, layer_list, mean_over, resample_from, encoded.ids.shape[1])
     unablated: list[Tensor] = []  # the output of the first (unaltered) row
@@ -390,12 +378,12 @@ def activation_patching(
             ``heads`` without ``by="dest-src"``, no head or a head out of range.
         TypeError: a metric that is neither a name nor a function.
     """
-    if getattr(model, "encoder_decoder", False):
+    if model.encoder_decoder:
         sources = (_source_text(clean), _source_text(corrupt))
         return _encoder_decoder_patching(model, sources, by, component, metric, (target, wrong), layers)
     component = check_where(by, component)
     metric_name = check_metric(model, metric, target, wrong)
-    layer_list = layer_indices(model, layers)
+    layer_list = model.layer_indices(layers)
     if not layer_list:
         raise ValueError("layers must name at least one layer, got none")
     head_list = _check_heads(model, by, heads)

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnkit.functional.indices import select_indices
 from attnkit.inspect import targets
 from attnkit.inspect.maps import LEVELS, AttentionMap, attention_map, resolve_heads, resolve_layer
 from attnkit.inspect.names import METHODS
@@ -162,7 +161,7 @@ def value_weighted(model: Model, text: str, *, layers: Sequence[int] | None = No
     Raises:
         ValueError: the model refuses the text, or a layer out of range.
     """
-    layer_list = layer_indices(model, layers)
+    layer_list = model.layer_indices(layers)
     run = model.run(
         text,
         return_weights=layer_list,
@@ -209,7 +208,7 @@ def gradient_weighted(
         ValueError: the model refuses the text, a target that is not a single token (the
             message says how it tokenises), a layer out of range.
     """
-    layer_list = layer_indices(model, layers)
+    layer_list = model.layer_indices(layers)
     ids = model.tokenize(text).ids
     if model.causal:
         target_id = targets.single_token(model, target)
@@ -258,13 +257,3 @@ def _all_weights(model: Model, text: str) -> Tensor:
     """Every layer's weights of ``text``, ``[L, h, s, s]``."""
     run = model.run(text, return_weights=True, logits=False)
     return torch.cat([run.attentions[i] for i in range(model.num_layers)])
-
-
-def layer_indices(model: Model, layers: Sequence[int] | None) -> list[int]:
-    """The layers an analysis runs on: ``layers`` (negative from the end) as sorted
-    distinct indices ``0 .. L-1``, or all of them for ``None``.
-
-    Raises:
-        ValueError: a layer out of range; the message gives the valid range.
-    """
-    return select_indices(layers, model.num_layers, "layer", context=f"{model.name} has {model.num_layers} layers")

@@ -54,5 +54,21 @@ CROSS_STATISTICS = {
     "last": "mass on the last source token (end of sequence)",
     "alignment": "aligned target words whose most-attended source word is aligned",
 }
+# Activation patching (attnkit.inspect.interventions).
+# Where a patch acts: one head's z at every position; a component of one layer at one
+# position; a component at one position in every layer asked for; one (destination, source)
+# cell of the pattern in every head and layer asked for; one head's per-head component at one position.
+BY = ("head", "layer-position", "position", "dest-src", "head-position")
+# What a patch replaces, by the end of its hook name in a layer (attnkit.nn.hooks): the
+# residual stream into the layer, between its blocks and out of it, the attention and
+# feed-forward blocks' outputs, and each head's output before the output projection.
+COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v", "pattern")
+# The components with a head dimension: patched by head (every position) or by position
+# (every head at that query position; a pattern's row of that query).
+PER_HEAD = ("z", "q", "k", "v", "pattern")
+# The metrics named by a string: of causal models, the logit difference between the target
+# and the wrong token and the target's log-probability at the last position; of encoders,
+# the cosine of the sentence embedding to the clean text's.
+METRICS = ("logit-diff", "log-p", "cosine")
 # The head detectors of attnkit.inspect.detectors.
 DETECTORS = ("previous-token", "duplicate-token", "induction")

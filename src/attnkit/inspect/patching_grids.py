@@ -34,7 +34,6 @@ from torch import Tensor
 from attnkit.inspect import interventions
 from attnkit.inspect.interventions import InterventionEffects, MetricFunction
 from attnkit.inspect.maps import token_labels
-from attnkit.inspect.methods import layer_indices
 from attnkit.inspect.metrics import Metric, MetricInput, log_probability, logit_difference, of_logits
 from attnkit.nn.hooks import backward_of_scalar
 
@@ -169,7 +168,7 @@ def attribution_patching(
     """
     _check_attribution(model, grids)
     chosen = as_metric(model, metric, target, wrong)
-    layer_list = layer_indices(model, layers)
+    layer_list = model.layer_indices(layers)
     if not layer_list:
         raise ValueError("layers must name at least one layer, got none")
     clean_enc, corrupt_enc = interventions.same_length_pair(model, clean, corrupt)
@@ -224,7 +223,7 @@ def attribution_patching(
 def _check_attribution(model: Model, grids: Sequence[tuple[str, str]]) -> None:
     """Refuse a model without next-token logits, no grid, and a grid attribution patching
     cannot estimate."""
-    if not model.causal or getattr(model, "encoder_decoder", False):
+    if not model.causal or model.encoder_decoder:
         raise ValueError(
             f"attribution patching measures next-token logits of a causal decoder; {model.name} is not one"
         )

@@ -80,6 +80,9 @@ class InspectableModel(Protocol):
             key/value heads per layer.
         max_length: the longest input in tokens.
         causal: a causal decoder (a token attends only to earlier ones).
+        encoder_decoder: an encoder–decoder (T5, BART), which also reads a source and a
+            target (:meth:`attnkit.models.Model.run_encoder_decoder`); what inspects a model
+            reads this instead of guessing from the attributes it has.
     """
 
     @property
@@ -102,6 +105,9 @@ class InspectableModel(Protocol):
 
     @property
     def causal(self) -> bool: ...
+
+    @property
+    def encoder_decoder(self) -> bool: ...
 
     def tokenize(self, text: str) -> TokenizedLike:
         """Split ``text`` into tokens.

@@ -11,6 +11,7 @@ serves translation, toy tasks and checkpoints with their own embedding schemes.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 
@@ -36,42 +37,40 @@ LayerSelection = bool | Collection[int] | Mapping[int, WeightSelection]
 
 
 def selected_layers(return_weights: LayerSelection, num_layers: int) -> frozenset[int] | None:
-    """The layers whose weights a stack returns.
-
-    Args:
-        return_weights: ``True`` (all), ``False`` (none) or a collection of layer indices
-            (negative ones count from the end: ``-1`` is the last layer).
-        num_layers: the depth of the stack.
-
-    Returns:
-        ``None`` when no record is wanted (the stack returns a bare tensor), otherwise the
-        set of indices in ``0 .. num_layers - 1`` (possibly empty).
+    """Deprecated (goes in attnkit 0.3): ``None`` for ``False``, else the set of
+    :func:`attnkit.functional.indices.select_indices`, the one selector of layers.
 
     Raises:
         TypeError: an index that is not an int.
         ValueError: an index outside ``-num_layers .. num_layers - 1``.
     """
+    warnings.warn(
+        "attnkit.nn.selected_layers is deprecated: use attnkit.functional.indices.select_indices "
+        "(return_weights=False selects no layer); selected_layers goes in attnkit 0.3",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     if return_weights is False:
         return None
-    context = f"the stack has {num_layers} layers"
-    return frozenset(select_indices(return_weights, num_layers, "layer", context=context))
+    return frozenset(select_indices(return_weights, num_layers, "layer", context=f"the stack has {num_layers} layers"))
 
 
 def layer_requests(return_weights: LayerSelection, num_layers: int) -> dict[int, bool | WeightSelection] | None:
     """What each layer of a stack is asked for: ``True`` (every head's weights) or the
     :class:`attnkit.nn.WeightSelection` that a mapping gives it, for the layers
-    :func:`selected_layers` returns.
+    ``return_weights`` selects (:func:`attnkit.functional.indices.select_indices`); ``None``
+    when no record is wanted (``False``: the stack returns a bare tensor).
 
     Raises:
-        TypeError: a mapping's value that is not a ``WeightSelection`` (and what
-            :func:`selected_layers` raises).
-        ValueError: as :func:`selected_layers`.
+        TypeError: a mapping's value that is not a ``WeightSelection``, or an index that is
+            not an int.
+        ValueError: an index outside ``-num_layers .. num_layers - 1``.
     """
-    wanted = selected_layers(return_weights, num_layers)
-    if wanted is None:
+    if return_weights is False:
         return None
+    wanted = select_indices(return_weights, num_layers, "layer", context=f"the stack has {num_layers} layers")
     if not isinstance(return_weights, Mapping):
-        return dict.fromkeys(sorted(wanted), True)
+        return dict.fromkeys(wanted, True)
     asked: dict[int, bool | WeightSelection] = {}
     for layer, selection in return_weights.items():
         if not isinstance(selection, WeightSelection):

@@ -101,7 +101,7 @@ def long_context_limit(model: Any, asked: int | None) -> int:
 
 def _has_long_maps(model: Any) -> bool:
     """Whether ``model`` reads one self-attention stack (not an encoder-decoder)."""
-    return hasattr(model, "prepare_input") and not getattr(model, "encoder_decoder", False)
+    return hasattr(model, "prepare_input") and not model.encoder_decoder
 
 
 def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: int) -> None:

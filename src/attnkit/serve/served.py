@@ -43,7 +43,7 @@ class ServedModel:
     @property
     def encoder_decoder(self) -> bool:
         """Whether the model reads a source and a target (:meth:`attnkit.models.Model.run_encoder_decoder`)."""
-        return bool(getattr(self.model, "encoder_decoder", False))
+        return self.model.encoder_decoder
 
     def info(self) -> ServedModelBody:
         """What ``GET /api/info`` says about this model."""

@@ -196,9 +196,17 @@ class RunMixin(ModelCore):
         head_list = normalize_indices(
             heads, self.num_heads, "head", context=f"{self.name} has {self.num_heads} heads per layer"
         )
-        return self._layers(return_weights), head_list
+        return self.layer_indices(return_weights), head_list
 
-    def _layers(self, selection: LayerSelection) -> list[int]:
+    def layer_indices(self, selection: LayerSelection | None) -> list[int]:
+        """The layers a run or an analysis of this model works on: ``selection`` (``True`` or
+        ``None`` for all, ``False`` for none, or indices, negative ones from the end) as
+        sorted distinct indices ``0 .. num_layers - 1``.
+
+        Raises:
+            IndexOutOfRange: a layer out of range; the message gives the valid range.
+            NotAnIndex: a layer that is not an int.
+        """
         return select_indices(selection, self.num_layers, "layer", context=f"{self.name} has {self.num_layers} layers")
 
     @renamed_keywords(cache="names_filter", removed_in="0.3")
