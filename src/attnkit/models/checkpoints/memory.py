@@ -174,7 +174,8 @@ def activation_bytes(points: Iterable[tuple[int, str]], *, b: int, s: int, width
     Args:
         points: ``(number of position dimensions, name)`` of every point cached: a point
             with two (``pattern``, ``scores``) holds ``[b, h, s, s]``; by the end of its
-            name, ``q``/``z`` ``[b, s, h, d]``, ``k``/``v`` ``[b, s, h_kv, d]``,
+            name, ``q``/``z`` ``[b, s, h, d]``, ``k``/``v`` ``[b, s, h_kv, d]`` (and so
+            the queries and keys before a rotary encoding, ``q_unrotated``/``k_unrotated``),
             ``result`` (each head's output in the model dim) ``[b, s, h, e]``, a norm's
             ``scale`` ``[b, s, 1]``, the residual stream and the blocks' outputs
             ``[b, s, e]``, any other (the feed-forward's) ``[b, s, max(e, ffn)]``.
@@ -185,6 +186,7 @@ def activation_bytes(points: Iterable[tuple[int, str]], *, b: int, s: int, width
     """
     w = widths
     per_token = {"q": w.h * w.d, "z": w.h * w.d, "k": w.h_kv * w.d, "v": w.h_kv * w.d, "result": w.h * w.e, "scale": 1}
+    per_token |= {"q_unrotated": per_token["q"], "k_unrotated": per_token["k"]}
     per_token |= dict.fromkeys(("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "embed", "final"), w.e)
     total = 0
     for positions, name in points:
