@@ -72,18 +72,24 @@ def additive_mask(
     Raises:
         TypeError, ValueError: a mask :func:`attnkit.functional.attention` refuses.
     """
-    if isinstance(mask, masks_mod.Mask) and (mask.relocate is not None or mask.key is None):
-        # It may read tensors its caller holds and changes in place: what it allows now is
-        # known only by evaluating it, so its bias is built anew.
-        return _built_mask(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=device, dtype=dtype)
+    # A mask that may read tensors its caller holds and changes in place (one that captures
+    # tensors, or is known only by its function) allows what it allows now: known only by
+    # evaluating it, so its bias is built anew.
+    reusable = not (isinstance(mask, masks_mod.Mask) and (mask.relocate is not None or mask.key is None))
     key = (id(mask), causal, b, h, s_q, s_k, device, dtype)
-    with _kept_lock:
-        kept = _kept.get(key)
-        if kept is not None and kept[0] is mask and _unchanged(mask, kept[1]):
-            _kept.move_to_end(key)
-            return kept[2], kept[3]
-    bias, empty = _built_mask(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=device, dtype=dtype)
-    if bias is not None and bias.numel() * bias.element_size() > _KEPT_BYTES:
+    if reusable:
+        with _kept_lock:
+            kept = _kept.get(key)
+            if kept is not None and kept[0] is mask and _unchanged(mask, kept[1]):
+                _kept.move_to_end(key)
+                return kept[2], kept[3]
+    allowed = dense_allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
+    if allowed is None:
+        bias, empty = None, s_k == 0
+    else:
+        bias = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+        empty = s_k == 0 or not bool(allowed.any(-1).all())
+    if not reusable or (bias is not None and bias.numel() * bias.element_size() > _KEPT_BYTES):
         return bias, empty
     # A bool tensor is kept with a copy of what it held, so that a change that bypasses its
     # version counter (a write through ``.data`` or NumPy) is still seen.
@@ -99,24 +105,6 @@ def additive_mask(
 def _unchanged(mask: masks_mod.Mask | Tensor | None, held: Tensor | None) -> bool:
     """Whether a kept mask still allows what it allowed when its bias was built."""
     return not isinstance(mask, Tensor) or (held is not None and torch.equal(mask, held))
-
-
-def _built_mask(
-    mask: masks_mod.Mask | Tensor | None,
-    *,
-    causal: bool,
-    b: int,
-    h: int,
-    s_q: int,
-    s_k: int,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> tuple[Tensor | None, bool]:
-    allowed = dense_allowed(mask, causal=causal, b=b, h=h, s_q=s_q, s_k=s_k, device=device)
-    if allowed is None:
-        return None, s_k == 0
-    bias = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
-    return bias, s_k == 0 or not bool(allowed.any(-1).all())
 
 
 def attention_pattern(
