@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.nn.attention import AttentionConfig, MultiHeadAttention
+from attnkit.nn.attention import AttentionConfig
+from attnkit.nn.hooked_attention import MultiHeadAttention
 from attnkit.nn.weight_selection import WeightSelection
 
 # The name of attnkit's function in transformers' AttentionInterface (``attn_implementation``).
