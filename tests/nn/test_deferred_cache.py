@@ -416,7 +416,9 @@ def test_the_old_name_of_add_computed_on_read_still_adds_with_a_warning() -> Non
     module = OneAttention(ATTENTIONS["grouped queries"]()).eval()
     _, cache = cached_without_hooks(module, torch.randn(1, 5, 16))
     deferred = DeferredActivations(lambda values: (2 * values,), {"values": torch.ones(2)}, what="doubled ones")
-    with pytest.warns(DeprecationWarning, match=r"ActivationCache\.record_on_read is now ActivationCache\.add_computed_on_read"):
+    with pytest.warns(
+        DeprecationWarning, match=r"ActivationCache\.record_on_read is now ActivationCache\.add_computed_on_read"
+    ):
         cache.record_on_read({"doubled": 0}, deferred)
     assert "doubled" in cache.unread()
     assert torch.equal(cache["doubled"], torch.full((2,), 2.0))
