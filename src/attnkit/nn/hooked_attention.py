@@ -48,7 +48,7 @@ class MultiHeadAttention(Attention):
     """Multi-head attention with grouped-query heads, positional encodings, a KV cache and
     hook points: :class:`attnkit.nn.attention.Attention` (its arguments, its forward pass)
     whose steps pass through the points, in the order the forward pass meets them (see the
-    module's docstring). Derived layers call :meth:`_attend_hooked` where they attend and
+    module's docstring). Derived layers call :meth:`_attend_step` where they attend and
     :meth:`_output` (or :meth:`_per_head_result`) after their output projection.
     """
 
@@ -130,6 +130,13 @@ class MultiHeadAttention(Attention):
         k, v = super()._context_keys_values(key_input, value_input)
         return self.k(k), self.v(v)
 
+    def _output(self, heads: Tensor) -> Tensor:
+        """The ``z`` point on the heads' outputs ``[b, h, s_q, d]``, the output projection
+        ``[b, s_q, e]``, and the ``result`` point when a hook or cache is on it."""
+        heads = self.z(heads)
+        output = super()._output(heads)
+        return self._per_head_result(heads, output) if self.result.active else output
+
     def _attend_step(
         self,
         q: Tensor,
@@ -143,64 +150,38 @@ class MultiHeadAttention(Attention):
         kv_cache: KVCache | None,
         position_bias: Tensor | None,
     ) -> AttentionResult:
-        """:meth:`_attend_hooked`: the keys are kept for a later read unless a KV cache,
-        whose buffers later steps overwrite, holds them; the bias is copied when it is the
-        caller's ``position_bias``."""
-        return self._attend_hooked(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            return_weights=return_weights,
-            deferrable=kv_cache is None,
-            bias_is_callers=bias is not None and bias is position_bias,
-        )
-
-    def _output(self, heads: Tensor) -> Tensor:
-        """The ``z`` point on the heads' outputs ``[b, h, s_q, d]``, the output projection
-        ``[b, s_q, e]``, and the ``result`` point when a hook or cache is on it."""
-        heads = self.z(heads)
-        output = super()._output(heads)
-        return self._per_head_result(heads, output) if self.result.active else output
-
-    def _attend_hooked(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Mask | Tensor | None,
-        bias: Tensor | None,
-        causal: bool,
-        return_weights: bool | WeightSelection,
-        deferrable: bool,
-        bias_is_callers: bool = False,
-    ) -> AttentionResult:
-        """:meth:`_attend` with the ``scores`` and ``pattern`` hook points: when a hook or
-        cache is on either, the weights are formed and passed through them. The output is
-        then the fused kernel's unless a hook replaced them (or the weights were asked
-        for): hooks that change nothing change nothing. With caches alone on them, no
-        gradient to carry and ``deferrable`` (no KV cache, whose buffers later steps
-        overwrite), the caches compute them when first read instead
-        (:func:`attnkit.nn.activation_cache.computable_later`, :meth:`_defer_pattern`;
-        ``bias_is_callers``: the bias is the caller's ``position_bias``, which the caller
-        may change afterwards). A :class:`~attnkit.nn.WeightSelection` goes to
+        """:class:`Attention`'s step with the ``scores`` and ``pattern`` hook points: when a
+        hook or cache is on either, the weights are formed and passed through them. The
+        output is then the fused kernel's unless a hook replaced them (or the weights were
+        asked for): hooks that change nothing change nothing. With caches alone on them, no
+        gradient to carry and no ``kv_cache`` (whose buffers later steps overwrite), the
+        caches compute them when first read instead
+        (:func:`attnkit.nn.activation_cache.computable_later`, :meth:`_defer_pattern`, which
+        copies a bias that is the caller's ``position_bias``: the caller may change it
+        afterwards). A :class:`~attnkit.nn.WeightSelection` goes to
         :meth:`_attend_selected`; when something watches the weights, every head's weights
         first pass through the points, and where a hook replaced them the output and the
         chosen weights are the hook's."""
         watched = [point for point in (self.scores, self.pattern) if point is not None and point.active]
         if not watched:
-            if isinstance(return_weights, WeightSelection):
-                return self._attend_selected(q, k, v, mask=mask, bias=bias, causal=causal, selection=return_weights)
-            return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
+            return super()._attend_step(
+                q,
+                k,
+                v,
+                mask=mask,
+                bias=bias,
+                causal=causal,
+                return_weights=return_weights,
+                kv_cache=kv_cache,
+                position_bias=position_bias,
+            )
         assert self.scores is not None and self.pattern is not None  # both exist when either does
         inputs = [t for t in (q, k, mask, bias) if isinstance(t, Tensor)]
         if isinstance(self.score, nn.Module):
             inputs += list(self.score.parameters())
         unhooked = not any(point.hooked for point in watched)
-        if deferrable and not return_weights and unhooked and computable_later(*inputs):
+        if kv_cache is None and not return_weights and unhooked and computable_later(*inputs):
+            bias_is_callers = bias is not None and bias is position_bias
             self._defer_pattern(q, k, mask=mask, bias=bias, causal=causal, bias_is_callers=bias_is_callers)
             return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False)
         replaced = []
