@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from attnkit.inspect.long_context_blocks import STATISTICS, BlockScorer, BlockStatistics, head_groups, row_blocks
-from attnkit.nn.attention import MultiHeadAttention
+from attnkit.nn.hooked_attention import MultiHeadAttention
 
 if TYPE_CHECKING:
     from attnkit.models.model import Model
