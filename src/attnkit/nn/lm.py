@@ -298,16 +298,22 @@ class DecoderLM(TextModule):
                     "padding sets the mask and the positions itself; give it without mask, positions or kv_cache"
                 )
             mask, positions = padding_positions(padding, tokens)  # [b, 1, 1, s], [b, s]
-        if residual is not None:
-            return self.decoder(
-                residual,
-                mask=mask,
-                causal=True,
-                positions=positions,
-                kv_cache=kv_cache,
-                return_weights=return_weights,
-                start_at_layer=start_at_layer,
-            )
+        if residual is None:  # the stream from the tokens, into the first layer
+            residual = self.embed(self.dropout(self._embedded(tokens, positions, kv_cache)))  # [b, s, e]
+            start_at_layer = 0
+        return self.decoder(
+            residual,
+            mask=mask,
+            causal=True,
+            positions=positions,
+            kv_cache=kv_cache,
+            return_weights=return_weights,
+            start_at_layer=start_at_layer,
+        )
+
+    def _embedded(self, tokens: Tensor, positions: Tensor | None, kv_cache: DecoderCache | None) -> Tensor:
+        """The token embeddings ``[b, s, e]`` of ids ``[b, s]``, scaled and with the absolute
+        positional encoding added (positions continue after the cache unless given)."""
         x = self.token_embedding(tokens)  # [b, s, e]
         if self.embedding_scale is not None:
             x = x * torch.tensor(self.embedding_scale, dtype=x.dtype)
@@ -315,14 +321,7 @@ class DecoderLM(TextModule):
             past = 0 if kv_cache is None else len(kv_cache)
             start = torch.arange(past, past + tokens.shape[1], device=tokens.device)
             x = self.position(x, start if positions is None else positions)
-        return self.decoder(
-            self.embed(self.dropout(x)),
-            mask=mask,
-            causal=True,
-            positions=positions,
-            kv_cache=kv_cache,
-            return_weights=return_weights,
-        )
+        return x
 
     def forward(
         self,
