@@ -94,6 +94,15 @@ def test_padding_of_another_shape_is_refused(network) -> None:
         network.last_hidden_state(torch.tensor([[3, 4, 5]]), padding=torch.ones(1, 3))
 
 
+def test_ids_that_are_not_integers_b_by_s_are_refused(network) -> None:
+    with pytest.raises(TypeError, match="integer"):
+        network.last_hidden_state(torch.tensor([[3.0, 4.0, 5.0]]))
+    with pytest.raises(TypeError, match="integer"):
+        network.last_hidden_state(torch.tensor([[True, False]]))
+    with pytest.raises(ValueError, match=r"must be \[b, s\], got \[3\]"):
+        network.last_hidden_state(torch.tensor([3, 4, 5]))
+
+
 def test_a_decoders_padding_comes_without_mask_positions_or_cache() -> None:
     network, tokens = _decoder(), torch.tensor([[3, 4, 5]])
     padding = torch.ones(1, 3, dtype=torch.bool)

@@ -32,7 +32,7 @@ from attnkit.nn.positional import (
     SinusoidalPositionalEncoding,
 )
 from attnkit.nn.records import LMOutput, StackOutput
-from attnkit.nn.text_module import TextModule, padding_positions
+from attnkit.nn.text_module import TextModule, check_token_ids, padding_positions
 from attnkit.nn.transformer import Decoder, LayerSelection
 
 PositionalKind = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
@@ -288,10 +288,7 @@ class DecoderLM(TextModule):
             ValueError: tokens not ``[b, s]``, a layer index out of range, ``padding`` not
                 ``[b, s]`` bool or given with ``mask``, ``positions`` or ``kv_cache``.
         """
-        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
+        check_token_ids(tokens)
         if padding is not None:
             if mask is not None or positions is not None or kv_cache is not None:
                 raise ValueError(

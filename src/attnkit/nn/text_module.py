@@ -108,6 +108,20 @@ def padding_positions(padding: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
     return padding[:, None, None, :], positions  # [b, 1, 1, s], [b, s]
 
 
+def check_token_ids(tokens: Tensor) -> None:
+    """Refuse ids that :meth:`TextModule.last_hidden_state` cannot read: anything but an
+    integer tensor ``[b, s]``.
+
+    Raises:
+        TypeError: float or bool ids.
+        ValueError: ids that are not 2-D.
+    """
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
+
+
 def check_padding(padding: Tensor, tokens: Tensor) -> None:
     """Refuse padding that is not a bool tensor ``[b, s]`` of the ids' shape.
 

@@ -51,7 +51,7 @@ from attnkit.nn import (
     StackOutput,
 )
 from attnkit.nn.layers import MaskLike
-from attnkit.nn.text_module import TextModule, check_padding
+from attnkit.nn.text_module import TextModule, check_padding, check_token_ids
 
 _LAYER_KEYS = {
     "attention.self.query": "self_attn.q_proj",
@@ -197,10 +197,7 @@ class BertModel(TextModule):
             TypeError: non-integer tokens.
             ValueError: tokens not ``[b, s]`` or longer than the learned positions.
         """
-        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
+        check_token_ids(tokens)
         if token_types is None:
             token_types = torch.zeros_like(tokens)
         # Summed in Hugging Face's order (token + segment, then position): float addition

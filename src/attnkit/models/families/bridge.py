@@ -56,7 +56,7 @@ from attnkit.models.families.table import unsupported_model_type
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.lm import check_decoding_options, decoding_loop
 from attnkit.nn.records import LayerWeights, StackOutput
-from attnkit.nn.text_module import TextModule, padding_positions
+from attnkit.nn.text_module import TextModule, check_token_ids, padding_positions
 from attnkit.nn.transformer import LayerSelection
 from attnkit.nn.weight_selection import WeightSelection
 
@@ -185,10 +185,7 @@ class BridgedLM(TextModule):
             TypeError: non-integer ids.
             ValueError: ids not ``[b, s]``, padding of another shape, a layer out of range.
         """
-        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must be [b, s], got {list(tokens.shape)}")
+        check_token_ids(tokens)
         count = len(self.decoder.layers)
         # Each layer asked for: every head's weights (True) or a WeightSelection's part.
         asked: dict[int, bool | WeightSelection] = {}
