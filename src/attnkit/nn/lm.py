@@ -227,10 +227,7 @@ class DecoderLM(TextModule):
         Returns:
             Next-token logits ``[..., v]``.
         """
-        logits = self.lm_head(hidden)  # [..., v]
-        if self.logit_softcap is not None:
-            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
-        return logits
+        return soft_cap_logits(self.lm_head(hidden), self.logit_softcap)  # [..., v]
 
     def self_attention(self, layer: int) -> MultiHeadAttention:
         """The self-attention module of layer ``layer``."""
@@ -526,6 +523,22 @@ def run_to_end(
         return out
     finally:
         module.train(was_training)
+
+
+def soft_cap_logits(logits: Tensor, softcap: float | None) -> Tensor:
+    """A head's logits soft-capped to ``softcap · tanh(logits / softcap)`` (Gemma 2), or
+    unchanged when ``softcap`` is ``None``.
+
+    Args:
+        logits: ``[..., v]``.
+        softcap: the cap, positive, or ``None``.
+
+    Returns:
+        ``[..., v]``, within ``[-softcap, softcap]`` when capped.
+    """
+    if softcap is None:
+        return logits
+    return torch.tanh(logits / softcap) * softcap
 
 
 def check_decoding_options(max_new_tokens: int, temperature: float, top_k: int | None) -> None:

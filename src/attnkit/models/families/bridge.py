@@ -54,7 +54,7 @@ from attnkit.models.families.decoder import eos_token_ids
 from attnkit.models.families.family import ModelFamily
 from attnkit.models.families.table import unsupported_model_type
 from attnkit.nn.hooks import HookPoint
-from attnkit.nn.lm import check_decoding_options, decoding_loop
+from attnkit.nn.lm import check_decoding_options, decoding_loop, soft_cap_logits
 from attnkit.nn.records import LayerWeights, StackOutput
 from attnkit.nn.text_module import TextModule, check_token_ids, padding_positions
 from attnkit.nn.transformer import LayerSelection
@@ -212,9 +212,7 @@ class BridgedLM(TextModule):
         logits: Tensor = self.hf.get_output_embeddings()(hidden)  # [..., v]
         if self.logit_scale != 1.0:
             logits = logits * self.logit_scale
-        if self.logit_softcap is not None:
-            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
-        return logits
+        return soft_cap_logits(logits, self.logit_softcap)
 
     def self_attention(self, layer: int) -> BridgedAttention:
         """Layer ``layer``'s :class:`attnkit.models.families.bridge_attention.BridgedAttention`."""
