@@ -103,6 +103,13 @@ def test_greedy_tokens_with_the_cache_equal_transformers(pairs, kind: str) -> No
     assert [int(t) for t in module.stream(source, 8)] == produced
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tied_checkpoint_loads_one_token_matrix_for_both_embeddings_and_the_head(pairs, kind: str) -> None:
+    module = pairs[kind][0].module
+    assert module.head.proj.weight is module.token_embedding.weight
+    assert module.target_embedding.token.weight is module.source_embedding.token.weight
+
+
 def test_an_untied_t5_head_reads_its_own_matrix_unscaled(folders, tmp_path: Path) -> None:
     """T5 v1.1 checkpoints written by transformers 4 say tie_word_embeddings=false and
     hold their own lm_head; the head then reads the decoder output unscaled."""

@@ -49,6 +49,7 @@ from attnkit.models.checkpoints.renaming import rename_tensors
 from attnkit.models.families.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
+    tie_head_to_token_embedding,
 )
 from attnkit.nn import (
     Decoder,
@@ -262,10 +263,8 @@ def finish(module: EncoderDecoderLM, config: BartConfig) -> None:
     checkpoint ties them: assignment gives each key its own Parameter object."""
     if not config.tie_embeddings:
         return
-    head = module.head
-    assert isinstance(head, LMHead)
     module.target_embedding.token = module.source_embedding.token
-    head.proj.weight = module.token_embedding.weight
+    tie_head_to_token_embedding(module)
 
 
 FAMILY = encoder_decoder_family(

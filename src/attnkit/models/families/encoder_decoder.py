@@ -14,7 +14,7 @@ from torch import Tensor
 from attnkit.models.families.decoder import eos_token_ids
 from attnkit.models.families.family import ModelFamily
 from attnkit.models.families.meta_device import build_without_weights
-from attnkit.nn import EncoderDecoderLM
+from attnkit.nn import EncoderDecoderLM, LMHead
 
 
 class EncoderDecoderSizes:
@@ -79,3 +79,15 @@ def encoder_decoder_family(
         eos_token_ids=eos_token_ids,
         summary=summary,
     )
+
+
+def tie_head_to_token_embedding(module: EncoderDecoderLM) -> None:
+    """Give the head the source embedding's token matrix again, once a tied checkpoint's
+    weights are in: assignment gives each key its own Parameter object.
+
+    Args:
+        module: the network, whose head is an :class:`attnkit.nn.LMHead`.
+    """
+    head = module.head
+    assert isinstance(head, LMHead)
+    head.proj.weight = module.token_embedding.weight  # [v, e], the one matrix

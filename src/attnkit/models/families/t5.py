@@ -46,6 +46,7 @@ from attnkit.models.checkpoints.renaming import rename_tensors
 from attnkit.models.families.encoder_decoder import (
     EncoderDecoderSizes,
     encoder_decoder_family,
+    tie_head_to_token_embedding,
 )
 from attnkit.nn import (
     AttentionConfig,
@@ -298,13 +299,7 @@ def finish(module: EncoderDecoderLM, config: T5Config) -> None:
         for attention in attentions:
             attention.positional = attentions[0].positional
     if config.tie_embeddings:
-        _head(module).proj.weight = module.token_embedding.weight
-
-
-def _head(module: EncoderDecoderLM) -> LMHead:
-    head = module.head
-    assert isinstance(head, LMHead)
-    return head
+        tie_head_to_token_embedding(module)
 
 
 FAMILY = encoder_decoder_family(
