@@ -233,19 +233,43 @@ class HooksMixin(ModelCore):
             check_return_type(return_type)
         start = check_layer(start_at_layer, self.num_layers, "start_at_layer")
         stop = check_layer(stop_at_layer, self.num_layers, "stop_at_layer")
-        if start is not None:
-            run = self._run_from_layer(
-                ids,
-                start,
-                stop,
-                hooks=hooks,
-                names_filter=names_filter,
-                attention_mask=attention_mask,
-                logits=logits,
-                backward_hooks=backward_hooks,
-                incl_bwd=incl_bwd,
-            )
-            return self._returned(run, return_type, None, attention_mask, stopped=stop is not None)
+        if start is None:
+            tokens, residual = ids, None
+            padding = self._checked_batch(ids, attention_mask, names_filter=names_filter, logits=logits)
+        else:
+            tokens, residual = self._residual_shape(ids), ids  # [b, s] positions only, [b, s, e]
+            padding = None if attention_mask is None else attention_mask.to(self.device).bool()  # [b, s]
+        forward = self._forward(
+            tokens,
+            padding=padding,
+            logits=logits,
+            hooks=hooks,
+            names_filter=names_filter,
+            backward_hooks=backward_hooks,
+            incl_bwd=incl_bwd,
+            start_at_layer=0 if start is None else start,
+            residual=residual,
+            stop_at_layer=stop,
+        )
+        run = HookedRun(forward.out.output, forward.cache, forward.logits)  # [b, s, e], cache, [b, s, v] or None
+        return self._returned(
+            run, return_type, ids if start is None else None, attention_mask, stopped=stop is not None
+        )
+
+    def _checked_batch(
+        self, ids: Tensor, attention_mask: Tensor | None, *, names_filter: NameFilter, logits: bool
+    ) -> Tensor | None:
+        """Check a batch of ids ``[b, s]`` for :meth:`run_with_hooks` (shape, vocabulary,
+        length, the memory its run would need).
+
+        Returns:
+            The padding ``[b, s]`` bool on the model's device, or ``None`` without an
+            attention mask.
+
+        Raises:
+            ValueError: ids not an integer tensor ``[b, s]``, an attention mask of another
+                shape, and :meth:`prepare_input`'s and the memory check's errors.
+        """
         if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
             got = f"{ids.dtype} {list(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
             raise ValueError(f"ids must be an integer tensor [b, s], got {got}")
@@ -269,18 +293,7 @@ class HooksMixin(ModelCore):
             on=f"{b} × {s} tokens",
             advice="cache fewer activations (names_filter=), fewer or shorter texts",
         )
-        forward = self._forward(
-            ids,
-            padding=padding,
-            logits=logits,
-            hooks=hooks,
-            names_filter=names_filter,
-            backward_hooks=backward_hooks,
-            incl_bwd=incl_bwd,
-            stop_at_layer=stop,
-        )
-        run = HookedRun(forward.out.output, forward.cache, forward.logits)  # [b, s, e], cache, [b, s, v] or None
-        return self._returned(run, return_type, ids, attention_mask, stopped=stop is not None)
+        return padding
 
     def _returned(
         self,
@@ -308,20 +321,13 @@ class HooksMixin(ModelCore):
         loss = self.loss_fn(run.logits, ids, attention_mask=attention_mask)
         return loss if return_type == "loss" else (run.logits, loss)
 
-    def _run_from_layer(
-        self,
-        residual: Tensor,
-        start: int,
-        stop: int | None,
-        *,
-        hooks: Hooks | None,
-        names_filter: NameFilter,
-        attention_mask: Tensor | None,
-        logits: bool,
-        backward_hooks: Hooks | None,
-        incl_bwd: bool,
-    ) -> HookedRun:
-        """:meth:`run_with_hooks` from layer ``start`` on the residual stream ``[b, s, e]``."""
+    def _residual_shape(self, residual: Tensor) -> Tensor:
+        """For :meth:`run_with_hooks` from a layer: zeros ``[b, s]`` in the shape of the
+        residual stream ``[b, s, e]`` entering it (the network counts positions from them).
+
+        Raises:
+            ValueError: a model other than a causal decoder, a residual not ``[b, s, e]``.
+        """
         if not isinstance(self.module, DecoderLM):
             raise ValueError(
                 f"start_at_layer runs a causal decoder's layers; {self.name} is a {type(self.module).__name__}"
@@ -330,21 +336,7 @@ class HooksMixin(ModelCore):
         if not isinstance(residual, Tensor) or residual.ndim != 3 or residual.shape[2] != e:
             got = list(residual.shape) if isinstance(residual, Tensor) else type(residual).__name__
             raise ValueError(f"with start_at_layer the input is the residual stream [b, s, e] with e = {e}, got {got}")
-        shape = torch.zeros(residual.shape[:2], dtype=torch.long)  # [b, s]: the positions only
-        padding = None if attention_mask is None else attention_mask.to(self.device).bool()  # [b, s]
-        forward = self._forward(
-            shape,
-            padding=padding,
-            logits=logits,
-            hooks=hooks,
-            names_filter=names_filter,
-            backward_hooks=backward_hooks,
-            incl_bwd=incl_bwd,
-            start_at_layer=start,
-            residual=residual,
-            stop_at_layer=stop,
-        )
-        return HookedRun(forward.out.output, forward.cache, forward.logits)
+        return torch.zeros(residual.shape[:2], dtype=torch.long)  # [b, s]: the positions only
 
     @renamed_keywords(names="names_filter", removed_in="0.3")
     def run_with_cache(
