@@ -204,18 +204,19 @@ class _ResidualLayer(nn.Module):
     def _run(
         self,
         x: Tensor,
-        memory: Tensor | None,
+        memory: Tensor | None = None,
         *,
         mask: MaskLike | None,
-        memory_mask: MaskLike | None,
-        causal: bool,
+        memory_mask: MaskLike | None = None,
+        causal: bool = False,
         positions: Tensor | None,
         position_bias: Tensor | None,
-        self_kv_cache: KVCache | None,
-        cross_kv_cache: KVCache | None,
+        self_kv_cache: KVCache | None = None,
+        cross_kv_cache: KVCache | None = None,
         return_weights: bool | WeightSelection,
     ) -> LayerOutput:
-        """The one path both layer kinds run through (see :meth:`DecoderLayer.forward`)."""
+        """The one path both layer kinds run through (see :meth:`DecoderLayer.forward`); the
+        defaults are an encoder layer's: no memory, no causal mask, no KV caches."""
         x = self.resid_pre(x)
         attn = _attention_record(
             self.self_attn(
@@ -314,18 +315,7 @@ class EncoderLayer(_ResidualLayer):
             :class:`attnkit.nn.LayerOutput`. ``forward_record``: always the record (weights
             ``None`` unless asked for).
         """
-        return self._run(
-            x,
-            None,
-            mask=mask,
-            memory_mask=None,
-            causal=False,
-            positions=positions,
-            position_bias=position_bias,
-            self_kv_cache=None,
-            cross_kv_cache=None,
-            return_weights=return_weights,
-        )
+        return self._run(x, mask=mask, positions=positions, position_bias=position_bias, return_weights=return_weights)
 
     forward = forward_of_record(forward_record)
 
