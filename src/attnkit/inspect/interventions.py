@@ -253,8 +253,16 @@ def head_ablation(
         {ONE_TEXT: _one_text_head_ablation, SOURCE_AND_TARGET: _encoder_decoder_head_ablation},
         what="head ablation",
     )
-    options = {"mean_over": mean_over, "layers": layers, "metric": metric, "resample_from": resample_from}
-    return ablate(model, text, target=target, prepend_bos=prepend_bos, **options)
+    return ablate(
+        model,
+        text,
+        target=target,
+        mean_over=mean_over,
+        layers=layers,
+        metric=metric,
+        resample_from=resample_from,
+        prepend_bos=prepend_bos,
+    )
 
 
 def _one_text_head_ablation(
@@ -399,8 +407,19 @@ def activation_patching(
     patch = for_kind(
         model, {ONE_TEXT: _one_text_patching, SOURCE_AND_TARGET: _encoder_decoder_patching}, what="activation patching"
     )
-    where = {"by": by, "component": component, "layers": layers, "heads": heads}
-    return patch(model, clean, corrupt, metric=metric, target=target, wrong=wrong, prepend_bos=prepend_bos, **where)
+    return patch(
+        model,
+        clean,
+        corrupt,
+        by=by,
+        component=component,
+        metric=metric,
+        target=target,
+        wrong=wrong,
+        layers=layers,
+        heads=heads,
+        prepend_bos=prepend_bos,
+    )
 
 
 def _one_text_patching(

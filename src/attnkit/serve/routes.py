@@ -82,33 +82,35 @@ def add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) -> 
         s = served[name]
         answer = for_kind(
             s.model,
-            {ONE_TEXT: one_text_attention, SOURCE_AND_TARGET: encoder_decoder_attention},
+            {ONE_TEXT: _one_text_attention, SOURCE_AND_TARGET: _encoder_decoder_attention},
             what="POST /api/attention",
         )
-        data = await answer(request, http, s)
+        data = await answer(request, http, s, limits)
         if data is None:  # the client has gone; nobody reads this
             return Response(status_code=499)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
 
-    async def one_text_attention(request: AttentionRequest, http: Request, s: ServedModel) -> Any:
-        """The viewer data of a request to a model of one text, run with other requests'
-        texts by its batcher; ``None`` when the client has gone."""
-        if request.decoder_text is not None:
-            raise http_error(422, f"{s.name} reads one text: decoder_text is for encoder-decoder models")
-        # Other requests' batch waits for this one while it is read and checked.
-        with s.batcher.arriving():
-            admitted = await admit(request, s, limits)
-        check_mode_weights(request.modes, admitted, limits)
-        run = await run_queued(
-            lambda: s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens), http.receive
-        )
-        if run is None:
-            return None
-        return await run_in_threadpool(page_data, s, run, admitted, request)
 
-    async def encoder_decoder_attention(request: AttentionRequest, _http: Request, s: ServedModel) -> Any:
-        """The viewer data of a request to an encoder-decoder: its source and target."""
-        if request.chat:
-            raise http_error(422, f"{s.name} is an encoder-decoder: chat is for models of one text")
-        return await run_encoder_decoder(request, s, limits)
+async def _one_text_attention(request: AttentionRequest, http: Request, s: ServedModel, limits: Limits) -> Any:
+    """The viewer data of a request to a model of one text, run with other requests'
+    texts by its batcher; ``None`` when the client has gone."""
+    if request.decoder_text is not None:
+        raise http_error(422, f"{s.name} reads one text: decoder_text is for encoder-decoder models")
+    # Other requests' batch waits for this one while it is read and checked.
+    with s.batcher.arriving():
+        admitted = await admit(request, s, limits)
+    check_mode_weights(request.modes, admitted, limits)
+    run = await run_queued(
+        lambda: s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens), http.receive
+    )
+    if run is None:
+        return None
+    return await run_in_threadpool(page_data, s, run, admitted, request)
+
+
+async def _encoder_decoder_attention(request: AttentionRequest, _http: Request, s: ServedModel, limits: Limits) -> Any:
+    """The viewer data of a request to an encoder-decoder: its source and target."""
+    if request.chat:
+        raise http_error(422, f"{s.name} is an encoder-decoder: chat is for models of one text")
+    return await run_encoder_decoder(request, s, limits)
