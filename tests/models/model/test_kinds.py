@@ -73,8 +73,14 @@ def test_require_kind_says_what_was_expected_and_what_was_got():
 
 def test_for_kind_picks_the_handler_of_the_models_kind():
     handlers = {ONE_TEXT: "maps", SOURCE_AND_TARGET: "source and target"}
-    assert [for_kind(m, handlers, what="inspect") for m in (MINILM, SMOLLM2, T5)] == ["maps", "maps", "source and target"]
-    with pytest.raises(ModelKindError, match=r"^t5 is an encoder-decoder \(t5\); probing \(expected a causal decoder\)$"):
+    assert [for_kind(m, handlers, what="inspect") for m in (MINILM, SMOLLM2, T5)] == [
+        "maps",
+        "maps",
+        "source and target",
+    ]
+    with pytest.raises(
+        ModelKindError, match=r"^t5 is an encoder-decoder \(t5\); probing \(expected a causal decoder\)$"
+    ):
         for_kind(T5, {NEXT_TOKEN: "probe"}, what="probing")
 
 
