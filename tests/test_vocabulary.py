@@ -323,8 +323,8 @@ def test_levels_are_the_attention_units() -> None:
 
 def test_the_old_model_keyword_and_new_cache_still_work_with_a_warning() -> None:
     from attnkit.nn import DecoderLM, DecoderLMConfig
+    from attnkit.viz.estimates import estimate_long_html
     from attnkit.viz.viewer import ViewerData, viewer_data_from_lm_output
-    from attnkit.viz.viewer.long_view import estimate_long_html
 
     maps = {0: torch.full((1, 2, 2), 0.5)}
     with pytest.warns(DeprecationWarning, match=r"model_name="):

@@ -409,3 +409,16 @@ def test_caches_of_the_same_weights_share_one_copy_of_them() -> None:
     assert kept(third)[0] is not kept(first)[0] and kept(third)[1] is kept(first)[1]
     assert torch.equal(third["attn.result"], formed_during_the_pass(module, x)["attn.result"])
     assert not torch.equal(first["attn.result"], third["attn.result"])
+
+
+def test_the_old_name_of_add_computed_on_read_still_adds_with_a_warning() -> None:
+    torch.manual_seed(0)
+    module = OneAttention(ATTENTIONS["grouped queries"]()).eval()
+    _, cache = cached_without_hooks(module, torch.randn(1, 5, 16))
+    deferred = DeferredActivations(lambda values: (2 * values,), {"values": torch.ones(2)}, what="doubled ones")
+    with pytest.warns(
+        DeprecationWarning, match=r"ActivationCache\.record_on_read is now ActivationCache\.add_computed_on_read"
+    ):
+        cache.record_on_read({"doubled": 0}, deferred)
+    assert "doubled" in cache.unread()
+    assert torch.equal(cache["doubled"], torch.full((2,), 2.0))

@@ -16,3 +16,12 @@ def test_the_estimates_still_import_from_export_with_a_warning(name: str) -> Non
 
 def test_export_holds_no_estimate_of_its_own() -> None:
     assert not [name for name in vars(export) if name.startswith("estimate_")]
+
+
+def test_the_long_page_bound_still_imports_from_the_long_view_with_a_warning() -> None:
+    from attnkit.viz.viewer import long_view
+
+    path = "attnkit.viz.viewer.long_view.estimate_long_html is now attnkit.viz.estimates.estimate_long_html"
+    with pytest.warns(DeprecationWarning, match=path):
+        assert long_view.estimate_long_html is estimates.estimate_long_html
+    assert not [name for name in vars(long_view) if name.startswith("estimate_")]

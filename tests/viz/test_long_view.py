@@ -17,12 +17,8 @@ import torch
 from attnkit import models
 from attnkit.cli import main
 from attnkit.inspect.long_context import LayerScoring, LongContextRun, long_context_summaries, summarize_layer
-from attnkit.viz.viewer.long_view import (
-    QUANTISED_MAX,
-    estimate_long_html,
-    long_viewer_data,
-    render_long_html,
-)
+from attnkit.viz.estimates import estimate_long_html
+from attnkit.viz.viewer.long_view import QUANTISED_MAX, long_viewer_data, render_long_html
 
 TEXT = " ".join(f"w{(i * 7) % 40 + 1}" for i in range(60))
 

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from attnkit.cli.common import command_errors, print_written
-from attnkit.cli.inspect_plan import EncoderDecoderPlan, InspectOptions, plan_encoder_decoder, say_estimates
+from attnkit.cli.inspect_plan import (
+    EncoderDecoderPlan,
+    InspectOptions,
+    heads_of_each_kind,
+    plan_encoder_decoder,
+    say_estimates,
+)
 from attnkit.viz.terminal import terminal_safe
 
 
@@ -35,7 +41,7 @@ def _run(plan: EncoderDecoderPlan, model: Any, options: InspectOptions) -> Any:
             plan.target,
             encoder_layers=plan.stack_layers("encoder"),
             decoder_layers=plan.stack_layers("decoder"),
-            heads=_heads_of_each_kind(plan.heads, plan.kind, model.heads_per_kind),
+            heads=heads_of_each_kind(plan.heads, plan.kind, model.heads_per_kind),
             max_new_tokens=plan.new_tokens,
         )
     if run.generated:
@@ -46,16 +52,6 @@ def _run(plan: EncoderDecoderPlan, model: Any, options: InspectOptions) -> Any:
             )
         )
     return run
-
-
-def _heads_of_each_kind(heads: list[int] | None, kind: str, counts: dict[str, int]) -> dict[str, list[int]] | None:
-    """The heads a run keeps of each kind of attention: those of ``--heads`` (checked
-    against ``kind``'s stack); the page's other kinds keep the ones their stack has, or all
-    their heads when it has none of them."""
-    if heads is None:
-        return None
-    out = {other: [h for h in heads if h < count] or list(range(count)) for other, count in counts.items()}
-    return out | {kind: heads}
 
 
 def _write(plan: EncoderDecoderPlan, run: Any, model: Any, options: InspectOptions) -> list[Path]:

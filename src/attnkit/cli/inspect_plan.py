@@ -19,7 +19,7 @@ from typing import Any
 
 from attnkit.cli import CommandError
 from attnkit.cli.common import Status, check_sizes, command_errors, format_size
-from attnkit.cli.long_context import LONG_PAGE, MAP_SIDE
+from attnkit.cli.long_context import LONG_PAGE, LONG_TABLE, LONG_TOP_KEYS, MAP_SIDE
 from attnkit.viz.terminal import counted, terminal_safe
 
 
@@ -141,9 +141,31 @@ def chat_text(model: Any, text: str) -> Any:
 
 
 def say_estimates(estimates: dict[str, int], said: tuple[str, ...], status: Status) -> None:
-    """The status line of each estimate a plan says before anything runs."""
+    """The status line of each estimate a plan says before anything runs: in every mode,
+    those of the files that gather the whole run (the viewer pages, and ``--long``'s head
+    table and top keys), not those written per layer."""
     for name in said:
         status.say(f"{name}: about {format_size(estimates[name])}, estimated before computing")
+
+
+# How the estimates of pictures are named.
+PNG_CANVAS = "the canvas of each PNG (pixels × 4 bytes, drawn before compression)"
+SVG_FILE = "each SVG"
+
+
+def picture_estimates(formats: list[str], tokens: int, heads: int, **picture: Any) -> dict[str, int]:
+    """The estimates of the pictures ``formats`` asks for, of ``heads`` maps of ``tokens``
+    columns (``picture``: ``rows``, ``dpi``, ``figsize``): a PNG's canvas
+    (:func:`attnkit.viz.estimates.estimate_map_canvas`: it is drawn whole before it is
+    compressed) and an SVG's bound (:func:`attnkit.viz.estimates.estimate_map_svg`)."""
+    from attnkit.viz.estimates import estimate_map_canvas, estimate_map_svg
+
+    estimates = {}
+    if "png" in formats:
+        estimates[PNG_CANVAS] = estimate_map_canvas(tokens, heads, **picture)
+    if "svg" in formats:
+        estimates[SVG_FILE] = estimate_map_svg(tokens, heads, **picture)
+    return estimates
 
 
 @dataclass(frozen=True)
@@ -241,7 +263,7 @@ def plan_maps(args: argparse.Namespace, options: InspectOptions, model: Any) -> 
 def _estimate_maps(plan: MapsPlan, model: Any) -> dict[str, int]:
     """Each file of ``plan``, as the messages name it, and its estimated size in bytes."""
     from attnkit.inspect.maps import model_windows
-    from attnkit.viz.estimates import estimate_map_canvas, estimate_map_json, estimate_viewer_html
+    from attnkit.viz.estimates import estimate_map_json, estimate_viewer_html
 
     causal = bool(model.causal)
     heads, rows = len(plan.heads), None if plan.rows is None else len(plan.rows)
@@ -249,10 +271,8 @@ def _estimate_maps(plan: MapsPlan, model: Any) -> dict[str, int]:
     if "json" in plan.formats:
         for layer in plan.layers:
             estimates[f"the JSON of layer {layer}"] = estimate_map_json(plan.tokens, heads, causal=causal, rows=rows)
-    if "png" in plan.formats:
-        dpi, figsize = plan.figure.get("dpi"), plan.figure.get("figsize")
-        canvas = estimate_map_canvas(plan.tokens, heads, dpi=dpi, figsize=figsize, rows=rows)
-        estimates["the canvas of each PNG (pixels × 4 bytes, drawn before compression)"] = canvas
+    dpi, figsize = plan.figure.get("dpi"), plan.figure.get("figsize")
+    estimates |= picture_estimates(plan.formats, plan.tokens, heads, dpi=dpi, figsize=figsize, rows=rows)
     if plan.page is not None:
         # A value colour mode doubles the weights of the page; rollout adds one map per layer.
         mode_heads = sum({"value": plan.page.head_count, "rollout": 1}[mode] for mode in plan.page.modes)
@@ -350,12 +370,17 @@ def plan_encoder_decoder(args: argparse.Namespace, options: InspectOptions, mode
         figure=options.figure,
     )
     plan = replace(plan, estimates=_estimate_encoder_decoder(plan, model))
+    pictures = ", a lower --dpi or --figsize" if {"png", "svg"} & set(plan.formats) else ""  # they size pictures only
+    generated = "" if args.decoder_text is not None else ", a lower --max-new-tokens"
     check_sizes(
         plan.estimates,
         options.limit,
-        advice="ask for fewer layers or heads (--layers, --heads), shorter texts, or other formats (--format)",
+        advice=(
+            f"The source is {s_src} tokens and the target {s_tgt}: ask for fewer layers or heads (--layers, "
+            f"--heads), shorter texts{generated}{pictures}, or other formats (--format)"
+        ),
     )
-    return plan
+    return replace(plan, said=(_encoder_decoder_page(plan, model)[0],) if "html" in plan.formats else ())
 
 
 def _target_budget(args: argparse.Namespace, model: Any) -> int:
@@ -398,22 +423,53 @@ def _parse_stack_heads(spec: str | None, kind: str, model: Any) -> list[int] | N
 
 
 def _estimate_encoder_decoder(plan: EncoderDecoderPlan, model: Any) -> dict[str, int]:
-    """Each file of ``plan``, as the messages name it, and its estimated size in bytes (as
-    if both texts were as long as the longer one)."""
-    from attnkit.viz.estimates import estimate_map_json, estimate_viewer_html
+    """Each file of ``plan``, as the messages name it, and its estimated size in bytes: the
+    maps at their own rows and columns (target tokens as the rows of the decoder's and the
+    cross-attention's, source tokens as the columns of the encoder's and the
+    cross-attention's), the page at the size of each of its three sections."""
+    from attnkit.viz.estimates import estimate_encoder_decoder_html, estimate_map_json
 
-    tokens = max(plan.source_tokens, plan.target_tokens)
+    s_src, s_tgt = plan.source_tokens, plan.target_tokens
+    # The map's rows and columns, and the columns' own tokens when they are another text.
+    rows, columns, key_tokens = {
+        "encoder": (s_src, s_src, None),
+        "decoder": (s_tgt, s_tgt, s_tgt),  # its keys are the decoder's inputs
+        "cross": (s_tgt, s_src, s_src),
+    }[plan.kind]
+    heads = len(plan.map_heads)
     estimates = {}
     if "json" in plan.formats:
         for layer in plan.layers:
-            estimates[f"the JSON of layer {layer}"] = estimate_map_json(tokens, len(plan.map_heads), causal=False)
+            estimates[f"the JSON of layer {layer}"] = estimate_map_json(
+                rows, heads, causal=plan.kind == "decoder", key_tokens=key_tokens
+            )
+    dpi, figsize = plan.figure.get("dpi"), plan.figure.get("figsize")
+    estimates |= picture_estimates(plan.formats, columns, heads, dpi=dpi, figsize=figsize, rows=rows)
     if "html" in plan.formats:
-        page_heads = len(plan.heads or range(max(model.heads_per_kind.values())))
-        page_layers = model.num_layers + 2 * model.num_decoder_layers
-        estimates[f"the viewer page of {page_layers} maps × {counted(page_heads, 'head')}"] = estimate_viewer_html(
-            tokens, page_layers, page_heads, causal=False
+        name, kept = _encoder_decoder_page(plan, model)
+        estimates[name] = estimate_encoder_decoder_html(
+            s_src, s_tgt, encoder_layers=model.num_layers, decoder_layers=model.num_decoder_layers, heads=kept
         )
     return estimates
+
+
+def _encoder_decoder_page(plan: EncoderDecoderPlan, model: Any) -> tuple[str, dict[str, int]]:
+    """The viewer page of an encoder–decoder, in words, and the heads of each kind it holds
+    (every layer of both stacks)."""
+    chosen = heads_of_each_kind(plan.heads, plan.kind, model.heads_per_kind)
+    kept = dict(model.heads_per_kind) if chosen is None else {kind: len(each) for kind, each in chosen.items()}
+    page_layers = model.num_layers + 2 * model.num_decoder_layers
+    return f"the viewer page of {page_layers} maps × {counted(max(kept.values()), 'head')}", kept
+
+
+def heads_of_each_kind(heads: list[int] | None, kind: str, counts: dict[str, int]) -> dict[str, list[int]] | None:
+    """The heads an encoder–decoder's run keeps of each kind of attention (``None``: all):
+    those of ``--heads`` (checked against ``kind``'s stack); the page's other kinds keep the
+    ones their stack has, or all their heads when it has none of them."""
+    if heads is None:
+        return None
+    out = {other: [h for h in heads if h < count] or list(range(count)) for other, count in counts.items()}
+    return out | {kind: heads}
 
 
 @dataclass(frozen=True)
@@ -469,21 +525,38 @@ def plan_long(args: argparse.Namespace, options: InspectOptions, model: Any) -> 
     check_sizes(
         plan.estimates,
         options.limit,
-        advice=f"The text is {len(labels)} tokens: ask for fewer layers or heads (--layers, --heads), a smaller --top",
+        advice=(
+            f"The text is {len(labels)} tokens: ask for fewer layers or heads (--layers, --heads), a smaller "
+            "--top, fewer tokens (--max-tokens), or other formats (--format)"
+        ),
     )
-    return plan
+    # The files of the whole run are said; the pictures, one per layer, are not.
+    return replace(plan, said=tuple(name for name in plan.estimates if name not in (PNG_CANVAS, SVG_FILE)))
 
 
 def _estimate_long(plan: LongPlan, model: Any) -> dict[str, int]:
-    """The long view page of ``plan`` (with html), as the messages name it, and its bound
-    in bytes (:func:`attnkit.viz.viewer.long_view.estimate_long_html`: it grows with the
-    heads and with ``s · --top``). The other files are not estimated: the head table has a
-    row per head, the reduced maps at most ``MAP_SIDE²`` cells per layer, and the top keys
-    ``heads · s · --top`` compressed integers."""
-    if "html" not in plan.formats:
-        return {}
-    from attnkit.viz.viewer.long_view import estimate_long_html
+    """Each file of ``plan``, as the messages name it, and its bound in bytes
+    (:mod:`attnkit.viz.estimates`): with json the head table (a row per head) and the top
+    keys (``heads · s · --top`` keys and weights), with html the long view page (it grows
+    with the heads and with ``s · --top``), with png or svg each layer's block-reduced map
+    (at most ``MAP_SIDE`` blocks a side)."""
+    from attnkit.viz.estimates import (
+        estimate_long_html,
+        estimate_long_table_json,
+        estimate_long_top_npz,
+    )
 
-    heads = len(plan.layers) * len(plan.heads or range(model.num_heads))
-    bound = estimate_long_html(plan.labels, heads, top_k=plan.top, block=plan.block, model_name=model.name)
-    return {f"the long view page of {counted(heads, 'head')} ({LONG_PAGE})": bound}
+    s = len(plan.labels)
+    heads = {layer: plan.heads or list(range(model.num_heads)) for layer in plan.layers}
+    count = sum(len(chosen) for chosen in heads.values())
+    estimates = {}
+    if "json" in plan.formats:
+        table = estimate_long_table_json(heads, tokens=s, block=plan.block, model_name=model.name)
+        estimates[f"the head table of {counted(count, 'head')} ({LONG_TABLE})"] = table
+        estimates[f"the top keys of {counted(count, 'head')} ({LONG_TOP_KEYS})"] = estimate_long_top_npz(
+            heads, tokens=s, top_k=plan.top
+        )
+    if "html" in plan.formats:
+        bound = estimate_long_html(plan.labels, count, top_k=plan.top, block=plan.block, model_name=model.name)
+        estimates[f"the long view page of {counted(count, 'head')} ({LONG_PAGE})"] = bound
+    return estimates | picture_estimates(plan.formats, math.ceil(s / plan.block), 1)

@@ -30,8 +30,11 @@ LONG_ONLY_STATISTICS = ("sink", "window", "retrieval")
 MAP_SIDE = 256
 # What `attnkit inspect --long --format` may name.
 LONG_FORMATS = (*FORMATS, "html")
-# The viewer's long view that `attnkit inspect --long --format html` writes.
+# The files of `attnkit inspect --long`: the viewer's long view (html), the head table and
+# the top keys (json).
 LONG_PAGE = "long_context.html"
+LONG_TABLE = "long_context.json"
+LONG_TOP_KEYS = "long_context_top.npz"
 
 
 def add_long_arguments(parser: argparse.ArgumentParser, *, inspect: bool) -> None:
@@ -152,13 +155,13 @@ def _write_long_json(run: Any, out: Path, model: Any, *, block: int) -> list[Pat
     import numpy as np
 
     data = {"model": model.name, "tokens": int(run.ids.numel()), "map_block": block, "heads": run.head_table()}
-    path = out / "long_context.json"
+    path = out / LONG_TABLE
     path.write_text(json.dumps(data, indent=1))
     arrays = {}
     for layer, summary in run.summaries.items():
         arrays[f"top_keys_{layer}"] = summary.top_keys.cpu().numpy().astype(np.int32)
         arrays[f"top_weights_{layer}"] = summary.top_weights.float().cpu().numpy()
-    top = out / "long_context_top.npz"
+    top = out / LONG_TOP_KEYS
     np.savez_compressed(top, **arrays)
     return [path, top]
 

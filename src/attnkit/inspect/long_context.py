@@ -47,7 +47,7 @@ from torch import Tensor
 
 from attnkit.inspect.long_context_blocks import STATISTICS, BlockScorer, BlockStatistics, head_groups, row_blocks
 from attnkit.models.model.kinds import ONE_TEXT, require_kind
-from attnkit.nn.attention import MultiHeadAttention
+from attnkit.nn.hooked_attention import MultiHeadAttention
 
 if TYPE_CHECKING:
     from attnkit.models.model import Model

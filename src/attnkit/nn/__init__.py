@@ -5,8 +5,8 @@ Layout is batch-first, ``[b, s, e]`` for token sequences and ``[b, h, s, d]`` in
 attention; masks say ``True`` = may attend. Modules never store attention weights: pass
 ``return_weights=True`` to get a typed record (:mod:`attnkit.nn.records`).
 
-- Attention: :class:`MultiHeadAttention` (self/cross, GQA, KV cache) built from an
-  :class:`AttentionConfig`, :class:`MultiHeadLatentAttention` (DeepSeek's MLA, a cache of
+- Attention: :class:`MultiHeadAttention` (self/cross, GQA, KV cache, hook points) built
+  from an :class:`AttentionConfig` (:class:`Attention`: the same layer without hook points), :class:`MultiHeadLatentAttention` (DeepSeek's MLA, a cache of
   latents) from a :class:`LatentAttentionConfig`,
   :class:`AdditiveAttention`, :class:`LuongAttention`.
 - Positional encodings: :class:`SinusoidalPositionalEncoding`,
@@ -28,7 +28,7 @@ attention; masks say ``True`` = may attend. Modules never store attention weight
 
 from attnkit.functional.kernels import KERNELS
 from attnkit.nn.activation_cache import ActivationCache
-from attnkit.nn.attention import AttentionConfig, MultiHeadAttention
+from attnkit.nn.attention import Attention, AttentionConfig
 from attnkit.nn.encoder_decoder import (
     EncoderDecoderLM,
     LMHead,
@@ -37,6 +37,7 @@ from attnkit.nn.encoder_decoder import (
     source_padding_mask,
 )
 from attnkit.nn.feedforward import FeedForward
+from attnkit.nn.hooked_attention import MultiHeadAttention
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache, KVCache
 from attnkit.nn.latent_attention import LatentAttentionConfig, MultiHeadLatentAttention
@@ -82,6 +83,7 @@ __all__ = [
     "ALiBi",
     "ActivationCache",
     "AdditiveAttention",
+    "Attention",
     "AttentionConfig",
     "AttentionContext",
     "AttentionPositional",

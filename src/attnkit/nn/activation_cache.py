@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from attnkit.deprecation import deprecated_aliases
 from attnkit.nn.transformerlens_names import transformerlens_aliases
 
 # The layer index in a hook point's name: "decoder.layers.3.self_attn.pattern" → 3.
@@ -232,6 +233,7 @@ class _OnRead:
     index: int
 
 
+@deprecated_aliases(record_on_read="add_computed_on_read", removed_in="0.3")
 class ActivationCache(MutableMapping[str, Tensor]):
     """Hook name → the activation recorded there (after any hook that replaced it), as
     :meth:`attnkit.nn.HookedModule.run_with_cache` returns it.
@@ -241,7 +243,7 @@ class ActivationCache(MutableMapping[str, Tensor]):
     a point outside the layers by the end of its name, and TransformerLens' names
     (``cache["blocks.3.attn.hook_z"]``) are accepted, the per-head entries then in TL's
     layout ``[b, s, h, d]`` (a view; :mod:`attnkit.nn.transformerlens_names`). Entries recorded by
-    :meth:`record_on_read` are computed when first read (by ``cache[name]``, ``.get``,
+    :meth:`add_computed_on_read` are computed when first read (by ``cache[name]``, ``.get``,
     ``.items()``, ``.values()``) and kept; :meth:`unread` names those not computed yet.
     The residual-stream helpers read a pre-norm model with one stack
     (:class:`attnkit.nn.DecoderLM`, the LLaMA checkpoints), where the stream is the sum of
@@ -373,7 +375,7 @@ class ActivationCache(MutableMapping[str, Tensor]):
         if self._grads is not None:
             self._grads.detach_entries()
 
-    def record_on_read(self, names: Mapping[str, int], deferred: DeferredActivations) -> None:
+    def add_computed_on_read(self, names: Mapping[str, int], deferred: DeferredActivations) -> None:
         """Keep entries that ``deferred`` computes when one of them is first read.
 
         Args:
@@ -394,7 +396,7 @@ class ActivationCache(MutableMapping[str, Tensor]):
                 self._shared.setdefault(name, []).append((deferred, input_name, recorded))
 
     def unread(self) -> list[str]:
-        """The names recorded by :meth:`record_on_read` and not computed yet."""
+        """The names added by :meth:`add_computed_on_read` and not computed yet."""
         return [name for name, entry in self._entries.items() if isinstance(entry, _OnRead)]
 
     def _compute(self, entry: _OnRead) -> Tensor:

@@ -15,9 +15,11 @@ What the open checkpoints add to attention is one option each: per-head query/ke
 (``softcap``), a sliding window over the keys (``window``, an :mod:`attnkit.masks`
 mask), biases on the input projections only (``out_bias=False``).
 
-The hook points of the module (``q_unrotated``, ``k_unrotated``, ``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z``,
-``result``) and what only a hook or cache on them computes come from its base,
-:class:`attnkit.nn.attention_hooks.AttentionHookPoints`; the scores' options, from
+This module holds the attention alone, as a ``transformers`` attention layer does: project,
+normalise and rotate the heads, update the KV cache, attend, merge the heads, project out.
+:class:`Attention` is that layer; :class:`attnkit.nn.MultiHeadAttention`
+(:mod:`attnkit.nn.hooked_attention`) is the same layer with hook points on its steps, the
+one attnkit's models are built from. The scores' options come from
 :class:`attnkit.nn.score_options.ScoreOptions`.
 """
 
@@ -25,17 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import torch
 from torch import Tensor, nn
 
+from attnkit.deprecation import moved_names
 from attnkit.functional import AttentionResult, attention
 from attnkit.functional.attention import attention_of_checked
 from attnkit.functional.kernels import KERNEL_SPECS, check_kernel_options, resolve_kernel_name
 from attnkit.functional.masks import Mask
 from attnkit.functional.weights_on_demand import iter_weights_on_demand
-from attnkit.nn.attention_hooks import AttentionHookPoints
 from attnkit.nn.cache_memory import empty_large
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.packing import PackedLinears
@@ -45,8 +47,12 @@ from attnkit.nn.rnn_attention import AttentionScore
 from attnkit.nn.score_options import Score, ScoreOptions
 from attnkit.nn.weight_selection import WeightSelection
 
+# MultiHeadAttention, the attention with hook points, moved to attnkit.nn.hooked_attention
+# (attnkit.nn.MultiHeadAttention is unchanged).
+__getattr__ = moved_names(__name__, {"MultiHeadAttention": "attnkit.nn.hooked_attention"}, removed_in="0.3")
+
 # The scores a chunk of chosen rows holds while their weights are formed, beside the weights
-# themselves (:meth:`MultiHeadAttention._selected_weights`): a 64th of the weights (each of
+# themselves (:meth:`Attention._selected_weights`): a 64th of the weights (each of
 # the chunk's few temporaries adds under 2% to them), at least 2**20 (one chunk for short
 # texts) and at most 2**24 (float32: 64 MiB).
 SELECTED_CHUNK_SHARE = 64
@@ -56,7 +62,8 @@ Context = Tensor | tuple[Tensor, Tensor]
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """What :class:`MultiHeadAttention` is built from, checked when the config is made.
+    """What :class:`Attention` (and :class:`attnkit.nn.MultiHeadAttention`) is built from,
+    checked when the config is made.
 
     Args:
         embed_dim: model dim ``e`` of the queries and the output.
@@ -144,8 +151,9 @@ class AttentionConfig:
         object.__setattr__(self, "kernel_options", check_kernel_options(kernel, self.kernel_options))
 
 
-class MultiHeadAttention(AttentionHookPoints):
-    """Multi-head attention with grouped-query heads, positional encodings and a KV cache.
+class Attention(nn.Module):
+    """Multi-head attention with grouped-query heads, positional encodings and a KV cache,
+    without hook points (:class:`attnkit.nn.MultiHeadAttention` adds them).
 
     ``MultiHead(x) = Concat(head_1, …, head_h) W_O`` with
     ``head_i = Attention(x W_Q^i, c W_K^i, c W_V^i)``, where the context ``c`` is ``x``
@@ -205,8 +213,6 @@ class MultiHeadAttention(AttentionHookPoints):
         self.q_norm = q_norm
         self.k_norm = k_norm
         self._packed: PackedLinears | None = None
-        rotary = self.positional is not None and self.positional.takes_positions
-        self._add_hook_points(weights=KERNEL_SPECS[self.kernel].full, rotary=rotary)
 
     @property
     def packable(self) -> bool:
@@ -288,13 +294,13 @@ class MultiHeadAttention(AttentionHookPoints):
         if context is None:
             past = 0 if kv_cache is None else len(kv_cache)
             q, k, v = self._self_projections(x, positions, past)  # [b, h, s_q, d], [b, h_kv, s_q, d] x 2
-            q, k, v = self.q(q), self.k(k), self.v(v)
             if kv_cache is not None:
                 k, v = kv_cache.append(k, v)  # [b, h_kv, s_k, d], s_k = cached + s_q
         else:
-            q, k, v = self._cross_projections(x, key_input, value_input, kv_cache)  # [b, h, s_q, d], [b, h_kv, s_k, d]
+            q = self._cross_queries(x)  # [b, h, s_q, d]
+            k, v = self._cross_keys_values(key_input, value_input, kv_cache)  # [b, h_kv, s_k, d] x 2
         bias = self._position_bias(position_bias, q, k.shape[2])  # [1, h, s_q, s_k] or None
-        attended = self._attend_hooked(
+        attended = self._attend_step(
             q,
             k,
             v,
@@ -302,34 +308,64 @@ class MultiHeadAttention(AttentionHookPoints):
             bias=bias,
             causal=causal,
             return_weights=return_weights,
-            deferrable=kv_cache is None,
-            bias_is_callers=bias is not None and bias is position_bias,
+            kv_cache=kv_cache,
+            position_bias=position_bias,
         )
-        heads = self.z(attended.output)  # [b, h, s_q, d]
-        output = self.out_proj(self._merge_heads(heads))  # [b, s_q, e]
-        if self.result.active:
-            output = self._per_head_result(heads, output)
-        return MultiHeadOutput(output, attended.weights)
+        return MultiHeadOutput(self._output(attended.output), attended.weights)  # [b, s_q, e]
 
     forward = forward_of_record(forward_record)
 
-    def _cross_projections(
-        self, x: Tensor, key_input: Tensor, value_input: Tensor, kv_cache: KVCache | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries of ``x [b, s_q, e]`` and the keys and values of the context, through the
-        ``q``, ``k`` and ``v`` points: ``[b, h, s_q, d]``, ``[b, h_kv, s_k, d]`` x 2. The keys
-        and values depend only on the context: a filled ``kv_cache`` gives them without
-        projecting it again; an empty one keeps them."""
-        q = self.q(self._norm_heads(self.q_norm, self._split_heads(self.q_proj(x), self.num_heads)))  # [b, h, s_q, d]
+    def _cross_queries(self, x: Tensor) -> Tensor:
+        """The queries of cross-attention: ``x [b, s_q, e]`` → ``[b, h, s_q, d]``."""
+        return self._norm_heads(self.q_norm, self._split_heads(self.q_proj(x), self.num_heads))
+
+    def _cross_keys_values(
+        self, key_input: Tensor, value_input: Tensor, kv_cache: KVCache | None
+    ) -> tuple[Tensor, Tensor]:
+        """The keys and values of cross-attention, ``[b, h_kv, s_k, d]`` x 2. They depend only
+        on the context: a filled ``kv_cache`` gives them without projecting it again; an
+        empty one keeps them."""
         if kv_cache is not None and len(kv_cache) > 0:
             cached_k, cached_v = kv_cache.keys, kv_cache.values  # [b, h_kv, s_k, d]
             assert cached_k is not None and cached_v is not None  # the cache is not empty
-            return q, cached_k, cached_v
-        k = self.k(self._norm_heads(self.k_norm, self._split_heads(self.k_proj(key_input), self.num_kv_heads)))
-        v = self.v(self._split_heads(self.v_proj(value_input), self.num_kv_heads))  # [b, h_kv, s_k, d]
+            return cached_k, cached_v
+        k, v = self._context_keys_values(key_input, value_input)
         if kv_cache is not None:
             kv_cache.append(k, v)
-        return q, k, v
+        return k, v
+
+    def _context_keys_values(self, key_input: Tensor, value_input: Tensor) -> tuple[Tensor, Tensor]:
+        """The context ``[b, s_k, e_k]``, ``[b, s_k, e_v]`` projected to keys and values,
+        ``[b, h_kv, s_k, d]`` x 2."""
+        k = self._norm_heads(self.k_norm, self._split_heads(self.k_proj(key_input), self.num_kv_heads))
+        v = self._split_heads(self.v_proj(value_input), self.num_kv_heads)
+        return k, v
+
+    def _attend_step(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Mask | Tensor | None,
+        bias: Tensor | None,
+        causal: bool,
+        return_weights: bool | WeightSelection,
+        kv_cache: KVCache | None,
+        position_bias: Tensor | None,
+    ) -> AttentionResult:
+        """Every head's output ``[b, h, s_q, d]``, and the weights asked for: all of them
+        (:meth:`_attend`), or those a :class:`~attnkit.nn.WeightSelection` chooses
+        (:meth:`_attend_selected`). ``kv_cache`` and ``position_bias`` are the call's: they
+        tell a subclass that keeps ``k`` or ``bias`` past the call whether someone may change
+        them afterwards (:class:`attnkit.nn.MultiHeadAttention`'s caches do)."""
+        if isinstance(return_weights, WeightSelection):
+            return self._attend_selected(q, k, v, mask=mask, bias=bias, causal=causal, selection=return_weights)
+        return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
+
+    def _output(self, heads: Tensor) -> Tensor:
+        """The heads' outputs ``[b, h, s_q, d]`` merged and projected out: ``[b, s_q, e]``."""
+        return self.out_proj(self._merge_heads(heads))
 
     def _position_bias(self, given: Tensor | None, q: Tensor, s_k: int) -> Tensor | None:
         """The positional encoding's score bias ``[1, h, s_q, s_k]`` for queries
@@ -430,7 +466,7 @@ class MultiHeadAttention(AttentionHookPoints):
         h, h_kv = self.num_heads, self.num_kv_heads
         if self._packed is not None and self._packed.usable(x):
             qkv = self._split_heads(self._packed(x), h + 2 * h_kv)  # [b, h + 2 h_kv, s, d]
-            if self.q_norm is None and self.k_norm is None and not self._unrotated_watched:
+            if self._rotates_side_by_side:
                 # Queries and keys side by side: one rotation pass for both.
                 qk = self._rotate(qkv[:, : h + h_kv], positions, past)  # [b, h + h_kv, s, d]
                 return qk[:, :h], qk[:, h:], qkv[:, h + h_kv :]
@@ -440,9 +476,18 @@ class MultiHeadAttention(AttentionHookPoints):
             k = self._split_heads(self.k_proj(x), h_kv)  # [b, h_kv, s, d]
             v = self._split_heads(self.v_proj(x), h_kv)  # [b, h_kv, s, d]
         q, k = self._norm_heads(self.q_norm, q), self._norm_heads(self.k_norm, k)
-        if self.q_unrotated is not None and self.k_unrotated is not None:
-            q, k = self.q_unrotated(q), self.k_unrotated(k)
-        return self._rotate(q, positions, past), self._rotate(k, positions, past), v
+        q, k = self._rotate_queries_keys(q, k, positions, past)
+        return q, k, v
+
+    @property
+    def _rotates_side_by_side(self) -> bool:
+        """Whether packed queries and keys may be rotated in one pass, side by side: nothing
+        (a per-head norm) comes between their projection and their rotation."""
+        return self.q_norm is None and self.k_norm is None
+
+    def _rotate_queries_keys(self, q: Tensor, k: Tensor, positions: Tensor | None, past: int) -> tuple[Tensor, Tensor]:
+        """The positional rotation of queries ``[b, h, s, d]`` and keys ``[b, h_kv, s, d]``."""
+        return self._rotate(q, positions, past), self._rotate(k, positions, past)
 
     @staticmethod
     def _norm_heads(norm: nn.Module | None, t: Tensor) -> Tensor:
@@ -456,6 +501,13 @@ class MultiHeadAttention(AttentionHookPoints):
         if positions is None:
             return self.positional.rotate_from(t, past)
         return self.positional.rotate(t, positions)
+
+    @property
+    def _inputs_replaceable(self) -> bool:
+        """Whether ``q``, ``k`` and ``v`` may come from elsewhere than this module's
+        projections (a hook's), so that attention checks them as it would a caller's:
+        never here."""
+        return False
 
     def _score_options(self) -> ScoreOptions:
         """What this module forms its scores with besides queries, keys, mask and bias."""
@@ -491,8 +543,8 @@ class MultiHeadAttention(AttentionHookPoints):
         else:
             mask = options.windowed(mask, q.shape[2], k.shape[2])
         # This module made q, k and v and checked its options when built: they need no
-        # checks per call, unless a hook may have replaced them.
-        result = (attention if self._inputs_hooked else attention_of_checked)(
+        # checks per call, unless something else may have replaced them.
+        result = (attention if self._inputs_replaceable else attention_of_checked)(
             q,
             k,
             v,
@@ -592,7 +644,7 @@ class MultiHeadAttention(AttentionHookPoints):
         return key_input, value_input
 
     @classmethod
-    def from_torch(cls, m: nn.MultiheadAttention) -> MultiHeadAttention:
+    def from_torch(cls, m: nn.MultiheadAttention) -> Self:
         """An equivalent module with a copy of the weights of ``torch.nn.MultiheadAttention``.
 
         The result is always batch-first (``[b, s, e]``): for a module built with
@@ -603,7 +655,7 @@ class MultiHeadAttention(AttentionHookPoints):
             m: the torch module.
 
         Returns:
-            A :class:`MultiHeadAttention` on the same device and dtype.
+            A module of this class on the same device and dtype.
 
         Raises:
             TypeError: ``m`` is not an ``nn.MultiheadAttention``.
@@ -731,7 +783,7 @@ def _check_positional(
 
 
 def state_dict_from_torch_attention(m: nn.MultiheadAttention) -> dict[str, Tensor]:
-    """The weights of ``torch.nn.MultiheadAttention`` under :class:`MultiHeadAttention`'s
+    """The weights of ``torch.nn.MultiheadAttention`` under :class:`Attention`'s
     keys, copied (torch packs q/k/v into one ``[3e, e]`` matrix when ``kdim == vdim == e``).
 
     Args:

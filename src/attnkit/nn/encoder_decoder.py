@@ -24,8 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.deprecation import deprecated_aliases
-from attnkit.nn.attention import MultiHeadAttention
 from attnkit.nn.dropout import Dropout
+from attnkit.nn.hooked_attention import MultiHeadAttention
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer

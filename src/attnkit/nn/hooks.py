@@ -285,7 +285,7 @@ def record_on_read(
     for names, cache in session.caches:
         kept = {names[point]: index for index, point in enumerate(points) if point in names}
         if kept:
-            cache.record_on_read(kept, deferred)
+            cache.add_computed_on_read(kept, deferred)
     if any(point.hooked for point in handed_out_by):
         deferred.keep_copies()
         return

@@ -28,7 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.functional.masks import Mask
-from attnkit.nn.attention import AttentionConfig, MultiHeadAttention
+from attnkit.nn.attention import AttentionConfig
+from attnkit.nn.hooked_attention import MultiHeadAttention
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.norms import RMSNorm
@@ -210,7 +211,6 @@ class MultiHeadLatentAttention(MultiHeadAttention):
             raise ValueError("multi-head latent attention is self-attention: pass neither context= nor position_bias=")
         self._check_forward(x, None, positions, kv_cache)
         config = self.latent_config
-        b, s_q, _ = x.shape
         h, d_n, d_r = self.num_heads, config.qk_nope_head_dim, config.qk_rope_head_dim
         past = 0 if kv_cache is None else len(kv_cache)
         q = self._split_heads(self._query_projection(x), h)  # [b, h, s_q, d_n + d_r]
@@ -228,14 +228,18 @@ class MultiHeadLatentAttention(MultiHeadAttention):
             v = torch.cat((v[:, :, :past], self.v(v[:, :, past:])), dim=2)
         else:
             k, v = self.k(k), self.v(v)
-        result = self._attend_hooked(
-            q, k, v, mask=mask, bias=None, causal=causal, return_weights=return_weights, deferrable=kv_cache is None
-        )
-        heads = self.z(result.output)  # [b, h, s_q, d_v]
-        output = self.out_proj(heads.transpose(1, 2).reshape(b, s_q, h * self.head_dim))  # [b, s_q, e]
-        if self.result.active:
-            output = self._per_head_result(heads, output)
-        return MultiHeadOutput(output, result.weights)
+        attended = self._attend_step(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=None,
+            causal=causal,
+            return_weights=return_weights,
+            kv_cache=kv_cache,
+            position_bias=None,
+        )  # [b, h, s_q, d_v]
+        return MultiHeadOutput(self._output(attended.output), attended.weights)  # [b, s_q, e]
 
     forward = forward_of_record(forward_record)
 

@@ -24,9 +24,10 @@ from torch import Tensor, nn
 
 from attnkit.functional.kernels import KERNEL_SPECS, resolve_kernel_name
 from attnkit.functional.masks import Mask
-from attnkit.nn.attention import AttentionConfig, MultiHeadAttention, state_dict_from_torch_attention
+from attnkit.nn.attention import AttentionConfig, state_dict_from_torch_attention
 from attnkit.nn.dropout import Dropout
 from attnkit.nn.feedforward import ACTIVATIONS, Activation, FeedForward
+from attnkit.nn.hooked_attention import MultiHeadAttention
 from attnkit.nn.hooks import HookPoint
 from attnkit.nn.kv_cache import KVCache
 from attnkit.nn.norms import NORM_KINDS, NormKind, make_norm

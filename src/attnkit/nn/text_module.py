@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from attnkit.nn.attention import MultiHeadAttention
+from attnkit.nn.hooked_attention import MultiHeadAttention
 from attnkit.nn.hooks import HookedModule
 from attnkit.nn.records import StackOutput
 from attnkit.nn.transformer import LayerSelection

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from attnkit.deprecation import deprecated_aliases
 from attnkit.functional.indices import select_indices
-from attnkit.nn.attention import MultiHeadAttention
+from attnkit.nn.hooked_attention import MultiHeadAttention
 from attnkit.nn.hooks import HookedModule, HookPoint
 from attnkit.nn.kv_cache import DecoderCache
 from attnkit.nn.layers import DecoderLayer, EncoderLayer, LayerConfig, MaskLike

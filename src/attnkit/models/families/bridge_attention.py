@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit.nn.attention import AttentionConfig, MultiHeadAttention
+from attnkit.nn.attention import AttentionConfig
+from attnkit.nn.hooked_attention import MultiHeadAttention
 from attnkit.nn.weight_selection import WeightSelection
 
 # The name of attnkit's function in transformers' AttentionInterface (``attn_implementation``).
@@ -235,8 +236,9 @@ class BridgedAttention(MultiHeadAttention):
         causal = self.causal and mask is None and s_q > 1
         request = _WEIGHTS.get()
         wanted = False if request is None else request.layers.get(self.layer_index, False)
-        result = self._attend_hooked(
-            q, k, v, mask=boolean, bias=bias, causal=causal, return_weights=wanted, deferrable=True
+        # No attnkit KV cache here: transformers keeps its own.
+        result = self._attend_step(
+            q, k, v, mask=boolean, bias=bias, causal=causal, return_weights=wanted, kv_cache=None, position_bias=None
         )
         if wanted:
             assert request is not None and result.weights is not None

@@ -27,6 +27,7 @@ from attnkit.models.checkpoints.memory import check_fits
 from attnkit.models.model.attentions import LayerAttentions
 from attnkit.models.model.names import ATTENTION_KINDS
 from attnkit.models.model.running import pad_rows
+from attnkit.models.model.runs import returned_float
 from attnkit.nn import EncoderDecoderLM, LayerSelection, MultiHeadAttention, StackOutput, WeightSelection
 
 # The heads to keep: one list for every kind of attention, or a list per kind (a kind left
@@ -426,8 +427,8 @@ def _pair_run(model: Any, pair: _Pair, row: int, decoder_input: Tensor, batch: _
         generated=pair.generated,
         decoder_input_ids=decoder_input[None],  # [1, s_tgt]
         decoder_input_tokens=[model.tokenizer.id_to_token(i) for i in decoder_input.tolist()],
-        logits=batch.logits[row : row + 1, :m].float(),  # [1, s_tgt, v]
-        encoder_last_hidden_state=batch.encoded.output[row : row + 1, :n].float(),  # [1, s_src, e]
+        logits=returned_float(batch.logits[row : row + 1, :m]),  # [1, s_tgt, v]
+        encoder_last_hidden_state=returned_float(batch.encoded.output[row : row + 1, :n]),  # [1, s_src, e]
         encoder_attentions=LayerAttentions(encoder_maps, model.num_layers),
         decoder_attentions=LayerAttentions(decoder_maps, num_decoder_layers),
         cross_attentions=LayerAttentions(cross_maps, num_decoder_layers),

@@ -25,7 +25,7 @@ from attnkit.models.checkpoints.memory import MAP_ADVICE, check_run_memory
 from attnkit.models.model.attentions import LayerAttentions
 from attnkit.models.model.core import ModelCore
 from attnkit.models.model.layer_range import stopped_at
-from attnkit.models.model.runs import ForwardPass, ModelRun, RunStopped, self_attention_weights
+from attnkit.models.model.runs import ForwardPass, ModelRun, RunStopped, returned_float, self_attention_weights
 from attnkit.nn import ActivationCache, DecoderLayer, EncoderLayer, LayerSelection, StackOutput, WeightSelection
 from attnkit.nn.hooks import HookPoint, Hooks, NameFilter
 from attnkit.nn.text_module import TextModule
@@ -126,8 +126,8 @@ class RunMixin(ModelCore):
             ids=ids,
             tokens=tokens,
             offsets=offsets,
-            logits=None if forward.logits is None else forward.logits.float(),
-            last_hidden_state=forward.out.output.float(),  # [1, s, e]
+            logits=None if forward.logits is None else returned_float(forward.logits),
+            last_hidden_state=returned_float(forward.out.output),  # [1, s, e]
             attentions=LayerAttentions(attentions, self.num_layers),
             heads=head_list,
             rows=row_range,
@@ -346,8 +346,10 @@ class RunMixin(ModelCore):
             ids=own_ids,
             tokens=tokens,
             offsets=offsets,
-            logits=None if rows.scores is None else rows.scores[row : row + 1, own].float().clone(),  # [1, n, v]
-            last_hidden_state=hidden[row : row + 1, own].float().clone(),  # [1, n, e]
+            logits=None
+            if rows.scores is None
+            else returned_float(rows.scores[row : row + 1, own]).clone(),  # [1, n, v]
+            last_hidden_state=returned_float(hidden[row : row + 1, own]).clone(),  # [1, n, e]
             attentions=LayerAttentions(weights, self.num_layers),
             heads=head_list,
             rows=row_range,

@@ -10,10 +10,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from attnkit.deprecation import deprecated_aliases
 from attnkit.nn import ActivationCache, StackOutput
+
+
+def returned_float(t: Tensor) -> Tensor:
+    """A run's logits or hidden states as it hands them out: half precision (bfloat16,
+    float16) widened to float32, float32 and float64 as they are (a float64 model's
+    outputs keep the precision it was loaded for)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 @deprecated_aliases(hidden_states="last_hidden_state", removed_in="0.3")
@@ -27,7 +35,8 @@ class ModelRun:
         offsets: each token's ``(start, end)`` character span in the text; ``None`` when
             the run was given ids rather than text.
         logits: next-token logits ``[1, s, v]`` (a causal decoder), or ``None`` (an
-            encoder, or a run without them).
+            encoder, or a run without them); float32, or float64 for a float64 model
+            (:func:`returned_float`), as is ``last_hidden_state``.
         last_hidden_state: the last layer's output ``[1, s, e]`` (after the final norm of
             a decoder that has one, what the head reads).
         attentions: layer index → weights ``[1, h_sel, n_r, s]`` float32 of the selected

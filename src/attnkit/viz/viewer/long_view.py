@@ -5,8 +5,8 @@ What the page carries, for each chosen layer and head of a
 block-reduced map (``max`` and ``mean`` over ``B × B`` blocks, ``[n, n]`` with
 ``n = ceil(s / B)``), every query's top-k keys and weights (``[s, k]``) and the head's
 summary (sink mass, mean distance and its quantiles, window mass, entropy). Its size grows
-with ``heads · (n² + s · k)``, never with ``s²``: :func:`estimate_long_html` bounds it
-before anything is computed.
+with ``heads · (n² + s · k)``, never with ``s²``: :func:`attnkit.viz.estimates.estimate_long_html`
+bounds it before anything is computed.
 
 The JSON form (``format: "attnkit-viewer-long"``, ``version: 1``), embedded in the page as
 the plain viewer embeds its data:
@@ -31,30 +31,30 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import zlib
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch import Tensor
 
-from attnkit.deprecation import renamed_keywords
+from attnkit.deprecation import moved_names, renamed_keywords
 from attnkit.inspect.long_context import LayerSummary, LongContextRun
 from attnkit.viz.files import write_text_atomic
 from attnkit.viz.viewer.data import QUANTISED_MAX
-from attnkit.viz.viewer.render import embed_json, render_page
+from attnkit.viz.viewer.render import render_page
 
 FORMAT = "attnkit-viewer-long"
 VERSION = 1
 # zlib level 6: these arrays are written once per export, and the top keys shrink with it.
 _ZLIB_LEVEL = 6
-# Bytes of a head's record besides its arrays, at most: its summary, names, zlib's headers
-# and its stored blocks' (about 300 to 500), and its layer's record.
-LONG_HEAD_BYTES = 1000
-# Bytes of the page's fields besides the tokens and layers (model name aside).
-LONG_FIELDS_BYTES = 300
+
+# The page's size bound, now in attnkit.viz.estimates: still importable from here until 0.3.
+__getattr__ = moved_names(
+    __name__,
+    dict.fromkeys(("estimate_long_html", "LONG_HEAD_BYTES", "LONG_FIELDS_BYTES"), "attnkit.viz.estimates"),
+    removed_in="0.3",
+)
 
 
 def _packed(array: np.ndarray) -> str:
@@ -148,10 +148,11 @@ def render_long_html(data: dict[str, Any], *, title: str | None = None) -> str:
         raise ValueError(
             f"data must be {FORMAT!r} version {VERSION}, got {data.get('format')!r} {data.get('version')!r}"
         )
-    return render_page(json.dumps(data, separators=(",", ":")), title=title or _title(data["model"]))
+    return render_page(json.dumps(data, separators=(",", ":")), title=title or long_page_title(data["model"]))
 
 
-def _title(model_name: str) -> str:
+def long_page_title(model_name: str) -> str:
+    """The long view page's title."""
     return f"Long-context attention: {model_name}"
 
 
@@ -162,28 +163,3 @@ def write_long_html(path: str | Path, data: dict[str, Any]) -> Path:
         The path written.
     """
     return write_text_atomic(path, render_long_html(data))
-
-
-@renamed_keywords(model="model_name", removed_in="0.3")
-def estimate_long_html(tokens: Sequence[str], heads: int, *, top_k: int, block: int, model_name: str = "") -> int:
-    """An upper bound of the bytes :func:`write_long_html` writes: the arrays as if zlib
-    saved nothing, in base64, plus the token labels and the page around the data.
-
-    Args:
-        tokens: the ``s`` token strings.
-        heads: how many heads the page holds, over all its layers.
-        top_k: keys kept per query.
-        block: ``B``, tokens per side of a map cell.
-        model_name: the model's name, as the page shows it.
-
-    Returns:
-        The bound in bytes: ``heads · (2 · 2n² + 6 · s · k + LONG_HEAD_BYTES) · 4/3`` plus
-        the labels and the page without data.
-    """
-    s = len(tokens)
-    n = math.ceil(s / block)
-    per_head = 2 * 2 * n * n + (4 + 2) * s * min(top_k, s) + LONG_HEAD_BYTES  # two uint16 maps, int32 + uint16 top-k
-    labels = len(embed_json(json.dumps(list(tokens))))
-    fields = LONG_FIELDS_BYTES + len(embed_json(json.dumps(model_name)))
-    page = len(render_page("null", title=_title(model_name)).encode())
-    return math.ceil(heads * per_head * 4 / 3) + labels + fields + page

@@ -1,14 +1,16 @@
-"""The hook points of an attention layer and what they compute beside the attention itself.
+"""Multi-head attention with hook points: :class:`MultiHeadAttention`.
 
-:class:`AttentionHookPoints` gives :class:`attnkit.nn.MultiHeadAttention` (and the layers
-derived from it) its points ``q_unrotated``, ``k_unrotated`` (before a rotary encoding),
-``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z`` and
-``result`` (:mod:`attnkit.nn.hooks`), and what only a hook or a cache on them needs: the
-weights formed and passed through ``scores`` and ``pattern`` while the output stays the
-fused kernel's unless a hook replaced them; each head's share of the output projection for
+:class:`MultiHeadAttention` is :class:`attnkit.nn.attention.Attention` (the attention alone)
+with hook points on its steps: ``q_unrotated``, ``k_unrotated`` (before a rotary encoding),
+``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z`` and ``result``
+(:mod:`attnkit.nn.hooks`). It adds what only a hook or a cache on them needs: the weights
+formed and passed through ``scores`` and ``pattern`` while the output stays the fused
+kernel's unless a hook replaced them; each head's share of the output projection for
 ``result``; and, with caches alone on them, scores, pattern and per-head results left to be
-computed when the cache is first read (:class:`attnkit.nn.activation_cache.DeferredActivations`),
-from the recorded queries and keys (or head outputs) and copies of what else they depend on.
+computed when the cache is first read
+(:class:`attnkit.nn.activation_cache.DeferredActivations`), from the recorded queries and
+keys (or head outputs) and copies of what else they depend on. With no hook or cache on
+them the points cost nothing and the module computes what :class:`Attention` computes.
 
 Shape letters: ``b`` batch, ``h`` query heads, ``h_kv`` key/value heads, ``s_q`` query
 length, ``s_k`` key length, ``d`` head dim, ``e`` model dim.
@@ -21,35 +23,35 @@ import dataclasses
 import itertools
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnkit.functional import AttentionResult
+from attnkit.functional.kernels import KERNEL_SPECS
 from attnkit.functional.masks import Mask
 from attnkit.functional.pattern import attention_pattern
 from attnkit.functional.scores import stack_query_groups
 from attnkit.nn.activation_cache import DeferredActivations, computable_later, snapshot
+from attnkit.nn.attention import Attention, AttentionConfig
 from attnkit.nn.cache_memory import empty_large
 from attnkit.nn.hooks import HookPoint, record_on_read
+from attnkit.nn.kv_cache import KVCache
+from attnkit.nn.positional import AttentionPositional
 from attnkit.nn.rnn_attention import AttentionScore
-from attnkit.nn.score_options import Score, ScoreOptions
+from attnkit.nn.score_options import ScoreOptions
 from attnkit.nn.weight_selection import WeightSelection
 
 
-class AttentionHookPoints(nn.Module):
-    """The hook points of an attention layer, in the order its forward pass meets them, and
-    the paths its attention takes while a hook or cache is on them (see the module's
-    docstring). The layer calls :meth:`_attend_hooked` where it attends and
-    :meth:`_per_head_result` after its output projection while ``result`` is active."""
+class MultiHeadAttention(Attention):
+    """Multi-head attention with grouped-query heads, positional encodings, a KV cache and
+    hook points: :class:`attnkit.nn.attention.Attention` (its arguments, its forward pass)
+    whose steps pass through the points, in the order the forward pass meets them (see the
+    module's docstring). Derived layers call :meth:`_attend_step` where they attend and
+    :meth:`_output` (or :meth:`_per_head_result`) after their output projection.
+    """
 
-    # What the points are computed from: the attention layer's sizes, options and modules.
-    num_heads: int
-    head_dim: int
-    dropout: float
-    score: Score
-    out_proj: nn.Linear
     q_unrotated: HookPoint | None
     k_unrotated: HookPoint | None
     q: HookPoint
@@ -60,35 +62,18 @@ class AttentionHookPoints(nn.Module):
     z: HookPoint
     result: HookPoint
 
-    if TYPE_CHECKING:
-        # The attention layer's own paths (attnkit.nn.attention.MultiHeadAttention).
-        def _score_options(self) -> ScoreOptions: ...
-
-        def _attend(
-            self,
-            q: Tensor,
-            k: Tensor,
-            v: Tensor,
-            *,
-            mask: Mask | Tensor | None,
-            bias: Tensor | None,
-            causal: bool,
-            return_weights: bool,
-            edit_scores: Callable[[Tensor], Tensor] | None = None,
-            edit_weights: Callable[[Tensor], Tensor] | None = None,
-        ) -> AttentionResult: ...
-
-        def _attend_selected(
-            self,
-            q: Tensor,
-            k: Tensor,
-            v: Tensor,
-            *,
-            mask: Mask | Tensor | None,
-            bias: Tensor | None,
-            causal: bool,
-            selection: WeightSelection,
-        ) -> AttentionResult: ...
+    def __init__(
+        self,
+        config: AttentionConfig,
+        *,
+        positional: AttentionPositional | None = None,
+        score_module: AttentionScore | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+    ) -> None:
+        super().__init__(config, positional=positional, score_module=score_module, q_norm=q_norm, k_norm=k_norm)
+        rotary = self.positional is not None and self.positional.takes_positions
+        self._add_hook_points(weights=KERNEL_SPECS[self.kernel].full, rotary=rotary)
 
     def _add_hook_points(self, *, weights: bool, rotary: bool = False) -> None:
         """The points, in the order the forward pass meets them; ``scores`` and ``pattern``
@@ -110,12 +95,49 @@ class AttentionHookPoints(nn.Module):
         return any(point is not None and point.active for point in (self.q_unrotated, self.k_unrotated))
 
     @property
-    def _inputs_hooked(self) -> bool:
+    def _inputs_replaceable(self) -> bool:
         """Whether a hook or cache is on ``q``, ``k`` or ``v``: a hook may have replaced
         them, so the attention checks them as it would a caller's."""
         return self.q.active or self.k.active or self.v.active
 
-    def _attend_hooked(
+    @property
+    def _rotates_side_by_side(self) -> bool:
+        """As :class:`Attention`, and only while nothing watches the queries and keys
+        before their rotation (they are then rotated one after the other, through the
+        points)."""
+        return super()._rotates_side_by_side and not self._unrotated_watched
+
+    def _rotate_queries_keys(self, q: Tensor, k: Tensor, positions: Tensor | None, past: int) -> tuple[Tensor, Tensor]:
+        """The ``q_unrotated`` and ``k_unrotated`` points, then the rotation."""
+        if self.q_unrotated is not None and self.k_unrotated is not None:
+            q, k = self.q_unrotated(q), self.k_unrotated(k)
+        return super()._rotate_queries_keys(q, k, positions, past)
+
+    def _self_projections(self, x: Tensor, positions: Tensor | None, past: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The queries, keys and values of :class:`Attention`, through the ``q``, ``k`` and
+        ``v`` points (before the KV cache keeps the keys and values)."""
+        q, k, v = super()._self_projections(x, positions, past)
+        return self.q(q), self.k(k), self.v(v)
+
+    def _cross_queries(self, x: Tensor) -> Tensor:
+        """The queries of cross-attention through the ``q`` point."""
+        return self.q(super()._cross_queries(x))
+
+    def _context_keys_values(self, key_input: Tensor, value_input: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values projected from the context, through the ``k`` and ``v``
+        points (a filled KV cache gives them without projecting, or passing the points,
+        again)."""
+        k, v = super()._context_keys_values(key_input, value_input)
+        return self.k(k), self.v(v)
+
+    def _output(self, heads: Tensor) -> Tensor:
+        """The ``z`` point on the heads' outputs ``[b, h, s_q, d]``, the output projection
+        ``[b, s_q, e]``, and the ``result`` point when a hook or cache is on it."""
+        heads = self.z(heads)
+        output = super()._output(heads)
+        return self._per_head_result(heads, output) if self.result.active else output
+
+    def _attend_step(
         self,
         q: Tensor,
         k: Tensor,
@@ -125,32 +147,41 @@ class AttentionHookPoints(nn.Module):
         bias: Tensor | None,
         causal: bool,
         return_weights: bool | WeightSelection,
-        deferrable: bool,
-        bias_is_callers: bool = False,
+        kv_cache: KVCache | None,
+        position_bias: Tensor | None,
     ) -> AttentionResult:
-        """:meth:`_attend` with the ``scores`` and ``pattern`` hook points: when a hook or
-        cache is on either, the weights are formed and passed through them. The output is
-        then the fused kernel's unless a hook replaced them (or the weights were asked
-        for): hooks that change nothing change nothing. With caches alone on them, no
-        gradient to carry and ``deferrable`` (no KV cache, whose buffers later steps
-        overwrite), the caches compute them when first read instead
-        (:func:`attnkit.nn.activation_cache.computable_later`, :meth:`_defer_pattern`;
-        ``bias_is_callers``: the bias is the caller's ``position_bias``, which the caller
-        may change afterwards). A :class:`~attnkit.nn.WeightSelection` goes to
+        """:class:`Attention`'s step with the ``scores`` and ``pattern`` hook points: when a
+        hook or cache is on either, the weights are formed and passed through them. The
+        output is then the fused kernel's unless a hook replaced them (or the weights were
+        asked for): hooks that change nothing change nothing. With caches alone on them, no
+        gradient to carry and no ``kv_cache`` (whose buffers later steps overwrite), the
+        caches compute them when first read instead
+        (:func:`attnkit.nn.activation_cache.computable_later`, :meth:`_defer_pattern`, which
+        copies a bias that is the caller's ``position_bias``: the caller may change it
+        afterwards). A :class:`~attnkit.nn.WeightSelection` goes to
         :meth:`_attend_selected`; when something watches the weights, every head's weights
         first pass through the points, and where a hook replaced them the output and the
         chosen weights are the hook's."""
         watched = [point for point in (self.scores, self.pattern) if point is not None and point.active]
         if not watched:
-            if isinstance(return_weights, WeightSelection):
-                return self._attend_selected(q, k, v, mask=mask, bias=bias, causal=causal, selection=return_weights)
-            return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=return_weights)
+            return super()._attend_step(
+                q,
+                k,
+                v,
+                mask=mask,
+                bias=bias,
+                causal=causal,
+                return_weights=return_weights,
+                kv_cache=kv_cache,
+                position_bias=position_bias,
+            )
         assert self.scores is not None and self.pattern is not None  # both exist when either does
         inputs = [t for t in (q, k, mask, bias) if isinstance(t, Tensor)]
         if isinstance(self.score, nn.Module):
             inputs += list(self.score.parameters())
         unhooked = not any(point.hooked for point in watched)
-        if deferrable and not return_weights and unhooked and computable_later(*inputs):
+        if kv_cache is None and not return_weights and unhooked and computable_later(*inputs):
+            bias_is_callers = bias is not None and bias is position_bias
             self._defer_pattern(q, k, mask=mask, bias=bias, causal=causal, bias_is_callers=bias_is_callers)
             return self._attend(q, k, v, mask=mask, bias=bias, causal=causal, return_weights=False)
         replaced = []
