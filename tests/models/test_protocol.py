@@ -39,8 +39,9 @@ def test_the_stand_ins_are_inspectable_models(stand_in):
 
 
 def test_whether_a_model_is_an_encoder_decoder_is_the_protocols_to_say():
-    """Every part of attnkit reads ``model.encoder_decoder`` (a property of the protocol, which
-    Model and the stand-ins have), never a guess from an attribute that may be missing."""
+    """attnkit reads ``model.encoder_decoder`` (a property of the protocol, which Model and the
+    stand-ins have; the rest of attnkit asks attnkit.models.model_kind, which reads it),
+    never a guess from an attribute that may be missing."""
     import ast
     from pathlib import Path
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from attnkit.cli.common import (
 from attnkit.cli.launch import add_nproc_argument, check_nproc, check_world_size, launched_by_torchrun, relaunch
 from attnkit.cli.long_context import LONG_ONLY_STATISTICS, LONG_STATISTICS, add_long_arguments, run_heads_long
 from attnkit.inspect.names import ATTENTION_KINDS, CROSS_STATISTICS, DETECTORS, INDUCTION_PERIOD, STATISTICS
+from attnkit.models.model.kinds import ONE_TEXT, SOURCE_AND_TARGET, for_kind, require_kind
 from attnkit.viz.terminal import counted
 
 
@@ -232,45 +234,65 @@ def run(args: argparse.Namespace) -> int:
         return run_detection(args)
     if args.mean or args.resample or args.ablate_target is not None:
         raise CommandError("--mean and --target go with --ablate, as does --resample")
-    encoder_decoder_options = args.decoder_text is not None or args.attention is not None or args.align is not None
     formats, numbered = _survey_formats_and_texts(args)
     texts = [line for _, line in numbered]
     figure = figure_options(args)
     if args.nproc is not None and not distributed:
         return relaunch(args)
     # Every option is checked above, before PyTorch and the model load.
-    from attnkit.viz.attention_text import render_survey
-    from attnkit.viz.export import write_survey
-    from attnkit.viz.terminal import terminal_safe
-
     survey_fn, talks = _survey_function(args, distributed)
     status = Status(args.quiet or not talks)
     out = prepare_out(args.out)
     model = load_model_of(args, status)
     if args.file is not None:
         _check_lines(model, args.file, numbered)
-    if model.encoder_decoder:
-        if distributed or args.source is not None:
-            raise CommandError("an encoder-decoder's heads are surveyed in one process, without --from and --to")
-        return _run_encoder_decoder_survey(args, model, texts, status, formats, figure, out)
-    if encoder_decoder_options:
+    job = _SurveyJob(texts, status, formats, figure, out, survey_fn, talks, distributed)
+    survey = for_kind(
+        model, {ONE_TEXT: _run_one_text_survey, SOURCE_AND_TARGET: _run_encoder_decoder_survey}, what="attnkit heads"
+    )
+    return survey(args, model, job)
+
+
+@dataclass(frozen=True)
+class _SurveyJob:
+    """What a head survey was given before its model loaded: the texts, where and how to
+    write, and the survey of this process (or of its process group under torchrun)."""
+
+    texts: list[str]
+    status: Status
+    formats: list[str]
+    figure: dict
+    out: Path
+    survey_fn: Callable[..., Any]
+    talks: bool
+    distributed: bool
+
+
+def _run_one_text_survey(args: argparse.Namespace, model: Any, job: _SurveyJob) -> int:
+    """``attnkit heads`` on a model of one text: every layer's and head's statistics over
+    the texts, in this process or split across a process group."""
+    from attnkit.viz.attention_text import render_survey
+    from attnkit.viz.export import write_survey
+    from attnkit.viz.terminal import terminal_safe
+
+    if args.decoder_text is not None or args.attention is not None or args.align is not None:
         raise CommandError(
             f"--decoder-text, --attention and --align are for encoder-decoder models (T5, BART); {model.name} is a "
             f"{model.family} model"
         )
     with command_errors(f"cannot write to --out {args.out}"):
         sizes = f"{counted(model.num_layers, 'layer')} × {counted(model.num_heads, 'head')}"
-        with status.step(f"surveying {sizes} of {model.name} on {counted(len(texts), 'text')}"):
-            survey = survey_fn(model, texts, source=args.source, target=args.target, level=args.level)
-        if distributed:
+        with job.status.step(f"surveying {sizes} of {model.name} on {counted(len(job.texts), 'text')}"):
+            survey = job.survey_fn(model, job.texts, source=args.source, target=args.target, level=args.level)
+        if job.distributed:
             from attnkit.distributed import leave
 
             leave()
-        if not talks:
+        if not job.talks:
             return 0
         print(terminal_safe(render_survey(survey, top=args.top, stat=args.stat)), end="", flush=True)
-        with status.step(f"writing {', '.join(formats)}"):
-            written = write_survey(survey, out, formats, **figure)
+        with job.status.step(f"writing {', '.join(job.formats)}"):
+            written = write_survey(survey, job.out, job.formats, **job.figure)
     print_written(written)
     return 0
 
@@ -338,16 +360,12 @@ def run_ablation(args: argparse.Namespace) -> int:
     from attnkit.viz.terminal import terminal_safe
 
     model = load_model_of(args, status)
-    target = args.ablate_target
-    if model.encoder_decoder:
-        if args.decoder_text is None or args.ablate_target is not None or args.mean or args.resample:
-            raise CommandError(
-                f"{model.name} is an encoder-decoder: --ablate measures log p of the --decoder-text TARGET given "
-                "the source TEXT (no --target, no --mean)"
-            )
-        target = args.decoder_text
-    elif args.decoder_text is not None:
-        raise CommandError(f"--decoder-text is for encoder-decoder models (T5, BART); {model.name} is not one")
+    ablation_target = for_kind(
+        model,
+        {ONE_TEXT: _one_text_ablation_target, SOURCE_AND_TARGET: _encoder_decoder_ablation_target},
+        what="--ablate",
+    )
+    target = ablation_target(args, model)
     with command_errors(f"cannot write to --out {args.out}"):
         with status.step(f"ablating the heads of {model.name}"):
             effects = head_ablation(
@@ -362,6 +380,23 @@ def run_ablation(args: argparse.Namespace) -> int:
             written = write_effects(effects, out, formats, **figure)
     print_written(written)
     return 0
+
+
+def _one_text_ablation_target(args: argparse.Namespace, model: Any) -> str | None:
+    """What ``--ablate`` measures on a model of one text: ``--target`` (none: the model's default)."""
+    if args.decoder_text is not None:
+        raise CommandError(f"--decoder-text is for encoder-decoder models (T5, BART); {model.name} is not one")
+    return args.ablate_target
+
+
+def _encoder_decoder_ablation_target(args: argparse.Namespace, model: Any) -> str:
+    """What ``--ablate`` measures on an encoder–decoder: log p of the ``--decoder-text``."""
+    if args.decoder_text is None or args.ablate_target is not None or args.mean or args.resample:
+        raise CommandError(
+            f"{model.name} is an encoder-decoder: --ablate measures log p of the --decoder-text TARGET given "
+            "the source TEXT (no --target, no --mean)"
+        )
+    return str(args.decoder_text)
 
 
 def run_detection(args: argparse.Namespace) -> int:
@@ -383,9 +418,8 @@ def run_detection(args: argparse.Namespace) -> int:
     from attnkit.viz.terminal import terminal_safe
 
     model = load_model_of(args, status)
-    if model.encoder_decoder:
-        raise CommandError(f"--detect reads one stack's self-attention; {model.name} is an encoder-decoder")
     with command_errors(f"cannot write to --out {args.out}"):
+        require_kind(model, ONE_TEXT, what="--detect reads one stack's self-attention")
         with status.step(f"scoring {model.num_layers} layers × {model.num_heads} heads of {model.name}"):
             detection = detect_heads(model, args.text, args.detect)
         print(terminal_safe(render_detection(detection, top=args.top)), end="", flush=True)
@@ -395,22 +429,17 @@ def run_detection(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_encoder_decoder_survey(
-    args: argparse.Namespace,
-    model: Any,
-    texts: list[str],
-    status: Status,
-    formats: list[str],
-    figure: dict,
-    out: Path,
-) -> int:
+def _run_encoder_decoder_survey(args: argparse.Namespace, model: Any, job: _SurveyJob) -> int:
     """``attnkit heads`` on an encoder–decoder: one kind of attention over source/target
-    pairs, with the alignment score when ``--align`` is given."""
+    pairs, in one process, with the alignment score when ``--align`` is given."""
     from attnkit.inspect.encoder_decoder import read_alignments, survey_encoder_decoder
     from attnkit.viz.attention_text import render_survey
     from attnkit.viz.export import write_survey
     from attnkit.viz.terminal import terminal_safe
 
+    if job.distributed or args.source is not None:
+        raise CommandError("an encoder-decoder's heads are surveyed in one process, without --from and --to")
+    texts, status, formats, figure, out = job.texts, job.status, job.formats, job.figure, job.out
     kind = args.attention or "cross"
     if args.decoder_text is not None and args.file is not None:
         raise CommandError("--decoder-text goes with TEXT; with --file, give each target after a tab")

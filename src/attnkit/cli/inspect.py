@@ -28,6 +28,7 @@ from attnkit.cli.inspect_maps import run_maps
 from attnkit.cli.inspect_plan import InspectOptions, parse_rows
 from attnkit.cli.long_context import add_long_arguments
 from attnkit.inspect.names import ATTENTION_KINDS, EXAMPLE_TEXT, FLOW_MAX_TOKENS, METHODS, VIEWER_MODES
+from attnkit.models.model.kinds import ONE_TEXT, SOURCE_AND_TARGET, for_kind
 
 # ``attnkit inspect`` adds to the shared formats the viewer page, of every layer and head.
 INSPECT_FORMATS = (*FORMATS, "html")
@@ -167,9 +168,8 @@ def run(args: argparse.Namespace) -> int:
     options = _parse_options(args)
     # Every option that needs no model is checked above, before PyTorch and the model load.
     model = load_model_of(args, options.status)
-    if model.encoder_decoder:
-        return run_encoder_decoder(args, options, model)
-    return run_maps(args, options, model)
+    pipeline = for_kind(model, {ONE_TEXT: run_maps, SOURCE_AND_TARGET: run_encoder_decoder}, what="attnkit inspect")
+    return pipeline(args, options, model)
 
 
 def _parse_options(args: argparse.Namespace) -> InspectOptions:

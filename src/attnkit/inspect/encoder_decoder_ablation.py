@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from attnkit.models.model.kinds import SOURCE_AND_TARGET, require_kind
+
 if TYPE_CHECKING:
     from attnkit.models import Model
 
@@ -53,10 +55,7 @@ def encoder_decoder_head_ablation(
         ValueError: a model that is not an encoder–decoder, texts it refuses, a layer out of
             range in a stack.
     """
-    if not model.encoder_decoder:
-        raise ValueError(
-            f"encoder-decoder head ablation runs on encoder-decoders; {model.name} is not one ({model.family})"
-        )
+    require_kind(model, SOURCE_AND_TARGET, what="encoder-decoder head ablation ablates the heads of three attentions")
     unablated = model.run_encoder_decoder(source, target, encoder_layers=False, decoder_layers=False)
     source_ids, target_ids = unablated.source_ids, unablated.target_ids  # [1, s_src], [1, s_tgt]
     base = _target_log_p(unablated.logits, target_ids)
@@ -135,8 +134,7 @@ def encoder_decoder_activation_patching(
         ValueError: a model that is not an encoder–decoder, sources of different token
             lengths, sources the measure does not tell apart, a layer out of range.
     """
-    if not model.encoder_decoder:
-        raise ValueError(f"encoder-decoder activation patching runs on encoder-decoders; {model.name} is not one")
+    require_kind(model, SOURCE_AND_TARGET, what="encoder-decoder activation patching patches a source's run")
     rows = _rows(model, layers)
     kept: dict[str, Tensor] = {}
 

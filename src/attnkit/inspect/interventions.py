@@ -54,6 +54,7 @@ from attnkit.inspect.names import BY as BY
 from attnkit.inspect.names import COMPONENTS as COMPONENTS
 from attnkit.inspect.names import METRICS as METRICS
 from attnkit.inspect.names import PER_HEAD as PER_HEAD
+from attnkit.models.model.kinds import ONE_TEXT, SOURCE_AND_TARGET, for_kind
 
 if TYPE_CHECKING:
     from attnkit.models import Model
@@ -247,10 +248,35 @@ def head_ablation(
             ``mean_over``, a layer out of range, ``mean_over`` or no target with an
             encoder-decoder.
     """
-    if model.encoder_decoder:
-        if metric is not None or resample_from is not None:
-            raise ValueError(f"{model.name} is an encoder-decoder: it ablates heads to zero and measures log p(target)")
-        return _encoder_decoder_ablation(model, _source_text(text), target, mean_over, layers)
+    ablate = for_kind(
+        model,
+        {ONE_TEXT: _one_text_head_ablation, SOURCE_AND_TARGET: _encoder_decoder_head_ablation},
+        what="head ablation",
+    )
+    return ablate(
+        model,
+        text,
+        target=target,
+        mean_over=mean_over,
+        layers=layers,
+        metric=metric,
+        resample_from=resample_from,
+        prepend_bos=prepend_bos,
+    )
+
+
+def _one_text_head_ablation(
+    model: Model,
+    text: str | Tensor | Sequence[int],
+    *,
+    target: str | None,
+    mean_over: Sequence[str] | None,
+    layers: Sequence[int] | None,
+    metric: Metric | None,
+    resample_from: Sequence[str] | None,
+    prepend_bos: bool | None,
+) -> InterventionEffects:
+    """:func:`head_ablation` of a model of one text (a causal decoder or an encoder)."""
     target_id = _ablation_target_id(model, target, metric, mean_over is not None and resample_from is not None)
     layer_list = model.layer_indices(layers)
     encoded = model.tokenized(text, prepend_bos=prepend_bos)
@@ -378,9 +404,39 @@ def activation_patching(
             ``heads`` without ``by="dest-src"``, no head or a head out of range.
         TypeError: a metric that is neither a name nor a function.
     """
-    if model.encoder_decoder:
-        sources = (_source_text(clean), _source_text(corrupt))
-        return _encoder_decoder_patching(model, sources, by, component, metric, (target, wrong), layers)
+    patch = for_kind(
+        model, {ONE_TEXT: _one_text_patching, SOURCE_AND_TARGET: _encoder_decoder_patching}, what="activation patching"
+    )
+    return patch(
+        model,
+        clean,
+        corrupt,
+        by=by,
+        component=component,
+        metric=metric,
+        target=target,
+        wrong=wrong,
+        layers=layers,
+        heads=heads,
+        prepend_bos=prepend_bos,
+    )
+
+
+def _one_text_patching(
+    model: Model,
+    clean: str | Tensor | Sequence[int],
+    corrupt: str | Tensor | Sequence[int],
+    *,
+    by: str,
+    component: str | None,
+    metric: str | MetricFunction | Metric | None,
+    target: str | None,
+    wrong: str | None,
+    layers: Sequence[int] | None,
+    heads: Sequence[int] | None,
+    prepend_bos: bool | None,
+) -> InterventionEffects:
+    """:func:`activation_patching` of a model of one text (a causal decoder or an encoder)."""
     component = check_where(by, component)
     metric_name = check_metric(model, metric, target, wrong)
     layer_list = model.layer_indices(layers)
@@ -552,12 +608,24 @@ def _grid(
     return clean, _changed_cells(layers, count, clean, corrupted), (count, count), None
 
 
-def _encoder_decoder_ablation(
-    model: Model, source: str, target: str | None, mean_over: Sequence[str] | None, layers: Sequence[int] | None
+def _encoder_decoder_head_ablation(
+    model: Model,
+    text: str | Tensor | Sequence[int],
+    *,
+    target: str | None,
+    mean_over: Sequence[str] | None,
+    layers: Sequence[int] | None,
+    metric: Metric | None,
+    resample_from: Sequence[str] | None,
+    prepend_bos: bool | None,
 ) -> InterventionEffects:
-    """:func:`head_ablation` of an encoder–decoder, after checking what it takes."""
+    """:func:`head_ablation` of an encoder–decoder (``text``: its source), after checking
+    what it takes (``prepend_bos`` is a text's alone)."""
     from attnkit.inspect.encoder_decoder_ablation import encoder_decoder_head_ablation
 
+    if metric is not None or resample_from is not None:
+        raise ValueError(f"{model.name} is an encoder-decoder: it ablates heads to zero and measures log p(target)")
+    source = _source_text(text)
     if target is None or mean_over is not None:
         raise ValueError(
             f"{model.name} is an encoder-decoder: give the target text its decoder predicts; "
@@ -568,18 +636,24 @@ def _encoder_decoder_ablation(
 
 def _encoder_decoder_patching(
     model: Model,
-    sources: tuple[str, str],
+    clean: str | Tensor | Sequence[int],
+    corrupt: str | Tensor | Sequence[int],
+    *,
     by: str,
     component: str | None,
     metric: str | MetricFunction | Metric | None,
-    tokens: tuple[str | None, str | None],
+    target: str | None,
+    wrong: str | None,
     layers: Sequence[int] | None,
+    heads: Sequence[int] | None,
+    prepend_bos: bool | None,
 ) -> InterventionEffects:
-    """:func:`activation_patching` of an encoder–decoder (``sources``: clean and corrupted;
-    ``tokens``: the target text and the wrong token), after checking what it takes."""
+    """:func:`activation_patching` of an encoder–decoder (``clean`` and ``corrupt``: its
+    sources; ``target``: the text its decoder predicts), after checking what it takes
+    (``heads`` is ``by="dest-src"``'s and ``prepend_bos`` a text's: neither applies)."""
     from attnkit.inspect.encoder_decoder_ablation import encoder_decoder_activation_patching
 
-    target, wrong = tokens
+    sources = (_source_text(clean), _source_text(corrupt))
     if by != "head" or component not in (None, "z") or metric not in (None, "log-p") or target is None or wrong:
         raise ValueError(
             f"{model.name} is an encoder-decoder: it patches each head's z (by='head') and measures log p of "

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from attnkit.inspect.long_context_blocks import STATISTICS, BlockScorer, BlockStatistics, head_groups, row_blocks
+from attnkit.models.model.kinds import ONE_TEXT, require_kind
 from attnkit.nn.hooked_attention import MultiHeadAttention
 
 if TYPE_CHECKING:
@@ -934,8 +935,7 @@ def _summarizable(model: object, engine: str) -> Model:
 
     if not isinstance(model, Model):
         raise TypeError(f"model must be an attnkit.models.Model, got {type(model).__name__}")
-    if model.encoder_decoder:
-        raise ValueError(f"{model.name} is an encoder-decoder: long-context summaries read one self-attention stack")
+    require_kind(model, ONE_TEXT, what="long-context summaries read one self-attention stack")
     _check_engine(engine)
     return model
 

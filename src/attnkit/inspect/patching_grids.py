@@ -35,6 +35,7 @@ from attnkit.inspect import interventions
 from attnkit.inspect.interventions import InterventionEffects, MetricFunction
 from attnkit.inspect.maps import token_labels
 from attnkit.inspect.metrics import Metric, MetricInput, log_probability, logit_difference, of_logits
+from attnkit.models.model.kinds import NEXT_TOKEN, require_kind
 from attnkit.nn.hooks import backward_of_scalar
 
 if TYPE_CHECKING:
@@ -223,10 +224,7 @@ def attribution_patching(
 def _check_attribution(model: Model, grids: Sequence[tuple[str, str]]) -> None:
     """Refuse a model without next-token logits, no grid, and a grid attribution patching
     cannot estimate."""
-    if not model.causal or model.encoder_decoder:
-        raise ValueError(
-            f"attribution patching measures next-token logits of a causal decoder; {model.name} is not one"
-        )
+    require_kind(model, NEXT_TOKEN, what="attribution patching measures next-token logits")
     if not grids:
         raise ValueError("grids must name at least one (component, by) pair, got none")
     for component, by in grids:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnkit.inspect.long_context import long_context_summaries
+from attnkit.models.model.kinds import NEXT_TOKEN, require_kind
 
 DEFAULT_NEEDLE = "The secret code of the blue lighthouse is 7391 and it opens the north gate."
 DEFAULT_QUESTION = " What is the secret code of the blue lighthouse? Repeat the sentence that gives it:"
@@ -78,8 +79,7 @@ def needle_probe(
 
     if not isinstance(model, Model):
         raise TypeError(f"model must be an attnkit.models.Model, got {type(model).__name__}")
-    if not model.causal or model.encoder_decoder:
-        raise ValueError(f"{model.name} is not a causal decoder: the needle probe asks the model to repeat the needle")
+    require_kind(model, NEXT_TOKEN, what="the needle probe asks the model to repeat the needle")
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
     first = model.tokenizer.encode(filler)

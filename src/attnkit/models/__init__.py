@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from attnkit._lazy import lazy_names
 from attnkit.models import moved
 from attnkit.models.checkpoints.registry import MODELS, home
+from attnkit.models.model.kinds import MODEL_KINDS, ModelKindError, model_kind  # no torch either
 from attnkit.models.protocol import InspectableModel  # no torch: cheap to import
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ _LAZY = {
 
 __all__ = [
     "MODELS",
+    "MODEL_KINDS",
     "CheckpointError",
     "FetchError",
     "HubError",
@@ -62,6 +64,7 @@ __all__ = [
     "MemoryEstimateError",
     "Model",
     "ModelInfo",
+    "ModelKindError",
     "ModelNotFound",
     "ModelRun",
     "RunStopped",
@@ -71,6 +74,7 @@ __all__ = [
     "fetch",
     "home",
     "load",
+    "model_kind",
 ]
 
 

@@ -81,8 +81,11 @@ class InspectableModel(Protocol):
         max_length: the longest input in tokens.
         causal: a causal decoder (a token attends only to earlier ones).
         encoder_decoder: an encoder–decoder (T5, BART), which also reads a source and a
-            target (:meth:`attnkit.models.Model.run_encoder_decoder`); what inspects a model
-            reads this instead of guessing from the attributes it has.
+            target (:meth:`attnkit.models.Model.run_encoder_decoder`).
+
+    The two flags make the model's kind, which what inspects a model asks of
+    :func:`attnkit.models.model_kind` (with :func:`attnkit.models.model.kinds.require_kind`
+    and :func:`attnkit.models.model.kinds.for_kind`) instead of reading them itself.
     """
 
     @property

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from attnkit.inspect.long_context import LayerScoring, LongContextRun, exact_block, long_context_summaries
 from attnkit.inspect.maps import sequence_labels
+from attnkit.models.model.kinds import ONE_TEXT, model_kind
 from attnkit.serve.admission import check_text, run_queued
 
 # Blocks per side of a reduced map by default, and at most.
@@ -101,7 +102,7 @@ def long_context_limit(model: Any, asked: int | None) -> int:
 
 def _has_long_maps(model: Any) -> bool:
     """Whether ``model`` reads one self-attention stack (not an encoder-decoder)."""
-    return hasattr(model, "prepare_input") and not model.encoder_decoder
+    return hasattr(model, "prepare_input") and model_kind(model) in ONE_TEXT
 
 
 def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: int) -> None:

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from attnkit import __version__
+from attnkit.models.model.kinds import ONE_TEXT, SOURCE_AND_TARGET, for_kind
 from attnkit.serve.admission import admit, check_mode_weights, http_error, run_queued
 from attnkit.serve.bodies import AttentionRequest, ErrorBody, InfoBody, ViewerDataBody
 from attnkit.serve.limits import Limits
@@ -79,23 +80,37 @@ def add_routes(app: FastAPI, served: dict[str, ServedModel], limits: Limits) -> 
         if name not in served:
             raise http_error(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
         s = served[name]
-        if request.chat and s.encoder_decoder:
-            raise http_error(422, f"{name} is an encoder-decoder: chat is for models of one text")
-        if s.encoder_decoder:
-            data = await run_encoder_decoder(request, s, limits)
-            timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
-            return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
-        if request.decoder_text is not None:
-            raise http_error(422, f"{name} reads one text: decoder_text is for encoder-decoder models")
-        # Other requests' batch waits for this one while it is read and checked.
-        with s.batcher.arriving():
-            admitted = await admit(request, s, limits)
-        check_mode_weights(request.modes, admitted, limits)
-        run = await run_queued(
-            lambda: s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens), http.receive
+        answer = for_kind(
+            s.model,
+            {ONE_TEXT: _one_text_attention, SOURCE_AND_TARGET: _encoder_decoder_attention},
+            what="POST /api/attention",
         )
-        if run is None:  # the client has gone; nobody reads this
+        data = await answer(request, http, s, limits)
+        if data is None:  # the client has gone; nobody reads this
             return Response(status_code=499)
-        data = await run_in_threadpool(page_data, s, run, admitted, request)
         timing = f"total;dur={(time.perf_counter() - started) * 1000:.1f}"
         return Response(data.to_json(), media_type="application/json", headers={"server-timing": timing})
+
+
+async def _one_text_attention(request: AttentionRequest, http: Request, s: ServedModel, limits: Limits) -> Any:
+    """The viewer data of a request to a model of one text, run with other requests'
+    texts by its batcher; ``None`` when the client has gone."""
+    if request.decoder_text is not None:
+        raise http_error(422, f"{s.name} reads one text: decoder_text is for encoder-decoder models")
+    # Other requests' batch waits for this one while it is read and checked.
+    with s.batcher.arriving():
+        admitted = await admit(request, s, limits)
+    check_mode_weights(request.modes, admitted, limits)
+    run = await run_queued(
+        lambda: s.batcher.submit(admitted.text, admitted.layers, admitted.heads, admitted.tokens), http.receive
+    )
+    if run is None:
+        return None
+    return await run_in_threadpool(page_data, s, run, admitted, request)
+
+
+async def _encoder_decoder_attention(request: AttentionRequest, _http: Request, s: ServedModel, limits: Limits) -> Any:
+    """The viewer data of a request to an encoder-decoder: its source and target."""
+    if request.chat:
+        raise http_error(422, f"{s.name} is an encoder-decoder: chat is for models of one text")
+    return await run_encoder_decoder(request, s, limits)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnkit.models.model.kinds import ONE_TEXT, SOURCE_AND_TARGET, ModelKind, for_kind, model_kind
 from attnkit.models.protocol import InspectableModel
 from attnkit.serve.batching import Batcher
 from attnkit.serve.bodies import ServedModelBody
@@ -41,26 +42,42 @@ class ServedModel:
         self.long_queue = WorkQueue(max_queue=self.max_queue, name=f"attnkit-long-{self.name}")
 
     @property
-    def encoder_decoder(self) -> bool:
-        """Whether the model reads a source and a target (:meth:`attnkit.models.Model.run_encoder_decoder`)."""
-        return self.model.encoder_decoder
+    def kind(self) -> ModelKind:
+        """The model's kind (:func:`attnkit.models.model_kind`), as ``GET /api/info`` says it."""
+        return model_kind(self.model)
 
     def info(self) -> ServedModelBody:
         """What ``GET /api/info`` says about this model."""
-        kind = "encoder-decoder" if self.encoder_decoder else "causal" if self.model.causal else "bidirectional"
+        stacks = for_kind(
+            self.model, {ONE_TEXT: _one_text_stacks, SOURCE_AND_TARGET: _encoder_decoder_stacks}, what="GET /api/info"
+        )
         return ServedModelBody(
             name=self.name,
             family=str(getattr(self.model, "family", "")),
-            kind=kind,
+            kind=self.kind,
             layers=self.model.num_layers,
-            decoder_layers=int(getattr(self.model, "num_decoder_layers", 0)) if self.encoder_decoder else 0,
             heads=self.model.num_heads,
-            decoder_heads=_decoder_heads(self.model) if self.encoder_decoder else 0,
             max_tokens=self.max_tokens,
             max_long_tokens=self.max_long_tokens,
-            windows=None if self.encoder_decoder else _listed_windows(self.model),
             chat_template=_has_chat_template(self.model),
+            **stacks(self.model),
         )
+
+
+def _one_text_stacks(model: Any) -> dict[str, Any]:
+    """What ``GET /api/info`` says of a model of one text beyond its layers and heads: no
+    decoder, and each layer's sliding window."""
+    return {"decoder_layers": 0, "decoder_heads": 0, "windows": _listed_windows(model)}
+
+
+def _encoder_decoder_stacks(model: Any) -> dict[str, Any]:
+    """What ``GET /api/info`` says of an encoder-decoder :class:`attnkit.models.Model` beyond
+    its encoder's layers and heads: its decoder's, and no windows."""
+    return {
+        "decoder_layers": int(getattr(model, "num_decoder_layers", 0)),
+        "decoder_heads": int(model.heads_per_kind["decoder"]),
+        "windows": None,
+    }
 
 
 def _has_chat_template(model: Any) -> bool:
@@ -77,8 +94,3 @@ def _listed_windows(model: Any) -> list[int | None] | None:
 
     windows = model_windows(model)
     return None if windows is None else list(windows)
-
-
-def _decoder_heads(model: Any) -> int:
-    """An encoder-decoder :class:`attnkit.models.Model`'s heads per decoder layer."""
-    return int(model.heads_per_kind["decoder"])

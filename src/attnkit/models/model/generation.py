@@ -19,6 +19,7 @@ from attnkit.models.checkpoints.memory import check_fits, kv_cache_bytes
 from attnkit.models.checkpoints.tokenizer import Tokenizer
 from attnkit.models.families.family import ModelConfig
 from attnkit.models.model.core import ModelCore
+from attnkit.models.model.kinds import GENERATES, require_kind
 from attnkit.nn import pack_projections
 from attnkit.nn.lm import check_decoding_options
 from attnkit.nn.text_module import DecodingModule, TextModule
@@ -102,8 +103,7 @@ class GenerationMixin(ModelCore):
                 a ``temperature`` that is not a finite number ``>= 0``, ``top_k < 1``
                 (at the call, before any token).
         """
-        if not self.causal and not self.encoder_decoder:
-            raise ValueError(f"{self.name} is a bidirectional encoder ({self.family}); it cannot generate text")
+        require_kind(self, GENERATES, what="it cannot generate text")
         check_decoding_options(max_new_tokens, temperature, top_k)
         ids, _, _ = self.prepare_input(prompt)
         if not self._packed:

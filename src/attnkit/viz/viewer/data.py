@@ -23,7 +23,7 @@ import json
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,9 +32,11 @@ from torch import Tensor
 from attnkit.deprecation import deprecated_aliases, renamed_keywords
 from attnkit.inspect.names import ATTENTION_KINDS, VIEWER_MODES
 from attnkit.models.checkpoints.chat import Turn
+from attnkit.models.model.kinds import MODEL_KINDS, ModelKind
 
-Kind = Literal["bidirectional", "causal", "encoder-decoder"]
-KINDS: tuple[str, ...] = ("bidirectional", "causal", "encoder-decoder")
+# The kinds of data are the kinds of model (attnkit.models.model.kinds).
+Kind = ModelKind
+KINDS: tuple[str, ...] = MODEL_KINDS
 # The sections each kind may have, in display order: a self-attention page may add its colour
 # modes (attnkit.inspect.names.VIEWER_MODES) beside its weights.
 SECTION_NAMES: dict[str, tuple[str, ...]] = {
