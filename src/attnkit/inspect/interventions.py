@@ -54,6 +54,7 @@ from attnkit.inspect.names import BY as BY
 from attnkit.inspect.names import COMPONENTS as COMPONENTS
 from attnkit.inspect.names import METRICS as METRICS
 from attnkit.inspect.names import PER_HEAD as PER_HEAD
+from attnkit.inspect.readouts import readout
 from attnkit.models.model.kinds import ONE_TEXT, SOURCE_AND_TARGET, for_kind
 
 if TYPE_CHECKING:
@@ -276,29 +277,24 @@ def _one_text_head_ablation(
     resample_from: Sequence[str] | None,
     prepend_bos: bool | None,
 ) -> InterventionEffects:
-    """:func:`head_ablation` of a model of one text (a causal decoder or an encoder)."""
+    """:func:`head_ablation` of a model of one text (a causal decoder or an encoder), measured
+    as its :func:`attnkit.inspect.readouts.readout` says."""
+    model_readout = readout(model)
     target_id = _ablation_target_id(model, target, metric, mean_over is not None and resample_from is not None)
     layer_list = model.layer_indices(layers)
     encoded = model.tokenized(text, prepend_bos=prepend_bos)
     replacement_sets = _ablation_replacements(model, layer_list, mean_over, resample_from, encoded.ids.shape[1])
     unablated: list[Tensor] = []  # the output of the first (unaltered) row
-    measure: Callable[[Tensor], Tensor] = _unused_measure
-    if metric is not None:
-        words = f"change in {metric.name}"
-    elif model.causal:
-        assert target is not None and target_id is not None  # a causal model's target is checked
-        words = f"change in log p({target!r}) at the last position"
+    words, measure_of_kind = (
+        (f"change in {metric.name}", _unused_measure)
+        if metric is not None
+        else model_readout.ablation_measure(target, target_id)
+    )
 
-        def measure(output: Tensor) -> Tensor:
-            if not unablated:
-                unablated.append(output[0])
-            return torch.log_softmax(output, dim=-1)[:, target_id]
-    else:
-        words = "change in the cosine of the sentence embedding to the unablated one (cos - 1)"
-
-        def measure(output: Tensor) -> Tensor:
-            embeddings = targets.sentence_embedding(output)  # [rows, e]
-            return targets.cosine_to(embeddings, embeddings[0]) - 1.0
+    def measure(output: Tensor) -> Tensor:
+        if not unablated:
+            unablated.append(output[0])
+        return measure_of_kind(output)
 
     heads = tuple(range(model.num_heads))
     branches = [_Branch(layer, (layer,), heads, row) for row, layer in enumerate(layer_list)]
@@ -309,11 +305,9 @@ def _one_text_head_ablation(
         for replacements in replacement_sets
     ]
     base, measured = grids[0][0], torch.stack([grid for _, grid in grids]).mean(0)
-    if model.causal and metric is None:
-        assert target is not None and target_id is not None
+    if target is not None and target_id is not None:
         targets.warn_if_space_missing(model, target, target_id, unablated[0])
-    if model.causal:  # a Metric is of a causal model's logits too
-        measured = measured - base
+    effects, baseline = model_readout.ablation_effects(base, measured)
     return InterventionEffects(
         model_name=model.name,
         kind="ablation",
@@ -322,13 +316,13 @@ def _one_text_head_ablation(
         component="z",
         layers=layer_list,
         columns=[str(head) for head in heads],
-        effects=measured.float(),
+        effects=effects.float(),
         texts={"text": _as_text(model, text)},
         tokens=list(encoded.tokens),
         target=target,
         wrong=None,
         replacement="mean" if mean_over is not None else "resample" if resample_from is not None else "zero",
-        baseline=float(base) if model.causal else 0.0,
+        baseline=baseline,
     )
 
 
@@ -745,18 +739,15 @@ def check_metric(
     model: Model, metric: str | MetricFunction | Metric | None, target: str | None, wrong: str | None
 ) -> str:
     """The metric's name (``"function"`` for a function), after checking that it fits the
-    model and the tokens given."""
+    model (its :func:`attnkit.inspect.readouts.readout`) and the tokens given."""
+    model_readout = readout(model)
     if metric is None:
-        metric = "logit-diff" if model.causal else "cosine"
+        metric = model_readout.default_metric
     if isinstance(metric, Metric):
         given = [name for name, value in (("target", target), ("wrong", wrong)) if value is not None]
         if given:
             raise ValueError(f"a Metric names its own tokens and takes no {' or '.join(given)} token")
-        if not model.causal:
-            raise ValueError(
-                f"{model.name} is a bidirectional encoder without next-token logits; a Metric reads logits: give "
-                "'cosine' or a function of the last hidden states"
-            )
+        model_readout.refuse_metric_object(model)
         return "metric"
     if callable(metric):
         given = [name for name, value in (("target", target), ("wrong", wrong)) if value is not None]
@@ -767,19 +758,8 @@ def check_metric(
         raise TypeError(f"metric must be one of {', '.join(map(repr, METRICS))} or a function, got {metric!r}")
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(map(repr, METRICS))} or a function, got {metric!r}")
-    if not model.causal:
-        _refuse_tokens_for_encoders(model, target=target, wrong=wrong)
-        if metric != "cosine":
-            raise ValueError(
-                f"{model.name} is a bidirectional encoder without next-token logits; its metric is 'cosine' (to the "
-                f"clean sentence embedding) or a function of the last hidden states, got {metric!r}"
-            )
-        return metric
-    if metric == "cosine":
-        raise ValueError(
-            f"{model.name} is causal: its metrics are 'logit-diff', 'log-p' or a function of the next-token logits; "
-            "'cosine' is the sentence-embedding metric of encoders"
-        )
+    model_readout.refuse_tokens(model, target=target, wrong=wrong)
+    model_readout.check_named_metric(model, metric)
     if metric == "log-p" and wrong is not None:
         raise ValueError("the metric 'log-p' measures the target alone and takes no wrong token")
     return metric
@@ -848,10 +828,10 @@ def _unused_measure(out: Tensor) -> Tensor:
 
 
 def _final_output(model: Model, out: Tensor) -> Tensor:
-    """What a metric reads of a run: next-token logits at the last position ``[b, v]``
-    (causal models, from logits ``[b, s, v]``) or the last hidden states ``[b, s, e]``
-    (encoders), float32."""
-    return out[:, -1].float() if model.causal else out.float()
+    """What a metric reads of a run (:attr:`attnkit.inspect.readouts.Readout.output`):
+    next-token logits at the last position ``[b, v]`` (causal models, from logits
+    ``[b, s, v]``) or the last hidden states ``[b, s, e]`` (encoders), float32."""
+    return readout(model).output(out)
 
 
 def hook_point(model: Model, component: str, layer: int) -> str:
@@ -950,7 +930,7 @@ def _patched_passes(
 def _final_output_of_hidden(model: Model, hidden: Tensor) -> Tensor:
     """:func:`_final_output` from the last hidden states ``[b, s, e]``: the head runs on the
     last position only (a batch of many rows saves the vocabulary projection of the rest)."""
-    return targets.last_logits(model, hidden) if model.causal else hidden.float()
+    return readout(model).output_of_hidden(model, hidden)
 
 
 # The logits a metric of every position reads are formed for this many bytes of rows at a time.
@@ -1123,22 +1103,11 @@ def _resampled_z(model: Model, texts: Sequence[str], layers: list[int], length: 
 
 
 def _target_id(model: Model, target: str | None) -> int | None:
-    """The id of the ablation target: required by causal models, refused by encoders."""
-    _refuse_tokens_for_encoders(model, target=target)
-    if not model.causal:
-        return None
-    if target is None:
-        raise ValueError(f"{model.name} is causal: give the target token whose log-probability to measure")
-    return targets.single_token(model, target, what="target")
-
-
-def _refuse_tokens_for_encoders(model: Model, **tokens: str | None) -> None:
-    given = [name for name, value in tokens.items() if value is not None]
-    if not model.causal and given:
-        raise ValueError(
-            f"{model.name} is a bidirectional encoder without next-token logits; it measures the sentence "
-            f"embedding and takes no {' or '.join(given)} token"
-        )
+    """The id of the ablation target, as the model's readout takes it: required by causal
+    models, refused by encoders."""
+    model_readout = readout(model)
+    model_readout.refuse_tokens(model, target=target)
+    return model_readout.ablation_target(model, target)
 
 
 def _spelled(tokens: Sequence[str]) -> str:

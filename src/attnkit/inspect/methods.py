@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnkit.inspect import targets
 from attnkit.inspect.maps import LEVELS, AttentionMap, attention_map, resolve_heads, resolve_layer
 from attnkit.inspect.names import METHODS
+from attnkit.inspect.readouts import readout
 from attnkit.inspect.rollout import attention_flow, attention_rollout
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ def gradient_weighted(
 
     The target is the log-probability of the token ``target`` after ``text`` (causal
     models), or the cosine between the sentence embeddings of ``text`` and of the text
-    ``target`` (encoders). Each layer's weights are taken as given (the gradient does not
+    ``target`` (encoders), as the model's :func:`attnkit.inspect.readouts.readout` says. Each layer's weights are taken as given (the gradient does not
     flow on into the queries and keys that made them).
 
     Args:
@@ -210,13 +210,7 @@ def gradient_weighted(
     """
     layer_list = model.layer_indices(layers)
     ids = model.tokenize(text).ids
-    if model.causal:
-        target_id = targets.single_token(model, target)
-    else:
-        with torch.no_grad():
-            reference = targets.sentence_embedding(
-                model.run_with_hooks(model.tokenize(target).ids, logits=False).last_hidden_state
-            )[0]
+    value_of = readout(model).gradient_target(model, target)  # [1, s, e] → a scalar
     patterns: dict[int, Tensor] = {}
 
     def keep(layer: int):
@@ -231,12 +225,7 @@ def gradient_weighted(
     with torch.enable_grad():
         hooks = {model.hook_name("self_attn.pattern", i): keep(i) for i in layer_list}
         hidden = model.run_with_hooks(ids, hooks=hooks, logits=False).last_hidden_state  # [1, s, e]
-        if model.causal:
-            logits = targets.last_logits(model, hidden)  # [1, v]
-            targets.warn_if_space_missing(model, target, target_id, logits[0].detach())
-            value = torch.log_softmax(logits, dim=-1)[0, target_id]
-        else:
-            value = targets.cosine_to(targets.sentence_embedding(hidden), reference)[0]
+        value = value_of(hidden)
         grads = torch.autograd.grad(value, [patterns[i] for i in layer_list])
     return {i: (patterns[i] * g)[0].detach().float() for i, g in zip(layer_list, grads)}
 
