@@ -1,6 +1,7 @@
 """What an analysis measures on a model's output: the next-token log-probability or logit of
 a target token (causal models), or the sentence embedding (bidirectional encoders, mean
-pooling as sentence-transformers does for MiniLM).
+pooling as sentence-transformers does for MiniLM). Which of the two a model's output is
+measured by is its kind's :func:`attnkit.inspect.readouts.readout`.
 
 Shape letters: ``b`` batch, ``s`` tokens, ``e`` model dim, ``v`` vocabulary size.
 """
