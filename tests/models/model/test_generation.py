@@ -1,7 +1,8 @@
 """TransformerLens' options of ``generate``: ``stop_at_eos=False`` (greedy tokens against
 ``transformers``' greedy generation with no end-of-sequence token), ``eos_token_id`` (one or
 several, in place of the checkpoint's), and ``top_p`` (seeded samples against the nucleus
-computed from the model's own logits), on causal decoders and an encoder–decoder."""
+computed from the model's own logits, and against ``transformers``' seeded samples), on
+causal decoders and an encoder–decoder."""
 
 from __future__ import annotations
 
@@ -100,6 +101,27 @@ def test_top_p_samples_are_reproducible_and_inside_the_nucleus(free):
     greedy = list(free.generate_ids(_ids(), max_new_tokens=NEW))
     assert list(free.generate_ids(_ids(), max_new_tokens=NEW, temperature=1.0, top_p=1e-6, seed=0)) == greedy
     assert list(free.generate_ids(_ids(), max_new_tokens=NEW, temperature=1.0, top_k=1, top_p=0.9, seed=0)) == greedy
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(None, 0.5), (20, 0.7)])
+def test_seeded_nucleus_samples_equal_transformers_samples(free, tiny_family_folder, top_k, top_p):
+    # transformers filters top_k, then top_p, and draws with torch.multinomial from the
+    # global generator: seeded alike, the same draws from the same probabilities.
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_family_folder("qwen2"), attn_implementation="eager")
+    for seed in range(3):
+        ours = list(free.generate_ids(_ids(), max_new_tokens=NEW, temperature=0.8, top_k=top_k, top_p=top_p, seed=seed))
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            theirs = hf.eval().generate(
+                _ids(),
+                max_new_tokens=NEW,
+                min_new_tokens=NEW,
+                do_sample=True,
+                temperature=0.8,
+                top_k=top_k or 0,
+                top_p=top_p,
+            )
+        assert ours == theirs[0, TEXT_LENGTH:].tolist(), seed
 
 
 @pytest.mark.parametrize("top_p", [0, -0.5, 1.5, float("nan")])
