@@ -117,7 +117,8 @@ class GenerationMixin(ModelCore):
             stop_at_eos: ``False`` keeps producing after an end-of-sequence token (yielded
                 as any other) up to ``max_new_tokens``.
             eos_token_id: the token or tokens that end the generation, instead of the
-                checkpoint's (``model.tokenizer.eos_token_ids``).
+                checkpoint's (``model.tokenizer.eos_token_ids``); unread with
+                ``stop_at_eos=False``, as in TransformerLens.
             prepend_bos: for a text, as :meth:`tokenize` takes it (``True`` puts the BOS
                 token first, as TransformerLens does); ids are taken as they are.
 
@@ -249,7 +250,7 @@ class GenerationMixin(ModelCore):
                 TransformerLens' ``generate`` returns them.
             use_kv_cache, stop_at_eos, eos_token_id, prepend_bos: as :meth:`generate_ids`
                 takes them; with ``stop_at_eos=False`` an end-of-sequence token's text
-                (``<|im_end|>``) is part of the continuation.
+                (SmolLM2's ``<|im_end|>``) is part of the continuation.
 
         Returns:
             An iterator of text pieces that join to the continuation (after the prompt
