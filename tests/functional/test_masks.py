@@ -147,3 +147,16 @@ def test_names_are_readable():
 def test_bad_arguments_get_clear_errors(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+@pytest.mark.parametrize("shape", [(), (5, 7), (3, 5, 7), (2, 3, 5, 7)])
+def test_unsqueeze_to_4d_puts_size_one_dimensions_in_front(shape):
+    from attnkit.functional.masks import unsqueeze_to_4d
+
+    x = torch.randn(shape)
+    four = unsqueeze_to_4d(x)
+    assert four.shape == (1,) * (4 - len(shape)) + shape
+    assert four.data_ptr() == x.data_ptr()  # a view, not a copy
+    torch.testing.assert_close(four.expand(2, 3, 5, 7), x.expand(2, 3, 5, 7))
+    if len(shape) == 4:
+        assert four is x

@@ -237,6 +237,15 @@ def test_encoder_decoders_patch_heads_on_a_target_text_alone(tmp_path):
         interventions.activation_patching(t5, "a b", "a c")
 
 
+def test_encoder_decoders_refuse_heads_as_one_text_models_do(tiny_t5):
+    """An encoder-decoder patches every head by head: ``heads`` (``by="dest-src"``'s) are
+    refused, not ignored."""
+    with pytest.raises(ValueError, match=r"t5 is an encoder-decoder: it patches every head in turn \(by='head'\) "):
+        interventions.activation_patching(tiny_t5, "a b", "a c", target="a", heads=[0])
+    with pytest.raises(ValueError, match=r"takes no heads \(they choose the heads of by='dest-src'\), got heads=\[\]"):
+        interventions.activation_patching(tiny_t5, "a b", "a c", target="a", heads=[])
+
+
 @pytest.mark.parametrize("component", ["q", "k", "v"])
 def test_q_k_v_by_head_equal_transformers_projection_hooks(tiny_family_folder, component):
     """Patching one head's q, k or v (a key/value head with GQA) equals replacing that head's

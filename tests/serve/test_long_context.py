@@ -162,3 +162,25 @@ def test_colour_modes_come_as_the_exported_page_has_them(served, tiny_family_fol
         torch.testing.assert_close(data.sections[mode].weights, want[mode].weights, atol=2e-5, rtol=0)
     refused = client.post("/api/attention", json={**body, "modes": ["flow"]})
     assert refused.status_code == 422
+
+
+def test_models_the_summaries_cannot_read_have_no_long_maps(tiny_t5_path):
+    """A model of one's own with a ``prepare_input`` is still no :class:`attnkit.models.Model`
+    (the summaries hook its modules): no long-context limit, and the routes say why, as
+    they do for an encoder-decoder."""
+    from tests.fixtures.tiny_decoder import TinyModel
+
+    class WithPrepareInput(TinyModel):
+        def prepare_input(self, text: str) -> tuple:
+            tokenized = self.tokenize(text)
+            return tokenized.ids, tokenized.tokens, None
+
+    client = TestClient(create_app(["own"], loader=lambda name: WithPrepareInput()), base_url=LOCAL)
+    assert client.get("/api/info").json()["models"][0]["max_long_tokens"] == 0
+    got = client.post("/api/long/map", json={"text": TEXT, "layer": 0, "head": 0})
+    assert got.status_code == 422
+    assert "own has no long-context maps: model must be an attnkit.models.Model, got WithPrepareInput" in got.text
+    t5 = TestClient(create_app([str(tiny_t5_path)]), base_url=LOCAL)
+    assert t5.get("/api/info").json()["models"][0]["max_long_tokens"] == 0
+    got = t5.post("/api/long/map", json={"text": TEXT, "layer": 0, "head": 0})
+    assert got.status_code == 422 and "has no long-context maps: tiny-t5 is an encoder-decoder (t5)" in got.text

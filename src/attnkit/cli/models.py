@@ -46,8 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="show the model families a checkpoint folder may belong to",
         description=(
             "Show the model families attnkit runs on its own modules, by the model_type of a checkpoint's "
-            "config.json, and what each adds, then the architectures tested through the bridge (kind "
-            "'bridged': transformers' own modules with attnkit's attention, family bridge:<model_type>). Any "
+            "config.json, their kind (causal, bidirectional or encoder-decoder) and what each adds, then the "
+            "architectures tested through the bridge (modules 'transformers': transformers' own modules with "
+            "attnkit's attention, family bridge:<model_type>). Any "
             "folder with config.json, safetensors weights (sharded too) and tokenizer.json of these loads by its "
             "path; any other causal language model of transformers is tried through the bridge, which refuses "
             "in one line an architecture whose attention bypasses transformers' attention interface."
@@ -96,12 +97,24 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_families(args: argparse.Namespace) -> int:
-    from attnkit.models.families.table import families_table
-
-    rows = families_table()
-    width = max(len(model_type) for model_type, _, _ in [("model_type", "", ""), *rows])
-    kinds = max(len("kind"), *(len(kind) for _, kind, _ in rows))
-    print(f"{'model_type':<{width}}  {'kind':<{kinds}}  what its blocks have")
-    for model_type, kind, summary in rows:
-        print(f"{model_type:<{width}}  {kind:<{kinds}}  {summary}")
+    rows = _family_rows()
+    header = ("model_type", "kind", "modules", "what its blocks have")
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(3)]
+    for row in [header, *rows]:
+        columns = [f"{cell:<{width}}" for cell, width in zip(row[:3], widths, strict=True)]
+        print("  ".join([*columns, row[3]]))
     return 0
+
+
+def _family_rows() -> list[tuple[str, str, str, str]]:
+    """``(model_type, kind, modules, what its blocks have)`` of every family, in
+    ``FAMILIES``' order, on ``attnkit`` modules, then of the architectures tested through
+    the bridge, on ``transformers`` modules (causal language models all). The kind is
+    :func:`attnkit.models.model_kind`'s word."""
+    from attnkit.models.families.table import FAMILIES, TESTED_BRIDGES
+    from attnkit.models.model.kinds import model_kind
+
+    native: list[tuple[str, str, str, str]] = [
+        (family.model_type, model_kind(family), "attnkit", family.summary) for family in FAMILIES.values()
+    ]
+    return native + [(model_type, "causal", "transformers", summary) for model_type, summary in TESTED_BRIDGES.items()]

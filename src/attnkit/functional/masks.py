@@ -140,9 +140,7 @@ class Mask:
         else:
             h = heads.view(1, -1, 1, 1)
         m, n = q_pos.numel(), kv_pos.numel()
-        allowed = _as_bool(self.to(device).fn(b, h, q_pos.view(1, 1, m, 1), kv_pos.view(1, 1, 1, n)))
-        while allowed.ndim < 4:
-            allowed = allowed.unsqueeze(0)
+        allowed = unsqueeze_to_4d(_as_bool(self.to(device).fn(b, h, q_pos.view(1, 1, m, 1), kv_pos.view(1, 1, 1, n))))
         return allowed.expand(allowed.shape[0], allowed.shape[1], m, n)  # [b|1, h|1, m, n]
 
     def __repr__(self) -> str:
@@ -228,6 +226,14 @@ def index_grid(
     q_idx = torch.arange(s_q, device=device).view(1, 1, s_q, 1) + (s_k - s_q)
     kv_idx = torch.arange(s_k, device=device).view(1, 1, 1, s_k)
     return b, h, q_idx, kv_idx
+
+
+def unsqueeze_to_4d(x: Tensor) -> Tensor:
+    """``x`` (a mask or bias of 4 dimensions or fewer) with size-1 dimensions put in front
+    up to 4, a view: ``[s_q, s_k]`` → ``[1, 1, s_q, s_k]``, ``[h, s_q, s_k]`` →
+    ``[1, h, s_q, s_k]``, which broadcasts against ``[b, h, s_q, s_k]`` as ``x`` did; ``x``
+    itself when it has 4."""
+    return x if x.ndim == 4 else x.reshape((1,) * (4 - x.ndim) + tuple(x.shape))
 
 
 def _as_bool(t: Tensor | bool) -> Tensor:
@@ -639,7 +645,7 @@ def from_dense(allowed: Tensor, *, reusable: bool = True) -> Mask:
         raise TypeError(f"from_dense expects a bool tensor (True = may attend), got {got}")
     if not 2 <= allowed.ndim <= 4:
         raise ValueError(f"from_dense expects 2 to 4 dimensions, got shape {list(allowed.shape)}")
-    dense = allowed.reshape((1,) * (4 - allowed.ndim) + tuple(allowed.shape))  # [b|1, h|1, s_q, s_k]
+    dense = unsqueeze_to_4d(allowed)  # [b|1, h|1, s_q, s_k]
     # Known by the identity of the view the mask keeps alive: a cache never mistakes another
     # tensor for it (modify the tensor afterwards and the mask changes with it, caches not).
     key = ("from_dense", id(dense)) if reusable else None

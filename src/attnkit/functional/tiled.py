@@ -174,7 +174,7 @@ def tiled_core(
     """
     if choose_masked_engine(engine, q, v, bias, caller) == "flex":
         mask_obj, dense, _ = resolve_mask(q, k, mask=mask, bias=bias, causal=causal)
-        bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
+        bias4 = None if bias is None else masks_mod.unsqueeze_to_4d(bias)
         return flex_core(
             q,
             k,
@@ -202,7 +202,7 @@ def tiled_core(
         period=period,
         block_op=block_op,
     )
-    bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
+    bias4 = None if bias is None else masks_mod.unsqueeze_to_4d(bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias4)):
         return _TiledFunction.apply(q, k, v, bias4, plan)
     return plan_forward(plan, q, k, v, bias4)
@@ -286,7 +286,7 @@ def resolve_mask(
         mask_obj = mask.to(q.device)
     elif isinstance(mask, Tensor):
         dense = check_mask_tensor(mask, b=b, h=h, s_q=s_q, s_k=s_k, device=q.device)
-        dense = dense.reshape((1,) * (4 - dense.ndim) + tuple(dense.shape))
+        dense = masks_mod.unsqueeze_to_4d(dense)
     elif mask is not None:
         raise TypeError(f"mask must be an attnkit.masks.Mask or a bool tensor, got {type(mask).__name__}")
     if causal:
@@ -294,7 +294,7 @@ def resolve_mask(
     bias_shape: tuple[int, int, int, int] | None = None
     if bias is not None:
         check_bias(bias, q, b=b, h=h, s_q=s_q, s_k=s_k)
-        n0, n1, n2, n3 = (1,) * (4 - bias.ndim) + tuple(bias.shape)
+        n0, n1, n2, n3 = masks_mod.unsqueeze_to_4d(bias).shape
         bias_shape = (n0, n1, n2, n3)
     return mask_obj, dense, bias_shape
 

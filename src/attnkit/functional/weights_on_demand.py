@@ -135,7 +135,7 @@ def iter_weights_on_demand(
     key_idx = _indices(keys, s_k, "key", q.device)
     all_keys = torch.arange(s_k, device=q.device)
     mask_obj, dense, _ = resolve_mask(q, k, mask=mask, bias=bias, causal=causal)  # causal folded in
-    bias4 = None if bias is None else bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
+    bias4 = None if bias is None else masks_mod.unsqueeze_to_4d(bias)
     k_heads = k.index_select(1, torch.div(head_idx, g, rounding_mode="floor"))  # [b, n_h, s_k, d]
     q_heads = q.index_select(1, head_idx)  # [b, n_h, s_q, d]
 

@@ -387,7 +387,7 @@ def activation_patching(
         wrong: the token the corrupted text continues with instead (``"logit-diff"``).
         layers: layer indices (negative from the end); default all.
         heads: the query heads whose pattern cell ``by="dest-src"`` patches (negative from
-            the end); default all. Only with ``by="dest-src"``.
+            the end); default all. Only with ``by="dest-src"`` (so never on an encoder–decoder).
         prepend_bos: for texts, as :meth:`attnkit.models.Model.tokenize` takes it.
 
     Returns:
@@ -401,7 +401,8 @@ def activation_patching(
             texts the metric does not tell apart, a metric function that does not return
             one number per row, no layer or a layer out of range, an encoder-decoder
             asked for more than each head's ``z`` by head, or without a target text,
-            ``heads`` without ``by="dest-src"``, no head or a head out of range.
+            ``heads`` without ``by="dest-src"`` (an encoder-decoder's too), no head or a
+            head out of range.
         TypeError: a metric that is neither a name nor a function.
     """
     patch = for_kind(
@@ -650,7 +651,8 @@ def _encoder_decoder_patching(
 ) -> InterventionEffects:
     """:func:`activation_patching` of an encoder–decoder (``clean`` and ``corrupt``: its
     sources; ``target``: the text its decoder predicts), after checking what it takes
-    (``heads`` is ``by="dest-src"``'s and ``prepend_bos`` a text's: neither applies)."""
+    (``heads`` is ``by="dest-src"``'s, which it has not, so it refuses them; ``prepend_bos``
+    is a text's and does not apply)."""
     from attnkit.inspect.encoder_decoder_ablation import encoder_decoder_activation_patching
 
     sources = (_source_text(clean), _source_text(corrupt))
@@ -658,6 +660,11 @@ def _encoder_decoder_patching(
         raise ValueError(
             f"{model.name} is an encoder-decoder: it patches each head's z (by='head') and measures log p of "
             "the target text its decoder predicts (give target=, no wrong token)"
+        )
+    if heads is not None:
+        raise ValueError(
+            f"{model.name} is an encoder-decoder: it patches every head in turn (by='head') and takes no heads "
+            f"(they choose the heads of by='dest-src'), got heads={list(heads)}"
         )
     return InterventionEffects(**encoder_decoder_activation_patching(model, *sources, target, layers=layers))
 

@@ -924,19 +924,33 @@ def _check_stop(stop: Callable[[], bool] | None) -> None:
 
 
 def _summarizable(model: object, engine: str) -> Model:
-    """``model``, checked to be a :class:`attnkit.models.Model` with one self-attention
-    stack, and ``engine`` checked to be one of :data:`SUMMARY_ENGINES`.
+    """``model``, checked by :func:`summarizable_model`, and ``engine`` checked to be one of
+    :data:`SUMMARY_ENGINES`.
 
     Raises:
         TypeError: not a Model.
         ValueError: an encoder-decoder, or an unknown engine.
+    """
+    model = summarizable_model(model)
+    _check_engine(engine)
+    return model
+
+
+def summarizable_model(model: object) -> Model:
+    """``model``, checked to be what :func:`long_context_summaries` reads: an
+    :class:`attnkit.models.Model` (its modules and hook points, which the
+    :class:`attnkit.models.InspectableModel` protocol alone does not give) with one
+    self-attention stack (:data:`attnkit.models.model.kinds.ONE_TEXT`).
+
+    Raises:
+        TypeError: not a Model.
+        ModelKindError: an encoder-decoder (a ``ValueError``).
     """
     from attnkit.models.model import Model
 
     if not isinstance(model, Model):
         raise TypeError(f"model must be an attnkit.models.Model, got {type(model).__name__}")
     require_kind(model, ONE_TEXT, what="long-context summaries read one self-attention stack")
-    _check_engine(engine)
     return model
 
 

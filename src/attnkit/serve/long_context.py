@@ -28,9 +28,14 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from torch import Tensor
 
-from attnkit.inspect.long_context import LayerScoring, LongContextRun, exact_block, long_context_summaries
+from attnkit.inspect.long_context import (
+    LayerScoring,
+    LongContextRun,
+    exact_block,
+    long_context_summaries,
+    summarizable_model,
+)
 from attnkit.inspect.maps import sequence_labels
-from attnkit.models.model.kinds import ONE_TEXT, model_kind
 from attnkit.serve.admission import check_text, run_queued
 
 # Blocks per side of a reduced map by default, and at most.
@@ -94,15 +99,21 @@ class _Kept:
 def long_context_limit(model: Any, asked: int | None) -> int:
     """The longest text of the long-context routes for ``model``, in tokens: ``asked``
     lowered to the model's context (default: the context); 0 for a model without them."""
-    if not _has_long_maps(model):
+    if _why_no_long_maps(model) is not None:
         return 0
     context = int(model.max_length)
     return context if asked is None else min(asked, context)
 
 
-def _has_long_maps(model: Any) -> bool:
-    """Whether ``model`` reads one self-attention stack (not an encoder-decoder)."""
-    return hasattr(model, "prepare_input") and model_kind(model) in ONE_TEXT
+def _why_no_long_maps(model: Any) -> str | None:
+    """Why the long-context summaries cannot read ``model`` (not an
+    :class:`attnkit.models.Model`, or an encoder-decoder), or ``None`` when they can
+    (:func:`attnkit.inspect.long_context.summarizable_model`)."""
+    try:
+        summarizable_model(model)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return None
 
 
 def add_long_context_routes(app: FastAPI, served: dict[str, Any], *, max_chars: int) -> None:
@@ -152,12 +163,14 @@ def _served_with_long_maps(served: dict[str, Any], name: str) -> Any:
     have one self-attention stack.
 
     Raises:
-        HTTPException: 422 for a name this server does not serve, or an encoder-decoder.
+        HTTPException: 422 for a name this server does not serve, or a model the summaries
+            cannot read (an encoder-decoder, a stand-in that is not an attnkit.models.Model).
     """
     if name not in served:
         raise HTTPException(422, f"unknown model {name!r}: this server has {', '.join(map(repr, served))}")
-    if not _has_long_maps(served[name].model):
-        raise HTTPException(422, f"{name} has no long-context maps: they need one causal or encoder self-attention")
+    why = _why_no_long_maps(served[name].model)
+    if why is not None:
+        raise HTTPException(422, f"{name} has no long-context maps: {why}")
     return served[name]
 
 

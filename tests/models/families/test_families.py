@@ -88,13 +88,13 @@ def test_models_families_lists_every_family(capsys) -> None:
 
     assert main(["models", "families"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["model_type", "kind", "what", "its", "blocks", "have"]
+    assert lines[0].split() == ["model_type", "kind", "modules", "what", "its", "blocks", "have"]
     from attnkit.models.families.table import TESTED_BRIDGES
 
     rows = [line.split() for line in lines[1:]]
     assert [row[0] for row in rows] == list(FAMILIES) + list(TESTED_BRIDGES)
-    assert all(row[1] == "bridged" for row in rows[len(FAMILIES) :])
-    assert all(row[1] != "bridged" for row in rows[: len(FAMILIES)])
+    assert all(row[1:3] == ["causal", "transformers"] for row in rows[len(FAMILIES) :])
+    assert all(row[2] == "attnkit" for row in rows[: len(FAMILIES)])
     assert "sliding window on alternate layers" in next(line for line in lines if line.startswith("gemma2 "))
 
 
@@ -119,3 +119,19 @@ def test_run_batch_equals_one_run_per_text(tiny) -> None:
         torch.testing.assert_close(batched.logits, single.logits, rtol=0, atol=1e-4)
         for i in range(model.num_layers):
             torch.testing.assert_close(batched.attentions[i], single.attentions[i], rtol=0, atol=1e-5)
+
+
+def test_models_families_names_kinds_as_model_kind_does(capsys) -> None:
+    """The table's kinds are :data:`attnkit.models.MODEL_KINDS`' words, each family's the
+    one :func:`attnkit.models.model_kind` gives a model of it."""
+    from attnkit.cli import main
+    from attnkit.models import MODEL_KINDS
+    from attnkit.models.families.table import FAMILIES
+
+    assert main(["models", "families"]) == 0
+    kinds = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(kinds.values()) == set(MODEL_KINDS)
+    assert (kinds["llama"], kinds["bert"], kinds["t5"]) == ("causal", "bidirectional", "encoder-decoder")
+    for model_type, family in FAMILIES.items():
+        expected = "encoder-decoder" if family.encoder_decoder else "causal" if family.causal else "bidirectional"
+        assert kinds[model_type] == expected

@@ -79,17 +79,3 @@ def unsupported_model_type(model_type: object, why: str = "") -> str:
         "(`attnkit models families` shows both). Any other transformers model: capture its attention with "
         "attnkit.inspect.capture"
     )
-
-
-def families_table() -> list[tuple[str, str, str]]:
-    """``(model_type, kind, what it adds)`` of every family, in the table's order, then of
-    the architectures tested through the bridge (kind ``bridged``)."""
-    native = [(family.model_type, _kind(family), family.summary) for family in FAMILIES.values()]
-    return native + [(model_type, "bridged", summary) for model_type, summary in TESTED_BRIDGES.items()]
-
-
-def _kind(family: ModelFamily) -> str:
-    """``decoder``, ``encoder`` or ``encoder-decoder``."""
-    if family.encoder_decoder:
-        return "encoder-decoder"
-    return "decoder" if family.causal else "encoder"

@@ -50,7 +50,19 @@ _CALLED: dict[ModelKind, str] = {
 Handler = TypeVar("Handler")
 
 
-class KindedModel(Protocol):
+class Kinded(Protocol):
+    """What :func:`model_kind` reads: the two attributes that say a kind, which a model (of
+    :class:`attnkit.models.InspectableModel`) and a family of
+    :data:`attnkit.models.families.table.FAMILIES` both have."""
+
+    @property
+    def causal(self) -> bool: ...
+
+    @property
+    def encoder_decoder(self) -> bool: ...
+
+
+class KindedModel(Kinded, Protocol):
     """What this module reads of a model: the attributes of
     :class:`attnkit.models.InspectableModel` that say its kind and name it in messages."""
 
@@ -60,18 +72,12 @@ class KindedModel(Protocol):
     @property
     def family(self) -> str: ...
 
-    @property
-    def causal(self) -> bool: ...
-
-    @property
-    def encoder_decoder(self) -> bool: ...
-
 
 class ModelKindError(ValueError):
     """A model of a kind the job asked of it cannot take (a ``ValueError``)."""
 
 
-def model_kind(model: KindedModel) -> ModelKind:
+def model_kind(model: Kinded) -> ModelKind:
     """Which of :data:`MODEL_KINDS` ``model`` is: ``"encoder-decoder"`` when its
     ``encoder_decoder`` is true, else ``"causal"`` or ``"bidirectional"`` by its ``causal``."""
     if model.encoder_decoder:
