@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnkit.nn import DecoderLM, DecoderLMConfig, LMOutput, RotaryEmbedding
+from attnkit.nn.lm import pick_next_token
 from tests.nn.helpers import assert_close
 
 V, E, H = 23, 16, 4
@@ -76,6 +77,18 @@ def test_sampling_is_reproducible_and_respects_top_k() -> None:
     assert torch.equal(first, again)
     top1 = model.generate(prompt, 6, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(4))
     assert torch.equal(top1, model.generate(prompt, 6))
+
+
+@pytest.mark.parametrize(
+    ("top_p", "top_k", "nucleus"), [(0.7, None, {0, 1}), (0.85, None, {0, 1, 2}), (0.9, 2, {0, 1})]
+)
+def test_top_p_samples_only_the_nucleus(top_p, top_k, nucleus) -> None:
+    # The fewest most likely tokens whose probabilities add up to top_p (of the top_k, with top_k).
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().expand(4000, 4)
+    drawn = pick_next_token(
+        logits, temperature=1.0, top_k=top_k, top_p=top_p, generator=torch.Generator().manual_seed(0)
+    )
+    assert set(drawn.tolist()) == nucleus
 
 
 def test_generation_stops_at_eos_and_restores_training_mode() -> None:

@@ -40,6 +40,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--top-k", type=int, default=None, metavar="K", help="sample only from the K most likely tokens"
     )
     parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="sample only from the most likely tokens whose probabilities first add up to P (nucleus sampling)",
+    )
+    parser.add_argument(
+        "--no-stop-at-eos",
+        dest="stop_at_eos",
+        action="store_false",
+        help="keep going after an end-of-sequence token (printed) up to --max-new-tokens",
+    )
+    parser.add_argument(
         "--seed", type=int, default=None, metavar="S", help="seed for sampling, for reproducible output"
     )
     parser.set_defaults(func=run)
@@ -54,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k,
+            top_p=args.top_p,
             seed=args.seed,
+            stop_at_eos=args.stop_at_eos,
         )
         # Tokens are computed as they are printed: a step may still refuse (logits that
         # are not finite), after the ones before it were shown.

@@ -341,6 +341,7 @@ class EncoderDecoderLM(TextModule):
         source_mask: Tensor | None = None,
         temperature: float = 0.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         generator: torch.Generator | None = None,
         use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
@@ -356,6 +357,7 @@ class EncoderDecoderLM(TextModule):
             source_mask: the source's padding ``[b, s_src]``.
             temperature: ``0`` is greedy; above 0 samples from ``softmax(logits / t)``.
             top_k: when sampling, only from the ``top_k`` most likely tokens.
+            top_p: when sampling, only from the nucleus (:func:`attnkit.nn.lm.pick_next_token`).
             generator: random generator for sampling.
             use_kv_cache: keep the decoder's keys and values between steps.
 
@@ -363,12 +365,12 @@ class EncoderDecoderLM(TextModule):
             An iterator of ``n`` token id tensors ``[b]``.
 
         Raises:
-            ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1`` (at the
-                call, before any step).
+            ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``, ``top_p``
+                outside ``(0, 1]`` (at the call, before any step).
         """
-        check_decoding_options(max_new_tokens, temperature, top_k)
+        check_decoding_options(max_new_tokens, temperature, top_k, top_p)
         _check_ids(source, "source")
-        return self._steps(source, source_mask, max_new_tokens, temperature, top_k, generator, use_kv_cache)
+        return self._steps(source, source_mask, max_new_tokens, temperature, top_k, top_p, generator, use_kv_cache)
 
     def _steps(
         self,
@@ -377,6 +379,7 @@ class EncoderDecoderLM(TextModule):
         max_new_tokens: int,
         temperature: float,
         top_k: int | None,
+        top_p: float | None,
         generator: torch.Generator | None,
         use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
@@ -394,7 +397,7 @@ class EncoderDecoderLM(TextModule):
             return self.head(hidden[:, -1])  # [b, v]
 
         yield from decoding_loop(
-            next_logits, start, max_new_tokens, temperature, top_k, generator, feed_all=not use_kv_cache
+            next_logits, start, max_new_tokens, temperature, top_k, generator, feed_all=not use_kv_cache, top_p=top_p
         )
 
     @torch.no_grad()

@@ -400,6 +400,7 @@ class DecoderLM(TextModule):
         *,
         temperature: float = 0.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         generator: torch.Generator | None = None,
         use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
@@ -416,6 +417,7 @@ class DecoderLM(TextModule):
             temperature: ``0`` picks the most likely token (greedy); above 0 samples from
                 ``softmax(logits / temperature)``.
             top_k: when sampling, only from the ``top_k`` most likely tokens.
+            top_p: when sampling, only from the nucleus (:func:`pick_next_token`).
             generator: random generator for sampling.
             use_kv_cache: keep the keys and values between steps.
 
@@ -423,11 +425,11 @@ class DecoderLM(TextModule):
             An iterator of ``n`` token id tensors ``[b]``.
 
         Raises:
-            ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1`` (at the
-                call, before any step).
+            ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``, ``top_p``
+                outside ``(0, 1]`` (at the call, before any step).
         """
-        check_decoding_options(max_new_tokens, temperature, top_k)
-        return self._steps(tokens, max_new_tokens, temperature, top_k, generator, use_kv_cache)
+        check_decoding_options(max_new_tokens, temperature, top_k, top_p)
+        return self._steps(tokens, max_new_tokens, temperature, top_k, top_p, generator, use_kv_cache)
 
     def _steps(
         self,
@@ -435,6 +437,7 @@ class DecoderLM(TextModule):
         max_new_tokens: int,
         temperature: float,
         top_k: int | None,
+        top_p: float | None,
         generator: torch.Generator | None,
         use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
@@ -447,7 +450,7 @@ class DecoderLM(TextModule):
             return self.logits(hidden[:, -1])  # [b, v]
 
         yield from decoding_loop(
-            next_logits, tokens, max_new_tokens, temperature, top_k, generator, feed_all=not use_kv_cache
+            next_logits, tokens, max_new_tokens, temperature, top_k, generator, feed_all=not use_kv_cache, top_p=top_p
         )
 
 
@@ -460,6 +463,7 @@ def decoding_loop(
     generator: torch.Generator | None,
     *,
     feed_all: bool = False,
+    top_p: float | None = None,
 ) -> Iterator[Tensor]:
     """The one decoding loop of every language model (:meth:`DecoderLM.stream`,
     :meth:`attnkit.nn.EncoderDecoderLM.stream`): each step feeds its input to
@@ -475,6 +479,7 @@ def decoding_loop(
         temperature, top_k, generator: as :func:`pick_next_token` takes them.
         feed_all: every step's input is the first input and every token picked so far
             (for a ``next_logits`` without a KV cache).
+        top_p: as :func:`pick_next_token` takes it.
 
     Returns:
         An iterator of ``n`` token id tensors ``[b]``, computed as it is consumed.
@@ -483,7 +488,7 @@ def decoding_loop(
     for _ in range(max_new_tokens):
         with torch.inference_mode():
             next_token = pick_next_token(
-                next_logits(step_input), temperature=temperature, top_k=top_k, generator=generator
+                next_logits(step_input), temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
             )  # [b]
         yield next_token
         step_input = (
@@ -541,12 +546,14 @@ def soft_cap_logits(logits: Tensor, softcap: float | None) -> Tensor:
     return torch.tanh(logits / softcap) * softcap
 
 
-def check_decoding_options(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
+def check_decoding_options(
+    max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None = None
+) -> None:
     """Raise ``ValueError`` for options no decoding loop can take, before any step runs.
 
     Raises:
         ValueError: ``max_new_tokens < 0``, ``temperature`` not a finite number ``>= 0``,
-            ``top_k < 1``.
+            ``top_k < 1``, ``top_p`` outside ``(0, 1]``.
     """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -554,10 +561,17 @@ def check_decoding_options(max_new_tokens: int, temperature: float, top_k: int |
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be a probability mass in (0, 1], got {top_p!r}")
 
 
 def pick_next_token(
-    logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None
+    logits: Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """Choose the next token from next-token logits.
 
@@ -566,6 +580,10 @@ def pick_next_token(
         temperature: ``0`` takes the most likely token (greedy, the first on ties); above 0
             samples from ``softmax(logits / temperature)``.
         top_k: when sampling, only from the ``top_k`` most likely tokens.
+        top_p: when sampling, only from the nucleus: the most likely tokens whose
+            probabilities (after ``temperature`` and ``top_k``) first add up to ``top_p``
+            or more, renormalised. With ``top_k`` too, the nucleus is taken of the
+            ``top_k`` tokens, as ``transformers`` does.
         generator: random generator for sampling.
 
     Returns:
@@ -582,5 +600,25 @@ def pick_next_token(
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # [b, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        logits = logits.masked_fill(~nucleus(logits, top_p), float("-inf"))
     probs = torch.softmax(logits, dim=-1)  # [b, v]
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def nucleus(logits: Tensor, top_p: float) -> Tensor:
+    """The nucleus of next-token logits: the fewest most likely tokens whose probabilities
+    add up to ``top_p`` or more (the most likely token always).
+
+    Args:
+        logits: ``[b, v]``.
+        top_p: the probability mass, in ``(0, 1]``.
+
+    Returns:
+        ``[b, v]`` bool, ``True`` on the tokens of the nucleus.
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [b, v]
+    probs = sorted_logits.softmax(dim=-1)  # [b, v], most likely first
+    mass_before = probs.cumsum(dim=-1) - probs  # [b, v]: the mass of the likelier tokens
+    kept_sorted = mass_before < top_p  # [b, v]
+    return kept_sorted.scatter(-1, order, kept_sorted)  # [b, v]

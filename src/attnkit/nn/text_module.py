@@ -81,6 +81,7 @@ class DecodingModule(Protocol):
         *,
         temperature: float = 0.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         generator: torch.Generator | None = None,
         use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:

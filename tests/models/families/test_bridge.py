@@ -84,6 +84,17 @@ def test_logits_maps_and_greedy_tokens_equal_transformers(model_type, bridged) -
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_seeded_nucleus_samples_equal_transformers_samples(model_type, bridged) -> None:
+    # The same top_k then top_p filter and torch.multinomial draws, seeded alike.
+    _, model, hf = bridged(model_type)
+    ours = list(model.generate_ids(_ids(), max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.7, seed=2))
+    torch.manual_seed(2)
+    with torch.no_grad():
+        theirs = hf.generate(_ids(), max_new_tokens=8, do_sample=True, temperature=0.8, top_k=20, top_p=0.7)
+    assert ours == theirs[0, LENGTH:].tolist()
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
 def test_the_chosen_heads_and_rows_alone_equal_transformers_maps(model_type, bridged) -> None:
     _, model, hf = bridged(model_type)
     ids = _ids()

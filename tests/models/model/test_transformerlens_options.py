@@ -1,7 +1,7 @@
 """TransformerLens' options on attnkit's runs: ``prepend_bos`` wherever a text is
 tokenized (checked against the same runs on ids that start with the BOS), layer ranges and
 return kinds (against a plain pass and its cache), the cache's ``pos_slice``, and
-``generate`` with the prompt and without the KV cache."""
+``generate`` with the prompt, with ``prepend_bos`` and without the KV cache."""
 
 from __future__ import annotations
 
@@ -106,6 +106,19 @@ def test_prepend_bos_in_analyses_equals_the_ids_with_bos(plain):
     assert patching_ids.columns[0] == BOS and patching_ids.texts["clean"].startswith(BOS)
     detection = detectors.detect_heads(plain, TEXT, "previous-token", prepend_bos=True)
     assert torch.equal(detection.scores, detectors.detect_heads(plain, with_bos, "previous-token").scores)
+
+
+def test_prepend_bos_in_generate_equals_the_ids_with_bos(plain):
+    with_bos = _ids_with_bos(plain)
+    prompt_lengths = []
+    with plain.hooks({plain.hook_name("resid_pre", 0): lambda x: prompt_lengths.append(x.shape[1])}):
+        generated = list(plain.generate_ids(TEXT, max_new_tokens=4, prepend_bos=True))
+    assert prompt_lengths[0] == with_bos.shape[1] == plain.to_tokens(TEXT, return_mask=False).shape[1] + 1
+    assert generated == list(plain.generate_ids(with_bos, max_new_tokens=4))
+    streamed = plain.generate_stream(TEXT, max_new_tokens=4, prepend_bos=True)
+    assert [i for piece in streamed for i in piece.ids] == generated
+    pieces = list(plain.generate(TEXT, max_new_tokens=4, prepend_bos=True, include_prompt=True))
+    assert pieces[0] == TEXT and "".join(pieces[1:]) == plain.tokenizer.decode(generated)
 
 
 def test_prepend_bos_needs_a_bos_token(tiny_family_folder):

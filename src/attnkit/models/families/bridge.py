@@ -227,6 +227,7 @@ class BridgedLM(TextModule):
         *,
         temperature: float = 0.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         generator: torch.Generator | None = None,
         use_kv_cache: bool = True,
     ) -> Iterator[Tensor]:
@@ -235,9 +236,10 @@ class BridgedLM(TextModule):
         whole sequence so far at every step).
 
         Raises:
-            ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``.
+            ValueError: ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``, ``top_p``
+                outside ``(0, 1]``.
         """
-        check_decoding_options(max_new_tokens, temperature, top_k)
+        check_decoding_options(max_new_tokens, temperature, top_k, top_p)
         cache = require("transformers").DynamicCache(config=self.hf.config) if use_kv_cache else None
 
         def next_logits(step_input: Tensor) -> Tensor:
@@ -245,7 +247,7 @@ class BridgedLM(TextModule):
             return self.logits(hidden[:, -1])  # [b, v]
 
         return decoding_loop(
-            next_logits, tokens, max_new_tokens, temperature, top_k, generator, feed_all=not use_kv_cache
+            next_logits, tokens, max_new_tokens, temperature, top_k, generator, feed_all=not use_kv_cache, top_p=top_p
         )
 
 

@@ -38,6 +38,18 @@ class GeneratedPiece:
     text: str
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a generation picks each token: the options of
+    :meth:`GenerationMixin.generate_ids` that :func:`attnkit.nn.lm.pick_next_token` reads,
+    and the seed of its generator."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int | None
+
+
 class GenerationMixin(ModelCore):
     """Generation over the attributes below.
 
@@ -72,8 +84,12 @@ class GenerationMixin(ModelCore):
         max_new_tokens: int = 32,
         temperature: float = 0.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         seed: int | None = None,
         use_kv_cache: bool = True,
+        stop_at_eos: bool = True,
+        eos_token_id: int | Sequence[int] | None = None,
+        prepend_bos: bool | None = None,
     ) -> Iterator[int]:
         """Continue a prompt token by token with a KV cache (causal decoders), or produce
         the target of a source (encoder–decoders: the prompt is the source).
@@ -81,8 +97,9 @@ class GenerationMixin(ModelCore):
         The prompt runs once (its logits computed for the last position only; an
         encoder–decoder's encoder reads it once), then each step runs one token against
         the cache. Generation stops after ``max_new_tokens``, at an end-of-sequence token
-        (not yielded), or when the context is full. The hooks active at this call act on
-        every step (see :mod:`attnkit.nn.hooks` for what a point sees with a KV cache).
+        (not yielded; unless ``stop_at_eos=False``), or when the context is full. The hooks
+        active at this call act on every step (see :mod:`attnkit.nn.hooks` for what a point
+        sees with a KV cache).
 
         Args:
             prompt: a text, or token ids ``[s]`` / ``[1, s]``.
@@ -90,22 +107,34 @@ class GenerationMixin(ModelCore):
             temperature: ``0`` is greedy (the most likely token); above 0 samples from
                 ``softmax(logits / temperature)``.
             top_k: when sampling, only from the ``top_k`` most likely tokens.
+            top_p: when sampling, only from the nucleus: the most likely tokens whose
+                probabilities first add up to ``top_p`` or more, renormalised (with
+                ``top_k`` too, the nucleus of the ``top_k`` tokens).
             seed: seed of the sampling generator, for reproducible samples.
             use_kv_cache: ``False`` runs every step over the whole sequence so far, without
                 a KV cache (TransformerLens' ``use_past_kv_cache=False``): the same tokens,
                 more work.
+            stop_at_eos: ``False`` keeps producing after an end-of-sequence token (yielded
+                as any other) up to ``max_new_tokens``.
+            eos_token_id: the token or tokens that end the generation, instead of the
+                checkpoint's (``model.tokenizer.eos_token_ids``); unread with
+                ``stop_at_eos=False``, as in TransformerLens.
+            prepend_bos: for a text, as :meth:`tokenize` takes it (``True`` puts the BOS
+                token first, as TransformerLens does); ids are taken as they are.
 
         Returns:
             An iterator of token ids, computed as it is consumed.
 
         Raises:
             ValueError: an encoder-only model, an empty or too long prompt, ``max_new_tokens < 0``,
-                a ``temperature`` that is not a finite number ``>= 0``, ``top_k < 1``
+                a ``temperature`` that is not a finite number ``>= 0``, ``top_k < 1``,
+                ``top_p`` outside ``(0, 1]``, an ``eos_token_id`` outside the vocabulary
                 (at the call, before any token).
         """
         require_kind(self, GENERATES, what="it cannot generate text")
-        check_decoding_options(max_new_tokens, temperature, top_k)
-        ids, _, _ = self.prepare_input(prompt)
+        check_decoding_options(max_new_tokens, temperature, top_k, top_p)
+        stop_ids = self._stop_ids(stop_at_eos, eos_token_id)
+        ids, _, _ = self.prepare_input(prompt, prepend_bos=prepend_bos)
         if not self._packed:
             # One matrix product for q/k/v and for SwiGLU's gate/up: the same results, fewer
             # calls per decoding step (attnkit.nn.packing). Done on the first generation
@@ -120,7 +149,27 @@ class GenerationMixin(ModelCore):
         # encoder-decoder's target has the whole context to itself.
         room = self.max_length - (0 if self.encoder_decoder else ids.shape[1])
         self._check_generation_memory(ids.shape[1], min(max_new_tokens, room))
-        return self._generate(context, ids, min(max_new_tokens, room), temperature, top_k, seed, use_kv_cache)
+        sampling = Sampling(temperature, top_k, top_p, seed)
+        return self._generate(context, ids, min(max_new_tokens, room), sampling, use_kv_cache, stop_ids)
+
+    def _stop_ids(self, stop_at_eos: bool, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+        """The ids that end a generation: none without ``stop_at_eos``, the checkpoint's
+        unless ``eos_token_id`` names others.
+
+        Raises:
+            ValueError: an ``eos_token_id`` that is not token ids of the vocabulary.
+        """
+        if not stop_at_eos:
+            return frozenset()
+        if eos_token_id is None:
+            return self.tokenizer.eos_token_ids
+        given = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        vocab_size = self.config.vocab_size
+        if not given or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in given):
+            raise ValueError(
+                f"eos_token_id must be a token id or a list of token ids in [0, {vocab_size}), got {eos_token_id!r}"
+            )
+        return frozenset(given)
 
     def _check_generation_memory(self, prompt: int, budget: int) -> None:
         """Refuse a generation whose KV cache (every layer's keys and values over the
@@ -140,21 +189,21 @@ class GenerationMixin(ModelCore):
         context: contextvars.Context,
         ids: Tensor,
         budget: int,
-        temperature: float,
-        top_k: int | None,
-        seed: int | None,
-        use_kv_cache: bool = True,
+        sampling: Sampling,
+        use_kv_cache: bool,
+        stop_ids: frozenset[int],
     ) -> Iterator[int]:
         generator = None
-        if temperature > 0 and seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(seed)
+        if sampling.temperature > 0 and sampling.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         # A causal family's network continues the prompt; an encoder-decoder's translates it.
         assert isinstance(self.module, DecodingModule)
         steps = self.module.stream(
             ids.to(self.device),
             budget,
-            temperature=temperature,
-            top_k=top_k,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
             generator=generator,
             use_kv_cache=use_kv_cache,
         )
@@ -165,7 +214,7 @@ class GenerationMixin(ModelCore):
                     f"{token.numel()} rows"
                 )
             token_id = int(token)
-            if token_id in self.tokenizer.eos_token_ids:
+            if token_id in stop_ids:
                 return
             yield token_id
 
@@ -176,9 +225,13 @@ class GenerationMixin(ModelCore):
         max_new_tokens: int = 32,
         temperature: float = 0.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         seed: int | None = None,
         include_prompt: bool = False,
         use_kv_cache: bool = True,
+        stop_at_eos: bool = True,
+        eos_token_id: int | Sequence[int] | None = None,
+        prepend_bos: bool | None = None,
     ) -> Iterator[str]:
         """Continue a prompt (a causal decoder) or produce the target of a source (an
         encoder–decoder), streaming the text as it is produced.
@@ -189,11 +242,15 @@ class GenerationMixin(ModelCore):
             max_new_tokens: the most tokens to produce.
             temperature: ``0`` is greedy; above 0 samples.
             top_k: when sampling, only from the ``top_k`` most likely tokens.
+            top_p: when sampling, only from the nucleus (:meth:`generate_ids`).
             seed: seed of the sampling generator.
             include_prompt: the prompt's text comes first (the source's, for an
-                encoder–decoder), so that the pieces join to the prompt and its
-                continuation, as TransformerLens' ``generate`` returns them.
-            use_kv_cache: as :meth:`generate_ids` takes it.
+                encoder–decoder; a text as given, without the BOS ``prepend_bos`` adds),
+                so that the pieces join to the prompt and its continuation, as
+                TransformerLens' ``generate`` returns them.
+            use_kv_cache, stop_at_eos, eos_token_id, prepend_bos: as :meth:`generate_ids`
+                takes them; with ``stop_at_eos=False`` an end-of-sequence token's text
+                (SmolLM2's ``<|im_end|>``) is part of the continuation.
 
         Returns:
             An iterator of text pieces that join to the continuation (after the prompt
@@ -207,8 +264,12 @@ class GenerationMixin(ModelCore):
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_k=top_k,
+            top_p=top_p,
             seed=seed,
             use_kv_cache=use_kv_cache,
+            stop_at_eos=stop_at_eos,
+            eos_token_id=eos_token_id,
+            prepend_bos=prepend_bos,
         )
         pieces = self.tokenizer.stream(ids)
         if not include_prompt:
@@ -223,8 +284,12 @@ class GenerationMixin(ModelCore):
         max_new_tokens: int = 32,
         temperature: float = 0.0,
         top_k: int | None = None,
+        top_p: float | None = None,
         seed: int | None = None,
         use_kv_cache: bool = True,
+        stop_at_eos: bool = True,
+        eos_token_id: int | Sequence[int] | None = None,
+        prepend_bos: bool | None = None,
     ) -> Iterator[GeneratedPiece]:
         """Generate as :meth:`attnkit.models.Model.generate_ids` does, yielding each
         token's id with the text it completes as soon as it is decoded (TransformerLens'
@@ -234,7 +299,8 @@ class GenerationMixin(ModelCore):
         together, in one piece, once the character is whole.
 
         Args:
-            prompt, max_new_tokens, temperature, top_k, seed, use_kv_cache: as
+            prompt, max_new_tokens, temperature, top_k, top_p, seed, use_kv_cache,
+                stop_at_eos, eos_token_id, prepend_bos: as
                 :meth:`attnkit.models.Model.generate_ids` takes them.
 
         Returns:
@@ -249,8 +315,12 @@ class GenerationMixin(ModelCore):
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_k=top_k,
+            top_p=top_p,
             seed=seed,
             use_kv_cache=use_kv_cache,
+            stop_at_eos=stop_at_eos,
+            eos_token_id=eos_token_id,
+            prepend_bos=prepend_bos,
         )
         return self._pieces(ids)
 
