@@ -394,10 +394,14 @@ def test_flow_above_its_limit_is_refused(minilm):
 
 def test_a_target_without_its_leading_space_is_warned_about(smollm2):
     # " Paris" is the likely next token; "Paris" (another token) is not.
-    with pytest.warns(UserWarning, match=r"the target 'Paris' is not among the 10 likeliest .*did you mean ' Paris'\?"):
+    with pytest.warns(
+        UserWarning, match=r"the target 'Paris' is not among the 10 likeliest .*did you mean ' Paris'\?"
+    ) as ablation:
         interventions.head_ablation(smollm2, SMOLLM2_TEXT, target="Paris", layers=[0])
-    with pytest.warns(UserWarning, match="did you mean ' Paris'"):
+    with pytest.warns(UserWarning, match="did you mean ' Paris'") as gradient:
         methods.gradient_weighted(smollm2, SMOLLM2_TEXT, "Paris", layers=[29])
+    # The warning names the caller's line (here), however deep inside attnkit it is raised.
+    assert [record.filename for record in (*ablation, *gradient)] == [__file__, __file__]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         interventions.head_ablation(smollm2, SMOLLM2_TEXT, target=" Paris", layers=[0])

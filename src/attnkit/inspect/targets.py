@@ -8,7 +8,9 @@ Shape letters: ``b`` batch, ``s`` tokens, ``e`` model dim, ``v`` vocabulary size
 
 from __future__ import annotations
 
+import sys
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -67,8 +69,25 @@ def warn_if_space_missing(model: Model, token: str, token_id: int, logits: Tenso
         f"the {what} {token!r} is not among the {LIKELY_TOKENS} likeliest next tokens (log p "
         f"{log_p[token_id].item():.2f}), but {' ' + token!r} is (log p {log_p[spaced_id].item():.2f}): a word "
         f"after a space is its own token, space included; did you mean {' ' + token!r}?",
-        stacklevel=3,
+        stacklevel=_stacklevel_of_the_callers_line(),
     )
+
+
+# attnkit's own source folder: frames in it are attnkit's, not the user's.
+_ATTNKIT_FOLDER = str(Path(__file__).resolve().parent.parent)
+
+
+def _stacklevel_of_the_callers_line() -> int:
+    """The ``stacklevel`` that makes the warning of the function calling this one name the
+    first line outside attnkit (the user's call of ``head_ablation``, ``gradient_weighted``,
+    ...), however deep inside attnkit the warning is raised; ``1`` (the warning's own line)
+    when every frame is attnkit's (the command line)."""
+    frame = sys._getframe(1)  # the function that warns: stacklevel 1
+    level = 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_ATTNKIT_FOLDER):
+        frame = frame.f_back
+        level += 1
+    return level if frame is not None else 1
 
 
 def last_logits(model: Model, hidden: Tensor) -> Tensor:
