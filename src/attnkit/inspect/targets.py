@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import warnings
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import torch
@@ -82,7 +83,7 @@ def _stacklevel_of_the_callers_line() -> int:
     first line outside attnkit (the user's call of ``head_ablation``, ``gradient_weighted``,
     ...), however deep inside attnkit the warning is raised; ``1`` (the warning's own line)
     when every frame is attnkit's (the command line)."""
-    frame = sys._getframe(1)  # the function that warns: stacklevel 1
+    frame: FrameType | None = sys._getframe(1)  # the function that warns: stacklevel 1
     level = 1
     while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_ATTNKIT_FOLDER):
         frame = frame.f_back
