@@ -8,7 +8,7 @@ Shape letters: ``b`` batch, ``s`` tokens, ``e`` model dim, ``v`` vocabulary size
 
 from __future__ import annotations
 
-import sys
+import inspect
 import warnings
 from pathlib import Path
 from types import FrameType
@@ -83,7 +83,8 @@ def _stacklevel_of_the_callers_line() -> int:
     first line outside attnkit (the user's call of ``head_ablation``, ``gradient_weighted``,
     ...), however deep inside attnkit the warning is raised; ``1`` (the warning's own line)
     when every frame is attnkit's (the command line)."""
-    frame: FrameType | None = sys._getframe(1)  # the function that warns: stacklevel 1
+    here = inspect.currentframe()
+    frame: FrameType | None = None if here is None else here.f_back  # the function that warns: stacklevel 1
     level = 1
     while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_ATTNKIT_FOLDER):
         frame = frame.f_back
