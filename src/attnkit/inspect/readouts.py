@@ -24,13 +24,10 @@ import torch
 from torch import Tensor
 
 from attnkit.inspect import targets
-from attnkit.models.model.kinds import NEXT_TOKEN, KindedModel, ModelKind, for_kind
+from attnkit.models.model.kinds import NEXT_TOKEN, SENTENCE_EMBEDDING, KindedModel, ModelKind, for_kind
 
 if TYPE_CHECKING:
     from attnkit.models import Model
-
-# The kinds whose output is read as a sentence embedding.
-SENTENCE_EMBEDDING: frozenset[ModelKind] = frozenset({"bidirectional"})
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ SOURCE_AND_TARGET: frozenset[ModelKind] = frozenset({"encoder-decoder"})
 # The kinds whose logits predict the next token of the text they read (attribution
 # patching, the needle probe).
 NEXT_TOKEN: frozenset[ModelKind] = frozenset({"causal"})
+# The kinds whose output is read as a sentence embedding: the mean of the last hidden states
+# (what ablation, patching and the gradient-weighted maps measure without next-token logits).
+SENTENCE_EMBEDDING: frozenset[ModelKind] = frozenset({"bidirectional"})
 # The kinds that generate text (Model.generate: a causal decoder continues its prompt, an
 # encoder-decoder writes the target of its source).
 GENERATES: frozenset[ModelKind] = frozenset({"causal", "encoder-decoder"})
